@@ -1,0 +1,43 @@
+# Two entry points for a fresh machine: `make demo` and `make test` (see README.md).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is pinned to a `+cpu` build on machines without an NVIDIA driver, so that installing never
+# pulls a multi-GB CUDA build. GPU users: see README, "Keeping your own CUDA torch".
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+STEPS ?= 20
+# e.g. VENV_ARGS=--system-site-packages to see a CUDA torch installed outside the venv
+VENV_ARGS ?=
+
+.PHONY: demo test install install-dev clean-traces
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+
+$(VENV)/.torch: | $(BIN)/python
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "ranktrace: keeping the installed torch $$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"; \
+	else \
+		$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+		|| $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url "$(TORCH_CPU_INDEX)"; \
+	fi
+	@touch $@
+
+install: $(VENV)/.torch
+	$(BIN)/python -m pip install -q -e .
+
+install-dev: $(VENV)/.torch
+	$(BIN)/python -m pip install -q -e ".[dev]"
+
+demo: install
+	$(BIN)/torchrun --nproc-per-node 2 -m tracer.record workloads/ddp.py --steps $(STEPS)
+	$(BIN)/python -m analysis.breakdown traces/
+
+test: install-dev
+	$(BIN)/python -m pytest -q
+
+clean-traces:
+	find traces -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +

@@ -1,0 +1,46 @@
+"""Shared fixture for launching workload scripts in a subprocess, always on CPU (gloo)."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs a script the way ranktrace's tracer does: runpy with sys.argv and sys.path[0] set as
+# python would, counting optimizer steps through the global post hook the tracer relies on.
+_RUNPY = """
+import os, runpy, sys
+from torch.optim.optimizer import register_optimizer_step_post_hook
+steps = []
+register_optimizer_step_post_hook(lambda *_: steps.append(1))
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+print(f"optimizer steps {len(steps)}")
+"""
+
+
+@pytest.fixture
+def launch():
+    """launch(script, *args, nproc=2): torchrun over nproc ranks; nproc=None: runpy, one process."""
+
+    def run(script: str, *args, nproc: int | None = 2, timeout: float = 120):
+        path = str(REPO / "workloads" / script)
+        if nproc is None:
+            cmd = [sys.executable, "-c", _RUNPY, path]
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={nproc}", path]
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+        if any(name == "lo" for _, name in socket.if_nameindex()):
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets stay on loopback
+        return subprocess.run(cmd + [str(a) for a in args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    return run

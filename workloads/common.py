@@ -1,0 +1,186 @@
+"""Pieces shared by the workload scripts: model, synthetic data, flags, process group, logging.
+
+Every script reads only RANK, LOCAL_RANK and WORLD_SIZE from the environment. Without
+WORLD_SIZE (plain ``python workloads/X.py``) the scripts run as a 1-rank world on a
+private in-memory store, so no MASTER_ADDR/MASTER_PORT is needed.
+"""
+
+import argparse
+import gc
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+NUM_CLASSES = 10
+
+
+class Block(nn.Module):
+    """Residual MLP block; fc1/fc2 are the column/row pair that tensor parallelism shards."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class MLP(nn.Module):
+    """`layers` residual blocks and a classifier head.
+
+    ``blocks`` is an nn.Sequential so a pipeline stage can keep a slice of it and still
+    carry the full model's parameter names (``blocks.2.fc1.weight``).
+    """
+
+    def __init__(self, hidden: int, layers: int):
+        super().__init__()
+        self.blocks = nn.Sequential(*(Block(hidden) for _ in range(layers)))
+        self.head = nn.Linear(hidden, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))
+
+
+def build_model(hidden: int, layers: int, seed: int) -> MLP:
+    """Same seed gives the same initial weights on every rank and in test references."""
+    torch.manual_seed(seed)
+    return MLP(hidden, layers)
+
+
+class SyntheticDataset(Dataset):
+    """Gaussian inputs labelled by a fixed random projection, so the task is learnable.
+
+    Each sample is generated from (seed, index) alone: any sharding or batching of the
+    indices sees the same values, and nothing is held in memory up front.
+    """
+
+    def __init__(self, num_samples: int, hidden: int, seed: int):
+        self.num_samples, self.hidden, self.seed = num_samples, hidden, seed
+        generator = torch.Generator().manual_seed(seed)
+        self.projection = torch.randn(hidden, NUM_CLASSES, generator=generator)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index + 1)
+        x = torch.randn(self.hidden, generator=generator)
+        return x, (x @ self.projection).argmax()
+
+
+def make_loader(dataset: Dataset, batch_size: int, args, device: torch.device, sampler=None):
+    # Fixed order (no shuffle): the data is random already and tests replay it exactly.
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
+                      num_workers=args.num_workers, pin_memory=device.type == "cuda")
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the module docstring's layout and shows each flag's default."""
+
+
+class RankZeroParser(argparse.ArgumentParser):
+    """Under torchrun every rank parses; only rank 0 may print help or a one-line error."""
+
+    def _print_message(self, message, file=None):
+        if env_rank() == 0:
+            super()._print_message(message, file)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _checked(kind, ok, rule: str):
+    def parse(text: str):
+        value = kind(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
+    return parse
+
+
+positive_int = _checked(int, lambda v: v > 0, "> 0")
+non_negative_int = _checked(int, lambda v: v >= 0, ">= 0")
+positive_float = _checked(float, lambda v: v > 0, "> 0")
+
+
+def make_parser(doc: str, distributed: bool = True) -> RankZeroParser:
+    parser = RankZeroParser(description=doc, formatter_class=HelpFormatter)
+    parser.add_argument("--steps", type=positive_int, default=20, help="optimizer steps")
+    parser.add_argument("--batch-size", type=positive_int, default=32,
+                        help="samples per step (ddp: per rank and micro-step)")
+    parser.add_argument("--hidden", type=positive_int, default=256, help="model width")
+    parser.add_argument("--layers", type=positive_int, default=4, help="residual MLP blocks")
+    parser.add_argument("--seed", type=int, default=0, help="seed for weights and data")
+    parser.add_argument("--lr", type=positive_float, default=0.05, help="SGD learning rate")
+    parser.add_argument("--num-workers", type=non_negative_int, default=0,
+                        help="DataLoader worker processes")
+    parser.add_argument("--save", metavar="PATH",
+                        help="write final parameters and per-step losses with torch.save")
+    if distributed:
+        parser.add_argument("--pg-timeout", type=positive_float, default=60.0, metavar="SECONDS",
+                            help="process-group timeout, so a dead peer fails the run quickly")
+    return parser
+
+
+def pick_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def init_distributed(args) -> tuple[int, int, torch.device]:
+    """Start the default process group (NCCL on GPU, gloo on CPU); returns rank, world, device."""
+    device = pick_device()
+    options = dict(backend="nccl" if device.type == "cuda" else "gloo",
+                   timeout=timedelta(seconds=args.pg_timeout))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        options["device_id"] = device  # binds NCCL to this GPU at init, not lazily
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group(init_method="env://", **options)
+    else:
+        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **options)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        # DDP and pipeline stages sit in reference cycles that keep the process group alive.
+        # Collect them first so destroying the group joins gloo's worker threads now; a worker
+        # left running into interpreter shutdown can abort the process ("terminate called").
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def log(message: str, on_rank: int = 0) -> None:
+    rank = dist.get_rank() if dist.is_initialized() else env_rank()
+    if rank == on_rank:
+        print(message, flush=True)
+
+
+def rank_path(path: str, rank: int) -> str:
+    """``out.pt`` -> ``out.rank1.pt``: where each rank writes its own shard or stage."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+
+
+def save_results(path: str, losses: list[float], params: dict, **extra) -> None:
+    """Plain tensors and dicts only, so ``torch.load(path, weights_only=True)`` reads it."""
+    torch.save({"losses": torch.tensor(losses, dtype=torch.float64),
+                "params": {name: t.detach().cpu().clone() for name, t in params.items()},
+                **extra}, path)
