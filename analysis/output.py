@@ -1,0 +1,297 @@
+"""Turning an analysed run into terminal tables, the JSON document, or CSV files.
+
+The JSON document's layout is described in docs/analysis.md; DOCUMENT_VERSION changes whenever
+a field is renamed or removed (adding fields does not).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from tracer import schema
+
+DOCUMENT_VERSION = 1
+TEXT_MAX_ROWS = 40
+MS = 1e6  # ns per ms
+
+
+@dataclass
+class RunReport:
+    """Everything computed for one run; the tables are plain DataFrames."""
+
+    name: str
+    path: str
+    files: list[str]
+    world_size: Optional[int]
+    steps_spec: Optional[str]
+    hta_compatible: bool
+    problems: list[str]
+    ranks: list  # RankTrace, as loaded
+    per_step: pd.DataFrame  # breakdown_per_step of every rank
+    totals: pd.DataFrame  # rank_totals(per_step)
+    hta: pd.DataFrame  # hta_temporal_breakdown
+    idle: pd.DataFrame  # idle_summary(idle gaps)
+    idle_gaps: pd.DataFrame
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # the other analyses' tables
+    unavailable: dict[str, str] = field(default_factory=dict)  # table -> why it is missing
+
+
+# ---- values --------------------------------------------------------------------------------------
+def plain(value):
+    """A JSON-ready Python value: numpy scalars unwrapped, NaN/NA -> None."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        return None if math.isnan(value) or math.isinf(value) else float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    if frame is None or frame.empty:
+        return []
+    return [{str(k): plain(v) for k, v in row.items()}
+            for row in frame.astype(object).to_dict("records")]
+
+
+# ---- JSON ---------------------------------------------------------------------------------------
+HTA_KEYS = ("idle_us", "compute_us", "non_compute_us", "kernel_time_us")
+
+
+def run_document(report: RunReport) -> dict:
+    hta_by_rank = {plain(r["rank"]): r for r in records(report.hta)}
+    totals_by_rank = {plain(r["rank"]): r for r in records(report.totals)}
+    per_rank = {plain(r["rank"]): r for r in records(report.tables.get("per_rank"))}
+    ranks = []
+    for trace in report.ranks:
+        totals = dict(totals_by_rank.get(trace.rank, {}))
+        totals.pop("rank", None)
+        hta = hta_by_rank.get(trace.rank, {})
+        ranks.append({
+            "rank": trace.rank,
+            "file": str(trace.path),
+            "more_files": [str(p) for p in trace.extra_paths],
+            "world_size": trace.world_size,
+            "steps_analysed": [int(s) for s in trace.steps["step"]] if len(trace.steps) else [],
+            "breakdown": totals,
+            "hta_compatible": {**{k: hta.get(k) for k in HTA_KEYS},
+                               "note": hta.get("note") or None},
+            "summary": {k: v for k, v in per_rank.get(trace.rank, {}).items() if k != "rank"},
+        })
+    return {
+        "schema_version": DOCUMENT_VERSION,
+        "trace_schema_version": schema.SCHEMA_VERSION,
+        "run": {"name": report.name, "path": report.path, "files": report.files,
+                "world_size": report.world_size, "ranks_analysed": len(report.ranks)},
+        "selection": {"steps": report.steps_spec or "all",
+                      "hta_compatible": report.hta_compatible},
+        "problems": list(report.problems),
+        "ranks": ranks,
+        "steps": records(report.tables.get("per_step", report.per_step)),
+        "idle": records(report.idle),
+        "collectives": records(report.tables.get("collectives")),
+        "bottlenecks": records(report.tables.get("bottlenecks")),
+        "unavailable": dict(report.unavailable),
+    }
+
+
+def json_document(reports: list[RunReport]) -> dict:
+    """One run's document, or {"schema_version", "runs": [...]} for several (--all)."""
+    if len(reports) == 1:
+        return run_document(reports[0])
+    return {"schema_version": DOCUMENT_VERSION, "runs": [run_document(r) for r in reports]}
+
+
+def dumps(document: dict) -> str:
+    return json.dumps(document, indent=2, allow_nan=False)
+
+
+# ---- CSV ----------------------------------------------------------------------------------------
+def csv_tables(report: RunReport) -> dict[str, pd.DataFrame]:
+    """File stem -> table written by --out."""
+    tables = {
+        "per_step": report.tables.get("per_step", report.per_step),
+        "rank_totals": report.totals,
+        "hta_compatible": report.hta,
+        "idle": report.idle,
+        "idle_gaps": report.idle_gaps,
+    }
+    for name in ("per_rank", "comm_ops", "collectives", "bottlenecks"):
+        if name in report.tables:
+            tables[name] = report.tables[name]
+    return tables
+
+
+def write_csvs(report: RunReport, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, table in csv_tables(report).items():
+        path = out_dir / f"{stem}.csv"
+        table.to_csv(path, index=False)
+        written.append(path)
+    return written
+
+
+# ---- text ---------------------------------------------------------------------------------------
+def _ms(value) -> str:
+    value = plain(value)
+    return "-" if value is None else f"{value / MS:,.2f}"
+
+
+def _pct(value) -> str:
+    value = plain(value)
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def _us(value) -> str:
+    value = plain(value)
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _rank(value) -> str:
+    value = plain(value)
+    return "?" if value is None else str(value)
+
+
+def _table(frame: pd.DataFrame, title: str, note: str = "") -> str:
+    if frame.empty:
+        return f"{title}\n  (none)\n"
+    shown = frame.head(TEXT_MAX_ROWS)
+    text = shown.to_string(index=False)
+    more = len(frame) - len(shown)
+    tail = f"\n  ... {more} more rows (all of them with --format csv or --out DIR)" if more else ""
+    note = f"\n{note}" if note else ""
+    return f"{title}{note}\n{text}{tail}\n"
+
+
+def _share(part, whole) -> str:
+    part, whole = plain(part), plain(whole)
+    if part is None or not whole:
+        return "-"
+    return f"{part / whole * 100:.1f}%"
+
+
+def breakdown_text(totals: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for row in records(totals):
+        whole = row["step_ns"]
+        rows.append({
+            "rank": _rank(row["rank"]), "kind": row["kind"], "steps": row["steps"],
+            "step ms": _ms(whole),
+            "compute": _share(row["compute_only_ns"], whole),
+            "comm": _share(row["comm_only_ns"], whole),
+            "overlap": _share(row["overlap_ns"], whole),
+            "memcpy": _share(row["memcpy_ns"], whole),
+            "idle": _share(row["idle_ns"], whole),
+            "exposed comm ms": _ms(row["exposed_comm_ns"]),
+            "comm hidden": _pct(row["overlap_pct"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def per_step_text(per_step: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for row in records(per_step):
+        rows.append({
+            "rank": _rank(row["rank"]), "step": row["step"], "step ms": _ms(row["step_ns"]),
+            "compute": _ms(row["compute_only_ns"]), "comm": _ms(row["comm_only_ns"]),
+            "overlap": _ms(row["overlap_ns"]), "memcpy": _ms(row["memcpy_ns"]),
+            "idle": _ms(row["idle_ns"]), "hidden": _pct(row["overlap_pct"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def hta_text(hta: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for row in records(hta):
+        rows.append({
+            "rank": _rank(row["rank"]), "idle us": _us(row["idle_us"]),
+            "compute us": _us(row["compute_us"]), "non-compute us": _us(row["non_compute_us"]),
+            "kernel time us": _us(row["kernel_time_us"]), "note": row["note"] or "",
+        })
+    return pd.DataFrame(rows)
+
+
+def idle_text(idle: pd.DataFrame, totals: pd.DataFrame) -> pd.DataFrame:
+    step_ns = {plain(r["rank"]): r["step_ns"] for r in records(totals)}
+    rows = []
+    for row in records(idle):
+        rows.append({
+            "rank": _rank(row["rank"]), "host was": row["host_activity"], "gaps": row["gaps"],
+            "idle ms": _ms(row["total_ns"]),
+            "of step time": _share(row["total_ns"], step_ns.get(row["rank"])),
+        })
+    return pd.DataFrame(rows)
+
+
+def _optional(frame: Optional[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    if frame is None or frame.empty:
+        return pd.DataFrame()
+    return frame[[c for c in columns if c in frame.columns]]
+
+
+def text_report(report: RunReport) -> str:
+    kinds = sorted(set(report.totals["kind"])) if not report.totals.empty else []
+    steps = "selected steps " + report.steps_spec if report.steps_spec else "every complete step"
+    if report.hta_compatible:
+        steps += ", last step dropped (HTA-compatible)"
+    ranks = ", ".join(_rank(t.rank) for t in report.ranks) or "none"
+    world = f" of world size {report.world_size}" if report.world_size else ""
+    lines = [
+        f"ranktrace analysis of {report.name}  ({report.path})",
+        f"ranks {ranks}{world}; {'/'.join(kinds) or 'no'} trace; window: {steps}",
+        "",
+        _table(breakdown_text(report.totals), "Time breakdown per rank (share of step time)",
+               "  compute/comm = alone; overlap = both at once; comm hidden = overlap / all comm"),
+        _table(per_step_text(report.tables.get("per_step", report.per_step)),
+               "Per step (ms)"),
+        _table(hta_text(report.hta), "HTA-compatible temporal breakdown (HTA's window: last "
+               "ProfilerStep dropped)"),
+        _table(idle_text(report.idle, report.totals), "Idle time by what the host was doing"),
+    ]
+    collectives = _optional(report.tables.get("collectives"),
+                            ["op", "pg", "size_bucket", "count", "total_us", "mean_us",
+                             "algbw_gbps", "busbw_gbps", "ranks"])
+    if "collectives" in report.tables:
+        lines.append(_table(collectives.round(2), "Collectives"))
+    per_rank = _optional(report.tables.get("per_rank"),
+                         ["rank", "steps", "mean_step_ns", "max_step_ns", "idle_pct",
+                          "exposed_comm_pct", "peak_allocated_bytes", "peak_rss_bytes",
+                          "sm_util_pct", "cpu_process_pct", "slowdown_vs_fastest_pct"])
+    if "per_rank" in report.tables:
+        shown = per_rank.copy()
+        for column in ("mean_step_ns", "max_step_ns"):
+            if column in shown:
+                shown[column] = shown[column].map(_ms)
+        shown = shown.rename(columns={"mean_step_ns": "mean step ms", "max_step_ns": "max step ms"})
+        lines.append(_table(shown.round(1), "Ranks"))
+    bottlenecks = report.tables.get("bottlenecks")
+    if bottlenecks is not None:
+        lines.append("Bottlenecks")
+        if bottlenecks.empty:
+            lines.append("  none found\n")
+        for row in records(bottlenecks):
+            share = _pct(row.get("share_pct"))
+            lines.append(f"  [{share}] {row.get('finding')} (ranks {row.get('ranks')})")
+            lines.append(f"      {row.get('evidence')}")
+            lines.append(f"      -> {row.get('suggestion')}")
+        lines.append("")
+    for name, why in report.unavailable.items():
+        lines.append(f"{name}: not available ({why})")
+    return "\n".join(lines).rstrip() + "\n"

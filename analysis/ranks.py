@@ -1,0 +1,300 @@
+"""Per-rank and per-step tables: the time breakdown with memory, utilisation and rank spread.
+
+Definitions in docs/report.md. Memory comes from the tracer's step records and utilisation from
+its device samples; both are on the host clock (`time.time_ns()`), so samples are joined to steps
+through the step records' start_ns/end_ns, never through trace timestamps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+BREAKDOWN_COLUMNS = [
+    "step_ns", "compute_only_ns", "comm_only_ns", "overlap_ns", "memcpy_ns", "idle_ns",
+    "exposed_comm_ns",
+]
+PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_COLUMNS, "overlap_pct", "kind"]
+STEP_EXTRA_COLUMNS = [
+    "work_ns", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes", "rss_bytes",
+    "sm_util_pct", "cpu_process_pct", "util_samples", "ranks_max_step_ns", "ranks_min_step_ns",
+    "ranks_mean_step_ns", "slowest_rank", "imbalance_pct",
+]
+PER_STEP_COLUMNS = PER_STEP_INPUT_COLUMNS + STEP_EXTRA_COLUMNS
+PER_RANK_COLUMNS = [
+    "rank", "kind", "steps", "mean_step_ns", "median_step_ns", "min_step_ns", "max_step_ns",
+    "compute_only_ns", "comm_only_ns", "overlap_ns", "memcpy_ns", "idle_ns", "exposed_comm_ns",
+    "work_ns", "idle_pct", "exposed_comm_pct", "peak_allocated_bytes", "peak_reserved_bytes",
+    "device_total_bytes", "peak_reserved_pct", "peak_device_used_bytes", "device_used_pct",
+    "peak_rss_bytes", "sm_util_pct", "cpu_process_pct", "slowdown_vs_fastest_pct", "slowest",
+]
+_STEP_RECORD_COLUMNS = {
+    "cuda_peak_allocated_bytes": "peak_allocated_bytes",
+    "cuda_peak_reserved_bytes": "peak_reserved_bytes",
+    "cuda_total_bytes": "device_total_bytes",
+    "rss_bytes": "rss_bytes",
+}
+_INT_COLUMNS = ("rank", "step", "slowest_rank", "util_samples", "steps")
+
+
+def _empty(columns) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in columns})
+
+
+def _dtype(column: str) -> str:
+    if column in _INT_COLUMNS:
+        return "Int64"
+    if column == "kind":
+        return "object"
+    if column == "slowest":
+        return "bool"
+    return "float64"
+
+
+def _clean_per_step(per_step) -> pd.DataFrame:
+    if not isinstance(per_step, pd.DataFrame) or per_step.empty:
+        return _empty(PER_STEP_INPUT_COLUMNS)
+    frame = per_step.reindex(columns=list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns])))
+    frame = frame.copy()
+    for column in ("rank", "step"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").round().astype("Int64")
+    for column in [*BREAKDOWN_COLUMNS, "overlap_pct"]:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+    return frame.reset_index(drop=True)
+
+
+def _work_ns(frame: pd.DataFrame) -> pd.Series:
+    """Time the device did work of its own: compute alone, compute under comm, and copies."""
+    parts = frame[["compute_only_ns", "overlap_ns", "memcpy_ns"]]
+    return parts.sum(axis=1, min_count=1)
+
+
+# ---- the tracer's records, one set per rank -----------------------------------------------------
+def _records_by_rank(traces) -> dict:
+    """rank -> RunRecords; a rank with several trace files shares one set of records."""
+    by_rank: dict = {}
+    for trace in traces or []:
+        records = getattr(trace, "records", None)
+        if records is None:
+            continue
+        rank = getattr(trace, "rank", None)
+        if rank is None:
+            rank = _rank_from_records(records)
+        if rank is None or rank in by_rank:
+            continue
+        by_rank[int(rank)] = records
+    return by_rank
+
+
+def _rank_from_records(records):
+    for name in ("steps", "samples", "comms"):
+        frame = getattr(records, name, None)
+        if isinstance(frame, pd.DataFrame) and "rank" in frame.columns and frame["rank"].notna().any():
+            return int(frame["rank"].dropna().iloc[0])
+    return None
+
+
+def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
+    if column not in frame.columns:
+        return pd.Series(np.nan, index=frame.index, dtype="float64")
+    return pd.to_numeric(frame[column], errors="coerce").astype("float64")
+
+
+def _step_records(rank: int, records) -> pd.DataFrame:
+    """rank, step, start_ns, end_ns and the memory columns of the tracer's step records."""
+    steps = getattr(records, "steps", None)
+    columns = ["rank", "step", "start_ns", "end_ns", *_STEP_RECORD_COLUMNS.values()]
+    if not isinstance(steps, pd.DataFrame) or steps.empty or "step" not in steps.columns:
+        return pd.DataFrame(columns=columns)
+    frame = pd.DataFrame({
+        "rank": rank,
+        "step": _numeric(steps, "step"),
+        "start_ns": _numeric(steps, "start_ns"),
+        "end_ns": _numeric(steps, "end_ns"),
+        **{ours: _numeric(steps, theirs) for theirs, ours in _STEP_RECORD_COLUMNS.items()},
+    })
+    frame = frame.dropna(subset=["step"])
+    # A restarted rank can record a step twice; its peaks are the larger of the two.
+    return frame.groupby(["rank", "step"], as_index=False).agg(
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"),
+        **{c: (c, "max") for c in _STEP_RECORD_COLUMNS.values()})
+
+
+def _samples(records) -> pd.DataFrame:
+    samples = getattr(records, "samples", None)
+    if not isinstance(samples, pd.DataFrame) or samples.empty or "t_ns" not in samples.columns:
+        return pd.DataFrame(columns=["t_ns", "sm_util_pct", "cpu_process_pct", "mem_used_bytes",
+                                     "mem_total_bytes"])
+    frame = pd.DataFrame({
+        "t_ns": _numeric(samples, "t_ns"),
+        "sm_util_pct": _numeric(samples, "sm_util_pct"),
+        "cpu_process_pct": _numeric(samples, "cpu_process_pct"),
+        "mem_used_bytes": _numeric(samples, "mem_used_bytes"),
+        "mem_total_bytes": _numeric(samples, "mem_total_bytes"),
+    })
+    return frame.dropna(subset=["t_ns"]).sort_values("t_ns", kind="stable").reset_index(drop=True)
+
+
+def _window_means(samples: pd.DataFrame, column: str, starts, ends) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of `column` over the samples with start <= t_ns <= end, and how many there were."""
+    valid = samples[samples[column].notna()]
+    times = valid["t_ns"].to_numpy(dtype="float64")
+    values = valid[column].to_numpy(dtype="float64")
+    sums = np.concatenate([[0.0], np.cumsum(values)])
+    lo = np.searchsorted(times, starts, side="left")
+    hi = np.searchsorted(times, ends, side="right")
+    counts = (hi - lo).astype("int64")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, (sums[hi] - sums[lo]) / np.maximum(counts, 1), np.nan)
+    return means, counts
+
+
+def _step_resources(traces) -> pd.DataFrame:
+    """Per (rank, step) of the tracer's records: memory peaks and mean utilisation."""
+    frames = []
+    for rank, records in _records_by_rank(traces).items():
+        steps = _step_records(rank, records)
+        if steps.empty:
+            continue
+        samples = _samples(records)
+        starts = steps["start_ns"].to_numpy(dtype="float64")
+        ends = steps["end_ns"].to_numpy(dtype="float64")
+        sm, sm_count = _window_means(samples, "sm_util_pct", starts, ends)
+        cpu, cpu_count = _window_means(samples, "cpu_process_pct", starts, ends)
+        steps = steps.assign(sm_util_pct=sm, cpu_process_pct=cpu,
+                             util_samples=np.maximum(sm_count, cpu_count))
+        frames.append(steps)
+    columns = ["rank", "step", *_STEP_RECORD_COLUMNS.values(), "sm_util_pct", "cpu_process_pct",
+               "util_samples"]
+    if not frames:
+        return _keyed(pd.DataFrame(columns=columns))
+    return _keyed(pd.concat(frames, ignore_index=True)[columns])
+
+
+def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
+    for column in ("rank", "step"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").round().astype("Int64")
+    return frame
+
+
+def _rank_resources(traces) -> pd.DataFrame:
+    """Per rank, over every step the tracer recorded: memory peaks and mean utilisation."""
+    rows = []
+    for rank, records in _records_by_rank(traces).items():
+        steps = _step_records(rank, records)
+        samples = _samples(records)
+        row = {"rank": rank}
+        for column in _STEP_RECORD_COLUMNS.values():
+            row[column] = steps[column].max() if column in steps and steps[column].notna().any() else np.nan
+        row["peak_rss_bytes"] = row.pop("rss_bytes")
+        in_steps = np.zeros(len(samples), dtype=bool)
+        if not steps.empty and not samples.empty:
+            times = samples["t_ns"].to_numpy(dtype="float64")
+            for start, end in zip(steps["start_ns"], steps["end_ns"]):
+                in_steps |= (times >= start) & (times <= end)
+        inside = samples[in_steps]
+        row["sm_util_pct"] = inside["sm_util_pct"].mean() if len(inside) else np.nan
+        row["cpu_process_pct"] = inside["cpu_process_pct"].mean() if len(inside) else np.nan
+        row["peak_device_used_bytes"] = samples["mem_used_bytes"].max() if len(samples) else np.nan
+        row["device_used_total_bytes"] = samples["mem_total_bytes"].max() if len(samples) else np.nan
+        rows.append(row)
+    columns = ["rank", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
+               "peak_rss_bytes", "sm_util_pct", "cpu_process_pct", "peak_device_used_bytes",
+               "device_used_total_bytes"]
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["rank"] = frame["rank"].astype("Int64")
+    for column in columns[1:]:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+    return frame
+
+
+# ---- tables ------------------------------------------------------------------------------------
+def per_step_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
+    """breakdown_per_step rows with memory, utilisation and the spread of this step across ranks.
+
+    work_ns = compute_only + overlap + memcpy. Memory peaks and utilisation are those of the
+    tracer's record of the same (rank, step). ranks_*_step_ns, slowest_rank and imbalance_pct
+    describe the step across all ranks that have it: imbalance_pct = (max - mean) / mean * 100
+    of step_ns.
+    """
+    frame = _clean_per_step(per_step)
+    if frame.empty:
+        return _empty(PER_STEP_COLUMNS)
+    frame["work_ns"] = _work_ns(frame)
+    resources = _step_resources(traces)
+    frame = frame.merge(resources, on=["rank", "step"], how="left")
+    spread = _step_spread(frame)
+    frame = frame.merge(spread, on="step", how="left")
+    ordered = [*PER_STEP_COLUMNS, *[c for c in frame.columns if c not in PER_STEP_COLUMNS]]
+    frame = frame.reindex(columns=ordered)
+    for column in STEP_EXTRA_COLUMNS:
+        dtype = _dtype(column)
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(dtype) if dtype != "object" else frame[column]
+    return frame.sort_values(["step", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _step_spread(frame: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    timed = frame.dropna(subset=["step", "rank", "step_ns"])
+    for step, group in timed.groupby("step", sort=True):
+        mean = group["step_ns"].mean()
+        slowest = group.loc[group["step_ns"].idxmax()]
+        rows.append({
+            "step": step,
+            "ranks_max_step_ns": group["step_ns"].max(),
+            "ranks_min_step_ns": group["step_ns"].min(),
+            "ranks_mean_step_ns": mean,
+            "slowest_rank": int(slowest["rank"]) if len(group) > 1 else pd.NA,
+            "imbalance_pct": (group["step_ns"].max() - mean) / mean * 100 if mean > 0 else np.nan,
+        })
+    spread = pd.DataFrame(rows, columns=["step", "ranks_max_step_ns", "ranks_min_step_ns",
+                                         "ranks_mean_step_ns", "slowest_rank", "imbalance_pct"])
+    spread["step"] = spread["step"].astype("Int64")
+    return spread
+
+
+def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
+    """One row per rank: step-time statistics and breakdown means over the analysed steps,
+    memory peaks and mean utilisation over all the steps the tracer recorded, and how much
+    slower the rank's mean step is than the fastest rank's.
+    """
+    frame = _clean_per_step(per_step)
+    resources = _rank_resources(traces)
+    if frame.empty and resources.empty:
+        return _empty(PER_RANK_COLUMNS)
+    rows = []
+    frame = frame.assign(work_ns=_work_ns(frame))
+    for rank, group in frame.dropna(subset=["rank"]).groupby("rank", sort=True):
+        step_ns = group["step_ns"].dropna()
+        total_ns = step_ns.sum()
+        row = {
+            "rank": int(rank),
+            "kind": group["kind"].dropna().mode().iloc[0] if group["kind"].notna().any() else None,
+            "steps": int(group["step"].nunique()),
+            "mean_step_ns": step_ns.mean(), "median_step_ns": step_ns.median(),
+            "min_step_ns": step_ns.min(), "max_step_ns": step_ns.max(),
+        }
+        for column in [*BREAKDOWN_COLUMNS[1:], "work_ns"]:
+            row[column] = group[column].mean()
+        row["idle_pct"] = group["idle_ns"].sum() / total_ns * 100 if total_ns > 0 else np.nan
+        row["exposed_comm_pct"] = group["exposed_comm_ns"].sum() / total_ns * 100 if total_ns > 0 else np.nan
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=[c for c in PER_RANK_COLUMNS
+                                        if c not in resources.columns or c == "rank"])
+    table["rank"] = table["rank"].astype("Int64")
+    table = table.merge(resources, on="rank", how="outer")
+    table["peak_reserved_pct"] = table["peak_reserved_bytes"] / table["device_total_bytes"] * 100
+    table["device_used_pct"] = table["peak_device_used_bytes"] / table["device_used_total_bytes"] * 100
+    means = pd.to_numeric(table["mean_step_ns"], errors="coerce")
+    fastest = means[means > 0].min() if (means > 0).any() else np.nan
+    table["slowdown_vs_fastest_pct"] = (means - fastest) / fastest * 100
+    slowest_value = means.max()
+    table["slowest"] = (means == slowest_value) & (means.notna().sum() > 1)
+    table = table.reindex(columns=PER_RANK_COLUMNS)
+    for column in PER_RANK_COLUMNS:
+        dtype = _dtype(column)
+        if dtype in ("Int64", "float64"):
+            table[column] = pd.to_numeric(table[column], errors="coerce").astype(dtype)
+    table["slowest"] = table["slowest"].fillna(False).astype(bool)
+    table["steps"] = table["steps"].fillna(0).astype("Int64")
+    return table.sort_values("rank", kind="stable").reset_index(drop=True)

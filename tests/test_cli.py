@@ -1,0 +1,201 @@
+"""`python -m analysis.breakdown`: formats, options, exit codes, and a real 2-rank traced run."""
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import breakdown
+from synthetic import TraceBuilder, trace_name
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+REFERENCE = SHARED / "reference" / "hta-0.5.0-reference.csv"
+PARTS = breakdown.PARTS
+
+
+def run_cli(capsys, *argv):
+    code = breakdown.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def small_run(folder: Path, ranks=(0, 1), world_size=2, steps=(1, 2, 3)) -> Path:
+    for rank in ranks:
+        b = TraceBuilder(rank=rank, world_size=world_size)
+        for n in steps:
+            t = (n - 1) * 100
+            b.step(n, t, t + 100).compute(t + 10, t + 40, launch_at=t + 5)
+            b.nccl(t + 30, t + 60 + rank, launch_at=t + 6)
+        b.write(folder / trace_name(rank))
+    return folder
+
+
+def need_shared():
+    if not REFERENCE.is_file():
+        pytest.skip(f"{REFERENCE} is absent (no ../shared)")
+
+
+# ---- JSON --------------------------------------------------------------------------------------
+def test_json_document_on_shared_multi_rank_trace(capsys):
+    need_shared()
+    code, out, err = run_cli(capsys, SHARED / "traces/hta/trace_filter", "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1 and doc["run"]["world_size"] == 128
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    with REFERENCE.open() as handle:
+        reference = {int(float(r["rank"])): r for r in csv.DictReader(handle)
+                     if r["trace_dir"] == "trace_filter"}
+    for rank in doc["ranks"]:
+        hta, expected = rank["hta_compatible"], reference[rank["rank"]]
+        kernel_time = float(expected["kernel_time_us"])
+        for key in ("idle_us", "compute_us", "non_compute_us", "kernel_time_us"):
+            assert abs(hta[key] - float(expected[key])) <= 0.01 * kernel_time
+        totals = rank["breakdown"]
+        assert sum(totals[p] for p in PARTS) == totals["step_ns"]
+        assert rank["steps_analysed"] == [551, 552]
+    assert "ranks 2-127 of world size 128" in " ".join(doc["problems"])
+    assert "ranks 2-127" in err  # problems are also warned about on stderr
+    assert {s["step"] for s in doc["steps"]} == {551, 552}
+
+
+def test_json_on_cpu_only_trace_has_null_hta_columns_with_a_note(capsys):
+    need_shared()
+    code, out, _ = run_cli(capsys, SHARED / "traces/hta/cpu_only", "--format", "json")
+    assert code == 0
+    rank, = json.loads(out)["ranks"]
+    assert rank["rank"] == 34 and rank["breakdown"]["kind"] == "cpu"
+    assert rank["hta_compatible"]["kernel_time_us"] is None and rank["hta_compatible"]["note"]
+
+
+# ---- selections ----------------------------------------------------------------------------------
+def test_steps_and_hta_compatible_selection(capsys, tmp_path):
+    run = small_run(tmp_path / "run")
+    code, out, _ = run_cli(capsys, run, "--format", "json", "--steps", "2-3")
+    assert code == 0
+    assert [r["steps_analysed"] for r in json.loads(out)["ranks"]] == [[2, 3], [2, 3]]
+    code, out, _ = run_cli(capsys, run, "--format", "json", "--hta-compatible")
+    doc = json.loads(out)
+    assert doc["selection"]["hta_compatible"] is True
+    assert [r["steps_analysed"] for r in doc["ranks"]] == [[1, 2], [1, 2]]
+
+
+def test_bad_step_spec_is_a_usage_error(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        breakdown.main([str(small_run(tmp_path / "run")), "--steps", "7-3"])
+    assert exit_info.value.code == 2
+    assert "--steps" in capsys.readouterr().err
+
+
+def test_all_runs_and_named_run(capsys, tmp_path):
+    small_run(tmp_path / "runs" / "a", ranks=(0,), world_size=1)
+    small_run(tmp_path / "runs" / "b", ranks=(0,), world_size=1, steps=(1, 2))
+    code, out, _ = run_cli(capsys, tmp_path / "runs", "--all", "--format", "json")
+    assert code == 0
+    assert sorted(r["run"]["name"] for r in json.loads(out)["runs"]) == ["a", "b"]
+    code, out, _ = run_cli(capsys, tmp_path / "runs", "--run", "b", "--format", "json")
+    assert json.loads(out)["ranks"][0]["steps_analysed"] == [1, 2]
+
+
+# ---- CSV and text -----------------------------------------------------------------------------
+def test_out_dir_gets_every_table_as_csv(capsys, tmp_path):
+    run = small_run(tmp_path / "run")
+    code, out, _ = run_cli(capsys, run, "--out", tmp_path / "csv")
+    assert code == 0 and "Time breakdown per rank" in out
+    written = {p.name for p in (tmp_path / "csv").iterdir()}
+    assert {"per_step.csv", "rank_totals.csv", "hta_compatible.csv", "idle.csv",
+            "idle_gaps.csv"} <= written
+    per_step = pd.read_csv(tmp_path / "csv" / "per_step.csv")
+    assert len(per_step) == 6
+    assert (per_step[PARTS].sum(axis=1) == per_step["step_ns"]).all()
+    # step 1 of rank 1: compute 10-40, nccl 30-61 -> 20 us alone, 10 overlap, 21 comm alone
+    row = per_step[(per_step["rank"] == 1) & (per_step["step"] == 1)].iloc[0]
+    assert (row["compute_only_ns"], row["overlap_ns"], row["comm_only_ns"]) == (20000, 10000, 21000)
+
+
+def test_csv_format_prints_the_per_step_table(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, small_run(tmp_path / "run"), "--format", "csv")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("rank,step,step_ns,compute_only_ns") and len(lines) == 7
+
+
+def test_text_report_sections(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, small_run(tmp_path / "run"))
+    assert code == 0
+    for heading in ("Time breakdown per rank", "Per step (ms)", "HTA-compatible",
+                    "Idle time by what the host was doing"):
+        assert heading in out
+
+
+# ---- exit codes --------------------------------------------------------------------------------
+def test_empty_folder_exits_non_zero_naming_it(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, out, err = run_cli(capsys, tmp_path / "empty")
+    assert code == 1 and out == ""
+    assert "nothing analysed" in err and str(tmp_path / "empty") in err
+
+
+def test_only_broken_traces_exit_non_zero_with_the_reason(capsys, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "rank0.1.pt.trace.json").write_text("{not json")
+    code, _, err = run_cli(capsys, tmp_path / "run")
+    assert code == 1 and "invalid JSON" in err and "rank0.1.pt.trace.json" in err
+
+
+def test_strict_fails_on_any_problem_and_passes_without(capsys, tmp_path):
+    missing_rank = small_run(tmp_path / "partial", ranks=(0,), world_size=2)
+    assert run_cli(capsys, missing_rank)[0] == 0
+    code, _, err = run_cli(capsys, missing_rank, "--strict")
+    assert code == 1 and "--strict" in err
+    complete = small_run(tmp_path / "complete")
+    assert run_cli(capsys, complete, "--strict")[0] == 0
+
+
+def test_module_entry_point(tmp_path):
+    run = small_run(tmp_path / "run")
+    done = subprocess.run([sys.executable, "-m", "analysis.breakdown", str(run), "--format",
+                           "json", "--no-cache"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["ranks"]) == 2
+
+
+# ---- a real run of the tracer ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def traced_ddp_run(tmp_path_factory):
+    if importlib.util.find_spec("tracer.record") is None:
+        pytest.skip("tracer.record does not exist yet")
+    out = tmp_path_factory.mktemp("traces")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "tracer.record", "--out", str(out), "workloads/ddp.py", "--steps", "12"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_two_rank_cpu_run_of_the_tracer(capsys, traced_ddp_run):
+    code, out, err = run_cli(capsys, traced_ddp_run, "--format", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1] and doc["run"]["world_size"] == 2
+    for rank in doc["ranks"]:
+        totals = rank["breakdown"]
+        assert totals["kind"] == "cpu" and totals["steps"] >= 1
+        assert sum(totals[p] for p in PARTS) == totals["step_ns"]
+        assert totals["comm_only_ns"] + totals["overlap_ns"] > 0  # DDP's gloo all-reduce
+        assert totals["compute_only_ns"] + totals["overlap_ns"] > 0
+        assert rank["hta_compatible"]["kernel_time_us"] is None
+    for step in doc["steps"]:
+        assert sum(step[p] for p in PARTS) == step["step_ns"]

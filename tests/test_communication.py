@@ -1,0 +1,436 @@
+"""analysis.communication: op names, nccl-tests sizes, bandwidths, joins, the collectives table."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.communication import (
+    COLLECTIVES_COLUMNS, OPS_COLUMNS, UNKNOWN_OP, canonical_dtype, canonical_op, collectives_table,
+    comm_ops, dtype_size, message_bytes, size_bucket,
+)
+from analysis.load import EVENT_COLUMNS, RankTrace, RunRecords, load_path
+from tracer import schema
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+NCCL_TRACE = SHARED / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
+GLOO_TRACE = SHARED / "hta" / "cpu_only" / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
+
+
+
+def event(name, cat, ts_ns, dur_ns, *, tid="1", correlation=-1, is_gpu=False, is_comm=False,
+          **args) -> dict:
+    row = {
+        "name": name, "cat": cat, "ts_ns": ts_ns, "dur_ns": dur_ns, "end_ns": ts_ns + dur_ns,
+        "pid": "100" if not is_gpu else "0", "tid": tid, "stream": 7 if is_gpu else -1,
+        "correlation": correlation, "is_gpu": is_gpu, "is_comm": is_comm, "collective": None,
+        "in_nelems": np.nan, "out_nelems": np.nan, "comm_dtype": None, "group_size": np.nan,
+        "pg_name": None, "input_dims": None, "input_type": None,
+    }
+    row.update(args)
+    return row
+
+
+def events_frame(rows) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=EVENT_COLUMNS)
+    for column in ("ts_ns", "dur_ns", "end_ns", "stream", "correlation"):
+        frame[column] = frame[column].astype("int64")
+    for column in ("in_nelems", "out_nelems", "group_size"):
+        frame[column] = frame[column].astype("float64")
+    return frame
+
+
+def steps_frame(spans) -> pd.DataFrame:
+    return pd.DataFrame({"step": [s for s, _, _ in spans], "start_ns": [a for _, a, _ in spans],
+                         "end_ns": [b for _, _, b in spans]}).astype("int64")
+
+
+def make_trace(events=None, steps=None, records=None, rank=0, world_size=2) -> RankTrace:
+    return RankTrace(rank=rank, world_size=world_size, path=Path("rank0.1.pt.trace.json.gz"),
+                     events=events if events is not None else events_frame([]),
+                     steps=steps if steps is not None else steps_frame([]),
+                     records=records, problems=[])
+
+
+def records_with(comms: pd.DataFrame) -> RunRecords:
+    return RunRecords(comms=comms, samples=pd.DataFrame(), steps=pd.DataFrame(), manifest=[])
+
+
+# ---- names and sizes -----------------------------------------------------------------------------
+@pytest.mark.parametrize("name, op", [
+    ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("allreduce_coalesced", "all_reduce"),
+    ("c10d::allreduce_", "all_reduce"), ("nccl:all_reduce", "all_reduce"),
+    ("gloo:all_reduce", "all_reduce"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "all_reduce"),
+    ("_allgather_base", "all_gather"), ("allgather", "all_gather"),
+    ("allgather_into_tensor_coalesced", "all_gather"), ("nccl:_all_gather_base", "all_gather"),
+    ("ncclDevKernel_AllGather_RING_LL", "all_gather"),
+    ("reduce_scatter_tensor_coalesced", "reduce_scatter"), ("_reduce_scatter_base", "reduce_scatter"),
+    ("c10d::reduce_scatter_", "reduce_scatter"), ("reduce", "reduce"), ("_reduce_oop", "reduce"),
+    ("broadcast", "broadcast"), ("_broadcast_oop", "broadcast"), ("all_to_all", "all_to_all"),
+    ("alltoall_base", "all_to_all"), ("c10d::alltoall_base_", "all_to_all"),
+    ("gather", "gather"), ("scatter", "scatter"), ("send", "send"), ("c10d::send", "send"),
+    ("recv", "recv"), ("recvAnySource", "recv"), ("c10d::recv_", "recv"), ("barrier", "barrier"),
+    ("gloo:barrier", "barrier"),
+    ("wait", None), ("coalesced", None), ("ncclDevKernel_SendRecv", None),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", None),
+    ("aten::mm", None), ("", None), (None, None),
+])
+def test_torch_names_map_to_schema_ops(name, op):
+    assert canonical_op(name) == op
+    assert op is None or op in schema.COMM_OPS
+
+
+@pytest.mark.parametrize("name, dtype, size", [
+    ("Float", "float32", 4), ("BFloat16", "bfloat16", 2), ("Half", "float16", 2),
+    ("Long", "int64", 8), ("Byte", "uint8", 1), ("Double", "float64", 8),
+    ("float32", "float32", 4), ("torch.bfloat16", "bfloat16", 2), ("float", "float32", 4),
+    ("c10::BFloat16", "bfloat16", 2), ("c10::Half", "float16", 2), ("long int", "int64", 8),
+    ("int", "int32", 4), ("unsigned char", "uint8", 1), ("Float8_e4m3fn", "float8_e4m3fn", 1),
+    ("nonsense", None, None), (None, None, None),
+])
+def test_dtype_spellings_and_sizes(name, dtype, size):
+    assert canonical_dtype(name) == dtype
+    assert dtype_size(name) == size
+
+
+def test_all_gather_counts_the_output_and_reduce_scatter_the_input():
+    # 4 ranks, 1000 float32 per rank: the gathered output and the scattered input are 4000.
+    assert message_bytes("all_gather", 1000, 4000, 4, 4) == 16000
+    assert message_bytes("all_gather", 1000, None, 4, 4) == 16000
+    assert message_bytes("reduce_scatter", 4000, 1000, 4, 4) == 16000
+    assert message_bytes("reduce_scatter", None, 1000, 4, 4) == 16000
+    assert message_bytes("all_reduce", 1000, 1000, 4, 4) == 4000
+    assert message_bytes("all_to_all", 1000, 1000, 2, 4) == 2000
+    assert message_bytes("recv", 0, 10, 4, 2) == 40
+    assert message_bytes("barrier", 1, 1, 1, 4) == 0
+    assert message_bytes("all_reduce", 0, 0, 4, 2) == 0
+    assert math.isnan(message_bytes("all_reduce", 1000, 1000, None, 4))
+    assert math.isnan(message_bytes("all_gather", 1000, None, 4, None))
+
+
+@pytest.mark.parametrize("nbytes, label, low", [
+    (1, "1-2 B", 1), (1023, "512 B-1 KiB", 512), (1024, "1-2 KiB", 1024),
+    (1.5 * 2**20, "1-2 MiB", 2**20), (2**21 - 1, "1-2 MiB", 2**20), (2**21, "2-4 MiB", 2**21),
+    (3 * 2**30, "2-4 GiB", 2**31), (0, "0 B", 0),
+])
+def test_size_buckets_are_powers_of_two(nbytes, label, low):
+    assert size_bucket(nbytes) == (label, float(low))
+
+
+def test_unknown_size_has_its_own_bucket():
+    label, low = size_bucket(float("nan"))
+    assert label == "unknown" and math.isnan(low)
+
+
+# ---- from the tracer's records -------------------------------------------------------------------
+def comm_records(rows) -> pd.DataFrame:
+    base = {"source": "ddp", "pg": "0", "dtype": "float32", "start_ns": 0, "end_ns": 0,
+            "timing": "cuda_event", "algbw_gbps": 0.0, "busbw_gbps": 0.0, "rank": 1}
+    return pd.DataFrame([{**base, **row} for row in rows])
+
+
+def test_records_give_nccl_tests_bandwidths():
+    records = comm_records([
+        # 100 MB in 10 ms: algbw 10 GB/s; all_reduce over 4 ranks: busbw 10 * 2*3/4 = 15 GB/s.
+        {"step": 3, "op": "all_reduce", "pg_size": 4, "bytes": 100_000_000, "duration_us": 10_000.0},
+        # 8 MB in 1 ms over 8 ranks: algbw 8 GB/s, busbw 8 * 7/8 = 7 GB/s.
+        {"step": 3, "op": "all_gather", "pg_size": 8, "bytes": 8_000_000, "duration_us": 1_000.0},
+        # A crashed run's last op: no duration.
+        {"step": 4, "op": "reduce_scatter", "pg_size": 8, "bytes": 8_000_000, "duration_us": None},
+    ])
+    ops = comm_ops(make_trace(records=records_with(records), rank=1))
+    assert list(ops.columns) == OPS_COLUMNS
+    assert ops["origin"].tolist() == ["records"] * 3
+    assert ops["rank"].tolist() == [1, 1, 1]
+    assert ops["algbw_gbps"].iloc[0] == pytest.approx(10.0)
+    assert ops["busbw_gbps"].iloc[0] == pytest.approx(15.0)
+    assert ops["algbw_gbps"].iloc[1] == pytest.approx(8.0)
+    assert ops["busbw_gbps"].iloc[1] == pytest.approx(7.0)
+    assert math.isnan(ops["algbw_gbps"].iloc[2]) and math.isnan(ops["busbw_gbps"].iloc[2])
+    assert ops["bytes"].iloc[2] == 8_000_000
+
+
+def test_records_win_over_trace_events():
+    kernel = event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 0, 1000, is_gpu=True,
+                   is_comm=True)
+    records = comm_records([{"step": 0, "op": "broadcast", "pg_size": 2, "bytes": 4,
+                             "duration_us": 1.0}])
+    ops = comm_ops(make_trace(events_frame([kernel]), records=records_with(records)))
+    assert ops["op"].tolist() == ["broadcast"]
+    assert ops["origin"].tolist() == ["records"]
+
+
+# ---- from trace events ---------------------------------------------------------------------------
+def test_kernel_time_and_call_bytes_make_one_op():
+    rows = [
+        event("ProfilerStep#7", "user_annotation", 0, 100_000),
+        event("c10d::_allgather_base_", "cpu_op", 900, 700, is_comm=True),
+        event("record_param_comms", "cpu_op", 1_000, 500, is_comm=True,
+              collective="_allgather_base", in_nelems=1000, out_nelems=2000, comm_dtype="Float",
+              group_size=2, pg_name="3"),
+        event("cudaLaunchKernel", "cuda_runtime", 1_200, 100, correlation=7),
+        # The kernel repeats the args in newer traces; its own time (2 us) is the op's time.
+        event("ncclDevKernel_AllGather_RING_LL", "kernel", 5_000, 2_000, correlation=7,
+              is_gpu=True, is_comm=True, collective="allgather", in_nelems=1000,
+              out_nelems=2000, comm_dtype="Float", group_size=2, pg_name="3"),
+    ]
+    ops = comm_ops(make_trace(events_frame(rows), steps_frame([(7, 0, 100_000)])))
+    assert len(ops) == 1
+    op = ops.iloc[0]
+    assert (op["op"], op["pg"], op["pg_size"], op["dtype"]) == ("all_gather", "3", 2, "float32")
+    assert op["bytes"] == 8000  # 2000 gathered float32
+    assert op["duration_us"] == pytest.approx(2.0)
+    assert op["algbw_gbps"] == pytest.approx(8000 / 2e-6 / 1e9)  # 4 GB/s
+    assert op["busbw_gbps"] == pytest.approx(4.0 * 1 / 2)
+    assert op["step"] == 7 and op["origin"] == "trace" and op["rank"] == 0
+
+
+def test_several_kernels_of_one_call_are_timed_by_their_union():
+    rows = [
+        event("record_param_comms", "cpu_op", 1_000, 500, is_comm=True, collective="alltoall_base",
+              in_nelems=256, out_nelems=256, comm_dtype="BFloat16", group_size=4, pg_name="0"),
+        event("cudaLaunchKernel", "cuda_runtime", 1_100, 10, correlation=1),
+        event("cudaLaunchKernel", "cuda_runtime", 1_200, 10, correlation=2),
+        event("ncclDevKernel_SendRecv", "kernel", 10_000, 3_000, correlation=1, is_gpu=True,
+              is_comm=True),
+        event("ncclDevKernel_SendRecv", "kernel", 12_000, 3_000, correlation=2, is_gpu=True,
+              is_comm=True, tid="8"),
+    ]
+    ops = comm_ops(make_trace(events_frame(rows)))
+    assert len(ops) == 1
+    assert ops["op"].iloc[0] == "all_to_all"
+    assert ops["bytes"].iloc[0] == 512
+    assert ops["duration_us"].iloc[0] == pytest.approx(5.0)  # [10, 15) us, not 3 + 3
+    assert ops["step"].iloc[0] == -1  # a trace without ProfilerStep is one window, step -1
+
+
+def test_ops_follow_the_step_selection():
+    def call(ts):
+        return event("record_param_comms", "cpu_op", ts, 10, is_comm=True, collective="allreduce",
+                     in_nelems=1, out_nelems=1, comm_dtype="Float", group_size=2, pg_name="0")
+
+    spans = steps_frame([(1, 0, 1_000), (2, 1_000, 2_000), (3, 2_000, 3_000)])
+    trace = make_trace(events_frame([call(500), call(1_500), call(2_500), call(9_000)]),
+                       steps=spans[spans["step"] == 2].reset_index(drop=True))
+    trace.all_steps = spans
+    ops = comm_ops(trace)
+    # Steps 1 and 3 were left out; the op after the last step belongs to none.
+    assert ops["step"].tolist() == [2, pd.NA]
+
+
+def test_call_without_kernel_keeps_bytes_and_unknown_time():
+    rows = [event("record_param_comms", "cpu_op", 1_000, 500, is_comm=True, collective="allreduce",
+                  in_nelems=10, out_nelems=10, comm_dtype="Float", group_size=2, pg_name="0"),
+            event("record_param_comms", "cpu_op", 2_000, 50, is_comm=True, collective="wait",
+                  in_nelems=0, out_nelems=0, comm_dtype="Byte", group_size=2, pg_name="0")]
+    ops = comm_ops(make_trace(events_frame(rows)))
+    assert ops["op"].tolist() == ["all_reduce"]  # "wait" moves nothing
+    assert ops["bytes"].iloc[0] == 40
+    assert math.isnan(ops["duration_us"].iloc[0]) and math.isnan(ops["busbw_gbps"].iloc[0])
+
+
+def test_kernels_without_a_call_fall_back_to_hints_and_names():
+    rows = [
+        event("nccl:all_to_all", "user_annotation", 1_000, 500, is_comm=True),
+        event("cudaLaunchKernel", "cuda_runtime", 1_100, 10, correlation=3),
+        event("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "kernel", 5_000, 1_000, correlation=3,
+              is_gpu=True, is_comm=True),
+        event("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "kernel", 8_000, 1_000, is_gpu=True,
+              is_comm=True),
+        event("ncclDevKernel_SendRecv", "kernel", 9_000, 1_000, is_gpu=True, is_comm=True),
+    ]
+    ops = comm_ops(make_trace(events_frame(rows)))
+    assert ops["op"].tolist() == ["all_to_all", "reduce_scatter", UNKNOWN_OP]
+    assert ops["duration_us"].tolist() == pytest.approx([1.0, 1.0, 1.0])
+    assert ops["bytes"].isna().all()
+
+
+def test_gloo_op_counts_gathered_bytes_with_the_world_size():
+    rows = [event("gloo:all_gather", "user_annotation", 1_000, 4_000_000, tid="9", is_comm=True,
+                  input_dims="[[1000]]", comm_dtype="Float")]
+    ops = comm_ops(make_trace(events_frame(rows), world_size=4))
+    op = ops.iloc[0]
+    assert (op["op"], op["pg_size"], op["bytes"]) == ("all_gather", 4, 16000)
+    assert op["duration_us"] == pytest.approx(4000.0)
+    assert op["algbw_gbps"] == pytest.approx(16000 / 4e-3 / 1e9)
+
+
+def test_gloo_op_takes_group_from_its_call():
+    rows = [
+        event("record_param_comms", "cpu_op", 1_000, 50, is_comm=True, collective="allreduce",
+              in_nelems=500, out_nelems=500, comm_dtype="BFloat16", group_size=2, pg_name="5"),
+        event("gloo:all_reduce", "user_annotation", 1_100, 10_000, tid="9", is_comm=True,
+              input_dims="[[500]]"),
+    ]
+    ops = comm_ops(make_trace(events_frame(rows), world_size=8))
+    assert len(ops) == 1
+    assert (ops["pg"].iloc[0], ops["pg_size"].iloc[0], ops["bytes"].iloc[0]) == ("5", 2, 1000)
+    assert ops["duration_us"].iloc[0] == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("events", [
+    events_frame([]),
+    pd.DataFrame({"name": ["x"]}),  # columns missing
+    events_frame([event("aten::mm", "cpu_op", 0, 10)]),
+])
+def test_no_comm_gives_an_empty_frame_with_columns(events):
+    ops = comm_ops(make_trace(events))
+    assert ops.empty and list(ops.columns) == OPS_COLUMNS
+    table = collectives_table(ops)
+    assert table.empty and list(table.columns) == COLLECTIVES_COLUMNS
+
+
+def test_empty_records_fall_back_to_events():
+    rows = [event("gloo:broadcast", "user_annotation", 0, 1_000, is_comm=True,
+                  input_dims="[[3]]", comm_dtype="Int")]
+    trace = make_trace(events_frame(rows), records=records_with(pd.DataFrame()))
+    ops = comm_ops(trace)
+    assert ops["op"].tolist() == ["broadcast"] and ops["bytes"].tolist() == [12]
+
+
+# ---- collectives_table ---------------------------------------------------------------------------
+def ops_frame(rows) -> pd.DataFrame:
+    base = {"source": "ddp", "dtype": "float32", "origin": "records", "algbw_gbps": np.nan,
+            "busbw_gbps": np.nan}
+    return pd.DataFrame([{**base, **row} for row in rows], columns=OPS_COLUMNS)
+
+
+def test_collectives_table_sums_bytes_over_time():
+    mib = 2**20
+    ops = ops_frame([
+        {"rank": 0, "step": 0, "op": "all_reduce", "pg": "0", "pg_size": 4, "bytes": 1 * mib,
+         "duration_us": 100.0},
+        {"rank": 0, "step": 1, "op": "all_reduce", "pg": "0", "pg_size": 4, "bytes": 1.5 * mib,
+         "duration_us": 300.0},
+        {"rank": 1, "step": 0, "op": "all_reduce", "pg": "0", "pg_size": 4, "bytes": 1 * mib,
+         "duration_us": 100.0},
+        # Counted and its bytes summed, but with no time it can't enter the bandwidth.
+        {"rank": 1, "step": 1, "op": "all_reduce", "pg": "0", "pg_size": 4, "bytes": 1.5 * mib,
+         "duration_us": np.nan},
+        {"rank": 0, "step": 0, "op": "all_gather", "pg": "1", "pg_size": 2, "bytes": 64,
+         "duration_us": 1000.0},
+    ])
+    table = collectives_table(ops)
+    assert list(table.columns) == COLLECTIVES_COLUMNS
+    assert table["op"].tolist() == ["all_gather", "all_reduce"]  # largest total time first
+    reduce = table.iloc[1]
+    assert reduce["size_bucket"] == "1-2 MiB" and reduce["bucket_min_bytes"] == mib
+    assert reduce["count"] == 4
+    assert reduce["total_bytes"] == pytest.approx(5 * mib)
+    assert reduce["total_us"] == pytest.approx(500.0)
+    assert reduce["mean_us"] == pytest.approx(500.0 / 3)
+    timed_bytes = 3.5 * mib
+    algbw = timed_bytes / 500e-6 / 1e9
+    assert reduce["algbw_gbps"] == pytest.approx(algbw)
+    assert reduce["busbw_gbps"] == pytest.approx(algbw * 1.5)
+    assert (reduce["ranks"], reduce["rank_steps"]) == (2, 4)
+    # Rank 0 moved 2.5 MiB in 400 us, rank 1 1 MiB in 100 us: rank 0 is slower.
+    assert reduce["slowest_rank"] == 0
+    assert reduce["slowest_rank_busbw_gbps"] == pytest.approx(2.5 * mib / 400e-6 / 1e9 * 1.5)
+    gather = table.iloc[0]
+    assert gather["size_bucket"] == "64-128 B"
+    assert gather["busbw_gbps"] == pytest.approx(64 / 1e-3 / 1e9 * 0.5)
+    assert pd.isna(gather["slowest_rank"])
+
+
+def test_collectives_table_matches_schema_bandwidth():
+    ops = ops_frame([{"rank": 0, "step": 0, "op": op, "pg": "0", "pg_size": 8,
+                      "bytes": 3_000_000, "duration_us": 750.0}
+                     for op in ("all_reduce", "reduce_scatter", "broadcast")])
+    table = collectives_table(ops).set_index("op")
+    for op in ("all_reduce", "reduce_scatter", "broadcast"):
+        algbw, busbw = schema.bandwidth_gbps(op, 3_000_000, 8, 750e-6)
+        assert table.loc[op, "algbw_gbps"] == pytest.approx(algbw)
+        assert table.loc[op, "busbw_gbps"] == pytest.approx(busbw)
+
+
+def test_unknown_groups_and_sizes_are_kept_apart():
+    ops = ops_frame([
+        {"rank": 0, "step": 0, "op": "all_reduce", "pg": None, "pg_size": None, "bytes": np.nan,
+         "duration_us": 10.0},
+        {"rank": 0, "step": 0, "op": "all_reduce", "pg": "0", "pg_size": 2, "bytes": 100,
+         "duration_us": 10.0},
+    ])
+    table = collectives_table(ops).sort_values("pg").reset_index(drop=True)
+    assert table["pg"].tolist() == ["0", "unknown"]
+    assert table["size_bucket"].tolist() == ["64-128 B", "unknown"]
+    assert math.isnan(table["algbw_gbps"].iloc[1])
+    assert table["total_us"].tolist() == [10.0, 10.0]
+
+
+# ---- real traces ---------------------------------------------------------------------------------
+def read_trace(path: Path) -> RankTrace:
+    # No parquet cache: it would be written next to the shared, read-only traces.
+    return load_path(path, use_cache=False).ranks[0]
+
+
+@pytest.fixture(scope="module")
+def nccl_ops():
+    if not NCCL_TRACE.exists():
+        pytest.skip(f"real traces not present at {NCCL_TRACE}")
+    return comm_ops(read_trace(NCCL_TRACE))
+
+
+def test_real_nccl_trace_bytes_come_from_record_param_comms(nccl_ops):
+    # 15 allreduce and 6 broadcast calls (record_param_comms), each with one NCCL kernel; the six
+    # "wait" calls move nothing.
+    assert len(nccl_ops) == 21
+    assert nccl_ops["op"].value_counts().to_dict() == {"all_reduce": 15, "broadcast": 6}
+    assert set(nccl_ops["origin"]) == {"trace"} and set(nccl_ops["rank"]) == {0}
+    assert set(nccl_ops["pg"]) == {"0"} and set(nccl_ops["pg_size"]) == {2}
+    # External id 2099: "In msg nelems" 2049000, dtype Float -> 8,196,000 bytes; its kernel ran
+    # 3306.963 us, whereas record_param_comms itself lasted 189.626 us on the host.
+    first = nccl_ops[nccl_ops["op"] == "all_reduce"].iloc[0]
+    assert first["bytes"] == 2049000 * 4
+    assert first["duration_us"] == pytest.approx(3306.963, abs=1e-3)
+    assert first["busbw_gbps"] == pytest.approx(2049000 * 4 / 3306.963e-6 / 1e9 * 1.0, rel=1e-6)
+    # External id 172: 53 elements of Long -> 424 bytes, in a 7.775 us kernel.
+    small = nccl_ops[(nccl_ops["op"] == "broadcast") & (nccl_ops["dtype"] == "int64")]
+    assert small["bytes"].tolist() == [424.0] * 3
+    assert small["duration_us"].iloc[0] == pytest.approx(7.775, abs=1e-3)
+    # ProfilerStep#4 to #6, seven ops each.
+    assert nccl_ops["step"].value_counts().sort_index().to_dict() == {4: 7, 5: 7, 6: 7}
+
+
+def test_real_nccl_trace_totals_match_its_json(nccl_ops):
+    with gzip.open(NCCL_TRACE, "rt") as handle:
+        events = json.load(handle)["traceEvents"]
+    sizes = {"Float": 4, "Long": 8}
+    calls = [e["args"] for e in events if e.get("name") == "record_param_comms"
+             and e["args"]["Collective name"] == "allreduce"]
+    kernels = [e for e in events if e.get("cat") == "kernel" and "AllReduce" in e["name"]]
+    reduces = nccl_ops[nccl_ops["op"] == "all_reduce"]
+    assert reduces["bytes"].sum() == sum(a["In msg nelems"] * sizes[a["dtype"]] for a in calls)
+    assert sorted(reduces["duration_us"].round(3)) == sorted(round(k["dur"], 3) for k in kernels)
+    table = collectives_table(nccl_ops)
+    row = table[(table["op"] == "all_reduce") & (table["size_bucket"] == "16-32 MiB")].iloc[0]
+    big = reduces[reduces["bytes"] >= 16 * 2**20]
+    assert row["count"] == len(big) == 9
+    assert row["busbw_gbps"] == pytest.approx(big["bytes"].sum() / (big["duration_us"].sum() / 1e6) / 1e9)
+
+
+def test_real_gloo_trace_times_gloo_ops():
+    if not GLOO_TRACE.exists():
+        pytest.skip(f"real traces not present at {GLOO_TRACE}")
+    ops = comm_ops(read_trace(GLOO_TRACE))
+    assert len(ops) == 10 and set(ops["op"]) == {"all_reduce"}
+    assert set(ops["pg_size"]) == {300}  # the world size stands in: gloo ops name no group
+    first = ops.iloc[0]
+    assert first["duration_us"] == pytest.approx(173209.713, abs=1e-3)
+    # "Input Dims" [[321271]], "Input type" ["float"].
+    assert (first["dtype"], first["bytes"]) == ("float32", 321271 * 4)
+
+
+def test_gloo_op_reads_the_element_type_from_input_type_when_dtype_is_absent():
+    row = event("gloo:all_reduce", "user_annotation", 0, 1_000, is_comm=True,
+                input_dims="[[1000]]", input_type='["c10::BFloat16"]')
+    events = events_frame([row])
+    ops = comm_ops(make_trace(events, world_size=2))
+    assert (ops["dtype"].iloc[0], ops["bytes"].iloc[0]) == ("bfloat16", 2000)

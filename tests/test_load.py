@@ -1,0 +1,407 @@
+"""Reading traces and records: columns, ranks, steps, the cache, and every kind of bad input."""
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import load
+from analysis.load import EVENT_COLUMNS, NothingToAnalyse, load_path, parse_step_spec, resolve_runs
+from synthetic import TraceBuilder, trace_name
+from tracer import schema
+
+
+def gpu_trace(rank=0, world_size=2, steps=(1, 2, 3)) -> TraceBuilder:
+    b = TraceBuilder(rank=rank, world_size=world_size)
+    for n in steps:
+        start = (n - 1) * 100
+        b.step(n, start, start + 100).compute(start + 10, start + 40).nccl(start + 30, start + 60)
+    b.op("record_param_comms", 5, 6, args={
+        "Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024,
+        "dtype": "Float", "Group size": 2, "Process Group Name": "0"})
+    b.annotation("gloo:all_reduce", 7, 9, tid=2, args={"Input Dims": [[1024]],
+                                                         "Input type": ["float"]})
+    return b
+
+
+def write_run(folder: Path, builders) -> Path:
+    for b in builders:
+        b.write(folder / trace_name(b.rank))
+    return folder
+
+
+def problems_with(result, *words) -> list[str]:
+    return [p for p in result.problems if all(w in p for w in words)]
+
+
+# ---- events frame -----------------------------------------------------------------------------
+def test_events_frame_has_the_interface_columns_and_values(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace()])
+    trace = load_path(run, use_cache=False).ranks[0]
+    events = trace.events
+    assert list(events.columns) == EVENT_COLUMNS
+    kernels = events[events["is_gpu"]]
+    assert set(kernels["cat"]) == {"kernel"} and (kernels["stream"] >= 0).all()
+    assert (events.loc[~events["is_gpu"], "stream"] == -1).all()
+    nccl = kernels[kernels["name"].astype(str).str.startswith("nccl")]
+    assert nccl["is_comm"].all() and not kernels.drop(nccl.index)["is_comm"].any()
+    first = nccl.iloc[0]
+    assert (first["ts_ns"], first["dur_ns"], first["end_ns"]) == (30_000, 30_000, 60_000)
+    call = events[events["name"] == "record_param_comms"].iloc[0]
+    assert call["is_comm"] and call["collective"] == "allreduce"
+    assert (call["in_nelems"], call["group_size"], call["comm_dtype"], call["pg_name"]) == (
+        1024.0, 2.0, "Float", "0")
+    gloo = events[events["name"] == "gloo:all_reduce"].iloc[0]
+    assert json.loads(gloo["input_dims"]) == [[1024]]
+    assert json.loads(gloo["input_type"]) == ["float"]
+    assert gloo["tid"] == "2" and gloo["pid"] == "100"
+    # GPU-side copies of annotations and step spans never count as communication or steps
+    assert trace.steps["step"].tolist() == [1, 2, 3]
+    assert trace.steps["start_ns"].tolist() == [0, 100_000, 200_000]
+
+
+def test_legacy_category_names_are_normalised(tmp_path):
+    doc = TraceBuilder().step(1, 0, 10).compute(1, 2).memcpy(3, 4).document()
+    for event in doc["traceEvents"]:
+        event["cat"] = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "cpu_op": "Operator",
+                        "user_annotation": "Operator", "cuda_runtime": "Runtime"}.get(
+            event.get("cat"), event.get("cat"))
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    events = load_path(tmp_path / "old.json", use_cache=False).ranks[0].events
+    assert set(events["cat"]) == {"cpu_op", "kernel", "gpu_memcpy", "cuda_runtime"}
+    assert events["is_gpu"].sum() == 2
+
+
+def test_odd_values_are_tolerated(tmp_path):
+    doc = TraceBuilder().step(1, 0, 10).compute(1, 2).document()
+    doc["traceEvents"] += [
+        {"ph": "X", "cat": "cpu_op", "name": "weird", "pid": "host", "tid": "thread x",
+         "ts": 3.5, "dur": "oops"},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 4, "dur": 1,
+         "args": {"stream": "0x0", "correlation": "12"}},
+        {"ph": "i", "name": "instant", "pid": 1, "tid": 1, "ts": 5},
+    ]
+    (tmp_path / "odd.json").write_text(json.dumps(doc))
+    result = load_path(tmp_path / "odd.json", use_cache=False)
+    events = result.ranks[0].events
+    weird = events[events["name"] == "weird"].iloc[0]
+    assert weird["dur_ns"] == 0 and weird["tid"] == "thread x" and weird["ts_ns"] == 3500
+    k = events[events["name"] == "k"].iloc[0]
+    assert (k["stream"], k["correlation"]) == (-1, 12)  # int() semantics, as HTA
+    assert problems_with(result, "odd.json", "non-numeric 'dur'")
+    assert "instant" not in set(events["name"])
+
+
+# ---- ranks ----------------------------------------------------------------------------------
+def test_ranks_come_from_distributed_info_and_missing_ranks_are_named(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=r, world_size=4) for r in (0, 1)])
+    result = load_path(run, use_cache=False)
+    assert [t.rank for t in result.ranks] == [0, 1]
+    assert result.world_size == 4
+    assert problems_with(result, "ranks 2-3 of world size 4")
+
+
+def test_duplicate_ranks_name_both_files_and_the_first_is_analysed(tmp_path):
+    run = tmp_path / "run"
+    gpu_trace(rank=0).write(run / "a.json.gz")
+    gpu_trace(rank=0).write(run / "b.json.gz")
+    gpu_trace(rank=1).write(run / "c.json.gz")
+    result = load_path(run, use_cache=False)
+    duplicate = problems_with(result, "duplicate rank 0")
+    assert duplicate
+    assert str(run / "a.json.gz") in duplicate[0] and str(run / "b.json.gz") in duplicate[0]
+    assert [(t.rank, t.path.name) for t in result.ranks] == [(0, "a.json.gz"), (1, "c.json.gz")]
+
+
+def test_a_lone_trace_without_rank_is_rank_zero_with_a_warning(tmp_path):
+    TraceBuilder(distributed_info=False).step(1, 0, 10).compute(1, 2).write(tmp_path / "x.json")
+    result = load_path(tmp_path / "x.json", use_cache=False)
+    assert result.ranks[0].rank == 0
+    assert problems_with(result, "x.json", "no rank in distributedInfo")
+
+
+def test_several_traces_without_rank_are_each_analysed_unranked(tmp_path):
+    for name in ("x.json", "y.json"):
+        TraceBuilder(distributed_info=False).step(1, 0, 10).write(tmp_path / "run" / name)
+    result = load_path(tmp_path / "run", use_cache=False)
+    assert [t.rank for t in result.ranks] == [None, None]
+    assert len(problems_with(result, "no rank in distributedInfo")) == 2
+
+
+def test_profiler_windows_of_one_rank_are_merged(tmp_path):
+    run = tmp_path / "run"
+    gpu_trace(rank=0, steps=(1, 2)).write(run / trace_name(0, span=111))
+    gpu_trace(rank=0, steps=(5, 6)).write(run / trace_name(0, span=222))
+    result = load_path(run, use_cache=False)
+    assert len(result.ranks) == 1
+    trace = result.ranks[0]
+    assert trace.steps["step"].tolist() == [1, 2, 5, 6]
+    assert [p.name for p in trace.extra_paths] == [trace_name(0, span=222)]
+    assert not problems_with(result, "duplicate")
+
+
+def test_files_are_parsed_in_parallel_processes_with_the_same_result(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=r) for r in (0, 1)])
+    serial = load_path(run, use_cache=False, jobs=1)
+    parallel = load_path(run, use_cache=False, jobs=2)
+    for a, b in zip(serial.ranks, parallel.ranks):
+        pd.testing.assert_frame_equal(a.events, b.events)
+        pd.testing.assert_frame_equal(a.steps, b.steps)
+
+
+# ---- steps ------------------------------------------------------------------------------------
+def test_step_spec():
+    assert parse_step_spec("3-5,7") == [3, 4, 5, 7]
+    assert parse_step_spec(" 2 , 2-3") == [2, 3]
+    for bad in ("a", "5-3", ",", "1-"):
+        with pytest.raises(ValueError):
+            parse_step_spec(bad)
+
+
+def test_step_selection_and_hta_selection(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(steps=(1, 2, 3, 4))])
+    assert load_path(run, use_cache=False).ranks[0].steps["step"].tolist() == [1, 2, 3, 4]
+    assert load_path(run, "2-3", use_cache=False).ranks[0].steps["step"].tolist() == [2, 3]
+    hta = load_path(run, use_cache=False, hta_compatible=True).ranks[0]
+    assert hta.steps["step"].tolist() == [1, 2, 3]
+    missing = load_path(run, [4, 9], use_cache=False)
+    assert missing.ranks[0].steps["step"].tolist() == [4]
+    assert problems_with(missing, "step 9 is not in the trace (it has 1-4)")
+
+
+# ---- bad input --------------------------------------------------------------------------------
+def test_truncated_gzip_is_named_and_the_other_ranks_still_load(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=0), gpu_trace(rank=1)])
+    broken = run / trace_name(1)
+    broken.write_bytes(broken.read_bytes()[:-200])
+    result = load_path(run, use_cache=False)
+    assert [t.rank for t in result.ranks] == [0]
+    assert problems_with(result, str(broken), "truncated or corrupt gzip")
+    assert problems_with(result, "rank 1 of world size 2 has no trace")
+
+
+def test_invalid_json_is_named(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=0)])
+    (run / "rank1.2.pt.trace.json").write_text('{"traceEvents": [{"ph": "X",')
+    result = load_path(run, use_cache=False)
+    assert problems_with(result, "rank1.2.pt.trace.json", "invalid JSON")
+    assert [t.rank for t in result.ranks] == [0]
+
+
+def test_json_without_trace_events_is_named(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "other.json").write_text('{"hello": 1}')
+    gpu_trace(rank=0, world_size=1).write(tmp_path / "run" / "good.json")
+    result = load_path(tmp_path / "run", use_cache=False)
+    assert problems_with(result, "other.json", "no 'traceEvents'")
+    assert [t.path.name for t in result.ranks] == ["good.json"]
+
+
+def test_json_of_the_wrong_shape_is_named(tmp_path):
+    (tmp_path / "list.json").write_text('[1, 2]')
+    result = load.load_files([tmp_path / "list.json"], use_cache=False)
+    assert result.ranks == [] and problems_with(result, "list.json", "not a Kineto trace")
+
+
+def test_empty_folder_and_missing_path(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NothingToAnalyse, match="empty.*no Kineto trace"):
+        resolve_runs([tmp_path / "empty"])
+    with pytest.raises(NothingToAnalyse, match="no such file"):
+        resolve_runs([tmp_path / "nope"])
+
+
+def test_trace_without_device_events_is_a_cpu_trace(tmp_path):
+    TraceBuilder(backend="gloo").step(1, 0, 10).op("aten::mm", 1, 5).write(tmp_path / "c.json")
+    trace = load_path(tmp_path / "c.json", use_cache=False).ranks[0]
+    assert not trace.events["is_gpu"].any()
+
+
+# ---- folders of runs ------------------------------------------------------------------------
+def test_folder_of_runs_newest_by_default_or_by_name_or_all(tmp_path):
+    old = write_run(tmp_path / "runs" / "old", [gpu_trace(rank=0, world_size=1)])
+    new = write_run(tmp_path / "runs" / "new", [gpu_trace(rank=0, world_size=1)])
+    os.utime(old / trace_name(0), (1_000_000, 1_000_000))
+    assert [r for r, _ in resolve_runs([tmp_path / "runs"])] == [new]
+    assert [r for r, _ in resolve_runs([tmp_path / "runs"], run="old")] == [old]
+    assert [r for r, _ in resolve_runs([tmp_path / "runs"], all_runs=True)] == [old, new]
+    with pytest.raises(NothingToAnalyse, match="no run named 'x'"):
+        resolve_runs([tmp_path / "runs"], run="x")
+
+
+# ---- cache ------------------------------------------------------------------------------------
+def test_cache_round_trip_and_invalidation(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace()])
+    path = run / trace_name(0)
+    cold = load.read_trace(path)
+    cache_file = run / load.CACHE_DIR / (path.name + ".parquet")
+    assert cache_file.is_file()
+    warm = load._read_cache(path)
+    assert warm is not None
+    pd.testing.assert_frame_equal(warm.events, cold.events, check_categorical=False)
+    pd.testing.assert_frame_equal(warm.steps, cold.steps)
+    assert (warm.rank, warm.world_size, warm.float_timestamps) == (0, 2, False)
+    # A changed trace (new size and mtime) is parsed again, not served from the cache.
+    gpu_trace(steps=(1, 2)).write(path)
+    assert load.read_trace(path).steps["step"].tolist() == [1, 2]
+
+
+def test_unwritable_cache_folder_falls_back_silently(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(world_size=1)])
+    (run / load.CACHE_DIR).write_text("a file where the cache folder would go")
+    result = load_path(run)
+    assert [t.rank for t in result.ranks] == [0] and result.problems == []
+
+
+# ---- ranktrace records ------------------------------------------------------------------------
+def write_records(run: Path, rank: int, schema_version=schema.SCHEMA_VERSION, crashed=False):
+    start = schema.RunStart(schema_version=schema_version, run_name=run.name, rank=rank,
+                            local_rank=rank, world_size=2, host="h", pid=1, start_ns=0, argv=[],
+                            script="s.py", script_args=[], torch_version="x", config={})
+    lines = [start, schema.TracerError(rank=rank, t_ns=1, part="sampler", message="no NVML")]
+    if not crashed:
+        lines.append(schema.RunEnd(rank=rank, end_ns=2, status="ok", exit_code=0, steps=3,
+                                   windows=1, samples=0, comm_ops=1, bytes_written=0, errors=1))
+    manifest = b"".join(schema.ENCODER.encode(r) + b"\n" for r in lines)
+    (run / schema.MANIFEST_FILE.format(rank=rank)).write_bytes(manifest)
+    comm = schema.CommRecord(step=1, op="all_reduce", source="ddp", pg="0", pg_size=2,
+                             dtype="float32", bytes=4096, start_ns=10, end_ns=20,
+                             duration_us=0.01, timing="host", algbw_gbps=1.0, busbw_gbps=1.0)
+    comms = schema.ENCODER.encode(comm) + b"\n" + schema.ENCODER.encode(comm)[:-5]
+    suffix = schema.TEMP_SUFFIX if crashed else ""
+    (run / (schema.COMMS_FILE.format(rank=rank) + suffix)).write_bytes(comms)
+    step = schema.StepRecord(step=1, start_ns=0, end_ns=5, rss_bytes=123)
+    (run / schema.STEPS_FILE.format(rank=rank)).write_bytes(schema.ENCODER.encode(step) + b"\n")
+
+
+def test_records_are_attached_and_a_truncated_tmp_file_is_read(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=0)])
+    write_records(run, 0, crashed=True)
+    result = load_path(run, use_cache=False)
+    records = result.ranks[0].records
+    assert records is not None
+    assert len(records.comms) == 1 and records.comms.loc[0, "bytes"] == 4096
+    assert records.comms.loc[0, "rank"] == 0
+    assert records.steps.loc[0, "rss_bytes"] == 123
+    assert records.samples.empty and "t_ns" in records.samples.columns
+    assert isinstance(records.manifest[0], schema.RunStart)
+    assert problems_with(result, "rank 0", "sampler", "no NVML")
+    assert problems_with(result, "rank 0", "no run_end")
+
+
+def test_records_from_a_newer_schema_are_refused_but_the_trace_is_analysed(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=0)])
+    write_records(run, 0, schema_version=schema.SCHEMA_VERSION + 1)
+    result = load_path(run, use_cache=False)
+    trace = result.ranks[0]
+    assert trace.records is None and len(trace.steps) == 3
+    found = problems_with(result, str(run / "rank0.manifest.jsonl"), "rank 0",
+                          f"schema version {schema.SCHEMA_VERSION + 1}")
+    assert found and f"reads ({schema.SCHEMA_VERSION})" in found[0]
+
+
+def test_bad_record_lines_in_the_middle_are_named(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=0)])
+    step = schema.ENCODER.encode(schema.StepRecord(step=1, start_ns=0, end_ns=5))
+    (run / "rank0.steps.jsonl").write_bytes(step + b"\n{not json}\n" + step + b"\n")
+    result = load_path(run, use_cache=False)
+    assert len(result.ranks[0].records.steps) == 2
+    assert problems_with(result, "rank0.steps.jsonl", "rank 0", "line 2")
+
+
+def test_records_without_a_trace_are_reported(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=0)])
+    write_records(run, 1)
+    result = load_path(run, use_cache=False)
+    assert problems_with(result, "rank 1 has ranktrace records but no readable Kineto trace")
+
+
+def test_read_only_trace_folder_gets_no_cache_even_for_root(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(world_size=1)])
+    run.chmod(0o555)
+    try:
+        result = load_path(run)
+        assert [t.rank for t in result.ranks] == [0] and result.problems == []
+        assert not (run / load.CACHE_DIR).exists()
+    finally:
+        run.chmod(0o755)
+
+
+# ---- chunked decoding --------------------------------------------------------------------------
+def many_events_trace() -> dict:
+    b = TraceBuilder(rank=3, world_size=4)
+    for n in range(1, 41):
+        t = n * 100
+        b.step(n, t, t + 100).compute(t + 10, t + 50).nccl(t + 40, t + 70)
+        b.op("aten::mm", t + 1, t + 9, args={"Input Dims": [[4, 4], [4, 4]]})
+    return b.document()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Cut files into ~2 kB chunks, and count the chunks decoded."""
+    monkeypatch.setattr(load, "READ_BYTES", 512)
+    monkeypatch.setattr(load, "CHUNK_BYTES", 2048)
+    monkeypatch.setattr(load, "CUT_WINDOW", 256)
+    chunks = []
+
+    class Counting:
+        decode = staticmethod(lambda data, real=load._EVENTS_DECODER.decode:
+                              chunks.append(len(data)) or real(data))
+
+    monkeypatch.setattr(load, "_EVENTS_DECODER", Counting())
+    return chunks
+
+
+def same_trace(a, b):
+    pd.testing.assert_frame_equal(a.events, b.events)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+    assert (a.rank, a.world_size, a.float_timestamps) == (b.rank, b.world_size, b.float_timestamps)
+
+
+@pytest.mark.parametrize("layout", ["indented", "info_after_events", "one_line"])
+def test_chunked_decoding_gives_the_whole_file_result(tmp_path, small_chunks, layout):
+    doc = many_events_trace()
+    if layout == "info_after_events":
+        doc["distributedInfo"] = doc.pop("distributedInfo")  # now in the tail
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc, indent=None if layout == "one_line" else 1))
+    chunked = load.parse_trace(path)
+    assert len(small_chunks) > 5  # it really was cut into chunks
+    same_trace(chunked, load.parse_trace(path, chunked=False))
+    assert chunked.rank == 3 and chunked.steps["step"].tolist() == list(range(1, 41))
+
+
+def test_a_cut_inside_a_string_or_nested_args_falls_back_to_the_whole_file(tmp_path, small_chunks,
+                                                                          monkeypatch):
+    whole = []
+    monkeypatch.setattr(load, "_decode_whole", lambda path, columns, real=load._decode_whole:
+                        whole.append(path) or real(path, columns))
+    doc = many_events_trace()
+    # names and arguments that contain what a cut between events looks for
+    # each longer than a chunk, so that some cut must land inside them
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[5]["name"] += ' weird }, { name "},{" ' * 300
+    kernels[20]["args"]["nested"] = [{"a": 1}, {"b": 2}] * 300
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    parsed = load.parse_trace(path)
+    assert whole == [path]  # the chunked read gave up and the file was decoded whole
+    same_trace(parsed, load.parse_trace(path, chunked=False))
+    long_name = ' weird }, { name "},{" ' * 300
+    assert any(n.endswith(long_name) for n in parsed.events["name"].astype(str))
+    assert parsed.steps["step"].tolist() == list(range(1, 41))
+
+
+def test_an_event_longer_than_a_chunk_is_read_whole(tmp_path, small_chunks):
+    doc = many_events_trace()
+    kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    kernel["name"] = "k" * 20000  # no place to cut for ten chunks
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    parsed = load.parse_trace(path)
+    assert len(small_chunks) > 5
+    same_trace(parsed, load.parse_trace(path, chunked=False))
+    assert "k" * 20000 in set(parsed.events["name"].astype(str))

@@ -1,0 +1,216 @@
+"""The ranktrace trace contract: file names, record fields, units and the schema version.
+
+The tracer writes these files and the analysis reads them; both import this module, and
+`docs/trace-format.md` describes it for users. Change a field here, bump SCHEMA_VERSION, and
+update the docs in the same commit.
+
+Units: times are integers in nanoseconds (`*_ns`, Unix epoch from `time.time_ns()` on the
+rank's host clock) unless a name says `_us`; sizes are bytes; bandwidths are GB/s (1e9 bytes/s).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Optional, Union
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+# ---- file names inside one run folder (traces/<run>/) ------------------------------------------
+# Kineto traces keep torch's `<worker>.<span>.pt.trace.json.gz` shape so that torch-tb-profiler
+# reads them as worker `rank{R}` and HTA can load the folder as it is. Nothing else in a run folder
+# ends in `.json` or `.gz`, for the same reason.
+KINETO_TRACE_RE = re.compile(r"^(?P<worker>.+?)\.(?P<span>\d+)\.pt\.trace\.json(?:\.gz)?$")
+RANK_WORKER_RE = re.compile(r"^rank(?P<rank>\d+)$")
+MANIFEST_FILE = "rank{rank}.manifest.jsonl"
+COMMS_FILE = "rank{rank}.comms.jsonl"
+SAMPLES_FILE = "rank{rank}.samples.jsonl"
+STEPS_FILE = "rank{rank}.steps.jsonl"
+MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"  # torch's own format, never loaded by us
+TEMP_SUFFIX = ".tmp"  # files are written as <name>.tmp then renamed
+
+
+def worker_name(rank: int) -> str:
+    """The Kineto worker name for a rank, as torch-tb-profiler shows it."""
+    return f"rank{rank}"
+
+
+def kineto_trace_file(rank: int, span_ns: int) -> str:
+    return f"{worker_name(rank)}.{span_ns}.pt.trace.json.gz"
+
+
+# ---- collective and p2p ops ---------------------------------------------------------------------
+CommOp = Literal[
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+    "gather", "scatter", "send", "recv", "barrier",
+]
+COMM_OPS: tuple[str, ...] = CommOp.__args__  # type: ignore[attr-defined]
+
+# How an op was issued, so users can tell DDP bucket traffic from their own calls.
+CommSource = Literal["c10d", "ddp", "functional", "p2p"]
+COMM_SOURCES: tuple[str, ...] = CommSource.__args__  # type: ignore[attr-defined]
+
+
+def bus_factor(op: str, group_size: int) -> float:
+    """busbw / algbw for `op` over `group_size` ranks, as nccl-tests defines it.
+
+    all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n;
+    broadcast, reduce, send, recv 1; barrier moves no payload and gets 0.
+    """
+    n = max(int(group_size), 1)
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    if op == "barrier":
+        return 0.0
+    return 1.0
+
+
+def bandwidth_gbps(op: str, nbytes: int, group_size: int, seconds: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s. `nbytes` is nccl-tests' size S (see CommRecord.bytes)."""
+    if seconds <= 0 or nbytes <= 0:
+        return 0.0, 0.0
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * bus_factor(op, group_size)
+
+
+# ---- records ------------------------------------------------------------------------------------
+class CommRecord(msgspec.Struct, omit_defaults=True):
+    """One collective or p2p op, one line of rank{R}.comms.jsonl."""
+
+    step: int  # optimizer steps completed on this rank when the op was issued (0-based)
+    op: str  # one of COMM_OPS
+    source: str  # one of COMM_SOURCES
+    pg: str  # process group name ("0" is the default group)
+    pg_size: int  # ranks in that group
+    dtype: str  # torch dtype name without "torch.", e.g. "float32"
+    # nccl-tests size S: all_reduce/broadcast/reduce/send/recv: the tensor; all_gather and gather:
+    # the gathered output (n x one rank's part); reduce_scatter and scatter: the full input (n x one
+    # part); all_to_all: all that one rank sends; barrier: 0.
+    bytes: int
+    start_ns: int  # host clock when the op was issued
+    end_ns: int  # host clock at completion: observed on CPU; start_ns + duration for CUDA-event timing
+    duration_us: float  # the op's time: CUDA events on GPU, host clock around completion on CPU
+    timing: str  # "cuda_event" or "host"
+    algbw_gbps: float  # bytes / duration
+    busbw_gbps: float  # algbw * bus_factor(op, pg_size)
+    peer: Optional[int] = None  # global rank of the other side, for send/recv
+    async_op: bool = False  # issued with async_op=True (or as a functional collective)
+
+
+class DeviceSample(msgspec.Struct, omit_defaults=True):
+    """One sample of one device (NVML) or of the process and host (psutil), rank{R}.samples.jsonl."""
+
+    t_ns: int
+    source: str  # "nvml" or "psutil"
+    device: Optional[int] = None  # NVML device index; None for psutil
+    sm_util_pct: Optional[float] = None
+    mem_util_pct: Optional[float] = None
+    mem_used_bytes: Optional[int] = None
+    mem_total_bytes: Optional[int] = None
+    power_w: Optional[float] = None
+    sm_clock_mhz: Optional[float] = None
+    temp_c: Optional[float] = None
+    pcie_tx_bytes_s: Optional[float] = None
+    pcie_rx_bytes_s: Optional[float] = None
+    nvlink_tx_bytes_s: Optional[float] = None
+    nvlink_rx_bytes_s: Optional[float] = None
+    cpu_process_pct: Optional[float] = None  # 100 = one core
+    cpu_system_pct: Optional[float] = None  # 100 = all cores busy
+    rss_bytes: Optional[int] = None
+    net_sent_bytes_s: Optional[float] = None
+    net_recv_bytes_s: Optional[float] = None
+
+
+class StepRecord(msgspec.Struct, omit_defaults=True):
+    """One training step (optimizer step to optimizer step), rank{R}.steps.jsonl."""
+
+    step: int  # 0-based index of the step that just finished
+    start_ns: int
+    end_ns: int
+    in_profiler_window: bool = False  # the profiler was recording (warmup or active) during it
+    cuda_peak_allocated_bytes: Optional[int] = None  # torch.cuda.max_memory_allocated over the step
+    cuda_peak_reserved_bytes: Optional[int] = None
+    cuda_total_bytes: Optional[int] = None  # the device's capacity
+    rss_bytes: Optional[int] = None  # process RSS at the step's end (CPU runs and always where psutil works)
+    comm_ops: int = 0
+    comm_bytes: int = 0
+
+
+class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=True):
+    schema_version: int
+    run_name: str
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    pid: int
+    start_ns: int
+    argv: list[str]  # the command line as the user typed it, tracer options included
+    script: str
+    script_args: list[str]
+    torch_version: str
+    config: dict  # the tracer's resolved options
+    attempt: int = 0  # TORCHELASTIC_RESTART_COUNT
+    cuda_version: Optional[str] = None
+    nccl_version: Optional[str] = None
+    device_name: Optional[str] = None
+    sampler_source: Optional[str] = None  # "nvml" or "psutil"
+    sampler_reason: Optional[str] = None  # why psutil was used instead of NVML
+
+
+class ClockSync(msgspec.Struct, tag="clock_sync", tag_field="kind", omit_defaults=True):
+    """This rank's host clock minus rank 0's: subtract offset_ns to put our times on rank 0's clock."""
+
+    rank: int
+    offset_ns: int
+    uncertainty_ns: int  # half the best round trip
+    round_trips: int
+    backend: Optional[str] = None
+    world_size: Optional[int] = None
+
+
+class TracerError(msgspec.Struct, tag="error", tag_field="kind", omit_defaults=True):
+    """A part of the tracer that failed and switched itself off; training went on."""
+
+    rank: int
+    t_ns: int
+    part: str  # "profiler", "sampler", "comms", "memory", "scalars", "manifest", ...
+    message: str
+
+
+class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True):
+    rank: int
+    end_ns: int
+    status: str  # "ok", "failed" or "interrupted"
+    exit_code: int
+    steps: int
+    windows: int
+    samples: int
+    comm_ops: int
+    bytes_written: int
+    errors: int
+    backend: Optional[str] = None
+    world_size: Optional[int] = None
+    exception: Optional[str] = None  # "TypeName: message" of the script's exception
+
+
+ManifestRecord = Union[RunStart, ClockSync, TracerError, RunEnd]
+RUN_STATUSES = ("ok", "failed", "interrupted")
+# A manifest with a run_start but no run_end: the rank died before it could say (killed, OOM-killed).
+STATUS_NO_END = "crashed"
+
+_decoders: dict = {}
+
+
+def decoder(record_type):
+    """A cached msgspec JSON decoder for one record type (or ManifestRecord)."""
+    dec = _decoders.get(record_type)
+    if dec is None:
+        dec = _decoders[record_type] = msgspec.json.Decoder(record_type)
+    return dec
+
+
+ENCODER = msgspec.json.Encoder()
