@@ -317,17 +317,20 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu") -> list:
     counts = table["heaviest_rank"].value_counts()
     top_rank, top_count = int(counts.index[0]), int(counts.iloc[0])
     steps_n = len(table)
+    rank_work = timed.groupby("rank")["work_ns"].mean()
+    above = (rank_work[top_rank] - rank_work.mean()) / rank_work.mean() * 100
+    # A rank that is busiest most often but not on average (one long step elsewhere) is noise,
+    # not a straggler.
     straggler = (top_count >= STRAGGLER_MIN_STEPS
                  and top_count >= STRAGGLER_MIN_STEP_FRACTION * steps_n
-                 and (len(counts) == 1 or counts.iloc[1] < top_count))
-    rank_work = timed.groupby("rank")["work_ns"].mean()
+                 and (len(counts) == 1 or counts.iloc[1] < top_count)
+                 and above > 0)
     evidence = (f"Per step the busiest rank works {_ms(table['max_work_ns'].mean())} against a "
                 f"mean of {_ms(table['mean_work_ns'].mean())}, so the average rank waits "
                 f"{_ms(table['wait_ns'].mean())} per step ({share:.1f}% of step time) over "
                 f"{steps_n} steps; step time ranged {_ms(table['min_step_ns'].min())} to "
                 f"{_ms(table['max_step_ns'].max())} across ranks.")
     if straggler:
-        above = (rank_work[top_rank] - rank_work.mean()) / rank_work.mean() * 100
         evidence += (f" Rank {top_rank} had the most work in {top_count} of {steps_n} steps, "
                      f"{above:.1f}% above the mean.")
         hardware = ("its host and GPU with the others (clocks and temperature in nvidia-smi, "

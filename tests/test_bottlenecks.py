@@ -325,3 +325,16 @@ def test_bad_input_gives_an_empty_frame(steps):
 def test_rank_list_compresses_ranges():
     assert rank_list([5, 0, 1, 2, 7, 8, 2, np.nan]) == "0-2, 5, 7-8"
     assert rank_list([]) == ""
+
+
+def test_rank_busiest_most_often_but_lighter_on_average_is_not_a_straggler():
+    # Rank 1 works more in steps 1 and 2, but rank 0's long step 0 makes rank 0 the heavier on
+    # average (mean work 53.3 vs 40 ms): imbalance, and no straggler named rank 1.
+    rows = []
+    for s, (work0, work1) in enumerate(((80, 40), (30, 40), (30, 40))):
+        rows += [step_row(0, s, compute=work0, comm=0, overlap=0, exposed=0),
+                 step_row(1, s, compute=work1, comm=0, overlap=0, exposed=0)]
+    result = run(per_step(rows))
+    assert not result["finding"].str.startswith("straggler").any()
+    # waits: 80-60=20, 40-35=5, 40-35=5 -> 30 ms of 300 ms of mean step time
+    assert finding(result, "load imbalance across ranks")["share_pct"] == pytest.approx(10.0)
