@@ -116,7 +116,7 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces) -> pd.D
     findings = []
     for build in (
         lambda: _exposed_communication(steps, collectives, pipeline),
-        lambda: _device_idle(steps, idle_gaps),
+        lambda: _device_idle(steps, idle_gaps, _run_kind(per_rank, traces)),
         lambda: _imbalance(steps, pipeline, _run_kind(per_rank, traces)),
         lambda: _pipeline_bubble(steps, pipeline),
         lambda: _low_bus_bandwidth(steps, _run_kind(per_rank, traces), collectives),
@@ -254,7 +254,7 @@ def _finite(value) -> bool:
 
 
 # ---- device idle by host activity ---------------------------------------------------------------
-def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame) -> list:
+def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu") -> list:
     """One finding per host activity: summed gap time over summed step_ns, gaps of analysed
     (rank, step) rows only.
     """
@@ -269,6 +269,8 @@ def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame) -> list:
     gaps = gaps[gaps["dur_ns"] > 0]
     total_step = steps["step_ns"].sum()
     rank_step = steps.groupby("rank")["step_ns"].sum()
+    # On CPU traces the "device" is the training threads: there is no accelerator to sit idle.
+    subject, name = ("The training threads", "idle") if kind == "cpu" else ("The device", "device idle")
     findings = []
     for activity, group in gaps.groupby("host_activity", sort=True):
         label, doing, suggestion = IDLE_CAUSES.get(activity, IDLE_CAUSES["other"])
@@ -279,11 +281,11 @@ def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame) -> list:
         per_rank = group.groupby("rank")["dur_ns"].sum() / rank_step.reindex(
             group["rank"].unique()) * 100
         heavy = per_rank[per_rank >= MIN_SHARE_PCT].index
-        evidence = (f"The device sat idle {_ms(group['dur_ns'].sum() / len(steps))} per step on "
+        evidence = (f"{subject} sat idle {_ms(group['dur_ns'].sum() / len(steps))} per step on "
                     f"average ({share:.1f}% of step time) in {len(group)} gaps while the host "
                     f"was {doing}; the longest gap was {_ms(longest['dur_ns'])} on rank "
                     f"{int(longest['rank'])}, step {int(longest['step'])}.")
-        findings.append(_finding(f"device idle: {label}", share, evidence, suggestion,
+        findings.append(_finding(f"{name}: {label}", share, evidence, suggestion,
                                  rank_list(heavy if len(heavy) else group["rank"])))
     return findings
 

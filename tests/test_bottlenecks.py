@@ -150,6 +150,14 @@ def test_device_idle_is_split_by_host_activity():
     assert "device idle: synchronisation" not in result["finding"].tolist()
 
 
+def test_idle_on_cpu_traces_is_the_training_threads():
+    steps = per_step([step_row(r, s, kind="cpu", exposed=0) for r in (0, 1) for s in (0, 1)])
+    result = run(steps, idle=gaps([(r, s, 10, "data_loading") for r in (0, 1) for s in (0, 1)]),
+                 traces=[trace(0, "gloo"), trace(1, "gloo")])
+    row = finding(result, "idle: data loading")
+    assert row["share_pct"] == pytest.approx(10.0)
+    assert row["evidence"].startswith("The training threads sat idle 10.00 ms per step")
+
 def test_synchronisation_gaps_suggest_removing_syncs():
     result = run(balanced(exposed=0), idle=gaps([(r, s, 30, "synchronisation")
                                                  for r in (0, 1) for s in (0, 1)]))
