@@ -1,0 +1,142 @@
+"""A tiny training script for the tracer's tests: an MLP, SGD, synthetic data, a few steps.
+
+Runs the same with or without the tracer and under torchrun (gloo) or alone (one rank, in-memory
+store). Each option below makes it misbehave in one way a test needs.
+"""
+
+import argparse
+import errno
+import os
+import signal
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+def parse_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--ddp", action="store_true", help="wrap the model in DDP over a gloo group")
+    p.add_argument("--losses", help="write repr() of each loss here, one per line")
+    p.add_argument("--fail-at", type=int, help="raise RuntimeError at this step")
+    p.add_argument("--fail-in-first-attempt", action="store_true",
+                   help="raise at step 1 when TORCHELASTIC_RESTART_COUNT is 0 (elastic restart)")
+    p.add_argument("--no-process-group", action="store_true",
+                   help="train alone without torch.distributed, even under torchrun")
+    p.add_argument("--exit-code", type=int, help="sys.exit(N) after the last step")
+    p.add_argument("--block-at", type=int, help="block in a C call (store get) at this step")
+    p.add_argument("--kill-rank", type=int, help="this rank SIGKILLs itself at --kill-at")
+    p.add_argument("--kill-at", type=int, default=0)
+    p.add_argument("--manual-steps", action="store_true",
+                   help="update weights by hand and call tracer.step() instead of an optimizer")
+    p.add_argument("--two-optimizers", action="store_true", help="one optimizer per layer")
+    p.add_argument("--break-steps-file-at", type=int,
+                   help="make the tracer's steps file fail with ENOSPC from this step on")
+    p.add_argument("--sigterm-handler", metavar="PATH",
+                   help="install a SIGTERM handler that writes PATH and exits with code 7")
+    p.add_argument("--print-argv", action="store_true")
+    return p.parse_args()
+
+
+class NoSpaceFile:
+    """Stands in for a file on a full disk."""
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def close(self):
+        pass
+
+
+def break_steps_file():
+    import gc
+
+    from tracer.jsonl import JsonlWriter
+
+    for obj in gc.get_objects():
+        if isinstance(obj, JsonlWriter) and obj.part == "steps" and not obj.closed:
+            obj._file.close()
+            obj._file = NoSpaceFile()
+
+
+def main():
+    args = parse_args()
+    if args.print_argv:
+        print("argv", sys.argv, "file", __file__, "path0", sys.path[0], flush=True)
+    if args.sigterm_handler:
+        def on_sigterm(signum, frame):
+            with open(args.sigterm_handler, "w") as f:
+                f.write("handled\n")
+            sys.exit(7)
+        signal.signal(signal.SIGTERM, on_sigterm)
+    if args.no_process_group:
+        pass
+    elif "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(args.hidden, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 4))
+    if args.ddp:
+        model = nn.parallel.DistributedDataParallel(model)
+    if args.two_optimizers:
+        optimizers = [torch.optim.SGD(layer.parameters(), lr=0.1) for layer in (model[0], model[2])]
+    elif not args.manual_steps:
+        optimizers = [torch.optim.SGD(model.parameters(), lr=0.1)]
+    generator = torch.Generator().manual_seed(1 + rank)
+    losses = []
+    for step in range(args.steps):
+        if args.fail_in_first_attempt and step == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+            raise RuntimeError("failing the first attempt on purpose")
+        if args.fail_at == step:
+            raise RuntimeError(f"failing on purpose at step {step}")
+        if args.kill_rank == rank and args.kill_at == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.block_at == step:
+            print(f"blocking at step {step}", flush=True)
+            store = dist.HashStore()
+            store.set_timeout(timedelta(seconds=60))
+            store.get("never-set")
+        if args.break_steps_file_at == step:
+            break_steps_file()
+        x = torch.randn(16, args.hidden, generator=generator)
+        y = torch.randint(0, 4, (16,), generator=generator)
+        loss = F.cross_entropy(model(x), y)
+        if args.manual_steps:
+            model.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+            import tracer
+
+            tracer.step()
+        else:
+            for opt in optimizers:
+                opt.zero_grad()
+            loss.backward()
+            for opt in optimizers:
+                opt.step()
+        losses.append(loss.item())
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.6f}", flush=True)
+    if args.losses and rank == 0:
+        with open(args.losses, "w") as f:
+            f.write("".join(f"{value!r}\n" for value in losses))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if args.exit_code is not None:
+        sys.exit(args.exit_code)
+
+
+if __name__ == "__main__":
+    main()

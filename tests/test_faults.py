@@ -1,0 +1,267 @@
+"""The tracer under faults: bad --out, reruns and restarts, script errors, SIGTERM, full disks,
+killed ranks. In every case training is unaffected and what was recorded stays readable."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tracer import schema
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
+
+FAST = ["--no-profiler", "--no-sampler", "--no-comms"]
+
+
+# ---- before training ------------------------------------------------------------------------
+@pytest.mark.parametrize("name,is_file,reason", [("missing", False, "does not exist"),
+                                                  ("a-file", True, "is not a folder")])
+def test_bad_out_fails_before_the_script_runs(tmp_path, name, is_file, reason):
+    out = tmp_path / name
+    if is_file:
+        out.write_text("")
+    result = h.run(["--out", out], h.TINY, ["--losses", tmp_path / "ran"])
+    assert result.returncode == 1
+    assert f"--out '{out}' {reason}" in result.stderr
+    assert "the script was not run" in result.stderr
+    assert result.stdout == "" and not (tmp_path / "ran").exists()
+
+
+def _make_unwritable(folder) -> callable:
+    """Make `folder` unwritable even for root (immutable attribute) or by mode bits; returns
+    the undo, or None where neither works here."""
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        return lambda: folder.chmod(0o700)
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
+        return lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)
+    return None
+
+
+def test_unwritable_out_fails_before_the_script_runs(tmp_path):
+    out = tmp_path / "read-only"
+    out.mkdir()
+    undo = _make_unwritable(out)
+    if undo is None:
+        pytest.skip("root without chattr: no way to make a folder unwritable here")
+    try:
+        result = h.run(["--out", out], h.TINY, ["--losses", tmp_path / "ran"])
+    finally:
+        undo()
+    assert result.returncode == 1
+    assert re.search(rf"cannot create run folder '{re.escape(str(out))}/[^']+': "
+                     r"(Permission denied|Operation not permitted)", result.stderr), result.stderr
+    assert "the script was not run" in result.stderr
+    assert not (tmp_path / "ran").exists() and list(out.iterdir()) == []
+
+
+# ---- reruns and restarts --------------------------------------------------------------------
+def test_a_rerun_never_overwrites_and_a_restart_gets_an_attempt_folder(tmp_path):
+    first = h.run(["--out", tmp_path, "--run-name", "exp"] + FAST, h.TINY, ["--steps", "2"])
+    assert first.returncode == 0, first.stderr
+    before = {p.name: p.read_bytes() for p in (tmp_path / "exp").iterdir()}
+    again = h.run(["--out", tmp_path, "--run-name", "exp"] + FAST, h.TINY, ["--steps", "3"])
+    restart = h.run(["--out", tmp_path, "--run-name", "exp"] + FAST, h.TINY, ["--steps", "1"],
+                    env=h.clean_env(TORCHELASTIC_RESTART_COUNT="1"))
+    assert again.returncode == 0 and restart.returncode == 0
+    assert [p.name for p in h.run_dirs(tmp_path)] == ["exp", "exp-1", "exp-attempt1"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "exp").iterdir()} == before
+    assert h.run_end(tmp_path / "exp-1", 0).steps == 3
+    start, = h.of_kind(h.manifest(tmp_path / "exp-attempt1", 0), schema.RunStart)
+    assert (start.attempt, start.run_name) == (1, "exp-attempt1")
+
+
+def test_torchrun_restart_writes_each_attempt_into_its_own_folder(tmp_path):
+    # Attempt 0 fails on purpose and torchrun restarts both ranks once. No process group: torch
+    # 2.13's gloo fails to reconnect in a restarted worker group, traced or not.
+    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
+                   ["--no-process-group", "--steps", "3", "--fail-in-first-attempt"], nproc=2,
+                   torchrun_args=["--max-restarts", "1"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dirs = h.run_dirs(tmp_path)
+    assert len(dirs) == 2 and dirs[1].name == dirs[0].name + "-attempt1"
+    for attempt, run_dir in enumerate(dirs):
+        for rank in (0, 1):
+            start, = h.of_kind(h.manifest(run_dir, rank), schema.RunStart)
+            assert (start.attempt, start.rank, start.run_name) == (attempt, rank, run_dir.name)
+            end = h.run_end(run_dir, rank)
+            assert (end.status, end.steps) == (("failed", 1), ("ok", 3))[attempt]
+    assert h.run_end(dirs[0], 0).exception == "RuntimeError: failing the first attempt on purpose"
+
+
+# ---- the script fails -----------------------------------------------------------------------
+def test_exception_keeps_traceback_and_exit_code_and_saves_the_open_window(tmp_path):
+    args = ["--steps", "6", "--fail-at", "4"]
+    bare = h.run(None, h.TINY, args)
+    traced = h.run(["--out", tmp_path, "--skip-first", "0", "--wait", "0", "--warmup", "1",
+                    "--active", "50"], h.TINY, args)
+    assert bare.returncode == traced.returncode == 1
+    assert "RuntimeError: failing on purpose at step 4" in bare.stderr
+    assert h.script_stderr(traced.stderr) == bare.stderr
+    assert traced.stdout == bare.stdout
+    run_dir = h.only_run_dir(tmp_path)
+    end = h.run_end(run_dir, 0)
+    assert (end.status, end.exit_code, end.steps) == ("failed", 1, 4)
+    assert end.exception == "RuntimeError: failing on purpose at step 4"
+    # The window was still open when the script failed: it is written, not lost.
+    (trace,) = h.traces(run_dir, 0)
+    names = {e.get("name") for e in h.load_trace(trace)["traceEvents"]}
+    assert {"ProfilerStep#1", "ProfilerStep#3"} <= names
+    assert h.temp_files(run_dir) == []
+    assert h.summaries(traced.stderr)[0]["status"] == "failed"
+
+
+def test_sys_exit_code_comes_through_and_counts_as_failed(tmp_path):
+    result = h.run(["--out", tmp_path] + FAST, h.TINY, ["--steps", "2", "--exit-code", "3"])
+    assert result.returncode == 3
+    end = h.run_end(h.only_run_dir(tmp_path), 0)
+    assert (end.status, end.exit_code, end.steps, end.exception) == ("failed", 3, 2, None)
+
+
+# ---- SIGTERM --------------------------------------------------------------------------------
+def _wait_for(process, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if text in line:
+            return
+        if not line and process.poll() is not None:
+            raise AssertionError(f"exited before {text!r}: {process.stderr.read()}")
+    raise AssertionError(f"no {text!r} within {timeout} s")
+
+
+def _terminate(process) -> float:
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+    return time.monotonic() - sent
+
+
+def test_sigterm_mid_window_flushes_writes_the_window_and_dies_by_sigterm(tmp_path):
+    process = h.start(["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first", "0",
+                       "--wait", "0", "--active", "100000"], h.TINY, ["--steps", "100000"])
+    _wait_for(process, "step 20 ")
+    elapsed = _terminate(process)
+    assert process.returncode == -signal.SIGTERM and elapsed < 5
+    end = h.run_end(tmp_path / "t", 0)
+    assert (end.status, end.exit_code, end.windows) == ("interrupted", -15, 1)
+    assert end.steps >= 21 and len(h.steps(tmp_path / "t", 0)) == end.steps
+    (trace,) = h.traces(tmp_path / "t", 0)
+    assert "ProfilerStep#20" in {e.get("name") for e in h.load_trace(trace)["traceEvents"]}
+    assert h.temp_files(tmp_path / "t") == []
+    assert "ranktrace: rank0 interrupted" in process.stderr.read()
+
+
+def test_sigterm_while_blocked_in_a_c_call_still_ends_within_5_seconds(tmp_path):
+    process = h.start(["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first", "0",
+                       "--wait", "0", "--active", "100"], h.TINY, ["--steps", "8", "--block-at", "3"])
+    _wait_for(process, "blocking at step 3")
+    time.sleep(0.3)  # into the store's C++ wait, where no Python signal handler can run
+    elapsed = _terminate(process)
+    assert process.returncode == -signal.SIGTERM and elapsed < 5
+    records = h.manifest(tmp_path / "t", 0)
+    end = records[-1]
+    assert isinstance(end, schema.RunEnd)
+    assert (end.status, end.steps) == ("interrupted", 3)
+    lost, = h.of_kind(records, schema.TracerError)
+    assert lost.part == "profiler" and "blocked" in lost.message
+    assert [s.step for s in h.steps(tmp_path / "t", 0)] == [0, 1, 2]
+    assert h.temp_files(tmp_path / "t") == []
+
+
+def test_sigterm_to_torchrun_reaches_every_rank_and_each_finishes_its_files(tmp_path):
+    process = h.start(["--out", tmp_path, "--run-name", "t", "--skip-first", "2"], h.TINY,
+                      ["--ddp", "--steps", "100000"], nproc=2)
+    _wait_for(process, "step 20 ")
+    elapsed = _terminate(process)
+    assert process.returncode != 0 and elapsed < 5
+    for rank in (0, 1):
+        end = h.run_end(tmp_path / "t", rank)
+        assert (end.status, end.exit_code, end.windows) == ("interrupted", -15, 1)
+        assert len(h.steps(tmp_path / "t", rank)) == end.steps >= 21
+    assert h.temp_files(tmp_path / "t") == []
+
+
+def test_the_scripts_own_sigterm_handler_still_runs(tmp_path):
+    marker = tmp_path / "handled"
+    process = h.start(["--out", tmp_path, "--run-name", "t"] + FAST, h.TINY,
+                      ["--steps", "100000", "--sigterm-handler", marker])
+    _wait_for(process, "step 5 ")
+    _terminate(process)
+    assert process.returncode == 7 and marker.read_text() == "handled\n"
+    end = h.run_end(tmp_path / "t", 0)
+    assert (end.status, end.exit_code) == ("interrupted", 7)
+
+
+# ---- write errors ---------------------------------------------------------------------------
+def test_disk_full_on_the_steps_file_switches_only_it_off(tmp_path):
+    args = ["--steps", "10", "--losses"]
+    bare = h.run(None, h.TINY, args + [tmp_path / "bare"])
+    (tmp_path / "out").mkdir()
+    traced = h.run(["--out", tmp_path / "out", "--no-profiler"], h.TINY,
+                   args + [tmp_path / "traced", "--break-steps-file-at", "6"])
+    assert traced.returncode == 0, traced.stderr
+    assert h.losses(tmp_path / "traced") == h.losses(tmp_path / "bare")
+    tracer_lines = [l for l in traced.stderr.splitlines() if "No space left on device" in l]
+    assert len(tracer_lines) == 1 and "steps" in tracer_lines[0]
+    run_dir = h.only_run_dir(tmp_path / "out")
+    records = h.manifest(run_dir, 0)
+    error, = [e for e in h.of_kind(records, schema.TracerError) if e.part != "sampler"]
+    assert error.part == "steps" and "No space left on device" in error.message
+    end = records[-1]
+    assert (end.status, end.steps) == ("ok", 10)
+    assert end.errors == len(h.of_kind(records, schema.TracerError))
+    # Records flushed before the failure stay in the .tmp file; nothing after it was written.
+    recorded = h.steps(run_dir, 0)
+    assert [s.step for s in recorded] == list(range(len(recorded))) and len(recorded) <= 6
+
+
+def test_trace_write_failure_switches_the_profiler_off_and_training_goes_on(tmp_path):
+    limit = 40_000  # bytes: the raw trace is larger, every other file is smaller
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    result = h.run(["--out", tmp_path, "--no-sampler", "--skip-first", "0", "--wait", "0",
+                    "--active", "4"], h.TINY, ["--steps", "8"], preexec_fn=small_files)
+    assert result.returncode == 0, result.stderr
+    assert "step 7 loss" in result.stdout
+    run_dir = h.only_run_dir(tmp_path)
+    assert h.traces(run_dir, 0) == [] and h.temp_files(run_dir) == []
+    records = h.manifest(run_dir, 0)
+    error, = [e for e in h.of_kind(records, schema.TracerError) if e.part != "comms"]
+    assert error.part == "profiler" and "writing trace" in error.message
+    assert [l for l in result.stderr.splitlines() if l.startswith("ranktrace: rank0 profiler")] == [
+        f"ranktrace: rank0 profiler: {error.message}"]
+    assert (records[-1].status, records[-1].steps, records[-1].windows) == ("ok", 8, 0)
+
+
+# ---- a rank is killed -----------------------------------------------------------------------
+def test_a_killed_rank_leaves_the_other_ranks_files_intact_and_its_own_readable(tmp_path):
+    result = h.run(["--out", tmp_path, "--skip-first", "1", "--wait", "0"], h.TINY,
+                   ["--ddp", "--steps", "40", "--kill-rank", "1", "--kill-at", "12"], nproc=2,
+                   timeout=180)
+    assert result.returncode != 0
+    run_dir = h.only_run_dir(tmp_path)
+    # Rank 0 saw its peer vanish and ended cleanly: finished files, a run_end.
+    end = h.run_end(run_dir, 0)
+    assert end.status in ("failed", "interrupted") and end.steps == 12
+    assert not [n for n in h.temp_files(run_dir) if n.startswith("rank0.")]
+    assert len(h.steps(run_dir, 0)) == 12
+    # Rank 1 died without a word: no run_end, but its .tmp files parse and its trace is whole.
+    records = h.manifest(run_dir, 1)
+    assert isinstance(records[0], schema.RunStart) and not h.of_kind(records, schema.RunEnd)
+    assert (run_dir / (schema.MANIFEST_FILE.format(rank=1) + schema.TEMP_SUFFIX)).exists()
+    assert [s.step for s in h.steps(run_dir, 1)] == list(range(len(h.steps(run_dir, 1))))
+    for rank in (0, 1):
+        (trace,) = h.traces(run_dir, rank)
+        assert "ProfilerStep#4" in {e.get("name") for e in h.load_trace(trace)["traceEvents"]}

@@ -1,0 +1,565 @@
+"""The tracer core: options, run folders, clock offsets, memory figures, and what a traced run
+writes. One traced 2-rank DDP run (module fixture) is shared by the end-to-end checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tracer import config as config_mod
+from tracer import schema
+from tracer.config import ConfigError, TracerConfig
+from tracer.manifest import measure_clock_offset
+from tracer.memory import MemorySnapshots, StepMemory
+from tracer.rundir import LaunchInfo, RunDirError, create_unique, resolve_run_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
+
+DDP_STEPS = 20
+
+
+# ---- options --------------------------------------------------------------------------------
+def test_options_before_the_script_are_ours_and_the_rest_the_scripts():
+    config, script, args, wants_help = config_mod.resolve(
+        ["--active", "2", "--record-shapes", "--out=/x", "train.py", "--active", "9", "-v"], {})
+    assert (script, args, wants_help) == ("train.py", ["--active", "9", "-v"], False)
+    assert config.active == 2 and config.record_shapes is True and config.out == "/x"
+    assert config.warmup == TracerConfig().warmup
+
+
+def test_environment_sets_options_and_the_command_line_wins():
+    env = {"RANKTRACE_SAMPLE_HZ": "2.5", "RANKTRACE_ACTIVE": "4", "RANKTRACE_NO_COMMS": "yes",
+           "OTHER": "ignored"}
+    config, *_ = config_mod.resolve(["--active", "6", "s.py"], env)
+    assert (config.sample_hz, config.active, config.no_comms) == (2.5, 6, True)
+
+
+@pytest.mark.parametrize("argv,env,message", [
+    (["--activ", "2", "s.py"], {}, "unknown option --activ"),
+    (["s.py"], {"RANKTRACE_ACTIV": "2"}, "unknown environment variable RANKTRACE_ACTIV"),
+    (["--active", "0", "s.py"], {}, "--active must be >= 1"),
+    (["--sample-hz", "-1", "s.py"], {}, "--sample-hz must be in"),
+    (["--wait", "x", "s.py"], {}, "--wait must be an integer"),
+    (["s.py"], {"RANKTRACE_NO_PROFILER": "maybe"}, "RANKTRACE_NO_PROFILER must be one of"),
+    (["--run-name", "a/b", "s.py"], {}, "--run-name must be a plain folder name"),
+    (["--record-shapes=1", "s.py"], {}, "--record-shapes takes no value"),
+    (["--active"], {}, "--active needs a value"),
+    (["--active", "2"], {}, "no script given"),
+])
+def test_bad_options_are_errors_that_name_them(argv, env, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_mod.resolve(argv, env)
+
+
+def test_every_option_has_help_and_is_documented():
+    helps = config_mod.field_help()
+    doc = (h.REPO / "docs" / "tracer.md").read_text()
+    for f in dataclasses.fields(TracerConfig):
+        assert helps.get(f.name), f"{f.name} has no docstring line"
+        assert config_mod.option_name(f.name) in doc, f"{f.name} missing from docs/tracer.md"
+        assert config_mod.env_name(f.name) in doc
+        assert config_mod.option_name(f.name) in config_mod.help_text()
+
+
+def test_help_and_bad_option_exit_before_running_anything(tmp_path):
+    shown = h.run(["--help"], h.TINY, ["--losses", tmp_path / "l"])
+    assert shown.returncode == 0 and "--skip-first" in shown.stdout
+    assert not (tmp_path / "l").exists()
+    bad = h.run(["--no-such-option"], h.TINY, ["--losses", tmp_path / "l"])
+    assert bad.returncode == 2
+    assert "ranktrace: error: unknown option --no-such-option" in bad.stderr
+    assert not (tmp_path / "l").exists()
+
+
+# ---- run folders ----------------------------------------------------------------------------
+def test_run_folders_get_a_suffix_instead_of_reusing_a_name(tmp_path):
+    assert create_unique(str(tmp_path), "run") == str(tmp_path / "run")
+    assert create_unique(str(tmp_path), "run") == str(tmp_path / "run-1")
+    assert create_unique(str(tmp_path), "run") == str(tmp_path / "run-2")
+
+
+def _launch(rank, attempt=0):
+    return LaunchInfo(rank=rank, local_rank=rank, world_size=2, attempt=attempt, run_id="job",
+                      agent_store=True, master_addr="x", master_port=1)
+
+
+def test_ranks_agree_on_the_folder_rank_0_creates_through_the_store(tmp_path):
+    store = dist.HashStore()
+    (tmp_path / "run").mkdir()  # an earlier run: rank 0 must not reuse it, rank 1 must follow
+    found = {}
+    follower = threading.Thread(target=lambda: found.setdefault(
+        1, resolve_run_dir(str(tmp_path), "run", "s.py", _launch(1), 10, store=store)))
+    follower.start()
+    found[0] = resolve_run_dir(str(tmp_path), "run", "s.py", _launch(0), 10, store=store)
+    follower.join(10)
+    assert found == {0: str(tmp_path / "run-1"), 1: str(tmp_path / "run-1")}
+    # An elastic restart of the same job: a new folder named after the first attempt's.
+    restarted = resolve_run_dir(str(tmp_path), "", "s.py", _launch(0, attempt=1), 10, store=store)
+    assert restarted == str(tmp_path / "run-1-attempt1")
+    assert resolve_run_dir(str(tmp_path), "", "s.py", _launch(1, attempt=1), 10,
+                           store=store) == restarted
+
+
+def test_other_ranks_learn_rank_0s_error_or_give_up_after_the_timeout(tmp_path):
+    store = dist.HashStore()
+    with pytest.raises(RunDirError, match="does not exist"):
+        resolve_run_dir(str(tmp_path / "missing"), "", "s.py", _launch(0), 10, store=store)
+    with pytest.raises(RunDirError, match="rank 0 could not create the run folder: --out"):
+        resolve_run_dir(str(tmp_path / "missing"), "", "s.py", _launch(1), 10, store=store)
+    with pytest.raises(RunDirError, match="waited 0.2 s for rank 0"):
+        resolve_run_dir(str(tmp_path), "", "s.py", _launch(1, attempt=5), 0.2, store=store)
+
+
+def test_default_run_name_is_a_timestamp_and_the_script_stem():
+    stamp = time.mktime((2026, 3, 4, 5, 6, 7, 0, 0, -1))
+    from tracer.rundir import default_run_name
+
+    assert default_run_name("workloads/ddp.py", stamp) == "20260304-050607-ddp"
+
+
+# ---- clock offset ---------------------------------------------------------------------------
+def test_clock_offset_is_measured_within_its_uncertainty():
+    store = dist.HashStore()
+    skew_ns = 7_000_000_000  # rank 1's clock runs 7 s ahead of rank 0's
+    results = {}
+
+    def rank(r, clock):
+        results[r] = measure_clock_offset(store, r, 3, "ranktrace/clock/t", round_trips=5,
+                                          timeout_s=10, clock=clock)
+
+    threads = [threading.Thread(target=rank, args=(1, lambda: time.time_ns() + skew_ns)),
+               threading.Thread(target=rank, args=(2, time.time_ns))]
+    for t in threads:
+        t.start()
+    rank(0, time.time_ns)
+    for t in threads:
+        t.join(10)
+    assert results[0] == (0, 0, 0)
+    for r, true_offset in ((1, skew_ns), (2, 0)):
+        offset, uncertainty, round_trips = results[r]
+        assert round_trips == 5
+        assert 0 < uncertainty < 1_000_000_000
+        assert abs(offset - true_offset) <= uncertainty
+
+
+def test_clock_sync_gives_up_instead_of_hanging():
+    with pytest.raises(Exception, match="ranktrace/clock/u/1/pong0|gave up|timeout|Timeout"):
+        measure_clock_offset(dist.HashStore(), 1, 2, "ranktrace/clock/u", timeout_s=0.3)
+
+
+# ---- memory ---------------------------------------------------------------------------------
+class FakeCuda:
+    """Stands in for torch.cuda on a machine without a GPU: one device, scripted figures."""
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    def __init__(self, initialized=True):
+        self.initialized = initialized
+        self.peaks = [(100, 200), (300, 400)]
+        self.resets = []
+        self.queued = []
+        self.history_calls = []
+        self.snapshots_taken = 0
+        fake = self
+
+        class Memory:
+            @staticmethod
+            def _record_memory_history(**kwargs):
+                fake.history_calls.append(kwargs)
+
+            @staticmethod
+            def _snapshot():
+                fake.snapshots_taken += 1
+                return {"segments": [], "device_traces": [[]], "n": fake.snapshots_taken}
+
+        self.memory = Memory
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return self.initialized
+
+    def current_device(self):
+        return 1
+
+    def memory_stats_as_nested_dict(self, device):
+        allocated, reserved = self.peaks[len(self.resets)]
+        return {"allocated_bytes": {"all": {"peak": allocated, "current": 1}},
+                "reserved_bytes": {"all": {"peak": reserved, "current": 2}}}
+
+    def reset_peak_memory_stats(self, device):
+        self.resets.append(device)
+
+    def get_device_properties(self, device):
+        return type("Props", (), {"total_memory": 1000})
+
+    def _lazy_call(self, fn):
+        if self.initialized:
+            fn()
+        else:
+            self.queued.append(fn)
+
+    def init(self):
+        self.initialized = True
+        for fn in self.queued:
+            fn()
+
+
+class FakeProcess:
+    def memory_info(self):
+        return type("Info", (), {"rss": 12345})
+
+
+def test_step_memory_reports_peaks_per_step_and_resets_them():
+    cuda = FakeCuda()
+    memory = StepMemory(cuda=cuda, process=FakeProcess())
+    assert memory.take() == {"cuda_peak_allocated_bytes": 100, "cuda_peak_reserved_bytes": 200,
+                             "cuda_total_bytes": 1000}
+    assert memory.take()["cuda_peak_allocated_bytes"] == 300
+    assert cuda.resets == [1, 1]
+    assert memory.rss() == 12345
+
+
+def test_step_memory_leaves_cuda_alone_until_the_script_initialises_it():
+    cuda = FakeCuda(initialized=False)
+    assert StepMemory(cuda=cuda, process=FakeProcess()).take() == {}
+    assert cuda.resets == []
+    real = StepMemory()  # this machine: no CUDA in use, RSS from /proc/self/statm
+    import psutil
+
+    assert real.take() == {}
+    assert abs(real.rss() - psutil.Process().memory_info().rss) < 5_000_000
+
+
+def _snapshots(tmp_path, cuda, record_history, step=lambda: 3):
+    errors = []
+    observers = []
+    snaps = MemorySnapshots(str(tmp_path), 2, record_history, step,
+                            lambda part, msg: errors.append((part, msg)), cuda=cuda,
+                            attach_oom_observer=observers.append)
+    return snaps, errors, observers
+
+
+def test_memory_history_and_oom_observer_wait_for_cuda_then_dump_once(tmp_path):
+    import pickle
+
+    cuda = FakeCuda(initialized=False)
+    snaps, errors, observers = _snapshots(tmp_path, cuda, record_history=True)
+    snaps.install()
+    assert cuda.history_calls == [] and observers == []  # nothing touches CUDA before the script
+    cuda.init()
+    assert cuda.history_calls == [{"max_entries": 100_000}] and len(observers) == 1
+    observers[0](0, 1 << 30, 0, 0)  # the allocator reports an OOM
+    observers[0](0, 1 << 30, 0, 0)  # ... and another, caught by the script: no second dump
+    oom_file = tmp_path / "rank2.step3.memory_snapshot.pickle"
+    assert pickle.loads(oom_file.read_bytes())["n"] == 1
+    assert cuda.snapshots_taken == 1
+    snaps.current_step = lambda: 7
+    snaps.finish()
+    assert pickle.loads((tmp_path / "rank2.step7.memory_snapshot.pickle").read_bytes())["n"] == 2
+    assert cuda.history_calls[-1] == {"enabled": None}
+    assert snaps.bytes_written == sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert errors == [] and not list(tmp_path.glob("*.tmp"))
+
+
+def test_uncaught_oom_is_dumped_without_history_and_other_errors_are_not(tmp_path):
+    cuda = FakeCuda()
+    snaps, errors, observers = _snapshots(tmp_path, cuda, record_history=False)
+    snaps.on_script_exception(ValueError("not memory"))
+    assert list(tmp_path.iterdir()) == []
+    snaps.on_script_exception(FakeCuda.OutOfMemoryError("CUDA out of memory"))
+    assert [p.name for p in tmp_path.iterdir()] == ["rank2.step3.memory_snapshot.pickle"]
+    snaps.finish()  # no --memory-snapshot: no end-of-run dump
+    assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_snapshot_write_failure_is_reported_once(tmp_path):
+    cuda = FakeCuda()
+    snaps, errors, _ = _snapshots(tmp_path / "gone", cuda, record_history=False)
+    assert snaps.dump() is None and snaps.dump() is None
+    assert len(errors) == 1 and errors[0][0] == "memory_snapshot"
+    assert "No such file or directory" in errors[0][1]
+
+
+def test_device_name_comes_from_nvml_for_the_visible_device(monkeypatch):
+    import sys
+    import types
+
+    from tracer.manifest import _device_name
+
+    calls = []
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetHandleByIndex=lambda index: f"handle{index}",
+        nvmlDeviceGetName=lambda handle: {"handle5": b"NVIDIA H200"}[handle])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert _device_name(1) == "NVIDIA H200"  # CUDA device 1 is physical GPU 5
+    assert calls == ["init", "shutdown"]
+    assert _device_name(2) is None  # not visible: no name, no exception
+
+
+def test_profiler_asks_for_cuda_activity_only_with_a_gpu(tmp_path, monkeypatch):
+    import torch.profiler as tp
+
+    from tracer.profiling import ProfilerDriver
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            seen.append(kwargs["activities"])
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(tp, "profile", Recorder)
+    due_now = TracerConfig(skip_first=0, wait=0)  # the window starts with the first step
+    for use_cuda in (False, True):
+        ProfilerDriver(due_now, str(tmp_path), 0, lambda *a: None, use_cuda).start()
+    assert seen == [[tp.ProfilerActivity.CPU], [tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA]]
+
+
+def test_profiler_exists_only_around_its_windows(tmp_path):
+    from tracer.profiling import ProfilerDriver
+
+    driver = ProfilerDriver(TracerConfig(skip_first=2, wait=1, warmup=1, active=2, repeat=2),
+                            str(tmp_path), 3, lambda *a: None, use_cuda=False)
+    driver.start()
+    timeline = []
+    for step in range(14):
+        timeline.append((driver._profile is not None, driver.recording))
+        torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+        driver.step()
+    driver.stop()
+    # skip 0-1; cycles of wait, warmup, active, active: 2-5 and 6-9; then idle.
+    idle, busy = (False, False), (True, True)
+    assert timeline == [idle] * 3 + [busy] * 3 + [idle] + [busy] * 3 + [idle] * 4
+    traces = sorted(p.name for p in tmp_path.iterdir())
+    assert len(traces) == driver.windows == 2 and all(n.startswith("rank3.") for n in traces)
+    steps_in = [sorted(e["name"] for e in h.load_trace(tmp_path / n)["traceEvents"]
+                       if e.get("name", "").startswith("ProfilerStep#")) for n in traces]
+    assert steps_in == [["ProfilerStep#4", "ProfilerStep#5"], ["ProfilerStep#8", "ProfilerStep#9"]]
+
+
+def test_comms_writer_gives_each_steps_algbw_once(tmp_path):
+    from tracer.record import CommsWriter
+
+    writer = CommsWriter(str(tmp_path / "c.jsonl"), "comms")
+    for step, nbytes, us in ((0, 5, 1.0), (1, 1_000_000, 500.0), (1, 3_000_000, 1500.0),
+                             (2, 2_000_000, 100.0)):
+        writer.write(schema.CommRecord(step=step, op="all_reduce", source="c10d", pg="0",
+                                       pg_size=2, dtype="float32", bytes=nbytes, start_ns=0,
+                                       end_ns=1, duration_us=us, timing="host", algbw_gbps=0,
+                                       busbw_gbps=0))
+    assert writer.take_algbw(1) == pytest.approx(2.0)  # 4 MB in 2 ms
+    assert writer.take_algbw(1) is None and writer.take_algbw(0) is None  # taken, forgotten
+    assert writer.take_algbw(2) == pytest.approx(20.0)
+    writer.close()
+    assert len(h.read_jsonl(tmp_path / "c.jsonl")) == 4
+
+
+# ---- single-process runs --------------------------------------------------------------------
+def test_script_sees_the_same_argv_file_path_and_gets_identical_losses(tmp_path):
+    args = ["--steps", "12", "--print-argv"]
+    bare = h.run(None, h.TINY, args + ["--losses", tmp_path / "bare"])
+    traced = h.run(["--out", tmp_path, "--skip-first", "2"], h.TINY,
+                   args + ["--losses", tmp_path / "traced"])
+    assert bare.returncode == 0 and traced.returncode == 0, traced.stderr
+    # argv, __file__ and sys.path[0] are printed first; the losses are compared bit for bit.
+    traced_stdout = traced.stdout.replace(str(tmp_path / "traced"), str(tmp_path / "bare"))
+    assert traced_stdout == bare.stdout
+    assert bare.stdout.startswith("argv ['tests/scripts/tiny_train.py', '--steps', '12', "
+                                  f"'--print-argv', '--losses', '{tmp_path / 'bare'}'] file "
+                                  f"{h.REPO / h.TINY} path0 {h.REPO / 'tests' / 'scripts'}\n")
+    assert h.losses(tmp_path / "traced") == h.losses(tmp_path / "bare")
+    assert len(h.losses(tmp_path / "bare")) == 12
+    assert h.script_stderr(traced.stderr) == bare.stderr == ""
+
+
+def test_tracer_step_drives_steps_without_an_optimizer(tmp_path):
+    result = h.run(["--out", tmp_path, "--skip-first", "0", "--wait", "0", "--warmup", "0",
+                    "--active", "2", "--record-shapes", "--no-sampler"],
+                   h.TINY, ["--steps", "5", "--manual-steps"])
+    assert result.returncode == 0, result.stderr
+    run_dir = h.only_run_dir(tmp_path)
+    recorded = h.steps(run_dir, 0)
+    assert [s.step for s in recorded] == [0, 1, 2, 3, 4]
+    assert [s.in_profiler_window for s in recorded] == [True, True, False, False, False]
+    (trace,) = h.traces(run_dir, 0)
+    events = h.load_trace(trace)["traceEvents"]
+    assert {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")} == {
+        "ProfilerStep#0", "ProfilerStep#1"}
+    assert any("Input Dims" in e.get("args", {}) for e in events)  # --record-shapes reached it
+
+
+def test_several_optimizers_count_one_step_each_time_round(tmp_path):
+    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
+                   ["--steps", "4", "--two-optimizers"])
+    assert result.returncode == 0, result.stderr
+    run_dir = h.only_run_dir(tmp_path)
+    assert [s.step for s in h.steps(run_dir, 0)] == [0, 1, 2, 3]
+    assert h.run_end(run_dir, 0).steps == 4
+    assert h.summaries(result.stderr)[0]["steps"] == "4"
+
+
+# ---- the shared traced DDP run --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("traces")
+    saved = out.parent / "traced.pt"
+    result = h.run(["--out", out], h.DDP, ["--steps", DDP_STEPS, "--save", saved], nproc=2,
+                   timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, h.only_run_dir(out), saved
+
+
+def test_ddp_losses_and_weights_are_identical_without_the_tracer(ddp_run, tmp_path):
+    _, _, traced_file = ddp_run
+    bare = h.run(None, h.DDP, ["--steps", DDP_STEPS, "--save", tmp_path / "bare.pt"], nproc=2)
+    assert bare.returncode == 0, bare.stderr[-3000:]
+    traced = torch.load(traced_file, weights_only=True)
+    untraced = torch.load(tmp_path / "bare.pt", weights_only=True)
+    assert len(untraced["losses"]) == DDP_STEPS
+    assert torch.equal(traced["losses"], untraced["losses"])
+    assert untraced["params"].keys() == traced["params"].keys()
+    for name, value in untraced["params"].items():
+        assert torch.equal(traced["params"][name], value), name
+
+
+def test_ddp_run_folder_holds_every_file_and_nothing_half_written(ddp_run):
+    result, run_dir, _ = ddp_run
+    assert h.temp_files(run_dir) == []
+    names = {p.name for p in run_dir.iterdir()}
+    for rank in (0, 1):
+        assert schema.MANIFEST_FILE.format(rank=rank) in names
+        assert schema.STEPS_FILE.format(rank=rank) in names
+        assert any(n.startswith("events.out.tfevents.") and n.endswith(f".rank{rank}") for n in names)
+        if importlib.util.find_spec("tracer.comms"):
+            assert schema.COMMS_FILE.format(rank=rank) in names
+        if importlib.util.find_spec("tracer.sampler"):
+            assert schema.SAMPLES_FILE.format(rank=rank) in names
+    # HTA and torch-tb-profiler load every .json/.gz in the folder as a trace.
+    strays = [n for n in names if n.endswith((".json", ".gz")) and not schema.KINETO_TRACE_RE.match(n)]
+    assert strays == []
+
+
+def test_ddp_traces_one_window_per_rank_with_gloo_all_reduce_and_distributed_info(ddp_run):
+    _, run_dir, _ = ddp_run
+    for rank in (0, 1):
+        (trace_file,) = h.traces(run_dir, rank)
+        trace = h.load_trace(trace_file)
+        info = trace["distributedInfo"]
+        assert (info["rank"], info["world_size"], info["backend"]) == (rank, 2, "gloo")
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert "gloo:all_reduce" in names
+        # Defaults: skip 5 steps, wait 1, warm up 1, keep 3 -> steps 7, 8 and 9.
+        assert {n for n in names if n and n.startswith("ProfilerStep#")} == {
+            "ProfilerStep#7", "ProfilerStep#8", "ProfilerStep#9"}
+
+
+def test_ddp_steps_carry_times_memory_and_their_comm_ops(ddp_run):
+    _, run_dir, _ = ddp_run
+    for rank in (0, 1):
+        recorded = h.steps(run_dir, rank)
+        assert [s.step for s in recorded] == list(range(DDP_STEPS))
+        assert [s.step for s in recorded if s.in_profiler_window] == [6, 7, 8, 9]
+        for before, after in zip(recorded, recorded[1:]):
+            assert before.start_ns < before.end_ns <= after.start_ns
+        assert all(s.rss_bytes > 50_000_000 for s in recorded)
+        assert all(s.cuda_peak_allocated_bytes is None for s in recorded)
+        end = h.run_end(run_dir, rank)
+        if importlib.util.find_spec("tracer.comms"):
+            assert all(s.comm_ops >= 1 and s.comm_bytes > 0 for s in recorded)
+            assert sum(s.comm_ops for s in recorded) == end.comm_ops
+            comms = h.read_jsonl(run_dir / schema.COMMS_FILE.format(rank=rank), schema.CommRecord)
+            assert len(comms) == end.comm_ops
+            assert {c.step for c in comms if c.op == "all_reduce"} == set(range(DDP_STEPS))
+
+
+def test_ddp_scalars_get_every_step_and_every_sample(ddp_run):
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    _, run_dir, _ = ddp_run
+    for rank in (0, 1):
+        (events_file,) = run_dir.glob(f"events.out.tfevents.*.rank{rank}")
+        points: dict[str, list] = {}
+        for raw in RawEventFileLoader(str(events_file)).Load():
+            event = Event.FromString(raw)
+            for value in event.summary.value:
+                points.setdefault(value.tag, []).append((event.step, value.simple_value))
+        steps = h.steps(run_dir, rank)
+        times = points[f"rank{rank}/step/time_ms"]
+        assert [step for step, _ in times] == list(range(DDP_STEPS))
+        for (_, ms), record in zip(times, steps):
+            assert ms == pytest.approx((record.end_ns - record.start_ns) / 1e6, rel=1e-5)
+        if importlib.util.find_spec("tracer.sampler"):
+            assert len(points[f"rank{rank}/samples/train_step"]) == h.run_end(run_dir, rank).samples
+
+
+def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
+    result, run_dir, _ = ddp_run
+    summary = h.summaries(result.stderr)
+    for rank in (0, 1):
+        records = h.manifest(run_dir, rank)
+        start, = h.of_kind(records, schema.RunStart)
+        assert records[0] is start
+        assert (start.rank, start.local_rank, start.world_size) == (rank, rank, 2)
+        assert start.run_name == run_dir.name and start.script == h.DDP
+        assert start.script_args == ["--steps", str(DDP_STEPS), "--save", str(run_dir.parent.parent / "traced.pt")]
+        assert "tracer.record" in start.argv and start.torch_version == torch.__version__
+        assert start.config["active"] == TracerConfig().active and start.attempt == 0
+        clock, = h.of_kind(records, schema.ClockSync)
+        assert (clock.rank, clock.backend, clock.world_size) == (rank, "gloo", 2)
+        if rank == 0:
+            assert (clock.offset_ns, clock.uncertainty_ns, clock.round_trips) == (0, 0, 0)
+        else:
+            # Both ranks read the same host clock: the true offset is 0, within the bound.
+            assert clock.round_trips == 8 and clock.uncertainty_ns > 0
+            assert abs(clock.offset_ns) <= clock.uncertainty_ns
+        errors = h.of_kind(records, schema.TracerError)
+        assert errors == []
+        end = records[-1]
+        assert isinstance(end, schema.RunEnd)
+        assert (end.status, end.exit_code, end.steps, end.windows, end.errors) == ("ok", 0, DDP_STEPS, 1, 0)
+        assert (end.backend, end.world_size) == ("gloo", 2)
+        # Everything this rank wrote, except the run_end line itself, is counted.
+        rank_files = [p for p in run_dir.iterdir()
+                      if p.name.startswith(f"rank{rank}.") or p.name.endswith(f".rank{rank}")]
+        end_line = (run_dir / schema.MANIFEST_FILE.format(rank=rank)).read_bytes().splitlines(True)[-1]
+        assert end.bytes_written == sum(p.stat().st_size for p in rank_files) - len(end_line)
+        if importlib.util.find_spec("tracer.sampler"):
+            assert start.sampler_source == "psutil" and end.samples > 0
+            samples = h.read_jsonl(run_dir / schema.SAMPLES_FILE.format(rank=rank))
+            assert len(samples) == end.samples
+        line = summary[rank]
+        assert (line["status"], line["steps"], line["windows"], line["errors"]) == ("ok", "20", "1", "0")
+        assert (int(line["samples"]), int(line["comm_ops"])) == (end.samples, end.comm_ops)
+        assert Path(line["run_dir"]) == run_dir
+
+
+def test_trace_format_doc_describes_every_field_and_file():
+    doc = (h.REPO / "docs" / "trace-format.md").read_text()
+    for record_type in (schema.CommRecord, schema.DeviceSample, schema.StepRecord,
+                        schema.RunStart, schema.ClockSync, schema.TracerError, schema.RunEnd):
+        for field in record_type.__struct_fields__:
+            assert f"| `{field}` |" in doc, f"{record_type.__name__}.{field} is not in the table"
+    for pattern in (schema.MANIFEST_FILE, schema.COMMS_FILE, schema.SAMPLES_FILE,
+                    schema.STEPS_FILE, schema.MEMORY_SNAPSHOT_FILE):
+        assert pattern.format(rank="{R}", step="{S}") in doc
+    assert schema.kineto_trace_file(7, 0).replace("rank7.0.", "rank{R}.<span>.") in doc
+    for status in schema.RUN_STATUSES:
+        assert f"`{status}`" in doc

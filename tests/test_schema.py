@@ -1,0 +1,30 @@
+"""The trace contract's bandwidth definitions: nccl-tests' bus factors, by hand."""
+
+import pytest
+
+from tracer import schema
+
+
+@pytest.mark.parametrize("op, n, factor", [
+    ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
+    ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875), ("all_to_all", 2, 0.5),
+    ("gather", 4, 0.75), ("scatter", 4, 0.75),
+    ("broadcast", 8, 1.0), ("reduce", 8, 1.0), ("send", 2, 1.0), ("recv", 2, 1.0),
+    ("barrier", 8, 0.0), ("all_reduce", 1, 0.0),
+])
+def test_bus_factor_is_nccl_tests(op, n, factor):
+    assert schema.bus_factor(op, n) == pytest.approx(factor)
+
+
+def test_bandwidth_is_bytes_over_seconds_in_gb_per_s():
+    # 1 GB all-reduced over 4 ranks in 0.5 s: algbw 2 GB/s, busbw 2 * 2(4-1)/4 = 3 GB/s.
+    assert schema.bandwidth_gbps("all_reduce", 10**9, 4, 0.5) == pytest.approx((2.0, 3.0))
+    assert schema.bandwidth_gbps("all_reduce", 10**9, 4, 0.0) == (0.0, 0.0)
+    assert schema.bandwidth_gbps("send", 0, 2, 1.0) == (0.0, 0.0)
+
+
+def test_every_op_and_file_name_is_stable():
+    assert schema.kineto_trace_file(3, 12) == "rank3.12.pt.trace.json.gz"
+    match = schema.KINETO_TRACE_RE.match("rank3.12.pt.trace.json.gz")
+    assert match and match["worker"] == "rank3" and match["span"] == "12"
+    assert set(schema.COMM_OPS) >= {"all_reduce", "all_gather", "reduce_scatter", "send", "recv"}
