@@ -19,6 +19,9 @@ end. Two ratios of median step times are printed:
 * inside windows: traced-window / profiler, over recording steps whose end does not export a
   trace (goal < 1.03).
 
+Also printed: the noise floor, bare-again / bare, and each ratio per repeat: on a shared 2-core
+machine they spread by several percent, so read the goals against the noise floor.
+
 The first 10 steps (connection set-up, DDP's bucket rebuild) are left out everywhere. Each rank
 is pinned to its own core (all its threads, the tracer's included).
 """
@@ -190,20 +193,20 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f} at the end (other work on the machine "
           "shows up in the noise floor)")
 
+    def wall(mode, kind):
+        return statistics.median(pooled[mode][kind])
+
     def ratio(a_mode, b_mode, kind):
-        pooled_ratio = statistics.median(pooled[a_mode][kind]) / statistics.median(pooled[b_mode][kind])
         paired = sorted(a[kind] / b[kind] for a, b in zip(per_repeat[a_mode], per_repeat[b_mode]))
-        return pooled_ratio, paired
+        return wall(a_mode, kind) / wall(b_mode, kind), paired
 
     outside, outside_runs = ratio("traced", "bare", "outside")
     control, control_runs = ratio("bare-again", "bare", "outside")
     inside, inside_runs = ratio("traced-window", "profiler", "inside")
-    print(f"median step, outside windows: bare {statistics.median(pooled['bare']['outside']):.3f} ms, "
-          f"traced {statistics.median(pooled['traced']['outside']):.3f} ms "
-          f"({len(pooled['traced']['outside'])} steps)")
-    print(f"median step, inside windows: profiler {statistics.median(pooled['profiler']['inside']):.3f} ms, "
-          f"traced {statistics.median(pooled['traced-window']['inside']):.3f} ms "
-          f"({len(pooled['traced-window']['inside'])} steps)")
+    print(f"median step, outside windows: bare {wall('bare', 'outside'):.3f} ms, "
+          f"traced {wall('traced', 'outside'):.3f} ms ({len(pooled['traced']['outside'])} steps)")
+    print(f"median step, inside windows: profiler {wall('profiler', 'inside'):.3f} ms, traced "
+          f"{wall('traced-window', 'inside'):.3f} ms ({len(pooled['traced-window']['inside'])} steps)")
     print(f"noise floor: bare-again / bare = {control:.4f}; "
           f"per repeat {', '.join(f'{r:.3f}' for r in control_runs)}")
     print(f"outside windows: traced / bare = {outside:.4f} (goal < 1.01); "
