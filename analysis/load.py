@@ -66,7 +66,7 @@ class TraceReadError(Exception):
     """A trace that cannot be analysed; the message names the file and the problem."""
 
 
-# ---- data model (the interface in analysis/INTERFACE.md) ----------------------------------------
+# ---- data model (described in docs/analysis.md) -------------------------------------------------
 @dataclass
 class RunRecords:
     comms: pd.DataFrame

@@ -233,3 +233,30 @@ def test_scalars_of_ranks_writing_at_once_show_while_running(tensorboard, record
         for writer in writers:
             writer.close()
     assert [w.error for w in writers] == [None, None]
+
+
+def test_our_cpu_breakdown_against_the_plugins_distributed_view(tensorboard, recorded_run):
+    """The differences docs/viewing.md explains, per rank and step, on the same trace:
+    - idle is the plugin's Other: both are step time that no op and no communication fills;
+    - the plugin's computation is every cpu_op on any thread, including the c10d dispatcher op
+      and an autograd op blocked inside it, so its Computation + Overlapping is at least our
+      compute + overlap (ours leaves out the time the training thread sits in a comm op);
+    - its communication is the gloo:* ranges alone, so ours (which adds the host-side c10d ops
+      and record_param_comms) covers at least as much.
+    """
+    from analysis.breakdown import breakdown_per_step
+    from analysis.load import load_path
+
+    overlap = tb_view.distributed_view(tensorboard, RUN)["1"]["overlap"]["data"]
+    traces = load_path(recorded_run, use_cache=False).ranks
+    assert sorted(t.rank for t in traces) == [0, 1]
+    for trace in traces:
+        ours = breakdown_per_step(trace).set_index("step")
+        worker = f"rank{trace.rank}"
+        for step in PROFILED_STEPS:
+            computation, overlapping, communication, other = overlap[step][worker]
+            row = ours.loc[int(step)]
+            us = 1000.0
+            assert row["idle_ns"] / us == pytest.approx(other, abs=1.5)
+            assert (row["compute_only_ns"] + row["overlap_ns"]) / us <= computation + overlapping + 1.5
+            assert (row["comm_only_ns"] + row["overlap_ns"]) / us >= communication + overlapping - 1.5
