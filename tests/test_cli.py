@@ -1,7 +1,6 @@
 """`python -m analysis.breakdown`: formats, options, exit codes, and a real 2-rank traced run."""
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -171,8 +170,6 @@ def test_module_entry_point(tmp_path):
 # ---- a real run of the tracer ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def traced_ddp_run(tmp_path_factory):
-    if importlib.util.find_spec("tracer.record") is None:
-        pytest.skip("tracer.record does not exist yet")
     out = tmp_path_factory.mktemp("traces")
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}

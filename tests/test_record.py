@@ -355,7 +355,7 @@ def test_profiler_exists_only_around_its_windows(tmp_path):
 
 
 def test_comms_writer_gives_each_steps_algbw_once(tmp_path):
-    from tracer.record import CommsWriter
+    from tracer.session import CommsWriter
 
     writer = CommsWriter(str(tmp_path / "c.jsonl"), "comms")
     for step, nbytes, us in ((0, 5, 1.0), (1, 1_000_000, 500.0), (1, 3_000_000, 1500.0),
