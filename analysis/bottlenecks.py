@@ -17,6 +17,7 @@ import pandas as pd
 
 from analysis.communication import UNKNOWN_BUCKET, UNKNOWN_PG
 from analysis.load import format_ranges
+from analysis.ranks import BREAKDOWN_COLUMNS, work_ns
 
 FINDING_COLUMNS = ["finding", "share_pct", "evidence", "suggestion", "ranks"]
 
@@ -113,16 +114,15 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces) -> pd.D
     idle_gaps = _frame(idle_gaps)
     steps = _analysed_steps(per_step)
     pipeline = is_pipeline_run(collectives, traces)
-    findings = []
-    for build in (
-        lambda: _exposed_communication(steps, collectives, pipeline),
-        lambda: _device_idle(steps, idle_gaps, _run_kind(per_rank, traces)),
-        lambda: _imbalance(steps, pipeline, _run_kind(per_rank, traces)),
-        lambda: _pipeline_bubble(steps, pipeline),
-        lambda: _low_bus_bandwidth(steps, _run_kind(per_rank, traces), collectives),
-        lambda: _memory_near_capacity(per_rank),
-    ):
-        findings.extend(build())
+    kind = _run_kind(per_rank, traces)
+    findings = [
+        *_exposed_communication(steps, collectives, pipeline),
+        *_device_idle(steps, idle_gaps, kind),
+        *_imbalance(steps, pipeline, kind),
+        *_pipeline_bubble(steps, pipeline),
+        *_low_bus_bandwidth(steps, kind, collectives),
+        *_memory_near_capacity(per_rank),
+    ]
     if not findings:
         return _empty()
     table = pd.DataFrame(findings, columns=FINDING_COLUMNS)
@@ -137,8 +137,7 @@ def _frame(value) -> pd.DataFrame:
 
 def _analysed_steps(per_step: pd.DataFrame) -> pd.DataFrame:
     """per_step rows with a positive step time, numeric columns, and work_ns."""
-    needed = ["rank", "step", "step_ns", "compute_only_ns", "comm_only_ns", "overlap_ns",
-              "memcpy_ns", "idle_ns", "exposed_comm_ns"]
+    needed = ["rank", "step", *BREAKDOWN_COLUMNS]
     if per_step.empty or any(c not in per_step.columns for c in ("rank", "step", "step_ns")):
         return pd.DataFrame(columns=[*needed, "work_ns"])
     frame = per_step.reindex(columns=needed).copy()
@@ -146,7 +145,7 @@ def _analysed_steps(per_step: pd.DataFrame) -> pd.DataFrame:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     frame = frame.dropna(subset=["rank", "step", "step_ns"])
     frame = frame[frame["step_ns"] > 0]
-    frame["work_ns"] = frame[["compute_only_ns", "overlap_ns", "memcpy_ns"]].sum(axis=1, min_count=1)
+    frame["work_ns"] = work_ns(frame)
     return frame.reset_index(drop=True)
 
 
@@ -204,11 +203,12 @@ def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipel
         return []
     total_step = steps["step_ns"].sum()
     exposed = steps["exposed_comm_ns"].fillna(0).sum()
-    all_ops = _comm_time_shares(collectives)
     ranked = _comm_time_shares(collectives, P2P_OPS if pipeline else ())
     scale = 1.0
-    if pipeline and not all_ops.empty:
-        scale = ranked["total_us"].sum() / all_ops["total_us"].sum() if not ranked.empty else 0.0
+    if pipeline:
+        all_ops = _comm_time_shares(collectives)
+        if not all_ops.empty:
+            scale = ranked["total_us"].sum() / all_ops["total_us"].sum() if not ranked.empty else 0.0
     share = exposed * scale / total_step * 100
     if share < MIN_SHARE_PCT:
         return []
@@ -421,9 +421,9 @@ def _low_bus_bandwidth(steps: pd.DataFrame, kind: str, collectives: pd.DataFrame
     table["pg_size_key"] = pd.to_numeric(table["pg_size"], errors="coerce").fillna(-1)
     table["peer_best"] = table.groupby(["op", "pg_size_key", "bucket_min_bytes"])["busbw_gbps"] \
         .transform("max")
-    by_peer = table["busbw_gbps"] < PEER_BUSBW_FRACTION * table["peer_best"]
-    table["target"] = np.where(by_peer, np.maximum(floor, table["peer_best"]), floor)
-    low = table[by_peer | (table["busbw_gbps"] < floor)].copy()
+    table["by_peer"] = table["busbw_gbps"] < PEER_BUSBW_FRACTION * table["peer_best"]
+    table["target"] = np.where(table["by_peer"], np.maximum(floor, table["peer_best"]), floor)
+    low = table[table["by_peer"] | (table["busbw_gbps"] < floor)].copy()
     if low.empty:
         return []
     saved_us = low["total_us"] * (1 - low["busbw_gbps"] / low["target"])
@@ -435,7 +435,7 @@ def _low_bus_bandwidth(steps: pd.DataFrame, kind: str, collectives: pd.DataFrame
     parts = []
     for row in low.head(TOP_COLLECTIVES).to_dict("records"):
         reason = (f"under half of {row['peer_best']:.2f} GB/s on another group of the same size"
-                  if row["busbw_gbps"] < PEER_BUSBW_FRACTION * row["peer_best"]
+                  if row["by_peer"]
                   else f"under the {floor:g} GB/s floor for {_backend(kind)}")
         parts.append(f"{_group_label(row)}: busbw {row['busbw_gbps']:.2f} GB/s, {reason}")
     evidence = ("Large messages reach low bus bandwidth: " + "; ".join(parts)

@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 
 from analysis import intervals, output
-from analysis.load import (WHOLE_TRACE_STEP, HOST_OP_CATS, MEMORY_CATS, PROFILER_STEP_RE, LoadResult,
-                           NothingToAnalyse, RankTrace, load_files, parse_step_spec,
-                           resolve_runs)
+from analysis.load import (WHOLE_TRACE_STEP, HOST_OP_CATS, MEMORY_CATS, PROFILER_STEP_RE,
+                           STEP_COLUMNS, LoadResult, NothingToAnalyse, RankTrace, load_files,
+                           parse_step_spec, resolve_runs)
 
 PARTS = ["compute_only_ns", "comm_only_ns", "overlap_ns", "memcpy_ns", "idle_ns"]
 BREAKDOWN_COLUMNS = ["rank", "step", "step_ns", *PARTS, "exposed_comm_ns", "overlap_pct", "kind",
@@ -43,12 +43,11 @@ def trace_kind(trace: RankTrace) -> str:
 def step_windows(trace: RankTrace) -> pd.DataFrame:
     """The analysis windows: the selected steps, or the whole trace span when it has no steps."""
     if len(trace.steps):
-        return trace.steps[["step", "start_ns", "end_ns"]].reset_index(drop=True)
+        return trace.steps[STEP_COLUMNS].reset_index(drop=True)
     has_steps = trace.all_steps is not None and len(trace.all_steps)
     events = trace.events
     if has_steps or events.empty:
-        return pd.DataFrame({"step": np.zeros(0, np.int64), "start_ns": np.zeros(0, np.int64),
-                             "end_ns": np.zeros(0, np.int64)})
+        return pd.DataFrame({c: np.zeros(0, np.int64) for c in STEP_COLUMNS})
     return pd.DataFrame({"step": [WHOLE_TRACE_STEP], "start_ns": [int(events["ts_ns"].min())],
                          "end_ns": [int(events["end_ns"].max())]})
 
@@ -63,6 +62,12 @@ def _cat_is(events: pd.DataFrame, cats) -> np.ndarray:
     return _matches(events["cat"], lambda c: c in cats)
 
 
+def _threads_of(events: pd.DataFrame, mask: np.ndarray) -> set[tuple[str, str]]:
+    """(pid, tid) of the events where `mask` holds."""
+    pid, tid = events["pid"].to_numpy()[mask], events["tid"].to_numpy()[mask]
+    return {(str(p), str(t)) for p, t in zip(pid, tid)}
+
+
 def training_threads(events: pd.DataFrame) -> set[tuple[str, str]]:
     """(pid, tid) of the threads that run the training loop: those that record ProfilerStep#N.
 
@@ -70,13 +75,12 @@ def training_threads(events: pd.DataFrame) -> set[tuple[str, str]]:
     """
     is_step = (_cat_is(events, HOST_OP_CATS)
                & _matches(events["name"], lambda n: bool(PROFILER_STEP_RE.match(n))))
-    pid, tid = events["pid"].to_numpy(), events["tid"].to_numpy()
     if is_step.any():
-        return {(str(p), str(t)) for p, t in zip(pid[is_step], tid[is_step])}
+        return _threads_of(events, is_step)
     ops = _cat_is(events, {"cpu_op"})
     if not ops.any():
         return set()
-    threads = {(str(p), str(t)) for p, t in zip(pid[ops], tid[ops])}
+    threads = _threads_of(events, ops)
     busy = {key: intervals.total(*_pair(events, ops & _on_threads(events, {key})))
             for key in sorted(threads)}
     return {max(busy, key=busy.get)}
@@ -220,7 +224,7 @@ def idle_gaps(trace: RankTrace) -> pd.DataFrame:
     other (docs/definitions.md, "Idle gaps")."""
     windows = step_windows(trace)
     if windows.empty:
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in IDLE_GAP_COLUMNS})
+        return idle_gaps_empty()
     kind = trace_kind(trace)
     events = trace.events
     layers, _ = _layers(trace, kind)
@@ -269,12 +273,15 @@ def idle_gaps(trace: RankTrace) -> pd.DataFrame:
     })[IDLE_GAP_COLUMNS]
 
 
+def _launch_calls(events: pd.DataFrame) -> np.ndarray:
+    """Runtime/driver calls with a correlation id: the host side of device work."""
+    return (_cat_is(events, {"cuda_runtime", "cuda_driver"})
+            & (events["correlation"].to_numpy() >= 0))
+
+
 def _launching_ops(events: pd.DataFrame) -> np.ndarray:
     """cpu_op events on the threads that launch device work."""
-    launches = (_cat_is(events, {"cuda_runtime", "cuda_driver"})
-                & (events["correlation"].to_numpy() >= 0))
-    pid, tid = events["pid"].to_numpy(), events["tid"].to_numpy()
-    threads = {(str(p), str(t)) for p, t in zip(pid[launches], tid[launches])}
+    threads = _threads_of(events, _launch_calls(events))
     return _cat_is(events, {"cpu_op"}) & _on_threads(events, threads)
 
 
@@ -286,7 +293,7 @@ def _next_launch(events: pd.DataFrame, gap_starts: np.ndarray, gap_ends: np.ndar
     correlation = events["correlation"].to_numpy()
     device = np.flatnonzero(events["is_gpu"].to_numpy())
     device = device[np.argsort(ts[device], kind="stable")]
-    launch = np.flatnonzero(_cat_is(events, {"cuda_runtime", "cuda_driver"}) & (correlation >= 0))
+    launch = np.flatnonzero(_launch_calls(events))
     if device.size == 0 or launch.size == 0 or gap_starts.size == 0:
         nothing = np.zeros(gap_starts.size, dtype=bool)
         return nothing, nothing.copy()
@@ -532,14 +539,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             try:
                 output.write_csvs(report, out_dir)
             except OSError as exc:
-                report.problems.append(f"--out {out_dir}: cannot write ({exc.strerror or exc})")
-                print(f"ranktrace: error: --out {out_dir}: cannot write "
-                      f"({exc.strerror or exc})", file=sys.stderr)
+                message = f"--out {out_dir}: cannot write ({exc.strerror or exc})"
+                report.problems.append(message)
+                print(f"ranktrace: error: {message}", file=sys.stderr)
 
     if args.format == "json":
         print(output.dumps(output.json_document(reports)))
     elif args.format == "csv":
-        tables = [r.tables.get("per_step", r.per_step).assign(run=r.name) for r in reports]
+        tables = [r.step_table().assign(run=r.name) for r in reports]
         pd.concat(tables, ignore_index=True).to_csv(sys.stdout, index=False)
     else:
         print("\n".join(output.text_report(r) for r in reports), end="")

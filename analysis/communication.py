@@ -15,6 +15,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from analysis import intervals
 from analysis.load import WHOLE_TRACE_STEP
 from tracer import schema
 
@@ -219,24 +220,22 @@ def comm_ops(trace) -> pd.DataFrame:
 
 
 def _ops_from_records(comms: pd.DataFrame, rank) -> pd.DataFrame:
-    def column(name, default=None):
-        return comms[name] if name in comms.columns else pd.Series([default] * len(comms),
-                                                                     index=comms.index)
-
-    ops = column("op").map(lambda op: op if op in schema.COMM_OPS else (canonical_op(op) or UNKNOWN_OP))
-    ranks = column("rank")
+    ops = _col(comms, "op").map(
+        lambda op: op if op in schema.COMM_OPS else (canonical_op(op) or UNKNOWN_OP))
+    ranks = _col(comms, "rank")
     if rank is not None:
         ranks = ranks.where(ranks.notna(), rank)
     frame = pd.DataFrame({
         "rank": ranks,
-        "step": column("step"),
+        "step": _col(comms, "step"),
         "op": ops,
-        "source": column("source"),
-        "pg": column("pg").map(lambda pg: None if pg is None or pd.isna(pg) else str(pg)),
-        "pg_size": column("pg_size"),
-        "dtype": column("dtype").map(lambda d: canonical_dtype(d) or (d if isinstance(d, str) else None)),
-        "bytes": pd.to_numeric(column("bytes"), errors="coerce"),
-        "duration_us": pd.to_numeric(column("duration_us"), errors="coerce"),
+        "source": _col(comms, "source"),
+        "pg": _col(comms, "pg").map(lambda pg: None if pg is None or pd.isna(pg) else str(pg)),
+        "pg_size": _col(comms, "pg_size"),
+        "dtype": _col(comms, "dtype").map(
+            lambda d: canonical_dtype(d) or (d if isinstance(d, str) else None)),
+        "bytes": pd.to_numeric(_col(comms, "bytes"), errors="coerce"),
+        "duration_us": pd.to_numeric(_col(comms, "duration_us"), errors="coerce"),
         "origin": "records",
     })
     frame.loc[frame["duration_us"] < 0, "duration_us"] = np.nan
@@ -404,7 +403,8 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set) -> list[
     for group in groups.values():
         call, hint, members = group["call"], group["hint"], group["kernels"]
         first = members[0]
-        duration_us = _union_ns([(k["ts_ns"], k["ts_ns"] + k["dur_ns"]) for k in members]) / 1e3
+        duration_us = intervals.total([k["ts_ns"] for k in members],
+                                      [k["ts_ns"] + k["dur_ns"] for k in members]) / 1e3
         kernel_ts = min(k["ts_ns"] for k in members)
         if call is not None:
             used_calls.add(call.name)
@@ -434,20 +434,6 @@ def _innermost(candidates, ts_ns):
         return None
     positions = np.flatnonzero(holding)
     return candidates.iloc[positions[np.argmax(starts[positions])]]
-
-
-def _union_ns(spans) -> float:
-    total, current_start, current_end = 0.0, None, None
-    for start, end in sorted(spans):
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
-    return float(total)
 
 
 def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:

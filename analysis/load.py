@@ -296,10 +296,9 @@ class _EventColumns:
             bool(COMM_KERNEL_RE.match(name)), bool(HOST_COMM_RE.match(name))))
         place_flags = self._lookup("place", self.places, lambda place: (
             _normal_cat(place[0]) in GPU_CATS, _normal_cat(place[0]) in HOST_OP_CATS))
-        is_gpu = place_flags[places, 0] if n else np.zeros(0, dtype=bool)
-        is_host = place_flags[places, 1] if n else np.zeros(0, dtype=bool)
-        is_comm = ((is_gpu & name_flags[names, 0]) | (is_host & name_flags[names, 1])
-                   if n else np.zeros(0, dtype=bool))
+        is_gpu = place_flags[places, 0]
+        is_host = place_flags[places, 1]
+        is_comm = (is_gpu & name_flags[names, 0]) | (is_host & name_flags[names, 1])
         # Comm arguments are taken now: Raw values hold on to the chunk's bytes.
         for i in np.flatnonzero(is_comm):
             args = events[i].args
@@ -935,7 +934,7 @@ def load_files(files: list[Path], run_dir: Optional[Path] = None, steps: Optiona
     if not files and run_dir is None:
         return LoadResult([], [f"{where}: no Kineto trace files"], run_dir)
     parsed: list[ParsedTrace] = []
-    for path, result in zip(files, _parse_all(files, use_cache, jobs, progress)):
+    for result in _parse_all(files, use_cache, jobs, progress):
         if isinstance(result, str):
             problems.append(result)
         else:
@@ -971,15 +970,15 @@ def load_files(files: list[Path], run_dir: Optional[Path] = None, steps: Optiona
     for key, group in by_rank.items():
         group = sorted(group, key=lambda t: t.path.name)
         kept = [group[0]]
+        worker = _kineto_worker(group[0].path)
         for other in group[1:]:
-            worker = _kineto_worker(group[0].path)
             if worker is not None and worker == _kineto_worker(other.path):
                 kept.append(other)  # another profiler window of the same process
             else:
                 problems.append(f"duplicate rank {key}: {group[0].path} and {other.path} both "
                                 f"say rank {key}; analysing {group[0].path} only")
         trace = _merge_windows(kept) if len(kept) > 1 else kept[0]
-        rank = key if isinstance(key, int) or key is None else None
+        rank = key if isinstance(key, int) else None
         ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], run_dir, steps,
                                  hta_compatible))
 

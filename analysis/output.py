@@ -42,6 +42,10 @@ class RunReport:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # the other analyses' tables
     unavailable: dict[str, str] = field(default_factory=dict)  # table -> why it is missing
 
+    def step_table(self) -> pd.DataFrame:
+        """The per-step table: analysis.ranks' fuller one where it was built, else ours."""
+        return self.tables.get("per_step", self.per_step)
+
 
 # ---- values --------------------------------------------------------------------------------------
 def plain(value):
@@ -103,7 +107,7 @@ def run_document(report: RunReport) -> dict:
                       "hta_compatible": report.hta_compatible},
         "problems": list(report.problems),
         "ranks": ranks,
-        "steps": records(report.tables.get("per_step", report.per_step)),
+        "steps": records(report.step_table()),
         "idle": records(report.idle),
         "collectives": records(report.tables.get("collectives")),
         "bottlenecks": records(report.tables.get("bottlenecks")),
@@ -126,7 +130,7 @@ def dumps(document: dict) -> str:
 def csv_tables(report: RunReport) -> dict[str, pd.DataFrame]:
     """File stem -> table written by --out."""
     tables = {
-        "per_step": report.tables.get("per_step", report.per_step),
+        "per_step": report.step_table(),
         "rank_totals": report.totals,
         "hta_compatible": report.hta,
         "idle": report.idle,
@@ -259,7 +263,7 @@ def text_report(report: RunReport) -> str:
         "",
         _table(breakdown_text(report.totals), "Time breakdown per rank (share of step time)",
                "  compute/comm = alone; overlap = both at once; comm hidden = overlap / all comm"),
-        _table(per_step_text(report.tables.get("per_step", report.per_step)),
+        _table(per_step_text(report.step_table()),
                "Per step (ms)"),
         _table(hta_text(report.hta), "HTA-compatible temporal breakdown (HTA's window: last "
                "ProfilerStep dropped)"),

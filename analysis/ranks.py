@@ -55,15 +55,13 @@ def _clean_per_step(per_step) -> pd.DataFrame:
     if not isinstance(per_step, pd.DataFrame) or per_step.empty:
         return _empty(PER_STEP_INPUT_COLUMNS)
     frame = per_step.reindex(columns=list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns])))
-    frame = frame.copy()
-    for column in ("rank", "step"):
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").round().astype("Int64")
+    frame = _keyed(frame.copy())
     for column in [*BREAKDOWN_COLUMNS, "overlap_pct"]:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     return frame.reset_index(drop=True)
 
 
-def _work_ns(frame: pd.DataFrame) -> pd.Series:
+def work_ns(frame: pd.DataFrame) -> pd.Series:
     """Time the device did work of its own: compute alone, compute under comm, and copies."""
     parts = frame[["compute_only_ns", "overlap_ns", "memcpy_ns"]]
     return parts.sum(axis=1, min_count=1)
@@ -220,7 +218,7 @@ def per_step_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     frame = _clean_per_step(per_step)
     if frame.empty:
         return _empty(PER_STEP_COLUMNS)
-    frame["work_ns"] = _work_ns(frame)
+    frame["work_ns"] = work_ns(frame)
     resources = _step_resources(traces)
     frame = frame.merge(resources, on=["rank", "step"], how="left")
     spread = _step_spread(frame)
@@ -263,7 +261,7 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     if frame.empty and resources.empty:
         return _empty(PER_RANK_COLUMNS)
     rows = []
-    frame = frame.assign(work_ns=_work_ns(frame))
+    frame = frame.assign(work_ns=work_ns(frame))
     for rank, group in frame.dropna(subset=["rank"]).groupby("rank", sort=True):
         step_ns = group["step_ns"].dropna()
         total_ns = step_ns.sum()
