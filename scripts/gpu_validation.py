@@ -979,7 +979,7 @@ HTA_COLUMNS = {"idle_us": "idle_time", "compute_us": "compute_time",
 def check_hta_match(results: Results, runner: Runner, wl: str, run: dict, ours: dict | None,
                     work: Path, cfg: dict) -> dict | None:
     name = f"{wl}.hta_match"
-    if importlib.util.find_spec("hta") is None and not _importable_in_env("hta", runner.env):
+    if not _importable_in_env("hta", runner.env):
         results.skip(name, "skipped: the hta package (holistictraceanalysis) is not importable "
                            "here; optional (docs/gpu-validation.md says how to carry it)")
         return None
@@ -1136,6 +1136,7 @@ def overhead(results: Results, runner: Runner, work: Path, cfg: dict, gpu: bool,
     outside_steps = [k for k in range(discard, steps)
                      if actions[k] == "none" and actions[k + 1] == "none"]
     inside_steps = [k for k in range(discard, steps) if actions[k] in ("warmup", "record")]
+    window_steps = [k for k in range(steps) if actions[k] != "none"]
     spec = ",".join(str(window[k]) for k in ("skip_first", "wait", "warmup", "active", "repeat"))
     tracer_window = [f"--{k.replace('_', '-')}={v}" for k, v in window.items()]
     script = ["workloads/ddp.py", "--steps", str(steps), *cfg["overhead_model"]]
@@ -1168,10 +1169,9 @@ def overhead(results: Results, runner: Runner, work: Path, cfg: dict, gpu: bool,
             if arm == "traced" and problem is None:
                 records, _ = read_jsonl(work / f"overhead-{repeat}" / "rank0.steps.jsonl")
                 marked = [k for k, r in enumerate(records) if r.get("in_profiler_window")]
-                expected = [k for k in range(steps) if actions[k] != "none"]
-                if marked != expected:
+                if marked != window_steps:
                     problem = (f"traced run {repeat}: steps {marked[:8]}... are marked "
-                               f"in_profiler_window, the schedule says {expected[:8]}...")
+                               f"in_profiler_window, the schedule says {window_steps[:8]}...")
             if problem:
                 for name in names:
                     results.record(name, False, None, problem)
@@ -1210,6 +1210,14 @@ def overhead(results: Results, runner: Runner, work: Path, cfg: dict, gpu: bool,
 # ---- fixtures and the output folder -------------------------------------------------------------------
 FIXTURE_FILE_RE = re.compile(r"(\.pt\.trace\.json\.gz|^rank\d+\.(manifest|comms|samples|steps)"
                              r"\.jsonl)$")
+
+
+def provenance_of(results: Results, command: list[str], runs: dict, **extra) -> dict:
+    """gpu/provenance.jsonl: where and how the run folders in fixtures.tar were made."""
+    return {"mode": results.mode, "created": results.budget.started_at,
+            "device_name": results.environment.get("device_name"),
+            "environment": results.environment, "command": command,
+            "workloads": {wl: {"expect_comms": wl in COMM_WORKLOADS} for wl in runs}, **extra}
 
 
 def write_fixtures(results: Results, outdir: Path, runs: dict, provenance: dict) -> None:
@@ -1474,14 +1482,10 @@ def main(argv: list[str] | None = None) -> int:
             if gpu:
                 with guarded(results, "nvml."):
                     check_utilisation(results, runs)
-            provenance = {
-                "mode": results.mode, "created": budget.started_at,
-                "device_name": results.environment.get("device_name"),
-                "environment": results.environment, "command": command,
-                "settings": {k: v for k, v in cfg.items() if not k.endswith("timeout")},
-                "workloads": {wl: {"expect_comms": wl in COMM_WORKLOADS} for wl in runs},
-                "hta_compatible": analysis_figures, "hta": hta_numbers,
-            }
+            provenance = provenance_of(
+                results, command, runs,
+                settings={k: v for k, v in cfg.items() if not k.endswith("timeout")},
+                hta_compatible=analysis_figures, hta=hta_numbers)
             with guarded(results, "fixtures."):
                 write_fixtures(results, outdir, runs, provenance)
             print(f"== overhead ({budget.elapsed():.0f} s)", flush=True)
@@ -1504,11 +1508,8 @@ def main(argv: list[str] | None = None) -> int:
             found = {wl: runs.get(wl) or read_run(work / wl) for wl in WORKLOADS}
             found = {wl: run for wl, run in found.items() if run.get("exists")}
             if found:
-                write_fixtures(results, outdir, found, {
-                    "mode": results.mode, "created": budget.started_at, "partial": True,
-                    "device_name": results.environment.get("device_name"),
-                    "environment": results.environment, "command": command,
-                    "workloads": {wl: {"expect_comms": wl in COMM_WORKLOADS} for wl in found}})
+                write_fixtures(results, outdir, found,
+                               provenance_of(results, command, found, partial=True))
         if stop_reason:
             results.notes.append(f"stopped early: {stop_reason}")
         check_layout(results, outdir)
