@@ -120,7 +120,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def _convert(field_name: str, kind: type, text: str, where: str):
+def _convert(kind: type, text: str, where: str):
     if kind is bool:
         lowered = text.strip().lower()
         if lowered in _TRUE:
@@ -145,7 +145,7 @@ def from_env(environ: Mapping[str, str]) -> dict:
         if f is None:
             known = ", ".join(sorted(fields))
             raise ConfigError(f"unknown environment variable {key} (known: {known})")
-        values[f.name] = _convert(f.name, _field_type(f), text, key)
+        values[f.name] = _convert(_field_type(f), text, key)
     return values
 
 
@@ -201,7 +201,7 @@ def split_argv(argv: Sequence[str]) -> tuple[dict, str | None, list[str], bool]:
                 if i >= len(argv):
                     raise ConfigError(f"{name} needs a value")
                 text = argv[i]
-            values[f.name] = _convert(f.name, kind, text, name)
+            values[f.name] = _convert(kind, text, name)
         i += 1
     if i >= len(argv):
         return values, None, [], False

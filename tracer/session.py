@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import importlib
 import importlib.machinery
-import collections
 import os
 import sys
 import threading
@@ -23,7 +23,6 @@ from tracer.manifest import CLOCK_KEY_PREFIX, Manifest, host_name, measure_clock
 from tracer.memory import MemorySnapshots, StepMemory
 from tracer.profiling import ProfilerDriver
 from tracer.rundir import LaunchInfo, RunDirError, resolve_run_dir
-
 from tracer.sigterm import SIGTERM_EXIT_CODE, SigtermHandling, die_by_sigterm
 
 STEP_WORKER_PERIOD_S = 0.2  # how often step records, comms records and scalars are written
@@ -537,9 +536,7 @@ class Session:
         return getattr(self.comms, "ops", 0) if self.comms is not None else 0
 
     def bytes_written(self) -> int:
-        parts = (self.steps_writer, self.comms_writer, self.samples_writer, self.scalars,
-                 self.profiler, self.snapshots,
-                 self.manifest.writer if self.manifest is not None else None)
+        parts = (*self._writers(), self.scalars, self.profiler, self.snapshots)
         return sum(getattr(part, "bytes_written", 0) or 0 for part in parts if part is not None)
 
     def finish(self, outcome: ScriptOutcome) -> None:
@@ -572,10 +569,8 @@ class Session:
                     undo()
                 except Exception:
                     pass
-        for writer in (self.steps_writer, self.comms_writer, self.samples_writer,
-                       self.manifest.writer if self.manifest is not None else None):
-            if writer is not None:
-                writer.close()
+        for writer in self._writers():
+            writer.close()
 
     def print_summary(self) -> None:
         if self.summary is not None:
@@ -583,7 +578,11 @@ class Session:
 
     def flush_files(self) -> None:
         """Push buffered records to disk now (any thread); for SIGTERM and similar."""
-        for writer in (self.steps_writer, self.comms_writer, self.samples_writer,
-                       self.manifest.writer if self.manifest is not None else None):
-            if writer is not None:
-                writer.flush()
+        for writer in self._writers():
+            writer.flush()
+
+    def _writers(self) -> list[JsonlWriter]:
+        """Every JSONL writer that was opened, the manifest's last."""
+        manifest_writer = self.manifest.writer if self.manifest is not None else None
+        return [w for w in (self.steps_writer, self.comms_writer, self.samples_writer,
+                            manifest_writer) if w is not None]

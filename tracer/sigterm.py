@@ -86,8 +86,7 @@ class SigtermHandling:
         try:
             if signal.getsignal(signal.SIGTERM) == self._on_main:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            if signal.set_wakeup_fd(-1) != self._writer.fileno():
-                pass
+            signal.set_wakeup_fd(-1)
         except (ValueError, OSError):
             pass
 
