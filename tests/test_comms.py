@@ -844,3 +844,35 @@ def test_events_are_reused_once_resolved(recorder_factory, fake_events):
         recorder.drain()
     assert len(writer.records) == 50
     assert fake_events.created <= 4
+
+
+def functional_op(recorder, outputs):
+    """What the functional-collective wrapper does for one op issued on `outputs`."""
+    pending = recorder._begin("all_reduce", "functional", "0", 1, outputs[0],
+                              sum(t.numel() * t.element_size() for t in outputs), True, None)
+    recorder._issued(pending)
+    recorder._await_functional(pending, outputs)
+    return pending
+
+
+def test_a_coalesced_functional_op_overwritten_before_its_wait_is_dropped_once():
+    recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
+    outputs = [torch.zeros(2), torch.zeros(2)]  # 8 + 8 bytes
+    functional_op(recorder, outputs)
+    functional_op(recorder, outputs)  # in place on both outputs: the first op is lost, once
+    assert (recorder.ops, recorder.bytes, recorder.dropped) == (1, 16, 1)
+
+
+def test_the_pending_cap_drops_an_op_with_all_its_outputs(monkeypatch):
+    import tracer.comms as comms
+
+    monkeypatch.setattr(comms, "_MAX_PENDING_FUNCTIONAL", 2)
+    recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
+    first = [torch.zeros(1), torch.zeros(1)]
+    functional_op(recorder, first)
+    functional_op(recorder, [torch.zeros(1)])  # 3 outputs pending: the first op goes, whole
+    assert (recorder.ops, recorder.dropped) == (1, 1)
+    assert len(recorder._functional_pending) == 1
+    monkeypatch.setattr(comms, "_MAX_PENDING_FUNCTIONAL", 10)
+    functional_op(recorder, first)  # reusing its storage finds nothing left to drop
+    assert (recorder.ops, recorder.dropped) == (2, 1)

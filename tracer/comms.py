@@ -111,7 +111,6 @@ import collections
 import contextlib
 import functools
 import inspect
-import os
 import sys
 import threading
 import time
@@ -121,6 +120,7 @@ from typing import Callable
 import torch
 
 from tracer import schema
+from tracer.jsonl import say as _say
 
 _DTYPE_NAMES: dict = {}
 _MAX_PENDING_FUNCTIONAL = 10_000  # outputs that are never waited on must not pile up forever
@@ -146,13 +146,6 @@ def _storage_key(tensor) -> int:
 
 def _first_value(fut):
     return fut.value()[0]
-
-
-def _say(line: str) -> None:
-    """One line on stderr, in the core's "ranktrace: rank{R} part: ..." form."""
-    rank = os.environ.get("RANK")
-    print(f"ranktrace: rank{rank} {line}" if rank is not None else f"ranktrace: {line}",
-          file=sys.stderr, flush=True)
 
 
 class _ThreadState(threading.local):
@@ -748,12 +741,24 @@ class CommsRecorder:
             earlier = pending_map.pop(key, None)
             if earlier is not None and earlier is not pending:
                 # An in-place op on a tensor whose earlier op was never waited: that one is lost.
-                earlier.keep = None
-                self._drop(earlier)
+                self._forget_functional(earlier)
             pending_map[key] = pending
         while len(pending_map) > _MAX_PENDING_FUNCTIONAL:
             _, stale = pending_map.popitem(last=False)
-            self._drop(stale)
+            self._forget_functional(stale)
+
+    def _forget_functional(self, pending) -> None:
+        """Drop a functional op that will never be waited on: once, with all its outputs' keys
+        (a coalesced op has several, and each may be found again later)."""
+        if pending.keep is None:
+            return  # completed or dropped already
+        pending_map = self._functional_pending
+        for output in pending.keep:
+            key = _storage_key(output)
+            if pending_map.get(key) is pending:
+                del pending_map[key]
+        pending.keep = None
+        self._drop(pending)
 
     def _make_wait_tensor(self, packet):
         recorder = self

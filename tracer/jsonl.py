@@ -17,6 +17,13 @@ import time
 from tracer import schema
 
 
+def say(line: str) -> None:
+    """One line on stderr, in the tracer's "ranktrace: rank{R} part: ..." form."""
+    rank = os.environ.get("RANK")
+    print(f"ranktrace: rank{rank} {line}" if rank is not None else f"ranktrace: {line}",
+          file=sys.stderr, flush=True)
+
+
 class JsonlWriter:
     def __init__(self, path: str, part: str, flush_s: float = 1.0):
         self.path = path
@@ -63,7 +70,7 @@ class JsonlWriter:
 
     def _fail(self, exc: OSError) -> None:
         self.error = f"{self.part}: writing {self.path} failed ({exc}); {self.part} recording is off"
-        print(f"ranktrace: {self.error}", file=sys.stderr, flush=True)
+        say(self.error)
         try:
             self._file.close()
         except OSError:

@@ -31,6 +31,7 @@ import threading
 import time
 
 from tracer import schema
+from tracer.jsonl import say as _say
 
 _UNSUPPORTED_CODES = {3, 4, 13}  # NVML_ERROR_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND
 _NVLINK_MAX_LINKS = 18
@@ -44,13 +45,6 @@ class _Probe:
 
     def __init__(self, name, read):
         self.name, self.read, self.state = name, read, "new"
-
-
-def _say(line: str) -> None:
-    """One line on stderr, in the core's "ranktrace: rank{R} part: ..." form."""
-    rank = os.environ.get("RANK")
-    print(f"ranktrace: rank{rank} {line}" if rank is not None else f"ranktrace: {line}",
-          file=sys.stderr, flush=True)
 
 
 def _normalized_uuid(text) -> str:
