@@ -113,15 +113,49 @@ def _gpu_layers(events: pd.DataFrame) -> tuple[list[intervals.Intervals], np.nda
     return layers, category
 
 
+def asynchronous_comm(events: pd.DataFrame, threads: set[tuple[str, str]]) -> np.ndarray:
+    """Host comm events on `threads` that outlive an event they started inside, on their thread.
+
+    Host events of one thread nest; an event that starts inside another and ends after it is not
+    a scope of the thread's own but a record left open by asynchronous work: the `gloo:send` /
+    `gloo:recv` of an isend/irecv starts inside `c10d::send` and lasts until `wait()` returns.
+    Ops that run meanwhile are the thread's own work, not part of it (docs/definitions.md).
+    """
+    result = np.zeros(len(events), dtype=bool)
+    host = _cat_is(events, HOST_OP_CATS)
+    comm = events["is_comm"].to_numpy() & host
+    if not comm.any():
+        return result
+    starts, ends = events["ts_ns"].to_numpy(), events["end_ns"].to_numpy()
+    for thread in threads:
+        on_thread = _on_threads(events, {thread})
+        candidates = np.flatnonzero(comm & on_thread)
+        if candidates.size == 0:
+            continue
+        others = np.flatnonzero(host & on_thread)
+        by_end = others[np.argsort(ends[others], kind="stable")]
+        sorted_ends = ends[by_end]
+        # An event P crossed by E: P.start < E.start < P.end < E.end. Among the events ending
+        # inside (E.start, E.end), is the earliest start before E's?
+        lo = np.searchsorted(sorted_ends, starts[candidates], side="right")
+        hi = np.searchsorted(sorted_ends, ends[candidates], side="left")
+        padded = np.append(starts[by_end], np.iinfo(np.int64).max)
+        earliest = np.minimum.reduceat(padded, np.column_stack((lo, hi)).ravel())[0::2]
+        result[candidates] = (lo < hi) & (earliest < starts[candidates])
+    return result
+
+
 def _cpu_layers(events: pd.DataFrame) -> tuple[list[intervals.Intervals], np.ndarray]:
     threads = training_threads(events)
     on_training = _on_threads(events, threads)
     host = _cat_is(events, HOST_OP_CATS)
     is_comm = events["is_comm"].to_numpy() & host
     ops = _cat_is(events, {"cpu_op"}) & on_training & ~is_comm
-    layers = [_pair(events, ops), _pair(events, is_comm & on_training), _pair(events, is_comm)]
-    # bits: 1 op on a training thread, 2 comm on a training thread, 4 comm anywhere. A training
-    # thread inside a comm op is communicating, not computing, even inside an enclosing op.
+    blocking = is_comm & on_training & ~asynchronous_comm(events, threads)
+    layers = [_pair(events, ops), _pair(events, blocking), _pair(events, is_comm)]
+    # bits: 1 op on a training thread, 2 blocking comm on a training thread, 4 comm anywhere. A
+    # training thread inside a blocking comm op is communicating, not computing, even inside an
+    # enclosing op; an asynchronous one is in flight while the thread computes (overlap).
     category = np.empty(8, dtype=np.int64)
     for state in range(8):
         computing = bool(state & 1) and not state & 2

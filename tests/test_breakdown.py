@@ -164,6 +164,35 @@ def test_cpu_breakdown_with_nested_ops_and_comm_on_another_thread(tmp_path):
     assert row["kind"] == "cpu" and row["overlap_pct"] == 50.0
 
 
+def async_send_step() -> TraceBuilder:
+    """A 13.2 ms step: an isend whose gloo:send stays open 12 ms, until wait(), over 1.84 ms
+    of the thread's own ops (as torch records isend on gloo)."""
+    b = TraceBuilder(backend="gloo").step(1, 0, 13200)
+    b.op("c10d::send", 100, 140)
+    b.annotation("gloo:send", 120, 12120)  # starts inside c10d::send, ends at wait()
+    for start in (200, 700, 1200, 1700):
+        b.op("aten::addmm", start, start + 400)
+        b.op("aten::copy_", start + 10, start + 100)  # nested: adds nothing
+    b.op("aten::addmm", 12500, 12740)
+    b.op("c10d::allreduce_", 12800, 13000)  # blocking: hides nothing of the above
+    b.annotation("gloo:all_reduce", 12850, 13000, tid=2)
+    return b
+
+
+def test_an_asynchronous_send_does_not_hide_the_compute_that_runs_meanwhile(tmp_path):
+    trace, _ = load_one(async_send_step(), tmp_path)
+    row = breakdown.breakdown_per_step(trace).iloc[0]
+    assert row["compute_only_ns"] + row["overlap_ns"] == 1840 * US
+    # comm 100-12120 with 1600 us of ops under it, and the all-reduce 12800-13000;
+    # idle 0-100, 12120-12500, 12740-12800, 13000-13200
+    assert parts(row) == {"step_ns": 13200, "compute_only_ns": 240, "comm_only_ns": 10620,
+                          "overlap_ns": 1600, "memcpy_ns": 0, "idle_ns": 740,
+                          "exposed_comm_ns": 10620}
+    events = trace.events
+    asynchronous = breakdown.asynchronous_comm(events, breakdown.training_threads(events))
+    assert events.loc[asynchronous, "name"].tolist() == ["gloo:send"]
+
+
 def test_training_threads_are_the_ones_with_profiler_steps(tmp_path):
     trace, _ = load_one(cpu_trace(), tmp_path)
     assert breakdown.training_threads(trace.events) == {("100", "1")}
