@@ -1,4 +1,5 @@
-"""Shared fixture for launching workload scripts in a subprocess, always on CPU (gloo)."""
+"""What every test module may use: the test data folder, the `slow` marks, and a fixture that
+launches workload scripts in a subprocess, always on CPU (gloo)."""
 
 import os
 import socket
@@ -9,6 +10,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Real traces recorded by other projects, and HTA's numbers on them (tests/data/README.md).
+DATA = Path(__file__).resolve().parent / "data"
+
+# Modules whose tests start torchrun or other Python processes: `pytest -m "not slow"` leaves
+# them out of the inner loop, `make test` runs them. Measured with `--durations=0`.
+SLOW_MODULES = {
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.stem in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 # Runs a script the way ranktrace's tracer does: runpy with sys.argv and sys.path[0] set as
 # python would, counting optimizer steps through the global post hook the tracer relies on.

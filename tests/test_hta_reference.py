@@ -1,25 +1,24 @@
-"""Our HTA-compatible columns against HTA 0.5.0's own numbers on the shared real traces.
+"""Our HTA-compatible columns against HTA 0.5.0's own numbers on real traces in tests/data.
 
-The reference (../shared/reference/hta-0.5.0-reference.csv) has one row per rank of each trace
-folder; rows with an `error` are traces HTA fails on, which we must still analyse.
+The reference (tests/data/hta-0.5.0-reference.csv) has one row per rank of each trace folder;
+rows with an `error` are traces HTA fails on, which we must still analyse.
 """
 
 import csv
 import math
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
+from conftest import DATA
 
 from analysis import breakdown
 from analysis.load import load_path
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-REFERENCE = SHARED / "reference" / "hta-0.5.0-reference.csv"
+REFERENCE = DATA / "hta-0.5.0-reference.csv"
 TOLERANCE_OF_KERNEL_TIME = 0.01  # the issue's bar: within 1% of the rank's kernel time
-
-if not REFERENCE.is_file():
-    pytest.skip(f"no HTA reference at {REFERENCE} (../shared is absent)", allow_module_level=True)
+# In the reference, but too large to keep in the repository: benchmarks/analysis_speed.py's trace.
+NOT_IN_TESTS = {"df_index_resolver"}
 
 
 def reference_rows() -> list[dict]:
@@ -27,16 +26,14 @@ def reference_rows() -> list[dict]:
         return list(csv.DictReader(handle))
 
 
-def trace_dir(name: str) -> Path:
-    found = sorted(p for p in (SHARED / "traces").glob(f"*/{name}") if p.is_dir())
-    if not found:
-        pytest.skip(f"trace folder {name} is not in {SHARED / 'traces'}")
-    return found[0]
+def trace_folders() -> dict[str, Path]:
+    return {p.name: p for p in DATA.glob("*/*") if p.is_dir() and p.name != "gpu"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def analysed(name: str):
-    result = load_path(trace_dir(name))
+    # no cache: nothing may be written into tests/data
+    result = load_path(trace_folders()[name], use_cache=False)
     return result, breakdown.hta_temporal_breakdown(result.ranks)
 
 
@@ -44,14 +41,22 @@ def row_id(row: dict) -> str:
     return f"{row['trace_dir']}-rank{row['rank'] or 'none'}"
 
 
-ROWS = reference_rows()
+ROWS = [r for r in reference_rows() if r["trace_dir"] not in NOT_IN_TESTS]
 GPU_ROWS = [r for r in ROWS if not r["error"]]
 FAILED_ROWS = [r for r in ROWS if r["error"]]
 
 
-def test_reference_covers_every_shared_trace_folder():
-    folders = {p.name for p in (SHARED / "traces").glob("*/*") if p.is_dir()}
-    assert folders == {r["trace_dir"] for r in ROWS}
+def test_reference_covers_every_trace_folder_in_tests_data():
+    assert set(trace_folders()) == {r["trace_dir"] for r in ROWS}
+    assert {r["trace_dir"] for r in reference_rows()} - set(trace_folders()) == NOT_IN_TESTS
+
+
+def test_analysing_the_test_data_writes_nothing_into_it():
+    before = sorted(DATA.rglob("*"))
+    analysed.cache_clear()
+    for name in trace_folders():
+        analysed(name)
+    assert sorted(DATA.rglob("*")) == before
 
 
 @pytest.mark.parametrize("row", GPU_ROWS, ids=row_id)
