@@ -540,7 +540,18 @@ def _parser() -> argparse.ArgumentParser:
                         help="neither read nor write the .ranktrace-cache Parquet files")
     parser.add_argument("--jobs", type=int, metavar="N",
                         help="processes for parsing trace files (default: one per core)")
+    parser.add_argument("--comm-kernel", action="append", default=[], metavar="REGEX",
+                        type=_regex,
+                        help="device kernels whose name matches REGEX (searched, case-"
+                             "sensitive) also count as communication; repeatable")
     return parser
+
+
+def _regex(text: str) -> re.Pattern:
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {text!r} ({exc})")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -561,7 +572,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     reports = []
     for run_dir, files in runs:
         loaded = load_files(files, run_dir, steps=steps, hta_compatible=args.hta_compatible,
-                            use_cache=not args.no_cache, jobs=args.jobs, progress=True)
+                            use_cache=not args.no_cache, jobs=args.jobs, progress=True,
+                            comm_kernels=tuple(args.comm_kernel))
         where = run_dir if run_dir is not None else Path(args.paths[0])
         report = analyse_run(loaded, name=where.name or str(where), path=str(where),
                              steps_spec=args.steps, hta_compatible=args.hta_compatible)
@@ -585,7 +597,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         print("\n".join(output.text_report(r) for r in reports), end="")
 
-    analysed = any(not r.per_step.empty for r in reports)
+    analysed = any(not output.nothing_analysed(r) for r in reports)
     if not analysed:
         reasons = "; ".join(p for r in reports for p in r.problems) or "no step to analyse"
         print(f"ranktrace: nothing analysed: {reasons}", file=sys.stderr)

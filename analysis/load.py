@@ -8,7 +8,7 @@ the tracer (`tracer.schema`) are attached when the trace sits in a ranktrace run
 Nothing read is evaluated or unpickled. A file that cannot be read becomes a problem naming the
 file (and rank, where known) and the rest is still loaded. Parsed traces are cached as Parquet in
 a `.ranktrace-cache/` folder beside them, keyed by size, mtime and format version; a folder that
-cannot be written (../shared) just means no cache.
+cannot be written (a read-only trace folder) just means no cache.
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from analysis.steps import (WHOLE_TRACE_STEP, format_ranges, parse_step_spec,  # noqa: F401
+                            select_steps)
 from tracer import schema
 
 # Bump when the events frame or the cache layout changes: old cache files are then ignored.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 CACHE_DIR = ".ranktrace-cache"
-WHOLE_TRACE_STEP = -1  # the step number of the one window of a trace without ProfilerStep
 
 EVENT_COLUMNS = [
     "name", "cat", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "stream", "correlation",
@@ -55,7 +56,16 @@ _LEGACY_CATS = {
     "operator": "cpu_op", "memcpy": "gpu_memcpy", "memset": "gpu_memset",
     "runtime": "cuda_runtime", "driver": "cuda_driver", "python": "python_function",
 }
-COMM_KERNEL_RE = re.compile(r"^(?:nccl|rccl|msccl)\w*?kernel", re.IGNORECASE)
+# Device kernels that count as communication in our breakdown (docs/definitions.md, "GPU traces"),
+# searched anywhere in the name, case-insensitively. HTA's own classes are in analysis.breakdown.
+COMM_KERNEL_PATTERNS = (
+    r"^(?:nccl|rccl|msccl)\w*?kernel",  # NCCL, RCCL, MSCCL collectives and p2p
+    r"(?:deep_ep|dpsk::ep)::",  # DeepEP expert-parallel dispatch/combine (intra- and internode)
+    r"nvshmem",  # NVSHMEM one-sided puts, gets and collectives
+    r"cross_device_reduce",  # vLLM's custom all-reduce
+    r"symm_mem|symmetric_memory|multimem|one_shot_all_reduce|two_shot_all_reduce",  # torch
+)
+COMM_KERNEL_RE = re.compile("|".join(f"(?:{p})" for p in COMM_KERNEL_PATTERNS), re.IGNORECASE)
 HOST_COMM_RE = re.compile(
     r"^(?:gloo:|nccl:|mpi:|ucc:|c10d::|c10d_functional::|_c10d_functional::|record_param_comms$)")
 PROFILER_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -64,6 +74,11 @@ TRACE_NAME_RE = re.compile(r"\.json(?:\.gz)?$")
 
 class TraceReadError(Exception):
     """A trace that cannot be analysed; the message names the file and the problem."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
 
 
 # ---- data model (described in docs/analysis.md) -------------------------------------------------
@@ -92,6 +107,10 @@ class RankTrace:
     # More files of the same rank (further profiler windows); their events are in `events`.
     extra_paths: list[Path] = field(default_factory=list)
     backend: Optional[str] = None
+    # False for a rank known only from the tracer's records (killed before its trace was written).
+    has_trace: bool = True
+    # How the rank's run ended, from its manifest: ok, failed, interrupted or crashed (no run_end).
+    status: Optional[str] = None
 
     @property
     def label(self) -> str:
@@ -293,7 +312,7 @@ class _EventColumns:
             if value is not None:
                 correlation[i] = value if type(value) is int else _hta_int(value)
         name_flags = self._lookup("name", self.names, lambda name: (
-            bool(COMM_KERNEL_RE.match(name)), bool(HOST_COMM_RE.match(name))))
+            bool(COMM_KERNEL_RE.search(name)), bool(HOST_COMM_RE.match(name))))
         place_flags = self._lookup("place", self.places, lambda place: (
             _normal_cat(place[0]) in GPU_CATS, _normal_cat(place[0]) in HOST_OP_CATS))
         is_gpu = place_flags[places, 0]
@@ -387,14 +406,17 @@ def _pieces(path: Path):
     try:
         with path.open("rb") as raw:
             gzipped = raw.read(2) == b"\x1f\x8b"
+        if not gzipped and path.name.endswith(".gz"):
+            raise TraceReadError(path, "not gzip (the name ends in .gz but the file does not "
+                                       "start with gzip's magic bytes)")
         opened = gzip.open(path, "rb") if gzipped else path.open("rb")
         with opened as handle:
             while piece := handle.read(READ_BYTES):
                 yield piece
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise TraceReadError(f"{path}: truncated or corrupt gzip ({exc})") from None
+        raise TraceReadError(path, f"truncated or corrupt gzip ({exc})") from None
     except OSError as exc:
-        raise TraceReadError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise TraceReadError(path, f"cannot read ({exc.strerror or exc})") from None
 
 
 def read_trace_bytes(path: Path) -> bytes:
@@ -481,12 +503,12 @@ def _decode_whole(path: Path, columns: _EventColumns) -> _TraceDocument:
     try:
         document = _TRACE_DECODER.decode(data)
     except msgspec.ValidationError as exc:
-        raise TraceReadError(f"{path}: not a Kineto trace ({exc})") from None
+        raise TraceReadError(path, f"not a Kineto trace ({exc})") from None
     except msgspec.DecodeError as exc:
-        raise TraceReadError(f"{path}: invalid JSON ({exc})") from None
+        raise TraceReadError(path, f"invalid JSON ({exc})") from None
     del data
     if document.traceEvents is None:
-        raise TraceReadError(f"{path}: no 'traceEvents' list; not a Kineto/Chrome trace")
+        raise TraceReadError(path, "no 'traceEvents' list; not a Kineto/Chrome trace")
     columns.add(document.traceEvents)
     document.traceEvents = None
     return document
@@ -556,61 +578,6 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     return steps
 
 
-# ---- step selection ------------------------------------------------------------------------------
-def parse_step_spec(spec: str) -> list[int]:
-    """'3-5,7' -> [3, 4, 5, 7]. Raises ValueError with the offending part."""
-    chosen: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
-        if not match:
-            raise ValueError(f"--steps: {part!r} is not a step number or range like 3-5")
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) else first
-        if last < first:
-            raise ValueError(f"--steps: range {part!r} ends before it starts")
-        chosen.update(range(first, last + 1))
-    if not chosen:
-        raise ValueError(f"--steps: {spec!r} selects no step")
-    return sorted(chosen)
-
-
-def select_steps(steps: pd.DataFrame, wanted: Optional[list[int]], hta_compatible: bool,
-                 where: str) -> tuple[pd.DataFrame, list[str]]:
-    """The analysis window's steps: every complete step, `wanted` ones, minus the last for HTA."""
-    problems = []
-    complete = steps[steps["end_ns"] > steps["start_ns"]]
-    if len(complete) < len(steps):
-        problems.append(f"{where}: {len(steps) - len(complete)} ProfilerStep spans have no "
-                        f"duration and are left out")
-    if hta_compatible and len(complete):
-        # HTA keeps only what starts before the last ProfilerStep does.
-        complete = complete[complete["start_ns"] < complete["start_ns"].max()]
-    if wanted is not None:
-        present = set(complete["step"].tolist())
-        missing = [s for s in wanted if s not in present]
-        if missing:
-            have = format_ranges(sorted(present)) if present else "none"
-            which = f"steps {format_ranges(missing)} are" if len(missing) > 1 \
-                else f"step {missing[0]} is"
-            problems.append(f"{where}: {which} not in the trace (it has {have})")
-        complete = complete[complete["step"].isin(wanted)]
-    return complete.reset_index(drop=True), problems
-
-
-def format_ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    parts = []
-    for number in numbers:
-        if parts and number == parts[-1][1] + 1:
-            parts[-1][1] = number
-        else:
-            parts.append([number, number])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
-
-
 # ---- Parquet cache -------------------------------------------------------------------------------
 def _cache_path(path: Path) -> Path:
     return path.parent / CACHE_DIR / (path.name + ".parquet")
@@ -666,12 +633,12 @@ def _write_cache(parsed: ParsedTrace) -> None:
         pq.write_table(table, partial)
         os.replace(partial, cached)
     except OSError:
-        pass  # read-only folder (../shared) or disk full: the cache is only an optimisation
+        pass  # a read-only trace folder or a full disk: the cache is only an optimisation
 
 
 def _writable(folder: Path) -> bool:
     """Whether we may add to `folder`: by its permission bits too, which root would bypass
-    (a read-only shared folder must stay untouched even for root)."""
+    (a read-only trace folder must stay untouched even for root)."""
     try:
         mode = folder.stat().st_mode
     except OSError:
@@ -698,7 +665,8 @@ def _read_trace_job(args: tuple[str, bool]):
     try:
         return read_trace(Path(path), use_cache)
     except TraceReadError as exc:
-        return str(exc)
+        rank = _file_rank(exc.path)
+        return f"{exc.path}: rank {rank}: {exc.reason}" if rank is not None else str(exc)
 
 
 # ---- ranktrace records ---------------------------------------------------------------------------
@@ -927,8 +895,12 @@ def _merge_windows(parts: list[ParsedTrace]) -> ParsedTrace:
 
 def load_files(files: list[Path], run_dir: Optional[Path] = None, steps: Optional[list[int]] = None,
                hta_compatible: bool = False, use_cache: bool = True, jobs: Optional[int] = None,
-               progress: bool = False) -> LoadResult:
-    """Parse trace files (in parallel processes when several) into one RankTrace per rank."""
+               progress: bool = False, comm_kernels: tuple = ()) -> LoadResult:
+    """Parse trace files (in parallel processes when several) into one RankTrace per rank.
+
+    `comm_kernels`: regular expressions (str or compiled) naming more device kernels that count
+    as communication, besides COMM_KERNEL_PATTERNS.
+    """
     problems: list[str] = []
     where = run_dir if run_dir is not None else (files[0].parent if files else Path("."))
     if not files and run_dir is None:
@@ -980,15 +952,17 @@ def load_files(files: list[Path], run_dir: Optional[Path] = None, steps: Optiona
         trace = _merge_windows(kept) if len(kept) > 1 else kept[0]
         rank = key if isinstance(key, int) else None
         ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], run_dir, steps,
-                                 hta_compatible))
+                                 hta_compatible, comm_kernels))
 
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, str(r.path)))
     world_size = max((r.world_size for r in ranks if r.world_size), default=None)
     if run_dir is not None:
         found = {r.rank for r in ranks}
         for rank in sorted(_record_ranks(run_dir) - found):
-            problems.append(f"{run_dir}: rank {rank} has ranktrace records but no readable "
-                            f"Kineto trace")
+            ranks.append(_records_only_rank(run_dir, rank))
+        ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0,
+                                  str(r.path)))
+        problems += _unmarked_steps(run_dir, ranks)
         for r in ranks:
             for record in r.records.manifest if r.records is not None else []:
                 if isinstance(record, schema.RunStart):
@@ -1010,29 +984,99 @@ def load_files(files: list[Path], run_dir: Optional[Path] = None, steps: Optiona
 
 
 def _rank_trace(trace: ParsedTrace, rank, extra: list[Path], run_dir: Optional[Path],
-                steps: Optional[list[int]], hta_compatible: bool) -> RankTrace:
+                steps: Optional[list[int]], hta_compatible: bool, comm_kernels=()) -> RankTrace:
     problems = list(trace.problems)
     where = f"{trace.path}: rank {rank if rank is not None else '?'}"
+    records = None
+    if run_dir is not None and rank is not None:
+        records, found = read_records(run_dir, rank)
+        problems += found
     if trace.steps.empty:
         problems.append(f"{where}: no ProfilerStep in the trace; the whole trace span is "
                         f"analysed as one window (step -1)")
         selected = trace.steps
     else:
-        selected, found = select_steps(trace.steps, steps, hta_compatible, where)
+        selected, found = select_steps(trace.steps, steps, hta_compatible, where,
+                                       records.steps if records is not None else None)
         problems += found
-    records = None
-    if run_dir is not None and rank is not None:
-        records, found = read_records(run_dir, rank)
-        problems += found
+    events = mark_comm_kernels(trace.events, comm_kernels)
     return RankTrace(rank=rank, world_size=trace.world_size, path=trace.path,
-                     events=trace.events, steps=selected, records=records, problems=problems,
+                     events=events, steps=selected, records=records, problems=problems,
                      float_timestamps=trace.float_timestamps, all_steps=trace.steps,
-                     extra_paths=extra, backend=trace.backend)
+                     extra_paths=extra, backend=trace.backend,
+                     status=run_status(records.manifest) if records is not None else None)
+
+
+def mark_comm_kernels(events: pd.DataFrame, patterns) -> pd.DataFrame:
+    """`events` with the device kernels whose name matches any of `patterns` marked is_comm."""
+    if not patterns or events.empty:
+        return events
+    extra = re.compile("|".join(f"(?:{getattr(p, 'pattern', p)})" for p in patterns))
+    names = events["name"]
+    categories = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
+    if categories is not None:
+        hits = np.array([bool(extra.search(str(c))) for c in categories] + [False])
+        matched = hits[names.cat.codes.to_numpy()]  # code -1 (no name) reads the False at the end
+    else:
+        matched = names.astype(str).map(lambda n: bool(extra.search(n))).to_numpy(dtype=bool)
+    matched &= events["cat"].astype(str).to_numpy() == "kernel"
+    if not matched.any():
+        return events
+    events = events.copy()
+    events["is_comm"] = events["is_comm"].to_numpy() | matched
+    return events
+
+
+def run_status(manifest: list) -> Optional[str]:
+    """How a rank's run ended: its last run_end's status, "crashed" with a run_start and no
+    run_end, None without a manifest."""
+    ends = [r for r in manifest if isinstance(r, schema.RunEnd)]
+    if ends:
+        return ends[-1].status
+    if any(isinstance(r, schema.RunStart) for r in manifest):
+        return schema.STATUS_NO_END
+    return None
+
+
+def _records_only_rank(run_dir: Path, rank: int) -> RankTrace:
+    """A rank with the tracer's records but no readable trace (killed before writing it)."""
+    records, problems = read_records(run_dir, rank)
+    path = next((found for pattern in (schema.MANIFEST_FILE, schema.STEPS_FILE, schema.COMMS_FILE,
+                                       schema.SAMPLES_FILE)
+                 if (found := _records_path(run_dir, pattern, rank)) is not None), run_dir)
+    status = run_status(records.manifest) if records is not None else None
+    world_size = None
+    if records is not None:
+        starts = [r for r in records.manifest if isinstance(r, schema.RunStart)]
+        world_size = starts[-1].world_size if starts else None
+        problems.append(
+            f"{run_dir}: rank {rank}: no readable Kineto trace (run status: "
+            f"{status or 'unknown, no manifest'}); its records are still "
+            f"analysed: {len(records.steps)} step records, {len(records.comms)} comm ops")
+    else:
+        problems.append(f"{run_dir}: rank {rank}: no readable Kineto trace and no readable "
+                        f"records")
+    empty = pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS})
+    return RankTrace(rank=rank, world_size=world_size, path=path, events=empty_events(),
+                     steps=empty, records=records, problems=problems, all_steps=empty,
+                     has_trace=False, status=status)
+
+
+def _unmarked_steps(run_dir: Path, ranks: list[RankTrace]) -> list[str]:
+    """The one problem of a run whose tracer records hold comm ops but no step."""
+    unmarked = [r.rank for r in ranks if r.records is not None and r.records.steps.empty
+                and not r.records.comms.empty and (r.all_steps is None or r.all_steps.empty)]
+    if not unmarked:
+        return []
+    return [f"{run_dir}: ranks {format_ranges(unmarked)}: no steps were marked (no torch.optim "
+            f"optimizer stepped), so there is no per-step breakdown; the comm records are "
+            f"analysed over the whole run. To mark steps, call tracer.step() at the end of each "
+            f"step, see docs/tracer.md"]
 
 
 def load_path(path, steps=None, *, run: Optional[str] = None,
               hta_compatible: bool = False, use_cache: bool = True, jobs: Optional[int] = None,
-              progress: bool = False) -> LoadResult:
+              progress: bool = False, comm_kernels: tuple = ()) -> LoadResult:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, a trace file).
 
     Raises NothingToAnalyse when `path` holds no trace at all.
@@ -1042,4 +1086,5 @@ def load_path(path, steps=None, *, run: Optional[str] = None,
     paths = [Path(p) for p in (path if isinstance(path, (list, tuple)) else [path])]
     (run_dir, files), = resolve_runs(paths, run=run)
     return load_files(files, run_dir, steps=steps, hta_compatible=hta_compatible,
-                      use_cache=use_cache, jobs=jobs, progress=progress)
+                      use_cache=use_cache, jobs=jobs, progress=progress,
+                      comm_kernels=comm_kernels)

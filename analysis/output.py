@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from analysis.steps import WHOLE_TRACE_STEP, format_ranges
 from tracer import schema
 
 DOCUMENT_VERSION = 1
@@ -92,7 +93,10 @@ def run_document(report: RunReport) -> dict:
             "file": str(trace.path),
             "more_files": [str(p) for p in trace.extra_paths],
             "world_size": trace.world_size,
-            "steps_analysed": [int(s) for s in trace.steps["step"]] if len(trace.steps) else [],
+            "window": rank_window(report.per_step, trace.rank),
+            "steps_analysed": analysed_steps(report.per_step, trace.rank),
+            "has_trace": trace.has_trace,
+            "status": trace.status,
             "breakdown": totals,
             "hta_compatible": {**{k: hta.get(k) for k in HTA_KEYS},
                                "note": hta.get("note") or None},
@@ -113,6 +117,30 @@ def run_document(report: RunReport) -> dict:
         "bottlenecks": records(report.tables.get("bottlenecks")),
         "unavailable": dict(report.unavailable),
     }
+
+
+WINDOW_STEPS, WINDOW_WHOLE_TRACE, WINDOW_NONE = "steps", "whole trace", "none"
+
+
+def _rank_rows(per_step: pd.DataFrame, rank) -> pd.DataFrame:
+    if per_step.empty:
+        return per_step
+    if rank is None:
+        return per_step[per_step["rank"].isna()]
+    return per_step[per_step["rank"] == rank]
+
+
+def analysed_steps(per_step: pd.DataFrame, rank) -> list[int]:
+    """The step numbers of `rank` in the breakdown: [-1] for a trace analysed whole."""
+    return [int(s) for s in _rank_rows(per_step, rank)["step"]]
+
+
+def rank_window(per_step: pd.DataFrame, rank) -> str:
+    """What `rank` was analysed over: its steps, its whole trace (no ProfilerStep), or none."""
+    steps = analysed_steps(per_step, rank)
+    if not steps:
+        return WINDOW_NONE
+    return WINDOW_WHOLE_TRACE if steps == [WHOLE_TRACE_STEP] else WINDOW_STEPS
 
 
 def json_document(reports: list[RunReport]) -> dict:
@@ -176,8 +204,11 @@ def _rank(value) -> str:
 def _table(frame: pd.DataFrame, title: str, note: str = "") -> str:
     if frame.empty:
         return f"{title}\n  (none)\n"
-    shown = frame.head(TEXT_MAX_ROWS)
-    text = shown.to_string(index=False)
+    shown = frame.head(TEXT_MAX_ROWS).copy()
+    for column in shown.columns:
+        if isinstance(shown[column].dtype, pd.api.extensions.ExtensionDtype):
+            shown[column] = shown[column].astype(object).where(shown[column].notna(), "-")
+    text = shown.to_string(index=False, na_rep="-")
     more = len(frame) - len(shown)
     tail = f"\n  ... {more} more rows (all of them with --format csv or --out DIR)" if more else ""
     note = f"\n{note}" if note else ""
@@ -197,13 +228,14 @@ def breakdown_text(totals: pd.DataFrame) -> pd.DataFrame:
         whole = row["step_ns"]
         rows.append({
             "rank": _rank(row["rank"]), "kind": row["kind"], "steps": row["steps"],
-            "step ms": _ms(whole),
+            "mean step ms": _ms(whole / row["steps"] if row["steps"] else None),
+            "total ms": _ms(whole),
             "compute": _share(row["compute_only_ns"], whole),
             "comm": _share(row["comm_only_ns"], whole),
             "overlap": _share(row["overlap_ns"], whole),
             "memcpy": _share(row["memcpy_ns"], whole),
             "idle": _share(row["idle_ns"], whole),
-            "exposed comm ms": _ms(row["exposed_comm_ns"]),
+            "exposed comm ms (total)": _ms(row["exposed_comm_ns"]),
             "comm hidden": _pct(row["overlap_pct"]),
         })
     return pd.DataFrame(rows)
@@ -250,25 +282,69 @@ def _optional(frame: Optional[pd.DataFrame], columns: list[str]) -> pd.DataFrame
     return frame[[c for c in columns if c in frame.columns]]
 
 
-def text_report(report: RunReport) -> str:
-    kinds = sorted(set(report.totals["kind"])) if not report.totals.empty else []
-    steps = "selected steps " + report.steps_spec if report.steps_spec else "every complete step"
+def window_text(report: RunReport) -> str:
+    """What the breakdown covers, as the report's heading says it."""
+    if report.steps_spec:
+        steps = "selected steps " + report.steps_spec
+    else:
+        steps = "every complete, finished step"
     if report.hta_compatible:
         steps += ", last step dropped (HTA-compatible)"
+    whole = [t.rank for t in report.ranks
+             if rank_window(report.per_step, t.rank) == WINDOW_WHOLE_TRACE]
+    if not whole:
+        return steps
+    whole_text = "the whole trace as one window (no ProfilerStep)"
+    if len(whole) == len(report.ranks):
+        return whole_text
+    ranks = ", ".join(_rank(r) for r in whole)
+    return f"{steps}; {whole_text} on rank(s) {ranks}"
+
+
+def nothing_analysed(report: RunReport) -> bool:
+    """No breakdown row and no collective: nothing to show but the reasons."""
+    collectives = report.tables.get("collectives")
+    return report.per_step.empty and (collectives is None or collectives.empty)
+
+
+def _status_line(report: RunReport) -> Optional[str]:
+    ended = {}
+    for trace in report.ranks:
+        if trace.status and trace.status != "ok":
+            ended.setdefault(trace.status, []).append(trace.rank)
+    if not ended:
+        return None
+    parts = [f"rank(s) {format_ranges(sorted(r for r in ranks if r is not None))} {status}"
+             for status, ranks in sorted(ended.items())]
+    return "run ended badly: " + "; ".join(parts) + " (see the warnings)"
+
+
+def text_report(report: RunReport) -> str:
+    kinds = sorted(set(report.totals["kind"])) if not report.totals.empty else []
     ranks = ", ".join(_rank(t.rank) for t in report.ranks) or "none"
     world = f" of world size {report.world_size}" if report.world_size else ""
-    lines = [
-        f"ranktrace analysis of {report.name}  ({report.path})",
-        f"ranks {ranks}{world}; {'/'.join(kinds) or 'no'} trace; window: {steps}",
-        "",
-        _table(breakdown_text(report.totals), "Time breakdown per rank (share of step time)",
-               "  compute/comm = alone; overlap = both at once; comm hidden = overlap / all comm"),
-        _table(per_step_text(report.step_table()),
-               "Per step (ms)"),
-        _table(hta_text(report.hta), "HTA-compatible temporal breakdown (HTA's window: last "
-               "ProfilerStep dropped)"),
-        _table(idle_text(report.idle, report.totals), "Idle time by what the host was doing"),
-    ]
+    title = f"ranktrace analysis of {report.name}  ({report.path})"
+    if nothing_analysed(report):
+        return f"{title}\nnothing could be analysed: no step and no collective (the reasons " \
+               f"are in the warnings on stderr)\n"
+    lines = [title, f"ranks {ranks}{world}; {'/'.join(kinds) or 'no'} trace; "
+                    f"window: {window_text(report)}"]
+    status = _status_line(report)
+    if status:
+        lines.append(status)
+    lines.append("")
+    if report.per_step.empty:
+        lines.append("No step was analysed: no time breakdown (the warnings say why).\n")
+    else:
+        lines += [
+            _table(breakdown_text(report.totals), "Time breakdown per rank (share of step time)",
+                   "  compute/comm = alone; overlap = both at once; comm hidden = overlap / all "
+                   "comm"),
+            _table(per_step_text(report.step_table()), "Per step (ms)"),
+            _table(hta_text(report.hta), "HTA-compatible temporal breakdown (HTA's window: last "
+                   "ProfilerStep dropped)"),
+            _table(idle_text(report.idle, report.totals), "Idle time by what the host was doing"),
+        ]
     collectives = _optional(report.tables.get("collectives"),
                             ["op", "pg", "size_bucket", "count", "total_us", "mean_us",
                              "algbw_gbps", "busbw_gbps", "ranks"])
@@ -277,7 +353,7 @@ def text_report(report: RunReport) -> str:
     per_rank = _optional(report.tables.get("per_rank"),
                          ["rank", "steps", "mean_step_ns", "max_step_ns", "idle_pct",
                           "exposed_comm_pct", "peak_allocated_bytes", "peak_rss_bytes",
-                          "sm_util_pct", "cpu_process_pct", "slowdown_vs_fastest_pct"])
+                          "sm_util_pct", "cpu_process_pct", "slowdown_vs_fastest_pct", "status"])
     if "per_rank" in report.tables:
         shown = per_rank.copy()
         for column in ("mean_step_ns", "max_step_ns"):
@@ -286,7 +362,7 @@ def text_report(report: RunReport) -> str:
         shown = shown.rename(columns={"mean_step_ns": "mean step ms", "max_step_ns": "max step ms"})
         lines.append(_table(shown.round(1), "Ranks"))
     bottlenecks = report.tables.get("bottlenecks")
-    if bottlenecks is not None:
+    if bottlenecks is not None and not report.per_step.empty:
         lines.append("Bottlenecks")
         if bottlenecks.empty:
             lines.append("  none found\n")

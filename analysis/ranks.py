@@ -27,6 +27,7 @@ PER_RANK_COLUMNS = [
     "work_ns", "idle_pct", "exposed_comm_pct", "peak_allocated_bytes", "peak_reserved_bytes",
     "device_total_bytes", "peak_reserved_pct", "peak_device_used_bytes", "device_used_pct",
     "peak_rss_bytes", "sm_util_pct", "cpu_process_pct", "slowdown_vs_fastest_pct", "slowest",
+    "status",
 ]
 _STEP_RECORD_COLUMNS = {
     "cuda_peak_allocated_bytes": "peak_allocated_bytes",
@@ -44,7 +45,7 @@ def _empty(columns) -> pd.DataFrame:
 def _dtype(column: str) -> str:
     if column in _INT_COLUMNS:
         return "Int64"
-    if column == "kind":
+    if column in ("kind", "status"):
         return "object"
     if column == "slowest":
         return "bool"
@@ -260,6 +261,12 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     resources = _rank_resources(traces)
     if frame.empty and resources.empty:
         return _empty(PER_RANK_COLUMNS)
+    # A rank analysed but without steps (no trace, or no step marked) still gets its row.
+    listed = [int(t.rank) for t in traces or [] if getattr(t, "rank", None) is not None]
+    missing = sorted(set(listed) - set(resources["rank"].dropna().astype(int)))
+    if missing:
+        resources = pd.concat([resources, pd.DataFrame({"rank": pd.array(missing, "Int64")})],
+                              ignore_index=True)
     rows = []
     frame = frame.assign(work_ns=work_ns(frame))
     for rank, group in frame.dropna(subset=["rank"]).groupby("rank", sort=True):
@@ -295,4 +302,8 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
             table[column] = pd.to_numeric(table[column], errors="coerce").astype(dtype)
     table["slowest"] = table["slowest"].fillna(False).astype(bool)
     table["steps"] = table["steps"].fillna(0).astype("Int64")
+    status = {int(t.rank): t.status for t in traces or []
+              if getattr(t, "rank", None) is not None and getattr(t, "status", None)}
+    table["status"] = pd.Series([status.get(int(r)) if not pd.isna(r) else None
+                                 for r in table["rank"]], index=table.index, dtype=object)
     return table.sort_values("rank", kind="stable").reset_index(drop=True)

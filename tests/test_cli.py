@@ -196,3 +196,125 @@ def test_two_rank_cpu_run_of_the_tracer(capsys, traced_ddp_run):
         assert rank["hta_compatible"]["kernel_time_us"] is None
     for step in doc["steps"]:
         assert sum(step[p] for p in PARTS) == step["step_ns"]
+
+
+# ---- what the report says -----------------------------------------------------------------------
+def write_comm_records(run: Path, rank: int, ops: int, steps: int = 0, run_end: bool = True):
+    from tracer import schema
+
+    run.mkdir(parents=True, exist_ok=True)
+    manifest = [schema.RunStart(schema_version=schema.SCHEMA_VERSION, run_name=run.name,
+                                rank=rank, local_rank=rank, world_size=2, host="h", pid=1,
+                                start_ns=0, argv=[], script="s.py", script_args=[],
+                                torch_version="x", config={})]
+    if run_end:
+        manifest.append(schema.RunEnd(rank=rank, end_ns=1, status="ok", exit_code=0, steps=steps,
+                                      windows=0, samples=0, comm_ops=ops, bytes_written=0,
+                                      errors=0))
+    (run / schema.MANIFEST_FILE.format(rank=rank)).write_bytes(
+        b"".join(schema.ENCODER.encode(r) + b"\n" for r in manifest))
+    comm = schema.CommRecord(step=0, op="all_reduce", source="c10d", pg="0", pg_size=2,
+                             dtype="float32", bytes=4 << 20, start_ns=0, end_ns=2_000_000,
+                             duration_us=2000.0, timing="host", algbw_gbps=2.097152,
+                             busbw_gbps=2.097152)
+    (run / schema.COMMS_FILE.format(rank=rank)).write_bytes(
+        b"".join(schema.ENCODER.encode(comm) + b"\n" for _ in range(ops)))
+    (run / schema.STEPS_FILE.format(rank=rank)).write_bytes(b"".join(
+        schema.ENCODER.encode(schema.StepRecord(step=n, start_ns=n, end_ns=n + 1)) + b"\n"
+        for n in range(steps)))
+
+
+def test_a_run_without_steps_still_gets_its_collectives_and_how_to_mark_steps(capsys, tmp_path):
+    run = tmp_path / "manual-sgd"
+    for rank in (0, 1):
+        write_comm_records(run, rank, ops=42)
+    code, out, err = run_cli(capsys, run)
+    assert code == 0, err
+    assert "call tracer.step() at the end of each step, see docs/tracer.md" in err
+    assert "No step was analysed" in out and "Bottlenecks" not in out
+    collectives = out[out.index("Collectives"):out.index("Ranks")]
+    assert "all_reduce" in collectives and "4-8 MiB" in collectives and " 84 " in collectives
+    code, out, _ = run_cli(capsys, run, "--format", "json")
+    doc = json.loads(out)
+    assert doc["collectives"][0]["count"] == 84 and doc["collectives"][0]["ranks"] == 2
+    assert [r["window"] for r in doc["ranks"]] == ["none", "none"]
+
+
+def test_a_killed_rank_has_its_row_and_is_reported_crashed(capsys, tmp_path):
+    run = small_run(tmp_path / "run", ranks=(0,))
+    write_comm_records(run, 0, ops=1, steps=4)
+    write_comm_records(run, 1, ops=1, steps=2, run_end=False)
+    code, out, err = run_cli(capsys, run, "--format", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    by_rank = {r["rank"]: r for r in doc["ranks"]}
+    assert by_rank[1]["status"] == "crashed" and by_rank[1]["has_trace"] is False
+    assert by_rank[1]["summary"]["status"] == "crashed" and by_rank[1]["summary"]["steps"] == 0
+    assert by_rank[0]["status"] == "ok" and by_rank[0]["steps_analysed"] == [1, 2, 3]
+    code, out, _ = run_cli(capsys, run)
+    assert "run ended badly: rank(s) 1 crashed" in out
+    ranks_table = out[out.index("Ranks"):]
+    assert "crashed" in ranks_table and "NaN" not in out and "<NA>" not in out
+
+
+def test_breakdown_shows_the_mean_step_and_labels_totals(capsys, tmp_path):
+    run = small_run(tmp_path / "run", ranks=(0,), world_size=1, steps=(1, 2, 3, 4))
+    code, out, _ = run_cli(capsys, run)
+    table = out[out.index("Time breakdown per rank"):out.index("Per step")]
+    header, row = table.splitlines()[2:4]
+    assert "mean step ms" in header and "total ms" in header
+    assert row.split()[3:5] == ["0.10", "0.40"]  # 100 us steps: mean 0.10, four of them 0.40
+
+
+def test_nothing_analysed_is_one_line(capsys, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "rank0.1.pt.trace.json").write_text("{not json")
+    code, out, err = run_cli(capsys, tmp_path / "run")
+    assert code == 1
+    assert out.splitlines()[1].startswith("nothing could be analysed")
+    assert len(out.splitlines()) == 2 and "none found" not in out and "(none)" not in out
+
+
+def test_a_trace_without_profiler_steps_is_headed_and_documented_as_one_window(capsys, tmp_path):
+    TraceBuilder(rank=0, world_size=1).compute(10, 20).nccl(15, 40).write(
+        tmp_path / "run" / trace_name(0))
+    code, out, _ = run_cli(capsys, tmp_path / "run")
+    assert code == 0
+    assert "window: the whole trace as one window (no ProfilerStep)" in out
+    assert "every complete" not in out
+    code, out, _ = run_cli(capsys, tmp_path / "run", "--format", "json")
+    rank, = json.loads(out)["ranks"]
+    assert rank["steps_analysed"] == [-1] and rank["window"] == "whole trace"
+
+
+def deep_ep_trace(folder: Path) -> Path:
+    b = TraceBuilder(rank=0, world_size=1).step(1, 0, 100).step(2, 100, 200)
+    for t in (0, 100):
+        b.compute(t + 10, t + 40)
+        b.kernel("void deep_ep::internode::dispatch<8>(void*)", t + 30, t + 60, stream=21)
+        b.kernel("my_custom_exchange_kernel", t + 60, t + 80, stream=22)
+    return b.write(folder / trace_name(0)).parent
+
+
+def test_expert_parallel_kernels_count_as_communication_but_not_in_hta_columns(capsys, tmp_path):
+    run = deep_ep_trace(tmp_path / "run")
+    code, out, _ = run_cli(capsys, run, "--format", "json")
+    rank, = json.loads(out)["ranks"]
+    # per step: compute 10-40, DeepEP 30-60 -> 20 compute only, 10 overlap, 20 comm only; the
+    # unknown kernel 60-80 is compute until named
+    assert rank["breakdown"]["comm_only_ns"] == 2 * 20_000
+    assert rank["breakdown"]["overlap_ns"] == 2 * 10_000
+    assert rank["breakdown"]["compute_only_ns"] == 2 * 40_000
+    hta_before = rank["hta_compatible"]
+    code, out, _ = run_cli(capsys, run, "--format", "json", "--comm-kernel", "custom_exchange",
+                           "--comm-kernel", "nothing_matches")
+    rank, = json.loads(out)["ranks"]
+    assert rank["breakdown"]["comm_only_ns"] == 2 * 40_000
+    assert rank["breakdown"]["compute_only_ns"] == 2 * 20_000
+    assert rank["hta_compatible"] == hta_before  # HTA's definition does not move
+
+
+def test_a_bad_comm_kernel_regex_is_a_usage_error(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        breakdown.main([str(small_run(tmp_path / "run")), "--comm-kernel", "(unclosed"])
+    assert exit_info.value.code == 2 and "--comm-kernel" in capsys.readouterr().err

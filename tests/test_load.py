@@ -311,11 +311,44 @@ def test_bad_record_lines_in_the_middle_are_named(tmp_path):
     assert problems_with(result, "rank0.steps.jsonl", "rank 0", "line 2")
 
 
-def test_records_without_a_trace_are_reported(tmp_path):
+def write_killed_rank(run: Path, rank: int, steps: int = 5, world_size: int = 2) -> None:
+    """What a SIGKILLed rank leaves: .tmp record files cut mid-line, a manifest without run_end,
+    no Kineto trace."""
+    start = schema.RunStart(schema_version=schema.SCHEMA_VERSION, run_name=run.name, rank=rank,
+                            local_rank=rank, world_size=world_size, host="h", pid=1, start_ns=0,
+                            argv=[], script="s.py", script_args=[], torch_version="x", config={})
+    suffix = schema.TEMP_SUFFIX
+    (run / (schema.MANIFEST_FILE.format(rank=rank) + suffix)).write_bytes(
+        schema.ENCODER.encode(start) + b"\n")
+    records = [schema.ENCODER.encode(schema.StepRecord(step=n, start_ns=n * 100,
+                                                       end_ns=n * 100 + 90, rss_bytes=1000 + n))
+               for n in range(steps + 1)]
+    (run / (schema.STEPS_FILE.format(rank=rank) + suffix)).write_bytes(
+        b"".join(r + b"\n" for r in records[:-1]) + records[-1][:-7])
+    comm = schema.CommRecord(step=0, op="all_reduce", source="ddp", pg="0", pg_size=world_size,
+                             dtype="float32", bytes=4096, start_ns=10, end_ns=20,
+                             duration_us=10.0, timing="host", algbw_gbps=0.4096,
+                             busbw_gbps=0.4096)
+    (run / (schema.COMMS_FILE.format(rank=rank) + suffix)).write_bytes(
+        schema.ENCODER.encode(comm) + b"\n")
+
+
+def test_a_killed_rank_gets_its_records_recovered_and_is_reported_crashed(tmp_path):
     run = write_run(tmp_path / "run", [gpu_trace(rank=0)])
-    write_records(run, 1)
+    write_records(run, 0)
+    write_killed_rank(run, 1, steps=5)
     result = load_path(run, use_cache=False)
-    assert problems_with(result, "rank 1 has ranktrace records but no readable Kineto trace")
+    assert [t.rank for t in result.ranks] == [0, 1]
+    ok, killed = result.ranks
+    assert (ok.has_trace, ok.status) == (True, "ok")
+    assert (killed.has_trace, killed.status) == (False, schema.STATUS_NO_END)
+    assert killed.events.empty and killed.steps.empty and killed.world_size == 2
+    assert killed.records.steps["step"].tolist() == [0, 1, 2, 3, 4]  # the cut last line dropped
+    assert len(killed.records.comms) == 1
+    assert problems_with(result, "rank 1", "no readable Kineto trace", "crashed",
+                         "5 step records, 1 comm ops")
+    assert problems_with(result, "rank1.manifest.jsonl.tmp", "rank 1", "no run_end")
+    assert not problems_with(result, "no trace here")  # the killed rank is not missing
 
 
 def test_read_only_trace_folder_gets_no_cache_even_for_root(tmp_path):
@@ -405,3 +438,66 @@ def test_an_event_longer_than_a_chunk_is_read_whole(tmp_path, small_chunks):
     assert len(small_chunks) > 5
     same_trace(parsed, load.parse_trace(path, chunked=False))
     assert "k" * 20000 in set(parsed.events["name"].astype(str))
+
+
+def test_random_bytes_named_gz_are_not_gzip_naming_file_and_rank(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=0)])
+    (run / trace_name(1)).write_bytes(bytes(range(7, 250)) * 40)
+    result = load_path(run, use_cache=False)
+    assert [t.rank for t in result.ranks] == [0]
+    found = problems_with(result, str(run / trace_name(1)), "rank 1", "not gzip")
+    assert found and not problems_with(result, "invalid JSON")
+
+
+# ---- communication kernels ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", [
+    "void deep_ep::internode::dispatch<true, 8>(int4*, float*)",
+    "dpsk::ep::internode::combine", "dpsk::ep::internode::notify_dispatch",
+    "void nvshmemi_transfer_rma_kernel<(nvshmemi_op_t)0>(void*)",
+    "void vllm::cross_device_reduce_1stage<float, 8>(...)",
+    "void c10d::symmetric_memory::one_shot_all_reduce_kernel<float>(...)",
+    "multimem_all_reduce_kernel", "two_shot_all_reduce_kernel",
+])
+def test_expert_parallel_one_sided_and_custom_all_reduce_kernels_are_communication(name, tmp_path):
+    b = TraceBuilder(rank=0).step(1, 0, 100).compute(10, 20).kernel(name, 30, 50)
+    events = load_path(write_run(tmp_path / "run", [b]), use_cache=False).ranks[0].events
+    assert events.loc[events["name"] == name, "is_comm"].tolist() == [True]
+    assert not events.loc[events["name"] == "volta_sgemm_128x64_nn", "is_comm"].any()
+
+
+def test_comm_kernel_patterns_add_kernels_and_only_kernels(tmp_path):
+    b = TraceBuilder(rank=0).step(1, 0, 100).kernel("my_ring_exchange", 30, 50)
+    b.op("my_ring_exchange_host", 10, 20)
+    run = write_run(tmp_path / "run", [b])
+    assert not load_path(run, use_cache=False).ranks[0].events["is_comm"].any()
+    events = load_path(run, comm_kernels=("ring_exch",)).ranks[0].events  # through the cache
+    comm = events.loc[events["is_comm"], "name"].tolist()
+    assert comm == ["my_ring_exchange"]
+
+
+# ---- unfinished last steps ----------------------------------------------------------------------
+def test_a_profiler_step_after_the_last_step_record_is_left_out(tmp_path):
+    b = TraceBuilder(rank=0, world_size=1)
+    for n in (7, 8, 9):
+        b.step(n, n * 100, n * 100 + 100).compute(n * 100 + 10, n * 100 + 40)
+    b.step(10, 1000, 1050)  # evaluation after training: the optimizer never stepped again
+    run = write_run(tmp_path / "run", [b])
+    records = b"".join(schema.ENCODER.encode(schema.StepRecord(step=n, start_ns=n, end_ns=n + 1))
+                       + b"\n" for n in range(10))
+    (run / schema.STEPS_FILE.format(rank=0)).write_bytes(records)
+    result = load_path(run, use_cache=False)
+    assert result.ranks[0].steps["step"].tolist() == [7, 8, 9]
+    assert problems_with(result, "rank 0", "ProfilerStep 10 never reached its step end")
+    # asked for by number, it is analysed
+    assert load_path(run, "10", use_cache=False).ranks[0].steps["step"].tolist() == [10]
+
+
+@pytest.mark.parametrize("last_us, kept", [(100, True), (140, True), (400, False), (30, False)])
+def test_a_foreign_traces_last_step_is_left_out_when_abnormal(tmp_path, last_us, kept):
+    b = TraceBuilder(rank=0, world_size=1)
+    for n, dur in enumerate((100, 110, 95)):
+        b.step(n, n * 200, n * 200 + dur)
+    b.step(3, 600, 600 + last_us)
+    result = load_path(write_run(tmp_path / "run", [b]), use_cache=False)
+    assert result.ranks[0].steps["step"].tolist() == ([0, 1, 2, 3] if kept else [0, 1, 2])
+    assert bool(problems_with(result, "rank 0", "ProfilerStep#3", "median of 0.10 ms")) is not kept

@@ -198,3 +198,17 @@ def test_missing_values_do_not_crash():
     ranks = per_rank_table(per_step, [make_trace(1, records)])
     assert ranks["rank"].tolist() == [0, 1]
     assert math.isnan(ranks["mean_step_ns"].iloc[1])
+
+
+def test_each_rank_row_says_how_its_run_ended_and_a_rank_without_steps_keeps_its_row():
+    per_step = pd.DataFrame([breakdown_row(0, 0, 100, 60, 10, 10, 0, 20)])
+    ok = make_trace(0)
+    ok.status = "ok"
+    killed = make_trace(1, RunRecords(comms=pd.DataFrame(), samples=pd.DataFrame(),
+                                      steps=pd.DataFrame(), manifest=[]))
+    killed.status, killed.has_trace = "crashed", False
+    unmarked = make_trace(2)  # analysed, but no step of it was: no records either
+    table = per_rank_table(per_step, [ok, killed, unmarked])
+    assert table["rank"].tolist() == [0, 1, 2]
+    assert table["status"].tolist() == ["ok", "crashed", None]
+    assert table["steps"].tolist() == [1, 0, 0]

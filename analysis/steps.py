@@ -1,0 +1,117 @@
+"""Which ProfilerStep spans make the analysis window: --steps, HTA's selection, unfinished steps.
+
+Pure functions on the steps frame (`step, start_ns, end_ns`) that analysis.load builds; the rules
+are written in docs/definitions.md ("The analysis window: steps").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import pandas as pd
+
+WHOLE_TRACE_STEP = -1  # the step number of the one window of a trace without ProfilerStep
+
+# A last step this far from the median of the others is taken as unfinished or not a training
+# step (a crash mid-step, evaluation after training) in a trace without the tracer's records.
+SUSPECT_LONG = 1.5
+SUSPECT_SHORT = 0.5
+SUSPECT_MIN_OTHERS = 2
+
+
+def parse_step_spec(spec: str) -> list[int]:
+    """'3-5,7' -> [3, 4, 5, 7]. Raises ValueError with the offending part."""
+    chosen: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if not match:
+            raise ValueError(f"--steps: {part!r} is not a step number or range like 3-5")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        if last < first:
+            raise ValueError(f"--steps: range {part!r} ends before it starts")
+        chosen.update(range(first, last + 1))
+    if not chosen:
+        raise ValueError(f"--steps: {spec!r} selects no step")
+    return sorted(chosen)
+
+
+def unfinished_steps(complete: pd.DataFrame, step_records: Optional[pd.DataFrame], where: str
+                     ) -> tuple[pd.DataFrame, list[str]]:
+    """`complete` without the steps that never finished, and a problem naming each one.
+
+    With the tracer's step records, a step exists once its optimizer step (or tracer.step())
+    ended: ProfilerSteps numbered after the last recorded step never did. Without records, the
+    last step is suspect: it is left out when it is longer than SUSPECT_LONG or shorter than
+    SUSPECT_SHORT times the median of the others (with at least SUSPECT_MIN_OTHERS others).
+    """
+    if complete.empty:
+        return complete, []
+    recorded = None
+    if step_records is not None and "step" in step_records.columns:
+        recorded = pd.to_numeric(step_records["step"], errors="coerce").dropna()
+    if recorded is not None and len(recorded):
+        last_recorded = int(recorded.max())
+        unfinished = complete[complete["step"] > last_recorded]
+        if unfinished.empty:
+            return complete, []
+        which = format_ranges(sorted(int(s) for s in unfinished["step"]))
+        return complete[complete["step"] <= last_recorded], [
+            f"{where}: ProfilerStep {which} never reached its step end (the tracer's step records "
+            f"end at step {last_recorded}: the script ended or crashed during it); left out"]
+    if len(complete) < SUSPECT_MIN_OTHERS + 1:
+        return complete, []
+    last = complete["start_ns"].idxmax()
+    durations = complete["end_ns"] - complete["start_ns"]
+    median = float(durations.drop(index=last).median())
+    duration = float(durations[last])
+    if SUSPECT_SHORT * median <= duration <= SUSPECT_LONG * median:
+        return complete, []
+    step = int(complete.loc[last, "step"])
+    return complete.drop(index=last), [
+        f"{where}: the last step, ProfilerStep#{step}, took {duration / 1e6:,.2f} ms against a "
+        f"median of {median / 1e6:,.2f} ms for the others: taken as unfinished or not a training "
+        f"step (a crash during it, or work after training) and left out; --steps {step} "
+        f"analyses it"]
+
+
+def select_steps(steps: pd.DataFrame, wanted: Optional[list[int]], hta_compatible: bool,
+                 where: str, step_records: Optional[pd.DataFrame] = None
+                 ) -> tuple[pd.DataFrame, list[str]]:
+    """The analysis window's steps: every complete, finished step, `wanted` ones, or HTA's."""
+    problems = []
+    complete = steps[steps["end_ns"] > steps["start_ns"]]
+    if len(complete) < len(steps):
+        problems.append(f"{where}: {len(steps) - len(complete)} ProfilerStep spans have no "
+                        f"duration and are left out")
+    if hta_compatible and len(complete):
+        # HTA keeps only what starts before the last ProfilerStep does.
+        complete = complete[complete["start_ns"] < complete["start_ns"].max()]
+    elif wanted is None:
+        complete, found = unfinished_steps(complete, step_records, where)
+        problems += found
+    if wanted is not None:
+        present = set(complete["step"].tolist())
+        missing = [s for s in wanted if s not in present]
+        if missing:
+            have = format_ranges(sorted(present)) if present else "none"
+            which = f"steps {format_ranges(missing)} are" if len(missing) > 1 \
+                else f"step {missing[0]} is"
+            problems.append(f"{where}: {which} not in the trace (it has {have})")
+        complete = complete[complete["step"].isin(wanted)]
+    return complete.reset_index(drop=True), problems
+
+
+def format_ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    parts = []
+    for number in numbers:
+        if parts and number == parts[-1][1] + 1:
+            parts[-1][1] = number
+        else:
+            parts.append([number, number])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
