@@ -1,0 +1,68 @@
+"""Cross-rank truth: every collective and p2p op matched across ranks on one clock, waiting split
+from transfer, the rank that made the others wait, and pipeline bubbles (docs/cross-rank.md).
+
+`analyse(...)` is pure (frames in, frames out); `cross_rank(run)` adapts a LoadResult to it, and
+`to_json(result)` gives the document's `cross_rank` object.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.crossrank.clock import clock_table, to_common_clock
+from analysis.crossrank.culprit import find_stragglers
+from analysis.crossrank.frames import run_frames
+from analysis.crossrank.matching import match_ops
+from analysis.crossrank.pipeline import pipeline_bubbles
+from analysis.crossrank.waits import (op_bandwidth, op_waits, rank_step_waits,
+                                      transfer_bandwidth)
+
+
+def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, world_size: int,
+            events: dict | None = None, work: pd.DataFrame | None = None,
+            microbatches: int | None = None, virtual_stages: int = 1,
+            reference: int = 0) -> dict:
+    """{"clock", "ops", "waits", "bandwidth", "stragglers", "mismatches", "pipeline"}."""
+    coverage = steps[["rank", "step"]] if len(steps) else None
+    matched, mismatches = match_ops(ops, world_size, coverage)
+    ranks = set(ops["rank"]) | set(steps["rank"]) | {reference}
+    clock = clock_table(matched, clock_sync, ranks, reference)
+    common = to_common_clock(matched, clock)
+    waits = op_bandwidth(op_waits(common))
+    return {
+        "clock": clock, "ops": waits, "waits": rank_step_waits(waits, steps),
+        "bandwidth": transfer_bandwidth(waits),
+        "stragglers": find_stragglers(waits, steps, events, clock),
+        "mismatches": mismatches,
+        "pipeline": pipeline_bubbles(waits, work, microbatches, virtual_stages),
+    }
+
+
+def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None = None,
+               virtual_stages: int = 1) -> dict:
+    """The cross-rank pass over a LoadResult; `work` is the breakdown's per-step frame (rank,
+    step, step_ns, work_ns), needed for the pipeline bubbles only."""
+    frames = run_frames(run)
+    return analyse(frames["ops"], frames["steps"], frames["clock_sync"], frames["world_size"],
+                   frames["events"], work, microbatches, virtual_stages)
+
+
+def _records(frame: pd.DataFrame, columns: list) -> list:
+    from analysis.output import records
+    return records(frame[columns]) if len(frame) else []
+
+
+def to_json(result: dict) -> dict:
+    """The `cross_rank` object of the JSON document (docs/cross-rank.md)."""
+    stragglers = result["stragglers"]
+    return {
+        "clock": _records(result["clock"], ["rank", "offset_ns", "uncertainty_ns", "source",
+                                            "drift_ns_per_s", "disagreement_ns"]),
+        "stragglers": _records(stragglers[stragglers["fires"].astype(bool)],
+                               ["rank", "caused_wait_ms_per_step", "share_pct", "collectives",
+                                "evidence"]),
+        "waits": _records(result["waits"], ["rank", "step", "wait_for_peers_ms", "transfer_ms"]),
+        "mismatches": _records(result["mismatches"], list(result["mismatches"].columns)),
+        "pipeline": _records(result["pipeline"], ["rank", "measured_bubble_pct",
+                                                  "theory_bubble_pct", "recv_wait_pct"]),
+    }

@@ -1,0 +1,151 @@
+"""One clock for all ranks: clock_sync offsets, and an estimate from collective completions.
+
+A synchronising collective (no member can finish before every member has arrived) completes at
+nearly the same instant on all members, so per matched instance `end_r - end_ref` is rank r's
+clock offset to the group's lowest rank plus noise. Per pair the offset is a robust fit over all
+instances: a median, with a Theil-Sen drift term. Pairs are chained from rank 0 over the groups.
+Definitions in docs/cross-rank.md.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pandas as pd
+
+CLOCK_COLUMNS = ["rank", "offset_ns", "drift_ns_per_s", "uncertainty_ns", "source",
+                 "clock_sync_offset_ns", "estimate_offset_ns", "disagreement_ns", "instances"]
+# Ops after which every member has waited for all others.
+SYNCHRONISING_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
+DRIFT_CHUNKS = 10  # Theil-Sen over at most this many time-ordered chunk medians
+MIN_DRIFT_CHUNK = 5  # instances per chunk
+DRIFT_SIGNIFICANCE = 3.0  # drift is applied when it moves the offset by more than 3 residual sigma
+MAD_TO_SIGMA = 1.4826
+
+
+def completion_pairs(matched: pd.DataFrame) -> pd.DataFrame:
+    """(ref, rank, t_ns, diff_ns) per member and instance of a synchronising collective."""
+    sync = matched[(matched["instance"] >= 0) & matched["op"].isin(SYNCHRONISING_OPS)]
+    ref = sync.loc[sync.groupby("instance")["rank"].idxmin(), ["instance", "rank", "end_ns"]]
+    pairs = sync[["instance", "rank", "end_ns"]].merge(
+        ref.rename(columns={"rank": "ref", "end_ns": "t_ns"}), on="instance")
+    pairs = pairs[pairs["rank"] != pairs["ref"]]
+    return pd.DataFrame({"ref": pairs["ref"], "rank": pairs["rank"], "t_ns": pairs["t_ns"],
+                         "diff_ns": pairs["end_ns"] - pairs["t_ns"]})
+
+
+def _theil_sen(t: np.ndarray, d: np.ndarray) -> float:
+    """Slope (ns per ns) through the medians of time-ordered chunks; 0 with under 3 chunks."""
+    chunks = min(DRIFT_CHUNKS, len(t) // MIN_DRIFT_CHUNK)
+    if chunks < 3:
+        return 0.0
+    order = np.argsort(t, kind="stable")
+    parts = np.array_split(order, chunks)
+    tm = np.array([np.median(t[p]) for p in parts])
+    dm = np.array([np.median(d[p]) for p in parts])
+    i, j = np.triu_indices(chunks, 1)
+    dt = tm[j] - tm[i]
+    keep = dt > 0
+    return float(np.median((dm[j] - dm[i])[keep] / dt[keep])) if keep.any() else 0.0
+
+
+def fit_pair(t: np.ndarray, d: np.ndarray, t0: int) -> tuple[float, float, float]:
+    """(offset at t0, drift ns per ns, uncertainty) of one pair's completion differences."""
+    t = t.astype("float64") - t0
+    d = d.astype("float64")
+    slope = _theil_sen(t, d)
+    residual = d - slope * t
+    level = float(np.median(residual))
+    sigma = MAD_TO_SIGMA * float(np.median(np.abs(residual - level)))
+    span = float(t.max() - t.min()) if len(t) else 0.0
+    if abs(slope) * span <= DRIFT_SIGNIFICANCE * max(sigma, 1.0):
+        # No drift beyond the noise: a plain median, which noise cannot tilt.
+        slope = 0.0
+        level = float(np.median(d))
+        sigma = MAD_TO_SIGMA * float(np.median(np.abs(d - level)))
+    return level, slope, sigma
+
+
+def estimate_offsets(matched: pd.DataFrame, reference: int = 0) -> pd.DataFrame:
+    """Per rank reachable from `reference`: (offset_ns at t0, drift, uncertainty, instances, t0).
+
+    Each pair (group's lowest rank, member) gets a robust fit; the offsets are chained from the
+    reference over the pair with most instances first (breadth first).
+    """
+    pairs = completion_pairs(matched)
+    columns = ["rank", "offset_ns", "drift", "uncertainty_ns", "instances", "t0"]
+    if pairs.empty:
+        return pd.DataFrame(columns=columns)
+    t0 = int(pairs["t_ns"].min())
+    edges = {}
+    for (ref, rank), group in pairs.groupby(["ref", "rank"], sort=True):
+        level, slope, sigma = fit_pair(group["t_ns"].to_numpy(), group["diff_ns"].to_numpy(), t0)
+        edges[(int(ref), int(rank))] = (level, slope, sigma, len(group))
+    links: dict = {}
+    for (a, b), (level, slope, sigma, n) in edges.items():
+        links.setdefault(a, []).append((b, level, slope, sigma, n))
+        links.setdefault(b, []).append((a, -level, -slope, sigma, n))
+    known = {reference: (0.0, 0.0, 0.0, 0)}
+    queue = deque([reference])
+    while queue:
+        node = queue.popleft()
+        base = known[node]
+        for other, level, slope, sigma, n in sorted(links.get(node, []), key=lambda e: -e[4]):
+            if other not in known:
+                known[other] = (base[0] + level, base[1] + slope, float(np.hypot(base[2], sigma)),
+                                n)
+                queue.append(other)
+    rows = [(rank, *values, t0) for rank, values in sorted(known.items()) if rank != reference]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def clock_table(matched: pd.DataFrame, clock_sync: pd.DataFrame, ranks, reference: int = 0
+                ) -> pd.DataFrame:
+    """Per rank: the offset used (clock_sync where present, else the estimate), its source and
+    uncertainty, both estimates and their disagreement."""
+    estimate = estimate_offsets(matched, reference).set_index("rank")
+    sync = clock_sync.set_index("rank") if len(clock_sync) else pd.DataFrame(
+        columns=["offset_ns", "uncertainty_ns"])
+    rows = []
+    for rank in sorted(set(int(r) for r in ranks)):
+        has_sync = rank in sync.index
+        has_est = rank in estimate.index
+        est = estimate.loc[rank] if has_est else None
+        sync_offset = float(sync.loc[rank, "offset_ns"]) if has_sync else np.nan
+        est_offset = float(est["offset_ns"]) if has_est else np.nan
+        if rank == reference:
+            offset, drift, uncertainty, source = 0.0, 0.0, 0.0, "reference"
+            est_offset = 0.0 if has_est or not has_sync else est_offset
+        elif has_sync:
+            offset, drift = sync_offset, 0.0
+            uncertainty, source = float(sync.loc[rank, "uncertainty_ns"]), "clock_sync"
+        elif has_est:
+            offset, drift = est_offset, float(est["drift"])
+            uncertainty, source = float(est["uncertainty_ns"]), "collectives"
+        else:
+            offset, drift, uncertainty, source = 0.0, 0.0, np.nan, "none"
+        rows.append({
+            "rank": rank, "offset_ns": int(round(offset)), "drift_ns_per_s": drift * 1e9,
+            "uncertainty_ns": uncertainty, "source": source,
+            "clock_sync_offset_ns": sync_offset, "estimate_offset_ns": est_offset,
+            "disagreement_ns": sync_offset - est_offset,
+            "instances": int(est["instances"]) if has_est else 0,
+        })
+    table = pd.DataFrame(rows, columns=CLOCK_COLUMNS)
+    table.attrs["t0"] = int(estimate["t0"].iloc[0]) if len(estimate) else 0
+    return table
+
+
+def to_common_clock(ops: pd.DataFrame, clock: pd.DataFrame) -> pd.DataFrame:
+    """`issue_ns`, `end_ns` on the reference rank's clock: own time - offset(t)."""
+    t0 = clock.attrs.get("t0", 0)
+    per_rank = clock.set_index("rank")
+    offset = ops["rank"].map(per_rank["offset_ns"]).fillna(0).to_numpy(dtype="float64")
+    drift = ops["rank"].map(per_rank["drift_ns_per_s"]).fillna(0).to_numpy() / 1e9
+    out = ops.copy()
+    for column in ("issue_ns", "end_ns"):
+        own = ops[column].to_numpy()
+        shift = offset + drift * (own - t0).astype("float64")
+        out[column] = own - np.rint(shift).astype("int64")
+    return out

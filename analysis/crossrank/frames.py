@@ -1,0 +1,191 @@
+"""Adapters from a loaded run (analysis.load) to the plain frames the cross-rank pass reads.
+
+The cross-rank functions take one frame of ops (OP_COLUMNS, each rank's times on its own clock),
+one of steps (STEP_COLUMNS) and one of clock_sync offsets (SYNC_COLUMNS); this module is the only
+one that knows `LoadResult`. Ops come from the tracer's comm records where a rank has them, else
+from its Kineto events: `gloo:*` ops on CPU, NCCL/RCCL kernels on GPU (definitions in
+docs/cross-rank.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis.communication import canonical_dtype, canonical_op, dtype_size, message_bytes
+from tracer import schema
+
+OP_COLUMNS = ["rank", "pg", "pg_size", "op", "bytes", "dtype", "step", "issue_ns", "end_ns",
+              "peer", "queue"]
+STEP_COLUMNS = ["rank", "step", "start_ns", "end_ns"]
+SYNC_COLUMNS = ["rank", "offset_ns", "uncertainty_ns"]
+P2P_OPS = ("send", "recv")
+# The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast and
+# bucket rebuild): its waits are start-up, not training, so records are analysed from step 1.
+FIRST_RECORD_STEP = 1
+UNKNOWN_PG = "unknown"
+
+
+def empty_ops() -> pd.DataFrame:
+    return typed_ops(pd.DataFrame({c: [] for c in OP_COLUMNS}))
+
+
+def typed_ops(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.reindex(columns=OP_COLUMNS)
+    for column in ("rank", "pg_size", "step", "issue_ns", "end_ns"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("int64")
+    frame["peer"] = pd.to_numeric(frame["peer"], errors="coerce").astype("float64")
+    frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce").astype("float64")
+    for column in ("pg", "op", "dtype", "queue"):
+        frame[column] = frame[column].astype("object")
+    return frame.reset_index(drop=True)
+
+
+def ops_from_records(comms: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """One rank's comm records (tracer.schema.CommRecord) as ops."""
+    if comms is None or comms.empty:
+        return empty_ops()
+    frame = comms.dropna(subset=["start_ns", "end_ns", "step", "op"])
+    ops = frame["op"].map(lambda op: op if op in schema.COMM_OPS else canonical_op(op))
+    frame = pd.DataFrame({
+        "rank": rank, "pg": frame["pg"].astype(str), "pg_size": frame["pg_size"],
+        "op": ops, "bytes": frame["bytes"], "dtype": frame["dtype"].map(canonical_dtype),
+        "step": frame["step"], "issue_ns": frame["start_ns"], "end_ns": frame["end_ns"],
+        "peer": frame["peer"] if "peer" in frame.columns else np.nan,
+    })
+    frame = frame[frame["op"].notna() & (frame["step"] >= FIRST_RECORD_STEP)]
+    frame["queue"] = _queues(frame)
+    return typed_ops(frame)
+
+
+def _queues(frame: pd.DataFrame) -> pd.Series:
+    """Ops on one queue run one after another: a group's collectives, or one p2p direction."""
+    is_p2p = frame["op"].isin(P2P_OPS)
+    p2p = frame["pg"] + ":" + frame["op"] + ":" + frame["peer"].astype(str)
+    return frame["pg"].where(~is_p2p, p2p)
+
+
+def _nelems_of_dims(text) -> float:
+    """Elements of the first tensor (or tensor list) in a Kineto `Input Dims` argument."""
+    try:
+        dims = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return math.nan
+    if not isinstance(dims, list) or not dims or not isinstance(dims[0], list):
+        return math.nan
+    first = dims[0]
+    if first and all(isinstance(d, list) for d in first):
+        return float(sum(math.prod(d) for d in first))
+    if first and all(isinstance(d, (int, float)) for d in first):
+        return float(math.prod(first))
+    return math.nan
+
+
+def ops_from_events(events: pd.DataFrame, steps: pd.DataFrame, rank: int,
+                    world_size) -> pd.DataFrame:
+    """One rank's ops from its Kineto events: NCCL kernels on GPU, `gloo:*` ops on CPU.
+
+    A kernel's start is when it began waiting for its peers on the device and its end when the
+    op completed there, so kernels are the ops on GPU; their stream is their queue.
+    """
+    if events is None or events.empty:
+        return empty_ops()
+    comm = events[events["is_comm"].astype(bool)]
+    names = comm["name"].astype(str)
+    kernels = comm[comm["is_gpu"].astype(bool)]
+    gloo = comm[~comm["is_gpu"].astype(bool) & names.str.startswith("gloo:")]
+    chosen = kernels if len(kernels) else gloo
+    if chosen.empty:
+        return empty_ops()
+    name_op = chosen["name"].astype(str).map(canonical_op)
+    arg_op = chosen["collective"].map(canonical_op)
+    op = arg_op.where(arg_op.notna(), name_op)
+    dtype = chosen["comm_dtype"].map(canonical_dtype)
+    if dtype.isna().all() and "input_type" in chosen.columns:
+        dtype = chosen["input_type"].map(lambda t: canonical_dtype(_first_text(t)))
+    size = world_size if world_size else np.nan
+    group_size = chosen["group_size"].fillna(size)
+    in_nelems = chosen["in_nelems"]
+    if in_nelems.isna().all() and "input_dims" in chosen.columns:
+        in_nelems = chosen["input_dims"].map(_nelems_of_dims)
+    nbytes = [message_bytes(o, i, n_out, dtype_size(d), g) for o, i, n_out, d, g in
+              zip(op, in_nelems, chosen["out_nelems"], dtype, group_size)]
+    pg = chosen["pg_name"].map(lambda v: UNKNOWN_PG if v is None or v != v else str(v))
+    frame = pd.DataFrame({
+        "rank": rank, "pg": pg, "pg_size": group_size.fillna(0), "op": op, "bytes": nbytes,
+        "dtype": dtype, "issue_ns": chosen["ts_ns"], "end_ns": chosen["end_ns"], "peer": np.nan,
+        "queue": (chosen["stream"].astype(str) if len(kernels) else pg),
+    })
+    frame["step"] = _step_of(frame["issue_ns"].to_numpy(), steps)
+    frame = frame[frame["op"].notna() & frame["step"].notna()]
+    return typed_ops(frame.sort_values("issue_ns", kind="stable"))
+
+
+def _first_text(value):
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
+    if isinstance(parsed, list):
+        return parsed[0] if parsed and isinstance(parsed[0], str) else None
+    return parsed
+
+
+def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.Series:
+    """The step whose [start, end) holds each time, NaN outside every step."""
+    if steps is None or steps.empty:
+        return pd.Series(np.nan, index=range(len(times)))
+    ordered = steps.sort_values("start_ns")
+    starts = ordered["start_ns"].to_numpy()
+    ends = ordered["end_ns"].to_numpy()
+    numbers = ordered["step"].to_numpy(dtype="float64")
+    where = np.searchsorted(starts, times, side="right") - 1
+    inside = (where >= 0) & (times < ends[np.clip(where, 0, None)])
+    return pd.Series(np.where(inside, numbers[np.clip(where, 0, None)], np.nan))
+
+
+def _kineto_to_records(trace_steps: pd.DataFrame, record_steps: pd.DataFrame) -> int:
+    """Kineto's clock minus the records' (time.time_ns) clock, from the steps both hold: a
+    ProfilerStep#N span starts where step record N starts, up to the tracer's own step work."""
+    if trace_steps is None or record_steps is None or trace_steps.empty or record_steps.empty:
+        return 0
+    both = trace_steps.merge(record_steps, on="step", suffixes=("_trace", "_records"))
+    if both.empty:
+        return 0
+    return int(np.median(both["start_ns_trace"] - both["start_ns_records"]))
+
+
+def run_frames(run) -> dict:
+    """{"ops", "steps", "clock_sync", "events", "world_size"} of a LoadResult."""
+    ops, steps, syncs, events = [], [], [], {}
+    for trace in run.ranks:
+        if trace.rank is None:
+            continue
+        records = trace.records
+        rank_steps = trace.steps
+        if records is not None and len(records.comms):
+            ops.append(ops_from_records(records.comms, trace.rank))
+            if len(records.steps):
+                rank_steps = records.steps[records.steps["step"] >= FIRST_RECORD_STEP]
+        else:
+            ops.append(ops_from_events(trace.events, trace.steps, trace.rank, run.world_size))
+        if len(rank_steps):
+            steps.append(rank_steps[["step", "start_ns", "end_ns"]].assign(rank=trace.rank))
+        for record in records.manifest if records is not None else []:
+            if isinstance(record, schema.ClockSync):
+                syncs.append({"rank": trace.rank, "offset_ns": record.offset_ns,
+                              "uncertainty_ns": record.uncertainty_ns})
+        if trace.events is not None and len(trace.events):
+            shift = _kineto_to_records(trace.steps, records.steps) if records is not None else 0
+            events[trace.rank] = trace.events.assign(ts_ns=trace.events["ts_ns"] - shift,
+                                                     end_ns=trace.events["end_ns"] - shift)
+    sync = pd.DataFrame(syncs, columns=SYNC_COLUMNS).drop_duplicates("rank", keep="last")
+    step_frame = (pd.concat(steps, ignore_index=True)[STEP_COLUMNS] if steps
+                  else pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS}))
+    world = run.world_size or (max((t.rank for t in run.ranks if t.rank is not None),
+                                   default=-1) + 1)
+    return {"ops": pd.concat(ops, ignore_index=True) if ops else empty_ops(),
+            "steps": step_frame, "clock_sync": sync, "events": events, "world_size": world}

@@ -1,0 +1,136 @@
+"""Matching each collective and p2p op across the members of its process group.
+
+Collectives are matched by their position in the group's order within a step (every member
+issues a group's collectives in the same order); p2p by (group, src, dst, step, order).
+A position where members disagree on op, size or dtype, or where a member never issued it, is a
+mismatch (docs/cross-rank.md). Everything here is vectorised: groupby, merge, cumcount.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.crossrank.frames import P2P_OPS
+
+MISMATCH_COLUMNS = ["pg", "step", "position", "problem", "ranks", "missing_ranks"]
+KEY = ["pg", "step", "position"]
+
+
+def group_members(ops: pd.DataFrame, world_size: int) -> pd.DataFrame:
+    """(pg, rank) of every member: the whole world for a group as large as it, else the ranks
+    that issued anything on the group (a group is created on all ranks, used by its members)."""
+    collectives = ops[~ops["op"].isin(P2P_OPS)]
+    seen = collectives[["pg", "rank"]].drop_duplicates()
+    sizes = collectives.groupby("pg")["pg_size"].max()
+    whole = sizes[sizes >= world_size].index
+    world = pd.DataFrame({"pg": np.repeat(whole.to_numpy(), world_size),
+                          "rank": np.tile(np.arange(world_size), len(whole))})
+    members = pd.concat([seen[~seen["pg"].isin(whole)], world], ignore_index=True)
+    return members.astype({"rank": "int64"}).reset_index(drop=True)
+
+
+def match_ops(ops: pd.DataFrame, world_size: int, coverage: pd.DataFrame | None = None
+              ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(ops with `position` and `instance`, mismatches).
+
+    `instance` numbers each matched instance (-1: unmatched or part of a mismatch). `coverage`
+    holds the (rank, step) pairs each rank's source covers; a member is missing from a position
+    only in a step it covers (default: the steps in which it issued any op).
+    """
+    ops = ops.sort_values(["rank", "issue_ns"], kind="stable").reset_index(drop=True)
+    if coverage is None:
+        coverage = ops[["rank", "step"]]
+    coverage = coverage[["rank", "step"]].drop_duplicates()
+    is_p2p = ops["op"].isin(P2P_OPS).to_numpy()
+    collectives, p2p = ops[~is_p2p].copy(), ops[is_p2p].copy()
+    collectives["position"] = collectives.groupby(["rank", "pg", "step"]).cumcount()
+    collectives, mismatches = _match_collectives(collectives, world_size, coverage)
+    p2p, p2p_mismatches = _match_p2p(p2p)
+    first_p2p = int(collectives["instance"].max()) + 1 if len(collectives) else 0
+    p2p["instance"] = np.where(p2p["instance"] >= 0, p2p["instance"] + first_p2p, -1)
+    matched = pd.concat([collectives, p2p], ignore_index=True)
+    matched["instance"] = matched["instance"].astype("int64")
+    found = pd.concat([mismatches, p2p_mismatches], ignore_index=True)
+    return matched, found.reindex(columns=MISMATCH_COLUMNS)
+
+
+def _signature(frame: pd.DataFrame) -> pd.Series:
+    nbytes = frame["bytes"].map(lambda b: "? B" if b != b else f"{int(b)} B")
+    return frame["op"] + " " + nbytes + " " + frame["dtype"].fillna("?")
+
+
+def _ranks_by_signature(frame: pd.DataFrame) -> pd.Series:
+    """Per key: 'all_reduce 4096 B float32 on ranks 0-2; all_gather ... on rank 3'."""
+    from analysis.load import format_ranges
+    labelled = frame.assign(signature=_signature(frame))
+    per = labelled.groupby(KEY + ["signature"])["rank"].agg(lambda r: format_ranges(sorted(r)))
+    text = per.reset_index().assign(
+        part=lambda f: f["signature"] + " on rank" + np.where(
+            f["rank"].str.contains("[-,]"), "s ", " ") + f["rank"])
+    return text.groupby(KEY)["part"].agg("; ".join)
+
+
+def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame):
+    from analysis.load import format_ranges
+    members = group_members(frame, world_size)
+    keys = frame[KEY].drop_duplicates()
+    expected = keys.merge(members, on="pg").merge(coverage, on=["rank", "step"])
+    present = expected.merge(frame[KEY + ["rank"]], on=KEY + ["rank"], how="left",
+                             indicator=True)
+    missing = present[present["_merge"] == "left_only"]
+    agg = frame.groupby(KEY).agg(ops=("op", "nunique"), sizes=("bytes", "nunique"),
+                                 dtypes=("dtype", "nunique"), members=("rank", "size"))
+    differ = (agg["ops"] > 1) | (agg["sizes"] > 1) | (agg["dtypes"] > 1)
+    missing_ranks = missing.groupby(KEY)["rank"].agg(lambda r: format_ranges(sorted(r)))
+    bad = agg.index[differ].union(missing_ranks.index)
+    frame = frame.merge(pd.DataFrame(index=bad).assign(bad=True), left_on=KEY,
+                        right_index=True, how="left")
+    good = frame["bad"].isna().to_numpy() & (frame.groupby(KEY)["rank"].transform("size") > 1)
+    frame = frame.drop(columns="bad")
+    codes = frame.groupby(KEY, sort=True).ngroup().to_numpy()
+    frame["instance"] = np.where(good, codes, -1)
+    if not len(bad):
+        return frame, pd.DataFrame(columns=MISMATCH_COLUMNS)
+    table = pd.DataFrame(index=bad)
+    table["ranks"] = _ranks_by_signature(frame[frame.set_index(KEY).index.isin(bad)])
+    table["missing_ranks"] = missing_ranks.reindex(bad).fillna("")
+    different = differ.reindex(bad).fillna(False).to_numpy()
+    table["problem"] = np.where(
+        different & (table["missing_ranks"] != ""), "members disagree and some never issued it",
+        np.where(different, "members disagree on op, size or dtype",
+                 "some members never issued it"))
+    return frame, table.reset_index()
+
+
+def _match_p2p(frame: pd.DataFrame):
+    frame = frame.copy()
+    frame["instance"] = -1
+    known = frame["peer"].notna()
+    sends = frame["op"] == "send"
+    frame["src"] = np.where(sends, frame["rank"], frame["peer"])
+    frame["dst"] = np.where(sends, frame["peer"], frame["rank"])
+    frame["position"] = frame.groupby(["pg", "src", "dst", "step", "op"]).cumcount()
+    pair_key = ["pg", "src", "dst", "step", "position"]
+    usable = frame[known]
+    counts = usable.groupby(pair_key)["op"].agg(["nunique", "size"])
+    paired = counts[(counts["nunique"] == 2) & (counts["size"] == 2)].index
+    frame = frame.merge(pd.DataFrame(index=paired).assign(paired=True), left_on=pair_key,
+                        right_index=True, how="left")
+    ok = frame["paired"].notna() & known
+    codes = frame.groupby(pair_key, sort=True).ngroup().to_numpy()
+    frame["instance"] = np.where(ok, codes, -1)
+    sizes = frame[ok].groupby(pair_key)["bytes"].transform("nunique")
+    frame.loc[sizes.index[sizes.to_numpy() > 1], "instance"] = -1
+    lone = frame[known & ~ok]
+    problems = pd.DataFrame({
+        "pg": lone["pg"], "step": lone["step"], "position": lone["position"],
+        "problem": lone["op"].map({"send": "a send with no matching recv",
+                                   "recv": "a recv with no matching send"}),
+        "ranks": (lone["op"] + " " + lone["bytes"].map(lambda b: f"{b:.0f} B") + " rank "
+                  + lone["src"].astype(int).astype(str) + " -> rank "
+                  + lone["dst"].astype(int).astype(str)),
+        "missing_ranks": np.where(lone["op"] == "send", lone["dst"], lone["src"]).astype(int)
+                           .astype(str),
+    })
+    return frame.drop(columns=["src", "dst", "paired"]), problems

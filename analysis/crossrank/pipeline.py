@@ -1,0 +1,63 @@
+"""Pipeline bubbles per stage: recv wait, p2p transfer and idle, against the schedule's theory.
+
+A stage's bubble is its step time minus its own work; recv wait and transfer come from its
+matched p2p ops, idle is the rest. Theory: (p-1)/(v*m+p-1) for p stages, m microbatches and v
+virtual stages per rank (v = 1: GPipe and 1F1B). Definitions in docs/cross-rank.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+PIPELINE_COLUMNS = ["rank", "steps", "measured_bubble_pct", "theory_bubble_pct",
+                    "recv_wait_pct", "transfer_pct", "idle_pct", "caused_recv_wait_ms_per_step",
+                    "holds_back"]
+
+
+def theory_bubble_pct(stages: int, microbatches: int, virtual_stages: int = 1) -> float:
+    return 100.0 * (stages - 1) / (virtual_stages * microbatches + stages - 1)
+
+
+def microbatches_of(waits: pd.DataFrame) -> int | None:
+    """Per step, a stage receives one activation per microbatch from the stage before it; the
+    median over the last stage's steps of those recvs (v = 1)."""
+    recvs = waits[(waits["op"] == "recv") & (waits["peer"] < waits["rank"])]
+    if recvs.empty:
+        return None
+    last = recvs[recvs["rank"] == recvs["rank"].max()]
+    return int(np.median(last.groupby("step").size()))
+
+
+def pipeline_bubbles(waits: pd.DataFrame, work: pd.DataFrame, microbatches: int | None = None,
+                     virtual_stages: int = 1) -> pd.DataFrame:
+    """Per stage (rank with matched p2p ops): bubble split and theory; `work` has rank, step,
+    step_ns, work_ns (the breakdown's per-step frame). Empty when the run has no p2p."""
+    p2p = waits[waits["op"].isin(["send", "recv"])]
+    if p2p.empty or work is None or work.empty:
+        return pd.DataFrame(columns=PIPELINE_COLUMNS)
+    stages = sorted(p2p["rank"].unique())
+    m = microbatches or microbatches_of(p2p)
+    per = work[work["rank"].isin(stages)].dropna(subset=["work_ns"])
+    per = per[per["step"].isin(p2p["step"].unique())]
+    totals = per.groupby("rank").agg(steps=("step", "nunique"), step_ns=("step_ns", "sum"),
+                                     work_ns=("work_ns", "sum"))
+    kept = p2p[p2p.set_index(["rank", "step"]).index.isin(per.set_index(["rank", "step"]).index)]
+    recv_wait = kept[kept["op"] == "recv"].groupby("rank")["wait_ns"].sum()
+    transfer = kept.groupby("rank")["transfer_ns"].sum()
+    caused = kept.groupby("last_rank")["wait_ns"].sum()
+    totals = totals.join([recv_wait.rename("recv_ns"), transfer.rename("transfer_ns"),
+                          caused.rename("caused_ns")]).fillna(0)
+    bubble = (totals["step_ns"] - totals["work_ns"]).clip(lower=0)
+    scale = 100.0 / totals["step_ns"]
+    table = pd.DataFrame({
+        "rank": totals.index.astype(int), "steps": totals["steps"].astype(int),
+        "measured_bubble_pct": bubble * scale,
+        "theory_bubble_pct": theory_bubble_pct(len(stages), m, virtual_stages) if m else np.nan,
+        "recv_wait_pct": totals["recv_ns"] * scale, "transfer_pct": totals["transfer_ns"] * scale,
+        "idle_pct": (bubble - totals["recv_ns"] - totals["transfer_ns"]).clip(lower=0) * scale,
+        "caused_recv_wait_ms_per_step": totals["caused_ns"] / totals["steps"] / 1e6,
+    }).reset_index(drop=True)
+    holder = table["caused_recv_wait_ms_per_step"].idxmax()
+    table["holds_back"] = (table.index == holder) & (table["caused_recv_wait_ms_per_step"] > 0)
+    return table[PIPELINE_COLUMNS]

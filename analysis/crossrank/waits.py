@@ -1,0 +1,106 @@
+"""Waiting for peers versus transfer, per matched op on the common clock (docs/cross-rank.md).
+
+arrival = max(issue, end of the member's previous op on the same queue);
+wait_for_peers = last arrival of the instance - own arrival, clipped to [0, end - arrival];
+transfer = end - max(last arrival, own arrival), at least 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.communication import size_bucket
+from tracer import schema
+
+WAITS_COLUMNS = ["rank", "step", "wait_for_peers_ms", "transfer_ms", "queued_ms", "ops"]
+BANDWIDTH_COLUMNS = ["op", "pg", "pg_size", "size_bucket", "count", "transfer_us",
+                     "transfer_algbw_gbps", "transfer_busbw_gbps"]
+
+
+def op_waits(common: pd.DataFrame) -> pd.DataFrame:
+    """Matched ops (times on the common clock) with arrival, last_arrival, wait_ns, transfer_ns,
+    queued_ns and last_rank (the member that arrived last). Unmatched ops are left out."""
+    ops = common.sort_values(["rank", "queue", "issue_ns"], kind="stable").copy()
+    queues = ["rank", "queue"]
+    latest_end = ops.assign(latest=ops.groupby(queues)["end_ns"].cummax())
+    previous_end = latest_end.groupby(queues)["latest"].shift(1)
+    issue = ops["issue_ns"].to_numpy()
+    ops["arrival_ns"] = np.maximum(issue, previous_end.fillna(np.iinfo("int64").min)
+                                   .to_numpy(dtype="int64"))
+    ops = ops[ops["instance"] >= 0]
+    by_instance = ops.groupby("instance")["arrival_ns"]
+    ops["last_arrival_ns"] = by_instance.transform("max")
+    last = ops.loc[by_instance.idxmax(), ["instance", "rank"]].set_index("instance")["rank"]
+    ops["last_rank"] = ops["instance"].map(last).astype("int64")
+    arrival, end = ops["arrival_ns"].to_numpy(), ops["end_ns"].to_numpy()
+    last_arrival = ops["last_arrival_ns"].to_numpy()
+    ops["wait_ns"] = np.clip(last_arrival - arrival, 0, np.maximum(end - arrival, 0))
+    ops["transfer_ns"] = np.maximum(end - np.maximum(last_arrival, arrival), 0)
+    ops["queued_ns"] = ops["arrival_ns"] - ops["issue_ns"]
+    return ops.reset_index(drop=True)
+
+
+def rank_step_waits(waits: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per rank and step: summed wait_for_peers, transfer and queueing (ms), and matched ops.
+
+    Steps in `steps` (rank, step) without a matched op get zeros."""
+    sums = waits.groupby(["rank", "step"]).agg(
+        wait=("wait_ns", "sum"), transfer=("transfer_ns", "sum"), queued=("queued_ns", "sum"),
+        ops=("instance", "size"))
+    if steps is not None and len(steps):
+        index = pd.MultiIndex.from_frame(steps[["rank", "step"]].drop_duplicates())
+        sums = sums.reindex(sums.index.union(index), fill_value=0)
+    table = pd.DataFrame({
+        "wait_for_peers_ms": sums["wait"] / 1e6, "transfer_ms": sums["transfer"] / 1e6,
+        "queued_ms": sums["queued"] / 1e6, "ops": sums["ops"].astype("int64"),
+    }).reset_index()
+    return table[WAITS_COLUMNS].sort_values(["rank", "step"]).reset_index(drop=True)
+
+
+def _bus_factors(op: pd.Series, size: pd.Series) -> np.ndarray:
+    pairs = pd.DataFrame({"op": op, "n": size}).drop_duplicates()
+    factors = {(o, n): schema.bus_factor(o, n) for o, n in zip(pairs["op"], pairs["n"])}
+    return np.array([factors[(o, n)] for o, n in zip(op, size)], dtype="float64")
+
+
+def op_bandwidth(waits: pd.DataFrame) -> pd.DataFrame:
+    """Per op: transfer-based algbw = bytes / transfer time, busbw = algbw x bus factor."""
+    seconds = waits["transfer_ns"].to_numpy(dtype="float64") / 1e9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(seconds > 0, waits["bytes"].to_numpy() / seconds / 1e9, np.nan)
+    return waits.assign(transfer_algbw_gbps=algbw,
+                        transfer_busbw_gbps=algbw * _bus_factors(waits["op"], waits["pg_size"]))
+
+
+def transfer_bandwidth(waits: pd.DataFrame) -> pd.DataFrame:
+    """Per (op, pg, pg_size, size bucket) as in the collectives table: summed bytes over summed
+    transfer time of ops with both known and a positive transfer."""
+    timed = waits[(waits["transfer_ns"] > 0) & waits["bytes"].notna()]
+    if timed.empty:
+        return pd.DataFrame(columns=BANDWIDTH_COLUMNS)
+    labels = {b: size_bucket(b)[0] for b in timed["bytes"].unique()}
+    table = (timed.assign(size_bucket=timed["bytes"].map(labels))
+             .groupby(["op", "pg", "pg_size", "size_bucket"])
+             .agg(count=("bytes", "size"), bytes=("bytes", "sum"), ns=("transfer_ns", "sum"))
+             .reset_index())
+    table["transfer_us"] = table["ns"] / 1e3
+    table["transfer_algbw_gbps"] = table["bytes"] / (table["ns"] / 1e9) / 1e9
+    table["transfer_busbw_gbps"] = table["transfer_algbw_gbps"] * _bus_factors(
+        table["op"], table["pg_size"])
+    return table[BANDWIDTH_COLUMNS].sort_values("transfer_us", ascending=False,
+                                                 kind="stable").reset_index(drop=True)
+
+
+def transfer_intervals(waits: pd.DataFrame, clock: pd.DataFrame) -> pd.DataFrame:
+    """Each op's transfer as [start, end) on its own rank's clock, for exposed-transfer overlap
+    with compute: it ends at the op's own end and lasts transfer_ns."""
+    per_rank = clock.set_index("rank")
+    t0 = clock.attrs.get("t0", 0)
+    offset = waits["rank"].map(per_rank["offset_ns"]).fillna(0).to_numpy(dtype="float64")
+    drift = waits["rank"].map(per_rank["drift_ns_per_s"]).fillna(0).to_numpy() / 1e9
+    end = waits["end_ns"].to_numpy()
+    own_end = end + np.rint(offset + drift * (end - t0)).astype("int64")
+    return pd.DataFrame({"rank": waits["rank"], "step": waits["step"],
+                         "start_ns": own_end - waits["transfer_ns"].to_numpy(),
+                         "end_ns": own_end})

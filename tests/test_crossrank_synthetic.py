@@ -1,0 +1,262 @@
+"""Cross-rank matching, clock, waits, culprit and pipeline on hand-built op frames whose answers
+are known exactly (docs/cross-rank.md)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.crossrank import analyse, to_json
+from analysis.crossrank.clock import clock_table, estimate_offsets, to_common_clock
+from analysis.crossrank.frames import typed_ops
+from analysis.crossrank.matching import match_ops
+from analysis.crossrank.pipeline import theory_bubble_pct
+from analysis.crossrank.waits import op_waits, transfer_bandwidth
+
+MS = 1_000_000
+NO_SYNC = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])
+
+
+def op(rank, issue, end, step=0, name="all_reduce", pg="0", size=2, nbytes=4096,
+       dtype="float32", peer=None, queue=None):
+    return {"rank": rank, "pg": pg, "pg_size": size, "op": name, "bytes": nbytes,
+            "dtype": dtype, "step": step, "issue_ns": int(issue), "end_ns": int(end),
+            "peer": np.nan if peer is None else peer,
+            "queue": queue or (pg if peer is None else f"{pg}:{name}:{peer}")}
+
+
+def frame(rows):
+    return typed_ops(pd.DataFrame(rows))
+
+
+def steps_frame(ranks, steps, step_ns=100 * MS):
+    return pd.DataFrame([{"rank": r, "step": s, "start_ns": s * step_ns,
+                          "end_ns": (s + 1) * step_ns} for r in ranks for s in steps])
+
+
+# ---- matching ------------------------------------------------------------------------------------
+def test_collectives_match_by_group_order_within_a_step():
+    ops = frame([op(r, 10 * r + i, 50 + i, step=s) for s in (0, 1) for r in (0, 1) for i in (0, 1)])
+    matched, mismatches = match_ops(ops, world_size=2)
+    assert mismatches.empty
+    by = matched.groupby("instance")
+    assert by.size().tolist() == [2, 2, 2, 2]
+    assert (by["position"].nunique() == 1).all() and (by["step"].nunique() == 1).all()
+
+
+def test_mismatch_names_group_position_and_each_ranks_op():
+    ops = frame([
+        op(0, 0, 5), op(1, 0, 5), op(2, 0, 5),
+        op(0, 10, 15), op(1, 10, 15, nbytes=8192), op(2, 10, 15, name="all_gather"),
+        op(0, 20, 25), op(2, 20, 25),  # rank 1 never issues position 2
+    ])
+    ops["pg_size"] = 3
+    matched, mismatches = match_ops(ops, world_size=3)
+    rows = mismatches.set_index("position")
+    assert list(rows.index) == [1, 2]
+    assert rows.loc[1, "problem"] == "members disagree on op, size or dtype"
+    assert rows.loc[1, "ranks"] == ("all_gather 4096 B float32 on rank 2; all_reduce 4096 B "
+                                    "float32 on rank 0; all_reduce 8192 B float32 on rank 1")
+    assert rows.loc[2, "problem"] == "some members never issued it"
+    assert rows.loc[2, "missing_ranks"] == "1"
+    assert (matched.loc[matched["position"] > 0, "instance"] == -1).all()
+    assert (matched.loc[matched["position"] == 0, "instance"] >= 0).all()
+
+
+def test_p2p_match_by_src_dst_and_order_and_lone_send_is_a_mismatch():
+    ops = frame([
+        op(0, 0, 5, name="send", peer=1), op(0, 10, 15, name="send", peer=1),
+        op(1, 2, 5, name="recv", peer=0), op(1, 3, 15, name="recv", peer=0),
+        op(1, 20, 25, name="send", peer=0),  # rank 0 never receives it
+    ])
+    matched, mismatches = match_ops(ops, world_size=2)
+    pairs = matched[matched["instance"] >= 0].groupby("instance")["issue_ns"].apply(sorted)
+    assert sorted(pairs.tolist()) == [[0, 2], [3, 10]]
+    assert mismatches["problem"].tolist() == ["a send with no matching recv"]
+    assert mismatches["missing_ranks"].tolist() == ["0"]
+
+
+# ---- clock ---------------------------------------------------------------------------------------
+def _collective_run(ranks, instances, offsets, drift_per_s=None, late=None, gap=50 * MS):
+    """All-reduces that end together; rank r's clock reads true + offsets[r] (+ drift)."""
+    rows = []
+    for i in range(instances):
+        end = 1_000 * MS + i * gap
+        for r in ranks:
+            issue = end - 2 * MS - (late or {}).get(r, 0)
+            shift = offsets.get(r, 0) + (drift_per_s or {}).get(r, 0) * (end / 1e9)
+            rows.append(op(r, issue + shift, end + shift, step=i, size=len(ranks)))
+    return frame(rows)
+
+
+def test_an_80_ms_clock_shift_is_recovered_without_clock_sync():
+    ops = _collective_run([0, 1, 2, 3], 30, {2: 80 * MS})
+    matched, _ = match_ops(ops, world_size=4)
+    clock = clock_table(matched, NO_SYNC, [0, 1, 2, 3]).set_index("rank")
+    assert clock.loc[2, "offset_ns"] == 80 * MS
+    assert clock.loc[2, "source"] == "collectives"
+    assert clock.loc[1, "offset_ns"] == 0 and clock.loc[0, "source"] == "reference"
+    common = to_common_clock(matched, clock.reset_index())
+    assert common.groupby("instance")["end_ns"].nunique().eq(1).all()
+
+
+def test_clock_estimate_is_robust_to_outliers_and_reports_disagreement():
+    ops = _collective_run([0, 1], 41, {1: 80 * MS})
+    ops.loc[(ops["rank"] == 1) & (ops["step"] % 10 == 0), "end_ns"] += 30 * MS  # 5 outliers
+    matched, _ = match_ops(ops, world_size=2)
+    sync = pd.DataFrame({"rank": [1], "offset_ns": [80 * MS + 300_000], "uncertainty_ns": [5_000]})
+    clock = clock_table(matched, sync, [0, 1]).set_index("rank")
+    assert clock.loc[1, "estimate_offset_ns"] == 80 * MS
+    assert clock.loc[1, "source"] == "clock_sync"
+    assert clock.loc[1, "offset_ns"] == 80 * MS + 300_000
+    assert clock.loc[1, "disagreement_ns"] == 300_000
+
+
+def test_clock_drift_is_fitted_on_a_long_run():
+    # 400 instances over 200 s; rank 1 drifts 50 us per second from an offset of 5 ms.
+    ops = _collective_run([0, 1], 400, {1: 5 * MS}, drift_per_s={1: 50_000}, gap=500 * MS)
+    matched, _ = match_ops(ops, world_size=2)
+    estimate = estimate_offsets(matched).set_index("rank")
+    assert estimate.loc[1, "drift"] * 1e9 == pytest.approx(50_000, rel=1e-6)
+    common = to_common_clock(matched, clock_table(matched, NO_SYNC, [0, 1]))
+    spread = common.groupby("instance")["end_ns"].agg(lambda e: e.max() - e.min())
+    assert spread.max() <= 1_000  # 1 us, against 10 ms of drift over the run
+
+
+def test_offsets_chain_through_groups_without_rank_0():
+    rows = []
+    for i in range(10):
+        end = 1_000 * MS + i * 50 * MS
+        rows += [op(0, end - MS, end, step=i, pg="1"), op(1, end - MS, end + 3 * MS, step=i, pg="1"),
+                 op(1, end - MS + 3 * MS, end + 3 * MS, step=i, pg="2"),
+                 op(2, end - MS - 7 * MS, end - 7 * MS, step=i, pg="2")]
+    matched, _ = match_ops(frame(rows), world_size=3)
+    clock = clock_table(matched, NO_SYNC, [0, 1, 2]).set_index("rank")
+    assert clock.loc[1, "offset_ns"] == 3 * MS and clock.loc[2, "offset_ns"] == -7 * MS
+
+
+# ---- waits ---------------------------------------------------------------------------------------
+def test_wait_transfer_and_queueing_behind_the_previous_op():
+    ops = frame([
+        op(0, 0, 12 * MS), op(1, 10 * MS, 12 * MS),  # rank 1 arrives 10 ms late
+        op(0, 1 * MS, 15 * MS), op(1, 11 * MS, 15 * MS),  # queued behind the first on both
+    ])
+    matched, _ = match_ops(ops, world_size=2)
+    waits = op_waits(matched).set_index(["rank", "position"])
+    assert waits.loc[(0, 0), ["wait_ns", "transfer_ns", "last_rank"]].tolist() == [10 * MS, 2 * MS, 1]
+    assert waits.loc[(1, 0), ["wait_ns", "transfer_ns"]].tolist() == [0, 2 * MS]
+    # Position 1: both arrive when position 0 ends (12 ms): no wait, 3 ms transfer.
+    assert waits.loc[(0, 1), ["arrival_ns", "wait_ns", "transfer_ns", "queued_ns"]].tolist() == \
+        [12 * MS, 0, 3 * MS, 11 * MS]
+    assert waits.loc[(1, 1), ["wait_ns", "transfer_ns", "queued_ns"]].tolist() == [0, 3 * MS, 1 * MS]
+
+
+def test_wait_is_clipped_to_the_ops_own_duration():
+    # A broadcast root can finish before the last member arrives: its wait is its duration.
+    ops = frame([op(0, 0, 2 * MS, name="broadcast"), op(1, 5 * MS, 6 * MS, name="broadcast")])
+    matched, _ = match_ops(ops, world_size=2)
+    waits = op_waits(matched).set_index("rank")
+    assert waits.loc[0, ["wait_ns", "transfer_ns"]].tolist() == [2 * MS, 0]
+    assert waits.loc[1, ["wait_ns", "transfer_ns"]].tolist() == [0, 1 * MS]
+
+
+def test_transfer_based_bandwidth_uses_the_bus_factor():
+    ops = frame([op(r, 0 if r else 8 * MS, 10 * MS, size=4, nbytes=2_000_000) for r in range(4)])
+    matched, _ = match_ops(ops, world_size=4)
+    table = transfer_bandwidth(op_waits(matched))
+    row = table.iloc[0]
+    assert row["count"] == 4 and row["transfer_us"] == 4 * 2_000
+    assert row["transfer_algbw_gbps"] == pytest.approx(1.0)
+    assert row["transfer_busbw_gbps"] == pytest.approx(1.5)  # 2(n-1)/n, n = 4
+    assert row["size_bucket"] == "1-2 MiB"
+
+
+# ---- culprit -------------------------------------------------------------------------------------
+def _steady_late_run(late_rank, late_ns, steps=10, ranks=4):
+    rows = []
+    for s in range(steps):
+        for r in range(ranks):
+            arrive = s * 100 * MS + 50 * MS + (late_ns if r == late_rank else 0)
+            rows.append(op(r, arrive, s * 100 * MS + 50 * MS + late_ns + 2 * MS, step=s,
+                           size=ranks))
+    return frame(rows)
+
+
+def test_a_rank_late_every_step_is_named_with_its_caused_wait():
+    ops = _steady_late_run(3, 20 * MS)
+    result = analyse(ops, steps_frame(range(4), range(10)), NO_SYNC, 4)
+    stragglers = to_json(result)["stragglers"]
+    assert [s["rank"] for s in stragglers] == [3]
+    assert stragglers[0]["caused_wait_ms_per_step"] == pytest.approx(60.0)  # 3 ranks x 20 ms
+    assert stragglers[0]["share_pct"] == pytest.approx(15.0)  # 600 ms of 4 x 1000 ms
+    assert stragglers[0]["collectives"][0]["op"] == "all_reduce"
+    waits = result["waits"].set_index(["rank", "step"])
+    assert (waits.loc[0, "wait_for_peers_ms"] == 20.0).all()
+    assert (waits.loc[3, "wait_for_peers_ms"] == 0.0).all()
+
+
+def test_jitter_without_a_steady_culprit_names_no_straggler():
+    rows = []
+    for s in range(12):
+        late = s % 4  # each rank is last in turn, by a few ms
+        for r in range(4):
+            arrive = s * 100 * MS + (4 * MS if r == late else 0)
+            rows.append(op(r, arrive, s * 100 * MS + 6 * MS, step=s, size=4))
+    result = analyse(frame(rows), steps_frame(range(4), range(12)), NO_SYNC, 4)
+    assert result["stragglers"]["fires"].sum() == 0
+    assert to_json(result)["stragglers"] == []
+
+
+def test_a_small_steady_delay_below_the_share_threshold_names_no_straggler():
+    result = analyse(_steady_late_run(1, 1 * MS), steps_frame(range(4), range(10)), NO_SYNC, 4)
+    table = result["stragglers"].set_index("rank")
+    assert table.loc[1, "share_pct"] == pytest.approx(0.75)
+    assert not table.loc[1, "fires"]
+
+
+def test_the_culprit_survives_an_unsynchronised_clock():
+    ops = _steady_late_run(2, 20 * MS)
+    ops.loc[ops["rank"] == 2, ["issue_ns", "end_ns"]] += 80 * MS
+    result = analyse(ops, steps_frame(range(4), range(10)), NO_SYNC, 4)
+    clock = result["clock"].set_index("rank")
+    assert abs(clock.loc[2, "offset_ns"] - 80 * MS) < MS
+    assert [s["rank"] for s in to_json(result)["stragglers"]] == [2]
+
+
+# ---- pipeline ------------------------------------------------------------------------------------
+def test_pipeline_bubble_split_and_theory():
+    # Two stages, 4 microbatches per step; stage 1's recvs each wait 3 ms for stage 0's sends.
+    rows = []
+    for s in range(2):
+        base = s * 100 * MS
+        for m in range(4):
+            t = base + m * 10 * MS
+            rows += [op(0, t + 3 * MS, t + 4 * MS, step=s, name="send", peer=1),
+                     op(1, t, t + 4 * MS, step=s, name="recv", peer=0)]
+    work = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [0, 1, 0, 1],
+                         "step_ns": [100 * MS] * 4, "work_ns": [80 * MS, 80 * MS, 60 * MS, 60 * MS]})
+    result = analyse(frame(rows), steps_frame([0, 1], [0, 1]), NO_SYNC, 2, work=work)
+    table = result["pipeline"].set_index("rank")
+    assert table.loc[1, "measured_bubble_pct"] == pytest.approx(40.0)
+    assert table.loc[1, "recv_wait_pct"] == pytest.approx(12.0)  # 4 x 3 ms of 100 ms
+    assert table.loc[1, "transfer_pct"] == pytest.approx(4.0)
+    assert table.loc[1, "idle_pct"] == pytest.approx(24.0)
+    assert table.loc[0, "theory_bubble_pct"] == pytest.approx(20.0)  # (2-1)/(4+2-1)
+    assert table["holds_back"].tolist() == [True, False]
+    assert to_json(result)["pipeline"][1] == {
+        "rank": 1, "measured_bubble_pct": pytest.approx(40.0), "theory_bubble_pct": 20.0,
+        "recv_wait_pct": pytest.approx(12.0)}
+
+
+def test_theory_bubble_interleaved():
+    assert theory_bubble_pct(4, 8) == pytest.approx(100 * 3 / 11)
+    assert theory_bubble_pct(4, 8, virtual_stages=2) == pytest.approx(100 * 3 / 19)
+
+
+def test_json_has_the_documented_keys():
+    result = analyse(_steady_late_run(3, 20 * MS), steps_frame(range(4), range(10)), NO_SYNC, 4)
+    document = to_json(result)
+    assert set(document) == {"clock", "stragglers", "waits", "mismatches", "pipeline"}
+    assert set(document["clock"][0]) >= {"rank", "offset_ns", "uncertainty_ns", "source"}
+    assert set(document["waits"][0]) == {"rank", "step", "wait_for_peers_ms", "transfer_ms"}
+    assert set(document["stragglers"][0]) == {"rank", "caused_wait_ms_per_step", "share_pct",
+                                              "collectives", "evidence"}
