@@ -10,7 +10,7 @@ STEPS ?= 20
 # e.g. VENV_ARGS=--system-site-packages to see a CUDA torch installed outside the venv
 VENV_ARGS ?=
 
-.PHONY: demo test install install-dev clean-traces
+.PHONY: demo test test-fast lint install install-dev clean-traces
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -38,6 +38,13 @@ demo: install
 
 test: install-dev
 	$(BIN)/python -m pytest -q
+
+# the inner loop: leaves out the tests that start torchrun or other Python processes
+test-fast: install-dev
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: install-dev
+	$(BIN)/ruff check .
 
 clean-traces:
 	find traces -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +

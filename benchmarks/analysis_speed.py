@@ -1,8 +1,8 @@
 """How fast and how lean the analysis is, against plain JSON decoding and against HTA 0.5.0.
 
-    python benchmarks/analysis_speed.py [--trace FILE] [--hta-python PYTHON] [--repeat N]
+    python benchmarks/analysis_speed.py --trace FILE [--hta-python PYTHON] [--repeat N]
 
-On one Kineto trace (default: ../shared/traces/hta/df_index_resolver, 54 MB of JSON) it prints,
+On one large Kineto trace, e.g. HTA's df_index_resolver test trace (54 MB of JSON), it prints,
 measured side by side in this one run:
   1. our parse + breakdown time / the time to gunzip and orjson.loads the same file (goal <= 1.0);
   2. our time / HTA's TraceAnalysis load + get_temporal_breakdown (goal <= 0.1), when
@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = REPO.parent / "shared/traces/hta/df_index_resolver/df_index_resolver.json.gz"
 
 # Runs one command as its only child and reports that child's peak RSS (KiB on Linux).
 _METER = (
@@ -78,10 +77,15 @@ def prepare_hta():
     return work
 
 
+def prepare_ours_warm():
+    work = prepare_ours()
+    return lambda trace: work(trace, use_cache=True)
+
+
 WORKERS = {
     "baseline": lambda: work_baseline,
     "ours": prepare_ours,
-    "ours-warm": lambda: (lambda trace, work=prepare_ours(): work(trace, use_cache=True)),
+    "ours-warm": prepare_ours_warm,
     "hta": prepare_hta,
 }
 
@@ -114,7 +118,10 @@ def can_import_hta(python: str) -> bool:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--trace", type=Path, required=True, metavar="FILE",
+                        help="a large Kineto trace, e.g. HTA's df_index_resolver test trace "
+                             "(tests/data/df_index_resolver/df_index_resolver.json.gz in "
+                             "facebookresearch/HolisticTraceAnalysis)")
     parser.add_argument("--hta-python", default=sys.executable,
                         help="a python that can import holistictraceanalysis 0.5.0")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (default 3)")
@@ -124,8 +131,7 @@ def main(argv=None) -> int:
         print(json.dumps(run_worker_here(args.worker, args.trace)))
         return 0
     if not args.trace.is_file():
-        print(f"analysis_speed: no trace at {args.trace} (is ../shared there?)", file=sys.stderr)
-        return 1
+        parser.error(f"--trace {args.trace}: no such file")
 
     import gzip
 

@@ -34,7 +34,8 @@ def process_cpu_over(seconds, sampler=None):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="wall time of each measurement")
     parser.add_argument("--hz", type=float, default=10.0, help="sampling rate")
     parser.add_argument("--device", type=int, default=None,

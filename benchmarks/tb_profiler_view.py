@@ -61,7 +61,7 @@ class TensorBoard:
             self.close()
             raise
 
-    def __enter__(self) -> "TensorBoard":
+    def __enter__(self) -> TensorBoard:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,12 +1,12 @@
 """The analysis on traces recorded on a real GPU: tests/data/gpu/<workload>/ run folders.
 
-`python scripts/gpu_validation.py OUTDIR` on a GPU machine writes OUTDIR/fixtures.tar;
-`python scripts/gpu_validation.py --install-fixtures OUTDIR/fixtures.tar` unpacks it here
+`python scripts/gpu_validation OUTDIR` on a GPU machine writes OUTDIR/fixtures.tar;
+`python scripts/gpu_validation --install-fixtures OUTDIR/fixtures.tar` unpacks it here
 (docs/gpu-validation.md). Each folder is one traced run (rank 0, world size 1 on NCCL) with its
 Kineto trace and the tracer's records; gpu/provenance.jsonl says where and how it was made, and
 holds HTA's own numbers when HTA was importable on that machine.
 
-Until a GPU session has produced them, the whole module is skipped with the reason.
+Until a run on a GPU has produced them, the whole module is skipped with the reason.
 GPU_FIXTURES_DIR points the module at another folder of such run folders.
 """
 
@@ -16,14 +16,16 @@ import json
 import os
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 
+from conftest import DATA
+
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("GPU_FIXTURES_DIR") or REPO / "tests" / "data" / "gpu")
-SKIP_REASON = ("no GPU fixtures yet: run scripts/gpu_validation.py on a GPU, see "
+FIXTURES = Path(os.environ.get("GPU_FIXTURES_DIR") or DATA / "gpu")
+SKIP_REASON = ("no GPU fixtures yet: run scripts/gpu_validation on a GPU, see "
                "docs/gpu-validation.md")
 SUM_TOLERANCE_NS = 1_000  # the parts add up to the step within 1 us
 HTA_TOLERANCE = 0.01  # of the rank's kernel time
@@ -56,7 +58,7 @@ def provenance() -> dict:
 PROVENANCE = provenance()
 
 
-@lru_cache(maxsize=None)
+@cache
 def loaded(folder: Path):
     # no cache: nothing may be written into tests/data
     return load_path(folder, use_cache=False, jobs=1)

@@ -10,10 +10,10 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import DATA
 
 from analysis import breakdown
 from analysis.load import load_path
+from conftest import DATA
 
 REFERENCE = DATA / "hta-0.5.0-reference.csv"
 TOLERANCE_OF_KERNEL_TIME = 0.01  # the bar: within 1% of the rank's kernel time
