@@ -15,6 +15,8 @@ import os
 import numpy as np
 import pandas as pd
 
+from analysis import issuers, pipeline_schedule
+from analysis.advice import IDLE_CAUSES, bubble_suggestion, exposed_suggestion, small_message_hint
 from analysis.communication import UNKNOWN_BUCKET, UNKNOWN_PG
 from analysis.load import format_ranges
 from analysis.ranks import BREAKDOWN_COLUMNS, work_ns
@@ -34,70 +36,6 @@ FRAGMENTATION_PCT = 10.0  # reserved - allocated above this share of the device:
 TOP_COLLECTIVES = 3
 P2P_OPS = ("send", "recv")
 
-# host_activity -> (finding label, what the host was doing, suggestion)
-IDLE_CAUSES = {
-    "data_loading": (
-        "data loading", "loading data",
-        "Feed the device faster: raise DataLoader num_workers (one per spare CPU core), set "
-        "pin_memory=True with .to(device, non_blocking=True), persistent_workers=True and a "
-        "larger prefetch_factor; move decoding and augmentation out of the training process.",
-    ),
-    "synchronisation": (
-        "synchronisation", "waiting for the device (a synchronisation)",
-        "Remove host-device syncs from the step: .item(), .cpu(), .tolist(), printing tensors, "
-        "torch.cuda.synchronize(), nonzero() or boolean-mask indexing; log metrics every N steps "
-        "or accumulate them on the device.",
-    ),
-    "launch_bound": (
-        "launch bound", "still launching the kernels (launch bound)",
-        "Kernels finish faster than the host launches them: capture the step in CUDA graphs "
-        "(torch.compile(mode=\"reduce-overhead\")), fuse small ops with torch.compile, or raise "
-        "the per-rank batch size so each kernel does more work.",
-    ),
-    "other": (
-        "other host work", "doing other work",
-        "The device waited while the host ran something else: look at the host timeline in "
-        "these gaps (Python between steps, checkpointing, logging, evaluation) and move it off "
-        "the critical path or run it less often.",
-    ),
-}
-
-_EXPOSED_SUGGESTIONS = {
-    "all_reduce": (
-        "Hide the gradient all-reduce under backward: in DDP avoid find_unused_parameters "
-        "(or set static_graph=True), tune bucket_cap_mb, set gradient_as_bucket_view=True; halve "
-        "its bytes with the bf16_compress_hook comm hook; under gradient accumulation wrap the "
-        "non-final micro-batches in no_sync()."
-    ),
-    "all_gather": (
-        "Prefetch parameters: with FSDP set forward_prefetch=True and "
-        "backward_prefetch=BACKWARD_PRE, use larger wrapping units; with tensor parallelism "
-        "overlap the gathers with compute (sequence parallel, async TP)."
-    ),
-    "reduce_scatter": (
-        "Overlap the gradient reduce-scatter with backward: with FSDP set "
-        "backward_prefetch=BACKWARD_PRE and larger wrapping units; reduce in bf16 "
-        "(MixedPrecision(reduce_dtype=torch.bfloat16))."
-    ),
-    "all_to_all": (
-        "Overlap the all-to-all with compute by splitting it into chunks (MoE token dispatch, "
-        "sharded embedding lookups), and send less (a lower MoE capacity factor, smaller or "
-        "lower-precision embeddings)."
-    ),
-    "broadcast": (
-        "Broadcasts inside the step: if module buffers need no syncing, construct DDP with "
-        "broadcast_buffers=False; broadcast other state once, not every step."
-    ),
-    "barrier": "Remove barrier() from the training loop; collectives already synchronise ranks.",
-    "send": "Point-to-point traffic in the step: overlap it with compute (isend/irecv issued early).",
-    "recv": "Point-to-point traffic in the step: overlap it with compute (isend/irecv issued early).",
-}
-_SMALL_MESSAGE_HINT = (
-    " Most of this time is in messages under 1 MiB, which are latency-bound: coalesce them "
-    "(larger DDP buckets, fewer, larger collectives)."
-)
-
-
 def _empty() -> pd.DataFrame:
     return pd.DataFrame({
         "finding": pd.Series(dtype="object"), "share_pct": pd.Series(dtype="float64"),
@@ -116,10 +54,10 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces) -> pd.D
     pipeline = is_pipeline_run(collectives, traces)
     kind = _run_kind(per_rank, traces)
     findings = [
-        *_exposed_communication(steps, collectives, pipeline),
+        *_exposed_communication(steps, collectives, pipeline, issuers.ddp_accumulation(traces)),
         *_device_idle(steps, idle_gaps, kind),
         *_imbalance(steps, pipeline, kind),
-        *_pipeline_bubble(steps, pipeline),
+        *_pipeline_bubble(steps, pipeline, pipeline_schedule.detect(traces)),
         *_low_bus_bandwidth(steps, kind, collectives),
         *_memory_near_capacity(per_rank),
     ]
@@ -194,10 +132,11 @@ def _comm_time_shares(collectives: pd.DataFrame, exclude_ops=()) -> pd.DataFrame
     return table.sort_values("total_us", ascending=False, kind="stable")
 
 
-def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipeline: bool) -> list:
+def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipeline: bool,
+                           accumulation: str | None = None) -> list:
     """Share: summed exposed_comm_ns over summed step_ns. In pipeline runs the send/recv part of
     communication time is left to the pipeline-bubble finding, so the exposed time is scaled by
-    the non-p2p share of collective time.
+    the non-p2p share of collective time. The suggestion fits the top group's op and issuer.
     """
     if steps.empty or steps["exposed_comm_ns"].notna().sum() == 0:
         return []
@@ -221,11 +160,11 @@ def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipel
         top = ranked.head(TOP_COLLECTIVES)
         named = "; ".join(_collective_text(row) for row in top.to_dict("records"))
         evidence += f" Top collectives by time: {named}."
-        dominant = top.iloc[0]["op"]
-        suggestion = _EXPOSED_SUGGESTIONS.get(dominant, suggestion)
+        issuer = _issuer(top.iloc[0])
+        suggestion = exposed_suggestion(top.iloc[0]["op"], issuer, accumulation)
         small = ranked[pd.to_numeric(ranked["bucket_min_bytes"], errors="coerce") < (1 << 20)]
         if small["time_share"].sum() > 0.5:
-            suggestion += _SMALL_MESSAGE_HINT
+            suggestion += small_message_hint(issuer)
     ranks = rank_list(steps.loc[steps["exposed_comm_ns"] > 0, "rank"])
     return [_finding("exposed communication", share, evidence, suggestion, ranks)]
 
@@ -237,13 +176,30 @@ def _collective_text(row: dict) -> str:
             f"({row['time_share'] * 100:.0f}% of comm time{bandwidth})")
 
 
+_ISSUER_TEXT = {"ddp": "DDP", "fsdp1": "FSDP", "fsdp2": "FSDP2", "functional": "functional",
+                "p2p": "p2p", "c10d": "torch.distributed"}
+
+
+def _issuer(row) -> str:
+    issuer = row.get("issuer") if hasattr(row, "get") else None
+    return issuer if isinstance(issuer, str) else issuers.UNKNOWN
+
+
 def _group_label(row: dict) -> str:
-    """"all_reduce pg 0 16-32 MiB"; "pg ?" and "size ?" where the trace did not say."""
+    """"DDP all_reduce on mesh_dp (1) 16-32 MiB"; "pg ?" and "size ?" where the trace did not
+    say; the issuer is left out where it is unknown."""
     pg = row.get("pg")
     bucket = row.get("size_bucket")
-    pg_text = "pg ?" if pg is None or pg == UNKNOWN_PG or pd.isna(pg) else f"pg {pg}"
+    pg_id = row.get("pg_id")
+    if pg is None or pg == UNKNOWN_PG or pd.isna(pg):
+        pg_text = "pg ?"
+    elif isinstance(pg_id, str) and pg != pg_id and pg.endswith(f"({pg_id})"):
+        pg_text = f"on {pg[:-len(pg_id) - 2]}(pg {pg_id})"  # "on mesh_dp (pg 1)"
+    else:
+        pg_text = f"pg {pg}"
     size_text = "size ?" if bucket is None or bucket == UNKNOWN_BUCKET or pd.isna(bucket) else bucket
-    return f"{row['op']} {pg_text} {size_text}"
+    issuer = _ISSUER_TEXT.get(_issuer(row))
+    return f"{issuer + ' ' if issuer else ''}{row['op']} {pg_text} {size_text}"
 
 
 def _finite(value) -> bool:
@@ -356,10 +312,11 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu") -> list:
 
 
 # ---- pipeline bubble ----------------------------------------------------------------------------
-def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool) -> list:
-    """For pipeline runs: a stage's bubble = 1 - summed work_ns / summed step_ns, i.e. its idle
+def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool, schedule) -> list:
+    """For pipeline runs: a rank's bubble = 1 - summed work_ns / summed step_ns, i.e. its idle
     time plus communication not hidden under compute (a stage waiting for activations sits in
-    an NCCL recv kernel or idles on gloo). Share: the mean bubble over stages.
+    an NCCL recv kernel or idles on gloo). Share: the mean bubble over ranks. The number of
+    stages and the schedule come from the trace's pipelining spans (analysis.pipeline_schedule).
     """
     if not pipeline or steps.empty or steps["work_ns"].notna().sum() == 0:
         return []
@@ -372,22 +329,17 @@ def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool) -> list:
     share = float(bubble.mean())
     if share < MIN_SHARE_PCT:
         return []
-    stages = len(bubble)
+    ranks = len(bubble)
+    stages = schedule.total_stages(ranks)
+    per_rank_stages = schedule.stages_per_rank or 1
     listed = ", ".join(f"rank {int(r)} {b:.1f}%" for r, b in bubble.items())
-    evidence = (f"{stages} pipeline stages spend {share:.1f}% of each step not computing on "
-                f"average ({listed}).")
-    p = stages
-    if p > 1:
-        examples = ", ".join(f"m={m}: {(p - 1) / (m + p - 1) * 100:.0f}%" for m in (p, 4 * p))
-        suggestion = (f"Raise the number of microbatches m: GPipe's bubble is (p-1)/(m+p-1) of "
-                      f"the step with p={p} stages ({examples}); use a 1F1B schedule "
-                      f"(torch.distributed.pipelining.Schedule1F1B) to keep activation memory "
-                      f"flat as m grows, or interleaved 1F1B (ScheduleInterleaved1F1B) with "
-                      f"several virtual stages per rank to shrink the bubble further.")
-    else:
-        suggestion = ("Raise the number of microbatches, or use a 1F1B or interleaved 1F1B "
-                      "schedule.")
-    if stages > 1 and bubble.max() - bubble.min() >= MIN_SHARE_PCT:
+    held = (f" on {ranks} ranks ({per_rank_stages} per rank, "
+            f"{schedule.kind or 'multi-stage'} schedule)" if per_rank_stages > 1 else "")
+    micro = f", {schedule.microbatches} microbatches" if schedule.microbatches else ""
+    evidence = (f"{stages} pipeline stages{held}{micro} spend {share:.1f}% of each step not "
+                f"computing on average ({listed}).")
+    suggestion = bubble_suggestion(schedule, ranks, stages)
+    if ranks > 1 and bubble.max() - bubble.min() >= MIN_SHARE_PCT:
         suggestion += (f" Stages are uneven (bubble {bubble.min():.1f}% to {bubble.max():.1f}%): "
                        f"move layers from rank {int(bubble.idxmin())} towards rank "
                        f"{int(bubble.idxmax())}.")

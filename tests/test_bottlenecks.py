@@ -32,10 +32,12 @@ def per_step(rows) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def collective(op, pg, pg_size, bucket_min, total_us, busbw, *, count=10, rank_steps=4) -> dict:
+def collective(op, pg, pg_size, bucket_min, total_us, busbw, *, count=10, rank_steps=4,
+               issuer=None, pg_id=None) -> dict:
     label = {1 * MIB: "1-2 MiB", 8 * MIB: "8-16 MiB", 16 * MIB: "16-32 MiB",
              256: "256-512 B"}.get(bucket_min, "?")
-    return {"op": op, "pg": pg, "pg_size": pg_size, "size_bucket": label,
+    return {"op": op, "issuer": issuer, "pg": pg, "pg_id": pg if pg_id is None else pg_id,
+            "pg_size": pg_size, "size_bucket": label,
             "bucket_min_bytes": float(bucket_min), "count": count, "total_bytes": np.nan,
             "total_us": float(total_us), "mean_us": total_us / count, "algbw_gbps": np.nan,
             "busbw_gbps": float(busbw), "ranks": 2, "rank_steps": rank_steps,
@@ -88,14 +90,14 @@ def balanced(exposed) -> pd.DataFrame:
 # ---- exposed communication ----------------------------------------------------------------------
 def test_exposed_communication_names_the_top_collectives():
     colls = collectives([
-        collective("all_reduce", "0", 2, 16 * MIB, 60_000, 20.0),
-        collective("broadcast", "0", 2, 256, 10_000, 0.1),
+        collective("all_reduce", "0", 2, 16 * MIB, 60_000, 20.0, issuer="ddp"),
+        collective("broadcast", "0", 2, 256, 10_000, 0.1, issuer="ddp"),
     ])
     result = run(balanced(exposed=20), colls=colls)
     row = finding(result, "exposed communication")
     assert row["share_pct"] == pytest.approx(20.0)
     assert "20.00 ms of a 100.00 ms step" in row["evidence"]
-    assert "all_reduce pg 0 16-32 MiB x10 60.00 ms (86% of comm time" in row["evidence"]
+    assert "DDP all_reduce pg 0 16-32 MiB x10 60.00 ms (86% of comm time" in row["evidence"]
     assert "bucket_cap_mb" in row["suggestion"]
     assert row["ranks"] == "0-1"
 
@@ -107,8 +109,8 @@ def test_exposed_communication_below_threshold_is_quiet():
 
 
 def test_small_messages_get_the_coalescing_hint():
-    colls = collectives([collective("all_gather", "0", 2, 256, 50_000, 0.1),
-                         collective("all_gather", "0", 2, 16 * MIB, 10_000, 20.0)])
+    colls = collectives([collective("all_gather", "0", 2, 256, 50_000, 0.1, issuer="fsdp1"),
+                         collective("all_gather", "0", 2, 16 * MIB, 10_000, 20.0, issuer="fsdp1")])
     row = finding(run(balanced(exposed=10), colls=colls), "exposed communication")
     assert "FSDP" in row["suggestion"] and "coalesce" in row["suggestion"]
 
@@ -346,3 +348,117 @@ def test_rank_busiest_most_often_but_lighter_on_average_is_not_a_straggler():
     assert not result["finding"].str.startswith("straggler").any()
     # waits: 80-60=20, 40-35=5, 40-35=5 -> 30 ms of 300 ms of mean step time
     assert finding(result, "load imbalance across ranks")["share_pct"] == pytest.approx(10.0)
+
+
+# ---- advice that fits what issued the op -----------------------------------------------------
+def host_event(name, ts_us, dur_us, *, tid="1", collective=None) -> dict:
+    return {"name": name, "cat": "cpu_op", "ts_ns": int(ts_us * 1000), "dur_ns": int(dur_us * 1000),
+            "pid": "1", "tid": tid, "is_gpu": False,
+            "is_comm": name == "record_param_comms" or name.startswith("gloo:"),
+            "collective": collective}
+
+
+def traced(rank, rows, steps=None) -> RankTrace:
+    base = trace(rank, "gloo")
+    base.events = pd.DataFrame(rows)
+    if steps is not None:
+        base.all_steps = base.steps = pd.DataFrame(steps, columns=["step", "start_ns", "end_ns"])
+    return base
+
+
+def exposed_advice(issuer, op="all_reduce", traces=None) -> pd.Series:
+    colls = collectives([collective(op, "0", 2, 16 * MIB, 60_000, 20.0, issuer=issuer)])
+    return finding(run(balanced(exposed=20), colls=colls, traces=traces), "exposed communication")
+
+
+FSDP1_WORDS = ("forward_prefetch=", "backward_prefetch=", "BACKWARD_PRE", "MixedPrecision(")
+DDP_WORDS = ("bucket_cap_mb", "no_sync", "static_graph", "gradient_as_bucket_view")
+
+
+def test_fsdp2_gets_fully_shard_advice_not_fsdp1_options():
+    for op in ("all_gather", "reduce_scatter"):
+        suggestion = exposed_advice("fsdp2", op)["suggestion"]
+        assert not any(word in suggestion for word in FSDP1_WORDS), suggestion
+        assert "FSDP2" in suggestion
+    assert "set_modules_to_forward_prefetch" in exposed_advice("fsdp2", "all_gather")["suggestion"]
+    assert "reshard_after_forward" in exposed_advice("fsdp2", "all_gather")["suggestion"]
+    assert "set_requires_gradient_sync" in exposed_advice("fsdp2", "reduce_scatter")["suggestion"]
+    assert "forward_prefetch=True" in exposed_advice("fsdp1", "all_gather")["suggestion"]
+
+
+def test_functional_and_hand_written_all_reduces_get_no_ddp_advice():
+    for issuer in ("functional", "c10d", "unknown"):
+        row = exposed_advice(issuer)
+        assert not any(word in row["suggestion"] for word in DDP_WORDS), (issuer, row["suggestion"])
+    assert "SequenceParallel" in exposed_advice("functional")["suggestion"]
+    assert "async_op=True" in exposed_advice("c10d")["suggestion"]
+    assert "torch.distributed all_reduce pg 0" in exposed_advice("c10d")["evidence"]
+
+
+def ddp_trace(forwards_reduced: list[bool]) -> RankTrace:
+    """One step of DDP forwards (10 ms apart), each followed by a gradient all-reduce or not."""
+    rows = []
+    for i, reduced in enumerate(forwards_reduced):
+        rows.append(host_event("DistributedDataParallel.forward", i * 10_000, 3_000))
+        if reduced:
+            rows.append(host_event("record_param_comms", i * 10_000 + 6_000, 100,
+                                   collective="allreduce"))
+    return traced(0, rows, steps=[(0, 0, len(forwards_reduced) * 10_000_000)])
+
+
+def test_no_sync_is_suggested_only_to_runs_accumulating_without_it():
+    without = exposed_advice("ddp", traces=[ddp_trace([True, True, True, True])])["suggestion"]
+    assert "no_sync" in without and "bucket_cap_mb" in without
+    already = exposed_advice("ddp", traces=[ddp_trace([False, False, False, True])])["suggestion"]
+    assert "no_sync" not in already and "bucket_cap_mb" in already
+    single = exposed_advice("ddp", traces=[ddp_trace([True])])["suggestion"]
+    assert "no_sync" not in single
+    assert "no_sync" not in exposed_advice("ddp")["suggestion"]  # records alone cannot tell
+
+
+def test_findings_name_groups_by_their_names():
+    colls = collectives([collective("all_reduce", "mesh_dp (1)", 2, 16 * MIB, 60_000, 20.0,
+                                    issuer="ddp", pg_id="1")])
+    row = finding(run(balanced(exposed=20), colls=colls), "exposed communication")
+    assert "DDP all_reduce on mesh_dp (pg 1) 16-32 MiB x10" in row["evidence"]
+
+
+# ---- pipeline schedule -----------------------------------------------------------------------
+def interleaved_trace(rank, stages, microbatches=4, ranks=2) -> RankTrace:
+    """ScheduleInterleaved1F1B's PP: action spans: forwards switch stage every `ranks`
+    microbatches, then full backwards, with the p2p sends between them."""
+    order = []
+    for start in range(0, microbatches, ranks):
+        for stage in stages:
+            order += [f"PP:{stage}F{mb}" for mb in range(start, start + ranks)]
+    for start in range(0, microbatches, ranks):
+        for stage in reversed(stages):
+            order += [f"PP:{stage}B{mb}" for mb in range(start, start + ranks)]
+            order.append(f"PP:{stage}SEND_B{start}")
+    rows = [host_event(name, 100 * i, 50) for i, name in enumerate(order)]
+    return traced(rank, rows)
+
+
+def pipeline_steps():
+    return per_step([step_row(r, s, compute=20, comm=5, overlap=0, exposed=0)
+                     for r in (0, 1) for s in range(2)])
+
+
+def test_interleaved_pipeline_counts_every_stage_and_is_not_told_to_interleave():
+    traces = [interleaved_trace(0, [0, 2]), interleaved_trace(1, [1, 3])]
+    p2p = collectives([collective("send", "0", 2, 256, 10, 0.1, issuer="p2p")])
+    row = finding(run(pipeline_steps(), colls=p2p, traces=traces), "pipeline bubble")
+    assert row["evidence"].startswith("4 pipeline stages on 2 ranks (2 per rank, interleaved "
+                                      "schedule), 4 microbatches")
+    assert "Interleaved1F1B" not in row["suggestion"]
+    # p=2 ranks, v=2 stages each, m=4: (p-1)/(v*m+p-1) = 1/9; m=16: 1/33.
+    assert "v=2 stages per rank (m=4: 11%, m=16: 3%)" in row["suggestion"]
+    assert "ZeroBubble" in row["suggestion"]
+
+
+def test_single_stage_pipeline_is_offered_interleaving():
+    traces = [interleaved_trace(0, [0]), interleaved_trace(1, [1])]
+    p2p = collectives([collective("send", "0", 2, 256, 10, 0.1, issuer="p2p")])
+    row = finding(run(pipeline_steps(), colls=p2p, traces=traces), "pipeline bubble")
+    assert row["evidence"].startswith("2 pipeline stages, 4 microbatches")
+    assert "ScheduleInterleaved1F1B" in row["suggestion"]

@@ -434,3 +434,147 @@ def test_gloo_op_reads_the_element_type_from_input_type_when_dtype_is_absent():
     events = events_frame([row])
     ops = comm_ops(make_trace(events, world_size=2))
     assert (ops["dtype"].iloc[0], ops["bytes"].iloc[0]) == ("bfloat16", 2000)
+
+
+# ---- foreign NCCL traces whose kernels sit in nccl:* annotations only ------------------------------
+def dlrm_like_events() -> pd.DataFrame:
+    """The structure of facebookresearch/param's 8-rank DLRM trace: no record_param_comms args;
+    each NCCL kernel is launched inside an nccl:* op that carries Input Dims and Input type."""
+    rows = [
+        event("ProfilerStep#3", "user_annotation", 0, 1_000_000),
+        event("nccl:all_to_all", "cpu_op", 10_000, 5_000, is_comm=True,
+              input_dims="[[4096, 128]]", input_type='["c10::Half"]'),
+        event("cudaLaunchKernel", "cuda_runtime", 11_000, 100, correlation=21),
+        event("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+              "kernel", 100_000, 400_000, correlation=21, is_gpu=True, is_comm=True),
+        event("nccl:all_reduce", "cpu_op", 500_000, 5_000, is_comm=True,
+              input_dims="[[1000000]]", input_type='["float"]'),
+        event("cudaLaunchKernel", "cuda_runtime", 501_000, 100, correlation=22),
+        event("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+              "kernel", 600_000, 200_000, correlation=22, is_gpu=True, is_comm=True),
+    ]
+    return events_frame(rows)
+
+
+def test_nccl_kernels_take_size_and_dtype_from_their_nccl_annotation():
+    ops = comm_ops(make_trace(dlrm_like_events(), steps_frame([(3, 0, 1_000_000)]), world_size=8))
+    assert ops["op"].tolist() == ["all_to_all", "all_reduce"]
+    assert ops["dtype"].tolist() == ["float16", "float32"]
+    assert ops["bytes"].tolist() == [4096 * 128 * 2, 4_000_000]
+    assert ops["pg_size"].tolist() == [8, 8]  # the world size stands in for the group
+    assert ops["step"].tolist() == [3, 3]
+    # all_to_all: 1 MiB in 400 us; busbw x 7/8. all_reduce: 4 MB in 200 us; busbw x 2*7/8.
+    assert ops["algbw_gbps"].tolist() == pytest.approx([1_048_576 / 400e-6 / 1e9, 20.0])
+    assert ops["busbw_gbps"].tolist() == pytest.approx([1_048_576 / 400e-6 / 1e9 * 7 / 8, 35.0])
+    table = collectives_table(ops)
+    assert sorted(table["size_bucket"]) == ["1-2 MiB", "2-4 MiB"]
+    assert table["busbw_gbps"].notna().all()
+
+
+def test_kernel_args_win_over_the_annotation_around_it():
+    rows = [
+        event("nccl:all_reduce", "cpu_op", 1_000, 500, is_comm=True, input_dims="[[10]]",
+              input_type='["float"]'),
+        event("cudaLaunchKernel", "cuda_runtime", 1_100, 10, correlation=5),
+        event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 5_000, 1_000, correlation=5,
+              is_gpu=True, is_comm=True, collective="allreduce", in_nelems=256, out_nelems=256,
+              comm_dtype="Float", group_size=4, pg_name="2"),
+    ]
+    op = comm_ops(make_trace(events_frame(rows), world_size=8)).iloc[0]
+    assert (op["bytes"], op["pg_size"], op["pg"]) == (1024, 4, "2")
+
+
+def test_innermost_call_on_the_launching_thread_is_found_for_many_kernels():
+    rows = []
+    for i in range(50):
+        t = i * 10_000
+        rows += [
+            event("record_param_comms", "cpu_op", t, 5_000, is_comm=True, collective="allreduce",
+                  in_nelems=i + 1, out_nelems=i + 1, comm_dtype="Float", group_size=2, pg_name="0"),
+            event("record_param_comms", "cpu_op", t + 6_000, 1_000, tid="2", is_comm=True,
+                  collective="broadcast", in_nelems=1, out_nelems=1, comm_dtype="Float",
+                  group_size=2, pg_name="0"),
+            event("cudaLaunchKernel", "cuda_runtime", t + 6_500, 10, correlation=i),
+            event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", t + 7_000, 1_000,
+                  correlation=i, is_gpu=True, is_comm=True),
+        ]
+    ops = comm_ops(make_trace(events_frame(rows)))
+    kernels = ops[ops["duration_us"].notna()]
+    # The launch lies after the all_reduce call ended and on another thread than the broadcast:
+    # neither holds it, so each kernel is an op of its own with its name's collective.
+    assert len(kernels) == 50 and kernels["bytes"].isna().all()
+    assert (ops["duration_us"].isna() & (ops["op"] == "all_reduce")).sum() == 50
+
+
+# ---- process group names -----------------------------------------------------------------------
+def test_groups_are_shown_by_the_name_the_trace_gives_them():
+    rows = [
+        event("record_param_comms", "cpu_op", 1_000, 500, is_comm=True, collective="allreduce",
+              in_nelems=64, out_nelems=64, comm_dtype="Float", group_size=2, pg_name="1"),
+        event("record_param_comms", "cpu_op", 2_000, 500, is_comm=True, collective="allgather",
+              in_nelems=64, out_nelems=128, comm_dtype="Float", group_size=2, pg_name="2"),
+        event("record_param_comms", "cpu_op", 3_000, 500, is_comm=True, collective="allreduce",
+              in_nelems=8, out_nelems=8, comm_dtype="Float", group_size=4, pg_name="0"),
+    ]
+    events = events_frame(rows)
+    events["pg_desc"] = ["mesh_tp", "mesh_dp", "undefined"]  # torch's "Process Group Description"
+    ops = comm_ops(make_trace(events))
+    assert ops["pg_desc"].tolist() == ["mesh_tp", "mesh_dp", None]
+    table = collectives_table(ops).sort_values("pg_id")
+    assert table["pg"].tolist() == ["0", "mesh_tp (1)", "mesh_dp (2)"]
+    assert table["pg_id"].tolist() == ["0", "1", "2"]
+
+
+def test_recorded_groups_take_their_names_from_the_trace_of_the_same_rank():
+    records = comm_records([
+        {"step": 0, "op": "all_reduce", "pg": "1", "pg_size": 2, "bytes": 400, "duration_us": 2.0},
+        {"step": 0, "op": "all_reduce", "pg": "3", "pg_size": 2, "bytes": 400, "duration_us": 2.0},
+    ])
+    trace = make_trace(records=records_with(records))
+    # distributedInfo's pg_config, as torch.profiler writes it.
+    trace.process_groups = [{"pg_name": "1", "pg_desc": "mesh_dp", "pg_size": 2, "ranks": [0, 1]},
+                            {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4}]
+    ops = comm_ops(trace)
+    assert ops["pg_desc"].tolist() == ["mesh_dp", None]
+    assert sorted(collectives_table(ops)["pg"]) == ["3", "mesh_dp (1)"]
+
+
+# ---- who issued each op ------------------------------------------------------------------------
+def call_in(span_name, ts, op="allgather", tid="1"):
+    return [event(span_name, "user_annotation", ts, 1_000, tid=tid),
+            event("record_param_comms", "cpu_op", ts + 100, 500, tid=tid, is_comm=True,
+                  collective=op, in_nelems=64, out_nelems=128, comm_dtype="Float",
+                  group_size=2, pg_name="0")]
+
+
+def test_trace_ops_are_attributed_to_the_code_around_them():
+    rows = [
+        *call_in("FSDP::all_gather (layers.0)", 0),
+        *call_in("FullyShardedDataParallel._pre_forward", 10_000),
+        *call_in("_c10d_functional::all_reduce", 20_000, op="allreduce"),
+        *call_in("aten::mm", 30_000, op="allreduce"),
+        # A span on another thread does not hold this thread's call.
+        event("FSDP::pre_backward", "user_annotation", 40_000, 1_000, tid="7"),
+        *call_in("aten::add", 40_000, op="reduce_scatter"),
+        event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 60_000, 1_000, is_gpu=True,
+              is_comm=True),
+    ]
+    ops = comm_ops(make_trace(events_frame(rows)))
+    # The reduce-scatter outside every span still belongs to FSDP2, which this trace runs.
+    assert ops["issuer"].tolist() == ["fsdp2", "fsdp1", "functional", "c10d", "fsdp2", "unknown"]
+
+
+def test_recorded_ops_take_the_tracer_source_and_fsdp_from_the_trace():
+    records = comm_records([
+        {"step": 0, "op": "all_reduce", "source": "ddp", "pg_size": 2, "bytes": 4, "duration_us": 1.0},
+        {"step": 0, "op": "all_reduce", "source": "functional", "pg_size": 2, "bytes": 4,
+         "duration_us": 1.0},
+        {"step": 0, "op": "all_reduce", "source": "c10d", "pg_size": 2, "bytes": 4, "duration_us": 1.0},
+        {"step": 0, "op": "all_gather", "source": "c10d", "pg_size": 2, "bytes": 4, "duration_us": 1.0},
+        {"step": 0, "op": "send", "source": "p2p", "pg_size": 2, "bytes": 4, "duration_us": 1.0},
+    ])
+    plain = comm_ops(make_trace(records=records_with(records)))
+    assert plain["issuer"].tolist() == ["ddp", "functional", "c10d", "c10d", "p2p"]
+    fsdp2 = make_trace(events_frame([event("FSDP::all_gather", "user_annotation", 0, 10)]),
+                       records=records_with(records))
+    assert comm_ops(fsdp2)["issuer"].tolist() == ["ddp", "functional", "c10d", "fsdp2", "p2p"]

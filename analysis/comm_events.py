@@ -1,0 +1,346 @@
+"""Communication ops derived from a Kineto trace's events (docs/report.md, "Where ops come from").
+
+A kernel is joined to the call that launched it through its runtime launch's correlation id; a
+gloo op to the call of the same op and element count. Each op keeps the host thread and time it
+was issued at, from which `analysis.issuers` tells who issued it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis import intervals
+from analysis.comm_names import (
+    UNKNOWN_OP, _DTYPE_SIZES, canonical_dtype, canonical_op, message_bytes,
+)
+from analysis.load import WHOLE_TRACE_STEP
+
+REQUIRED_EVENT_COLUMNS = ("name", "cat", "ts_ns", "dur_ns", "pid", "tid", "is_gpu", "is_comm")
+
+
+def col(frame: pd.DataFrame, name: str):
+    return frame[name] if name in frame.columns else pd.Series([None] * len(frame), index=frame.index)
+
+
+def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) -> pd.DataFrame:
+    """One row per op with the columns of communication.OPS_COLUMNS that a trace gives, plus
+    host_ts, host_pid, host_tid (where it was issued) and named (a torch.distributed op names it);
+    an empty frame when the trace has none."""
+    if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
+        return pd.DataFrame()
+    is_comm = events["is_comm"].fillna(False).astype(bool)
+    is_gpu = events["is_gpu"].fillna(False).astype(bool)
+    comm = events[is_comm]
+    if comm.empty:
+        return pd.DataFrame()
+    kernels = comm[is_gpu[is_comm]]
+    host = comm[~is_gpu[is_comm]]
+    names = host["name"].astype(str)
+    call_op = col(host, "collective").map(canonical_op)
+    is_call = (names == "record_param_comms") & call_op.notna()
+    calls = host[is_call].assign(op=call_op[is_call])
+    is_gloo = names.str.startswith("gloo:")
+    gloo = host[is_gloo].assign(op=names[is_gloo].map(canonical_op))
+    gloo = gloo[gloo["op"].notna()]
+    hint_op = names.map(canonical_op)
+    is_hint = ~is_gloo & (names != "record_param_comms") & hint_op.notna()
+    hints = host[is_hint].assign(op=hint_op[is_hint])
+
+    rows: list[dict] = []
+    used_calls: set = set()
+    rows += _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls, world_size)
+    rows += _gloo_ops(gloo, calls, used_calls, world_size)
+    for index, call in calls.to_dict("index").items():
+        if index in used_calls:
+            continue
+        # Issued but its execution is not in the trace (outside the window, or a CPU-only
+        # profile of a GPU run): the bytes are known, the time is not.
+        rows.append(_row_from_args(call, call["op"], call, duration_us=float("nan"),
+                                   issued_by=call))
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows)
+    frame["rank"] = rank
+    frame["origin"] = "trace"
+    host_ts = frame["host_ts"].to_numpy(dtype="float64")
+    has_all = isinstance(all_steps, pd.DataFrame) and not all_steps.empty
+    has_selected = isinstance(steps, pd.DataFrame) and not steps.empty
+    if has_all or has_selected:
+        frame["step"] = _steps_of(host_ts, all_steps if has_all else steps)
+        if has_all and has_selected:
+            # Ops issued in ProfilerSteps left out of the selection go; ops issued outside
+            # every step (before the first, after the last) stay, with no step.
+            wanted = set(pd.to_numeric(steps["step"], errors="coerce").dropna().astype(int))
+            frame = frame[frame["step"].isna() | frame["step"].isin(wanted)]
+    else:
+        # A trace without ProfilerStep is analysed as one window, which the breakdown numbers
+        # -1 (analysis.load.WHOLE_TRACE_STEP).
+        frame["step"] = WHOLE_TRACE_STEP
+    return frame.sort_values("sort_ts", kind="stable").drop(columns="sort_ts")
+
+
+def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=None,
+                   sort_ts=None, dtype_source=None, nelems=None, world_size=None,
+                   named=True) -> dict:
+    """One op row; counts, dtype and group come from `size_source` (a trace event's comm args);
+    `issued_by` is the host event (or {ts_ns, pid, tid}) where it was issued."""
+    group_size = _col_value(pg_source, "group_size")
+    if group_size is None:
+        group_size = _col_value(size_source, "group_size")
+    if group_size is None and world_size is not None:
+        group_size = world_size
+    dtype = canonical_dtype(_col_value(dtype_source if dtype_source is not None else size_source,
+                                       "comm_dtype"))
+    if nelems is not None:
+        in_nelems, out_nelems = nelems, None
+    else:
+        in_nelems = _col_value(size_source, "in_nelems")
+        out_nelems = _col_value(size_source, "out_nelems")
+    nbytes = message_bytes(op, in_nelems, out_nelems, _DTYPE_SIZES.get(dtype), group_size)
+    pg = _col_value(pg_source, "pg_name")
+    desc = _col_value(pg_source, "pg_desc")
+    if pg is None:
+        pg, desc = _col_value(size_source, "pg_name"), _col_value(size_source, "pg_desc")
+    host_ts = issued_by["ts_ns"] if host_ts is None else host_ts
+    return {
+        "op": op,
+        "source": "p2p" if op in ("send", "recv") else None,
+        "pg": None if pg is None else str(pg),
+        "pg_desc": None if desc is None else str(desc),
+        "pg_size": group_size,
+        "dtype": dtype,
+        "bytes": nbytes,
+        "duration_us": duration_us,
+        "host_ts": host_ts,
+        "host_pid": str(issued_by["pid"]),
+        "host_tid": str(issued_by["tid"]),
+        "named": named,
+        "sort_ts": host_ts if sort_ts is None else sort_ts,
+    }
+
+
+def _col_value(row, name):
+    if row is None:
+        return None
+    value = row.get(name) if hasattr(row, "get") else None
+    if value is None:
+        return None
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return value
+
+
+def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_size) -> list[dict]:
+    """NCCL/RCCL kernels, each joined to the record_param_comms call that launched it.
+
+    The join: kernel -> runtime launch with the same correlation id -> the innermost call on
+    the launching thread whose span holds the launch. Bytes come from the call, time from the
+    kernel(s); several kernels of one call are one op timed by the union of their spans. A
+    kernel with no call takes its size from its own args, else from the innermost nccl:*/c10d::
+    op around its launch ("In msg nelems", else "Input Dims" and "Input type", as on gloo).
+    """
+    if kernels.empty:
+        return []
+    categories = events["cat"].astype(str)
+    is_launch = ~is_gpu & (categories.str.contains("runtime") | categories.str.contains("driver"))
+    correlation = pd.to_numeric(col(events, "correlation"), errors="coerce")
+    launches = events[is_launch & (correlation >= 0)].drop_duplicates("correlation")
+    launch_by_corr = pd.DataFrame({
+        "pid": launches["pid"].astype(str).to_numpy(), "tid": launches["tid"].astype(str).to_numpy(),
+        "ts": launches["ts_ns"].to_numpy(dtype="float64"),
+    }, index=pd.Index(launches["correlation"].to_numpy(dtype="float64")))
+    kernel_corr = pd.to_numeric(col(kernels, "correlation"), errors="coerce").to_numpy("float64")
+    launch = launch_by_corr.reindex(kernel_corr)
+    call_of = _innermost(calls, launch["pid"], launch["tid"], launch["ts"])
+    hint_of = _innermost(hints, launch["pid"], launch["tid"], launch["ts"])
+    keys = np.where(call_of >= 0, call_of, -1 - kernels.index.to_numpy(dtype=np.int64))
+    starts = kernels["ts_ns"].to_numpy(dtype="int64")
+    ends = starts + kernels["dur_ns"].to_numpy(dtype="int64")
+    launch_ts, launch_pid, launch_tid = (launch["ts"].to_numpy(), launch["pid"].to_numpy(),
+                                         launch["tid"].to_numpy())
+    kernel_rows = kernels.to_dict("index")
+    kernel_labels = kernels.index.to_numpy()
+    call_rows = calls.to_dict("index") if len(calls) else {}
+    hint_rows = hints.to_dict("index") if len(hints) else {}
+
+    # One op per call, in the order of its first kernel; a kernel without a call is one op.
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    by_group = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[by_group], np.arange(len(first) + 1))
+    rows = []
+    for group in np.argsort(first, kind="stable"):
+        members = by_group[bounds[group]:bounds[group + 1]]
+        head = members[0]
+        first_kernel = kernel_rows[kernel_labels[head]]
+        first_kernel["name"] = str(first_kernel["name"])
+        duration_us = (intervals.total(starts[members], ends[members]) if len(members) > 1
+                       else int(ends[head] - starts[head])) / 1e3
+        kernel_ts = int(starts[members].min())
+        launched = members[~np.isnan(launch_ts[members])]
+        issued_by = ({"ts_ns": launch_ts[launched[0]], "pid": launch_pid[launched[0]],
+                      "tid": launch_tid[launched[0]]} if len(launched) else
+                     {"ts_ns": kernel_ts, "pid": first_kernel["pid"], "tid": first_kernel["tid"]})
+        if call_of[head] >= 0:
+            call = call_rows[call_of[head]]
+            used_calls.add(call_of[head])
+            # Newer kernels carry the group in their own args; older calls carry it only on the host.
+            pg_source = call if _col_value(call, "group_size") is not None else first_kernel
+            rows.append(_row_from_args(call, call["op"], pg_source, duration_us, call,
+                                       sort_ts=kernel_ts))
+            continue
+        hint = hint_rows.get(hint_of[head]) if hint_of[head] >= 0 else None
+        op = (canonical_op(_col_value(first_kernel, "collective"))
+              or (hint["op"] if hint is not None else None)
+              or canonical_op(first_kernel["name"]) or UNKNOWN_OP)
+        if hint is None or _has_counts(first_kernel):
+            rows.append(_row_from_args(first_kernel, op, first_kernel, duration_us, issued_by,
+                                       sort_ts=kernel_ts, named=hint is not None))
+        else:
+            rows.append(_hint_row(hint, op, first_kernel, duration_us, issued_by, kernel_ts,
+                                  world_size))
+    return rows
+
+
+def _has_counts(event) -> bool:
+    return (_col_value(event, "in_nelems") is not None
+            or _col_value(event, "out_nelems") is not None)
+
+
+def _hint_row(hint, op, kernel, duration_us, issued_by, kernel_ts, world_size) -> dict:
+    """A kernel sized by the nccl:*/c10d:: op around its launch: that op's message counts when it
+    has them, else its first input's "Input Dims" and "Input type"; without a group size the
+    trace's world size stands in (right only for the default group)."""
+    pg_source = hint if _col_value(hint, "group_size") is not None else kernel
+    if _has_counts(hint):
+        return _row_from_args(hint, op, pg_source, duration_us, issued_by, sort_ts=kernel_ts,
+                              world_size=world_size)
+    dtype_source = hint
+    if _col_value(hint, "comm_dtype") is None:
+        dtype_source = {"comm_dtype": _first_input_type(_col_value(hint, "input_type"))}
+    nelems = _first_tensor_nelems(_col_value(hint, "input_dims"))
+    return _row_from_args(hint, op, pg_source, duration_us, issued_by, sort_ts=kernel_ts,
+                          dtype_source=dtype_source, nelems=nelems, world_size=world_size)
+
+
+def _innermost(candidates: pd.DataFrame, pids, tids, times) -> np.ndarray:
+    """Per query (pid, tid, time): the index label of the latest-starting candidate on that
+    thread whose span holds the time (the first such in frame order on ties), else -1."""
+    result = np.full(len(times), -1, dtype=np.int64)
+    if candidates is None or candidates.empty or not len(times):
+        return result
+    query_thread = (pd.Series(np.asarray(pids, dtype=object)).astype(str) + "\0"
+                    + pd.Series(np.asarray(tids, dtype=object)).astype(str)).to_numpy()
+    query_ts = np.asarray(times, dtype="float64")
+    thread = (candidates["pid"].astype(str) + "\0" + candidates["tid"].astype(str)).to_numpy()
+    for key in pd.unique(thread):
+        where = np.flatnonzero(query_thread == key)
+        if not len(where):
+            continue
+        group = candidates[thread == key]
+        starts = group["ts_ns"].to_numpy(dtype="float64")
+        order = np.lexsort((-np.arange(len(starts)), starts))
+        starts = starts[order]
+        ends = starts + group["dur_ns"].to_numpy(dtype="float64")[order]
+        labels = group.index.to_numpy()[order]
+        # No candidate at or before j holds t once the latest end among them is before t.
+        latest_end = np.maximum.accumulate(ends)
+        positions = np.searchsorted(starts, query_ts[where], side="right") - 1
+        for q, j in zip(where, positions):
+            t = query_ts[q]
+            while j >= 0 and latest_end[j] >= t:
+                if ends[j] >= t:
+                    result[q] = labels[j]
+                    break
+                j -= 1
+    return result
+
+
+def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
+    """gloo:* ops, which run on gloo's worker threads and last as long as the op.
+
+    A gloo op is joined to the first unused record_param_comms call of the same op and element
+    count that started no later than it (the call names the group); without one, the op's
+    "Input Dims" give the element count and the trace's world size stands in for the group size.
+    """
+    rows = []
+    pending = calls.sort_values("ts_ns") if not calls.empty else calls
+    for _, op_event in gloo.sort_values("ts_ns").iterrows():
+        op = op_event["op"]
+        nelems = _first_tensor_nelems(_col_value(op_event, "input_dims"))
+        dtype_source = op_event
+        if _col_value(op_event, "comm_dtype") is None:
+            first_type = _first_input_type(_col_value(op_event, "input_type"))
+            dtype_source = {"comm_dtype": first_type}
+        call = None
+        if not pending.empty:
+            same = pending[(pending["op"] == op) & (pending["ts_ns"] <= op_event["ts_ns"])
+                           & ~pending.index.isin(list(used_calls))]
+            if nelems is not None and not same.empty:
+                same = same[pd.to_numeric(col(same, "in_nelems"), errors="coerce") == nelems]
+            if not same.empty:
+                call = same.iloc[0]
+        duration_us = float(op_event["dur_ns"]) / 1e3
+        if call is not None:
+            used_calls.add(call.name)
+            rows.append(_row_from_args(call, op, call, duration_us, call,
+                                       sort_ts=op_event["ts_ns"]))
+        else:
+            rows.append(_row_from_args(op_event, op, op_event, duration_us, op_event,
+                                       dtype_source=dtype_source, nelems=nelems,
+                                       world_size=world_size))
+    return rows
+
+
+def _first_tensor_nelems(dims_text) -> float | None:
+    if dims_text is None:
+        return None
+    try:
+        dims = json.loads(dims_text) if isinstance(dims_text, str) else dims_text
+    except ValueError:
+        return None
+    if not isinstance(dims, list) or not dims:
+        return None
+    first = dims[0]
+    if isinstance(first, list) and first and all(isinstance(d, list) for d in first):
+        return float(sum(math.prod(d) for d in first))  # a TensorList
+    if isinstance(first, list) and all(isinstance(d, (int, float)) for d in first):
+        return float(math.prod(first)) if first else None
+    return None
+
+
+def _first_input_type(types_text):
+    if types_text is None:
+        return None
+    try:
+        types = json.loads(types_text) if isinstance(types_text, str) else types_text
+    except ValueError:
+        return types_text if isinstance(types_text, str) else None
+    if isinstance(types, list):
+        return types[0] if types and isinstance(types[0], str) else None
+    return types if isinstance(types, str) else None
+
+
+def _steps_of(times_ns: np.ndarray, steps) -> pd.Series:
+    """The ProfilerStep whose [start, end) holds each time, NA outside every step."""
+    result = pd.Series(pd.NA, index=range(len(times_ns)), dtype="Int64")
+    if not isinstance(steps, pd.DataFrame) or steps.empty or not len(times_ns):
+        return result
+    if any(c not in steps.columns for c in ("step", "start_ns", "end_ns")):
+        return result
+    ordered = steps.dropna(subset=["step", "start_ns", "end_ns"]).sort_values("start_ns")
+    starts = ordered["start_ns"].to_numpy(dtype="float64")
+    ends = ordered["end_ns"].to_numpy(dtype="float64")
+    numbers = ordered["step"].to_numpy()
+    position = np.searchsorted(starts, times_ns, side="right") - 1
+    inside = (position >= 0) & ~np.isnan(times_ns)
+    inside[inside] = times_ns[inside] < ends[position[inside]]
+    values = np.where(inside, numbers[np.clip(position, 0, None)] if len(numbers) else 0, 0)
+    result[inside] = values[inside].astype("int64")
+    return result

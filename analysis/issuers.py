@@ -1,0 +1,234 @@
+"""Who issued each communication op, what the run already does, and the process groups' names.
+
+The issuer decides which advice fits (docs/report.md, "Who issued an op"): DDP's gradient
+buckets, FSDP1 or FSDP2 (`fully_shard`), functional collectives (tensor parallelism, DTensor),
+point-to-point traffic, or a plain `torch.distributed` call. The evidence is what the run holds:
+the tracer's `source` field on its records, and in Kineto traces the host spans that torch opens
+around the code issuing an op (`FSDP::all_gather`, `FullyShardedDataParallel._pre_forward`,
+`_c10d_functional::all_reduce`, `DistributedDataParallel.forward`, `PP:0F1`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from analysis.comm_names import canonical_op
+
+DDP = "ddp"
+FSDP1 = "fsdp1"
+FSDP2 = "fsdp2"
+FUNCTIONAL = "functional"  # torch.distributed._functional_collectives: TP, DTensor
+P2P = "p2p"
+C10D = "c10d"  # a torch.distributed call outside DDP and FSDP: the script's own or a library's
+UNKNOWN = "unknown"
+ISSUERS = (DDP, FSDP1, FSDP2, FUNCTIONAL, P2P, C10D, UNKNOWN)
+
+# An op issued inside a host span with such a name was issued by that code.
+_SPAN_MARKERS = (
+    (FSDP2, re.compile(r"^FSDP::")),
+    (FSDP1, re.compile(r"^FullyShardedDataParallel\.")),
+    (FUNCTIONAL, re.compile(r"^_?c10d_functional::|redistribute", re.IGNORECASE)),
+    (DDP, re.compile(r"^DistributedDataParallel\.forward$")),
+)
+# Which issuer an op outside every marked span belongs to when the rank's trace shows that
+# framework at all: FSDP's collectives are plain torch.distributed calls from its hooks, DDP's
+# gradient all-reduce runs in backward, outside DDP's forward span.
+_RUN_LEVEL = {
+    "all_gather": (FSDP2, FSDP1), "reduce_scatter": (FSDP2, FSDP1), "all_reduce": (DDP,),
+}
+_RECORD_SOURCES = {"ddp": DDP, "functional": FUNCTIONAL, "p2p": P2P, "c10d": C10D}
+DDP_FORWARD = "DistributedDataParallel.forward"
+
+
+def host_events(trace) -> pd.DataFrame:
+    events = getattr(trace, "events", None)
+    if not isinstance(events, pd.DataFrame) or events.empty or any(
+            c not in events.columns for c in ("name", "ts_ns", "dur_ns", "pid", "tid", "is_gpu")):
+        return pd.DataFrame(columns=["name", "ts_ns", "dur_ns", "pid", "tid"])
+    host = events[~events["is_gpu"].fillna(False).astype(bool)]
+    return host[["name", "ts_ns", "dur_ns", "pid", "tid"]]
+
+
+def frameworks_seen(trace) -> set:
+    """The issuers whose marker spans appear anywhere in the rank's trace."""
+    names = pd.Series(host_events(trace)["name"].astype(str).unique())
+    return {issuer for issuer, pattern in _SPAN_MARKERS if names.str.contains(pattern).any()}
+
+
+def _enclosed(starts, ends, pids, tids, query_ts, query_pid, query_tid) -> np.ndarray:
+    """Per query: is it inside any of the spans on the same (pid, tid)?"""
+    result = np.zeros(len(query_ts), dtype=bool)
+    spans = pd.DataFrame({"start": starts, "end": ends, "thread": list(zip(pids, tids))})
+    queries = pd.Series(list(zip(query_pid, query_tid)))
+    for thread, group in spans.groupby("thread", sort=False):
+        where = np.flatnonzero((queries == thread).to_numpy())
+        if not len(where):
+            continue
+        group = group.sort_values("start")
+        # Some span holds t iff the latest end among spans starting at or before t reaches t.
+        latest_end = np.maximum.accumulate(group["end"].to_numpy(dtype="float64"))
+        times = np.asarray(query_ts, dtype="float64")[where]
+        position = np.searchsorted(group["start"].to_numpy(dtype="float64"), times, side="right") - 1
+        inside = position >= 0
+        inside[inside] = latest_end[position[inside]] >= times[inside]
+        result[where] = inside
+    return result
+
+
+def issuers_from_trace(trace, ops: pd.DataFrame) -> pd.Series:
+    """The issuer of each trace-derived op (columns op, host_ts, host_pid, host_tid, named)."""
+    host = host_events(trace)
+    issuers = pd.Series(UNKNOWN, index=ops.index, dtype=object)
+    names = host["name"].astype(str)
+    seen = set()
+    marked = pd.Series(False, index=ops.index)
+    for issuer, pattern in _SPAN_MARKERS:
+        spans = host[names.str.contains(pattern)]
+        if spans.empty:
+            continue
+        seen.add(issuer)
+        inside = _enclosed(spans["ts_ns"].to_numpy(), (spans["ts_ns"] + spans["dur_ns"]).to_numpy(),
+                           spans["pid"].astype(str), spans["tid"].astype(str), ops["host_ts"],
+                           ops["host_pid"].astype(str), ops["host_tid"].astype(str))
+        take = inside & ~marked.to_numpy()
+        issuers[take] = issuer
+        marked |= take
+    op = ops["op"].to_numpy(dtype=object)
+    fallback = pd.Series(op).map(lambda o: next((i for i in _RUN_LEVEL.get(o, ()) if i in seen), None))
+    named = ops["named"].fillna(False).astype(bool).to_numpy()
+    # Unmarked: p2p is p2p; a framework the trace shows takes its ops; a torch.distributed op
+    # (record_param_comms, gloo:, nccl:) is a c10d call; a bare kernel stays unknown.
+    unmarked = np.where(np.isin(op, ["send", "recv"]), P2P,
+                        np.where(fallback.notna(), fallback.to_numpy(dtype=object),
+                                 np.where(named, C10D, UNKNOWN)))
+    rest = ~marked.to_numpy()
+    issuers[rest] = unmarked[rest]
+    return issuers
+
+
+def issuers_from_records(comms_source: pd.Series, ops: pd.Series, trace) -> pd.Series:
+    """The issuer of each recorded op: the tracer's source, with c10d all-gathers and
+    reduce-scatters given to FSDP when the rank's trace shows FSDP's spans."""
+    seen = frameworks_seen(trace)
+    result = []
+    for source, op in zip(comms_source, ops):
+        issuer = _RECORD_SOURCES.get(source if isinstance(source, str) else "", UNKNOWN)
+        if issuer == C10D:
+            issuer = next((i for i in _RUN_LEVEL.get(op, ()) if i in seen and i != DDP), C10D)
+        result.append(issuer)
+    return pd.Series(result, index=comms_source.index, dtype=object)
+
+
+# ---- gradient accumulation under DDP ------------------------------------------------------------
+NO_SYNC_USED = "no_sync"  # some DDP forwards were followed by no gradient all-reduce
+ACCUMULATING_WITHOUT_NO_SYNC = "accumulating"  # several forwards per step, each all-reduced
+NO_ACCUMULATION = "none"  # one DDP forward per step
+
+
+def ddp_accumulation(traces) -> str | None:
+    """What the DDP forwards in the traces say about gradient accumulation; None when the traces
+    hold no DDP forward (records alone cannot tell).
+
+    Each DDP forward opens a window up to the next forward on its thread (or its ProfilerStep's
+    end); a window with no all-reduce started in it means that backward skipped the gradient
+    sync, i.e. `no_sync()`.
+    """
+    verdicts = []
+    for trace in traces or []:
+        host = host_events(trace)
+        if host.empty:
+            continue
+        names = host["name"].astype(str)
+        forwards = host[names == DDP_FORWARD]
+        if forwards.empty:
+            continue
+        comm = trace.events[trace.events["is_comm"].fillna(False).astype(bool)
+                            & ~trace.events["is_gpu"].fillna(False).astype(bool)]
+        ops = comm["name"].astype(str).map(canonical_op)
+        if "collective" in comm.columns:
+            ops = ops.where(ops.notna(), comm["collective"].map(canonical_op))
+        reduce_ts = np.sort(comm.loc[ops == "all_reduce", "ts_ns"].to_numpy(dtype="float64"))
+        step_spans = getattr(trace, "all_steps", None)
+        if not isinstance(step_spans, pd.DataFrame) or step_spans.empty:
+            step_spans = getattr(trace, "steps", None)
+        verdicts.append(_accumulation_of(forwards, reduce_ts, step_spans))
+    verdicts = [v for v in verdicts if v is not None]
+    for verdict in (NO_SYNC_USED, ACCUMULATING_WITHOUT_NO_SYNC, NO_ACCUMULATION):
+        if verdict in verdicts:
+            return verdict
+    return None
+
+
+def _accumulation_of(forwards: pd.DataFrame, reduce_ts: np.ndarray, steps) -> str | None:
+    starts = np.sort(forwards["ts_ns"].to_numpy(dtype="float64"))
+    ends = np.append(starts[1:], np.inf)
+    step_of = np.zeros(len(starts))
+    if isinstance(steps, pd.DataFrame) and not steps.empty and "start_ns" in steps.columns:
+        spans = steps.sort_values("start_ns")
+        step_starts = spans["start_ns"].to_numpy(dtype="float64")
+        step_ends = spans["end_ns"].to_numpy(dtype="float64")
+        step_of = np.searchsorted(step_starts, starts, side="right") - 1
+        inside = step_of >= 0
+        ends[inside] = np.minimum(ends[inside], step_ends[step_of[inside]])
+    reduced = (np.searchsorted(reduce_ts, ends, side="left")
+               - np.searchsorted(reduce_ts, starts, side="left")) > 0
+    if not reduced.any():
+        return None  # no DDP gradient traffic in the window: nothing to judge
+    if not reduced.all():
+        # The last forward of a window may be cut by the trace's end: only a skipped sync
+        # followed by a later forward counts.
+        if (~reduced[:-1]).any():
+            return NO_SYNC_USED
+    per_step = pd.Series(step_of).value_counts()
+    return ACCUMULATING_WITHOUT_NO_SYNC if (per_step > 1).any() else NO_ACCUMULATION
+
+
+# ---- process group names -------------------------------------------------------------------------
+_NO_NAME = {"", "undefined", "none", "null"}
+
+
+def group_names(trace) -> dict:
+    """{pg id: description} for the rank's process groups, from every place that names them:
+    the manifest's process-group records, the trace's distributedInfo pg_config, and the
+    "Process Group Description" of record_param_comms calls and kernels.
+    """
+    names: dict = {}
+
+    def add(pg, desc):
+        desc = group_desc(pg, desc)
+        if desc is not None:
+            names.setdefault(str(pg), desc)
+
+    records = getattr(trace, "records", None)
+    for record in getattr(records, "manifest", None) or []:
+        pg = getattr(record, "pg", None) or getattr(record, "pg_name", None)
+        add(pg, getattr(record, "desc", None) or getattr(record, "pg_desc", None))
+    for config in getattr(trace, "process_groups", None) or []:
+        if isinstance(config, dict):
+            add(config.get("pg_name"), config.get("pg_desc"))
+    events = getattr(trace, "events", None)
+    if isinstance(events, pd.DataFrame) and {"pg_name", "pg_desc"} <= set(events.columns):
+        named = events.dropna(subset=["pg_name", "pg_desc"]).drop_duplicates(["pg_name", "pg_desc"])
+        for pg, desc in zip(named["pg_name"], named["pg_desc"]):
+            add(pg, desc)
+    return names
+
+
+def group_desc(pg, desc) -> str | None:
+    """The group's own name, or None where torch gave it none ("undefined") or it is the id."""
+    if pg is None or desc is None or not isinstance(desc, str):
+        return None
+    if desc.strip().lower() in _NO_NAME or desc == str(pg):
+        return None
+    return desc
+
+
+def group_label(pg, desc) -> str:
+    """"mesh_dp (1)" when the group has a name, else its id."""
+    if desc is None or (not isinstance(desc, str) and pd.isna(desc)) or str(desc) == str(pg):
+        return str(pg)
+    return f"{desc} ({pg})"
+
