@@ -31,6 +31,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from analysis.records import (RunRecords, _record_ranks, _records_path,  # noqa: F401
+                              read_jsonl, read_records, run_status)
 from analysis.steps import (WHOLE_TRACE_STEP, format_ranges, parse_step_spec,  # noqa: F401
                             select_steps)
 from tracer import schema
@@ -82,14 +84,6 @@ class TraceReadError(Exception):
 
 
 # ---- data model (described in docs/analysis.md) -------------------------------------------------
-@dataclass
-class RunRecords:
-    comms: pd.DataFrame
-    samples: pd.DataFrame
-    steps: pd.DataFrame
-    manifest: list
-
-
 @dataclass
 class RankTrace:
     rank: Optional[int]
@@ -669,110 +663,6 @@ def _read_trace_job(args: tuple[str, bool]):
         return f"{exc.path}: rank {rank}: {exc.reason}" if rank is not None else str(exc)
 
 
-# ---- ranktrace records ---------------------------------------------------------------------------
-def _records_path(run_dir: Path, pattern: str, rank: int) -> Optional[Path]:
-    final = run_dir / pattern.format(rank=rank)
-    if final.is_file():
-        return final
-    partial = final.with_name(final.name + schema.TEMP_SUFFIX)
-    return partial if partial.is_file() else None
-
-
-def read_jsonl(path: Path, record_type, rank: int) -> tuple[list, list[str]]:
-    """Decode a records file; a truncated last line (a crash mid-write) is dropped quietly."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return [], [f"{path}: rank {rank}: cannot read ({exc.strerror or exc})"]
-    decoder = schema.decoder(record_type)
-    try:
-        return decoder.decode_lines(data), []
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        pass
-    records, problems = [], []
-    lines = data.split(b"\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(decoder.decode(line))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            if number == len(lines):  # no newline after it: cut off by a crash
-                continue
-            problems.append(f"{path}: rank {rank}: line {number} skipped ({exc})")
-    return records, problems
-
-
-def _records_frame(records: list, record_type, rank: int) -> pd.DataFrame:
-    columns = [f.name for f in msgspec.structs.fields(record_type)]
-    rows = [msgspec.structs.asdict(r) for r in records]
-    frame = pd.DataFrame(rows, columns=columns)
-    frame["rank"] = rank
-    return frame
-
-
-class _ManifestVersion(msgspec.Struct):
-    kind: Any = None
-    schema_version: Any = None
-
-
-def read_records(run_dir: Path, rank: int) -> tuple[Optional[RunRecords], list[str]]:
-    """The tracer's records of one rank, or None where the folder has none for it."""
-    problems: list[str] = []
-    manifest_path = _records_path(run_dir, schema.MANIFEST_FILE, rank)
-    manifest: list = []
-    if manifest_path is not None:
-        versions, _ = read_jsonl(manifest_path, _ManifestVersion, rank)
-        newer = [v.schema_version for v in versions if v.kind == "run_start"
-                 and isinstance(v.schema_version, int) and v.schema_version > schema.SCHEMA_VERSION]
-        if newer:
-            return None, [f"{manifest_path}: rank {rank}: written with trace schema version "
-                          f"{newer[0]}, newer than this analysis reads "
-                          f"({schema.SCHEMA_VERSION}); its records are ignored (upgrade "
-                          f"ranktrace to read them)"]
-        manifest, found = read_jsonl(manifest_path, schema.ManifestRecord, rank)
-        problems += found + _manifest_problems(manifest, manifest_path, rank)
-    frames = {}
-    for key, pattern, record_type in (("comms", schema.COMMS_FILE, schema.CommRecord),
-                                      ("samples", schema.SAMPLES_FILE, schema.DeviceSample),
-                                      ("steps", schema.STEPS_FILE, schema.StepRecord)):
-        path = _records_path(run_dir, pattern, rank)
-        records: list = []
-        if path is not None:
-            records, found = read_jsonl(path, record_type, rank)
-            problems += found
-        frames[key] = _records_frame(records, record_type, rank)
-    if manifest_path is None and all(f.empty for f in frames.values()):
-        return None, problems
-    return RunRecords(manifest=manifest, **frames), problems
-
-
-def _manifest_problems(manifest: list, path: Path, rank: int) -> list[str]:
-    """What the tracer itself reported: parts that switched off, and how the rank ended."""
-    problems = [f"{path}: rank {rank}: tracer part '{r.part}' failed: {r.message}"
-                for r in manifest if isinstance(r, schema.TracerError)]
-    ends = [r for r in manifest if isinstance(r, schema.RunEnd)]
-    if any(isinstance(r, schema.RunStart) for r in manifest) and not ends:
-        problems.append(f"{path}: rank {rank}: no run_end record; the rank ended without "
-                        f"closing its files ({schema.STATUS_NO_END}), its records may be cut short")
-    for end in ends:
-        if end.status != "ok":
-            reason = f": {end.exception}" if end.exception else ""
-            problems.append(f"{path}: rank {rank}: the run ended '{end.status}' "
-                            f"(exit code {end.exit_code}){reason}")
-    return problems
-
-
-def _record_ranks(run_dir: Path) -> set[int]:
-    ranks = set()
-    pattern = re.compile(r"^rank(\d+)\.(?:manifest|comms|samples|steps)\.jsonl(?:\.tmp)?$")
-    for entry in run_dir.iterdir():
-        match = pattern.match(entry.name)
-        if match:
-            ranks.add(int(match.group(1)))
-    return ranks
-
-
 # ---- finding runs -------------------------------------------------------------------------------
 def is_trace_file(path: Path) -> bool:
     return path.is_file() and bool(TRACE_NAME_RE.search(path.name))
@@ -1025,17 +915,6 @@ def mark_comm_kernels(events: pd.DataFrame, patterns) -> pd.DataFrame:
     events = events.copy()
     events["is_comm"] = events["is_comm"].to_numpy() | matched
     return events
-
-
-def run_status(manifest: list) -> Optional[str]:
-    """How a rank's run ended: its last run_end's status, "crashed" with a run_start and no
-    run_end, None without a manifest."""
-    ends = [r for r in manifest if isinstance(r, schema.RunEnd)]
-    if ends:
-        return ends[-1].status
-    if any(isinstance(r, schema.RunStart) for r in manifest):
-        return schema.STATUS_NO_END
-    return None
 
 
 def _records_only_rank(run_dir: Path, rank: int) -> RankTrace:

@@ -317,4 +317,5 @@ def test_expert_parallel_kernels_count_as_communication_but_not_in_hta_columns(c
 def test_a_bad_comm_kernel_regex_is_a_usage_error(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         breakdown.main([str(small_run(tmp_path / "run")), "--comm-kernel", "(unclosed"])
-    assert exit_info.value.code == 2 and "--comm-kernel" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--comm-kernel" in err and "not a regular expression" in err
