@@ -211,11 +211,11 @@ def scenario_ddp_user_hooks(rank, world, folder):
 
     torch.manual_seed(0)
     early = DDP(BiasFreeMLP(), bucket_cap_mb=256 / 2**20)
-    early.register_comm_hook(None, counting_hook)  # before the first forward: torch's own path
+    early.register_comm_hook(None, counting_hook)  # before the first forward
     torch.manual_seed(0)
     late = DDP(BiasFreeMLP(), bucket_cap_mb=256 / 2**20)
-    late(torch.randn(2, 8)).sum().backward()       # our default hook holds the slot now
-    late.register_comm_hook(None, counting_hook)   # ...and hands it over
+    late(torch.randn(2, 8)).sum().backward()       # our default hook reduces this one
+    late.register_comm_hook(None, counting_hook)   # our hook hands its slot over
     calls_before = len(calls)
     late(torch.randn(2, 8)).sum().backward()
     calls_late = len(calls) - calls_before
@@ -601,18 +601,17 @@ def recorder_factory(one_rank):
 
 
 def patched_attributes():
-    import torch.distributed._functional_collectives as funcol  # noqa: F401  (loads DTensor-side names)
+    import torch.distributed._functional_collectives as funcol
     import torch.distributed.tensor._collective_utils as collective_utils
     from torch.nn.parallel import DistributedDataParallel as DDP
     c10d = dist.distributed_c10d
-    ns = torch.ops._c10d_functional
     owners = [(dist, n) for n in ("all_reduce", "all_gather", "broadcast", "isend", "irecv", "send", "recv",
                                   "batch_isend_irecv", "barrier", "reduce_scatter_tensor", "all_to_all_single",
                                   "_register_comm_hook", "_broadcast_coalesced")]
     owners += [(c10d, n) for n in ("all_reduce", "isend", "irecv", "_coalescing_manager", "all_gather_single")]
     owners += [(collective_utils, "broadcast"), (collective_utils, "scatter")]
-    owners += [(ns, n) for n in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor")]
-    owners += [(dist.Work, "wait"), (DDP, "__init__"), (DDP, "forward"), (DDP, "_register_builtin_comm_hook")]
+    owners += [(funcol, n) for n in ("all_reduce", "all_gather_single", "reduce_scatter_single", "wait_tensor")]
+    owners += [(dist.Work, "wait"), (DDP, "__init__"), (DDP, "_register_builtin_comm_hook")]
     return {(id(owner), name): getattr(owner, name) for owner, name in owners}
 
 
@@ -629,6 +628,24 @@ def test_uninstall_restores_every_patched_attribute(one_rank):
     after = patched_attributes()
     assert all(after[key] is before[key] for key in before)
     assert recorder.error is None
+
+
+def test_compiled_code_reaches_nothing_patched(one_rank):
+    """Inductor's lowerings and compiled graphs hold the _c10d_functional ops: they stay torch's."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    ns = torch.ops._c10d_functional
+    names = ("all_reduce", "all_reduce_", "all_gather_into_tensor", "reduce_scatter_tensor",
+             "all_to_all_single", "broadcast", "wait_tensor")
+    before = {name: getattr(ns, name) for name in names}
+    forward = DDP.forward
+    recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
+    recorder.install()
+    try:
+        assert all(type(getattr(ns, name)) is torch._ops.OpOverloadPacket for name in names)
+        assert all(getattr(ns, name) is before[name] for name in names)
+        assert DDP.forward is forward
+    finally:
+        recorder.uninstall()
 
 
 def test_ops_work_and_are_recorded_with_step(recorder_factory):
@@ -742,15 +759,16 @@ def test_functional_collective_completes_at_wait_even_through_a_view(recorder_fa
 
 
 def test_never_waited_functional_op_is_given_up_at_close_without_waiting(recorder_factory, capfd):
+    import torch.distributed._functional_collectives as funcol
     recorder, writer = recorder_factory(wait_timeout_s=30.0)
-    result = torch.ops._c10d_functional.all_reduce(torch.ones(2), "sum", "0")
+    result = funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD)
     started = time.monotonic()
     recorder.drain(wait=True)
     waited = time.monotonic() - started
     assert writer.records == [] and recorder.ops == 0 and recorder.dropped == 1
     assert waited < 30.0  # nothing to wait for: it must not sit out the timeout
     assert "1 ops never completed" in capfd.readouterr().err
-    torch.ops._c10d_functional.wait_tensor(result)
+    result.wait()
 
 
 # ---- CUDA-event bookkeeping with fake events ----------------------------------------------------

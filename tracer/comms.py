@@ -24,27 +24,39 @@ How each way of issuing an op is caught
   for the call.
 * ``_coalescing_manager``: ops issued inside it are timed together by the work the manager
   produces on exit (their own return value is a placeholder).
-* DDP gradient buckets: the C++ reducer talks to the process group directly, so on the first
-  forward of a DDP model built while installed, if nobody registered a comm hook, a hook that
+* DDP gradient buckets: the C++ reducer talks to the process group directly, so when a DDP
+  model is built while installed (and uses neither mixed precision nor the Python reducer), a hook that
   reproduces DDP's default reduction exactly is registered (see "DDP default reduction" below)
   and issues the bucket all_reduce through the wrapped ``all_reduce`` with source "ddp". A
   user's own hook (``register_comm_hook``, DDP mixed precision, fused optimizers) is
-  registered as usual; it is only wrapped so that the ops it issues are labelled "ddp" (one
-  registered after our hook took the reducer's single slot is run by our hook instead). The
+  wrapped so that the ops it issues are labelled "ddp"; as our hook holds the reducer's single
+  slot, it hands the slot over and runs the user's hook instead of its own reduction. The
   built-in C++ hooks ALLREDUCE and FP16_COMPRESS become their Python twins from
   ``default_hooks`` (same arithmetic) so their all_reduce can be seen. DDP's parameter and
   buffer broadcasts (``dist._broadcast_coalesced``) record as "broadcast" with source "ddp".
-* Functional collectives (DTensor, ``torch.distributed._functional_collectives``): the ops
-  ``torch.ops._c10d_functional.{all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
-  all_to_all_single, broadcast, *_coalesced, *_out, in-place variants}`` are replaced on the op
-  namespace, which every eager Python caller (funcol wrappers and their autograd backward
-  functions) looks up at call time. Completion is observed in ``wait_tensor`` (also replaced),
-  which AsyncCollectiveTensor calls on first use; the pending op is found by the output's
-  storage address, so waiting on a view of the output also counts. Compiled graphs
-  (torch.compile) hold the OpOverload itself and are not recorded.
+* Functional collectives (DTensor, ``torch.distributed._functional_collectives``): the module's
+  Python functions (all_reduce, all_gather_single, reduce_scatter_single, all_to_all_single,
+  broadcast and their *_coalesced forms) are replaced in every loaded ``torch.distributed.*``
+  module that holds them; DTensor looks them up on the module at call time. Completion is
+  observed in the module's ``wait_tensor`` (also replaced), which AsyncCollectiveTensor calls on
+  first use; the pending op is found by the output's storage address, so waiting on a view of
+  the output also counts. The ``torch.ops._c10d_functional`` ops themselves are never replaced:
+  compiled graphs and Inductor's lowerings hold them, and a replaced op namespace made Inductor
+  generate different code (another buffer waited on, wrong losses). The ``*_autograd`` variants
+  (``torch.ops._c10d_functional_autograd``) and DTensor's ``shard_dim_alltoall`` op are not seen.
 * Pipelining (``torch.distributed.pipelining``) builds ``dist.P2POp(dist.isend, ...)`` and calls
   ``dist.batch_isend_irecv`` or, for one-direction batches, ``P2POp.op`` directly: both paths
   are covered above, with source "p2p".
+
+torch.compile
+-------------
+Every wrapper first asks ``torch.compiler.is_dynamo_compiling()`` and, when Dynamo traces it, is
+the original and nothing else, so Dynamo's graphs, guards and graph breaks are those of the
+untraced script. Collectives inside compiled graphs are not recorded: the functional wrappers
+count how many AOTAutograd traced into graphs (they run for real while a graph is built) and
+``uninstall`` says so in one line. DDP's hook is registered when the DDP module is built, never
+in its forward, which Dynamo traces; its buckets are reduced by the C++ reducer outside compiled
+code, so they are recorded compiled or not.
 
 Not seen: ops inside torch.compile graphs; ops that torch issues from C++ only (DDP's one-off
 bucket-order broadcast after its first iteration and its start-up parameter-shape check);
@@ -192,23 +204,6 @@ class _P2POpEqualWrapper:
         return f"<ranktrace wrapper of {self._original!r}>"
 
 
-class _FunctionalOpWrapper:
-    """Stands in for an OpOverloadPacket on ``torch.ops._c10d_functional``; ``.default`` etc. pass through."""
-
-    def __init__(self, packet, call):
-        self._packet = packet
-        self._call = call
-
-    def __call__(self, *args, **kwargs):
-        return self._call(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._packet, name)
-
-    def __repr__(self):
-        return f"<ranktrace wrapper of {self._packet!r}>"
-
-
 # ---- c10d call specs ----------------------------------------------------------------------------
 # name -> (CommRecord.op, parameter holding the payload, how it counts, source, peer params, async)
 # "one": a tensor; "list": a list of tensors; "lists": a list of lists; "per_rank": one tensor
@@ -225,7 +220,6 @@ _C10D_SPECS = {
     "all_gather_coalesced": ("all_gather", "output_tensor_lists", "lists", "c10d", None, None),
     "reduce_scatter": ("reduce_scatter", "input_list", "list", "c10d", None, None),
     "reduce_scatter_single": ("reduce_scatter", "input", "one", "c10d", None, None),
-    "reduce_scatter_tensor": ("reduce_scatter", "input", "one", "c10d", None, None),
     "_reduce_scatter_base": ("reduce_scatter", "input", "one", "c10d", None, None),
     "all_to_all": ("all_to_all", "input_tensor_list", "list", "c10d", None, None),
     "all_to_all_single": ("all_to_all", "input", "one", "c10d", None, None),
@@ -239,23 +233,25 @@ _C10D_SPECS = {
     "monitored_barrier": ("barrier", None, None, "c10d", None, False),
 }
 
-# torch.ops._c10d_functional op -> (CommRecord.op, position of the group name, position of the
-# group_size argument that multiplies the input size (all_gather: S = output = n * input), or None).
+# torch.distributed._functional_collectives function -> (CommRecord.op, whether the payload is
+# gathered from every rank of the group, so S = n * input). The deprecated aliases
+# (all_gather_tensor, reduce_scatter_tensor, *_tensor_coalesced) call these through the module, so
+# they are recorded without being wrapped, and their FutureWarning still points at the caller.
 _FUNCTIONAL_SPECS = {
-    "all_reduce": ("all_reduce", 2, None),
-    "all_reduce_": ("all_reduce", 2, None),
-    "all_reduce_coalesced": ("all_reduce", 2, None),
-    "all_reduce_coalesced_": ("all_reduce", 2, None),
-    "all_gather_into_tensor": ("all_gather", 2, 1),
-    "all_gather_into_tensor_out": ("all_gather", 2, 1),
-    "all_gather_into_tensor_coalesced": ("all_gather", 2, 1),
-    "reduce_scatter_tensor": ("reduce_scatter", 3, None),
-    "reduce_scatter_tensor_out": ("reduce_scatter", 3, None),
-    "reduce_scatter_tensor_coalesced": ("reduce_scatter", 3, None),
-    "all_to_all_single": ("all_to_all", 3, None),
-    "broadcast": ("broadcast", 2, None),
-    "broadcast_": ("broadcast", 2, None),
+    "all_reduce": ("all_reduce", False),
+    "all_reduce_coalesced": ("all_reduce", False),
+    "broadcast": ("broadcast", False),
+    "all_gather_single": ("all_gather", True),
+    "all_gather_single_coalesced": ("all_gather", True),
+    "reduce_scatter_single": ("reduce_scatter", False),
+    "reduce_scatter_single_coalesced": ("reduce_scatter", False),
+    "all_to_all_single": ("all_to_all", False),
 }
+
+
+def _in_compiled_code() -> bool:
+    """True while Dynamo traces the caller: a wrapper must then be the original and nothing else."""
+    return torch.compiler.is_dynamo_compiling()
 
 
 def _positions(function) -> dict[str, int]:
@@ -300,11 +296,11 @@ class CommsRecorder:
         self._functional_pending: collections.OrderedDict = collections.OrderedDict()
         self._pg_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._pg_name_sizes: dict[str, int] = {}
-        self._ddp_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ddp -> attach done
-        self._ddp_builtin: weakref.WeakSet = weakref.WeakSet()
         self._default_reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reducer -> state
         self._c10d_wrappers: dict[str, object] = {}
         self._are_we_tracing: Callable[[], bool] = lambda: False
+        self._resolve_group_name: Callable = lambda group, tag: group
+        self.compiled_collectives = 0  # functional collectives traced into torch.compile graphs
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -329,6 +325,11 @@ class CommsRecorder:
         self._active = False
         self._restore()
         self._installed = False
+        if self.compiled_collectives:
+            _say(f"comms: {self.compiled_collectives} collectives were compiled into torch.compile "
+                 f"graphs; the ops compiled code issues are not in the comms records (comm_ops "
+                 f"counts eager ops only; the profiler's Kineto traces show them)")
+            self.compiled_collectives = 0
 
     def _restore(self) -> None:
         for owner, name, original in reversed(self._patches):
@@ -455,7 +456,7 @@ class CommsRecorder:
             return pg, pg_name, pg_size, tensor, nbytes, async_op, peer
 
         def wrapper(*args, **kwargs):
-            if not recorder._active or _thread.depth or torch.compiler.is_compiling():
+            if _in_compiled_code() or not recorder._active or _thread.depth or torch.compiler.is_compiling():
                 return original(*args, **kwargs)
             failure = pending = None
             try:
@@ -509,7 +510,7 @@ class CommsRecorder:
         recorder = self
 
         def batch_isend_irecv(p2p_op_list):
-            if not recorder._active or _thread.depth or torch.compiler.is_compiling():
+            if _in_compiled_code() or not recorder._active or _thread.depth or torch.compiler.is_compiling():
                 return original(p2p_op_list)
             try:
                 ops = recorder._normalize_p2p_ops(p2p_op_list)
@@ -577,7 +578,7 @@ class CommsRecorder:
 
         @contextlib.contextmanager
         def _coalescing_manager(group=None, device=None, async_ops=False):
-            if not recorder._active or _thread.depth:
+            if _in_compiled_code() or not recorder._active or _thread.depth:
                 with original(group, device, async_ops) as cm:
                     yield cm
                 return
@@ -608,7 +609,7 @@ class CommsRecorder:
         recorder = self
 
         def _broadcast_coalesced(process_group, tensors, *args, **kwargs):
-            if not recorder._active or _thread.depth or not tensors:
+            if _in_compiled_code() or not recorder._active or _thread.depth or not tensors:
                 return original(process_group, tensors, *args, **kwargs)
             failure = pending = None
             try:
@@ -642,6 +643,8 @@ class CommsRecorder:
         recorder = self
 
         def wait(work, *args, **kwargs):
+            if _in_compiled_code():
+                return original_wait(work, *args, **kwargs)
             result = original_wait(work, *args, **kwargs)
             if recorder._wait_pending:
                 try:
@@ -664,20 +667,33 @@ class CommsRecorder:
 
     # ---- functional collectives -----------------------------------------------------------------
     def _install_functional(self) -> None:
-        namespace = torch.ops._c10d_functional
-        try:
-            import torch.distributed._functional_collectives as funcol
-            self._are_we_tracing = funcol._are_we_tracing
-        except Exception:
-            self._are_we_tracing = lambda: False
+        """Wraps the Python functions of torch.distributed._functional_collectives, never the
+        torch.ops._c10d_functional ops: compiled graphs and Inductor's lowerings hold those ops,
+        and a replaced op namespace changes what Inductor generates."""
+        import torch.distributed._functional_collectives as funcol
+        self._are_we_tracing = funcol._are_we_tracing
+        self._resolve_group_name = funcol._resolve_group_name
+        wrappers = {}
         for name, spec in _FUNCTIONAL_SPECS.items():
-            try:
-                packet = getattr(namespace, name)
-            except (AttributeError, RuntimeError):
+            original = getattr(funcol, name, None)
+            if original is None:
                 continue
-            self._patch(namespace, name, _FunctionalOpWrapper(packet, self._make_functional_call(name, packet, spec)))
-        wait_packet = getattr(namespace, "wait_tensor")
-        self._patch(namespace, "wait_tensor", _FunctionalOpWrapper(wait_packet, self._make_wait_tensor(wait_packet)))
+            positions = _positions(original)
+            if "group" not in positions:
+                continue  # a torch whose signature differs: leave that function alone
+            wrappers[name] = (original, self._make_functional_call(name, original, positions, spec))
+        wrappers["wait_tensor"] = (funcol.wait_tensor, self._make_wait_tensor(funcol.wait_tensor))
+        wrapper_of = {}
+        for name, (original, wrapper) in wrappers.items():
+            functools.update_wrapper(wrapper, original)
+            self._wrapper_to_original[id(wrapper)] = (wrapper, original)
+            wrapper_of[id(original)] = (original, wrapper)
+        # DTensor looks them up on the module (funcol.all_reduce); some modules import them by name.
+        for module in self._distributed_modules():
+            for attr, value in list(vars(module).items()):
+                found = wrapper_of.get(id(value))
+                if found is not None and found[0] is value:
+                    self._patch(module, attr, found[1])
 
     def _functional_group(self, group_name):
         if not isinstance(group_name, str):
@@ -688,47 +704,57 @@ class CommsRecorder:
             size = self._pg_name_sizes[group_name] = dist.distributed_c10d._get_group_size_by_name(group_name)
         return group_name, size
 
-    def _make_functional_call(self, name, packet, spec):
-        op, group_position, group_size_position = spec
+    def _make_functional_call(self, name, original, positions, spec):
+        op, gathered = spec
         recorder = self
-        group_arg = "group_name"
 
         def call(*args, **kwargs):
-            if not recorder._active or _thread.depth or torch.compiler.is_compiling():
-                return packet(*args, **kwargs)
+            if _in_compiled_code():
+                return original(*args, **kwargs)
+            if torch.compiler.is_compiling() or recorder._are_we_tracing():
+                # AOTAutograd/make_fx runs this Python for real while it builds a compiled graph
+                # (DTensor's redistribution under torch.compile): counted, never recorded.
+                if recorder._active:
+                    recorder.compiled_collectives += 1
+                return original(*args, **kwargs)
+            if not recorder._active or _thread.depth:
+                return original(*args, **kwargs)
             failure = pending = None
             try:
-                inputs = args[0] if args else kwargs.get("input", kwargs.get("inputs"))
+                inputs = args[0] if args else kwargs.get("self", kwargs.get("inputs"))
                 tensors = inputs if isinstance(inputs, (list, tuple)) else (inputs,)
-                # Fake, meta or traced tensors (compilation, sharding propagation) move no data.
-                if tensors and tensors[0].device.type != "meta" and not recorder._are_we_tracing():
-                    group_name = args[group_position] if len(args) > group_position else kwargs[group_arg]
-                    pg_name, pg_size = recorder._functional_group(group_name)
-                    nbytes = sum(_tensor_bytes(t) for t in tensors)
-                    if group_size_position is not None:
-                        nbytes *= int(args[group_size_position] if len(args) > group_size_position
-                                      else kwargs["group_size"])
+                # Fake or meta tensors (sharding propagation) move no data.
+                if tensors and tensors[0].device.type != "meta":
+                    group = _arg(args, kwargs, positions, "group")
+                    tag = _arg(args, kwargs, positions, "tag", "")
+                    pg_name, pg_size = recorder._functional_group(recorder._resolve_group_name(group, tag))
+                    nbytes = sum(_tensor_bytes(t) for t in tensors) * (pg_size if gathered else 1)
                     pending = recorder._begin(op, "functional", pg_name, pg_size, tensors[0], nbytes,
                                               True, None)
             except Exception as exc:
                 failure = exc
             if failure is not None:
-                result = packet(*args, **kwargs)
-                recorder._fail(f"recording _c10d_functional.{name}", failure)
+                result = original(*args, **kwargs)
+                recorder._fail(f"recording _functional_collectives.{name}", failure)
                 return result
             if pending is None:
-                return packet(*args, **kwargs)
+                return original(*args, **kwargs)
             _thread.depth += 1
             try:
-                result = packet(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 _thread.depth -= 1
             try:
                 recorder._issued(pending)
-                outputs = result if isinstance(result, (list, tuple)) else (result,)
-                recorder._await_functional(pending, outputs)
+                results = result if isinstance(result, (list, tuple)) else (result,)
+                waiting = [getattr(r, "elem", None) for r in results
+                           if not getattr(r, "completed", True)]  # AsyncCollectiveTensor, not waited yet
+                if waiting and all(w is not None for w in waiting):
+                    recorder._await_functional(pending, waiting)
+                else:
+                    recorder._complete_now(pending)  # the function waited before returning
             except Exception as exc:
-                recorder._fail(f"recording _c10d_functional.{name}", exc)
+                recorder._fail(f"recording _functional_collectives.{name}", exc)
             return result
 
         return call
@@ -760,14 +786,15 @@ class CommsRecorder:
         pending.keep = None
         self._drop(pending)
 
-    def _make_wait_tensor(self, packet):
+    def _make_wait_tensor(self, original):
         recorder = self
 
-        def wait_tensor(*args, **kwargs):
-            result = packet(*args, **kwargs)
+        def wait_tensor(tensor):
+            if _in_compiled_code():
+                return original(tensor)
+            result = original(tensor)
             if recorder._functional_pending:
                 try:
-                    tensor = args[0] if args else kwargs["tensor"]
                     pending = recorder._functional_pending.pop(_storage_key(tensor), None)
                     if pending is not None and pending.keep is not None:
                         for other in pending.keep:  # the other outputs of a coalesced op
@@ -775,7 +802,7 @@ class CommsRecorder:
                         pending.keep = None
                         recorder._complete_now(pending)
                 except Exception as exc:
-                    recorder._fail("recording _c10d_functional.wait_tensor", exc)
+                    recorder._fail("recording _functional_collectives.wait_tensor", exc)
             return result
 
         return wait_tensor
@@ -786,33 +813,25 @@ class CommsRecorder:
         from torch.nn.parallel import DistributedDataParallel as DDP
         recorder = self
         original_init = DDP.__init__
-        original_forward = DDP.forward
         original_builtin = DDP._register_builtin_comm_hook
         original_register = dist._register_comm_hook
 
+        # The hook is registered at construction, which never runs inside a compiled region:
+        # DDP.forward is left alone, so torch.compile(DDP(model)) traces exactly what it would
+        # untraced (no graph break, no warning at a comm hook registration).
         @functools.wraps(original_init)
         def __init__(ddp, *args, **kwargs):
             original_init(ddp, *args, **kwargs)
             if recorder._active:
                 try:
-                    recorder._ddp_seen[ddp] = False
-                except Exception as exc:
-                    recorder._fail("watching DistributedDataParallel", exc)
-
-        @functools.wraps(original_forward)
-        def forward(ddp, *inputs, **kwargs):
-            if recorder._active and recorder._ddp_seen.get(ddp) is False:
-                recorder._ddp_seen[ddp] = True
-                try:
                     recorder._attach_default_hook(ddp, original_register)
                 except Exception as exc:
                     recorder._fail("registering the DDP timing hook", exc)
-            return original_forward(ddp, *inputs, **kwargs)
 
         @functools.wraps(original_builtin)
         def _register_builtin_comm_hook(ddp, comm_hook_type):
             twin = None
-            if recorder._active:
+            if recorder._active or getattr(ddp, "reducer", None) in recorder._default_reductions:
                 try:
                     twin = recorder._python_twin(comm_hook_type)
                 except Exception as exc:
@@ -822,7 +841,6 @@ class CommsRecorder:
             # As the original does, with the hook's Python twin (same arithmetic) in its place.
             ddp.logger._set_comm_hook_name(str(comm_hook_type))
             dist._register_comm_hook(ddp.reducer, ddp.process_group, twin)
-            recorder._ddp_builtin.add(ddp)
 
         @functools.wraps(original_register)
         def _register_comm_hook(reducer, state, hook):
@@ -831,7 +849,7 @@ class CommsRecorder:
                 labelled = _LabelledDdpHook(hook)
                 default = recorder._default_reductions.get(reducer)
                 if default is not None and default.user_hook is None:
-                    # Our hook took the reducer's only slot at the first forward: it hands over.
+                    # Our hook took the reducer's only slot at construction: it hands over.
                     default.user_state, default.user_hook = state, labelled
                     return None
             except Exception as exc:
@@ -839,7 +857,6 @@ class CommsRecorder:
             return original_register(reducer, state, labelled)
 
         self._patch(DDP, "__init__", __init__)
-        self._patch(DDP, "forward", forward)
         self._patch(DDP, "_register_builtin_comm_hook", _register_builtin_comm_hook)
         self._patch(dist, "_register_comm_hook", _register_comm_hook)
 
@@ -852,8 +869,8 @@ class CommsRecorder:
                 }.get(comm_hook_type)
 
     def _attach_default_hook(self, ddp, original_register) -> None:
-        if (getattr(ddp, "_comm_hooks", None) or ddp in self._ddp_builtin or getattr(ddp, "mixed_precision", None) is not None
-                or getattr(ddp, "_use_python_reducer", False) or getattr(ddp, "reducer", None) is None):
+        if (getattr(ddp, "mixed_precision", None) is not None or getattr(ddp, "_use_python_reducer", False)
+                or getattr(ddp, "reducer", None) is None):
             return  # someone else reduces the buckets: their ops are recorded where they issue them
         state = _DdpDefaultReduction(ddp)
         original_register(ddp.reducer, state, _ddp_default_hook)

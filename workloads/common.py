@@ -129,6 +129,8 @@ def make_parser(doc: str, distributed: bool = True) -> RankZeroParser:
     parser.add_argument("--lr", type=positive_float, default=0.05, help="SGD learning rate")
     parser.add_argument("--num-workers", type=non_negative_int, default=0,
                         help="DataLoader worker processes")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model with torch.compile (Module.compile(), names kept)")
     parser.add_argument("--save", metavar="PATH",
                         help="write final parameters and per-step losses with torch.save")
     if distributed:

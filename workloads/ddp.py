@@ -9,6 +9,8 @@ optimizer step consumes batch_size * grad_accum * world_size samples.
 The logged loss is rank 0's own shard loss: averaging it over ranks would add a
 collective that is not part of DDP's traffic.
 
+--compile compiles the DDP module with torch.compile.
+
 --save PATH: rank 0 writes {"losses": float64[steps], "params": {name: tensor}}.
 
 Without WORLD_SIZE in the environment it runs as a 1-rank world.
@@ -48,6 +50,8 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
     model = build_model(args.hidden, args.layers, args.seed).to(device)
     device_ids = [device.index] if device.type == "cuda" else None
     model = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=args.bucket_cap_mb)
+    if args.compile:
+        model.compile()  # torch.compile of the DDP module: Dynamo splits graphs at buckets
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     micro_steps = args.steps * args.grad_accum

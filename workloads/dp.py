@@ -6,6 +6,7 @@ the gradients onto it. Without a GPU, DataParallel just runs the model on the CP
 No process group is used, so --nproc-per-node must be 1 under torchrun.
 
 --save PATH writes {"losses": float64[steps], "params": {name: tensor}}.
+--compile compiles the DataParallel module with torch.compile.
 
     python workloads/dp.py --steps 20
     torchrun --nproc-per-node 1 workloads/dp.py --steps 20
@@ -39,6 +40,8 @@ def train(args) -> list[float]:
         log(f"dp: DataParallel over {len(model.device_ids)} GPU(s)")
     else:
         log("dp: no GPU visible, DataParallel runs the model on the CPU in this one process")
+    if args.compile:
+        model.compile()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     dataset = SyntheticDataset(args.steps * args.batch_size, args.hidden, args.seed)

@@ -12,6 +12,8 @@ out.rank0.pt, out.rank1.pt): {"losses": float64[steps], "params": {name: local s
 fc1 weight/bias are split along dim 0, fc2 weight along dim 1; fc2 bias and the head
 are whole on every rank.
 
+--compile compiles the parallelized model with torch.compile.
+
 Without WORLD_SIZE in the environment it runs as a 1-rank world (a 1-device mesh).
 
     torchrun --nproc-per-node 2 workloads/model_parallel.py --steps 20
@@ -54,6 +56,8 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
         plan[f"blocks.{index}.fc1"] = ColwiseParallel()
         plan[f"blocks.{index}.fc2"] = RowwiseParallel()
     parallelize_module(model, mesh, plan)
+    if args.compile:
+        model.compile()  # DTensor redistributions become functional collectives in the graph
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     dataset = SyntheticDataset(args.steps * args.batch_size, args.hidden, args.seed)

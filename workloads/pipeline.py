@@ -15,6 +15,8 @@ is needed to bring it to rank 0.
 ...): {"losses": float64[steps] (empty except on the last stage), "params": {name: tensor}}
 with the full model's parameter names (blocks.2.fc1.weight, head.weight on the last stage).
 
+--compile compiles each stage's module with torch.compile.
+
 A single rank (no WORLD_SIZE, or --nproc-per-node 1) runs a one-stage pipeline.
 
     torchrun --nproc-per-node 2 workloads/pipeline.py --steps 20 --schedule 1f1b --microbatches 4
@@ -67,6 +69,8 @@ def build_stage_module(args, stage: int, stages: int) -> nn.Module:
 
 def train(args, rank: int, world_size: int, device: torch.device) -> list[float]:
     module = build_stage_module(args, rank, world_size).to(device)
+    if args.compile:
+        module.compile()  # the stage's forward; send/recv stay outside the compiled code
     microbatch = args.batch_size // args.microbatches
     is_last = rank == world_size - 1
     # Static example shapes let each stage size its send/recv buffers without a metadata
