@@ -17,18 +17,16 @@ from analysis.communication import size_bucket
 STRAGGLER_COLUMNS = ["rank", "caused_wait_ms_per_step", "share_pct", "steady", "dominant",
                      "fires", "collectives", "evidence"]
 MIN_SHARE_PCT = 5.0  # the caused wait is at least this share of the ranks' summed step time
-STEADY_SIGMAS = 3.0  # median caused wait per step >= 3 x its step-to-step spread (1.4826 MAD)
+STEADY_FRACTION = 0.5  # in 3 of 4 steps (lower quartile) at least half the median caused wait
 DOMINANCE = 2.0  # ... and >= 2 x any other rank's median caused wait per step
 TOP_COLLECTIVES = 3
 TOP_OPS = 5
 MAX_WINDOWS = 500  # evidence windows examined per straggler, the longest first
-MAD_TO_SIGMA = 1.4826
 
 
 def _robust(per_step: pd.DataFrame) -> pd.DataFrame:
-    stats = per_step.groupby("last_rank")["caused_ns"].agg(
-        median="median", mad=lambda c: float(np.median(np.abs(c - np.median(c)))))
-    return stats
+    by_rank = per_step.groupby("last_rank")["caused_ns"]
+    return pd.DataFrame({"median": by_rank.median(), "low": by_rank.quantile(0.25)})
 
 
 def caused_waits(waits: pd.DataFrame) -> pd.DataFrame:
@@ -59,10 +57,10 @@ def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | Non
     rows = []
     for rank in culprits:
         total = float(instances.loc[instances["last_rank"] == rank, "caused_ns"].sum())
-        median, mad = stats.loc[rank, "median"], stats.loc[rank, "mad"]
+        median, low = stats.loc[rank, "median"], stats.loc[rank, "low"]
         others = stats.drop(index=rank)["median"]
         share = total / step_ns * 100 if step_ns > 0 else np.nan
-        steady = median > 0 and median >= STEADY_SIGMAS * MAD_TO_SIGMA * mad
+        steady = median > 0 and low >= STEADY_FRACTION * median
         dominant = median >= DOMINANCE * (others.max() if len(others) else 0.0)
         mine = instances[instances["last_rank"] == rank]
         rows.append({
