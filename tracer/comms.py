@@ -684,7 +684,7 @@ class CommsRecorder:
             wrappers[name] = (original, self._make_functional_call(name, original, positions, spec))
         wrappers["wait_tensor"] = (funcol.wait_tensor, self._make_wait_tensor(funcol.wait_tensor))
         wrapper_of = {}
-        for name, (original, wrapper) in wrappers.items():
+        for original, wrapper in wrappers.values():
             functools.update_wrapper(wrapper, original)
             self._wrapper_to_original[id(wrapper)] = (wrapper, original)
             wrapper_of[id(original)] = (original, wrapper)
