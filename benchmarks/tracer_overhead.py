@@ -1,8 +1,8 @@
 """What the tracer costs a training step: DDP on CPU, 2 ranks, measured side by side.
 
-    .venv/bin/python benchmarks/tracer_overhead.py [--repeats 5] [--steps 200]
+    .venv/bin/python benchmarks/tracer_overhead.py [--repeats 5] [--steps 400] [--modes ...]
 
-Four kinds of run are launched in turn, `--repeats` times, interleaved so that machine noise
+Kinds of run (modes) are launched in turn, `--repeats` times, interleaved so that machine noise
 falls on all of them alike:
 
 * bare:           torchrun workloads/ddp.py
@@ -11,16 +11,25 @@ falls on all of them alike:
 * profiler:       the same schedule with a bare torch.profiler and tensorboard_trace_handler
 * bare-again:     bare once more, as a control: bare-again / bare is the noise floor
 
-Every run times its steps the same way: a global optimizer-step hook, registered after the
-tracer's, stamps the end of each step, so a step's time includes whatever the tracer does at its
-end. Two ratios of median step times are printed:
+and the bisecting modes, outside windows only: `off` is the tracer with every part switched off
+(`--no-comms --no-sampler --no-profiler`, and the parts without an option switched off by the
+probe, see `benchmarks/overhead_probe.py --tracer-off`); each `+part` switches one part back on
+over `off`: `+comms`, `+sampler`, `+profiler` (its schedule and driver, window at the very end),
+`+steps` (the step-end worker thread writing step records), `+memory` and `+scalars` (each with
+the step-end worker, which reads RSS and writes the scalars: compare them with `+steps`).
 
-* outside windows: traced / bare, over steps where the profiler is idle (goal < 1.01);
+Every run times its steps the same way (`benchmarks/overhead_probe.py`): a global optimizer-step
+hook, registered after the tracer's, stamps the end of each step with the wall clock, the
+process's CPU time and the main thread's CPU time, so a step includes whatever the tracer does at
+its end. Printed per mode, as ratios of median step times against bare:
+
+* outside windows: over steps where the profiler is idle (goal for traced / bare: < 1.01), wall
+  time, the main thread's CPU time and the process's CPU time (every thread, the tracer's too);
 * inside windows: traced-window / profiler, over recording steps whose end does not export a
   trace (goal < 1.03).
 
-Also printed: the noise floor, bare-again / bare, and each ratio per repeat: on a shared 2-core
-machine they spread by several percent, so read the goals against the noise floor.
+CPU time is the steadier figure on a shared machine; the per-repeat wall ratios and the noise
+floor say how far the wall figures can be trusted.
 
 The first 10 steps (connection set-up, DDP's bucket rebuild) are left out everywhere. Each rank
 is pinned to its own core (all its threads, the tracer's included).
@@ -32,7 +41,6 @@ import argparse
 import datetime
 import json
 import os
-import runpy
 import statistics
 import subprocess
 import sys
@@ -42,9 +50,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = "workloads/ddp.py"
+PROBE = "benchmarks/overhead_probe.py"
 DISCARD = 10  # first steps left out of every comparison
 WINDOW = dict(wait=0, warmup=1, active=3)
-MODES = ("bare", "traced", "traced-window", "profiler", "bare-again")
+TRACER_SWITCHES = {"comms": "--no-comms", "sampler": "--no-sampler", "profiler": "--no-profiler"}
+PROBE_SWITCHES = ("scalars", "memory", "steps")  # parts without an option of their own
+# Bisecting modes: the parts switched on over a tracer with every part off.
+PARTS_ON = {"off": (), "+comms": ("comms",), "+sampler": ("sampler",),
+            "+profiler": ("profiler",), "+steps": ("steps",), "+memory": ("steps", "memory"),
+            "+scalars": ("steps", "scalars")}
+MODES = ("bare", "traced", *PARTS_ON, "traced-window", "profiler", "bare-again")
+DEFAULT_MODES = ("bare", "traced", "traced-window", "profiler", "bare-again")
+CLOCKS = ("wall_ns", "thread_cpu_ns", "process_cpu_ns")
 
 
 def parse_args():
@@ -52,167 +69,160 @@ def parse_args():
     p.add_argument("--repeats", type=int, default=5, help="runs of each kind")
     p.add_argument("--steps", type=int, default=400, help="training steps per run")
     p.add_argument("--nproc", type=int, default=2, help="ranks per run")
-    p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
-    p.add_argument("--stamps", help=argparse.SUPPRESS)
-    p.add_argument("--skip-first", type=int, default=DISCARD, help=argparse.SUPPRESS)
-    p.add_argument("workload", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument("--modes", nargs="+", choices=MODES, default=DEFAULT_MODES,
+                   help="kinds of run (bare is always added)")
+    p.add_argument("--bisect", action="store_true", help="run every mode, bisecting ones too")
     return p.parse_args()
 
 
-# ---- inside each rank ------------------------------------------------------------------------
-def pin_to_one_core(local_rank: int) -> None:
-    """Every thread of this rank (the tracer's included) on one core, a different one per rank.
-
-    Left to the scheduler, where two ranks' threads land on two cores changes a step's time by
-    up to half from one run to the next, which would drown a 1% difference.
-    """
-    cores = sorted(os.sched_getaffinity(0))
-    core = {cores[local_rank % len(cores)]}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), core)
-        except OSError:
-            pass  # a thread that just ended
-
-
-def run_worker(args) -> None:
-    """Run the workload with a step-end stamp (and for `profiler`, a bare torch.profiler)."""
-    import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    rank = int(os.environ.get("RANK", "0"))
-    pin_to_one_core(int(os.environ.get("LOCAL_RANK", "0")))
-    profile = None
-    if args.worker == "profiler":
-        from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
-
-        trace_dir = tempfile.mkdtemp(prefix="bare-profiler-")
-        profile = torch.profiler.profile(
-            activities=[ProfilerActivity.CPU],
-            schedule=schedule(skip_first=args.skip_first, repeat=0, **WINDOW),
-            on_trace_ready=tensorboard_trace_handler(trace_dir, worker_name=f"rank{rank}",
-                                                     use_gzip=True))
-        profile.start()
-    stamps: list[int] = []
-
-    def on_step(optimizer, _args, _kwargs):
-        if profile is not None:
-            profile.step()
-        stamps.append(time.perf_counter_ns())
-
-    register_optimizer_step_post_hook(on_step)
-    script, *script_args = args.workload
-    sys.argv = [script, *script_args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    finally:
-        if profile is not None:
-            profile.stop()
-        Path(f"{args.stamps}.rank{rank}").write_text(json.dumps(stamps))
-
-
 # ---- the driver ------------------------------------------------------------------------------
+def window_skip_first(mode: str, steps: int) -> int:
+    return DISCARD if mode in ("traced-window", "profiler") else steps - 30
+
+
 def command(mode: str, steps: int, nproc: int, stamps: str, out: str) -> list[str]:
     head = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}"]
-    skip_first = DISCARD
+    probe = [PROBE, "--out", stamps, "--pin"]
+    skip_first = str(window_skip_first(mode, steps))
     if mode == "traced":
-        skip_first = steps - 30
-        head += ["-m", "tracer.record", "--out", out, "--skip-first", str(skip_first)]
+        head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
     elif mode == "traced-window":
-        head += ["-m", "tracer.record", "--out", out, "--skip-first", str(DISCARD), "--repeat",
+        head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first, "--repeat",
                  "0"] + [f"--{k}={v}" for k, v in WINDOW.items()]
-    return head + [__file__, "--worker", mode, "--stamps", stamps, "--skip-first",
-                   str(skip_first), WORKLOAD, "--steps", str(steps)]
+    elif mode == "profiler":
+        probe += ["--profiler", f"{skip_first},{WINDOW['wait']},{WINDOW['warmup']},"
+                                f"{WINDOW['active']},0"]
+    elif mode in PARTS_ON:
+        on = PARTS_ON[mode]
+        head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
+        head += [flag for part, flag in TRACER_SWITCHES.items() if part not in on]
+        off = [part for part in PROBE_SWITCHES if part not in on]
+        if off:
+            probe += ["--tracer-off", ",".join(off)]
+    return head + probe + [WORKLOAD, "--steps", str(steps)]
 
 
-def actions(skip_first: int, repeat: int, steps: int):
-    from torch.profiler import schedule
+def mode_actions(mode: str, steps: int) -> list:
+    """torch.profiler.schedule's action for each step of a run of `mode` (NONE without one)."""
+    from torch.profiler import ProfilerAction, schedule
 
-    fn = schedule(skip_first=skip_first, repeat=repeat, **WINDOW)
-    return [fn(k) for k in range(steps + 1)]
+    if mode in ("traced", "+profiler", "traced-window", "profiler"):
+        repeat = 0 if mode in ("traced-window", "profiler") else 1
+        fn = schedule(skip_first=window_skip_first(mode, steps), repeat=repeat, **WINDOW)
+        return [fn(k) for k in range(steps + 1)]
+    return [ProfilerAction.NONE] * (steps + 1)
 
 
-def selected_periods(stamps: list[int], mode: str, steps: int) -> dict[str, list[float]]:
-    """Step times in ms, split into steps outside and inside profiler windows."""
+def selected_periods(result: dict, mode: str, steps: int) -> dict[str, dict[str, list[float]]]:
+    """Per clock, step times in ms, split into steps outside and inside profiler windows."""
     from torch.profiler import ProfilerAction
 
-    if mode == "traced":
-        acts = actions(steps - 30, 1, steps)
-    elif mode in ("bare", "bare-again"):
-        acts = [ProfilerAction.NONE] * (steps + 1)
-    else:
-        acts = actions(DISCARD, 0, steps)
+    acts = mode_actions(mode, steps)
     recording = (ProfilerAction.WARMUP, ProfilerAction.RECORD)
-    periods = {"outside": [], "inside": []}
-    for k in range(DISCARD, len(stamps)):
-        ms = (stamps[k] - stamps[k - 1]) / 1e6
-        # A step's time ends after the step-end work, where the profiler starts, stops, exports.
-        if acts[k] == ProfilerAction.NONE and acts[k + 1] == ProfilerAction.NONE:
-            periods["outside"].append(ms)
-        elif acts[k] in recording:
-            periods["inside"].append(ms)
+    periods = {clock: {"outside": [], "inside": []} for clock in CLOCKS}
+    for clock in CLOCKS:
+        stamps = result[clock]
+        for k in range(DISCARD, len(stamps)):
+            ms = (stamps[k] - stamps[k - 1]) / 1e6
+            # A step's time ends after the step-end work, where the profiler starts, stops,
+            # exports.
+            if acts[k] == ProfilerAction.NONE and acts[k + 1] == ProfilerAction.NONE:
+                periods[clock]["outside"].append(ms)
+            elif acts[k] in recording:
+                periods[clock]["inside"].append(ms)
     return periods
+
+
+def median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def run_all(args, modes: list[str], work: str):
+    """Every mode `args.repeats` times, interleaved; pooled and per-repeat step times."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKTRACE_")}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    pooled = {m: {c: {"outside": [], "inside": []} for c in CLOCKS} for m in modes}
+    per_repeat = {m: [] for m in modes}
+    threads = {m: {} for m in modes}
+    for repeat in range(args.repeats):
+        for mode in modes:
+            stamps = os.path.join(work, f"{mode}.{repeat}")
+            started = time.monotonic()
+            result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work),
+                                    cwd=REPO, env=env, capture_output=True, text=True)
+            if result.returncode != 0:
+                sys.exit(f"{mode} run failed:\n{result.stderr[-3000:]}")
+            probe = json.loads(Path(stamps + ".rank0").read_text())
+            periods = selected_periods(probe, mode, args.steps)
+            for clock in CLOCKS:
+                for kind in ("outside", "inside"):
+                    pooled[mode][clock][kind] += periods[clock][kind]
+            per_repeat[mode].append({kind: median_or_none(periods["wall_ns"][kind])
+                                     for kind in ("outside", "inside")})
+            measured = len(probe["wall_ns"]) - probe["threads_from_step"]
+            for name, figures in probe["threads"].items():
+                name = name.split("[")[0]
+                threads[mode][name] = (threads[mode].get(name, 0)
+                                       + figures["cpu_ns"] / 1e3 / measured / args.repeats)
+            outside = per_repeat[mode][-1]["outside"]
+            inside = per_repeat[mode][-1]["inside"]
+            print(f"repeat {repeat} {mode:>13}: {time.monotonic() - started:5.1f} s, median step "
+                  f"outside {outside or 0:.3f} ms, inside {inside or 0:.3f} ms", flush=True)
+    return pooled, per_repeat, threads
+
+
+def report(pooled, per_repeat, threads, modes: list[str]) -> None:
+    def med(mode, clock, kind="outside"):
+        return median_or_none(pooled[mode][clock][kind])
+
+    def paired(a_mode, b_mode, kind="outside"):
+        return ", ".join(f"{a[kind] / b[kind]:.3f}" for a, b in
+                         zip(per_repeat[a_mode], per_repeat[b_mode]) if a[kind] and b[kind])
+
+    print("\noutside windows, median step (ms) and ratio to bare; CPU: main thread, process")
+    print(f"{'mode':>13} {'steps':>6} {'wall':>8} {'ratio':>7} {'main CPU':>9} {'ratio':>7} "
+          f"{'proc CPU':>9} {'ratio':>7}   wall ratio per repeat")
+    bare = {clock: med("bare", clock) for clock in CLOCKS}
+    for mode in modes:
+        if mode in ("traced-window", "profiler"):
+            continue
+        cells = []
+        for clock in CLOCKS:
+            value = med(mode, clock)
+            cells.append(f"{value:9.3f} {value / bare[clock]:7.3f}")
+        print(f"{mode:>13} {len(pooled[mode]['wall_ns']['outside']):>6}{''.join(cells)}   "
+              f"{paired(mode, 'bare')}")
+    if "traced-window" in modes and "profiler" in modes:
+        inside = med("traced-window", "wall_ns", "inside")
+        yardstick = med("profiler", "wall_ns", "inside")
+        cpu = (med("traced-window", "thread_cpu_ns", "inside")
+               / med("profiler", "thread_cpu_ns", "inside"))
+        print(f"\ninside windows: traced-window / torch.profiler = {inside / yardstick:.4f} "
+              f"(goal < 1.03; {inside:.3f} / {yardstick:.3f} ms, "
+              f"{len(pooled['traced-window']['wall_ns']['inside'])} steps); per repeat "
+              f"{paired('traced-window', 'profiler', 'inside')}; main CPU ratio {cpu:.4f}")
+    print("\nCPU per step of each thread of rank 0 (us), from step 10 on:")
+    for mode in modes:
+        shown = ", ".join(f"{name} {us:.0f}" for name, us in
+                          sorted(threads[mode].items(), key=lambda kv: -kv[1]) if us >= 1)
+        print(f"{mode:>13}: {shown}")
 
 
 def main() -> None:
     args = parse_args()
-    if args.worker:
-        run_worker(args)
-        return
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKTRACE_")}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    pooled = {mode: {"outside": [], "inside": []} for mode in MODES}
-    per_repeat = {mode: [] for mode in MODES}
+    modes = list(MODES) if args.bisect else ["bare"] + [m for m in args.modes if m != "bare"]
     with tempfile.TemporaryDirectory(prefix="tracer-overhead-") as work:
         print(f"# {datetime.date.today()} {os.cpu_count()} CPUs, {args.nproc} ranks, "
               f"{args.steps} steps per run, {args.repeats} runs of each kind, load average "
               f"{os.getloadavg()[0]:.2f} at the start", flush=True)
-        for mode in MODES:
+        for mode in modes:
             print(f"# {mode}: " + " ".join(command(mode, args.steps, args.nproc, "STAMPS", "OUT")),
                   flush=True)
-        for repeat in range(args.repeats):
-            for mode in MODES:
-                stamps = os.path.join(work, f"{mode}.{repeat}")
-                started = time.monotonic()
-                result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work),
-                                        cwd=REPO, env=env, capture_output=True, text=True)
-                if result.returncode != 0:
-                    sys.exit(f"{mode} run failed:\n{result.stderr[-3000:]}")
-                periods = selected_periods(json.loads(Path(stamps + ".rank0").read_text()),
-                                           mode, args.steps)
-                for kind in periods:
-                    pooled[mode][kind] += periods[kind]
-                per_repeat[mode].append({k: statistics.median(v) if v else None
-                                         for k, v in periods.items()})
-                print(f"repeat {repeat} {mode:>13}: {time.monotonic() - started:5.1f} s, median "
-                      f"step outside {per_repeat[mode][-1]['outside'] or 0:.3f} ms, inside "
-                      f"{per_repeat[mode][-1]['inside'] or 0:.3f} ms", flush=True)
-
+        pooled, per_repeat, threads = run_all(args, modes, work)
     print(f"load average {os.getloadavg()[0]:.2f} at the end (other work on the machine "
-          "shows up in the noise floor)")
-
-    def wall(mode, kind):
-        return statistics.median(pooled[mode][kind])
-
-    def ratio(a_mode, b_mode, kind):
-        paired = sorted(a[kind] / b[kind] for a, b in zip(per_repeat[a_mode], per_repeat[b_mode]))
-        return wall(a_mode, kind) / wall(b_mode, kind), paired
-
-    outside, outside_runs = ratio("traced", "bare", "outside")
-    control, control_runs = ratio("bare-again", "bare", "outside")
-    inside, inside_runs = ratio("traced-window", "profiler", "inside")
-    print(f"median step, outside windows: bare {wall('bare', 'outside'):.3f} ms, "
-          f"traced {wall('traced', 'outside'):.3f} ms ({len(pooled['traced']['outside'])} steps)")
-    print(f"median step, inside windows: profiler {wall('profiler', 'inside'):.3f} ms, traced "
-          f"{wall('traced-window', 'inside'):.3f} ms ({len(pooled['traced-window']['inside'])} steps)")
-    print(f"noise floor: bare-again / bare = {control:.4f}; "
-          f"per repeat {', '.join(f'{r:.3f}' for r in control_runs)}")
-    print(f"outside windows: traced / bare = {outside:.4f} (goal < 1.01); "
-          f"per repeat {', '.join(f'{r:.3f}' for r in outside_runs)}")
-    print(f"inside windows: traced / torch.profiler = {inside:.4f} (goal < 1.03); "
-          f"per repeat {', '.join(f'{r:.3f}' for r in inside_runs)}")
+          "shows up in the noise floor, bare-again / bare)")
+    report(pooled, per_repeat, threads, modes)
 
 
 if __name__ == "__main__":
