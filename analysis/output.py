@@ -10,7 +10,6 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -30,8 +29,8 @@ class RunReport:
     name: str
     path: str
     files: list[str]
-    world_size: Optional[int]
-    steps_spec: Optional[str]
+    world_size: int | None
+    steps_spec: str | None
     hta_compatible: bool
     problems: list[str]
     ranks: list  # RankTrace, as loaded
@@ -276,7 +275,7 @@ def idle_text(idle: pd.DataFrame, totals: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _optional(frame: Optional[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+def _optional(frame: pd.DataFrame | None, columns: list[str]) -> pd.DataFrame:
     if frame is None or frame.empty:
         return pd.DataFrame()
     return frame[[c for c in columns if c in frame.columns]]
@@ -307,7 +306,7 @@ def nothing_analysed(report: RunReport) -> bool:
     return report.per_step.empty and (collectives is None or collectives.empty)
 
 
-def _status_line(report: RunReport) -> Optional[str]:
+def _status_line(report: RunReport) -> str | None:
     ended = {}
     for trace in report.ranks:
         if trace.status and trace.status != "ok":

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-BREAKDOWN_COLUMNS = [
-    "step_ns", "compute_only_ns", "comm_only_ns", "overlap_ns", "memcpy_ns", "idle_ns",
-    "exposed_comm_ns",
-]
-PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_COLUMNS, "overlap_pct", "kind"]
+from analysis.breakdown import BREAKDOWN_NS_COLUMNS
+
+# The name analysis.bottlenecks imports; the list is breakdown's.
+BREAKDOWN_COLUMNS = BREAKDOWN_NS_COLUMNS
+PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
 STEP_EXTRA_COLUMNS = [
     "work_ns", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes", "rss_bytes",
     "sm_util_pct", "cpu_process_pct", "util_samples", "ranks_max_step_ns", "ranks_min_step_ns",
@@ -57,7 +57,7 @@ def _clean_per_step(per_step) -> pd.DataFrame:
         return _empty(PER_STEP_INPUT_COLUMNS)
     frame = per_step.reindex(columns=list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns])))
     frame = _keyed(frame.copy())
-    for column in [*BREAKDOWN_COLUMNS, "overlap_pct"]:
+    for column in [*BREAKDOWN_NS_COLUMNS, "overlap_pct"]:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     return frame.reset_index(drop=True)
 
@@ -279,7 +279,7 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
             "mean_step_ns": step_ns.mean(), "median_step_ns": step_ns.median(),
             "min_step_ns": step_ns.min(), "max_step_ns": step_ns.max(),
         }
-        for column in [*BREAKDOWN_COLUMNS[1:], "work_ns"]:
+        for column in [*BREAKDOWN_NS_COLUMNS[1:], "work_ns"]:
             row[column] = group[column].mean()
         row["idle_pct"] = group["idle_ns"].sum() / total_ns * 100 if total_ns > 0 else np.nan
         row["exposed_comm_pct"] = group["exposed_comm_ns"].sum() / total_ns * 100 if total_ns > 0 else np.nan

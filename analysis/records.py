@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import msgspec
 import pandas as pd
@@ -26,8 +26,11 @@ class RunRecords:
     manifest: list
 
 
+# Every record file of a rank, the manifest first (tracer.schema names them).
+RECORD_FILES = (schema.MANIFEST_FILE, schema.STEPS_FILE, schema.COMMS_FILE, schema.SAMPLES_FILE)
 
-def _records_path(run_dir: Path, pattern: str, rank: int) -> Optional[Path]:
+
+def records_path(run_dir: Path, pattern: str, rank: int) -> Path | None:
     final = run_dir / pattern.format(rank=rank)
     if final.is_file():
         return final
@@ -73,10 +76,10 @@ class _ManifestVersion(msgspec.Struct):
     schema_version: Any = None
 
 
-def read_records(run_dir: Path, rank: int) -> tuple[Optional[RunRecords], list[str]]:
+def read_records(run_dir: Path, rank: int) -> tuple[RunRecords | None, list[str]]:
     """The tracer's records of one rank, or None where the folder has none for it."""
     problems: list[str] = []
-    manifest_path = _records_path(run_dir, schema.MANIFEST_FILE, rank)
+    manifest_path = records_path(run_dir, schema.MANIFEST_FILE, rank)
     manifest: list = []
     if manifest_path is not None:
         versions, _ = read_jsonl(manifest_path, _ManifestVersion, rank)
@@ -93,7 +96,7 @@ def read_records(run_dir: Path, rank: int) -> tuple[Optional[RunRecords], list[s
     for key, pattern, record_type in (("comms", schema.COMMS_FILE, schema.CommRecord),
                                       ("samples", schema.SAMPLES_FILE, schema.DeviceSample),
                                       ("steps", schema.STEPS_FILE, schema.StepRecord)):
-        path = _records_path(run_dir, pattern, rank)
+        path = records_path(run_dir, pattern, rank)
         records: list = []
         if path is not None:
             records, found = read_jsonl(path, record_type, rank)
@@ -120,17 +123,27 @@ def _manifest_problems(manifest: list, path: Path, rank: int) -> list[str]:
     return problems
 
 
-def _record_ranks(run_dir: Path) -> set[int]:
+def _file_name_re(patterns) -> re.Pattern:
+    """A regular expression for the names `patterns` give; the rank is the one group matched."""
+    rank = re.escape("{rank}")
+    names = "|".join(re.escape(p).replace(rank, r"(\d+)", 1) for p in patterns)
+    return re.compile(f"^(?:{names})(?:{re.escape(schema.TEMP_SUFFIX)})?$")
+
+
+RECORD_FILE_RE = _file_name_re(RECORD_FILES)
+
+
+def record_ranks(run_dir: Path) -> set[int]:
+    """The ranks that have a record file in `run_dir`."""
     ranks = set()
-    pattern = re.compile(r"^rank(\d+)\.(?:manifest|comms|samples|steps)\.jsonl(?:\.tmp)?$")
     for entry in run_dir.iterdir():
-        match = pattern.match(entry.name)
+        match = RECORD_FILE_RE.match(entry.name)
         if match:
-            ranks.add(int(match.group(1)))
+            ranks.add(int(next(g for g in match.groups() if g is not None)))
     return ranks
 
 
-def run_status(manifest: list) -> Optional[str]:
+def run_status(manifest: list) -> str | None:
     """How a rank's run ended: its last run_end's status, "crashed" with a run_start and no
     run_end, None without a manifest."""
     ends = [r for r in manifest if isinstance(r, schema.RunEnd)]

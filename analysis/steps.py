@@ -7,7 +7,6 @@ are written in docs/definitions.md ("The analysis window: steps").
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 import pandas as pd
 
@@ -40,7 +39,7 @@ def parse_step_spec(spec: str) -> list[int]:
     return sorted(chosen)
 
 
-def unfinished_steps(complete: pd.DataFrame, step_records: Optional[pd.DataFrame], where: str
+def unfinished_steps(complete: pd.DataFrame, step_records: pd.DataFrame | None, where: str
                      ) -> tuple[pd.DataFrame, list[str]]:
     """`complete` without the steps that never finished, and a problem naming each one.
 
@@ -79,8 +78,8 @@ def unfinished_steps(complete: pd.DataFrame, step_records: Optional[pd.DataFrame
         f"analyses it"]
 
 
-def select_steps(steps: pd.DataFrame, wanted: Optional[list[int]], hta_compatible: bool,
-                 where: str, step_records: Optional[pd.DataFrame] = None
+def select_steps(steps: pd.DataFrame, wanted: list[int] | None, hta_compatible: bool,
+                 where: str, step_records: pd.DataFrame | None = None
                  ) -> tuple[pd.DataFrame, list[str]]:
     """The analysis window's steps: every complete, finished step, `wanted` ones, or HTA's."""
     problems = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Optional
 
 HOST_PID = 100
 DEVICE_PID = 0
@@ -18,7 +17,7 @@ MAIN_TID = 1
 
 
 class TraceBuilder:
-    def __init__(self, rank: Optional[int] = 0, world_size: Optional[int] = None,
+    def __init__(self, rank: int | None = 0, world_size: int | None = None,
                  backend: str = "nccl", distributed_info: bool = True):
         self.rank = rank
         self.world_size = world_size
@@ -29,7 +28,7 @@ class TraceBuilder:
 
     # ---- host side ----
     def op(self, name: str, start, end, tid=MAIN_TID, cat: str = "cpu_op",
-           args: Optional[dict] = None) -> "TraceBuilder":
+           args: dict | None = None) -> TraceBuilder:
         event = {"ph": "X", "cat": cat, "name": name, "pid": HOST_PID, "tid": tid,
                  "ts": start, "dur": end - start}
         if args is not None:
@@ -37,15 +36,15 @@ class TraceBuilder:
         self.events.append(event)
         return self
 
-    def annotation(self, name: str, start, end, tid=MAIN_TID, args=None) -> "TraceBuilder":
+    def annotation(self, name: str, start, end, tid=MAIN_TID, args=None) -> TraceBuilder:
         return self.op(name, start, end, tid=tid, cat="user_annotation", args=args)
 
-    def step(self, number: int, start, end, tid=MAIN_TID) -> "TraceBuilder":
+    def step(self, number: int, start, end, tid=MAIN_TID) -> TraceBuilder:
         return self.annotation(f"ProfilerStep#{number}", start, end, tid=tid)
 
     # ---- device side ----
     def _device(self, cat: str, name: str, start, end, stream: int, launch_at, tid,
-                correlation: Optional[int]) -> "TraceBuilder":
+                correlation: int | None) -> TraceBuilder:
         if correlation is None:
             self._correlation += 1
             correlation = self._correlation
@@ -59,21 +58,21 @@ class TraceBuilder:
         return self
 
     def kernel(self, name: str, start, end, stream: int = 7, launch_at=None, tid=MAIN_TID,
-               correlation: Optional[int] = None) -> "TraceBuilder":
+               correlation: int | None = None) -> TraceBuilder:
         return self._device("kernel", name, start, end, stream, launch_at, tid, correlation)
 
-    def compute(self, start, end, stream: int = 7, **kw) -> "TraceBuilder":
+    def compute(self, start, end, stream: int = 7, **kw) -> TraceBuilder:
         return self.kernel("volta_sgemm_128x64_nn", start, end, stream, **kw)
 
-    def nccl(self, start, end, stream: int = 20, **kw) -> "TraceBuilder":
+    def nccl(self, start, end, stream: int = 20, **kw) -> TraceBuilder:
         return self.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", start, end,
                            stream, **kw)
 
-    def memcpy(self, start, end, stream: int = 7, **kw) -> "TraceBuilder":
+    def memcpy(self, start, end, stream: int = 7, **kw) -> TraceBuilder:
         return self._device("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", start, end, stream,
                             kw.get("launch_at"), kw.get("tid", MAIN_TID), kw.get("correlation"))
 
-    def memset(self, start, end, stream: int = 7, **kw) -> "TraceBuilder":
+    def memset(self, start, end, stream: int = 7, **kw) -> TraceBuilder:
         return self._device("gpu_memset", "Memset (Device)", start, end, stream,
                             kw.get("launch_at"), kw.get("tid", MAIN_TID), kw.get("correlation"))
 

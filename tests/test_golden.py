@@ -23,7 +23,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))  # conftest's DATA, when this file runs as a script
 
-from analysis.breakdown import main  # noqa: E402
+from analysis.cli import main  # noqa: E402
 from conftest import DATA  # noqa: E402
 
 GOLDEN = DATA / "golden"
@@ -43,8 +43,8 @@ CASES = [
     ("hta/trace_filter", ()),
     ("hta/trace_filter", ("--hta-compatible",)),
     ("kineto/resnet50_num_workers_0", ()),
-    ("ranktrace/ddp_cpu", ()),
-    ("ranktrace/ddp_cpu", ("--steps", "3")),
+    ("ddp_cpu", ()),
+    ("ddp_cpu", ("--steps", "3")),
     ("hta/trace_filter", ("--comm-kernel", "permute_pooled_embs")),
 ]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import load
+from analysis import cache, kineto, load
 from analysis.load import EVENT_COLUMNS, NothingToAnalyse, load_path, parse_step_spec, resolve_runs
 from synthetic import TraceBuilder, trace_name
 from tracer import schema
@@ -235,22 +235,22 @@ def test_folder_of_runs_newest_by_default_or_by_name_or_all(tmp_path):
 def test_cache_round_trip_and_invalidation(tmp_path):
     run = write_run(tmp_path / "run", [gpu_trace()])
     path = run / trace_name(0)
-    cold = load.read_trace(path)
-    cache_file = run / load.CACHE_DIR / (path.name + ".parquet")
+    cold = cache.read_trace(path)
+    cache_file = run / cache.CACHE_DIR / (path.name + ".parquet")
     assert cache_file.is_file()
-    warm = load._read_cache(path)
+    warm = cache.read_cache(path)
     assert warm is not None
     pd.testing.assert_frame_equal(warm.events, cold.events, check_categorical=False)
     pd.testing.assert_frame_equal(warm.steps, cold.steps)
     assert (warm.rank, warm.world_size, warm.float_timestamps) == (0, 2, False)
     # A changed trace (new size and mtime) is parsed again, not served from the cache.
     gpu_trace(steps=(1, 2)).write(path)
-    assert load.read_trace(path).steps["step"].tolist() == [1, 2]
+    assert cache.read_trace(path).steps["step"].tolist() == [1, 2]
 
 
 def test_unwritable_cache_folder_falls_back_silently(tmp_path):
     run = write_run(tmp_path / "run", [gpu_trace(world_size=1)])
-    (run / load.CACHE_DIR).write_text("a file where the cache folder would go")
+    (run / cache.CACHE_DIR).write_text("a file where the cache folder would go")
     result = load_path(run)
     assert [t.rank for t in result.ranks] == [0] and result.problems == []
 
@@ -375,16 +375,16 @@ def many_events_trace() -> dict:
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Cut files into ~2 kB chunks, and count the chunks decoded."""
-    monkeypatch.setattr(load, "READ_BYTES", 512)
-    monkeypatch.setattr(load, "CHUNK_BYTES", 2048)
-    monkeypatch.setattr(load, "CUT_WINDOW", 256)
+    monkeypatch.setattr(kineto, "READ_BYTES", 512)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 2048)
+    monkeypatch.setattr(kineto, "CUT_WINDOW", 256)
     chunks = []
 
     class Counting:
-        decode = staticmethod(lambda data, real=load._EVENTS_DECODER.decode:
+        decode = staticmethod(lambda data, real=kineto.EVENTS_DECODER.decode:
                               chunks.append(len(data)) or real(data))
 
-    monkeypatch.setattr(load, "_EVENTS_DECODER", Counting())
+    monkeypatch.setattr(kineto, "EVENTS_DECODER", Counting())
     return chunks
 
 
@@ -401,16 +401,16 @@ def test_chunked_decoding_gives_the_whole_file_result(tmp_path, small_chunks, la
         doc["distributedInfo"] = doc.pop("distributedInfo")  # now in the tail
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc, indent=None if layout == "one_line" else 1))
-    chunked = load.parse_trace(path)
+    chunked = kineto.parse_trace(path)
     assert len(small_chunks) > 5  # it really was cut into chunks
-    same_trace(chunked, load.parse_trace(path, chunked=False))
+    same_trace(chunked, kineto.parse_trace(path, chunked=False))
     assert chunked.rank == 3 and chunked.steps["step"].tolist() == list(range(1, 41))
 
 
 def test_a_cut_inside_a_string_or_nested_args_falls_back_to_the_whole_file(tmp_path, small_chunks,
                                                                           monkeypatch):
     whole = []
-    monkeypatch.setattr(load, "_decode_whole", lambda path, columns, real=load._decode_whole:
+    monkeypatch.setattr(kineto, "_decode_whole", lambda path, columns, real=kineto._decode_whole:
                         whole.append(path) or real(path, columns))
     doc = many_events_trace()
     # names and arguments that contain what a cut between events looks for
@@ -420,9 +420,9 @@ def test_a_cut_inside_a_string_or_nested_args_falls_back_to_the_whole_file(tmp_p
     kernels[20]["args"]["nested"] = [{"a": 1}, {"b": 2}] * 300
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
-    parsed = load.parse_trace(path)
+    parsed = kineto.parse_trace(path)
     assert whole == [path]  # the chunked read gave up and the file was decoded whole
-    same_trace(parsed, load.parse_trace(path, chunked=False))
+    same_trace(parsed, kineto.parse_trace(path, chunked=False))
     long_name = ' weird }, { name "},{" ' * 300
     assert any(n.endswith(long_name) for n in parsed.events["name"].astype(str))
     assert parsed.steps["step"].tolist() == list(range(1, 41))
@@ -434,9 +434,9 @@ def test_an_event_longer_than_a_chunk_is_read_whole(tmp_path, small_chunks):
     kernel["name"] = "k" * 20000  # no place to cut for ten chunks
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
-    parsed = load.parse_trace(path)
+    parsed = kineto.parse_trace(path)
     assert len(small_chunks) > 5
-    same_trace(parsed, load.parse_trace(path, chunked=False))
+    same_trace(parsed, kineto.parse_trace(path, chunked=False))
     assert "k" * 20000 in set(parsed.events["name"].astype(str))
 
 

@@ -12,7 +12,6 @@ import pytest
 from analysis.load import RankTrace, RunRecords
 from analysis.ranks import PER_RANK_COLUMNS, PER_STEP_COLUMNS, per_rank_table, per_step_table
 
-
 MS = 1_000_000
 HOST_T0 = 1_700_000_000_000_000_000  # host clock (time.time_ns()), far from any trace timebase
 GIB = 2**30

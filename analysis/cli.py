@@ -1,0 +1,143 @@
+"""`python -m analysis.breakdown`: the command line (docs/analysis.md). Arguments and printing
+only; the analysis is analysis.run's."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import output
+from analysis.load import load_files
+from analysis.run import analyse_run
+from analysis.runs import NothingToAnalyse, resolve_runs
+from analysis.steps import parse_step_spec
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.breakdown",
+        description="Time breakdown, collectives and bottlenecks of a traced training run "
+                    "(docs/analysis.md).")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a run folder, a folder of runs (the newest is analysed), or "
+                             "Kineto trace files")
+    parser.add_argument("--run", metavar="NAME", help="the run to analyse in a folder of runs")
+    parser.add_argument("--all", action="store_true", help="analyse every run in a folder of runs")
+    parser.add_argument("--steps", metavar="SPEC", type=_step_spec,
+                        help="ProfilerStep numbers to analyse, e.g. 3-5,7 (default: all)")
+    parser.add_argument("--hta-compatible", action="store_true",
+                        help="select steps as HTA does: drop the last ProfilerStep")
+    parser.add_argument("--format", choices=("text", "json", "csv"), default="text",
+                        help="standard output: tables, one JSON document, or the per-step CSV")
+    parser.add_argument("--out", metavar="DIR", type=Path,
+                        help="also write every table as CSV into DIR")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit non-zero on any problem, not only when nothing was analysed")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="neither read nor write the .ranktrace-cache Parquet files")
+    parser.add_argument("--jobs", type=_at_least_one, metavar="N",
+                        help="processes for parsing trace files (default: one per core)")
+    parser.add_argument("--comm-kernel", action="append", default=[], metavar="REGEX",
+                        type=_regex,
+                        help="device kernels whose name matches REGEX (searched, case-"
+                             "sensitive) also count as communication; repeatable")
+    return parser
+
+
+def _step_spec(text: str) -> str:
+    """The --steps text, once parse_step_spec accepts it."""
+    try:
+        parse_step_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--steps: ")) from None
+    return text
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return number
+
+
+def _regex(text: str) -> re.Pattern:
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(
+            f"not a regular expression: {text!r} ({exc})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    steps = parse_step_spec(args.steps) if args.steps else None
+    try:
+        runs = resolve_runs([Path(p) for p in args.paths], run=args.run, all_runs=args.all)
+    except NothingToAnalyse as exc:
+        print(f"ranktrace: nothing analysed: {exc}", file=sys.stderr)
+        return 1
+
+    reports = []
+    for run_dir, files in runs:
+        loaded = load_files(files, run_dir, steps=steps, hta_compatible=args.hta_compatible,
+                            use_cache=not args.no_cache, jobs=args.jobs, progress=_progress_line(),
+                            comm_kernels=tuple(args.comm_kernel))
+        where = run_dir if run_dir is not None else Path(args.paths[0])
+        report = analyse_run(loaded, name=where.name or str(where), path=str(where),
+                             steps_spec=args.steps, hta_compatible=args.hta_compatible)
+        for problem in report.problems:
+            print(f"ranktrace: warning: {problem}", file=sys.stderr)
+        reports.append(report)
+        if args.out is not None:
+            out_dir = args.out / report.name if len(runs) > 1 else args.out
+            try:
+                output.write_csvs(report, out_dir)
+            except OSError as exc:
+                message = f"--out {out_dir}: cannot write ({exc.strerror or exc})"
+                report.problems.append(message)
+                print(f"ranktrace: error: {message}", file=sys.stderr)
+
+    if args.format == "json":
+        print(output.dumps(output.json_document(reports)))
+    elif args.format == "csv":
+        tables = [r.step_table().assign(run=r.name) for r in reports]
+        pd.concat(tables, ignore_index=True).to_csv(sys.stdout, index=False)
+    else:
+        print("\n".join(output.text_report(r) for r in reports), end="")
+
+    analysed = any(not output.nothing_analysed(r) for r in reports)
+    if not analysed:
+        reasons = "; ".join(p for r in reports for p in r.problems) or "no step to analyse"
+        print(f"ranktrace: nothing analysed: {reasons}", file=sys.stderr)
+        return 1
+    if args.strict and any(r.problems for r in reports):
+        count = sum(len(r.problems) for r in reports)
+        print(f"ranktrace: --strict: {count} problem(s), see the warnings above", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _progress_line():
+    """A progress callback that rewrites one stderr line, on a terminal only."""
+    if not sys.stderr.isatty():
+        return None
+    start = time.monotonic()
+
+    def show(done: int, total: int) -> None:
+        print(f"\rranktrace: parsed {done}/{total} trace files "
+              f"({time.monotonic() - start:.1f} s)", end="\n" if done == total else "",
+              file=sys.stderr, flush=True)
+
+    return show
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""The events frame: its columns, the Kineto categories and the event names the analysis knows.
+
+One `RankTrace.events` frame per rank holds one row per complete (`"ph": "X"`) Kineto event
+with the columns of EVENT_COLUMNS (docs/analysis.md describes each). Which events count as
+device work, host ops, communication, data loading or synchronisation is decided here, by
+category and name, and nowhere else; docs/definitions.md gives the reasons.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+# ---- columns ------------------------------------------------------------------------------------
+EVENT_COLUMNS = [
+    "name", "cat", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "stream", "correlation",
+    "is_gpu", "is_comm", "collective", "in_nelems", "out_nelems", "comm_dtype", "group_size",
+    "pg_name", "input_dims", "input_type",
+]
+# The arguments of communication events: text (or None), and numbers (NaN where absent).
+TEXT_COLUMNS = ("collective", "comm_dtype", "pg_name", "input_dims", "input_type")
+NUMBER_COLUMNS = ("in_nelems", "out_nelems", "group_size")
+# The ProfilerStep spans of a trace: one row per step number.
+STEP_COLUMNS = ["step", "start_ns", "end_ns"]
+
+# ---- categories (lower-cased, pre-1.10 names mapped) ---------------------------------------------
+KERNEL_CAT = "kernel"
+CPU_OP_CAT = "cpu_op"
+GPU_CATS = frozenset({KERNEL_CAT, "gpu_memcpy", "gpu_memset"})
+MEMORY_CATS = frozenset({"gpu_memcpy", "gpu_memset"})
+HOST_OP_CATS = frozenset({CPU_OP_CAT, "user_annotation"})
+PYTHON_CAT = "python_function"
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver"})
+# Kineto's categories before torch 1.10 (the TensorBoard plugin's samples use them).
+LEGACY_CATS = {
+    "operator": CPU_OP_CAT, "memcpy": "gpu_memcpy", "memset": "gpu_memset",
+    "runtime": "cuda_runtime", "driver": "cuda_driver", "python": PYTHON_CAT,
+}
+
+
+def normal_cat(cat) -> str:
+    """A Kineto category as the events frame holds it."""
+    text = "" if cat is None else str(cat).lower()
+    return LEGACY_CATS.get(text, text)
+
+
+# ---- names --------------------------------------------------------------------------------------
+# Device kernels that count as communication in our breakdown (docs/definitions.md, "GPU traces"),
+# searched anywhere in the name, case-insensitively.
+COMM_KERNEL_PATTERNS = (
+    r"^(?:nccl|rccl|msccl)\w*?kernel",  # NCCL, RCCL, MSCCL collectives and p2p
+    r"(?:deep_ep|dpsk::ep)::",  # DeepEP expert-parallel dispatch/combine (intra- and internode)
+    r"nvshmem",  # NVSHMEM one-sided puts, gets and collectives
+    r"cross_device_reduce",  # vLLM's custom all-reduce
+    r"symm_mem|symmetric_memory|multimem|one_shot_all_reduce|two_shot_all_reduce",  # torch
+)
+COMM_KERNEL_RE = re.compile("|".join(f"(?:{p})" for p in COMM_KERNEL_PATTERNS), re.IGNORECASE)
+# Host ops that count as communication: the backends' own ops and c10d's.
+HOST_COMM_RE = re.compile(
+    r"^(?:gloo:|nccl:|mpi:|ucc:|c10d::|c10d_functional::|_c10d_functional::|record_param_comms$)")
+PROFILER_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+# What the host was doing in an idle gap (docs/definitions.md, "Idle gaps").
+DATA_LOADING_RE = re.compile(r"DataLoader|dataloader")
+SYNC_RE = re.compile(
+    r"Synchronize|^(?:cuda|hip)Mem(?:cpy|set)(?:WithStream)?$|^aten::_local_scalar_dense$")
+
+# HTA 0.5.0's kernel classes, regular expressions copied as they are (their precedence quirks
+# included): communication ^nccl.*Kernel; memory ^Memcpy|^Memset|^dma; non-compute also
+# anything containing Memcpy or Sync.
+HTA_COMM_RE = re.compile(r"^nccl.*Kernel")
+HTA_MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+HTA_NON_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+HTA_DEVICE_SYNC_NAMES = ("Event Sync", "Context Sync")
+
+
+# ---- reading the frame --------------------------------------------------------------------------
+def matches(column: pd.Series, wanted) -> np.ndarray:
+    """wanted(str(value)) for each row, evaluated once per distinct value of a categorical."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        hits = np.array([wanted(str(c)) for c in column.cat.categories], dtype=bool)
+        codes = column.cat.codes.to_numpy()
+        return np.where(codes >= 0, hits[np.maximum(codes, 0)] if hits.size else False, False)
+    return column.astype(str).map(wanted).to_numpy(dtype=bool)
+
+
+def cat_is(events: pd.DataFrame, cats) -> np.ndarray:
+    """Rows whose category is one of `cats`."""
+    return matches(events["cat"], lambda c: c in cats)
+
+
+def distinct_names(names: pd.Series) -> list[str]:
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        return [str(c) for c in names.cat.categories]
+    return [str(c) for c in names.unique()]
+
+
+def mark_comm_kernels(events: pd.DataFrame, patterns) -> pd.DataFrame:
+    """`events` with the device kernels whose name matches any of `patterns` marked is_comm."""
+    if not patterns or events.empty:
+        return events
+    extra = re.compile("|".join(f"(?:{getattr(p, 'pattern', p)})" for p in patterns))
+    names = events["name"]
+    categories = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
+    if categories is not None:
+        hits = np.array([bool(extra.search(str(c))) for c in categories] + [False])
+        matched = hits[names.cat.codes.to_numpy()]  # code -1 (no name) reads the False at the end
+    else:
+        matched = names.astype(str).map(lambda n: bool(extra.search(n))).to_numpy(dtype=bool)
+    matched &= events["cat"].astype(str).to_numpy() == KERNEL_CAT
+    if not matched.any():
+        return events
+    events = events.copy()
+    events["is_comm"] = events["is_comm"].to_numpy() | matched
+    return events

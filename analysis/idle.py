@@ -1,0 +1,152 @@
+"""Idle gaps: the stretches of a step with no device activity (CPU traces: neither compute nor
+communication), and what the host was doing meanwhile (docs/definitions.md, "Idle gaps")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis import intervals
+from analysis.events import (
+    CPU_OP_CAT,
+    DATA_LOADING_RE,
+    HOST_OP_CATS,
+    PYTHON_CAT,
+    RUNTIME_CATS,
+    SYNC_RE,
+    cat_is,
+    matches,
+)
+from analysis.layers import on_threads, pair, step_windows, threads_of, trace_kind, trace_layers
+from analysis.load import RankTrace
+
+IDLE_GAP_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "host_activity"]
+
+
+def _covered_before(starts: np.ndarray, ends: np.ndarray):
+    """x -> time the disjoint, sorted intervals cover before x (vectorised over x)."""
+    cum = np.concatenate(([0], np.cumsum(ends - starts)))
+
+    def covered(x: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, x, side="right")  # intervals starting at or before x
+        last = np.maximum(i - 1, 0)
+        partial = np.clip(np.minimum(x, ends[last]) - starts[last], 0, None)
+        return cum[last] + np.where(i > 0, partial, 0)
+
+    return covered
+
+
+def _overlap_with(gap_starts, gap_ends, busy: intervals.Intervals) -> np.ndarray:
+    u_starts, u_ends = intervals.union(*busy)
+    if u_starts.size == 0:
+        return np.zeros(gap_starts.size, dtype=np.int64)
+    covered = _covered_before(u_starts, u_ends)
+    return covered(gap_ends) - covered(gap_starts)
+
+
+def idle_gaps(trace: RankTrace) -> pd.DataFrame:
+    """One row per stretch of a step with no device activity (CPU traces: neither compute nor
+    communication), with what the host was doing: data_loading, synchronisation, launch_bound
+    (busy dispatching ops, it launched the next work only after the device had gone idle) or
+    other (docs/definitions.md, "Idle gaps")."""
+    windows = step_windows(trace)
+    if windows.empty:
+        return idle_gaps_empty()
+    kind = trace_kind(trace)
+    events = trace.events
+    active, _ = trace_layers(trace, kind)
+    # Idle is the time in no layer at all, for both kinds (on CPU, training-thread comm lies
+    # within comm anywhere, so no state outside all layers is compute or communication).
+    busy = (np.concatenate([s for s, _ in active]), np.concatenate([e for _, e in active]))
+    u_starts, u_ends = intervals.union(*busy)
+    rows_start, rows_end, rows_step = [], [], []
+    for step, start, end in windows.itertuples(index=False):
+        # Only the busy intervals reaching into this window matter.
+        lo = np.searchsorted(u_ends, start, side="right")
+        hi = np.searchsorted(u_starts, end, side="left")
+        g_start, g_end = intervals.gaps(u_starts[lo:hi], u_ends[lo:hi], int(start), int(end))
+        rows_start.append(g_start)
+        rows_end.append(g_end)
+        rows_step.append(np.full(g_start.size, step, dtype=np.int64))
+    gap_starts = np.concatenate(rows_start)
+    gap_ends = np.concatenate(rows_end)
+    gap_len = gap_ends - gap_starts
+
+    names = events["name"]
+    host = cat_is(events, HOST_OP_CATS | {PYTHON_CAT})
+    loading = host & matches(names, lambda n: bool(DATA_LOADING_RE.search(n)))
+    runtime = cat_is(events, RUNTIME_CATS)
+    sync = (runtime | host) & matches(names, lambda n: bool(SYNC_RE.search(n)))
+    loading_share = _overlap_with(gap_starts, gap_ends, pair(events, loading))
+    sync_share = _overlap_with(gap_starts, gap_ends, pair(events, sync))
+    ops_share = _overlap_with(gap_starts, gap_ends, pair(events, _launching_ops(events)))
+
+    # Host-caused: the work that ends the gap was launched after the device had gone idle (or
+    # its launch is unknown). A gap before work that was already queued is the device's own.
+    # Launch bound: host-caused while the launching threads were busy in ops (dispatching).
+    if kind == "gpu":
+        known, launched_late = _next_launch(events, gap_starts, gap_ends)
+        host_caused = ~known | launched_late
+    else:
+        launched_late = np.zeros(gap_starts.size, dtype=bool)
+        host_caused = np.ones(gap_starts.size, dtype=bool)
+    activity = np.full(gap_starts.size, "other", dtype=object)
+    activity[launched_late & (2 * ops_share >= gap_len)] = "launch_bound"
+    activity[host_caused & (2 * sync_share >= gap_len)] = "synchronisation"
+    activity[host_caused & (2 * loading_share >= gap_len)] = "data_loading"
+    return pd.DataFrame({
+        "rank": trace.rank, "step": np.concatenate(rows_step), "start_ns": gap_starts,
+        "end_ns": gap_ends, "dur_ns": gap_len, "host_activity": activity,
+    })[IDLE_GAP_COLUMNS]
+
+
+def _launch_calls(events: pd.DataFrame) -> np.ndarray:
+    """Runtime/driver calls with a correlation id: the host side of device work."""
+    return (cat_is(events, RUNTIME_CATS)
+            & (events["correlation"].to_numpy() >= 0))
+
+
+def _launching_ops(events: pd.DataFrame) -> np.ndarray:
+    """cpu_op events on the threads that launch device work."""
+    threads = threads_of(events, _launch_calls(events))
+    return cat_is(events, {CPU_OP_CAT}) & on_threads(events, threads)
+
+
+def _next_launch(events: pd.DataFrame, gap_starts: np.ndarray, gap_ends: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """For each gap, about the device work that ends it (the first to start at or after the
+    gap's end): is its launch call in the trace, and was it made at or after the gap began?"""
+    ts = events["ts_ns"].to_numpy()
+    correlation = events["correlation"].to_numpy()
+    device = np.flatnonzero(events["is_gpu"].to_numpy())
+    device = device[np.argsort(ts[device], kind="stable")]
+    launch = np.flatnonzero(_launch_calls(events))
+    if device.size == 0 or launch.size == 0 or gap_starts.size == 0:
+        nothing = np.zeros(gap_starts.size, dtype=bool)
+        return nothing, nothing.copy()
+    # The earliest launch call of each correlation id, looked up by binary search.
+    launch = launch[np.lexsort((ts[launch], correlation[launch]))]
+    ids, first = np.unique(correlation[launch], return_index=True)
+    launch_ts = ts[launch][first]
+    following = device[np.minimum(np.searchsorted(ts[device], gap_ends, side="left"),
+                                  device.size - 1)]
+    has_next = ts[following] >= gap_ends
+    wanted = correlation[following]
+    slot = np.minimum(np.searchsorted(ids, wanted), ids.size - 1)
+    known = has_next & (ids[slot] == wanted)
+    return known, known & (launch_ts[slot] >= gap_starts)
+
+
+def idle_summary(gaps: pd.DataFrame) -> pd.DataFrame:
+    """Idle time per rank and host activity: gaps, total_ns."""
+    if gaps.empty:
+        return pd.DataFrame({"rank": [], "host_activity": [], "gaps": [], "total_ns": []})
+    key = gaps["rank"].astype(object).where(gaps["rank"].notna(), "?")
+    summary = (gaps.assign(_rank=key).groupby(["_rank", "host_activity"], sort=True)
+               .agg(gaps=("dur_ns", "size"), total_ns=("dur_ns", "sum")).reset_index())
+    summary["rank"] = summary["_rank"].where(summary["_rank"] != "?", None)
+    return summary[["rank", "host_activity", "gaps", "total_ns"]]
+
+
+def idle_gaps_empty() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="int64") for c in IDLE_GAP_COLUMNS})

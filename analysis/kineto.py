@@ -1,0 +1,241 @@
+"""Reading one Kineto trace file (plain or gzipped JSON) into its events and ProfilerStep spans.
+
+The file is decoded a few MB of JSON at a time (analysis.kineto_events builds the frame), so
+memory stays near the size of the resulting frame. A file that cannot be read raises
+TraceReadError naming the file and the problem. Nothing read is evaluated or unpickled.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from analysis.events import HOST_OP_CATS, PROFILER_STEP_RE, STEP_COLUMNS
+from analysis.kineto_events import (
+    TRACE_DECODER,
+    EventColumns,
+    KinetoEvent,
+    TraceDocument,
+    int_or_none,
+)
+
+
+class TraceReadError(Exception):
+    """A trace that cannot be analysed; the message names the file and the problem."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
+
+
+@dataclass
+class ParsedTrace:
+    """One Kineto file, before rank grouping and step selection."""
+
+    path: Path
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    events: pd.DataFrame
+    steps: pd.DataFrame
+    float_timestamps: bool
+    problems: list[str]
+
+
+# ---- reading a file in chunks -------------------------------------------------------------------
+READ_BYTES = 1 << 20
+CHUNK_BYTES = 2 << 20  # decoded events live for one chunk of JSON at a time
+CUT_WINDOW = 1 << 16  # where a cut between events is looked for first: the buffer's end
+_EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BETWEEN_EVENTS_RE = re.compile(rb"\}\s*,\s*\{")
+EVENTS_DECODER = msgspec.json.Decoder(list[KinetoEvent])
+
+
+class _NotChunkable(Exception):
+    """The file's layout defeats chunking; decode it whole (which also names any real error)."""
+
+
+def _pieces(path: Path):
+    """The file's (decompressed) bytes, READ_BYTES at a time."""
+    try:
+        with path.open("rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        if not gzipped and path.name.endswith(".gz"):
+            raise TraceReadError(path, "not gzip (the name ends in .gz but the file does not "
+                                       "start with gzip's magic bytes)")
+        opened = gzip.open(path, "rb") if gzipped else path.open("rb")
+        with opened as handle:
+            while piece := handle.read(READ_BYTES):
+                yield piece
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise TraceReadError(path, f"truncated or corrupt gzip ({exc})") from None
+    except OSError as exc:
+        raise TraceReadError(path, f"cannot read ({exc.strerror or exc})") from None
+
+
+def read_trace_bytes(path: Path) -> bytes:
+    return b"".join(_pieces(path))
+
+
+def _decode_in_chunks(path: Path, columns: EventColumns) -> TraceDocument:
+    """Feed traceEvents to `columns` a few MB at a time; returns the rest of the document.
+
+    The events array is cut only between two events (a `}` then `,` then `{`); a cut that lands
+    anywhere else (inside a string, or in nested arguments) makes a chunk that is not a valid
+    JSON array of events, so it cannot go unnoticed: _NotChunkable is raised and the caller
+    decodes the file whole instead.
+    """
+    pieces = _pieces(path)
+    try:
+        return _feed_chunks(pieces, columns)
+    finally:
+        pieces.close()
+
+
+def _last_cut(buffer: bytearray):
+    """The last place between two events in `buffer`: near its end if possible."""
+    for start in (max(len(buffer) - CUT_WINDOW, 0), 0):
+        cut = None
+        for found in _BETWEEN_EVENTS_RE.finditer(buffer, start):
+            cut = found
+        if cut is not None or start == 0:
+            return cut
+    return None
+
+
+def _feed_chunks(pieces, columns: EventColumns) -> TraceDocument:
+    buffer = bytearray()
+    found = None
+    for piece in pieces:
+        buffer += piece
+        found = _EVENTS_KEY_RE.search(buffer)
+        if found:
+            break
+        if len(buffer) > 4 * CHUNK_BYTES:
+            raise _NotChunkable("traceEvents not near the start")
+    if found is None:
+        raise _NotChunkable("no traceEvents key")
+    head = bytes(buffer[:found.start()]) + b'"traceEvents":[]}'
+    # The buffer always starts with one byte before the next event that may be overwritten
+    # with "[": the array's own "[" now, a separator byte later.
+    del buffer[:found.end() - 1]
+    wanted = CHUNK_BYTES
+    while True:
+        while len(buffer) < wanted and (piece := next(pieces, None)) is not None:
+            buffer += piece
+        if len(buffer) < wanted:  # the file is read to its end: the rest is the tail
+            break
+        cut = _last_cut(buffer)
+        if cut is None:  # one event longer than the buffer: read on
+            wanted = len(buffer) + CHUNK_BYTES
+            continue
+        wanted = CHUNK_BYTES
+        # "]" over the separator byte after the last event of the chunk: one copy, no joins.
+        buffer[cut.start() + 1] = ord("]")
+        with memoryview(buffer) as view:
+            chunk = bytes(view[:cut.start() + 2])
+        del buffer[:cut.end() - 2]
+        buffer[0] = ord("[")
+        try:
+            columns.add(EVENTS_DECODER.decode(chunk))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise _NotChunkable(str(exc)) from None
+        del chunk
+    try:
+        tail = TRACE_DECODER.decode(b'{"traceEvents":' + bytes(buffer))
+        document = TRACE_DECODER.decode(head)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _NotChunkable(str(exc)) from None
+    columns.add(tail.traceEvents or [])
+    if document.distributedInfo is None:
+        document.distributedInfo = tail.distributedInfo
+    return document
+
+
+def _decode_whole(path: Path, columns: EventColumns) -> TraceDocument:
+    data = read_trace_bytes(path)
+    try:
+        document = TRACE_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise TraceReadError(path, f"not a Kineto trace ({exc})") from None
+    except msgspec.DecodeError as exc:
+        raise TraceReadError(path, f"invalid JSON ({exc})") from None
+    del data
+    if document.traceEvents is None:
+        raise TraceReadError(path, "no 'traceEvents' list; not a Kineto/Chrome trace")
+    columns.add(document.traceEvents)
+    document.traceEvents = None
+    return document
+
+
+def parse_trace(path: Path, chunked: bool = True) -> ParsedTrace:
+    """Decode one Kineto trace file. Raises TraceReadError naming the file when it can't.
+
+    `chunked=False` decodes the whole file at once (what a chunked read falls back to).
+    """
+    path = Path(path)
+    # Decoding makes hundreds of thousands of short-lived objects and no reference cycles: the
+    # cyclic garbage collector would only rescan them, over and over (10-30% of parse time).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse(path, chunked)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _parse(path: Path, chunked: bool) -> ParsedTrace:
+    columns = EventColumns()
+    try:
+        if not chunked:
+            raise _NotChunkable("asked for a whole-file decode")
+        document = _decode_in_chunks(path, columns)
+    except _NotChunkable:
+        columns = EventColumns()
+        document = _decode_whole(path, columns)
+    info = document.distributedInfo
+    rank = int_or_none(info.rank) if info is not None else None
+    world_size = int_or_none(info.world_size) if info is not None else None
+    backend = str(info.backend) if info is not None and info.backend is not None else None
+    frame = columns.frame()
+    return ParsedTrace(path=path, rank=rank, world_size=world_size, backend=backend,
+                       events=frame, steps=profiler_steps(frame),
+                       float_timestamps=columns.float_timestamps,
+                       problems=columns.problems(path))
+
+
+def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
+    """ProfilerStep#N spans on the host (not their GPU-side copies), one row per step number."""
+    names = events["name"]
+    categories = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
+    if categories is not None:
+        step_of = {i: int(m.group(1)) for i, c in enumerate(categories)
+                   if (m := PROFILER_STEP_RE.match(c))}
+        if not step_of:
+            return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS})
+        codes = names.cat.codes.to_numpy()
+        mask = np.isin(codes, list(step_of)) & events["cat"].isin(HOST_OP_CATS).to_numpy()
+        numbers = np.array([step_of[c] for c in codes[mask]], dtype=np.int64)
+    else:
+        matches = names.astype(str).str.extract(PROFILER_STEP_RE.pattern)[0]
+        mask = (matches.notna() & events["cat"].isin(HOST_OP_CATS)).to_numpy()
+        numbers = matches[mask].astype(np.int64).to_numpy()
+    steps = pd.DataFrame({
+        "step": numbers,
+        "start_ns": events["ts_ns"].to_numpy()[mask],
+        "end_ns": events["end_ns"].to_numpy()[mask],
+    })
+    # Kineto writes each step once; keep the longest span should a file repeat one.
+    steps = (steps.sort_values(["step", "end_ns"], ascending=[True, False], kind="stable")
+             .drop_duplicates("step").reset_index(drop=True))
+    return steps

@@ -1,0 +1,271 @@
+"""Decoding Kineto events into the events frame (analysis.events), a chunk of events at a time.
+
+A typed msgspec decoder materialises only the fields the analysis uses; `EventColumns` turns
+each decoded chunk into numpy columns at once, so that only one chunk of decoded events lives.
+Nothing read is evaluated or unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from analysis.events import (
+    COMM_KERNEL_RE,
+    EVENT_COLUMNS,
+    GPU_CATS,
+    HOST_COMM_RE,
+    HOST_OP_CATS,
+    NUMBER_COLUMNS,
+    TEXT_COLUMNS,
+    normal_cat,
+)
+
+
+# ---- the typed decoder ---------------------------------------------------------------------------
+# Fields are typed loosely (Any) so that an odd value in one event is a per-event problem, not a
+# failed file; `args` is a Struct so that only the keys below are ever materialised.
+class _Args(msgspec.Struct, gc=False):
+    stream: Any = None
+    correlation: Any = None
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    dtype: Any = None
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    # Raw: kept as undecoded JSON text, and only turned into a str for the few comm events.
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+
+
+class KinetoEvent(msgspec.Struct, gc=False):
+    name: Any = None
+    cat: Any = None
+    ph: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    args: _Args | None = None
+
+
+class _DistributedInfo(msgspec.Struct):
+    rank: Any = None
+    world_size: Any = None
+    backend: Any = None
+
+
+class TraceDocument(msgspec.Struct, gc=False):
+    traceEvents: list[KinetoEvent] | None = None
+    distributedInfo: _DistributedInfo | None = None
+
+
+TRACE_DECODER = msgspec.json.Decoder(TraceDocument)
+
+
+def int_or_none(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def _hta_int(value) -> int:
+    """Python's int() of a stream or correlation argument, -1 where that fails (as HTA does)."""
+    if value is None or isinstance(value, bool):
+        return -1
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return -1
+
+
+def _to_ns(values: list) -> tuple[np.ndarray, int]:
+    """Kineto microseconds (int or float) to int64 nanoseconds, and how many were not numbers.
+
+    Exact for what float64 holds: a float timestamp of ~1.7e15 us has a resolution of 0.25 us
+    in float64, and splitting whole and fractional microseconds keeps the value the file's float
+    denotes, with no further rounding. Non-numbers become 0.
+    """
+    try:
+        if all(type(v) is int for v in values):
+            return np.array(values, dtype=np.int64) * 1000, 0
+        as_float = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        as_float = np.array([v if isinstance(v, (int, float)) and not isinstance(v, bool)
+                             else math.nan for v in values], dtype=np.float64)
+    bad = ~np.isfinite(as_float)
+    if bad.any():
+        as_float = np.where(bad, 0.0, as_float)
+    whole = np.floor(as_float)
+    ns = whole.astype(np.int64) * 1000 + np.rint((as_float - whole) * 1000).astype(np.int64)
+    return ns, int(bad.sum())
+
+
+def _raw_text(raw: msgspec.Raw) -> str | None:
+    return bytes(raw).decode("utf-8", "replace") if len(raw) else None
+
+
+def _comm_value(value):
+    if value is None or isinstance(value, (list, dict)):
+        return None if value is None else json.dumps(value)
+    return value
+
+
+def _as_float(value) -> float:
+    if isinstance(value, bool) or value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+class _Codes:
+    """Values -> int32 codes, shared by all chunks of a file; categories at the end."""
+
+    def __init__(self, text=None):
+        self.codes_of: dict = {}
+        self.text = text or (lambda v: "" if v is None else str(v))
+
+    def add(self, values: list) -> np.ndarray:
+        codes_of = self.codes_of
+        return np.fromiter((codes_of.setdefault(v, len(codes_of)) for v in values),
+                           dtype=np.int32, count=len(values))
+
+    def categorical(self, codes: np.ndarray) -> pd.Categorical:
+        categories = [self.text(v) for v in self.codes_of]
+        unique = list(dict.fromkeys(categories))
+        if len(unique) != len(categories):  # e.g. 7 and "7", or "Kernel" and "kernel"
+            position = {c: i for i, c in enumerate(unique)}
+            remap = np.array([position[c] for c in categories], dtype=np.int32)
+            codes, categories = remap[codes], unique
+        return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
+
+
+class EventColumns:
+    """The events frame, built chunk by chunk so that only one chunk of decoded events lives."""
+
+    def __init__(self):
+        self.names = _Codes()
+        # (cat, pid, tid) coded together: one dict lookup per event instead of three.
+        self.places = _Codes(lambda v: v)
+        self.parts: dict[str, list[np.ndarray]] = {c: [] for c in (
+            "name", "place", "ts_ns", "dur_ns", "stream", "correlation", "is_gpu", "is_comm")}
+        self.comm: list[tuple] = []  # (row, comm column values) of communication events
+        self.rows = 0
+        self.bad = {"ts": 0, "dur": 0}
+        self.float_timestamps = False
+        self._flags = {"name": [], "place": []}  # per code: (comm kernel, host comm) / (gpu, host)
+
+    def add(self, chunk: list[KinetoEvent]) -> None:
+        # HTA's pandas frame gets float64 timestamps when any event's ts is a float (or missing).
+        if not self.float_timestamps:
+            self.float_timestamps = any(type(e.ts) is not int for e in chunk)
+        events = [e for e in chunk if e.ph == "X" and e.ts is not None and e.dur is not None]
+        n = len(events)
+        ts_ns, bad_ts = _to_ns([e.ts for e in events])
+        dur_ns, bad_dur = _to_ns([e.dur for e in events])
+        self.bad["ts"] += bad_ts
+        self.bad["dur"] += bad_dur
+        names = self.names.add([e.name for e in events])
+        places = self.places.add([(e.cat, e.pid, e.tid) for e in events])
+        stream = np.full(n, -1, dtype=np.int64)
+        correlation = np.full(n, -1, dtype=np.int64)
+        for i, e in enumerate(events):
+            args = e.args
+            if args is None:
+                continue
+            value = args.stream
+            if value is not None:
+                stream[i] = value if type(value) is int else _hta_int(value)
+            value = args.correlation
+            if value is not None:
+                correlation[i] = value if type(value) is int else _hta_int(value)
+        name_flags = self._lookup("name", self.names, lambda name: (
+            bool(COMM_KERNEL_RE.search(name)), bool(HOST_COMM_RE.match(name))))
+        place_flags = self._lookup("place", self.places, lambda place: (
+            normal_cat(place[0]) in GPU_CATS, normal_cat(place[0]) in HOST_OP_CATS))
+        is_gpu = place_flags[places, 0]
+        is_host = place_flags[places, 1]
+        is_comm = (is_gpu & name_flags[names, 0]) | (is_host & name_flags[names, 1])
+        # Comm arguments are taken now: Raw values hold on to the chunk's bytes.
+        for i in np.flatnonzero(is_comm):
+            args = events[i].args
+            if args is not None:
+                self.comm.append((self.rows + int(i), _comm_values(args)))
+        for column, values in (("name", names), ("place", places), ("ts_ns", ts_ns),
+                               ("dur_ns", dur_ns), ("stream", stream),
+                               ("correlation", correlation), ("is_gpu", is_gpu),
+                               ("is_comm", is_comm)):
+            self.parts[column].append(values)
+        self.rows += n
+
+    def _lookup(self, kind: str, codes: _Codes, flags_of) -> np.ndarray:
+        """(code -> two flags) for every code so far, computed once per distinct value."""
+        known = self._flags[kind]
+        values = list(codes.codes_of)
+        for value in values[len(known):]:
+            known.append(flags_of(codes.text(value)))
+        return np.array(known, dtype=bool).reshape(len(known), 2)
+
+    def problems(self, path: Path) -> list[str]:
+        where = {"ts": "they are placed at 0", "dur": "they are treated as zero-length"}
+        return [f"{path}: {count} events have a non-numeric '{field}'; {where[field]}"
+                for field, count in self.bad.items() if count]
+
+    def frame(self) -> pd.DataFrame:
+        def joined(column, dtype):
+            parts = self.parts[column]
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+        n = self.rows
+        ts_ns, dur_ns = joined("ts_ns", np.int64), joined("dur_ns", np.int64)
+        text = {c: np.full(n, None, dtype=object) for c in TEXT_COLUMNS}
+        numbers = {c: np.full(n, math.nan) for c in NUMBER_COLUMNS}
+        for row, values in self.comm:
+            for column, value in zip(TEXT_COLUMNS + NUMBER_COLUMNS, values):
+                (text if column in text else numbers)[column][row] = value
+        places = list(self.places.codes_of)
+        place = joined("place", np.int32)
+        by_place = {}
+        for i, (column, codes) in enumerate((("cat", _Codes(normal_cat)), ("pid", _Codes()),
+                                             ("tid", _Codes()))):
+            of_place = codes.add([p[i] for p in places])
+            by_place[column] = codes.categorical(of_place[place] if n else of_place[:0])
+        columns = {
+            "name": self.names.categorical(joined("name", np.int32)),
+            "cat": by_place["cat"],
+            "ts_ns": ts_ns, "dur_ns": dur_ns, "end_ns": ts_ns + dur_ns,
+            "pid": by_place["pid"], "tid": by_place["tid"],
+            "stream": joined("stream", np.int64), "correlation": joined("correlation", np.int64),
+            "is_gpu": joined("is_gpu", bool), "is_comm": joined("is_comm", bool), **numbers,
+            # Mostly-None text stays a numpy object array: pandas would otherwise infer (and
+            # convert to) its string dtype, which costs more than the whole decode.
+            **{c: pd.Series(values, dtype=object, copy=False) for c, values in text.items()},
+        }
+        return pd.DataFrame({c: columns[c] for c in EVENT_COLUMNS}, copy=False)
+
+
+def _comm_values(args: _Args) -> tuple:
+    """The comm columns (TEXT_COLUMNS then NUMBER_COLUMNS) of one event's arguments."""
+    return (_comm_value(args.collective), _comm_value(args.dtype),
+            None if args.pg_name is None else str(_comm_value(args.pg_name)),
+            _raw_text(args.input_dims), _raw_text(args.input_type),
+            _as_float(args.in_nelems), _as_float(args.out_nelems), _as_float(args.group_size))
+
+
+def empty_events() -> pd.DataFrame:
+    return EventColumns().frame()

@@ -1,0 +1,132 @@
+"""Analysing a run: every table for one loaded run, and `open_run`, the front for notebooks.
+
+```python
+from analysis import open_run
+
+run = open_run("traces/20261129-220609-ddp", steps="3-5")
+run.per_step          # our breakdown and the per-step table, one row per (rank, step)
+run.per_rank, run.collectives, run.idle_gaps, run.findings, run.problems
+```
+
+Each table is computed once, on first use; all are plain DataFrames (docs/analysis.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import bottlenecks, communication, output, ranks
+from analysis.breakdown import breakdown_per_step, empty_breakdown, rank_totals
+from analysis.hta import hta_temporal_breakdown
+from analysis.idle import idle_gaps, idle_gaps_empty, idle_summary
+from analysis.load import LoadResult, RankTrace, load_path
+
+
+def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None = None,
+                hta_compatible: bool = False) -> output.RunReport:
+    """All the tables for one loaded run: ours, then the communication, rank and bottleneck
+    analyses (analysis.communication, .ranks, .bottlenecks). A table that fails becomes a problem
+    naming it, and the rest is still reported."""
+    problems = list(loaded.problems)
+    traces = loaded.ranks
+    per_step = pd.concat([breakdown_per_step(t) for t in traces] or [empty_breakdown()],
+                         ignore_index=True)
+    gaps = pd.concat([idle_gaps(t) for t in traces] or [idle_gaps_empty()], ignore_index=True)
+    report = output.RunReport(
+        name=name, path=path, files=[str(f) for f in loaded.files],
+        world_size=loaded.world_size, steps_spec=steps_spec, hta_compatible=hta_compatible,
+        problems=problems, ranks=traces, per_step=per_step, totals=rank_totals(per_step),
+        hta=hta_temporal_breakdown(traces), idle=idle_summary(gaps), idle_gaps=gaps)
+
+    def table(name: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame | None:
+        try:
+            result = build()
+        except Exception as exc:  # one table's failure must not cost the others
+            problems.append(f"{name} table failed: {type(exc).__name__}: {exc}")
+            report.unavailable[name] = f"{type(exc).__name__}: {exc}"
+            return None
+        report.tables[name] = result
+        return result
+
+    ops = table("comm_ops", lambda: pd.concat(
+        [communication.comm_ops(t) for t in traces] or [communication.empty_ops()],
+        ignore_index=True))
+    collectives = None
+    if ops is not None:
+        collectives = table("collectives", lambda: communication.collectives_table(ops))
+    per_rank = table("per_rank", lambda: ranks.per_rank_table(per_step, traces))
+    step_table = table("per_step", lambda: ranks.per_step_table(per_step, traces))
+    table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
+        step_table if step_table is not None else per_step, per_rank, collectives, gaps, traces))
+    return report
+
+
+def _table(name: str, doc: str) -> property:
+    """A Run property: the report's table `name` (None where it could not be computed)."""
+    return property(lambda run: run.report.tables.get(name), doc=doc)
+
+
+def _part(name: str, doc: str) -> property:
+    """A Run property: the report's own field `name`."""
+    return property(lambda run: getattr(run.report, name), doc=doc)
+
+
+class Run:
+    """One analysed run: its ranks, problems and every table as a DataFrame."""
+
+    def __init__(self, loaded: LoadResult, name: str, path: str,
+                 steps_spec: str | None = None, hta_compatible: bool = False):
+        self.loaded = loaded
+        self.name = name
+        self.path = path
+        self._options = {"steps_spec": steps_spec, "hta_compatible": hta_compatible}
+
+    @cached_property
+    def report(self) -> output.RunReport:
+        """Every table at once, as the command line prints them."""
+        return analyse_run(self.loaded, self.name, self.path, **self._options)
+
+    @property
+    def ranks(self) -> list[RankTrace]:
+        """One RankTrace per rank: its events frame, steps, the tracer's records."""
+        return self.loaded.ranks
+
+    @property
+    def per_step(self) -> pd.DataFrame:
+        """The breakdown with memory, utilisation and spread across ranks (docs/report.md)."""
+        return self.report.step_table()
+
+    problems = _part("problems", "Everything that could not be read or computed, each naming "
+                                 "file and rank.")
+    breakdown = _part("per_step", "Our time breakdown, one row per (rank, step) "
+                                  "(docs/definitions.md).")
+    totals = _part("totals", "The breakdown summed over each rank's steps.")
+    idle_gaps = _part("idle_gaps", "Every idle gap and what the host was doing.")
+    idle = _part("idle", "Idle time per rank and what the host was doing.")
+    hta = _part("hta", "HTA 0.5.0's temporal breakdown, one row per rank.")
+    per_rank = _table("per_rank", "One row per rank: step time, breakdown, memory, utilisation.")
+    comm_ops = _table("comm_ops", "Every collective and p2p op of every rank.")
+    collectives = _table("collectives", "Ops grouped by op, process group and size.")
+    findings = _table("bottlenecks", "The bottleneck findings, largest share of step time first.")
+
+    def document(self) -> dict:
+        """The JSON document of `--format json`."""
+        return output.run_document(self.report)
+
+
+def open_run(path, steps: str | None = None, *, run: str | None = None,
+             hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
+             comm_kernels: tuple = ()) -> Run:
+    """Load the run that `path` names (a run folder, a folder of runs: the newest, trace files),
+    with the options of the command line (`steps` as in --steps, e.g. "3-5,7"). Raises
+    NothingToAnalyse when `path` holds no trace, ValueError for a bad `steps`."""
+    loaded = load_path(path, steps, run=run, hta_compatible=hta_compatible,
+                       use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels)
+    where = loaded.run_dir if loaded.run_dir is not None else Path(
+        path[0] if isinstance(path, (list, tuple)) else path)
+    return Run(loaded, name=where.name or str(where), path=str(where), steps_spec=steps,
+               hta_compatible=hta_compatible)
