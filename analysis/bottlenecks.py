@@ -18,6 +18,7 @@ import pandas as pd
 from analysis import issuers, pipeline_schedule
 from analysis.advice import IDLE_CAUSES, bubble_suggestion, exposed_suggestion, small_message_hint
 from analysis.communication import UNKNOWN_BUCKET, UNKNOWN_PG
+from analysis.crossrank import findings as cross_findings
 from analysis.load import format_ranges
 from analysis.ranks import BREAKDOWN_COLUMNS, work_ns
 
@@ -44,20 +45,36 @@ def _empty() -> pd.DataFrame:
     })
 
 
-def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces) -> pd.DataFrame:
-    """Findings that apply, largest share of step time first; an empty frame when none does."""
+def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
+                     cross_rank: dict | None = None) -> pd.DataFrame:
+    """Findings that apply, largest share of step time first; an empty frame when none does,
+    and always for a run without analysed steps.
+
+    `cross_rank` is the result of `analysis.crossrank.cross_rank`; where it matched ops, the
+    exposed-communication finding counts exposed transfer only, "ranks wait for rank R"
+    replaces the work-based straggler and the pipeline bubble is judged per stage against theory.
+    """
     per_step = _frame(per_step)
     per_rank = _frame(per_rank)
     collectives = _frame(collectives)
     idle_gaps = _frame(idle_gaps)
     steps = _analysed_steps(per_step)
+    if steps.empty:
+        return _empty()
     pipeline = is_pipeline_run(collectives, traces)
     kind = _run_kind(per_rank, traces)
+    crossed = cross_findings.matched(cross_rank)
+    if crossed:
+        steps = steps.assign(wait_for_peers_ns=cross_findings.peer_wait_ns(steps, cross_rank),
+                             exposed_comm_ns=cross_findings.exposed_transfer_ns(steps, cross_rank))
+    pipeline_stages = cross_findings.pipeline_stages(cross_rank) if crossed else []
     findings = [
-        *_exposed_communication(steps, collectives, pipeline, issuers.ddp_accumulation(traces)),
+        *_exposed_communication(steps, collectives, pipeline, issuers.ddp_accumulation(traces),
+                                transfer_only=crossed),
         *_device_idle(steps, idle_gaps, kind),
-        *_imbalance(steps, pipeline, kind),
-        *_pipeline_bubble(steps, pipeline, pipeline_schedule.detect(traces)),
+        *(cross_findings.ranks_wait_for(steps, cross_rank) if crossed else []),
+        *_imbalance(steps, pipeline, kind, name_straggler=not crossed),
+        *(pipeline_stages or _pipeline_bubble(steps, pipeline, pipeline_schedule.detect(traces))),
         *_low_bus_bandwidth(steps, kind, collectives),
         *_memory_near_capacity(per_rank),
     ]
@@ -133,10 +150,12 @@ def _comm_time_shares(collectives: pd.DataFrame, exclude_ops=()) -> pd.DataFrame
 
 
 def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipeline: bool,
-                           accumulation: str | None = None) -> list:
+                           accumulation: str | None = None, transfer_only: bool = False) -> list:
     """Share: summed exposed_comm_ns over summed step_ns. In pipeline runs the send/recv part of
     communication time is left to the pipeline-bubble finding, so the exposed time is scaled by
     the non-p2p share of collective time. The suggestion fits the top group's op and issuer.
+    With `transfer_only`, exposed_comm_ns already holds exposed transfer (waiting for peers is
+    the "ranks wait for rank R" finding's, and no bucket size shortens it).
     """
     if steps.empty or steps["exposed_comm_ns"].notna().sum() == 0:
         return []
@@ -152,7 +171,8 @@ def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipel
     if share < MIN_SHARE_PCT:
         return []
     per_step_ns = exposed * scale / len(steps)
-    evidence = (f"Communication not overlapped with compute takes {_ms(per_step_ns)} of a "
+    what = "Transfer (waiting for peers left out)" if transfer_only else "Communication"
+    evidence = (f"{what} not overlapped with compute takes {_ms(per_step_ns)} of a "
                 f"{_ms(steps['step_ns'].mean())} step on average ({share:.1f}% of step time"
                 f"{', send/recv excluded' if pipeline else ''}).")
     suggestion = "Overlap communication with compute."
@@ -166,7 +186,8 @@ def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipel
         if small["time_share"].sum() > 0.5:
             suggestion += small_message_hint(issuer)
     ranks = rank_list(steps.loc[steps["exposed_comm_ns"] > 0, "rank"])
-    return [_finding("exposed communication", share, evidence, suggestion, ranks)]
+    name = "exposed transfer" if transfer_only else "exposed communication"
+    return [_finding(name, share, evidence, suggestion, ranks)]
 
 
 def _collective_text(row: dict) -> str:
@@ -247,10 +268,12 @@ def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu"
 
 
 # ---- imbalance and stragglers -------------------------------------------------------------------
-def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu") -> list:
+def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
+               name_straggler: bool = True) -> list:
     """Per step with at least two ranks: wait = max(work_ns) - mean(work_ns) over ranks.
     Share: summed wait over summed mean step_ns. A straggler is a rank with the most work in at
-    least half of those steps (and at least two).
+    least half of those steps (and at least two); it is not named when the cross-rank pass
+    could match ops (its "ranks wait for rank R" finding names the rank from measured waits).
     """
     if steps.empty or steps["work_ns"].notna().sum() == 0:
         return []
@@ -279,7 +302,7 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu") -> list:
     above = (rank_work[top_rank] - rank_work.mean()) / rank_work.mean() * 100
     # A rank that is busiest most often but not on average (one long step elsewhere) is noise,
     # not a straggler.
-    straggler = (top_count >= STRAGGLER_MIN_STEPS
+    straggler = (name_straggler and top_count >= STRAGGLER_MIN_STEPS
                  and top_count >= STRAGGLER_MIN_STEP_FRACTION * steps_n
                  and (len(counts) == 1 or counts.iloc[1] < top_count)
                  and above > 0)

@@ -462,3 +462,53 @@ def test_single_stage_pipeline_is_offered_interleaving():
     row = finding(run(pipeline_steps(), colls=p2p, traces=traces), "pipeline bubble")
     assert row["evidence"].startswith("2 pipeline stages, 4 microbatches")
     assert "ScheduleInterleaved1F1B" in row["suggestion"]
+
+
+def test_no_findings_without_analysed_steps():
+    # Memory near capacity would fire on this per-rank table; a run without steps gets nothing.
+    per_rank = pd.DataFrame([memory_rank(0, 38, 30)])
+    assert run(per_step([]), per_rank=per_rank).empty
+
+
+# ---- with the cross-rank pass --------------------------------------------------------------------
+def _late_rank_1(steps=4):
+    """Rank 1 arrives 30 ms late at every step's DDP all-reduce; the transfer takes 2 ms."""
+    from analysis.crossrank import analyse
+    from analysis.crossrank.frames import typed_ops
+    rows = []
+    for s in range(steps):
+        arrive = s * 100 * MS + 60 * MS
+        for rank, late in ((0, 0), (1, 30 * MS)):
+            rows.append({"rank": rank, "pg": "0", "pg_size": 2, "op": "all_reduce",
+                         "bytes": 4 * MIB, "dtype": "float32", "step": s,
+                         "issue_ns": arrive + late, "end_ns": arrive + 32 * MS, "peer": np.nan,
+                         "queue": "0"})
+    step_frame = pd.DataFrame([{"rank": r, "step": s, "start_ns": s * 100 * MS,
+                                "end_ns": (s + 1) * 100 * MS} for r in (0, 1) for s in range(steps)])
+    sync = pd.DataFrame({"rank": [1], "offset_ns": [0], "uncertainty_ns": [1_000]})
+    result = analyse(typed_ops(pd.DataFrame(rows)), step_frame, sync, 2)
+    table = per_step([step_row(0, s, compute=60, comm=32, overlap=0, exposed=32)
+                      for s in range(steps)]
+                     + [step_row(1, s, compute=90, comm=2, overlap=0, exposed=2)
+                        for s in range(steps)])
+    colls = collectives([collective("all_reduce", "0", 2, 4 * MIB, 136_000, 0.1, count=8,
+                                    issuer="ddp")])
+    return table, colls, result
+
+
+def test_ranks_wait_for_the_late_rank_and_waiting_is_not_exposed_transfer():
+    table, colls, result = _late_rank_1()
+    before = run(table, colls=colls)
+    assert "exposed communication" in before["finding"].tolist()  # 34 of 200 ms, mostly waiting
+    assert "straggler: rank 1" in before["finding"].tolist()
+    after = find_bottlenecks(table, pd.DataFrame(), colls, gaps([]), [trace(0), trace(1)],
+                             cross_rank=result)
+    names = after["finding"].tolist()
+    row = finding(after, "ranks wait for rank 1")
+    assert row["share_pct"] == pytest.approx(15.0)  # 4 x 30 ms of 2 ranks x 4 x 100 ms
+    assert "wait 30.00 ms per step for rank 1" in row["evidence"]
+    assert "all_reduce on pg 0" in row["evidence"]
+    assert row["ranks"] == "0"
+    # Left after the waits: 2 ms of exposed transfer per rank and step, 2% of step time.
+    assert not {"exposed communication", "exposed transfer", "straggler: rank 1"} & set(names)
+    assert not after["suggestion"].str.contains("bucket_cap_mb").any()

@@ -75,6 +75,17 @@ def test_p2p_match_by_src_dst_and_order_and_lone_send_is_a_mismatch():
     assert mismatches["missing_ranks"].tolist() == ["0"]
 
 
+def test_a_send_and_recv_of_different_sizes_is_a_mismatch():
+    ops = frame([op(0, 0, 5, name="send", peer=1, nbytes=4096),
+                 op(1, 0, 5, name="recv", peer=0, nbytes=8192)])
+    matched, mismatches = match_ops(ops, world_size=2)
+    assert (matched["instance"] == -1).all()
+    assert mismatches.to_dict("records") == [{
+        "pg": "0", "step": 0, "position": 0, "problem": "send and recv disagree on size",
+        "ranks": "recv 8192 B rank 0 -> rank 1; send 4096 B rank 0 -> rank 1",
+        "missing_ranks": ""}]
+
+
 # ---- clock ---------------------------------------------------------------------------------------
 def _collective_run(ranks, instances, offsets, drift_per_s=None, late=None, gap=50 * MS):
     """All-reduces that end together; rank r's clock reads true + offsets[r] (+ drift)."""
@@ -122,11 +133,29 @@ def test_clock_drift_is_fitted_on_a_long_run():
     assert spread.max() <= 1_000  # 1 us, against 10 ms of drift over the run
 
 
+def test_a_late_ranks_late_completions_do_not_bias_its_offset():
+    # Rank 1 arrives 30 ms late every step; the op then takes 1 ms, but rank 1, busy computing,
+    # sees it complete 1 to 3 ms later (rank 0, blocked waiting, sees it at once). A median of
+    # the completion differences would put rank 1's clock 1.8 ms too far; the bracket is
+    # [80 - 1, 80 + 1] ms: rank 1's issue - rank 0's end, and the least completion difference.
+    lateness = [1.5, 2.5, 1.0, 3.0, 1.2, 2.0, 1.8, 2.2, 1.4, 2.9, 1.6]
+    rows = []
+    for i, late in enumerate(lateness):
+        arrival = 1_000 * MS + i * 100 * MS
+        rows += [op(0, arrival - 30 * MS, arrival + MS, step=i),
+                 op(1, arrival + 80 * MS, arrival + MS + 80 * MS + int(late * MS), step=i)]
+    matched, _ = match_ops(frame(rows), world_size=2)
+    clock = clock_table(matched, NO_SYNC, [0, 1]).set_index("rank")
+    assert clock.loc[1, "offset_ns"] == 80 * MS
+    assert clock.loc[1, "uncertainty_ns"] == MS
+
+
 def test_offsets_chain_through_groups_without_rank_0():
     rows = []
     for i in range(10):
         end = 1_000 * MS + i * 50 * MS
-        rows += [op(0, end - MS, end, step=i, pg="1"), op(1, end - MS, end + 3 * MS, step=i, pg="1"),
+        rows += [op(0, end - MS, end, step=i, pg="1"),
+                 op(1, end - MS + 3 * MS, end + 3 * MS, step=i, pg="1"),
                  op(1, end - MS + 3 * MS, end + 3 * MS, step=i, pg="2"),
                  op(2, end - MS - 7 * MS, end - 7 * MS, step=i, pg="2")]
     matched, _ = match_ops(frame(rows), world_size=3)
@@ -172,12 +201,15 @@ def test_transfer_based_bandwidth_uses_the_bus_factor():
 
 # ---- culprit -------------------------------------------------------------------------------------
 def _steady_late_run(late_rank, late_ns, steps=10, ranks=4):
+    """The op completes 2 ms after the late rank arrives; the late rank, busy, sees that 2 ms
+    later than the others (as on a loaded CPU)."""
     rows = []
     for s in range(steps):
         for r in range(ranks):
             arrive = s * 100 * MS + 50 * MS + (late_ns if r == late_rank else 0)
-            rows.append(op(r, arrive, s * 100 * MS + 50 * MS + late_ns + 2 * MS, step=s,
-                           size=ranks))
+            seen_late = 2 * MS if r == late_rank else 0
+            rows.append(op(r, arrive, s * 100 * MS + 50 * MS + late_ns + 2 * MS + seen_late,
+                           step=s, size=ranks))
     return frame(rows)
 
 
@@ -207,7 +239,8 @@ def test_jitter_without_a_steady_culprit_names_no_straggler():
 
 
 def test_a_small_steady_delay_below_the_share_threshold_names_no_straggler():
-    result = analyse(_steady_late_run(1, 1 * MS), steps_frame(range(4), range(10)), NO_SYNC, 4)
+    synced = pd.DataFrame({"rank": [1, 2, 3], "offset_ns": 0, "uncertainty_ns": 1_000})
+    result = analyse(_steady_late_run(1, 1 * MS), steps_frame(range(4), range(10)), synced, 4)
     table = result["stragglers"].set_index("rank")
     assert table.loc[1, "share_pct"] == pytest.approx(0.75)
     assert not table.loc[1, "fires"]

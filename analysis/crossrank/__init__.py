@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis import pipeline_schedule
 from analysis.crossrank.clock import clock_table, to_common_clock
 from analysis.crossrank.culprit import find_stragglers
 from analysis.crossrank.frames import run_frames
@@ -39,10 +40,16 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
 
 
 def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None = None,
-               virtual_stages: int = 1) -> dict:
+               virtual_stages: int | None = None) -> dict:
     """The cross-rank pass over a LoadResult; `work` is the breakdown's per-step frame (rank,
-    step, step_ns, work_ns), needed for the pipeline bubbles only."""
+    step, step_ns, work_ns), needed for the pipeline bubbles only. Microbatches and virtual
+    stages per rank come from the trace's `PP:` spans where it has them (analysis.
+    pipeline_schedule), else from the p2p ops."""
     frames = run_frames(run)
+    if microbatches is None or virtual_stages is None:
+        schedule = pipeline_schedule.detect(run.ranks)
+        microbatches = microbatches or schedule.microbatches
+        virtual_stages = virtual_stages or schedule.stages_per_rank or 1
     return analyse(frames["ops"], frames["steps"], frames["clock_sync"], frames["world_size"],
                    frames["events"], work, microbatches, virtual_stages)
 

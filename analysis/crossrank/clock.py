@@ -22,17 +22,30 @@ DRIFT_CHUNKS = 10  # Theil-Sen over at most this many time-ordered chunk medians
 MIN_DRIFT_CHUNK = 5  # instances per chunk
 DRIFT_SIGNIFICANCE = 3.0  # drift is applied when it moves the offset by more than 3 residual sigma
 MAD_TO_SIGMA = 1.4826
+WAITED_RATIO = 2.0  # a member waited for the other when its op lasted over twice as long
+ONE_SIDED_SHARE = 0.75  # one member waited in at least this share of the pair's instances
 
 
 def completion_pairs(matched: pd.DataFrame) -> pd.DataFrame:
-    """(ref, rank, t_ns, diff_ns) per member and instance of a synchronising collective."""
+    """Per member and instance of a synchronising collective, against the instance's lowest rank
+    (ref), on each rank's own clock: t_ns (ref's end), diff_ns = end - ref's end, the causality
+    bounds on the offset low_ns = issue - ref's end and high_ns = end - ref's issue, and which of
+    the two waited for the other (ref_waited, rank_waited)."""
     sync = matched[(matched["instance"] >= 0) & matched["op"].isin(SYNCHRONISING_OPS)]
-    ref = sync.loc[sync.groupby("instance")["rank"].idxmin(), ["instance", "rank", "end_ns"]]
-    pairs = sync[["instance", "rank", "end_ns"]].merge(
-        ref.rename(columns={"rank": "ref", "end_ns": "t_ns"}), on="instance")
+    ref = sync.loc[sync.groupby("instance")["rank"].idxmin(),
+                   ["instance", "rank", "issue_ns", "end_ns"]]
+    pairs = sync[["instance", "rank", "issue_ns", "end_ns"]].merge(
+        ref.rename(columns={"rank": "ref", "issue_ns": "ref_issue", "end_ns": "t_ns"}),
+        on="instance")
     pairs = pairs[pairs["rank"] != pairs["ref"]]
-    return pd.DataFrame({"ref": pairs["ref"], "rank": pairs["rank"], "t_ns": pairs["t_ns"],
-                         "diff_ns": pairs["end_ns"] - pairs["t_ns"]})
+    own = (pairs["end_ns"] - pairs["issue_ns"]).to_numpy()
+    theirs = (pairs["t_ns"] - pairs["ref_issue"]).to_numpy()
+    return pd.DataFrame({
+        "ref": pairs["ref"], "rank": pairs["rank"], "t_ns": pairs["t_ns"],
+        "diff_ns": pairs["end_ns"] - pairs["t_ns"],
+        "low_ns": pairs["issue_ns"] - pairs["t_ns"], "high_ns": pairs["end_ns"] - pairs["ref_issue"],
+        "ref_waited": theirs > WAITED_RATIO * own, "rank_waited": own > WAITED_RATIO * theirs,
+    })
 
 
 def _theil_sen(t: np.ndarray, d: np.ndarray) -> float:
@@ -50,10 +63,8 @@ def _theil_sen(t: np.ndarray, d: np.ndarray) -> float:
     return float(np.median((dm[j] - dm[i])[keep] / dt[keep])) if keep.any() else 0.0
 
 
-def fit_pair(t: np.ndarray, d: np.ndarray, t0: int) -> tuple[float, float, float]:
-    """(offset at t0, drift ns per ns, uncertainty) of one pair's completion differences."""
-    t = t.astype("float64") - t0
-    d = d.astype("float64")
+def _median_fit(t: np.ndarray, d: np.ndarray) -> tuple[float, float, float]:
+    """(level, slope, sigma): a median, with a Theil-Sen slope where drift exceeds the noise."""
     slope = _theil_sen(t, d)
     residual = d - slope * t
     level = float(np.median(residual))
@@ -64,6 +75,42 @@ def fit_pair(t: np.ndarray, d: np.ndarray, t0: int) -> tuple[float, float, float
         slope = 0.0
         level = float(np.median(d))
         sigma = MAD_TO_SIGMA * float(np.median(np.abs(d - level)))
+    return level, slope, sigma
+
+
+def fit_pair(t: np.ndarray, d: np.ndarray, t0: int, low: np.ndarray | None = None,
+             high: np.ndarray | None = None, ref_waited: np.ndarray | None = None,
+             rank_waited: np.ndarray | None = None) -> tuple[float, float, float]:
+    """(offset at t0, drift ns per ns, uncertainty) of one pair from its completion differences
+    `d`, within the causality bounds [max low, min high] (docs/cross-rank.md, "One clock").
+
+    A member that waited is blocked in the op and sees it complete at once; the last to arrive
+    may be busy and see it late. So where one side waited in most instances, the completion
+    differences lie on one side of the offset: their envelope (min or max) bounds it softly, the
+    causality bound on the other side, and the estimate is the middle of that bracket (as NTP
+    takes the middle of a round trip). Where both sides waited in turn, their lateness cancels
+    in a median.
+    """
+    t = t.astype("float64") - t0
+    d = d.astype("float64")
+    level, slope, sigma = _median_fit(t, d)
+    if low is None or not len(t):
+        return level, slope, sigma
+    trend = slope * t
+    lo = float(np.max(low - trend))
+    hi = float(np.min(high - trend))
+    residual = d - trend
+    ref_share, rank_share = float(np.mean(ref_waited)), float(np.mean(rank_waited))
+    if ref_share >= ONE_SIDED_SHARE and rank_share <= 1 - ONE_SIDED_SHARE:
+        hi = min(hi, float(np.min(residual[ref_waited])))  # d = offset + the rank's lateness
+    elif rank_share >= ONE_SIDED_SHARE and ref_share <= 1 - ONE_SIDED_SHARE:
+        lo = max(lo, float(np.max(residual[rank_waited])))  # d = offset - ref's lateness
+    bracketed = max(ref_share, rank_share) >= ONE_SIDED_SHARE and lo <= hi
+    if bracketed:
+        return (lo + hi) / 2, slope, (hi - lo) / 2
+    if lo <= hi:
+        level = min(max(level, lo), hi)
+        sigma = min(sigma, (hi - lo) / 2)
     return level, slope, sigma
 
 
@@ -80,7 +127,10 @@ def estimate_offsets(matched: pd.DataFrame, reference: int = 0) -> pd.DataFrame:
     t0 = int(pairs["t_ns"].min())
     edges = {}
     for (ref, rank), group in pairs.groupby(["ref", "rank"], sort=True):
-        level, slope, sigma = fit_pair(group["t_ns"].to_numpy(), group["diff_ns"].to_numpy(), t0)
+        level, slope, sigma = fit_pair(
+            group["t_ns"].to_numpy(), group["diff_ns"].to_numpy(), t0,
+            group["low_ns"].to_numpy(dtype="float64"), group["high_ns"].to_numpy(dtype="float64"),
+            group["ref_waited"].to_numpy(), group["rank_waited"].to_numpy())
         edges[(int(ref), int(rank))] = (level, slope, sigma, len(group))
     links: dict = {}
     for (a, b), (level, slope, sigma, n) in edges.items():

@@ -101,6 +101,7 @@ def ops_from_events(events: pd.DataFrame, steps: pd.DataFrame, rank: int,
     if chosen.empty:
         return empty_ops()
     name_op = chosen["name"].astype(str).map(canonical_op)
+    issue = chosen["ts_ns"] if len(kernels) else _gloo_issue(gloo, name_op, comm)
     arg_op = chosen["collective"].map(canonical_op)
     op = arg_op.where(arg_op.notna(), name_op)
     dtype = chosen["comm_dtype"].map(canonical_dtype)
@@ -116,12 +117,37 @@ def ops_from_events(events: pd.DataFrame, steps: pd.DataFrame, rank: int,
     pg = chosen["pg_name"].map(lambda v: UNKNOWN_PG if v is None or v != v else str(v))
     frame = pd.DataFrame({
         "rank": rank, "pg": pg, "pg_size": group_size.fillna(0), "op": op, "bytes": nbytes,
-        "dtype": dtype, "issue_ns": chosen["ts_ns"], "end_ns": chosen["end_ns"], "peer": np.nan,
+        "dtype": dtype, "issue_ns": issue, "end_ns": chosen["end_ns"], "peer": np.nan,
         "queue": (chosen["stream"].astype(str) if len(kernels) else pg),
     })
-    frame["step"] = _step_of(frame["issue_ns"].to_numpy(), steps)
+    frame["step"] = _step_of(frame["issue_ns"].to_numpy(), steps).to_numpy()
     frame = frame[frame["op"].notna() & frame["step"].notna()]
     return typed_ops(frame.sort_values("issue_ns", kind="stable"))
+
+
+def _gloo_issue(gloo: pd.DataFrame, gloo_op: pd.Series, comm: pd.DataFrame) -> pd.Series:
+    """When each gloo op was issued: the start of the host call that queued it (`c10d::*` or
+    `record_param_comms` on the training thread), else its own start.
+
+    gloo's worker thread starts an op when it dequeues it, which can be long after the training
+    thread issued it; that thread's call is the issue. A gloo op is paired with the latest call
+    of the same op that started no later than it, each call with one op at most.
+    """
+    host = comm[~comm["is_gpu"].astype(bool) & ~comm["name"].astype(str).str.startswith("gloo:")]
+    issue = gloo["ts_ns"].astype("int64").copy()
+    if host.empty:
+        return issue
+    call_op = host["collective"].map(canonical_op)
+    call_op = call_op.where(call_op.notna(), host["name"].astype(str).map(canonical_op))
+    calls = pd.DataFrame({"op": call_op.astype(object), "call_ns": host["ts_ns"].astype("int64")}).dropna()
+    ops = pd.DataFrame({"op": gloo_op.astype(object), "ts_ns": issue, "row": gloo.index}).dropna(subset=["op"])
+    if calls.empty or ops.empty:
+        return issue
+    paired = pd.merge_asof(ops.sort_values("ts_ns"), calls.sort_values("call_ns"),
+                           left_on="ts_ns", right_on="call_ns", by="op", direction="backward")
+    paired = paired.dropna(subset=["call_ns"]).drop_duplicates("call_ns", keep="first")
+    issue.loc[paired["row"].to_numpy()] = paired["call_ns"].astype("int64").to_numpy()
+    return issue
 
 
 def _first_text(value):

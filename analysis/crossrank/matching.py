@@ -121,16 +121,38 @@ def _match_p2p(frame: pd.DataFrame):
     codes = frame.groupby(pair_key, sort=True).ngroup().to_numpy()
     frame["instance"] = np.where(ok, codes, -1)
     sizes = frame[ok].groupby(pair_key)["bytes"].transform("nunique")
-    frame.loc[sizes.index[sizes.to_numpy() > 1], "instance"] = -1
+    differ = sizes.index[sizes.to_numpy() > 1]
+    frame.loc[differ, "instance"] = -1
     lone = frame[known & ~ok]
-    problems = pd.DataFrame({
+    unequal = frame.loc[differ]
+    problems = pd.concat([_lone_p2p(lone), _unequal_p2p(unequal, pair_key)], ignore_index=True)
+    return frame.drop(columns=["src", "dst", "paired"]), problems
+
+
+def _p2p_text(frame: pd.DataFrame) -> pd.Series:
+    return (frame["op"] + " " + frame["bytes"].map(lambda b: "? B" if b != b else f"{b:.0f} B")
+            + " rank " + frame["src"].astype(int).astype(str) + " -> rank "
+            + frame["dst"].astype(int).astype(str))
+
+
+def _unequal_p2p(pairs: pd.DataFrame, pair_key: list) -> pd.DataFrame:
+    """A send and its recv that disagree on the size: one row per pair."""
+    if pairs.empty:
+        return pd.DataFrame(columns=MISMATCH_COLUMNS)
+    labelled = pairs.assign(text=_p2p_text(pairs)).sort_values("op")
+    joined = labelled.groupby(pair_key, sort=True)["text"].agg("; ".join).reset_index()
+    return pd.DataFrame({"pg": joined["pg"], "step": joined["step"],
+                         "position": joined["position"],
+                         "problem": "send and recv disagree on size", "ranks": joined["text"],
+                         "missing_ranks": ""})
+
+
+def _lone_p2p(lone: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
         "pg": lone["pg"], "step": lone["step"], "position": lone["position"],
         "problem": lone["op"].map({"send": "a send with no matching recv",
                                    "recv": "a recv with no matching send"}),
-        "ranks": (lone["op"] + " " + lone["bytes"].map(lambda b: f"{b:.0f} B") + " rank "
-                  + lone["src"].astype(int).astype(str) + " -> rank "
-                  + lone["dst"].astype(int).astype(str)),
+        "ranks": _p2p_text(lone),
         "missing_ranks": np.where(lone["op"] == "send", lone["dst"], lone["src"]).astype(int)
                            .astype(str),
     })
-    return frame.drop(columns=["src", "dst", "paired"]), problems

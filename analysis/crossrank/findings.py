@@ -1,0 +1,116 @@
+"""Bottleneck findings that only the cross-rank pass can make (docs/report.md): "ranks wait for
+rank R", exposed transfer (exposed communication without the waiting for peers), and the pipeline
+bubble per stage against the schedule's theory.
+
+Each function takes the analysed per-step rows of analysis.bottlenecks and the result of
+`analysis.crossrank.cross_rank`, and returns finding dicts (bottlenecks.FINDING_COLUMNS).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.crossrank.culprit import MIN_SHARE_PCT
+
+
+
+
+def matched(result: dict | None) -> bool:
+    """Whether the cross-rank pass matched any op: its findings then replace the per-rank ones."""
+    return result is not None and "ops" in result and len(result["ops"]) > 0
+
+
+def _finding(name, share, evidence, suggestion, ranks) -> dict:
+    return {"finding": name, "share_pct": float(share), "evidence": evidence,
+            "suggestion": suggestion, "ranks": ranks}
+
+
+def peer_wait_ns(steps: pd.DataFrame, result: dict) -> pd.Series:
+    """wait_for_peers per analysed (rank, step) row of `steps`, in ns (0 where none)."""
+    waits = result["waits"][["rank", "step", "wait_for_peers_ms"]]
+    keyed = steps[["rank", "step"]].astype("int64").merge(
+        waits.astype({"rank": "int64", "step": "int64"}), on=["rank", "step"], how="left")
+    return keyed["wait_for_peers_ms"].fillna(0).to_numpy() * 1e6
+
+
+def exposed_transfer_ns(steps: pd.DataFrame, result: dict) -> pd.Series:
+    """Exposed communication minus the time spent waiting for peers, per analysed row: a rank
+    waiting for a late peer computes nothing, so that wait is exposed; the rest is transfer."""
+    exposed = steps["exposed_comm_ns"].fillna(0).to_numpy()
+    return pd.Series((exposed - peer_wait_ns(steps, result)).clip(min=0), index=steps.index)
+
+
+def ranks_wait_for(steps: pd.DataFrame, result: dict) -> list:
+    """One finding per rank that passes the straggler threshold (docs/cross-rank.md)."""
+    stragglers = result["stragglers"]
+    if stragglers.empty:
+        return []
+    findings = []
+    for row in stragglers[stragglers["fires"].astype(bool)].to_dict("records"):
+        rank = int(row["rank"])
+        collectives = "; ".join(
+            f"{c['op']} on pg {c['pg']} {c['size_bucket']} ({c['caused_wait_ms']:.1f} ms in "
+            f"{c['instances']} instances)" for c in row["collectives"])
+        doing, suggestion = _what_it_did(rank, row["evidence"])
+        evidence = (f"The other ranks wait {row['caused_wait_ms_per_step']:.2f} ms per step for "
+                    f"rank {rank} ({row['share_pct']:.1f}% of the ranks' step time), in "
+                    f"{collectives}. {doing}")
+        victims = sorted(set(int(r) for r in result["ops"]["rank"]) - {rank})
+        findings.append(_finding(f"ranks wait for rank {rank}", row["share_pct"], evidence,
+                                 suggestion, ", ".join(str(r) for r in victims) or str(rank)))
+    return findings
+
+
+def _what_it_did(rank: int, evidence: dict) -> tuple[str, str]:
+    """What the late rank did while the others waited, and the advice that follows from it."""
+    base = (f"Find what only rank {rank} does before its collectives: compare its host with "
+            f"the others (CPU frequency, other processes on its cores, core pinning), its data "
+            f"shard (longer sequences, larger images) and work only it does (logging, "
+            f"checkpointing, evaluation).")
+    if not evidence.get("traced_windows"):
+        return ("No profiled window covers the waits, so what the rank did is not known.", base)
+    top = evidence.get("top_ops") or []
+    loading = evidence.get("data_loading_ms") or 0.0
+    outside = evidence.get("outside_ops_ms") or 0.0
+    ops_text = ", ".join(f"{o['name']} {o['ms']:.1f} ms" for o in top[:3]) or "no op"
+    doing = (f"In the {evidence['traced_windows']} profiled windows in which the others waited, "
+             f"rank {rank} ran {ops_text}; data loading {loading:.1f} ms; "
+             f"{outside:.1f} ms outside every op (Python between ops, or idle).")
+    top_ms = top[0]["ms"] if top else 0.0
+    if loading >= max(outside, top_ms):
+        return doing, (f"Rank {rank} is late loading data: raise its DataLoader num_workers, "
+                       f"pin memory and prefetch, or balance the shards. ") + base
+    if outside >= top_ms:
+        return doing, (f"Rank {rank} is late in Python or host work outside torch ops: profile "
+                       f"its host code (py-spy) between the steps' ops. ") + base
+    return doing, (f"Rank {rank} is late in {top[0]['name']}: compare that op's time with the "
+                   f"other ranks' (a slow kernel, a larger input). ") + base
+
+
+def pipeline_stages(result: dict) -> list:
+    """The pipeline bubble per stage, measured against the schedule's theory, naming the stage
+    that holds the others back (docs/cross-rank.md, "Pipeline bubbles")."""
+    table = result.get("pipeline")
+    if table is None or table.empty:
+        return []
+    per = table.set_index("rank")
+    share = float(per["measured_bubble_pct"].mean())
+    if share < MIN_SHARE_PCT:
+        return []
+    listed = "; ".join(
+        f"rank {r}: bubble {row['measured_bubble_pct']:.1f}% (theory "
+        f"{row['theory_bubble_pct']:.1f}%), recv wait {row['recv_wait_pct']:.1f}%, transfer "
+        f"{row['transfer_pct']:.1f}%, idle {row['idle_pct']:.1f}%"
+        for r, row in per.iterrows())
+    evidence = f"{len(per)} pipeline stages spend {share:.1f}% of each step not computing ({listed})."
+    holders = per[per["holds_back"].astype(bool)]
+    suggestion = ("Bring the measured bubble towards the theory: raise the number of "
+                  "microbatches, or use an interleaved or zero-bubble schedule.")
+    if len(holders):
+        holder = int(holders.index[0])
+        evidence += (f" The other stages wait {holders.iloc[0]['caused_recv_wait_ms_per_step']:.2f}"
+                     f" ms per step for rank {holder}'s sends.")
+        suggestion = (f"Rank {holder}'s stage holds the others back: move layers off it to balance "
+                      f"the stages. " + suggestion)
+    return [_finding("pipeline bubble", share, evidence, suggestion,
+                     ", ".join(str(int(r)) for r in per.index))]
