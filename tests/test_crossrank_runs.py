@@ -1,6 +1,8 @@
 """The cross-rank pass on real traced runs: a 2-rank DDP run with one rank delayed by a known
 busy loop before every forward pass, and one without delay (gloo on CPU)."""
 
+import gzip
+import json
 import os
 import shutil
 import socket
@@ -18,6 +20,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "scripts" / "straggle_ddp.py"
 DELAY_MS = 60  # long against the scheduling noise of a shared 2-core CPU
+SHIFT_NS = 80_000_000
 
 
 def _trace(out: Path, name: str, *script_args) -> Path:
@@ -41,6 +44,29 @@ def runs(tmp_path_factory):
             "even": _trace(out, "even")}
 
 
+def _shifted_copy(run: Path, target: Path, rank: int) -> Path:
+    """The run with `rank`'s clock moved by +80 ms in every file and its clock_sync removed."""
+    shutil.copytree(run, target)
+    for path in target.glob(f"rank{rank}.*.jsonl"):
+        lines = []
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "clock_sync":
+                continue
+            for key in ("start_ns", "end_ns", "t_ns"):
+                if isinstance(record.get(key), int):
+                    record[key] += SHIFT_NS
+            lines.append(json.dumps(record))
+        path.write_text("".join(f"{line}\n" for line in lines))
+    for path in target.glob(f"rank{rank}.*.pt.trace.json.gz"):
+        document = json.loads(gzip.decompress(path.read_bytes()))
+        for event in document["traceEvents"]:
+            if isinstance(event.get("ts"), (int, float)):
+                event["ts"] += SHIFT_NS // 1000
+        path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    return target
+
+
 def test_the_delayed_rank_is_named_and_the_other_waits_the_delay(runs):
     result = cross_rank(load_path(runs["late"], use_cache=False))
     document = to_json(result)
@@ -60,11 +86,23 @@ def test_a_run_without_delay_names_no_straggler(runs):
     assert result["mismatches"].empty
 
 
+def test_an_80_ms_clock_shift_is_recovered_and_the_culprit_kept(runs, tmp_path):
+    shifted = _shifted_copy(runs["late"], tmp_path / "shifted", rank=1)
+    result = cross_rank(load_path(shifted, use_cache=False))
+    clock = result["clock"].set_index("rank")
+    assert clock.loc[1, "source"] == "collectives"
+    assert abs(clock.loc[1, "offset_ns"] - SHIFT_NS) < 1_000_000
+    assert [s["rank"] for s in to_json(result)["stragglers"]] == [1]
+
+
 def test_kineto_traces_alone_are_matched_on_gloo_ops(runs, tmp_path):
-    foreign = shutil.copytree(runs["late"], tmp_path / "kineto")
-    for path in foreign.glob("rank*.jsonl"):
+    shifted = _shifted_copy(runs["late"], tmp_path / "kineto", rank=1)
+    for path in shifted.glob("rank*.jsonl"):
         path.unlink()
-    result = cross_rank(load_path(foreign, use_cache=False))
+    result = cross_rank(load_path(shifted, use_cache=False))
     assert result["mismatches"].empty
     assert (result["ops"]["instance"] >= 0).all() and len(result["ops"])
-    assert result["clock"].set_index("rank").loc[1, "source"] == "collectives"
+    clock = result["clock"].set_index("rank")
+    assert abs(clock.loc[1, "offset_ns"] - SHIFT_NS) < 1_000_000
+    victim = result["waits"][result["waits"]["rank"] == 0]["wait_for_peers_ms"]
+    assert np.median(victim) == pytest.approx(DELAY_MS, rel=0.25)
