@@ -1,0 +1,46 @@
+"""The scaling study's plot as one inline SVG: parallel efficiency against world size above, and
+below it a stacked bar per world size of where the mean step's time goes (docs/scaling.md).
+
+Built with analysis.html.svg's line plot and stacked bars, so it matches the HTML report and
+escapes every text it shows.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from analysis.html import svg
+
+# Bar parts: the scaling table's columns and the HTML palette's names for them.
+BAR_PARTS = {"compute_ms": "compute", "copies_ms": "memcpy", "transfer_ms": "transfer",
+             "waiting_ms": "waiting", "idle_ms": "idle"}
+WIDTH = 760
+_SIZE = re.compile(r'^<svg class="chart" viewBox="0 0 (\d+) (\d+)"')
+
+
+def _height(chart: str) -> int:
+    match = _SIZE.match(chart)
+    return int(match.group(2)) if match else 0
+
+
+def scaling_svg(table: pd.DataFrame) -> str:
+    """`table`: `scaling_table.scaling_table`'s rows. Returns one <svg> element."""
+    labels = [f"{int(w)} ranks" + (f", {int(n)} nodes" if n > 1 else "")
+              for w, n in zip(table["world_size"], table["nnodes"])]
+    efficiency = svg.lines([("efficiency %", [float(w) for w in table["world_size"]],
+                             [float(e) for e in table["efficiency_pct"]])],
+                           "world size (ranks)", "parallel efficiency %", width=WIDTH)
+    if not efficiency.startswith("<svg"):  # no efficiency to draw: the bars alone
+        efficiency = ""
+    parts = table[list(BAR_PARTS)].fillna(0.0)
+    bars = svg.stacked_bars(labels, list(BAR_PARTS.values()),
+                            parts.to_numpy(dtype="float64").tolist(), "ms per step", width=WIDTH)
+    top, bottom = _height(efficiency), _height(bars)
+    height = top + bottom + 10
+    return (f'<svg class="chart scaling" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" '
+            f'height="{height}" role="img" xmlns="http://www.w3.org/2000/svg">'
+            f'<title>{svg.esc("parallel efficiency and step time parts per world size")}</title>'
+            f'<svg y="0" width="{WIDTH}" height="{top}">{efficiency}</svg>'
+            f'<svg y="{top + 10}" width="{WIDTH}" height="{bottom}">{bars}</svg></svg>')
