@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 import traceback
@@ -183,7 +184,7 @@ class WideMLP(nn.Module):
 
 def scenario_ddp_buckets(rank, world, folder):
     from torch.nn.parallel import DistributedDataParallel as DDP
-    recorder, writer, step = start_recorder(folder, rank, "ddp_buckets")
+    recorder, writer, step = start_recorder(folder, rank, "ddp_buckets", ddp_bucket_hook=True)
     torch.manual_seed(0)
     small = DDP(BiasFreeMLP(), bucket_cap_mb=256 / 2**20)  # 256 B cap: one weight per bucket
     for i in range(3):
@@ -202,7 +203,8 @@ def scenario_ddp_buckets(rank, world, folder):
 def scenario_ddp_user_hooks(rank, world, folder):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
-    recorder, writer, step = start_recorder(folder, rank, "ddp_user_hooks")
+    recorder, writer, step = start_recorder(folder, rank, "ddp_user_hooks",
+                                             ddp_bucket_hook=True)
     calls = []
 
     def counting_hook(state, bucket):
@@ -237,7 +239,11 @@ def scenario_ddp_user_hooks(rank, world, folder):
 
 def scenario_dtensor(rank, world, folder):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
     recorder, writer, step = start_recorder(folder, rank, "dtensor")
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
@@ -326,7 +332,7 @@ def train_for_identity(config, rank, recorder=None, hook=None, mode_override=Non
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.get("amp", False)):
                     loss = model(x).float().pow(2).mean() / accum
                 if mode_override is not None:  # the hook exists once the first forward ran
-                    recorder._default_reductions[model.reducer].mode = mode_override
+                    recorder.ddp.default_reductions[model.reducer].mode = mode_override
                 loss.backward()
         grads.append([p.grad.clone() if p.grad is not None else None for p in net.parameters()])
         optimizer.step()
@@ -359,7 +365,8 @@ def scenario_identity(rank, world, folder):
     for name in TWO_RANK_IDENTITY if world == 2 else tuple(IDENTITY_CONFIGS):
         config = IDENTITY_CONFIGS[name]
         baselines[name] = train_for_identity(config, rank)
-        recorder, writer, step = start_recorder(folder, rank, f"identity_{name}")
+        recorder, writer, step = start_recorder(folder, rank, f"identity_{name}",
+                                                 ddp_bucket_hook=True)
         traced = train_for_identity(config, rank, recorder)
         records = finish_recorder(recorder, writer)
         out[name] = {"mismatched": compare_runs(baselines[name], traced), "error": recorder.error,
@@ -372,7 +379,8 @@ def scenario_identity(rank, world, folder):
     out["allreduce_hook_mismatched"] = compare_runs(
         baselines["default"],
         train_for_identity(IDENTITY_CONFIGS["default"], rank, hook=default_hooks.allreduce_hook))
-    recorder, writer, _ = start_recorder(folder, rank, "identity_always_multiply")
+    recorder, writer, _ = start_recorder(folder, rank, "identity_always_multiply",
+                                         ddp_bucket_hook=True)
     always_multiply = train_for_identity(IDENTITY_CONFIGS["bucket_view_keep_grads"], rank, recorder,
                                          mode_override="multiply")
     finish_recorder(recorder, writer)
@@ -601,12 +609,14 @@ def recorder_factory(one_rank):
 
 
 def patched_attributes():
+    # Not listed: dist.reduce_scatter_tensor, a deprecated alias that calls reduce_scatter_single
+    # (recorded there); wrapping it would point its deprecation warning at the wrapper.
     import torch.distributed._functional_collectives as funcol
     import torch.distributed.tensor._collective_utils as collective_utils
     from torch.nn.parallel import DistributedDataParallel as DDP
     c10d = dist.distributed_c10d
     owners = [(dist, n) for n in ("all_reduce", "all_gather", "broadcast", "isend", "irecv", "send", "recv",
-                                  "batch_isend_irecv", "barrier", "reduce_scatter_tensor", "all_to_all_single",
+                                  "batch_isend_irecv", "barrier", "all_to_all_single",
                                   "_register_comm_hook", "_broadcast_coalesced")]
     owners += [(c10d, n) for n in ("all_reduce", "isend", "irecv", "_coalescing_manager", "all_gather_single")]
     owners += [(collective_utils, "broadcast"), (collective_utils, "scatter")]
@@ -617,7 +627,7 @@ def patched_attributes():
 
 def test_uninstall_restores_every_patched_attribute(one_rank):
     before = patched_attributes()
-    recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
+    recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False, ddp_bucket_hook=True)
     recorder.install()
     recorder.install()  # idempotent: a second install must not wrap the wrappers
     during = patched_attributes()
@@ -688,7 +698,7 @@ def test_bug_inside_wrapper_falls_back_to_original(recorder_factory, capfd, monk
     def broken_begin(*args, **kwargs):
         raise KeyError("bookkeeping bug")
 
-    monkeypatch.setattr(recorder, "_begin", broken_begin)
+    monkeypatch.setattr(recorder.timing, "begin", broken_begin)
     t = torch.ones(3)
     dist.broadcast(t, src=0)
     out = torch.empty(3)
@@ -720,7 +730,7 @@ def test_ddp_hook_failure_keeps_gradients_identical(recorder_factory, capfd):
 
     def run(recorder_step=None):
         if recorder_step is not None:
-            recorder_factory(recorder_step)
+            recorder_factory(recorder_step, ddp_bucket_hook=True)
         torch.manual_seed(0)
         model = DDP(ToyNet())
         x = torch.randn(5, 13)
@@ -765,7 +775,7 @@ def test_never_waited_functional_op_is_given_up_at_close_without_waiting(recorde
     started = time.monotonic()
     recorder.drain(wait=True)
     waited = time.monotonic() - started
-    assert writer.records == [] and recorder.ops == 0 and recorder.dropped == 1
+    assert writer.records == [] and recorder.ops == 0 and recorder.timing.dropped == 1
     assert waited < 30.0  # nothing to wait for: it must not sit out the timeout
     assert "1 ops never completed" in capfd.readouterr().err
     result.wait()
@@ -849,7 +859,7 @@ def test_drain_wait_gives_up_on_events_that_never_finish(recorder_factory, fake_
     fake_events.ready = False
     dist.all_reduce(torch.ones(5))
     recorder.drain(wait=True)
-    assert writer.records == [] and recorder.ops == 0 and recorder.dropped == 1
+    assert writer.records == [] and recorder.ops == 0 and recorder.timing.dropped == 1
     err = [line for line in capfd.readouterr().err.splitlines() if "ranktrace" in line]
     assert len(err) == 1 and "never completed" in err[0]
     assert recorder.error is None
@@ -866,10 +876,11 @@ def test_events_are_reused_once_resolved(recorder_factory, fake_events):
 
 def functional_op(recorder, outputs):
     """What the functional-collective wrapper does for one op issued on `outputs`."""
-    pending = recorder._begin("all_reduce", "functional", "0", 1, outputs[0],
-                              sum(t.numel() * t.element_size() for t in outputs), True, None)
-    recorder._issued(pending)
-    recorder._await_functional(pending, outputs)
+    timing = recorder.timing
+    pending = timing.begin("all_reduce", "functional", "0", 1, outputs[0],
+                           sum(t.numel() * t.element_size() for t in outputs), True, None)
+    timing.issued(pending)
+    timing.await_functional(pending, outputs)
     return pending
 
 
@@ -878,19 +889,78 @@ def test_a_coalesced_functional_op_overwritten_before_its_wait_is_dropped_once()
     outputs = [torch.zeros(2), torch.zeros(2)]  # 8 + 8 bytes
     functional_op(recorder, outputs)
     functional_op(recorder, outputs)  # in place on both outputs: the first op is lost, once
-    assert (recorder.ops, recorder.bytes, recorder.dropped) == (1, 16, 1)
+    assert (recorder.ops, recorder.bytes, recorder.timing.dropped) == (1, 16, 1)
 
 
 def test_the_pending_cap_drops_an_op_with_all_its_outputs(monkeypatch):
-    import tracer.comms as comms
+    import tracer.comms.timing as timing
 
-    monkeypatch.setattr(comms, "_MAX_PENDING_FUNCTIONAL", 2)
+    monkeypatch.setattr(timing, "MAX_PENDING_FUNCTIONAL", 2)
     recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
     first = [torch.zeros(1), torch.zeros(1)]
     functional_op(recorder, first)
     functional_op(recorder, [torch.zeros(1)])  # 3 outputs pending: the first op goes, whole
-    assert (recorder.ops, recorder.dropped) == (1, 1)
-    assert len(recorder._functional_pending) == 1
-    monkeypatch.setattr(comms, "_MAX_PENDING_FUNCTIONAL", 10)
+    assert (recorder.ops, recorder.timing.dropped) == (1, 1)
+    assert len(recorder.timing.functional_pending) == 1
+    monkeypatch.setattr(timing, "MAX_PENDING_FUNCTIONAL", 10)
     functional_op(recorder, first)  # reusing its storage finds nothing left to drop
-    assert (recorder.ops, recorder.dropped) == (2, 1)
+    assert (recorder.ops, recorder.timing.dropped) == (2, 1)
+
+
+def test_default_registers_no_ddp_comm_hook(recorder_factory):
+    """DDP's C++ reducer reduces its buckets itself: seen in profiler windows, not recorded."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    recorder, writer = recorder_factory()
+    assert recorder.ddp_buckets == "profiler windows only"
+    model = DDP(ToyNet())
+    model(torch.randn(5, 13)).pow(2).sum().backward()
+    recorder.drain(wait=True)
+    assert model._get_ddp_logging_data().get("comm_hook", "") == ""
+    assert [(r.op, r.source) for r in writer.records] == [("broadcast", "ddp")]  # initial sync
+
+
+def test_bucket_hook_option_from_the_environment(one_rank, monkeypatch):
+    monkeypatch.setenv("RANKTRACE_DDP_BUCKET_HOOK", "1")
+    assert CommsRecorder(ListWriter(), lambda: 0, use_cuda=False).ddp_buckets == "comm hook"
+    monkeypatch.setenv("RANKTRACE_DDP_BUCKET_HOOK", "0")
+    assert CommsRecorder(ListWriter(), lambda: 0, use_cuda=False).ddp_buckets == (
+        "profiler windows only")
+
+
+# ---- a rank crashes: the other rank's error is the one it would print untraced ------------------
+def rank_error(folder, traced: bool) -> list[str]:
+    """Rank 0's traceback and error line when rank 1 exits at step 3 of workloads/ddp.py."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           and not k.startswith("RANKTRACE_")}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    if any(name == "lo" for _, name in socket.if_nameindex()):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # --monitor-interval 5: torchrun would otherwise stop rank 0 before it prints its error.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--monitor-interval", "5", "--nproc-per-node", "2"]
+    if traced:
+        command += ["-m", "tracer.record", "--out", str(folder)]
+    command += [str(repo / "workloads" / "ddp.py"), "--hidden", "16", "--layers", "2",
+                "--batch-size", "8", "--steps", "4", "--crash", "1:3", "--pg-timeout-s", "30"]
+    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("[rank0]:")]
+    assert any("Traceback" in line for line in lines), result.stderr
+    # gloo says "Connection closed by peer" or "Read error ... Connection reset by peer", as the
+    # socket's end was seen, with the peer's port: the text after gloo's source line varies.
+    return [re.sub(r"(tcp/pair\.cc):\d+\] .*", r"\1] <gloo transport error>", line)
+            for line in lines]
+
+
+def test_a_crashed_peer_gives_the_same_error_traced_and_untraced(tmp_path):
+    untraced = rank_error(tmp_path, traced=False)
+    assert untraced[-1].startswith("[rank0]: RuntimeError: [") and "gloo" in untraced[-1], untraced
+    assert any("loss.backward()" in line for line in untraced)  # a bucket all-reduce failed
+    assert rank_error(tmp_path, traced=True) == untraced

@@ -8,6 +8,7 @@ private in-memory store, so no MASTER_ADDR/MASTER_PORT is needed.
 import argparse
 import gc
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -134,9 +135,83 @@ def make_parser(doc: str, distributed: bool = True) -> RankZeroParser:
     parser.add_argument("--save", metavar="PATH",
                         help="write final parameters and per-step losses with torch.save")
     if distributed:
-        parser.add_argument("--pg-timeout", type=positive_float, default=60.0, metavar="SECONDS",
-                            help="process-group timeout, so a dead peer fails the run quickly")
+        parser.add_argument("--pg-timeout-s", "--pg-timeout", dest="pg_timeout_s",
+                            type=positive_float, default=60.0, metavar="S",
+                            help="process-group timeout in seconds, so a dead or stuck peer fails "
+                                 "the run quickly")
+        add_fault_flags(parser)
     return parser
+
+
+def _rank_and(kind, what: str):
+    """Parses RANK:VALUE, as in ``--crash 1:3``."""
+    def parse(text: str):
+        rank, sep, value = text.partition(":")
+        try:
+            parsed = (int(rank), kind(value))
+        except ValueError:
+            parsed = None
+        if not sep or parsed is None or parsed[0] < 0 or not parsed[1] >= (kind is int):
+            raise argparse.ArgumentTypeError(f"must be RANK:{what}, got {text}")
+        return parsed
+    parse.__name__ = f"RANK:{what}"
+    return parse
+
+
+def add_fault_flags(parser: argparse.ArgumentParser) -> None:
+    """Faults a distributed workload can inject on one rank, to see how a trace shows them."""
+    faults = parser.add_argument_group("faults (RANK is the global rank, STEP counts from 1)")
+    faults.add_argument("--straggle", type=_rank_and(float, "MS"), metavar="RANK:MS",
+                        help="RANK spends MS ms of host time in a busy loop before the forward "
+                             "pass of every step; every rank then logs its step times")
+    faults.add_argument("--hang", type=_rank_and(int, "STEP"), metavar="RANK:STEP",
+                        help="RANK sleeps forever at the start of STEP")
+    faults.add_argument("--mismatch", type=_rank_and(int, "STEP"), metavar="RANK:STEP",
+                        help="at the start of STEP every rank all-reduces one tensor, RANK's "
+                             "of a different size")
+    faults.add_argument("--crash", type=_rank_and(int, "STEP"), metavar="RANK:STEP",
+                        help="RANK exits at once with status 1 at the start of STEP (os._exit)")
+
+
+class Faults:
+    """The fault flags of one rank: call ``before_forward(step)`` at the start of every step,
+    ``after_step(step)`` after its optimizer step."""
+
+    def __init__(self, args, rank: int, device: torch.device):
+        self.args, self.rank, self.device = args, rank, device
+        self.step_start = (0, 0)
+
+    def _at(self, flag: str, step: int) -> bool:
+        value = getattr(self.args, flag, None)
+        return value is not None and value == (self.rank, step)
+
+    def before_forward(self, step: int) -> None:
+        self.step_start = (time.perf_counter_ns(), time.thread_time_ns())
+        if self._at("crash", step):
+            print(f"rank {self.rank}: --crash, exiting at step {step}", flush=True)
+            os._exit(1)
+        if self._at("hang", step):
+            print(f"rank {self.rank}: --hang, sleeping forever at step {step}", flush=True)
+            while True:
+                time.sleep(1)
+        mismatch = getattr(self.args, "mismatch", None)
+        if mismatch is not None and mismatch[1] == step:
+            numel = 1024 if self.rank == mismatch[0] else 1
+            dist.all_reduce(torch.ones(numel, device=self.device))
+        straggle = getattr(self.args, "straggle", None)
+        if straggle is not None and straggle[0] == self.rank:
+            # Busy, not asleep: a straggler that computes shows up in CPU samples as well.
+            deadline = time.perf_counter_ns() + int(straggle[1] * 1e6)
+            while time.perf_counter_ns() < deadline:
+                pass
+
+    def after_step(self, step: int) -> None:
+        if getattr(self.args, "straggle", None) is not None:
+            wall_start, cpu_start = self.step_start
+            wall_ns = time.perf_counter_ns() - wall_start
+            cpu_ns = time.thread_time_ns() - cpu_start
+            print(f"rank {self.rank} step {step} wall_ms {wall_ns / 1e6:.1f} "
+                  f"cpu_ms {cpu_ns / 1e6:.1f}", flush=True)
 
 
 def pick_device() -> torch.device:
@@ -149,7 +224,7 @@ def init_distributed(args) -> tuple[int, int, torch.device]:
     """Start the default process group (NCCL on GPU, gloo on CPU); returns rank, world, device."""
     device = pick_device()
     options = dict(backend="nccl" if device.type == "cuda" else "gloo",
-                   timeout=timedelta(seconds=args.pg_timeout))
+                   timeout=timedelta(seconds=args.pg_timeout_s))
     if device.type == "cuda":
         torch.cuda.set_device(device)
         options["device_id"] = device  # binds NCCL to this GPU at init, not lazily

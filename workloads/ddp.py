@@ -26,12 +26,33 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 try:
-    from workloads.common import (SyntheticDataset, build_model, cleanup, init_distributed, log,
-                                  make_loader, make_parser, positive_float, positive_int,
-                                  save_results)
+    from workloads.common import (
+        Faults,
+        SyntheticDataset,
+        build_model,
+        cleanup,
+        init_distributed,
+        log,
+        make_loader,
+        make_parser,
+        positive_float,
+        positive_int,
+        save_results,
+    )
 except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
-    from common import (SyntheticDataset, build_model, cleanup, init_distributed, log,
-                        make_loader, make_parser, positive_float, positive_int, save_results)
+    from common import (
+        Faults,
+        SyntheticDataset,
+        build_model,
+        cleanup,
+        init_distributed,
+        log,
+        make_loader,
+        make_parser,
+        positive_float,
+        positive_int,
+        save_results,
+    )
 
 
 def parse_args():
@@ -59,8 +80,9 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
     batches = iter(make_loader(dataset, args.batch_size, args, device, sampler))
 
-    losses = []
+    losses, faults = [], Faults(args, rank, device)
     for step in range(1, args.steps + 1):
+        faults.before_forward(step)
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=device)
         for micro in range(args.grad_accum):
@@ -75,6 +97,7 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
         optimizer.step()
         losses.append(step_loss.item())
         log(f"step {step} loss {losses[-1]:.6f}")
+        faults.after_step(step)
 
     if args.save and rank == 0:
         save_results(args.save, losses, dict(model.module.named_parameters()))

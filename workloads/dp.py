@@ -17,11 +17,27 @@ import torch.nn.functional as F
 from torch import nn
 
 try:
-    from workloads.common import (SyntheticDataset, build_model, env_world_size, log,
-                                  make_loader, make_parser, pick_device, save_results)
+    from workloads.common import (
+        SyntheticDataset,
+        build_model,
+        env_world_size,
+        log,
+        make_loader,
+        make_parser,
+        pick_device,
+        save_results,
+    )
 except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
-    from common import (SyntheticDataset, build_model, env_world_size, log, make_loader,
-                        make_parser, pick_device, save_results)
+    from common import (
+        SyntheticDataset,
+        build_model,
+        env_world_size,
+        log,
+        make_loader,
+        make_parser,
+        pick_device,
+        save_results,
+    )
 
 
 def parse_args():

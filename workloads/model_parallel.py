@@ -25,12 +25,33 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 try:
-    from workloads.common import (SyntheticDataset, build_model, cleanup, env_world_size,
-                                  init_distributed, log, make_loader, make_parser, rank_path,
-                                  save_results)
+    from workloads.common import (
+        Faults,
+        SyntheticDataset,
+        build_model,
+        cleanup,
+        env_world_size,
+        init_distributed,
+        log,
+        make_loader,
+        make_parser,
+        rank_path,
+        save_results,
+    )
 except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
-    from common import (SyntheticDataset, build_model, cleanup, env_world_size, init_distributed,
-                        log, make_loader, make_parser, rank_path, save_results)
+    from common import (
+        Faults,
+        SyntheticDataset,
+        build_model,
+        cleanup,
+        env_world_size,
+        init_distributed,
+        log,
+        make_loader,
+        make_parser,
+        rank_path,
+        save_results,
+    )
 
 
 def parse_args():
@@ -63,8 +84,9 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
     dataset = SyntheticDataset(args.steps * args.batch_size, args.hidden, args.seed)
     loader = make_loader(dataset, args.batch_size, args, device)
 
-    losses, first_step = [], {}
+    losses, first_step, faults = [], {}, Faults(args, rank, device)
     for step, (inputs, targets) in enumerate(loader, start=1):
+        faults.before_forward(step)
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
@@ -78,6 +100,7 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
         optimizer.step()
         losses.append(loss.item())
         log(f"step {step} loss {losses[-1]:.6f}")
+        faults.after_step(step)
 
     if args.save:
         params = {name: local_shard(p) for name, p in model.named_parameters()}

@@ -28,13 +28,37 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 try:
-    from workloads.common import (NUM_CLASSES, SyntheticDataset, build_model, cleanup,
-                                  env_world_size, init_distributed, log, make_loader, make_parser,
-                                  positive_int, rank_path, save_results)
+    from workloads.common import (
+        NUM_CLASSES,
+        Faults,
+        SyntheticDataset,
+        build_model,
+        cleanup,
+        env_world_size,
+        init_distributed,
+        log,
+        make_loader,
+        make_parser,
+        positive_int,
+        rank_path,
+        save_results,
+    )
 except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
-    from common import (NUM_CLASSES, SyntheticDataset, build_model, cleanup, env_world_size,
-                        init_distributed, log, make_loader, make_parser, positive_int, rank_path,
-                        save_results)
+    from common import (
+        NUM_CLASSES,
+        Faults,
+        SyntheticDataset,
+        build_model,
+        cleanup,
+        env_world_size,
+        init_distributed,
+        log,
+        make_loader,
+        make_parser,
+        positive_int,
+        rank_path,
+        save_results,
+    )
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -87,8 +111,9 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
     dataset = SyntheticDataset(args.steps * args.batch_size, args.hidden, args.seed)
     loader = make_loader(dataset, args.batch_size, args, device)
 
-    losses = []
+    losses, faults = [], Faults(args, rank, device)
     for step, (inputs, targets) in enumerate(loader, start=1):
+        faults.before_forward(step)
         optimizer.zero_grad(set_to_none=True)
         step_inputs = (inputs.to(device),) if rank == 0 else ()
         microbatch_losses = []
@@ -101,6 +126,7 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
         if is_last:
             losses.append(torch.stack(microbatch_losses).mean().item())
             log(f"step {step} loss {losses[-1]:.6f}", on_rank=rank)
+        faults.after_step(step)
 
     if args.save:
         save_results(rank_path(args.save, rank), losses, dict(module.named_parameters()))
