@@ -15,7 +15,12 @@ import pandas as pd
 
 from analysis import intervals
 from analysis.comm_names import (
-    UNKNOWN_OP, _DTYPE_SIZES, canonical_dtype, canonical_op, message_bytes,
+    _DTYPE_SIZES,
+    UNKNOWN_OP,
+    canonical_dtype,
+    canonical_op,
+    comm_kernel_op,
+    message_bytes,
 )
 from analysis.load import WHOLE_TRACE_STEP
 
@@ -198,7 +203,7 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
         hint = hint_rows.get(hint_of[head]) if hint_of[head] >= 0 else None
         op = (canonical_op(_col_value(first_kernel, "collective"))
               or (hint["op"] if hint is not None else None)
-              or canonical_op(first_kernel["name"]) or UNKNOWN_OP)
+              or comm_kernel_op(first_kernel["name"]) or UNKNOWN_OP)
         if hint is None or _has_counts(first_kernel):
             rows.append(_row_from_args(first_kernel, op, first_kernel, duration_us, issued_by,
                                        sort_ts=kernel_ts, named=hint is not None))

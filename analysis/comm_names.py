@@ -58,6 +58,27 @@ def canonical_op(name) -> str | None:
     return None
 
 
+
+# Communication kernels outside NCCL (analysis.events.COMM_KERNEL_PATTERNS) name their op their
+# own way: DeepEP's dispatch and combine exchange tokens between all experts' ranks
+# (all_to_all); vLLM's cross_device_reduce and torch's symmetric-memory one/two-shot and
+# multimem kernels, like NVSHMEM's reduce kernels, all-reduce.
+_KERNEL_OPS = (
+    (re.compile(r"(?:deep_ep|dpsk::ep)::.*(?:dispatch|combine)|alltoall|all_to_all",
+                re.IGNORECASE), "all_to_all"),
+    (re.compile(r"cross_device_reduce|one_shot_all_reduce|two_shot_all_reduce|all_?reduce|"
+                r"nvshmem\w*reduce", re.IGNORECASE), "all_reduce"),
+)
+
+
+def comm_kernel_op(name) -> str | None:
+    """The op of a communication kernel: canonical_op's, else the op its library's naming
+    gives (_KERNEL_OPS), else None (counted as UNKNOWN_OP)."""
+    op = canonical_op(name)
+    if op is not None or not isinstance(name, str):
+        return op
+    return next((op for pattern, op in _KERNEL_OPS if pattern.search(name)), None)
+
 # Element sizes in bytes, keyed by every spelling a trace or record uses: torch names
 # ("float32"), c10 ScalarType names in record_param_comms ("Float", "BFloat16") and the C++
 # type names in gloo ops' "Input type" ("float", "c10::BFloat16", "long int").

@@ -484,7 +484,8 @@ def _late_rank_1(steps=4):
                          "issue_ns": arrive + late, "end_ns": arrive + 32 * MS, "peer": np.nan,
                          "queue": "0"})
     step_frame = pd.DataFrame([{"rank": r, "step": s, "start_ns": s * 100 * MS,
-                                "end_ns": (s + 1) * 100 * MS} for r in (0, 1) for s in range(steps)])
+                                "end_ns": (s + 1) * 100 * MS}
+                               for r in (0, 1) for s in range(steps)])
     sync = pd.DataFrame({"rank": [1], "offset_ns": [0], "uncertainty_ns": [1_000]})
     result = analyse(typed_ops(pd.DataFrame(rows)), step_frame, sync, 2)
     table = per_step([step_row(0, s, compute=60, comm=32, overlap=0, exposed=32)

@@ -252,6 +252,19 @@ def test_kernels_without_a_call_fall_back_to_hints_and_names():
     assert ops["bytes"].isna().all()
 
 
+def test_kernels_of_other_communication_libraries_get_their_op():
+    names = ["void deep_ep::intranode::dispatch<8, 768>(int4*, float*)",
+             "void deep_ep::internode::combine<true>(int4*)",
+             "void vllm::cross_device_reduce_1stage<float, 8>(vllm::RankData*)",
+             "c10d::symmetric_memory::one_shot_all_reduce_kernel<float, 8>",
+             "void nvshmemi_transfer_rma_kernel<float>(void*)"]
+    rows = [event(name, "kernel", 1_000 * (i + 1), 500, is_gpu=True, is_comm=True)
+            for i, name in enumerate(names)]
+    ops = comm_ops(make_trace(events_frame(rows)))
+    assert ops["op"].tolist() == ["all_to_all", "all_to_all", "all_reduce", "all_reduce",
+                                  UNKNOWN_OP]
+
+
 def test_gloo_op_counts_gathered_bytes_with_the_world_size():
     rows = [event("gloo:all_gather", "user_annotation", 1_000, 4_000_000, tid="9", is_comm=True,
                   input_dims="[[1000]]", comm_dtype="Float")]

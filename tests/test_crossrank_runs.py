@@ -104,5 +104,11 @@ def test_kineto_traces_alone_are_matched_on_gloo_ops(runs, tmp_path):
     assert (result["ops"]["instance"] >= 0).all() and len(result["ops"])
     clock = result["clock"].set_index("rank")
     assert abs(clock.loc[1, "offset_ns"] - SHIFT_NS) < 1_000_000
-    victim = result["waits"][result["waits"]["rank"] == 0]["wait_for_peers_ms"]
-    assert np.median(victim) == pytest.approx(DELAY_MS, rel=0.25)
+    # The gloo ops' issue is the training thread's c10d call, so rank 0's waits in the profiled
+    # steps are those the comm records give (up to the clock estimate's uncertainty), although
+    # gloo's worker thread starts each op only once it dequeues it.
+    kineto = result["waits"].set_index(["rank", "step"])["wait_for_peers_ms"].loc[0]
+    records = cross_rank(load_path(runs["late"], use_cache=False))["waits"]
+    truth = records.set_index(["rank", "step"])["wait_for_peers_ms"].loc[0].loc[kineto.index]
+    assert len(kineto) >= 2 and truth.min() > DELAY_MS / 2
+    assert np.abs(kineto - truth).max() < 2.0

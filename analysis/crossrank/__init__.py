@@ -15,8 +15,7 @@ from analysis.crossrank.culprit import find_stragglers
 from analysis.crossrank.frames import run_frames
 from analysis.crossrank.matching import match_ops
 from analysis.crossrank.pipeline import pipeline_bubbles
-from analysis.crossrank.waits import (op_bandwidth, op_waits, rank_step_waits,
-                                      transfer_bandwidth)
+from analysis.crossrank.waits import op_bandwidth, op_waits, rank_step_waits, transfer_bandwidth
 
 
 def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, world_size: int,
@@ -46,12 +45,13 @@ def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None =
     stages per rank come from the trace's `PP:` spans where it has them (analysis.
     pipeline_schedule), else from the p2p ops."""
     frames = run_frames(run)
-    if microbatches is None or virtual_stages is None:
+    has_p2p = frames["ops"]["op"].isin(["send", "recv"]).any()
+    if has_p2p and (microbatches is None or virtual_stages is None):
         schedule = pipeline_schedule.detect(run.ranks)
         microbatches = microbatches or schedule.microbatches
         virtual_stages = virtual_stages or schedule.stages_per_rank or 1
     return analyse(frames["ops"], frames["steps"], frames["clock_sync"], frames["world_size"],
-                   frames["events"], work, microbatches, virtual_stages)
+                   frames["events"], work, microbatches, virtual_stages or 1)
 
 
 def _records(frame: pd.DataFrame, columns: list) -> list:

@@ -43,7 +43,8 @@ def completion_pairs(matched: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "ref": pairs["ref"], "rank": pairs["rank"], "t_ns": pairs["t_ns"],
         "diff_ns": pairs["end_ns"] - pairs["t_ns"],
-        "low_ns": pairs["issue_ns"] - pairs["t_ns"], "high_ns": pairs["end_ns"] - pairs["ref_issue"],
+        "low_ns": pairs["issue_ns"] - pairs["t_ns"],
+        "high_ns": pairs["end_ns"] - pairs["ref_issue"],
         "ref_waited": theirs > WAITED_RATIO * own, "rank_waited": own > WAITED_RATIO * theirs,
     })
 

@@ -67,10 +67,14 @@ def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | Non
             "rank": int(rank), "caused_wait_ms_per_step": total / len(step_numbers) / 1e6,
             "share_pct": share, "steady": bool(steady), "dominant": bool(dominant),
             "fires": bool(share >= MIN_SHARE_PCT and steady and dominant),
-            "collectives": _collectives_text(mine),
-            "evidence": _evidence(mine, rank, events, clock, len(step_numbers)),
+            "collectives": _collectives_text(mine), "evidence": None,
         })
     table = pd.DataFrame(rows, columns=STRAGGLER_COLUMNS)
+    # What a rank did while the others waited is read from its trace only where it is named.
+    table["evidence"] = [
+        _evidence(instances[instances["last_rank"] == rank], rank, events, clock,
+                  len(step_numbers)) if fires else None
+        for rank, fires in zip(table["rank"], table["fires"])]
     return table.sort_values("caused_wait_ms_per_step", ascending=False,
                              kind="stable").reset_index(drop=True)
 

@@ -13,8 +13,6 @@ import pandas as pd
 from analysis.crossrank.culprit import MIN_SHARE_PCT
 
 
-
-
 def matched(result: dict | None) -> bool:
     """Whether the cross-rank pass matched any op: its findings then replace the per-rank ones."""
     return result is not None and "ops" in result and len(result["ops"]) > 0
@@ -102,7 +100,8 @@ def pipeline_stages(result: dict) -> list:
         f"{row['theory_bubble_pct']:.1f}%), recv wait {row['recv_wait_pct']:.1f}%, transfer "
         f"{row['transfer_pct']:.1f}%, idle {row['idle_pct']:.1f}%"
         for r, row in per.iterrows())
-    evidence = f"{len(per)} pipeline stages spend {share:.1f}% of each step not computing ({listed})."
+    evidence = (f"{len(per)} pipeline stages spend {share:.1f}% of each step not computing "
+                f"({listed}).")
     holders = per[per["holds_back"].astype(bool)]
     suggestion = ("Bring the measured bubble towards the theory: raise the number of "
                   "microbatches, or use an interleaved or zero-bubble schedule.")

@@ -84,45 +84,67 @@ def _nelems_of_dims(text) -> float:
     return math.nan
 
 
-def ops_from_events(events: pd.DataFrame, steps: pd.DataFrame, rank: int,
-                    world_size) -> pd.DataFrame:
-    """One rank's ops from its Kineto events: NCCL kernels on GPU, `gloo:*` ops on CPU.
+def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.DataFrame:
+    """Ops from the communication events (`is_comm`) of any number of ranks, with a `rank`
+    column: NCCL kernels on a rank that has them (GPU), else its `gloo:*` ops (CPU). `steps`
+    holds each rank's ProfilerStep spans (rank, step, start_ns, end_ns).
 
     A kernel's start is when it began waiting for its peers on the device and its end when the
-    op completed there, so kernels are the ops on GPU; their stream is their queue.
+    op completed there, so kernels are the ops on GPU; their stream is their queue. All ranks
+    are done at once: per-rank pandas calls would cost more than the work on a large run.
     """
-    if events is None or events.empty:
+    if comm is None or comm.empty:
         return empty_ops()
-    comm = events[events["is_comm"].astype(bool)]
     names = comm["name"].astype(str)
-    kernels = comm[comm["is_gpu"].astype(bool)]
-    gloo = comm[~comm["is_gpu"].astype(bool) & names.str.startswith("gloo:")]
-    chosen = kernels if len(kernels) else gloo
+    is_gpu = comm["is_gpu"].astype(bool).to_numpy()
+    gpu_ranks = set(comm.loc[is_gpu, "rank"].unique())
+    on_gpu = comm["rank"].isin(gpu_ranks).to_numpy()
+    chosen = comm[(is_gpu & on_gpu) | (~on_gpu & names.str.startswith("gloo:").to_numpy())]
     if chosen.empty:
         return empty_ops()
-    name_op = chosen["name"].astype(str).map(canonical_op)
-    issue = chosen["ts_ns"] if len(kernels) else _gloo_issue(gloo, name_op, comm)
-    arg_op = chosen["collective"].map(canonical_op)
-    op = arg_op.where(arg_op.notna(), name_op)
-    dtype = chosen["comm_dtype"].map(canonical_dtype)
-    if dtype.isna().all() and "input_type" in chosen.columns:
-        dtype = chosen["input_type"].map(lambda t: canonical_dtype(_first_text(t)))
+    name_op = _by_value(chosen["name"].astype(str), canonical_op)
+    kernel = chosen["is_gpu"].astype(bool).to_numpy()
+    issue = chosen["ts_ns"].astype("int64")
+    if not kernel.all():
+        gloo = ~kernel
+        issue[gloo] = _gloo_issue(chosen[gloo], name_op[gloo], comm[~on_gpu])
+    op = _by_value(chosen["collective"], canonical_op)
+    op = op.where(op.notna(), name_op)
+    dtype = _by_value(chosen["comm_dtype"], canonical_dtype)
+    if "input_type" in chosen.columns:
+        typed = _by_value(chosen["input_type"], lambda t: canonical_dtype(_first_text(t)))
+        dtype = dtype.where(dtype.notna(), typed)
     size = world_size if world_size else np.nan
     group_size = chosen["group_size"].fillna(size)
     in_nelems = chosen["in_nelems"]
-    if in_nelems.isna().all() and "input_dims" in chosen.columns:
-        in_nelems = chosen["input_dims"].map(_nelems_of_dims)
+    if "input_dims" in chosen.columns:
+        in_nelems = in_nelems.where(in_nelems.notna(),
+                                    _by_value(chosen["input_dims"], _nelems_of_dims))
     nbytes = [message_bytes(o, i, n_out, dtype_size(d), g) for o, i, n_out, d, g in
               zip(op, in_nelems, chosen["out_nelems"], dtype, group_size)]
-    pg = chosen["pg_name"].map(lambda v: UNKNOWN_PG if v is None or v != v else str(v))
+    pg = _by_value(chosen["pg_name"], lambda v: UNKNOWN_PG if v is None or v != v else str(v))
+    queue = np.where(kernel, chosen["stream"].astype(str).to_numpy(), pg.to_numpy())
     frame = pd.DataFrame({
-        "rank": rank, "pg": pg, "pg_size": group_size.fillna(0), "op": op, "bytes": nbytes,
-        "dtype": dtype, "issue_ns": issue, "end_ns": chosen["end_ns"], "peer": np.nan,
-        "queue": (chosen["stream"].astype(str) if len(kernels) else pg),
+        "rank": chosen["rank"], "pg": pg, "pg_size": group_size.fillna(0), "op": op,
+        "bytes": nbytes, "dtype": dtype, "issue_ns": issue, "end_ns": chosen["end_ns"],
+        "peer": np.nan, "queue": queue,
     })
-    frame["step"] = _step_of(frame["issue_ns"].to_numpy(), steps).to_numpy()
+    frame["step"] = np.nan
+    for rank, rows in frame.groupby("rank").indices.items():
+        own = steps[steps["rank"] == rank]
+        frame.iloc[rows, frame.columns.get_loc("step")] = _step_of(
+            frame["issue_ns"].to_numpy()[rows], own).to_numpy()
     frame = frame[frame["op"].notna() & frame["step"].notna()]
-    return typed_ops(frame.sort_values("issue_ns", kind="stable"))
+    return typed_ops(frame.sort_values(["rank", "issue_ns"], kind="stable"))
+
+
+def _by_value(column: pd.Series, function) -> pd.Series:
+    """function(value) per row, computed once per distinct value."""
+    values = column.astype(object)
+    hashable = values.map(lambda v: v if isinstance(v, (str, int, float)) or v is None else
+                          str(v))
+    results = {v: function(v) for v in pd.unique(hashable)}
+    return pd.Series([results[v] for v in hashable], index=column.index, dtype=object)
 
 
 def _gloo_issue(gloo: pd.DataFrame, gloo_op: pd.Series, comm: pd.DataFrame) -> pd.Series:
@@ -137,15 +159,18 @@ def _gloo_issue(gloo: pd.DataFrame, gloo_op: pd.Series, comm: pd.DataFrame) -> p
     issue = gloo["ts_ns"].astype("int64").copy()
     if host.empty:
         return issue
-    call_op = host["collective"].map(canonical_op)
-    call_op = call_op.where(call_op.notna(), host["name"].astype(str).map(canonical_op))
-    calls = pd.DataFrame({"op": call_op.astype(object), "call_ns": host["ts_ns"].astype("int64")}).dropna()
-    ops = pd.DataFrame({"op": gloo_op.astype(object), "ts_ns": issue, "row": gloo.index}).dropna(subset=["op"])
+    call_op = _by_value(host["collective"], canonical_op)
+    call_op = call_op.where(call_op.notna(), _by_value(host["name"].astype(str), canonical_op))
+    calls = pd.DataFrame({"rank": host["rank"].to_numpy(), "op": call_op.to_numpy(),
+                          "call_ns": host["ts_ns"].astype("int64").to_numpy()}).dropna()
+    ops = pd.DataFrame({"rank": gloo["rank"].to_numpy(), "op": gloo_op.to_numpy(),
+                        "ts_ns": issue.to_numpy(), "row": gloo.index}).dropna(subset=["op"])
     if calls.empty or ops.empty:
         return issue
     paired = pd.merge_asof(ops.sort_values("ts_ns"), calls.sort_values("call_ns"),
-                           left_on="ts_ns", right_on="call_ns", by="op", direction="backward")
-    paired = paired.dropna(subset=["call_ns"]).drop_duplicates("call_ns", keep="first")
+                           left_on="ts_ns", right_on="call_ns", by=["rank", "op"],
+                           direction="backward")
+    paired = paired.dropna(subset=["call_ns"]).drop_duplicates(["rank", "call_ns"], keep="first")
     issue.loc[paired["row"].to_numpy()] = paired["call_ns"].astype("int64").to_numpy()
     return issue
 
@@ -186,7 +211,7 @@ def _kineto_to_records(trace_steps: pd.DataFrame, record_steps: pd.DataFrame) ->
 
 def run_frames(run) -> dict:
     """{"ops", "steps", "clock_sync", "events", "world_size"} of a LoadResult."""
-    ops, steps, syncs, events = [], [], [], {}
+    ops, steps, syncs, events, comm, trace_steps = [], [], [], {}, [], []
     for trace in run.ranks:
         if trace.rank is None:
             continue
@@ -196,8 +221,11 @@ def run_frames(run) -> dict:
             ops.append(ops_from_records(records.comms, trace.rank))
             if len(records.steps):
                 rank_steps = records.steps[records.steps["step"] >= FIRST_RECORD_STEP]
-        else:
-            ops.append(ops_from_events(trace.events, trace.steps, trace.rank, run.world_size))
+        elif trace.events is not None and len(trace.events):
+            comm.append(trace.events[trace.events["is_comm"].astype(bool)].assign(rank=trace.rank))
+            if len(trace.steps):
+                trace_steps.append(trace.steps[["step", "start_ns", "end_ns"]]
+                                   .assign(rank=trace.rank))
         if len(rank_steps):
             steps.append(rank_steps[["step", "start_ns", "end_ns"]].assign(rank=trace.rank))
         for record in records.manifest if records is not None else []:
@@ -206,8 +234,12 @@ def run_frames(run) -> dict:
                               "uncertainty_ns": record.uncertainty_ns})
         if trace.events is not None and len(trace.events):
             shift = _kineto_to_records(trace.steps, records.steps) if records is not None else 0
-            events[trace.rank] = trace.events.assign(ts_ns=trace.events["ts_ns"] - shift,
-                                                     end_ns=trace.events["end_ns"] - shift)
+            events[trace.rank] = trace.events if shift == 0 else trace.events.assign(
+                ts_ns=trace.events["ts_ns"] - shift, end_ns=trace.events["end_ns"] - shift)
+    if comm:
+        ops.append(ops_from_events(pd.concat(comm, ignore_index=True),
+                                   pd.concat(trace_steps, ignore_index=True) if trace_steps
+                                   else pd.DataFrame(columns=STEP_COLUMNS), run.world_size))
     sync = pd.DataFrame(syncs, columns=SYNC_COLUMNS).drop_duplicates("rank", keep="last")
     step_frame = (pd.concat(steps, ignore_index=True)[STEP_COLUMNS] if steps
                   else pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS}))
