@@ -97,7 +97,7 @@ def interpreter_state() -> dict:
     import torch
 
     tracer_module = sys.modules.get("tracer")
-    session = getattr(getattr(tracer_module, "_step_callback", None), "__self__", None)
+    tracing = getattr(getattr(tracer_module, "_step_callback", None), "__self__", None)
     from torch.optim import optimizer
 
     hooks = getattr(optimizer, "_global_optimizer_post_hooks", {})
@@ -118,28 +118,28 @@ def interpreter_state() -> dict:
         "sigterm_handler": repr(signal.getsignal(signal.SIGTERM)),
         "sigint_handler": repr(signal.getsignal(signal.SIGINT)),
         "threads": sorted(t.name for t in threading.enumerate()),
-        "traced": session is not None,
-        "tracer_parts": None if session is None else {
-            part: getattr(session, part) is not None
+        "traced": tracing is not None,
+        "tracer_parts": None if tracing is None else {
+            part: getattr(tracing, part) is not None
             for part in ("comms", "sampler", "scalars", "memory", "profiler")},
     }
 
 
 def switch_off_tracer_parts(parts: list[str]) -> None:
-    """Benchmark-only: switch off tracer parts that have no option, in the running session."""
+    """Benchmark-only: switch off tracer parts that have no option, in the running tracer."""
     import tracer
 
-    session = getattr(tracer._step_callback, "__self__", None)
-    if session is None:
+    tracing = getattr(tracer._step_callback, "__self__", None)
+    if tracing is None:
         raise SystemExit("--tracer-off needs the script to run under python -m tracer.record")
-    if "scalars" in parts and session.scalars is not None:
-        scalars, session.scalars = session.scalars, None
+    if "scalars" in parts and tracing.scalars is not None:
+        scalars, tracing.scalars = tracing.scalars, None
         scalars.close()
     if "memory" in parts:
-        session.memory = None
+        tracing.memory = None
     if "steps" in parts:
         # Step records then pile up in memory and are written by the closer, at the end.
-        session._stop_step_worker(timeout=1.0)
+        tracing._stop_step_worker(timeout=1.0)
 
 
 class CallCounter:

@@ -28,8 +28,9 @@ its end. Printed per mode, as ratios of median step times against bare:
 * inside windows: traced-window / profiler, over recording steps whose end does not export a
   trace (goal < 1.03).
 
-CPU time is the steadier figure on a shared machine; the per-repeat wall ratios and the noise
-floor say how far the wall figures can be trusted.
+CPU time is the steadier figure while other work runs on the machine; the per-repeat wall
+ratios and the noise floor say how far the wall figures can be trusted. `--count-calls` counts
+the main thread's calls per step instead, which no load changes.
 
 The first 10 steps (connection set-up, DDP's bucket rebuild) are left out everywhere. Each rank
 is pinned to its own core (all its threads, the tracer's included).
@@ -62,6 +63,7 @@ PARTS_ON = {"off": (), "+comms": ("comms",), "+sampler": ("sampler",),
 MODES = ("bare", "traced", *PARTS_ON, "traced-window", "profiler", "bare-again")
 DEFAULT_MODES = ("bare", "traced", "traced-window", "profiler", "bare-again")
 CLOCKS = ("wall_ns", "thread_cpu_ns", "process_cpu_ns")
+COUNT_SPAN = (20, 50)  # steps whose calls --count-calls counts: before any window of any mode
 
 
 def parse_args():
@@ -72,6 +74,10 @@ def parse_args():
     p.add_argument("--modes", nargs="+", choices=MODES, default=DEFAULT_MODES,
                    help="kinds of run (bare is always added)")
     p.add_argument("--bisect", action="store_true", help="run every mode, bisecting ones too")
+    p.add_argument("--count-calls", action="store_true",
+                   help="instead of timing, count the main thread's function calls per step "
+                        f"over steps {COUNT_SPAN[0]}-{COUNT_SPAN[1]} of each mode, once (exact "
+                        "whatever the machine's load)")
     return p.parse_args()
 
 
@@ -80,10 +86,13 @@ def window_skip_first(mode: str, steps: int) -> int:
     return DISCARD if mode in ("traced-window", "profiler") else steps - 30
 
 
-def command(mode: str, steps: int, nproc: int, stamps: str, out: str) -> list[str]:
+def command(mode: str, steps: int, nproc: int, stamps: str, out: str,
+            count_calls: bool = False) -> list[str]:
     head = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}"]
     probe = [PROBE, "--out", stamps, "--pin"]
+    if count_calls:
+        probe += ["--count-calls", f"{COUNT_SPAN[0]}:{COUNT_SPAN[1]}"]
     skip_first = str(window_skip_first(mode, steps))
     if mode == "traced":
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
@@ -160,16 +169,46 @@ def run_all(args, modes: list[str], work: str):
                     pooled[mode][clock][kind] += periods[clock][kind]
             per_repeat[mode].append({kind: median_or_none(periods["wall_ns"][kind])
                                      for kind in ("outside", "inside")})
-            measured = len(probe["wall_ns"]) - probe["threads_from_step"]
+            first = probe["threads_from_step"]
+            measured = len(probe["wall_ns"]) - first
+            seconds = (probe["wall_ns"][-1] - probe["wall_ns"][first - 1]) / 1e9
             for name, figures in probe["threads"].items():
-                name = name.split("[")[0]
-                threads[mode][name] = (threads[mode].get(name, 0)
-                                       + figures["cpu_ns"] / 1e3 / measured / args.repeats)
+                cpu_us, switches = threads[mode].get(name.split("[")[0], (0.0, 0.0))
+                threads[mode][name.split("[")[0]] = (
+                    cpu_us + figures["cpu_ns"] / 1e3 / measured / args.repeats,
+                    switches + figures["voluntary"] / seconds / args.repeats)
             outside = per_repeat[mode][-1]["outside"]
             inside = per_repeat[mode][-1]["inside"]
             print(f"repeat {repeat} {mode:>13}: {time.monotonic() - started:5.1f} s, median step "
                   f"outside {outside or 0:.3f} ms, inside {inside or 0:.3f} ms", flush=True)
     return pooled, per_repeat, threads
+
+
+def count_calls(args, modes: list[str], work: str) -> None:
+    """Each mode once: the main thread's calls per step, and what each mode adds to bare."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKTRACE_")}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    per_step = {}
+    for mode in modes:
+        stamps = os.path.join(work, f"{mode}.calls")
+        result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work, True),
+                                cwd=REPO, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"{mode} run failed:\n{result.stderr[-3000:]}")
+        calls = json.loads(Path(stamps + ".rank0").read_text())["calls"]
+        per_step[mode] = {name: n / calls["steps"] for name, n in calls["counts"].items()}
+    bare = per_step["bare"]
+    print(f"\nmain thread, function calls per step (Python and C), rank 0, steps "
+          f"{COUNT_SPAN[0]}-{COUNT_SPAN[1]}:")
+    for mode in modes:
+        calls = per_step[mode]
+        added = sorted(((n - bare.get(name, 0), name) for name, n in calls.items()),
+                       reverse=True)
+        top = ", ".join(f"{name.replace(str(REPO) + '/', '')} {n:+.1f}"
+                        for n, name in added[:4] if n >= 0.5)
+        total = sum(calls.values())
+        print(f"{mode:>13}: {total:7.1f} ({total - sum(bare.values()):+.1f})"
+              f"{'; most added: ' + top if top else ''}")
 
 
 def report(pooled, per_repeat, threads, modes: list[str]) -> None:
@@ -202,10 +241,13 @@ def report(pooled, per_repeat, threads, modes: list[str]) -> None:
               f"(goal < 1.03; {inside:.3f} / {yardstick:.3f} ms, "
               f"{len(pooled['traced-window']['wall_ns']['inside'])} steps); per repeat "
               f"{paired('traced-window', 'profiler', 'inside')}; main CPU ratio {cpu:.4f}")
-    print("\nCPU per step of each thread of rank 0 (us), from step 10 on:")
+    print("\nrank 0's threads from step 10 on: CPU per step (us; /proc counts in 10 ms ticks, "
+          "so small figures are coarse) / voluntary context switches (wake-ups and GIL waits) "
+          "per second")
     for mode in modes:
-        shown = ", ".join(f"{name} {us:.0f}" for name, us in
-                          sorted(threads[mode].items(), key=lambda kv: -kv[1]) if us >= 1)
+        shown = ", ".join(f"{name} {us:.0f}/{switches:.0f}" for name, (us, switches) in
+                          sorted(threads[mode].items(), key=lambda kv: -kv[1][0])
+                          if us >= 1 or switches >= 1)
         print(f"{mode:>13}: {shown}")
 
 
@@ -219,6 +261,9 @@ def main() -> None:
         for mode in modes:
             print(f"# {mode}: " + " ".join(command(mode, args.steps, args.nproc, "STAMPS", "OUT")),
                   flush=True)
+        if args.count_calls:
+            count_calls(args, modes, work)
+            return
         pooled, per_repeat, threads = run_all(args, modes, work)
     print(f"load average {os.getloadavg()[0]:.2f} at the end (other work on the machine "
           "shows up in the noise floor, bare-again / bare)")
