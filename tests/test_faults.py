@@ -10,11 +10,15 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
+from tensorboard.compat.proto import event_pb2
 
+from tracer import scalars as scalars_mod
 from tracer import schema
+from tracer.jsonl import RecordBudget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
@@ -23,17 +27,70 @@ FAST = ["--no-profiler", "--no-sampler", "--no-comms"]
 
 
 # ---- before training ------------------------------------------------------------------------
-@pytest.mark.parametrize("name,is_file,reason", [("missing", False, "does not exist"),
-                                                  ("a-file", True, "is not a folder")])
-def test_bad_out_fails_before_the_script_runs(tmp_path, name, is_file, reason):
+@pytest.mark.parametrize("name,reason", [
+    ("a-file", "--out '{out}' is not a folder"),
+    ("a-file/sub", "cannot create --out '{out}': Not a directory"),
+])
+def test_bad_out_fails_before_the_script_runs(tmp_path, name, reason):
+    (tmp_path / "a-file").write_text("")
     out = tmp_path / name
-    if is_file:
-        out.write_text("")
     result = h.run(["--out", out], h.TINY, ["--losses", tmp_path / "ran"])
     assert result.returncode == 1
-    assert f"--out '{out}' {reason}" in result.stderr
+    assert reason.format(out=out) in result.stderr
     assert "the script was not run" in result.stderr
     assert result.stdout == "" and not (tmp_path / "ran").exists()
+
+
+def test_a_missing_out_is_created_with_its_parents(tmp_path):
+    out = tmp_path / "new" / "traces"
+    result = h.run(["--out", out] + FAST, h.TINY, ["--steps", "2"])
+    assert result.returncode == 0, result.stderr
+    assert h.run_end(h.only_run_dir(out), 0).steps == 2
+
+
+_SCRIPT_HELP = "usage: tiny_train.py"
+
+
+@pytest.mark.parametrize("tracer_args,script,script_args,exit_code,says", [
+    (["--help"], h.TINY, [], 0, "--skip-first"),
+    (["--no-such-option"], h.TINY, [], 2, "ranktrace: error: unknown option --no-such-option"),
+    ([], "no/such/script.py", [], 2, "can't open file"),
+    ([], "tests/scripts", [], 1, "can't find '__main__' module in"),
+    ([], h.TINY, ["--help"], 0, _SCRIPT_HELP),
+    ([], h.TINY, ["--no-such-flag"], 2, "tiny_train.py: error: unrecognized arguments"),
+    ([], "syntax_error.py", [], 1, "SyntaxError"),
+], ids=["tracer-help", "tracer-bad-option", "missing-script", "folder-without-main",
+        "script-help", "script-bad-option", "syntax-error"])
+def test_failed_starts_leave_no_run_folder(tmp_path, tracer_args, script, script_args,
+                                           exit_code, says):
+    if script == "syntax_error.py":
+        script = str(tmp_path / script)
+        Path(script).write_text("def broken(:\n")
+    out = tmp_path / "traces"
+    out.mkdir()
+    result = h.run(["--out", out, "--no-profiler", *tracer_args], script, script_args)
+    assert result.returncode == exit_code, result.stderr
+    assert says in result.stdout + result.stderr
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["folder", "zip"])
+def test_a_folder_or_zip_without_main_fails_as_python_does(tmp_path, kind):
+    target = tmp_path / "app"
+    if kind == "folder":
+        target.mkdir()
+        (target / "helper.py").write_text("")
+    else:
+        target = tmp_path / "app.zip"
+        with zipfile.ZipFile(target, "w") as archive:
+            archive.writestr("helper.py", "")
+    out = tmp_path / "traces"
+    bare = h.run(None, str(target))
+    traced = h.run(["--out", out], str(target))
+    assert bare.returncode == traced.returncode == 1
+    assert bare.stderr == f"{sys.executable}: can't find '__main__' module in '{target}'\n"
+    assert traced.stderr == f"ranktrace: error: can't find '__main__' module in '{target}'\n"
+    assert not out.exists() or list(out.iterdir()) == []
 
 
 def _make_unwritable(folder) -> callable:
@@ -62,6 +119,52 @@ def test_unwritable_out_fails_before_the_script_runs(tmp_path):
                      r"(Permission denied|Operation not permitted)", result.stderr), result.stderr
     assert "the script was not run" in result.stderr
     assert not (tmp_path / "ran").exists() and list(out.iterdir()) == []
+
+
+def test_max_record_mb_caps_the_record_files_and_training_goes_on(tmp_path):
+    cap = 20_000  # bytes: about 30 steps' records (700 bytes each), with the start-up's samples
+    # 30 ms a step: each 0.2 s pass of the step-end worker writes a handful of steps.
+    args = ["--steps", "100", "--all-reduce-loss", "--step-sleep", "0.03"]
+    bare = h.run(None, h.TINY, args + ["--losses", tmp_path / "bare"])
+    traced = h.run(["--out", tmp_path / "traces", "--max-record-mb", cap / 1e6, "--sample-hz",
+                    "1", "--active", "101"], h.TINY, args + ["--losses", tmp_path / "traced"])
+    assert bare.returncode == traced.returncode == 0, traced.stderr
+    assert h.losses(tmp_path / "traced") == h.losses(tmp_path / "bare")
+    run_dir = h.only_run_dir(tmp_path / "traces")
+    end = h.run_end(run_dir, 0)
+    assert (end.steps, end.comm_ops, end.windows) == (100, 100, 1)
+    header = len(scalars_mod._frame(event_pb2.Event(
+        wall_time=1.0, file_version="brain.Event:2").SerializeToString()))
+    capped_files = [run_dir / pattern.format(rank=0) for pattern in
+                    (schema.STEPS_FILE, schema.COMMS_FILE, schema.SAMPLES_FILE)]
+    (events,) = run_dir.glob("events.out.tfevents.*")
+    total = sum(p.stat().st_size for p in capped_files) + events.stat().st_size - header
+    # Records of steps before the cap that were on their way (one pass of the worker, here a
+    # few steps of about 700 bytes) still get in.
+    assert cap - 1000 < total < cap + 10000
+    cap_step = end.record_cap_step
+    assert cap_step is not None and 0 < cap_step < 100
+    capped = [line for line in traced.stderr.splitlines() if "--max-record-mb" in line]
+    assert capped == [f"ranktrace: rank0 records: --max-record-mb 0.02 reached at step "
+                      f"{cap_step}: step, comm and sample records and scalars stop there "
+                      f"(Kineto traces and the manifest go on)"]
+    # Every step before the cap has its step record and its comm op; the cap step may be partly
+    # written. Comm records are written before the step records of the same pass, so those of
+    # a few later steps may be there too.
+    recorded = [s.step for s in h.steps(run_dir, 0)]
+    assert recorded in (list(range(cap_step)), list(range(cap_step + 1)))
+    comm_steps = [c.step for c in h.read_jsonl(capped_files[1], schema.CommRecord)]
+    assert comm_steps == list(range(len(comm_steps))) and cap_step <= len(comm_steps) < 100
+    assert "ranktrace: rank0 profiler: --active 101 keeps every event of 101 steps" in traced.stderr
+
+
+def test_record_budget_stops_at_the_step_of_the_first_record_that_does_not_fit():
+    reached = []
+    budget = RecordBudget(100, reached.append)
+    assert [budget.charge(60, 0), budget.charge(40, 1), budget.charge(1, 2)] == [True, True, False]
+    # Step 1's late records still get in, so that it stays complete; step 2 and later do not.
+    assert [budget.charge(30, 1), budget.charge(0, 2), budget.charge(5, 3)] == [True, False, False]
+    assert (budget.used_bytes, budget.cap_step, reached) == (130, 2, [2])
 
 
 # ---- reruns and restarts --------------------------------------------------------------------

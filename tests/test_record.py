@@ -21,6 +21,7 @@ from tracer.config import ConfigError, TracerConfig
 from tracer.manifest import measure_clock_offset
 from tracer.memory import MemorySnapshots, StepMemory
 from tracer.rundir import LaunchInfo, RunDirError, create_unique, resolve_run_dir
+from tracer.summary import NO_STEPS_HINT, summary_lines
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
@@ -54,6 +55,7 @@ def test_environment_sets_options_and_the_command_line_wins():
     (["--run-name", "a/b", "s.py"], {}, "--run-name must be a plain folder name"),
     (["--record-shapes=1", "s.py"], {}, "--record-shapes takes no value"),
     (["--active"], {}, "--active needs a value"),
+    (["--max-record-mb", "-1", "s.py"], {}, "--max-record-mb must be >= 0"),
     (["--active", "2"], {}, "no script given"),
 ])
 def test_bad_options_are_errors_that_name_them(argv, env, message):
@@ -112,10 +114,11 @@ def test_ranks_agree_on_the_folder_rank_0_creates_through_the_store(tmp_path):
 
 def test_other_ranks_learn_rank_0s_error_or_give_up_after_the_timeout(tmp_path):
     store = dist.HashStore()
-    with pytest.raises(RunDirError, match="does not exist"):
-        resolve_run_dir(str(tmp_path / "missing"), "", "s.py", _launch(0), 10, store=store)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(RunDirError, match="is not a folder"):
+        resolve_run_dir(str(tmp_path / "a-file"), "", "s.py", _launch(0), 10, store=store)
     with pytest.raises(RunDirError, match="rank 0 could not create the run folder: --out"):
-        resolve_run_dir(str(tmp_path / "missing"), "", "s.py", _launch(1), 10, store=store)
+        resolve_run_dir(str(tmp_path / "a-file"), "", "s.py", _launch(1), 10, store=store)
     with pytest.raises(RunDirError, match="waited 0.2 s for rank 0"):
         resolve_run_dir(str(tmp_path), "", "s.py", _launch(1, attempt=5), 0.2, store=store)
 
@@ -355,7 +358,7 @@ def test_profiler_exists_only_around_its_windows(tmp_path):
 
 
 def test_comms_writer_gives_each_steps_algbw_once(tmp_path):
-    from tracer.session import CommsWriter
+    from tracer.jsonl import CommsWriter
 
     writer = CommsWriter(str(tmp_path / "c.jsonl"), "comms")
     for step, nbytes, us in ((0, 5, 1.0), (1, 1_000_000, 500.0), (1, 3_000_000, 1500.0),
@@ -413,6 +416,60 @@ def test_several_optimizers_count_one_step_each_time_round(tmp_path):
     assert [s.step for s in h.steps(run_dir, 0)] == [0, 1, 2, 3]
     assert h.run_end(run_dir, 0).steps == 4
     assert h.summaries(result.stderr)[0]["steps"] == "4"
+
+
+def test_tracer_step_after_an_optimizer_step_is_the_same_step(tmp_path):
+    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
+                   ["--steps", "4", "--also-tracer-step"])
+    assert result.returncode == 0, result.stderr
+    run_dir = h.only_run_dir(tmp_path)
+    assert [s.step for s in h.steps(run_dir, 0)] == [0, 1, 2, 3]
+    assert h.run_end(run_dir, 0).steps == 4
+
+
+def test_a_run_without_marked_steps_keeps_its_comm_ops_and_says_how_to_mark_steps(tmp_path):
+    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
+                   ["--steps", "3", "--manual-steps", "--unmarked-steps", "--all-reduce-loss"])
+    assert result.returncode == 0, result.stderr
+    summary = h.summaries(result.stderr)[0]
+    assert (summary["steps"], summary["comm_ops"]) == ("0", "3")
+    assert f"ranktrace: rank0 {NO_STEPS_HINT}\n" in result.stderr
+    run_dir = h.only_run_dir(tmp_path)
+    comms = h.read_jsonl(run_dir / schema.COMMS_FILE.format(rank=0), schema.CommRecord)
+    assert [(c.op, c.step) for c in comms] == [("all_reduce", 0)] * 3
+
+
+def test_processes_started_with_mp_spawn_are_reported_as_untraced(tmp_path):
+    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
+                   ["--steps", "2", "--spawn", "1"], timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "spawned process 0" in result.stdout
+    lines = [line for line in result.stderr.splitlines() if "not traced" in line]
+    assert lines == ["ranktrace: rank0 torch.multiprocessing started 1 process(es) (start method "
+                     "spawn); they are not traced, only this process is: launch the ranks with "
+                     "torchrun -m tracer.record to trace each one"]
+    end = h.run_end(h.only_run_dir(tmp_path), 0)
+    assert (end.untraced_processes, end.steps) == (1, 2)
+
+
+def _run_end(**fields) -> schema.RunEnd:
+    base = dict(rank=1, end_ns=0, status="ok", exit_code=0, steps=5, windows=1, samples=40,
+                comm_ops=7, bytes_written=2500, errors=0)
+    return schema.RunEnd(**{**base, **fields})
+
+
+def test_summary_line_reports_sustained_sampler_lag_and_no_step_hint():
+    (line,) = summary_lines(_run_end(), "traces/x", kept=True)
+    assert line == ("ranktrace: rank1 ok steps=5 windows=1 samples=40 comm_ops=7 "
+                    "bytes_written=2.5 kB errors=0 -> traces/x")
+    (line,) = summary_lines(_run_end(samples_missed_pct=37.5), "traces/x", kept=True)
+    assert h.summaries(line)[1]["samples_missed"] == "37.5"
+    line, hint = summary_lines(_run_end(steps=0), "traces/x", kept=True)
+    assert hint == f"ranktrace: rank1 {NO_STEPS_HINT}" and "tracer.step()" in hint
+    # A failed start that recorded nothing, or training in spawned processes: no step advice.
+    (line,) = summary_lines(_run_end(steps=0, comm_ops=0, status="failed"), "traces/x", False)
+    assert line.endswith("-> nothing recorded (no steps, comm ops or traces), run files removed")
+    assert len(summary_lines(_run_end(steps=0, untraced_processes=2), "traces/x", True)) == 1
 
 
 # ---- the shared traced DDP run --------------------------------------------------------------

@@ -14,7 +14,11 @@ _step_callback: Optional[Callable[[], None]] = None
 
 
 def step() -> None:
-    """End the current training step now. Once called, optimizer steps no longer end steps."""
+    """End the current training step now (see docs/tracer.md, Steps).
+
+    From the first call on, only tracer.step() ends steps; if a torch.optim optimizer step has
+    already ended one by then, that first call marks the same step instead of a new one.
+    """
     callback = _step_callback
     if callback is not None:
         callback()

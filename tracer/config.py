@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class TracerConfig:
     out: str = "traces/"
-    """folder that receives one run folder per run; it must exist and be writable"""
+    """folder that receives one run folder per run; created with its parents if missing"""
     run_name: str = ""
     """run folder name (default: <YYYYmmdd-HHMMSS>-<script stem>); a suffix -1, -2... is added if it exists"""
     skip_first: int = 5
@@ -60,6 +60,8 @@ class TracerConfig:
     """do not hook collectives and p2p ops (no comms file)"""
     rendezvous_timeout: float = 300.0
     """seconds a rank waits for rank 0 to name the run folder before giving up"""
+    max_record_mb: float = 0.0
+    """stop a rank's step, comm, sample records and scalars past this many MB in all (0: no cap)"""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -86,6 +88,8 @@ class TracerConfig:
             raise ConfigError(f"--active must be >= 1, got {self.active}")
         if not 0 < self.sample_hz <= 1000:
             raise ConfigError(f"--sample-hz must be in (0, 1000], got {self.sample_hz}")
+        if not self.max_record_mb >= 0:
+            raise ConfigError(f"--max-record-mb must be >= 0, got {self.max_record_mb}")
         if not self.rendezvous_timeout > 0:
             raise ConfigError(f"--rendezvous-timeout must be > 0, got {self.rendezvous_timeout}")
 

@@ -11,6 +11,7 @@ sequence numbers are untouched.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -127,3 +128,36 @@ def measure_clock_offset(store, rank: int, world_size: int, key_prefix: str,
             best = (t1, t2, t0)
     t1, t2, t0 = best
     return (t1 + t2) // 2 - t0, (t2 - t1 + 1) // 2, round_trips
+
+
+def wrap_init_process_group(after: Callable[[], None]) -> list:
+    """Make `torch.distributed.init_process_group` call `after()` once it has returned, in every
+    torch.distributed module that imported it by name (such as `device_mesh`, which holds its own
+    reference); returns the (module, original) pairs that `restore` puts back."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return []
+    from torch.distributed import distributed_c10d
+
+    original = distributed_c10d.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        after()
+        return result
+
+    patches = []
+    for name, module in list(sys.modules.items()):
+        if name == "torch.distributed" or name.startswith("torch.distributed."):
+            if getattr(module, "init_process_group", None) is original:
+                module.init_process_group = init_process_group
+                patches.append((module, original))
+    return patches
+
+
+def restore(patches: list) -> None:
+    for module, original in reversed(patches):
+        module.init_process_group = original
+    patches.clear()

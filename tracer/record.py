@@ -16,6 +16,7 @@ import builtins
 import importlib
 import importlib.machinery
 import os
+import pkgutil
 import runpy
 import signal
 import sys
@@ -24,7 +25,8 @@ import zipfile
 
 from tracer.config import ConfigError, print_help, resolve
 from tracer.rundir import LaunchInfo, RunDirError
-from tracer.session import ScriptOutcome, Session
+from tracer.session import Session
+from tracer.summary import ScriptOutcome
 
 _TRACEBACK_HIDDEN_FILES = {__file__, runpy.__file__, "<frozen runpy>"}
 
@@ -56,6 +58,23 @@ def run_script(script: str, script_args: list[str]) -> ScriptOutcome:
         return ScriptOutcome(exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1,
                              exception=exc)
     return ScriptOutcome(exit_code=0)
+
+
+def why_not_runnable(script: str) -> tuple[str, int] | None:
+    """(Python's own message, its exit code) when `python SCRIPT` would not even start."""
+    path = os.path.abspath(script)
+    if not os.path.exists(path):
+        return f"can't open file {path!r}: [Errno 2] No such file or directory", 2
+    if os.path.isdir(path) or zipfile.is_zipfile(path):
+        # What runpy.run_path looks for: __main__ as its importer finds it (.py, .pyc, package).
+        importer = pkgutil.get_importer(path)
+        try:
+            found = importer is not None and importer.find_spec("__main__") is not None
+        except Exception:
+            found = False
+        if not found:
+            return f"can't find '__main__' module in {path!r}", 1
+    return None
 
 
 def _exec_as_main(path: str) -> None:
@@ -122,10 +141,11 @@ def main(argv: list[str] | None = None) -> None:
     if wants_help:
         print_help()
         return
-    if not os.path.exists(script):
-        print(f"ranktrace: error: can't open file {os.path.abspath(script)!r}: "
-              f"[Errno 2] No such file or directory", file=sys.stderr)
-        sys.exit(2)
+    unrunnable = why_not_runnable(script)
+    if unrunnable is not None:
+        message, exit_code = unrunnable
+        print(f"ranktrace: error: {message}", file=sys.stderr)
+        sys.exit(exit_code)
     launch = LaunchInfo.from_env()
     session = Session(config, script, script_args, launch)
     session._sigterm.install()

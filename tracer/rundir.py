@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Mapping
 
+from tracer import schema
+
 STORE_PREFIX = "ranktrace/rundir"
 MAX_SUFFIX = 1000
 _ERROR_MARK = "!"  # a published value starting with this is rank 0's error, not a name
@@ -55,18 +57,20 @@ def default_run_name(script: str, now: float | None = None) -> str:
     return f"{stamp}-{stem}"
 
 
-def check_out_dir(out: str) -> None:
-    """Fail early, with the path and the reason, if `out` is not a folder (whether it is
-    writable, the mkdir that follows finds out and says why: permission, read-only, full...)."""
-    if not os.path.exists(out):
-        raise RunDirError(f"--out {out!r} does not exist (create it first)")
-    if not os.path.isdir(out):
+def ensure_out_dir(out: str) -> None:
+    """Create `out` and its parents if missing; fail with the path and the reason if that fails
+    or `out` is not a folder (whether it is writable, the mkdir that follows finds out)."""
+    if os.path.exists(out) and not os.path.isdir(out):
         raise RunDirError(f"--out {out!r} is not a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"cannot create --out {out!r}: {exc.strerror or exc}") from None
 
 
 def create_unique(out: str, name: str) -> str:
     """mkdir `out/name`, or `out/name-1`, `-2`...: never reuses an existing folder."""
-    check_out_dir(out)
+    ensure_out_dir(out)
     for suffix in range(MAX_SUFFIX):
         candidate = name if suffix == 0 else f"{name}-{suffix}"
         path = os.path.join(out, candidate)
@@ -147,3 +151,21 @@ def resolve_run_dir(out: str, run_name: str, script: str, launch: LaunchInfo,
 
 def _create_for_attempt(out: str, name: str, attempt: int) -> str:
     return create_unique(out, name if attempt == 0 else f"{name}-attempt{attempt}")
+
+
+def remove_rank_files(run_dir: str, paths: list[str]) -> bool:
+    """Remove one rank's files (finished or `.tmp`), then the run folder if no other rank's files
+    are left in it (the last rank out removes it). False, keeping the rest, if one cannot go."""
+    for path in paths:
+        for name in (path, path + schema.TEMP_SUFFIX):
+            try:
+                os.remove(name)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+    try:
+        os.rmdir(run_dir)
+    except OSError:
+        pass  # other ranks' files are still there
+    return True

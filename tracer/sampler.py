@@ -20,7 +20,10 @@ one core), system CPU % (100 = every core busy), RSS, and network bytes/s sent a
 `reason` says why NVML was not used.
 
 Falling behind (a sample that takes longer than the period, or a thread that wakes up more
-than a period late) is reported once, with the amount, on stderr and in `behind`.
+than a period late) is noted, the first time, in `behind`, and never printed: on a busy machine a
+late wake-up or two at start-up is normal. Lag that lasts is what matters: `missed_pct` is the
+share of the asked samples that were not taken after the first second, when it is sustained
+(see `sustained_lag_pct`); the tracer reports it once, in its summary line.
 """
 
 from __future__ import annotations
@@ -94,6 +97,15 @@ def _cuda_uuid_if_initialized(device_index: int) -> str | None:
     return None
 
 
+def sustained_lag_pct(asked: float, taken: int) -> float | None:
+    """Percent of `asked` samples that were not taken, when that is sustained lag: at least
+    schema.SAMPLER_LAG_MIN_ASKED asked and schema.SAMPLER_LAG_MIN_MISSED_PCT missed; else None."""
+    if asked < schema.SAMPLER_LAG_MIN_ASKED:
+        return None
+    missed = max(0.0, round(100.0 * (1.0 - taken / asked), 1))
+    return missed if missed >= schema.SAMPLER_LAG_MIN_MISSED_PCT else None
+
+
 class DeviceSampler:
     def __init__(self, writer, hz: float, device_index: int | None, *, nvml=None, environ=None):
         """`nvml` replaces the pynvml module (tests); `environ` replaces os.environ."""
@@ -104,6 +116,8 @@ class DeviceSampler:
         self.error: str | None = None
         self.behind: str | None = None  # how far it fell behind, the first time it did
         self.max_lag_s = 0.0  # worst lateness of a sample over the run
+        self.judged_s = 0.0  # sampling time after the start-up grace, over which lag is judged
+        self.judged_samples = 0  # samples taken in that time
         self.thread_cpu_s = 0.0  # CPU time the sampling thread used, for the cost benchmark
         self.reason: str | None = None
         self._latest = None
@@ -312,11 +326,14 @@ class DeviceSampler:
     def _run(self) -> None:
         cpu_start = time.thread_time()
         next_due = time.monotonic()
+        judge_from = next_due + schema.SAMPLER_LAG_GRACE_S
         try:
             while not self._stop.is_set():
                 woke = time.monotonic()
                 self._check_lag("woke", woke - next_due)
                 self._take_sample()
+                if woke >= judge_from:
+                    self.judged_samples += 1
                 self.thread_cpu_s = time.thread_time() - cpu_start
                 done = time.monotonic()
                 self._check_lag("took", done - woke)
@@ -328,6 +345,12 @@ class DeviceSampler:
             self._fail(f"sampling failed ({type(exc).__name__}: {exc})")
         finally:
             self.thread_cpu_s = time.thread_time() - cpu_start
+            self.judged_s = max(0.0, time.monotonic() - judge_from)
+
+    @property
+    def missed_pct(self) -> float | None:
+        """Share of the asked samples missed after the start-up grace, when the lag was sustained."""
+        return sustained_lag_pct(self.judged_s * self.hz, self.judged_samples)
 
     def _check_lag(self, kind, seconds) -> None:
         if kind == "woke":
@@ -340,7 +363,6 @@ class DeviceSampler:
         else:
             self.behind = (f"the sampling thread woke {seconds * 1e3:.0f} ms late (period "
                            f"{self.period_s * 1e3:.0f} ms at {self.hz:g} Hz); it was starved of CPU")
-        _say(f"sampler: fell behind: {self.behind}")
 
     def _take_sample(self) -> None:
         sample = schema.DeviceSample(t_ns=time.time_ns(), source=self.source,

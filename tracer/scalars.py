@@ -74,8 +74,10 @@ def _frame(data: bytes) -> bytes:
 
 
 class ScalarsWriter:
-    def __init__(self, run_dir: str, rank: int, flush_s: float = 1.0):
+    def __init__(self, run_dir: str, rank: int, flush_s: float = 1.0, budget=None):
+        """`budget`: a tracer.jsonl.RecordBudget shared with the record files (--max-record-mb)."""
         self.rank = rank
+        self.budget = budget
         self.flush_s = flush_s
         self.path = run_dir  # the file's path once it is named
         self.error: str | None = None
@@ -126,7 +128,7 @@ class ScalarsWriter:
                                record.cuda_peak_reserved_bytes / MIB))
             if record.rss_bytes is not None:
                 values.append((p + "memory/rss_mib", record.rss_bytes / MIB))
-            self._write(record.step, record.end_ns, values)
+            self._write(record.step, record.end_ns, values, record.step)
         except Exception as exc:
             self._fail(exc)
 
@@ -153,7 +155,7 @@ class ScalarsWriter:
             with self._lock:
                 index = self._sample_index
                 self._sample_index += 1
-            self._write(index, sample.t_ns, values)
+            self._write(index, sample.t_ns, values, step)
         except Exception as exc:
             self._fail(exc)
 
@@ -175,11 +177,14 @@ class ScalarsWriter:
                 self._fail_locked(exc)
             self._file = None
 
-    def _write(self, step: int, t_ns: int, values: list) -> None:
+    def _write(self, step: int, t_ns: int, values: list, train_step: int) -> None:
+        """One event at TensorBoard step `step`; `train_step` (the training step) is for the budget."""
         summary = summary_pb2.Summary(value=[
             summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in values])
         data = _frame(event_pb2.Event(wall_time=t_ns / 1e9, step=step,
                                       summary=summary).SerializeToString())
+        if self.budget is not None and not self.budget.charge(len(data), train_step):
+            return
         with self._lock:
             if self._file is None:
                 return

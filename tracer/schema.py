@@ -195,7 +195,23 @@ class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True
     backend: Optional[str] = None
     world_size: Optional[int] = None
     exception: Optional[str] = None  # "TypeName: message" of the script's exception
+    # Share of the asked device samples that were not taken, after the sampler's first second,
+    # when it is at least SAMPLER_LAG_MIN_MISSED_PCT (sustained lag); absent otherwise.
+    samples_missed_pct: Optional[float] = None
+    # Processes the script started with torch.multiprocessing.spawn / start_processes; the
+    # tracer runs only in this process, so they were not traced.
+    untraced_processes: int = 0
+    # Steps completed when --max-record-mb was reached: step, comm and sample records and
+    # scalars stop there (Kineto traces and the manifest go on); absent when never reached.
+    record_cap_step: Optional[int] = None
 
+
+# The device sampler's lag counts as sustained when, judged after its first
+# SAMPLER_LAG_GRACE_S seconds (start-up, when imports and process start compete for the CPU)
+# and over at least SAMPLER_LAG_MIN_ASKED asked samples, at least this share of them was missed.
+SAMPLER_LAG_GRACE_S = 1.0
+SAMPLER_LAG_MIN_ASKED = 20
+SAMPLER_LAG_MIN_MISSED_PCT = 20.0
 
 ManifestRecord = Union[RunStart, ClockSync, TracerError, RunEnd]
 RUN_STATUSES = ("ok", "failed", "interrupted")

@@ -13,19 +13,33 @@ import threading
 import time
 import types
 import weakref
-from dataclasses import dataclass
+
+import msgspec
 
 import tracer
 from tracer import schema
 from tracer.config import TracerConfig
-from tracer.jsonl import JsonlWriter
-from tracer.manifest import CLOCK_KEY_PREFIX, Manifest, host_name, measure_clock_offset, versions
+from tracer.jsonl import CommsWriter, JsonlWriter, RecordBudget, SamplesWriter
+from tracer.manifest import (
+    CLOCK_KEY_PREFIX,
+    Manifest,
+    host_name,
+    measure_clock_offset,
+    restore,
+    versions,
+    wrap_init_process_group,
+)
 from tracer.memory import MemorySnapshots, StepMemory
 from tracer.profiling import ProfilerDriver
-from tracer.rundir import LaunchInfo, RunDirError, resolve_run_dir
+from tracer.rundir import LaunchInfo, RunDirError, remove_rank_files, resolve_run_dir
 from tracer.sigterm import SIGTERM_EXIT_CODE, SigtermHandling, die_by_sigterm
+from tracer.spawnwatch import SpawnWatch
+from tracer.summary import ScriptOutcome, recorded_anything, summary_lines
 
 STEP_WORKER_PERIOD_S = 0.2  # how often step records, comms records and scalars are written
+# Above this many active steps a window's events held in memory until export grow RSS by
+# hundreds of MB (docs/tracer.md, Record sizes and memory): said once, at start.
+ACTIVE_STEPS_WARNING = 100
 _FAILED = object()  # what Session._guarded returns when the call raised
 
 
@@ -35,75 +49,6 @@ def _import_part(module: str, name: str):
         return getattr(importlib.import_module(module), name), None
     except Exception as exc:
         return None, f"{module} unavailable ({type(exc).__name__}: {exc}); this part is off"
-
-
-def format_bytes(n: int) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-class CommsWriter(JsonlWriter):
-    """The comms file's writer; also totals each step's bytes and op time for its algbw."""
-
-    def __init__(self, path: str, part: str):
-        super().__init__(path, part)
-        self._per_step: dict[int, list] = {}  # step -> [bytes, summed duration in us]
-
-    def write(self, record) -> None:
-        super().write(record)
-        totals = self._per_step.get(record.step)
-        if totals is None:
-            self._per_step[record.step] = [record.bytes, record.duration_us]
-        else:
-            totals[0] += record.bytes
-            totals[1] += record.duration_us
-
-    def take_algbw(self, step: int) -> float | None:
-        """GB/s of the ops of `step` written so far: their bytes over their summed durations.
-
-        Forgets that step and every earlier one.
-        """
-        totals = self._per_step.pop(step, None)
-        for old in [s for s in self._per_step if s < step]:
-            del self._per_step[old]
-        if totals is None or totals[0] <= 0 or totals[1] <= 0:
-            return None
-        return totals[0] / totals[1] / 1e3
-
-
-class SamplesWriter(JsonlWriter):
-    """The samples file's writer; also keeps each sample, with the step it fell in, for scalars."""
-
-    def __init__(self, path: str, part: str, current_step):
-        super().__init__(path, part)
-        self.current_step = current_step
-        self.pending: collections.deque = collections.deque()
-
-    def write(self, record) -> None:
-        super().write(record)
-        self.pending.append((record, self.current_step()))
-
-
-@dataclass
-class ScriptOutcome:
-    """How the script ended: normally, by sys.exit, or by an exception."""
-
-    exit_code: int
-    system_exit: SystemExit | None = None
-    exception: BaseException | None = None
-
-    @property
-    def status(self) -> str:
-        if isinstance(self.exception, KeyboardInterrupt):
-            return "interrupted"
-        return "ok" if self.exit_code == 0 else "failed"
-
-    @property
-    def exception_text(self) -> str | None:
-        exc = self.exception
-        return None if exc is None else f"{type(exc).__name__}: {exc}"
 
 
 class Session:
@@ -139,6 +84,11 @@ class Session:
         self._pending_errors: list[tuple[str, str]] | None = []  # None once run_start is out
         self._reported: set[int] = set()
         self._manual_steps = False
+        self._optimizer_ended_a_step = False
+        self.record_budget: RecordBudget | None = None
+        self.record_cap_step: int | None = None
+        self.spawn_watch: SpawnWatch | None = None
+        self.kept = True  # False once a run that recorded nothing has had its files removed
         self._step_optimizer: weakref.ref | None = None
         self._optimizer_hook = None
         self._init_patches: list[tuple[types.ModuleType, object]] = []
@@ -168,6 +118,8 @@ class Session:
         except OSError as exc:
             raise RunDirError(f"cannot write in run folder {self.run_dir!r}: "
                               f"{exc.strerror or exc}") from None
+        if c.max_record_mb > 0:
+            self.record_budget = RecordBudget(int(c.max_record_mb * 1e6), self._record_cap_reached)
         self.steps_writer = self._open_writer(schema.STEPS_FILE, "steps", JsonlWriter)
         use_cuda = torch.cuda.is_available()
         if not c.no_comms:
@@ -194,20 +146,29 @@ class Session:
         if scalars_class is None:
             self._part_failed("scalars", why)
         else:
-            self.scalars = self._construct("scalars", scalars_class, self.run_dir, self.rank)
+            self.scalars = self._construct("scalars", scalars_class, self.run_dir, self.rank,
+                                           budget=self.record_budget)
         self.memory = self._construct("memory", StepMemory)
         self.snapshots = MemorySnapshots(self.run_dir, self.rank, c.memory_snapshot,
                                          self._current_step, self._part_failed)
         if not c.no_profiler:
             self.profiler = ProfilerDriver(c, self.run_dir, self.rank, self._part_failed, use_cuda)
+            if c.active > ACTIVE_STEPS_WARNING and self.rank == 0:
+                self._say(f"profiler: --active {c.active} keeps every event of {c.active} steps "
+                          f"in memory until each window ends; memory grows with each active step"
+                          f" (docs/tracer.md, Record sizes and memory)")
+        self.spawn_watch = self._construct("spawn_watch", SpawnWatch, self._untraced_processes)
 
-        self._patch_init_process_group()
+        self._init_patches = wrap_init_process_group(self._after_init_process_group)
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         tracer._step_callback = self.manual_step
         if self.comms is not None:
             self._guarded("comms", self.comms.install)
+        if self.spawn_watch is not None and self._guarded("spawn_watch",
+                                                          self.spawn_watch.install) is _FAILED:
+            self.spawn_watch = None
         if self.sampler is not None:
             self._guarded("sampler", self.sampler.start)
         self._guarded("memory_snapshot", self.snapshots.install)
@@ -224,7 +185,7 @@ class Session:
     def _open_writer(self, pattern: str, part: str, writer_class, *args):
         path = os.path.join(self.run_dir, pattern.format(rank=self.rank))
         try:
-            return writer_class(path, part, *args)
+            return writer_class(path, part, *args, budget=self.record_budget)
         except OSError as exc:
             self._part_failed(part, f"cannot create {path} ({exc.strerror or exc}); {part} is off")
             return None
@@ -256,16 +217,16 @@ class Session:
             return
         self.manifest.error(part, message, echo=echo)
 
-    def _guarded(self, part: str, fn, *args):
-        """fn(*args), or _FAILED after switching `part` off if it raised."""
+    def _guarded(self, part: str, fn, *args, **kwargs):
+        """fn(*args, **kwargs), or _FAILED after switching `part` off if it raised."""
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except Exception as exc:
             self._disable(part, f"{type(exc).__name__}: {exc}")
             return _FAILED
 
-    def _construct(self, part: str, cls, *args):
-        made = self._guarded(part, cls, *args)
+    def _construct(self, part: str, cls, *args, **kwargs):
+        made = self._guarded(part, cls, *args, **kwargs)
         return None if made is _FAILED else made
 
     def _disable(self, part: str, why: str) -> None:
@@ -284,6 +245,21 @@ class Session:
                 pass
         elif part in ("scalars", "memory", "profiler"):
             setattr(self, part, None)
+
+    def _say(self, line: str) -> None:
+        print(f"ranktrace: rank{self.rank} {line}", file=sys.stderr, flush=True)
+
+    def _record_cap_reached(self, step: int) -> None:
+        """The budget's callback, on whichever thread wrote the record that did not fit."""
+        self.record_cap_step = step
+        self._say(f"records: --max-record-mb {self.config.max_record_mb:g} reached at step "
+                  f"{step}: step, comm and sample records and scalars stop there (Kineto traces "
+                  f"and the manifest go on)")
+
+    def _untraced_processes(self, nprocs: int, start_method: str) -> None:
+        self._say(f"torch.multiprocessing started {nprocs} process(es) (start method "
+                  f"{start_method}); they are not traced, only this process is: launch the "
+                  f"ranks with torchrun -m tracer.record to trace each one")
 
     def _report_part_errors(self) -> None:
         """Into the manifest: writers and parts that switched themselves off (and said so)."""
@@ -309,10 +285,17 @@ class Session:
             self._step_optimizer = weakref.ref(optimizer)
         elif first is not optimizer:
             return
+        self._optimizer_ended_a_step = True
         self.end_step()
 
     def manual_step(self) -> None:
-        self._manual_steps = True
+        """tracer.step(): from its first call on, only it ends steps. A script that also steps
+        a torch.optim optimizer calls it after optimizer.step(), whose hook has already ended
+        the step: that first call then only takes over, so the step is not counted twice."""
+        if not self._manual_steps:
+            self._manual_steps = True
+            if self._optimizer_ended_a_step:
+                return
         self.end_step()
 
     def end_step(self) -> None:
@@ -409,34 +392,6 @@ class Session:
             worker.join(timeout)
 
     # ---- process group start: clock offset -------------------------------------------------
-    def _patch_init_process_group(self) -> None:
-        import torch.distributed as dist
-
-        if not dist.is_available():
-            return
-        from torch.distributed import distributed_c10d
-
-        original = distributed_c10d.init_process_group
-        session = self
-
-        @functools.wraps(original)
-        def init_process_group(*args, **kwargs):
-            result = original(*args, **kwargs)
-            session._after_init_process_group()
-            return result
-
-        # Modules that did `from ... import init_process_group` hold their own reference.
-        for name, module in list(sys.modules.items()):
-            if name == "torch.distributed" or name.startswith("torch.distributed."):
-                if getattr(module, "init_process_group", None) is original:
-                    module.init_process_group = init_process_group
-                    self._init_patches.append((module, original))
-
-    def _unpatch_init_process_group(self) -> None:
-        for module, original in reversed(self._init_patches):
-            module.init_process_group = original
-        self._init_patches.clear()
-
     def _after_init_process_group(self) -> None:
         if self.closed or self.manifest is None:
             return
@@ -480,7 +435,7 @@ class Session:
         tracer._step_callback = None
         if self._optimizer_hook is not None:
             self._optimizer_hook.remove()
-        self._unpatch_init_process_group()
+        restore(self._init_patches)
         self._stop_step_worker(timeout=5.0 if on_main else 1.0)
         if self.profiler is not None:
             if on_main:
@@ -488,6 +443,8 @@ class Session:
             elif self.profiler.recording:
                 self._part_failed("profiler", "the open profiler window was lost: the main "
                                               "thread was blocked when SIGTERM came")
+        if self.spawn_watch is not None:
+            self._guarded("spawn_watch", self.spawn_watch.uninstall)
         if self.comms is not None:
             # Waiting for ops in flight could hang when a peer died; only a clean end waits.
             self._guarded("comms", self.comms.drain, status == "ok")
@@ -512,16 +469,28 @@ class Session:
             rank=self.rank, end_ns=time.time_ns(), status=status, exit_code=exit_code,
             steps=self.steps, windows=self.windows, samples=self.samples, comm_ops=self.comm_ops,
             bytes_written=self.bytes_written(), errors=self.manifest.errors, backend=backend,
-            world_size=world_size, exception=exception)
+            world_size=world_size, exception=exception,
+            samples_missed_pct=getattr(self.sampler, "missed_pct", None),
+            untraced_processes=getattr(self.spawn_watch, "processes", 0),
+            record_cap_step=self.record_cap_step)
         self.manifest.write(run_end)
         self.manifest.close()
         if self.manifest.writer.error is not None:
             run_end.errors += 1
-        self.summary = (f"ranktrace: rank{self.rank} {status} steps={run_end.steps} "
-                        f"windows={run_end.windows} samples={run_end.samples} "
-                        f"comm_ops={run_end.comm_ops} "
-                        f"bytes_written={format_bytes(self.bytes_written())} "
-                        f"errors={run_end.errors} -> {self.run_dir}")
+        snapshots = getattr(self.snapshots, "bytes_written", 0) or 0
+        if not recorded_anything(run_end, snapshots):
+            self._remove_files()
+        # The summary counts the run_end line too, as bytes_written in the folder.
+        shown = msgspec.structs.replace(run_end, bytes_written=self.bytes_written())
+        self.summary = "\n".join(summary_lines(shown, self.run_dir, self.kept))
+
+    def _remove_files(self) -> None:
+        """Remove this rank's files, and the run folder once no rank has files left in it."""
+        paths = [w.path for w in self._writers()]
+        scalars_path = getattr(self.scalars, "path", None)
+        if scalars_path is not None and scalars_path != self.run_dir:
+            paths.append(scalars_path)
+        self.kept = not remove_rank_files(self.run_dir, paths)
 
     @property
     def windows(self) -> int:
@@ -560,8 +529,10 @@ class Session:
         self.closed = True
         tracer._step_callback = None
         self._stop_step_worker(timeout=1.0)
-        for undo in (getattr(self._optimizer_hook, "remove", None), self._unpatch_init_process_group,
+        for undo in (getattr(self._optimizer_hook, "remove", None),
+                     functools.partial(restore, self._init_patches),
                      getattr(self.comms, "uninstall", None), getattr(self.sampler, "stop", None),
+                     getattr(self.spawn_watch, "uninstall", None),
                      getattr(self.profiler, "stop", None), getattr(self.scalars, "close", None),
                      self._sigterm.uninstall):
             if undo is not None:
@@ -571,6 +542,8 @@ class Session:
                     pass
         for writer in self._writers():
             writer.close()
+        if self.run_dir is not None:
+            self._remove_files()  # the script runs untraced: nothing here is worth keeping
 
     def print_summary(self) -> None:
         if self.summary is not None:

@@ -9,6 +9,7 @@ import errno
 import os
 import signal
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -34,6 +35,15 @@ def parse_args():
     p.add_argument("--kill-at", type=int, default=0)
     p.add_argument("--manual-steps", action="store_true",
                    help="update weights by hand and call tracer.step() instead of an optimizer")
+    p.add_argument("--unmarked-steps", action="store_true",
+                   help="with --manual-steps: never call tracer.step()")
+    p.add_argument("--all-reduce-loss", action="store_true",
+                   help="all-reduce each step's loss over the default group (one comm op a step)")
+    p.add_argument("--also-tracer-step", action="store_true",
+                   help="call tracer.step() after each optimizer step too")
+    p.add_argument("--spawn", type=int, default=0,
+                   help="start this many processes with torch.multiprocessing.spawn first")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="sleep this long in each step")
     p.add_argument("--two-optimizers", action="store_true", help="one optimizer per layer")
     p.add_argument("--break-steps-file-at", type=int,
                    help="make the tracer's steps file fail with ENOSPC from this step on")
@@ -67,8 +77,16 @@ def break_steps_file():
             obj._file = NoSpaceFile()
 
 
+def spawned(index):
+    print(f"spawned process {index}", flush=True)
+
+
 def main():
     args = parse_args()
+    if args.spawn:
+        import torch.multiprocessing as mp
+
+        mp.spawn(spawned, nprocs=args.spawn)
     if args.print_argv:
         print("argv", sys.argv, "file", __file__, "path0", sys.path[0], flush=True)
     if args.sigterm_handler:
@@ -111,21 +129,30 @@ def main():
         x = torch.randn(16, args.hidden, generator=generator)
         y = torch.randint(0, 4, (16,), generator=generator)
         loss = F.cross_entropy(model(x), y)
+        if args.all_reduce_loss:
+            dist.all_reduce(loss.detach().clone())
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
         if args.manual_steps:
             model.zero_grad()
             loss.backward()
             with torch.no_grad():
                 for p in model.parameters():
                     p -= 0.1 * p.grad
-            import tracer
+            if not args.unmarked_steps:
+                import tracer
 
-            tracer.step()
+                tracer.step()
         else:
             for opt in optimizers:
                 opt.zero_grad()
             loss.backward()
             for opt in optimizers:
                 opt.step()
+            if args.also_tracer_step:
+                import tracer
+
+                tracer.step()
         losses.append(loss.item())
         if rank == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)

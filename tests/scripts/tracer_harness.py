@@ -21,7 +21,8 @@ DDP = "workloads/ddp.py"
 _KINETO_LOG = re.compile(r"^(USDT|STAGE|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d ")
 SUMMARY_RE = re.compile(
     r"^ranktrace: rank(?P<rank>\d+) (?P<status>\w+) steps=(?P<steps>\d+) windows=(?P<windows>\d+) "
-    r"samples=(?P<samples>\d+) comm_ops=(?P<comm_ops>\d+) bytes_written=(?P<bytes>[\d.]+ [kMG]?B) "
+    r"samples=(?P<samples>\d+)(?: samples_missed=(?P<samples_missed>[\d.]+)%)? "
+    r"comm_ops=(?P<comm_ops>\d+) bytes_written=(?P<bytes>[\d.]+ [kMG]?B) "
     r"errors=(?P<errors>\d+) -> (?P<run_dir>.+)$", re.M)
 
 

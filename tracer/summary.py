@@ -1,0 +1,68 @@
+"""How the script ended, the lines a rank prints on stderr when its run ends, and whether its
+files are worth keeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracer import schema
+
+# Printed when a run ended without one step: the step clock never started, which the analysis
+# needs for everything per step.
+NO_STEPS_HINT = ("no training step was marked: no torch.optim optimizer stepped. If the loop "
+                 "updates weights by hand, call tracer.step() at the end of each step "
+                 "(`import tracer`; it does nothing untraced); see docs/tracer.md, Steps")
+NOT_KEPT = "nothing recorded (no steps, comm ops or traces), run files removed"
+
+
+@dataclass
+class ScriptOutcome:
+    """How the script ended: normally, by sys.exit, or by an exception."""
+
+    exit_code: int
+    system_exit: SystemExit | None = None
+    exception: BaseException | None = None
+
+    @property
+    def status(self) -> str:
+        if isinstance(self.exception, KeyboardInterrupt):
+            return "interrupted"
+        return "ok" if self.exit_code == 0 else "failed"
+
+    @property
+    def exception_text(self) -> str | None:
+        exc = self.exception
+        return None if exc is None else f"{type(exc).__name__}: {exc}"
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def recorded_anything(run_end: schema.RunEnd, snapshots: int) -> bool:
+    """Whether a run left anything to analyse. A script that only printed its --help, failed its
+    own argument parsing or could not be compiled leaves none: its files would only make the
+    analysis pick it instead of the last real run."""
+    return bool(run_end.steps or run_end.windows or run_end.comm_ops or snapshots
+                or run_end.untraced_processes)
+
+
+def summary_lines(run_end: schema.RunEnd, run_dir: str, kept: bool) -> list[str]:
+    """The summary line, then a hint when no step was marked (see below)."""
+    prefix = f"ranktrace: rank{run_end.rank}"
+    lag = ("" if run_end.samples_missed_pct is None
+           else f" samples_missed={run_end.samples_missed_pct:g}%")
+    lines = [f"{prefix} {run_end.status} steps={run_end.steps} windows={run_end.windows} "
+             f"samples={run_end.samples}{lag} comm_ops={run_end.comm_ops} "
+             f"bytes_written={format_bytes(run_end.bytes_written)} errors={run_end.errors} "
+             f"-> {run_dir if kept else NOT_KEPT}"]
+    # A failed start that recorded nothing (the script's own argument error, a syntax error)
+    # needs no advice about steps, nor does a script whose training ran in processes it
+    # started itself (said when they started).
+    if (run_end.steps == 0 and (kept or run_end.status == "ok")
+            and not run_end.untraced_processes):
+        lines.append(f"{prefix} {NO_STEPS_HINT}")
+    return lines
