@@ -452,6 +452,18 @@ def test_processes_started_with_mp_spawn_are_reported_as_untraced(tmp_path):
     assert (end.untraced_processes, end.steps) == (1, 2)
 
 
+def test_ddp_bucket_hook_option_reaches_the_comms_recorder(tmp_path):
+    counts = {}
+    for option, env in (([], {}), (["--ddp-bucket-hook"], {}),
+                        ([], {"RANKTRACE_DDP_BUCKET_HOOK": "1"})):
+        result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler", *option], h.TINY,
+                       ["--steps", "2", "--ddp"], env=h.clean_env(**env))
+        assert result.returncode == 0, result.stderr
+        counts[(tuple(option), tuple(env))] = h.summaries(result.stderr)[0]["comm_ops"]
+    # DDP's first broadcast, then with the hook one bucket all-reduce per step.
+    assert list(counts.values()) == ["1", "3", "3"]
+
+
 def _run_end(**fields) -> schema.RunEnd:
     base = dict(rank=1, end_ns=0, status="ok", exit_code=0, steps=5, windows=1, samples=40,
                 comm_ops=7, bytes_written=2500, errors=0)

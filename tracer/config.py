@@ -58,6 +58,8 @@ class TracerConfig:
     """do not sample devices/process (no samples file)"""
     no_comms: bool = False
     """do not hook collectives and p2p ops (no comms file)"""
+    ddp_bucket_hook: bool = False
+    """comms: time each DDP gradient bucket through a comm hook that reduces as DDP does"""
     rendezvous_timeout: float = 300.0
     """seconds a rank waits for rank 0 to name the run folder before giving up"""
     max_record_mb: float = 0.0

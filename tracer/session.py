@@ -130,7 +130,8 @@ class Session:
                 self.comms_writer = self._open_writer(schema.COMMS_FILE, "comms", CommsWriter)
                 if self.comms_writer is not None:
                     self.comms = self._construct("comms", recorder_class, self.comms_writer,
-                                                 self._current_step, use_cuda)
+                                                 self._current_step, use_cuda,
+                                                 ddp_bucket_hook=c.ddp_bucket_hook)
         if not c.no_sampler:
             sampler_class, why = _import_part("tracer.sampler", "DeviceSampler")
             if sampler_class is None:
