@@ -1,0 +1,92 @@
+"""The scaling study on real traced sweeps (gloo on CPU): DDP, tensor and pipeline parallel at 1, 2
+and 4 ranks, each number checked against the runs' own step records, and a sweep with one rank
+delayed by a busy loop, whose lost efficiency goes to waiting for peers."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+# Short runs: profiler window on steps 5-6 (skip 3, wait 1, warm-up 1, active 2), 10 steps.
+TRACER = ["--skip-first", "3", "--active", "2"]
+WARMUP_STEPS = 2  # analysis.scaling's default: steps 0 and 1 are left out
+
+
+def _sweep(out: Path, nproc: str, options: list, script: str, *args) -> dict:
+    command = [sys.executable, "-m", "tracer.sweep", "--nproc", nproc, "--out", str(out),
+               "--format", "json", *options, *TRACER, script, "--steps", "10", *args]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    if any(name == "lo" for _, name in socket.if_nameindex()):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _records(run: Path, kind: str) -> list[dict]:
+    rows = []
+    for path in sorted(run.glob(f"rank*.{kind}.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line]
+    return rows
+
+
+def _step_ms(run: Path) -> float:
+    """docs/scaling.md: the mean over ranks and timed steps (from the warm-up on, outside the
+    profiler window) of end_ns - start_ns."""
+    timed = [s for s in _records(run, "steps")
+             if s["step"] >= WARMUP_STEPS and not s.get("in_profiler_window", False)]
+    assert timed
+    return sum(s["end_ns"] - s["start_ns"] for s in timed) / len(timed) / 1e6
+
+
+def _check_numbers(document: dict, sweep: Path, weak: bool):
+    runs = {r["world_size"]: r for r in document["runs"]}
+    assert sorted(runs) == [1, 2, 4]
+    sizes = {s["world_size"]: s for s in document["world_sizes"]}
+    base = _step_ms(sweep / "ws1-n1-r0")
+    for world, size in sizes.items():
+        run = sweep / f"ws{world}-n1-r0"
+        step = _step_ms(run)
+        assert runs[world]["step_ms"] == pytest.approx(step, rel=1e-9)
+        assert size["step_ms"] == pytest.approx(step, rel=1e-9)
+        assert size["steps_per_s"] == pytest.approx(1e3 / step, rel=1e-9)
+        speedup = (world if weak else 1) * base / step
+        assert size["speedup"] == pytest.approx(speedup, rel=1e-9)
+        assert size["efficiency_pct"] == pytest.approx(100 * speedup / world, rel=1e-9)
+        peak = max(s["rss_bytes"] for s in _records(run, "steps"))
+        assert size["peak_memory_bytes"] == peak
+        parts = [size[p] for p in ("compute_ms", "copies_ms", "transfer_ms", "waiting_ms",
+                                   "idle_ms")]
+        assert sum(parts) == pytest.approx(step, rel=1e-9)
+        assert all(p >= 0 for p in parts)
+        shares = [size[p] for p in ("compute_pct", "copies_pct", "transfer_pct", "waiting_pct",
+                                    "idle_pct")]
+        assert sum(shares) == pytest.approx(100.0)
+        if world > 1:
+            lost = [a for a in document["attribution"] if a["world_size"] == world]
+            assert sum(a["lost_pct_points"] for a in lost) == pytest.approx(
+                100 - size["efficiency_pct"])
+            assert sum(a["lost_ms"] for a in lost) == pytest.approx(
+                step - size["ideal_step_ms"])
+
+
+@pytest.mark.parametrize("script, args, weak", [
+    ("workloads/ddp.py", ["--hidden", "128"], True),   # per-rank batch: weak scaling
+    ("workloads/model_parallel.py", ["--hidden", "128"], False),
+    ("workloads/pipeline.py", ["--hidden", "128"], False),
+])
+def test_every_number_follows_from_the_step_records(tmp_path, script, args, weak):
+    mode = ["--mode", "weak"] if weak else []
+    document = _sweep(tmp_path / "sweep", "1,2,4", mode, script, *args)
+    assert document["mode"] == ("weak" if weak else "strong")
+    _check_numbers(document, tmp_path / "sweep", weak)
+
