@@ -159,10 +159,14 @@ class C10dHooks:
             if group_info is None:
                 return None
             pg, pg_name, pg_size = group_info
-            tensor, nbytes = None, 0
-            if payload_name is not None:
+            if payload_kind == "one":  # the common case, without a call to _payload
+                tensor = argument(args, kwargs, positions, payload_name)
+                nbytes = tensor_bytes(tensor)
+            elif payload_name is not None:
                 tensor, nbytes = _payload(argument(args, kwargs, positions, payload_name),
                                           payload_kind, pg_size)
+            else:
+                tensor, nbytes = None, 0
             async_op = fixed_async if fixed_async is not None else bool(
                 argument(args, kwargs, positions, "async_op", False))
             peer = (hooks._global_peer(pg, positions, args, kwargs, peer_names) if peer_names
@@ -299,7 +303,7 @@ class C10dHooks:
             if in_compiled_code():
                 return original_wait(work, *args, **kwargs)
             result = original_wait(work, *args, **kwargs)
-            if timing.waits_pending():
+            if timing.wait_pending:  # works without a future (gloo p2p) wait here
                 try:
                     timing.on_work_done(work)
                 except Exception as exc:

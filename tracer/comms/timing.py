@@ -71,7 +71,7 @@ class Timing:
         self._done: collections.deque = collections.deque()  # timing known, waiting for drain
         self._in_flight: dict[int, Pending] = {}  # host-timed, waiting for a future callback
         self._event_pending: collections.deque = collections.deque()  # event-timed, unresolved
-        self._wait_pending: dict[int, tuple[object, list]] = {}  # work without future -> its ops
+        self.wait_pending: dict[int, tuple[object, list]] = {}  # work without future -> its ops
         self._wait_lock = threading.Lock()
         self.functional_pending: collections.OrderedDict = collections.OrderedDict()
 
@@ -139,7 +139,7 @@ class Timing:
             future = None  # gloo p2p works have none: completion is seen at Work.wait
         if future is None:
             with self._wait_lock:
-                self._wait_pending[id(work)] = (work, pendings)
+                self.wait_pending[id(work)] = (work, pendings)
             return
         for pending in pendings:
             if pending.start_event is None:
@@ -165,13 +165,10 @@ class Timing:
 
         future.add_done_callback(on_done)
 
-    def waits_pending(self) -> bool:
-        return bool(self._wait_pending)
-
     def on_work_done(self, work) -> None:
         # Entries hold their work, so no other work can share its id while the entry exists.
         with self._wait_lock:
-            entry = self._wait_pending.pop(id(work), None)
+            entry = self.wait_pending.pop(id(work), None)
         if entry is None:
             return
         for pending in entry[1]:
@@ -225,13 +222,13 @@ class Timing:
         self._give_up_pending()
 
     def _resolvable(self) -> bool:
-        return bool(self._in_flight or self._wait_pending
+        return bool(self._in_flight or self.wait_pending
                     or any(p.end_event is not None for p in self._event_pending))
 
     def _drain_once(self) -> None:
-        if self._wait_pending:
+        if self.wait_pending:
             with self._wait_lock:
-                entries = list(self._wait_pending.values())
+                entries = list(self.wait_pending.values())
             for work, _ in entries:
                 if work.is_completed():
                     self.on_work_done(work)
@@ -249,9 +246,9 @@ class Timing:
     def _give_up_pending(self) -> None:
         left = list(self._in_flight.values()) + list(self._event_pending)
         with self._wait_lock:
-            for _, pendings in self._wait_pending.values():
+            for _, pendings in self.wait_pending.values():
                 left.extend(pendings)
-            self._wait_pending.clear()
+            self.wait_pending.clear()
         functional = list({id(p): p for p in self.functional_pending.values()}.values())
         self.functional_pending.clear()
         self._in_flight.clear()
