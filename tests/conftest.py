@@ -14,8 +14,21 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
 
 # Modules whose tests start torchrun or other Python processes: `pytest -m "not slow"` leaves
-# them out of the inner loop, `make test` runs them. Measured with `--durations=0`.
+# them out of the inner loop, `make test` runs them. Each took 30 s to 4 min on 2 busy cores
+# (`--durations=0`); the other modules take under 10 s each.
 SLOW_MODULES = {
+    "test_cli",  # a traced 2-rank run (module fixture) and `python -m analysis.breakdown` calls
+    "test_comms",  # traced 2- and 3-rank runs
+    "test_crossrank_runs",  # traced multi-rank runs
+    "test_diff_runs",  # traced 2-rank runs compared
+    "test_faults",  # a traced run per fault
+    "test_gpu_validation",  # one `scripts/gpu_validation --cpu --quick` run
+    "test_record",  # traced runs under torchrun
+    "test_scaling_runs",  # traced sweeps at 1, 2 and 4 ranks
+    "test_tensorboard",  # a traced 2-rank run and a TensorBoard server
+    "test_timeline",  # traced DDP and pipeline runs
+    "test_unchanged_training",  # every workload twice, eager and compiled
+    "test_workloads",  # each workload under torchrun
 }
 
 
