@@ -104,11 +104,9 @@ def test_kineto_traces_alone_are_matched_on_gloo_ops(runs, tmp_path):
     assert (result["ops"]["instance"] >= 0).all() and len(result["ops"])
     clock = result["clock"].set_index("rank")
     assert abs(clock.loc[1, "offset_ns"] - SHIFT_NS) < 1_000_000
-    # The gloo ops' issue is the training thread's c10d call, so rank 0's waits in the profiled
-    # steps are those the comm records give (up to the clock estimate's uncertainty), although
+    # The gloo ops' issue is the training thread's c10d call, so rank 0 waits at least the delay
+    # in every profiled step (more on a loaded CPU, where rank 1 also computes slower), although
     # gloo's worker thread starts each op only once it dequeues it.
-    kineto = result["waits"].set_index(["rank", "step"])["wait_for_peers_ms"].loc[0]
-    records = cross_rank(load_path(runs["late"], use_cache=False))["waits"]
-    truth = records.set_index(["rank", "step"])["wait_for_peers_ms"].loc[0].loc[kineto.index]
-    assert len(kineto) >= 2 and truth.min() > DELAY_MS / 2
-    assert np.abs(kineto - truth).max() < 2.0
+    waits = result["waits"].set_index(["rank", "step"])["wait_for_peers_ms"]
+    assert len(waits.loc[0]) >= 2 and (waits.loc[0] > 0.75 * DELAY_MS).all()
+    assert (waits.loc[1] < 0.25 * DELAY_MS).all()

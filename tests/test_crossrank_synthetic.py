@@ -246,6 +246,21 @@ def test_a_small_steady_delay_below_the_share_threshold_names_no_straggler():
     assert not table.loc[1, "fires"]
 
 
+def test_a_steady_lateness_shorter_than_the_transfer_names_no_straggler():
+    # Rank 0 arrives 2.5 ms after rank 1 in every 20 ms step (12.5% of step time, steady and
+    # dominant), but the all-reduce then takes 6 ms: the wait is within the op's own time.
+    rows = []
+    for s in range(8):
+        arrive = s * 20 * MS + 5 * MS
+        rows += [op(0, arrive + 2.5 * MS, arrive + 8.5 * MS, step=s),
+                 op(1, arrive, arrive + 8.5 * MS, step=s)]
+    synced = pd.DataFrame({"rank": [1], "offset_ns": [0], "uncertainty_ns": [1_000]})
+    result = analyse(frame(rows), steps_frame([0, 1], range(8), step_ns=20 * MS), synced, 2)
+    row = result["stragglers"].set_index("rank").loc[0]
+    assert row["share_pct"] == pytest.approx(6.25) and row["steady"] and row["dominant"]
+    assert not row["fires"]
+
+
 def test_the_culprit_survives_an_unsynchronised_clock():
     ops = _steady_late_run(2, 20 * MS)
     ops.loc[ops["rank"] == 2, ["issue_ns", "end_ns"]] += 80 * MS

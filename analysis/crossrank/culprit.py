@@ -19,6 +19,7 @@ STRAGGLER_COLUMNS = ["rank", "caused_wait_ms_per_step", "share_pct", "steady", "
 MIN_SHARE_PCT = 5.0  # the caused wait is at least this share of the ranks' summed step time
 STEADY_FRACTION = 0.5  # in 3 of 4 steps (lower quartile) at least half the median caused wait
 DOMINANCE = 2.0  # ... and >= 2 x any other rank's median caused wait per step
+# ... and each waiting member waited longer than the ops' transfer (see find_stragglers)
 TOP_COLLECTIVES = 3
 TOP_OPS = 5
 MAX_WINDOWS = 500  # evidence windows examined per straggler, the longest first
@@ -33,10 +34,11 @@ def caused_waits(waits: pd.DataFrame) -> pd.DataFrame:
     """Per instance: the last arriver, its step, op, group, bytes and the wait it caused."""
     culprit_rows = waits[waits["rank"] == waits["last_rank"]].drop_duplicates("instance")
     caused = waits.groupby("instance")["wait_ns"].sum().rename("caused_ns")
+    transfer = waits.groupby("instance")["transfer_ns"].max().rename("transfer_ns")
     first = waits.groupby("instance")["arrival_ns"].min().rename("first_arrival_ns")
     return culprit_rows.set_index("instance")[
         ["last_rank", "step", "op", "pg", "bytes", "arrival_ns", "end_ns"]
-    ].join([caused, first]).reset_index()
+    ].join([caused, first, transfer]).reset_index()
 
 
 def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | None = None,
@@ -63,10 +65,14 @@ def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | Non
         steady = median > 0 and low >= STEADY_FRACTION * median
         dominant = median >= DOMINANCE * (others.max() if len(others) else 0.0)
         mine = instances[instances["last_rank"] == rank]
+        # Each waiting member's wait against the op's own transfer: waiting for R must cost
+        # more than the collective itself, or R's lateness is within the op's own noise.
+        waiters = max(len(set(waits["rank"])) - 1, 1)
+        material = total / waiters >= float(mine.loc[mine["caused_ns"] > 0, "transfer_ns"].sum())
         rows.append({
             "rank": int(rank), "caused_wait_ms_per_step": total / len(step_numbers) / 1e6,
             "share_pct": share, "steady": bool(steady), "dominant": bool(dominant),
-            "fires": bool(share >= MIN_SHARE_PCT and steady and dominant),
+            "fires": bool(share >= MIN_SHARE_PCT and steady and dominant and material),
             "collectives": _collectives_text(mine), "evidence": None,
         })
     table = pd.DataFrame(rows, columns=STRAGGLER_COLUMNS)

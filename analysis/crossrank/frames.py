@@ -217,8 +217,12 @@ def run_frames(run) -> dict:
             continue
         records = trace.records
         rank_steps = trace.steps
-        if records is not None and len(records.comms):
-            ops.append(ops_from_records(records.comms, trace.rank))
+        from_records = (ops_from_records(records.comms, trace.rank)
+                        if records is not None and len(records.comms) else empty_ops())
+        # Records without an op past set-up (DDP's bucket all-reduces run in C++, recorded only
+        # with the tracer's DDP bucket hook) leave the rank to its Kineto events.
+        if len(from_records):
+            ops.append(from_records)
             if len(records.steps):
                 rank_steps = records.steps[records.steps["step"] >= FIRST_RECORD_STEP]
         elif trace.events is not None and len(trace.events):
@@ -233,7 +237,8 @@ def run_frames(run) -> dict:
                 syncs.append({"rank": trace.rank, "offset_ns": record.offset_ns,
                               "uncertainty_ns": record.uncertainty_ns})
         if trace.events is not None and len(trace.events):
-            shift = _kineto_to_records(trace.steps, records.steps) if records is not None else 0
+            # Put on the clock of the rank's ops: its records', or the trace's own.
+            shift = _kineto_to_records(trace.steps, records.steps) if len(from_records) else 0
             events[trace.rank] = trace.events if shift == 0 else trace.events.assign(
                 ts_ns=trace.events["ts_ns"] - shift, end_ns=trace.events["end_ns"] - shift)
     if comm:
