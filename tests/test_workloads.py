@@ -1,8 +1,14 @@
-"""The workloads train exactly like a single-process reference on the same data and seed.
+"""The workloads train exactly like a single-process reference on the same data and seed, and
+inject the faults their flags ask for.
 
 Each launch costs a few seconds on CPU, so every run uses a tiny model and few steps.
 """
 
+import os
+import re
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,11 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from conftest import REPO
 from workloads.common import SyntheticDataset, build_model
 
 HIDDEN, LAYERS, SEED, LR = 32, 2, 3, 0.1
 MODEL_FLAGS = ["--hidden", HIDDEN, "--layers", LAYERS, "--seed", SEED, "--lr", LR]
-DIST_FLAGS = MODEL_FLAGS + ["--pg-timeout", 30]
+DIST_FLAGS = MODEL_FLAGS + ["--pg-timeout-s", 30]
 TOLERANCE = dict(rtol=1e-4, atol=1e-6)
 
 
@@ -149,10 +156,13 @@ def test_pipeline_loss_matches_unsplit_model(launch, tmp_path, schedule):
     ("model_parallel.py", ["--hidden", 33], "--hidden 33 cannot be sharded over 2 ranks"),
     ("ddp.py", ["--steps", 0], "argument --steps: must be > 0, got 0"),
     ("ddp.py", ["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ("ddp.py", ["--crash", "1"], "argument --crash: must be RANK:STEP, got 1"),
+    ("pipeline.py", ["--hang", "1:0"], "argument --hang: must be RANK:STEP, got 1:0"),
+    ("model_parallel.py", ["--straggle", "x:5"], "argument --straggle: must be RANK:MS, got x:5"),
 ])
 def test_bad_input_fails_fast_with_one_message(launch, script, args, message):
     start = time.monotonic()
-    result = launch(script, *args, "--pg-timeout", 5, timeout=60)
+    result = launch(script, *args, "--pg-timeout-s", 5, timeout=60)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert output.count(message) == 1, output
@@ -165,3 +175,53 @@ def test_pipeline_rejects_batch_not_divisible_by_microbatches(launch):
     assert result.returncode == 2
     assert result.stderr.strip() == ("pipeline.py: error: --batch-size 10 is not divisible by "
                                      "--microbatches 4")
+
+
+# ---- fault flags ---------------------------------------------------------------------------------
+FAULT_FLAGS = MODEL_FLAGS + ["--batch-size", 8]
+STEP_TIMES = re.compile(r"^rank (\d) step (\d+) wall_ms ([\d.]+) cpu_ms ([\d.]+)$", re.M)
+
+
+def test_straggle_spends_busy_host_time_on_its_rank_only(launch):
+    straggle_ms, steps = 300, 2
+    result = launch("ddp.py", *FAULT_FLAGS, "--pg-timeout-s", 30, "--steps", steps,
+                    "--straggle", f"1:{straggle_ms}")
+    check_ok(result, steps)
+    times = {(int(r), int(s)): (float(w), float(c))
+             for r, s, w, c in STEP_TIMES.findall(result.stdout)}
+    assert sorted(times) == [(rank, step) for rank in (0, 1) for step in range(1, steps + 1)]
+    for step in range(1, steps + 1):
+        cpu_0, (wall_1, cpu_1) = times[(0, step)][1], times[(1, step)]
+        assert wall_1 >= straggle_ms  # the busy loop runs until MS have passed
+        # Rank 0 waits for rank 1 in the gradient all-reduce without spending CPU; rank 1 spins.
+        assert cpu_1 > 2 * cpu_0 + 10, times
+
+
+@pytest.mark.parametrize("script", ["ddp.py", "model_parallel.py", "pipeline.py"])
+def test_crash_exits_the_rank_and_fails_the_run(launch, script):
+    result = launch(script, *FAULT_FLAGS, "--pg-timeout-s", 30, "--steps", 3, "--crash", "1:2")
+    assert result.returncode != 0
+    assert "rank 1: --crash, exiting at step 2" in result.stdout
+    assert "step 2 loss" not in result.stdout and "step 3 loss" not in result.stdout
+
+
+def test_mismatched_all_reduce_fails_within_the_process_group_timeout(launch):
+    result = launch("ddp.py", *FAULT_FLAGS, "--pg-timeout-s", 10, "--steps", 3,
+                    "--mismatch", "0:2", timeout=90)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "step 1 loss" in result.stdout and "step 2 loss" not in result.stdout
+
+
+def test_hang_sleeps_until_the_launcher_is_stopped(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    if any(name == "lo" for _, name in socket.if_nameindex()):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    command = ["timeout", "-s", "TERM", "20", sys.executable, "-m", "torch.distributed.run",
+               "--standalone", "--nproc-per-node", "2", "workloads/pipeline.py",
+               *map(str, FAULT_FLAGS), "--steps", "3", "--hang", "1:2", "--pg-timeout-s", "300"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 124, result.stdout + result.stderr  # stopped by timeout's TERM
+    assert "rank 1: --hang, sleeping forever at step 2" in result.stdout
