@@ -32,6 +32,7 @@ machine without pandas or msgspec still gets a clear preflight verdict instead o
 
 Modules, in the order a run uses them: config (modes and bars), results (the checks and their
 record), runner (subprocesses under the time budget), preflight, run_checks and run_folder (each
-traced workload), analysis_checks (the breakdown and HTA), overhead and probe (the tracer's cost
-per step), outdir (fixtures.tar, logs, layout), install_fixtures, cli.
+traced workload), analysis_checks (the breakdown and HTA), overhead (the tracer's cost per step,
+stamped by benchmarks/overhead_probe.py), outdir (fixtures.tar, logs, layout), install_fixtures,
+cli.
 """

@@ -8,11 +8,13 @@ import statistics
 import sys
 from pathlib import Path
 
+from .config import REPO
 from .results import Results
 from .run_folder import read_jsonl
 from .runner import Runner
 
-PROBE = Path(__file__).resolve().with_name("probe.py")
+# The step-stamping worker that benchmarks/tracer_overhead.py uses too: every arm runs through it.
+PROBE = REPO / "benchmarks" / "overhead_probe.py"
 
 
 def profiler_actions(steps: int, skip_first: int, wait: int, warmup: int, active: int,
@@ -64,7 +66,8 @@ def overhead(results: Results, runner: Runner, work: Path, cfg: dict, gpu: bool,
         shift = repeat % len(OVERHEAD_ARMS)
         for arm in OVERHEAD_ARMS[shift:] + OVERHEAD_ARMS[:shift]:
             out = work / f"overhead-{arm}-{repeat}.json"
-            probe = [str(PROBE), str(out), spec if arm == "profiler" else "-", *script]
+            probe = [str(PROBE), "--out", str(out),
+                     *(["--profiler", spec] if arm == "profiler" else []), *script]
             if arm == "traced":
                 cmd = [sys.executable, "-m", "tracer.record", "--out", str(work), "--run-name",
                        f"overhead-{repeat}", *tracer_window, "--sample-hz",
@@ -78,7 +81,7 @@ def overhead(results: Results, runner: Runner, work: Path, cfg: dict, gpu: bool,
             else:
                 stamps = json.loads(out.read_text())
                 runner.logs[out.name] = json.dumps(stamps)
-                ends = [stamps["start_ns"], *stamps["step_end_ns"]]
+                ends = [stamps["start_ns"], *stamps["wall_ns"]]
                 ms = [(b - a) / 1e6 for a, b in zip(ends, ends[1:])]
                 if len(ms) != steps:
                     problem = f"{arm} run {repeat}: {len(ms)} step times for {steps} steps"

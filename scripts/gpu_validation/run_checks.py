@@ -21,6 +21,9 @@ def trace_command(wl: str, work: Path, cfg: dict) -> list[str]:
     if wl == "pipeline":
         script += ["--microbatches", "4"]
     if wl == "ddp":
+        # Without the hook DDP's bucket all_reduces are seen in the profiler's windows only; the
+        # comm checks need every bucket timed.
+        tracer.append("--ddp-bucket-hook")
         script += cfg["ddp"]
     if wl == "dp":  # DataParallel: one process, no process group, no torchrun
         return [sys.executable, *tracer, *script]
