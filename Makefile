@@ -32,9 +32,11 @@ install: $(VENV)/.torch
 install-dev: $(VENV)/.torch
 	$(BIN)/python -m pip install -q -e ".[dev]"
 
+# the newest run folder gets the text report on stdout and report.html beside its traces
 demo: install
 	$(BIN)/torchrun --nproc-per-node 2 -m tracer.record workloads/ddp.py --steps $(STEPS)
-	$(BIN)/python -m analysis.breakdown traces/
+	@run=$$(ls -td traces/*/ | head -1); \
+	$(BIN)/python -m analysis.breakdown "$$run" --html "$${run}report.html"
 
 test: install-dev
 	$(BIN)/python -m pytest -q
