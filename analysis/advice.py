@@ -29,6 +29,12 @@ IDLE_CAUSES = {
         "(torch.compile(mode=\"reduce-overhead\")), fuse small ops with torch.compile, or raise "
         "the per-rank batch size so each kernel does more work.",
     ),
+    "waiting_for_peers": (
+        "waiting for peers", "waiting for other ranks to reach a collective",
+        "This rank sat idle until the other members of its collectives arrived: see the "
+        "cross-rank stragglers for the rank it waited for, and balance the work or the data "
+        "across ranks.",
+    ),
     "other": (
         "other host work", "doing other work",
         "The device waited while the host ran something else: look at the host timeline in "

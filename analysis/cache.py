@@ -19,7 +19,7 @@ from analysis.kineto import ParsedTrace, parse_trace
 from tracer import schema
 
 # Bump when the events frame or the cache layout changes: old cache files are then ignored.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 CACHE_DIR = ".ranktrace-cache"
 
 
@@ -52,7 +52,8 @@ def read_cache(path: Path) -> ParsedTrace | None:
     steps = pd.DataFrame({c: np.array(meta["steps"][c], dtype=np.int64) for c in STEP_COLUMNS})
     return ParsedTrace(path=path, rank=meta["rank"], world_size=meta["world_size"],
                        backend=meta["backend"], events=events, steps=steps,
-                       float_timestamps=meta["float_timestamps"], problems=meta["problems"])
+                       float_timestamps=meta["float_timestamps"], problems=meta["problems"],
+                       process_groups=meta["process_groups"])
 
 
 def write_cache(parsed: ParsedTrace) -> None:
@@ -65,7 +66,7 @@ def write_cache(parsed: ParsedTrace) -> None:
     meta = {
         "key": _cache_key(parsed.path), "rank": parsed.rank, "world_size": parsed.world_size,
         "backend": parsed.backend, "float_timestamps": parsed.float_timestamps,
-        "problems": parsed.problems,
+        "problems": parsed.problems, "process_groups": parsed.process_groups,
         "steps": {c: parsed.steps[c].tolist() for c in STEP_COLUMNS},
     }
     try:

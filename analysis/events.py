@@ -17,10 +17,10 @@ import pandas as pd
 EVENT_COLUMNS = [
     "name", "cat", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "stream", "correlation",
     "is_gpu", "is_comm", "collective", "in_nelems", "out_nelems", "comm_dtype", "group_size",
-    "pg_name", "input_dims", "input_type",
+    "pg_name", "pg_desc", "input_dims", "input_type",
 ]
 # The arguments of communication events: text (or None), and numbers (NaN where absent).
-TEXT_COLUMNS = ("collective", "comm_dtype", "pg_name", "input_dims", "input_type")
+TEXT_COLUMNS = ("collective", "comm_dtype", "pg_name", "pg_desc", "input_dims", "input_type")
 NUMBER_COLUMNS = ("in_nelems", "out_nelems", "group_size")
 # The ProfilerStep spans of a trace: one row per step number.
 STEP_COLUMNS = ["step", "start_ns", "end_ns"]

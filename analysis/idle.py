@@ -21,6 +21,10 @@ from analysis.layers import on_threads, pair, step_windows, threads_of, trace_ki
 from analysis.load import RankTrace
 
 IDLE_GAP_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "host_activity"]
+WAITING_FOR_PEERS = "waiting_for_peers"
+# Labels a wait for peers overrides: the host was blocked, or doing nothing that explains the gap.
+# data_loading stays: a rank loading data while its collective waits is idle for its loading.
+PEER_WAIT_OVERRIDES = ("other", "launch_bound", "synchronisation")
 
 
 def _covered_before(starts: np.ndarray, ends: np.ndarray):
@@ -135,6 +139,28 @@ def _next_launch(events: pd.DataFrame, gap_starts: np.ndarray, gap_ends: np.ndar
     slot = np.minimum(np.searchsorted(ids, wanted), ids.size - 1)
     known = has_next & (ids[slot] == wanted)
     return known, known & (launch_ts[slot] >= gap_starts)
+
+
+def label_peer_waits(gaps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """`gaps` (idle_gaps rows) with those at least half inside their rank's wait windows
+    (rank, start_ns, end_ns on the rank's trace clock: analysis.crossrank.waits.wait_windows)
+    labelled waiting_for_peers, unless the host was loading data (docs/definitions.md)."""
+    if gaps.empty or windows is None or windows.empty:
+        return gaps
+    labelled = gaps.copy()
+    activity = labelled["host_activity"].to_numpy(dtype=object).copy()
+    for rank, own in windows.groupby("rank"):
+        rows = np.flatnonzero((labelled["rank"] == rank).to_numpy(dtype=bool)
+                              & np.isin(activity, PEER_WAIT_OVERRIDES))
+        if rows.size == 0:
+            continue
+        starts = labelled["start_ns"].to_numpy()[rows]
+        ends = labelled["end_ns"].to_numpy()[rows]
+        waited = _overlap_with(starts, ends, (own["start_ns"].to_numpy(np.int64),
+                                              own["end_ns"].to_numpy(np.int64)))
+        activity[rows[2 * waited >= ends - starts]] = WAITING_FOR_PEERS
+    labelled["host_activity"] = activity
+    return labelled
 
 
 def idle_summary(gaps: pd.DataFrame) -> pd.DataFrame:

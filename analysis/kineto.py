@@ -11,7 +11,7 @@ import gc
 import gzip
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -49,6 +49,8 @@ class ParsedTrace:
     steps: pd.DataFrame
     float_timestamps: bool
     problems: list[str]
+    # distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, pg_size, ranks).
+    process_groups: list[dict] = field(default_factory=list)
 
 
 # ---- reading a file in chunks -------------------------------------------------------------------
@@ -207,11 +209,22 @@ def _parse(path: Path, chunked: bool) -> ParsedTrace:
     rank = int_or_none(info.rank) if info is not None else None
     world_size = int_or_none(info.world_size) if info is not None else None
     backend = str(info.backend) if info is not None and info.backend is not None else None
+    groups = process_group_configs(info.pg_config) if info is not None else []
     frame = columns.frame()
     return ParsedTrace(path=path, rank=rank, world_size=world_size, backend=backend,
                        events=frame, steps=profiler_steps(frame),
                        float_timestamps=columns.float_timestamps,
-                       problems=columns.problems(path))
+                       problems=columns.problems(path), process_groups=groups)
+
+
+def process_group_configs(config) -> list[dict]:
+    """distributedInfo.pg_config as a list of dicts (torch writes a list; a dict keyed by group
+    is read as its values); anything else is no group."""
+    if isinstance(config, dict):
+        config = list(config.values())
+    if not isinstance(config, list):
+        return []
+    return [dict(group) for group in config if isinstance(group, dict)]
 
 
 def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:

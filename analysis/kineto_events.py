@@ -40,6 +40,7 @@ class _Args(msgspec.Struct, gc=False):
     dtype: Any = None
     group_size: Any = msgspec.field(default=None, name="Group size")
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
     # Raw: kept as undecoded JSON text, and only turned into a str for the few comm events.
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
@@ -60,6 +61,7 @@ class _DistributedInfo(msgspec.Struct):
     rank: Any = None
     world_size: Any = None
     backend: Any = None
+    pg_config: Any = None
 
 
 class TraceDocument(msgspec.Struct, gc=False):
@@ -263,6 +265,7 @@ def _comm_values(args: _Args) -> tuple:
     """The comm columns (TEXT_COLUMNS then NUMBER_COLUMNS) of one event's arguments."""
     return (_comm_value(args.collective), _comm_value(args.dtype),
             None if args.pg_name is None else str(_comm_value(args.pg_name)),
+            None if args.pg_desc is None else str(_comm_value(args.pg_desc)),
             _raw_text(args.input_dims), _raw_text(args.input_type),
             _as_float(args.in_nelems), _as_float(args.out_nelems), _as_float(args.group_size))
 

@@ -91,6 +91,8 @@ class RankTrace:
     has_trace: bool = True
     # How the rank's run ended, from its manifest: ok, failed, interrupted or crashed (no run_end).
     status: str | None = None
+    # The trace's distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, ...).
+    process_groups: list[dict] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -147,7 +149,8 @@ def _merge_windows(parts: list[ParsedTrace]) -> ParsedTrace:
     return ParsedTrace(path=first.path, rank=first.rank, world_size=first.world_size,
                        backend=first.backend, events=events, steps=steps,
                        float_timestamps=any(p.float_timestamps for p in parts),
-                       problems=[m for p in parts for m in p.problems])
+                       problems=[m for p in parts for m in p.problems],
+                       process_groups=first.process_groups)
 
 
 def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] | None = None,
@@ -262,6 +265,7 @@ def _rank_trace(trace: ParsedTrace, rank, extra: list[Path], run_dir: Path | Non
                      events=events, steps=selected, records=records, problems=problems,
                      float_timestamps=trace.float_timestamps, all_steps=trace.steps,
                      extra_paths=extra, backend=trace.backend,
+                     process_groups=trace.process_groups,
                      status=run_status(records.manifest) if records is not None else None)
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis import crossrank
+from analysis.crossrank import report as cross_report
 from analysis.steps import WHOLE_TRACE_STEP, format_ranges
 from tracer import schema
 
@@ -41,6 +43,7 @@ class RunReport:
     idle_gaps: pd.DataFrame
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # the other analyses' tables
     unavailable: dict[str, str] = field(default_factory=dict)  # table -> why it is missing
+    cross_rank: dict | None = None  # analysis.crossrank.cross_rank's frames; None if it failed
 
     def step_table(self) -> pd.DataFrame:
         """The per-step table: analysis.ranks' fuller one where it was built, else ours."""
@@ -114,6 +117,8 @@ def run_document(report: RunReport) -> dict:
         "idle": records(report.idle),
         "collectives": records(report.tables.get("collectives")),
         "bottlenecks": records(report.tables.get("bottlenecks")),
+        "cross_rank": (crossrank.to_json(report.cross_rank)
+                       if report.cross_rank is not None else None),
         "unavailable": dict(report.unavailable),
     }
 
@@ -166,6 +171,8 @@ def csv_tables(report: RunReport) -> dict[str, pd.DataFrame]:
     for name in ("per_rank", "comm_ops", "collectives", "bottlenecks"):
         if name in report.tables:
             tables[name] = report.tables[name]
+    if report.cross_rank is not None:
+        tables.update(cross_report.csv_tables(report.cross_rank))
     return tables
 
 
@@ -281,6 +288,30 @@ def _optional(frame: pd.DataFrame | None, columns: list[str]) -> pd.DataFrame:
     return frame[[c for c in columns if c in frame.columns]]
 
 
+COLLECTIVES_TEXT = {
+    "op": "op", "issuer": "issuer", "pg": "pg", "size_bucket": "size", "count": "count",
+    "transfer_busbw_gbps": "busbw GB/s", "transfer_algbw_gbps": "algbw GB/s",
+    "total_us": "total us", "mean_us": "mean us", "busbw_gbps": "busbw by duration",
+    "algbw_gbps": "algbw by duration", "ranks": "ranks",
+}
+
+
+def collectives_text(collectives: pd.DataFrame) -> pd.DataFrame:
+    """The collectives table as printed: the transfer-based bandwidth first."""
+    shown = _optional(collectives, list(COLLECTIVES_TEXT))
+    return shown.round(2).rename(columns=COLLECTIVES_TEXT)
+
+
+def cross_rank_text(result: dict) -> str:
+    """The Cross-rank section: clock, stragglers, waits, mismatches, pipeline."""
+    parts = ["Cross-rank (docs/cross-rank.md)"]
+    for title, frame in cross_report.text_tables(result):
+        if frame.empty and "Pipeline" in title:
+            continue
+        parts.append(_table(frame.round(3), "  " + title))
+    return "\n".join(parts)
+
+
 def window_text(report: RunReport) -> str:
     """What the breakdown covers, as the report's heading says it."""
     if report.steps_spec:
@@ -344,11 +375,10 @@ def text_report(report: RunReport) -> str:
                    "ProfilerStep dropped)"),
             _table(idle_text(report.idle, report.totals), "Idle time by what the host was doing"),
         ]
-    collectives = _optional(report.tables.get("collectives"),
-                            ["op", "pg", "size_bucket", "count", "total_us", "mean_us",
-                             "algbw_gbps", "busbw_gbps", "ranks"])
     if "collectives" in report.tables:
-        lines.append(_table(collectives.round(2), "Collectives"))
+        lines.append(_table(collectives_text(report.tables["collectives"]), "Collectives",
+                            "  busbw GB/s: bytes over transfer time (waiting for peers left "
+                            "out; docs/cross-rank.md); busbw by duration counts the whole op"))
     per_rank = _optional(report.tables.get("per_rank"),
                          ["rank", "steps", "mean_step_ns", "max_step_ns", "idle_pct",
                           "exposed_comm_pct", "peak_allocated_bytes", "peak_rss_bytes",
@@ -371,6 +401,8 @@ def text_report(report: RunReport) -> str:
             lines.append(f"      {row.get('evidence')}")
             lines.append(f"      -> {row.get('suggestion')}")
         lines.append("")
+    if report.cross_rank is not None:
+        lines.append(cross_rank_text(report.cross_rank))
     for name, why in report.unavailable.items():
         lines.append(f"{name}: not available ({why})")
     return "\n".join(lines).rstrip() + "\n"

@@ -17,25 +17,33 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from analysis import bottlenecks, communication, output, ranks
+from analysis import bottlenecks, communication, crossrank, output, ranks
 from analysis.breakdown import breakdown_per_step, empty_breakdown, rank_totals
+from analysis.crossrank.waits import wait_windows
 from analysis.hta import hta_temporal_breakdown
-from analysis.idle import idle_gaps, idle_gaps_empty, idle_summary
+from analysis.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
 from analysis.load import LoadResult, RankTrace, load_path
+from analysis.progress import Progress
+from analysis.steps import parse_step_spec
 
 
 def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None = None,
-                hta_compatible: bool = False) -> output.RunReport:
-    """All the tables for one loaded run: ours, then the communication, rank and bottleneck
-    analyses (analysis.communication, .ranks, .bottlenecks). A table that fails becomes a problem
-    naming it, and the rest is still reported."""
+                hta_compatible: bool = False, progress: Progress | None = None
+                ) -> output.RunReport:
+    """All the tables for one loaded run: ours, then the communication, rank, cross-rank and
+    bottleneck analyses (analysis.communication, .ranks, .crossrank, .bottlenecks). A table that
+    fails becomes a problem naming it, and the rest is still reported. `progress` shows the
+    per-rank phases (analysis.progress)."""
     problems = list(loaded.problems)
     traces = loaded.ranks
-    per_step = pd.concat([breakdown_per_step(t) for t in traces] or [empty_breakdown()],
-                         ignore_index=True)
-    gaps = pd.concat([idle_gaps(t) for t in traces] or [idle_gaps_empty()], ignore_index=True)
+    over = progress.over if progress is not None else (lambda items, phase: items)
+    per_step = pd.concat([breakdown_per_step(t) for t in over(traces, "time breakdown")]
+                         or [empty_breakdown()], ignore_index=True)
+    gaps = pd.concat([idle_gaps(t) for t in over(traces, "idle gaps")] or [idle_gaps_empty()],
+                     ignore_index=True)
     report = output.RunReport(
         name=name, path=path, files=[str(f) for f in loaded.files],
         world_size=loaded.world_size, steps_spec=steps_spec, hta_compatible=hta_compatible,
@@ -53,16 +61,62 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
         return result
 
     ops = table("comm_ops", lambda: pd.concat(
-        [communication.comm_ops(t) for t in traces] or [communication.empty_ops()],
-        ignore_index=True))
-    collectives = None
-    if ops is not None:
-        collectives = table("collectives", lambda: communication.collectives_table(ops))
+        [communication.comm_ops(t) for t in over(traces, "collectives")]
+        or [communication.empty_ops()], ignore_index=True))
     per_rank = table("per_rank", lambda: ranks.per_rank_table(per_step, traces))
     step_table = table("per_step", lambda: ranks.per_step_table(per_step, traces))
+    cross = _cross_rank(loaded, step_table, report,
+                        parse_step_spec(steps_spec) if steps_spec else None)
+    if cross is not None:
+        report.idle_gaps = label_peer_waits(gaps, wait_windows(cross))
+        report.idle = idle_summary(report.idle_gaps)
+    collectives = None
+    if ops is not None:
+        collectives = table("collectives", lambda: with_transfer_bandwidth(
+            communication.collectives_table(ops), cross))
     table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
-        step_table if step_table is not None else per_step, per_rank, collectives, gaps, traces))
+        step_table if step_table is not None else per_step, per_rank, collectives,
+        report.idle_gaps, traces, cross_rank=cross))
     return report
+
+
+def _cross_rank(loaded: LoadResult, step_table: pd.DataFrame | None,
+                report: output.RunReport, steps: list[int] | None) -> dict | None:
+    """The cross-rank pass (docs/cross-rank.md), or None with one problem saying why."""
+    work = None
+    if step_table is not None and len(step_table):
+        work = step_table[["rank", "step", "step_ns", "work_ns"]].dropna(subset=["rank"])
+        work = work.astype({"rank": "int64", "step": "int64"})
+    try:
+        cross = crossrank.cross_rank(loaded, work=work, steps=steps)
+    except Exception as exc:  # the per-rank analysis stands without it
+        why = f"{type(exc).__name__}: {exc}"
+        report.problems.append(f"cross-rank analysis failed ({why}); waiting for peers is not "
+                               f"told from transfer")
+        report.unavailable["cross_rank"] = why
+        return None
+    report.cross_rank = cross
+    return cross
+
+
+def with_transfer_bandwidth(collectives: pd.DataFrame, cross: dict | None) -> pd.DataFrame:
+    """The collectives table with the cross-rank pass's transfer-based algbw and busbw
+    (docs/cross-rank.md) beside the duration-based ones, matched on op, group id, group size
+    and size bucket; NaN where no op of the row had a positive transfer."""
+    table = collectives.copy()
+    bandwidth = cross.get("bandwidth") if cross is not None else None
+    columns = ["transfer_us", "transfer_algbw_gbps", "transfer_busbw_gbps"]
+    if bandwidth is None or bandwidth.empty or table.empty:
+        for column in columns:
+            table[column] = np.nan
+        return table
+    keyed = bandwidth.rename(columns={"pg": "pg_id"}).astype(
+        {"pg_id": str, "pg_size": "float64", "size_bucket": str})[
+        ["op", "pg_id", "pg_size", "size_bucket", *columns]]
+    merged = table.astype({"pg_size": "float64"}).merge(
+        keyed, on=["op", "pg_id", "pg_size", "size_bucket"], how="left")
+    merged["pg_size"] = table["pg_size"].to_numpy()
+    return merged
 
 
 def _table(name: str, doc: str) -> property:
@@ -112,6 +166,9 @@ class Run:
     comm_ops = _table("comm_ops", "Every collective and p2p op of every rank.")
     collectives = _table("collectives", "Ops grouped by op, process group and size.")
     findings = _table("bottlenecks", "The bottleneck findings, largest share of step time first.")
+    cross_rank = _part("cross_rank", "The cross-rank pass's frames (clock, ops, waits, bandwidth, "
+                                     "stragglers, mismatches, pipeline; docs/cross-rank.md), "
+                                     "None where it failed.")
 
     def document(self) -> dict:
         """The JSON document of `--format json`."""

@@ -39,19 +39,25 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
 
 
 def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None = None,
-               virtual_stages: int | None = None) -> dict:
-    """The cross-rank pass over a LoadResult; `work` is the breakdown's per-step frame (rank,
+               virtual_stages: int | None = None, steps: list[int] | None = None) -> dict:
+    """The cross-rank pass over a LoadResult (analyse's frames, and `kineto_shift_ns`: per rank,
+    its Kineto clock minus its ops' clock); `work` is the breakdown's per-step frame (rank,
     step, step_ns, work_ns), needed for the pipeline bubbles only. Microbatches and virtual
     stages per rank come from the trace's `PP:` spans where it has them (analysis.
     pipeline_schedule), else from the p2p ops."""
     frames = run_frames(run)
+    if steps is not None:  # --steps: the selected steps only
+        for name in ("ops", "steps"):
+            frames[name] = frames[name][frames[name]["step"].isin(steps)].reset_index(drop=True)
     has_p2p = frames["ops"]["op"].isin(["send", "recv"]).any()
     if has_p2p and (microbatches is None or virtual_stages is None):
         schedule = pipeline_schedule.detect(run.ranks)
         microbatches = microbatches or schedule.microbatches
         virtual_stages = virtual_stages or schedule.stages_per_rank or 1
-    return analyse(frames["ops"], frames["steps"], frames["clock_sync"], frames["world_size"],
-                   frames["events"], work, microbatches, virtual_stages or 1)
+    result = analyse(frames["ops"], frames["steps"], frames["clock_sync"], frames["world_size"],
+                     frames["events"], work, microbatches, virtual_stages or 1)
+    result["kineto_shift_ns"] = frames["kineto_shift"]
+    return result
 
 
 def _records(frame: pd.DataFrame, columns: list) -> list:

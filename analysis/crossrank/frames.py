@@ -210,8 +210,11 @@ def _kineto_to_records(trace_steps: pd.DataFrame, record_steps: pd.DataFrame) ->
 
 
 def run_frames(run) -> dict:
-    """{"ops", "steps", "clock_sync", "events", "world_size"} of a LoadResult."""
+    """{"ops", "steps", "clock_sync", "events", "world_size", "kineto_shift"} of a LoadResult;
+    kineto_shift is, per rank, its Kineto clock minus the clock of its ops (0 where the ops come
+    from the trace itself)."""
     ops, steps, syncs, events, comm, trace_steps = [], [], [], {}, [], []
+    shifts = {}
     for trace in run.ranks:
         if trace.rank is None:
             continue
@@ -232,13 +235,16 @@ def run_frames(run) -> dict:
                                    .assign(rank=trace.rank))
         if len(rank_steps):
             steps.append(rank_steps[["step", "start_ns", "end_ns"]].assign(rank=trace.rank))
-        for record in records.manifest if records is not None else []:
+        # clock_sync measures the records' clock (time.time_ns); ops read from Kineto events
+        # are on the trace's own clock, which the collectives estimate instead.
+        for record in records.manifest if len(from_records) else []:
             if isinstance(record, schema.ClockSync):
                 syncs.append({"rank": trace.rank, "offset_ns": record.offset_ns,
                               "uncertainty_ns": record.uncertainty_ns})
         if trace.events is not None and len(trace.events):
             # Put on the clock of the rank's ops: its records', or the trace's own.
             shift = _kineto_to_records(trace.steps, records.steps) if len(from_records) else 0
+            shifts[trace.rank] = shift
             events[trace.rank] = trace.events if shift == 0 else trace.events.assign(
                 ts_ns=trace.events["ts_ns"] - shift, end_ns=trace.events["end_ns"] - shift)
     if comm:
@@ -251,4 +257,5 @@ def run_frames(run) -> dict:
     world = run.world_size or (max((t.rank for t in run.ranks if t.rank is not None),
                                    default=-1) + 1)
     return {"ops": pd.concat(ops, ignore_index=True) if ops else empty_ops(),
-            "steps": step_frame, "clock_sync": sync, "events": events, "world_size": world}
+            "steps": step_frame, "clock_sync": sync, "events": events, "world_size": world,
+            "kineto_shift": shifts}

@@ -92,15 +92,36 @@ def transfer_bandwidth(waits: pd.DataFrame) -> pd.DataFrame:
                                                  kind="stable").reset_index(drop=True)
 
 
-def transfer_intervals(waits: pd.DataFrame, clock: pd.DataFrame) -> pd.DataFrame:
-    """Each op's transfer as [start, end) on its own rank's clock, for exposed-transfer overlap
-    with compute: it ends at the op's own end and lasts transfer_ns."""
+def _on_own_clock(waits: pd.DataFrame, common_ns: np.ndarray, clock: pd.DataFrame) -> np.ndarray:
+    """Times on the common clock put back on each op's own rank's clock (offset and drift)."""
     per_rank = clock.set_index("rank")
     t0 = clock.attrs.get("t0", 0)
     offset = waits["rank"].map(per_rank["offset_ns"]).fillna(0).to_numpy(dtype="float64")
     drift = waits["rank"].map(per_rank["drift_ns_per_s"]).fillna(0).to_numpy() / 1e9
-    end = waits["end_ns"].to_numpy()
-    own_end = end + np.rint(offset + drift * (end - t0)).astype("int64")
+    return common_ns + np.rint(offset + drift * (common_ns - t0)).astype("int64")
+
+
+def transfer_intervals(waits: pd.DataFrame, clock: pd.DataFrame) -> pd.DataFrame:
+    """Each op's transfer as [start, end) on its own rank's clock, for exposed-transfer overlap
+    with compute: it ends at the op's own end and lasts transfer_ns."""
+    own_end = _on_own_clock(waits, waits["end_ns"].to_numpy(), clock)
     return pd.DataFrame({"rank": waits["rank"], "step": waits["step"],
                          "start_ns": own_end - waits["transfer_ns"].to_numpy(),
                          "end_ns": own_end})
+
+
+def wait_windows(result: dict) -> pd.DataFrame:
+    """Each op's waiting for peers as [arrival, arrival + wait_for_peers) on its rank's Kineto
+    clock (rank, step, start_ns, end_ns), ops that waited only: the windows idle gaps are
+    compared with (docs/definitions.md, "Idle gaps")."""
+    ops = result.get("ops")
+    if ops is None or ops.empty:
+        return pd.DataFrame({c: pd.Series(dtype="int64")
+                             for c in ("rank", "step", "start_ns", "end_ns")})
+    waited = ops[ops["wait_ns"] > 0]
+    start = _on_own_clock(waited, waited["arrival_ns"].to_numpy(), result["clock"])
+    shift = waited["rank"].map(result.get("kineto_shift_ns", {})).fillna(0).to_numpy("int64")
+    start = start + shift
+    return pd.DataFrame({"rank": waited["rank"].to_numpy("int64"),
+                         "step": waited["step"].to_numpy("int64"), "start_ns": start,
+                         "end_ns": start + waited["wait_ns"].to_numpy("int64")})

@@ -1,0 +1,87 @@
+"""The cross-rank result as tables for the text report and the CSV files (docs/analysis.md).
+
+Pure: frames of `analysis.crossrank.cross_rank` in, display or CSV frames out; analysis.output
+renders them.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+MS = 1e6
+
+
+def _nothing(frame) -> bool:
+    return frame is None or len(frame) == 0
+
+
+def clock_rows(result: dict) -> pd.DataFrame:
+    """Per rank: offset to rank 0's clock and its uncertainty (ms), source, drift."""
+    clock = result.get("clock")
+    if _nothing(clock):
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "rank": clock["rank"].astype("int64"),
+        "offset ms": clock["offset_ns"] / MS,
+        "+- ms": clock["uncertainty_ns"] / MS,
+        "source": clock["source"],
+        "drift ns/s": clock["drift_ns_per_s"],
+        "clock_sync - estimate ms": clock["disagreement_ns"] / MS,
+    })
+
+
+def mean_waits(result: dict) -> pd.DataFrame:
+    """Per rank: mean wait_for_peers and transfer per analysed step (ms), and the steps."""
+    waits = result.get("waits")
+    if _nothing(waits):
+        return pd.DataFrame(columns=["rank", "steps", "wait_for_peers_ms", "transfer_ms"])
+    by_rank = waits.groupby("rank")
+    return pd.DataFrame({
+        "steps": by_rank["step"].nunique(),
+        "wait_for_peers_ms": by_rank["wait_for_peers_ms"].mean(),
+        "transfer_ms": by_rank["transfer_ms"].mean(),
+    }).reset_index()
+
+
+def firing_stragglers(result: dict) -> pd.DataFrame:
+    """The ranks named by "ranks wait for rank R", largest caused wait first."""
+    stragglers = result.get("stragglers")
+    if _nothing(stragglers):
+        return pd.DataFrame(columns=["rank", "caused_wait_ms_per_step", "share_pct"])
+    fires = stragglers[stragglers["fires"].astype(bool)]
+    return fires[["rank", "caused_wait_ms_per_step", "share_pct"]].reset_index(drop=True)
+
+
+def pipeline_rows(result: dict) -> pd.DataFrame:
+    pipeline = result.get("pipeline")
+    if _nothing(pipeline):
+        return pd.DataFrame()
+    return pipeline[["rank", "measured_bubble_pct", "theory_bubble_pct", "recv_wait_pct",
+                     "transfer_pct", "idle_pct"]]
+
+
+def text_tables(result: dict) -> list[tuple[str, pd.DataFrame]]:
+    """(title, table) of the text report's Cross-rank section, in order."""
+    return [
+        ("Clock: offset of each rank's clock to rank 0's", clock_rows(result)),
+        ("Stragglers: ranks the others wait for (docs/cross-rank.md thresholds)",
+         firing_stragglers(result)),
+        ("Waiting for peers and transfer, mean per step (ms)", mean_waits(result)),
+        ("Mismatched collectives", result.get("mismatches", pd.DataFrame())),
+        ("Pipeline bubble per stage, measured against theory (% of step time)",
+         pipeline_rows(result)),
+    ]
+
+
+def csv_tables(result: dict) -> dict[str, pd.DataFrame]:
+    """File stem -> table written by --out (cross_rank_*.csv)."""
+    stragglers = result["stragglers"]
+    return {
+        "cross_rank_clock": result["clock"],
+        "cross_rank_waits": result["waits"],
+        "cross_rank_stragglers": stragglers.drop(columns=["collectives", "evidence"],
+                                                 errors="ignore"),
+        "cross_rank_mismatches": result["mismatches"],
+        "cross_rank_pipeline": result["pipeline"],
+        "cross_rank_bandwidth": result["bandwidth"],
+    }
