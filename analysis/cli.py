@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 
 from analysis import output
+from analysis.html import write_html_report
 from analysis.load import load_files
+from analysis.progress import Progress
 from analysis.run import analyse_run
 from analysis.runs import NothingToAnalyse, resolve_runs
 from analysis.steps import parse_step_spec
@@ -36,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="standard output: tables, one JSON document, or the per-step CSV")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="also write every table as CSV into DIR")
+    parser.add_argument("--html", metavar="FILE", type=Path,
+                        help="also write the standalone HTML report to FILE (<run>-FILE per run "
+                             "with several runs)")
     parser.add_argument("--strict", action="store_true",
                         help="exit non-zero on any problem, not only when nothing was analysed")
     parser.add_argument("--no-cache", action="store_true",
@@ -87,23 +91,26 @@ def main(argv: list[str] | None = None) -> int:
 
     reports = []
     for run_dir, files in runs:
-        loaded = load_files(files, run_dir, steps=steps, hta_compatible=args.hta_compatible,
-                            use_cache=not args.no_cache, jobs=args.jobs, progress=_progress_line(),
-                            comm_kernels=tuple(args.comm_kernel))
-        where = run_dir if run_dir is not None else Path(args.paths[0])
-        report = analyse_run(loaded, name=where.name or str(where), path=str(where),
-                             steps_spec=args.steps, hta_compatible=args.hta_compatible)
+        with Progress() as progress:
+            loaded = load_files(files, run_dir, steps=steps, hta_compatible=args.hta_compatible,
+                                use_cache=not args.no_cache, jobs=args.jobs, progress=progress,
+                                comm_kernels=tuple(args.comm_kernel))
+            where = run_dir if run_dir is not None else Path(args.paths[0])
+            report = analyse_run(loaded, name=where.name or str(where), path=str(where),
+                                 steps_spec=args.steps, hta_compatible=args.hta_compatible,
+                                 progress=progress)
         for problem in report.problems:
             print(f"ranktrace: warning: {problem}", file=sys.stderr)
         reports.append(report)
+        several = len(runs) > 1
         if args.out is not None:
-            out_dir = args.out / report.name if len(runs) > 1 else args.out
-            try:
-                output.write_csvs(report, out_dir)
-            except OSError as exc:
-                message = f"--out {out_dir}: cannot write ({exc.strerror or exc})"
-                report.problems.append(message)
-                print(f"ranktrace: error: {message}", file=sys.stderr)
+            out_dir = args.out / report.name if several else args.out
+            _write(report, "--out", out_dir, output.write_csvs)
+        if args.html is not None:
+            target = (args.html.with_name(f"{report.name}-{args.html.name}") if several
+                      else args.html)
+            if _write(report, "--html", target, write_html_report):
+                print(f"ranktrace: HTML report written to {target}", file=sys.stderr)
 
     if args.format == "json":
         print(output.dumps(output.json_document(reports)))
@@ -125,18 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _progress_line():
-    """A progress callback that rewrites one stderr line, on a terminal only."""
-    if not sys.stderr.isatty():
-        return None
-    start = time.monotonic()
-
-    def show(done: int, total: int) -> None:
-        print(f"\rranktrace: parsed {done}/{total} trace files "
-              f"({time.monotonic() - start:.1f} s)", end="\n" if done == total else "",
-              file=sys.stderr, flush=True)
-
-    return show
+def _write(report: output.RunReport, option: str, target: Path, write) -> bool:
+    """write(report, target); an OSError becomes a problem of the run and an error line naming
+    `target`."""
+    try:
+        write(report, target)
+    except OSError as exc:
+        message = f"{option} {target}: cannot write ({exc.strerror or exc})"
+        report.problems.append(message)
+        print(f"ranktrace: error: {message}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from analysis.html import html_table
 from analysis.html.assets import SCRIPT, STYLE
 from analysis.html.svg import esc
 from analysis.output import plain, records
@@ -148,21 +149,8 @@ def _runs_text(side) -> str:
 
 # ---- HTML ----------------------------------------------------------------------------------------
 def _html_table(frame: pd.DataFrame, columns: dict) -> str:
-    if frame is None or frame.empty:
-        return '<p class="none">none</p>'
-    present = {c: h for c, h in columns.items() if c in frame.columns}
-    head = "".join(f"<th>{esc(h)}</th>" for h in present.values())
-    body = []
-    for row in frame[list(present)].itertuples(index=False):
-        cells = []
-        for value in row:
-            if isinstance(value, str) or value is None:
-                cells.append(f'<td class="text">{esc("" if value is None else value)}</td>')
-            else:
-                cells.append(f'<td data-v="{esc(value)}">{esc(_number(value))}</td>')
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>'
-            + "".join(body) + "</tbody></table>")
+    """`columns` {column: heading}, numbers as the text report writes them."""
+    return html_table(frame, {column: (heading, _number) for column, heading in columns.items()})
 
 
 def html_page(result: dict, a, b) -> str:

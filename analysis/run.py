@@ -17,11 +17,11 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from analysis import bottlenecks, communication, crossrank, output, ranks
 from analysis.breakdown import breakdown_per_step, empty_breakdown, rank_totals
+from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import wait_windows
 from analysis.hta import hta_temporal_breakdown
 from analysis.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
@@ -97,26 +97,6 @@ def _cross_rank(loaded: LoadResult, step_table: pd.DataFrame | None,
         return None
     report.cross_rank = cross
     return cross
-
-
-def with_transfer_bandwidth(collectives: pd.DataFrame, cross: dict | None) -> pd.DataFrame:
-    """The collectives table with the cross-rank pass's transfer-based algbw and busbw
-    (docs/cross-rank.md) beside the duration-based ones, matched on op, group id, group size
-    and size bucket; NaN where no op of the row had a positive transfer."""
-    table = collectives.copy()
-    bandwidth = cross.get("bandwidth") if cross is not None else None
-    columns = ["transfer_us", "transfer_algbw_gbps", "transfer_busbw_gbps"]
-    if bandwidth is None or bandwidth.empty or table.empty:
-        for column in columns:
-            table[column] = np.nan
-        return table
-    keyed = bandwidth.rename(columns={"pg": "pg_id"}).astype(
-        {"pg_id": str, "pg_size": "float64", "size_bucket": str})[
-        ["op", "pg_id", "pg_size", "size_bucket", *columns]]
-    merged = table.astype({"pg_size": "float64"}).merge(
-        keyed, on=["op", "pg_id", "pg_size", "size_bucket"], how="left")
-    merged["pg_size"] = table["pg_size"].to_numpy()
-    return merged
 
 
 def _table(name: str, doc: str) -> property:

@@ -113,6 +113,66 @@ def test_out_dir_gets_every_table_as_csv(capsys, tmp_path):
     assert (row["compute_only_ns"], row["overlap_ns"], row["comm_only_ns"]) == (20000, 10000, 21000)
 
 
+def test_out_dir_gets_the_cross_rank_tables(capsys, tmp_path):
+    code, _, _ = run_cli(capsys, small_run(tmp_path / "run"), "--out", tmp_path / "csv")
+    assert code == 0
+    waits = pd.read_csv(tmp_path / "csv" / "cross_rank_waits.csv")
+    # The NCCL kernels start 30 us into each step and end at 60 (rank 0) and 61 us (rank 1):
+    # completions put rank 1's clock 1 us ahead, so its kernel began 1 us before rank 0's and
+    # waited that 1 us; both then transfer 30 us.
+    clock = pd.read_csv(tmp_path / "csv" / "cross_rank_clock.csv")
+    assert clock[["rank", "offset_ns", "source"]].values.tolist() == [
+        [0, 0, "reference"], [1, 1000, "collectives"]]
+    assert waits[["rank", "step"]].values.tolist() == [[0, 1], [0, 2], [0, 3],
+                                                        [1, 1], [1, 2], [1, 3]]
+    assert waits["wait_for_peers_ms"].tolist() == [0.0] * 3 + [0.001] * 3
+    assert waits["transfer_ms"].tolist() == [0.03] * 6
+
+
+def test_html_report_per_run_with_its_path_on_stderr(capsys, tmp_path):
+    small_run(tmp_path / "runs" / "a", ranks=(0,), world_size=1)
+    small_run(tmp_path / "runs" / "b", ranks=(0,), world_size=1, steps=(1, 2))
+    code, _, err = run_cli(capsys, tmp_path / "runs", "--all", "--html", tmp_path / "r.html")
+    assert code == 0
+    for name in ("a", "b"):
+        page = (tmp_path / f"{name}-r.html").read_text()
+        assert page.startswith("<!DOCTYPE html>") and f"ranktrace report: {name}<" in page
+        assert f"ranktrace: HTML report written to {tmp_path / f'{name}-r.html'}" in err
+    assert not (tmp_path / "r.html").exists()
+    code, _, err = run_cli(capsys, small_run(tmp_path / "one"), "--html", tmp_path / "one.html")
+    assert code == 0 and (tmp_path / "one.html").is_file()
+
+
+def test_an_unwritable_html_target_is_an_error_line_and_a_problem(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    target = tmp_path / "file" / "r.html"
+    run = small_run(tmp_path / "run")
+    code, _, err = run_cli(capsys, run, "--html", target)
+    assert code == 0
+    assert f"ranktrace: error: --html {target}: cannot write (Not a directory)" in err
+    code, _, _ = run_cli(capsys, run, "--html", target, "--strict")
+    assert code == 1
+
+
+def test_progress_is_told_the_files_and_the_per_rank_phases(capsys, tmp_path, monkeypatch):
+    told = []
+
+    class Recording(cli.Progress):
+        def __call__(self, done, total):
+            told.append(("files", done, total))
+
+        def over(self, items, phase, unit="rank"):
+            items = list(items)
+            told.append((phase, len(items)))
+            return items
+
+    monkeypatch.setattr(cli, "Progress", Recording)
+    code, _, _ = run_cli(capsys, small_run(tmp_path / "run"), "--jobs", "1")
+    assert code == 0
+    assert told == [("files", 1, 2), ("files", 2, 2), ("time breakdown", 2), ("idle gaps", 2),
+                    ("collectives", 2)]
+
+
 def test_csv_format_prints_the_per_step_table(capsys, tmp_path):
     code, out, _ = run_cli(capsys, small_run(tmp_path / "run"), "--format", "csv")
     assert code == 0

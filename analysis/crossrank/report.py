@@ -6,6 +6,7 @@ renders them.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 MS = 1e6
@@ -85,3 +86,23 @@ def csv_tables(result: dict) -> dict[str, pd.DataFrame]:
         "cross_rank_pipeline": result["pipeline"],
         "cross_rank_bandwidth": result["bandwidth"],
     }
+
+
+def with_transfer_bandwidth(collectives: pd.DataFrame, cross: dict | None) -> pd.DataFrame:
+    """The collectives table with the cross-rank pass's transfer-based algbw and busbw
+    (docs/cross-rank.md) beside the duration-based ones, matched on op, group id, group size
+    and size bucket; NaN where no op of the row had a positive transfer."""
+    table = collectives.copy()
+    bandwidth = cross.get("bandwidth") if cross is not None else None
+    columns = ["transfer_us", "transfer_algbw_gbps", "transfer_busbw_gbps"]
+    if bandwidth is None or bandwidth.empty or table.empty:
+        for column in columns:
+            table[column] = np.nan
+        return table
+    keyed = bandwidth.rename(columns={"pg": "pg_id"}).astype(
+        {"pg_id": str, "pg_size": "float64", "size_bucket": str})[
+        ["op", "pg_id", "pg_size", "size_bucket", *columns]]
+    merged = table.astype({"pg_size": "float64"}).merge(
+        keyed, on=["op", "pg_id", "pg_size", "size_bucket"], how="left")
+    merged["pg_size"] = table["pg_size"].to_numpy()
+    return merged

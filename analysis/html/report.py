@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import intervals
+from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.html import svg
 from analysis.html.assets import SCRIPT, STYLE
 from analysis.html.svg import esc
@@ -110,8 +111,10 @@ def longest_ops(ranks: list, step: int) -> pd.DataFrame:
     return pd.concat(parts).nlargest(LONGEST_OPS, "ms")
 
 
-def _table(frame: pd.DataFrame | None, columns: dict, sortable: bool = True) -> str:
-    """An HTML table of `columns` {column: (heading, format)}; text columns align left."""
+def html_table(frame: pd.DataFrame | None, columns: dict, sortable: bool = True) -> str:
+    """An HTML table of `columns` {column: (heading, format)}, every text escaped. A format is a
+    format spec (".1f"), a function of the value, or None for text; a str value is always text
+    (left-aligned), a missing number prints as "-" and sorts first."""
     if frame is None or frame.empty:
         return '<p class="none">none</p>'
     present = {c: spec for c, spec in columns.items() if c in frame.columns}
@@ -121,12 +124,13 @@ def _table(frame: pd.DataFrame | None, columns: dict, sortable: bool = True) -> 
     for row in frame[list(present)].itertuples(index=False):
         cells = []
         for value, (_, fmt) in zip(row, present.values()):
-            if fmt is None:
+            if fmt is None or isinstance(value, str):
                 cells.append(f'<td class="text">{esc("" if value is None else value)}</td>')
             elif value is None or (isinstance(value, float) and value != value):
                 cells.append('<td data-v="-1e300">-</td>')
             else:
-                cells.append(f'<td data-v="{esc(value)}">{format(value, fmt)}</td>')
+                shown = fmt(value) if callable(fmt) else format(value, fmt)
+                cells.append(f'<td data-v="{esc(value)}">{esc(shown)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     cls = ' class="sortable"' if sortable else ""
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
@@ -140,25 +144,24 @@ def _findings(findings: pd.DataFrame | None) -> str:
     if findings is None or findings.empty:
         return '<p class="none">no finding passed its threshold</p>'
     worst = findings.sort_values("share_pct", ascending=False, na_position="last")
-    return _table(worst, {"finding": ("finding", None), "share_pct": ("share %", ".1f"),
+    return html_table(worst, {"finding": ("finding", None), "share_pct": ("share %", ".1f"),
                           "ranks": ("ranks", None), "evidence": ("evidence", None),
                           "suggestion": ("suggestion", None)})
 
 
-def _collectives(collectives: pd.DataFrame | None, bandwidth: pd.DataFrame | None) -> str:
+def _collectives(collectives: pd.DataFrame | None, cross: dict | None) -> str:
     if collectives is None or collectives.empty:
         return '<p class="none">no collective or p2p op</p>'
     table = collectives
-    if bandwidth is not None and len(bandwidth):
-        keys = ["op", "pg", "pg_size", "size_bucket"]
-        extra = bandwidth[keys + ["transfer_busbw_gbps"]].astype({"pg": str})
-        table = table.astype({"pg": str}).merge(extra, on=keys, how="left")
-    return _table(table, {
-        "op": ("op", None), "pg": ("group", None), "pg_size": ("size", "d"),
+    if "transfer_busbw_gbps" not in table.columns:
+        table = with_transfer_bandwidth(table, cross)
+    return html_table(table, {
+        "op": ("op", None), "issuer": ("issuer", None), "pg": ("group", None),
+        "pg_size": ("size", "d"),
         "size_bucket": ("message size", None), "count": ("count", "d"),
         "total_bytes": ("bytes", ".0f"), "mean_us": ("mean µs", ".1f"),
-        "busbw_gbps": ("busbw GB/s (duration)", ".3f"),
         "transfer_busbw_gbps": ("busbw GB/s (transfer)", ".3f"),
+        "busbw_gbps": ("busbw GB/s (duration)", ".3f"),
         "slowest_rank": ("slowest rank", ".0f")})
 
 
@@ -194,7 +197,6 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                cross: dict | None = None) -> str:
     """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None."""
     waits = cross.get("waits") if cross else None
-    bandwidth = cross.get("bandwidth") if cross else None
     steps = sorted(int(s) for s in per_step["step"].unique()) if len(per_step) else []
     header = (f"<p><b>{esc(name)}</b> &mdash; <code>{esc(path)}</code><br>"
               f"world size {esc(world_size if world_size else '?')}, "
@@ -210,7 +212,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
         parts = [c for c in bars.columns if c != "rank"]
         body.append(_section("ranks", svg.stacked_bars(
             [f"rank {int(r)}" for r in bars["rank"]], parts, bars[parts].to_numpy().tolist(),
-            "ms per step (mean)") + _table(per_rank, {
+            "ms per step (mean)") + html_table(per_rank, {
                 "rank": ("rank", "d"), "steps": ("steps", "d"),
                 "mean_step_ns": ("mean step ns", ".0f"), "idle_pct": ("idle %", ".1f"),
                 "exposed_comm_pct": ("exposed comm %", ".1f"), "status": ("status", None)})))
@@ -226,7 +228,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                                  if rows else '<p class="none">no trace events</p>'))
         slowest = chosen_steps(per_step).get("slowest")
         if slowest is not None:
-            parts_html.append(f"<h3>longest events of step {slowest}</h3>" + _table(
+            parts_html.append(f"<h3>longest events of step {slowest}</h3>" + html_table(
                 longest_ops(ranks, slowest), {"rank": ("rank", "d"), "name": ("name", None),
                                               "cat": ("category", None), "ms": ("ms", ".3f")}))
         body.append(_section("gantt", "<p>Wheel to zoom, drag to pan, double-click to reset."
@@ -234,7 +236,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
     else:
         for key in ("ranks", "heatmap", "gantt"):
             body.append(_section(key, '<p class="none">no step was analysed</p>'))
-    body.append(_section("collectives", _collectives(collectives, bandwidth)))
+    body.append(_section("collectives", _collectives(collectives, cross)))
     body.append(_section("samples", _samples(ranks)))
     body.append(_section("commands", (
         f"<p>Every rank on one clock, with flows from the last arriver of each collective:</p>"
@@ -249,11 +251,13 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
 
 
 def write_html_report(report, path, cross: dict | None = None) -> dict:
-    """Write the page for an analysed run (output.RunReport) to `path`; the cross-rank pass is
-    run here unless given. Returns {"path", "bytes", "seconds"}."""
+    """Write the page for an analysed run (output.RunReport) to `path`, with the run's own
+    cross-rank result, else `cross`, else the pass run here (unless it already failed for this
+    run). Returns {"path", "bytes", "seconds"}."""
     started = time.monotonic()
     problems = list(report.problems)
-    if cross is None:
+    cross = report.cross_rank if report.cross_rank is not None else cross
+    if cross is None and "cross_rank" not in report.unavailable:
         from analysis.crossrank import cross_rank
         try:
             cross = cross_rank(SimpleNamespace(ranks=report.ranks,
