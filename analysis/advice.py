@@ -95,14 +95,16 @@ _BY_ISSUER = {
         "every N steps rather than every step."),
 }
 _BY_ISSUER[("functional", "reduce_scatter")] = _BY_ISSUER[("functional", "all_gather")]
+_P2P_ADVICE = ("Point-to-point traffic in the step: overlap it with compute (isend/irecv "
+               "issued early).")
 _BY_OP = {
     "all_to_all": (
         "Overlap the all-to-all with compute by splitting it into chunks (MoE token dispatch, "
         "sharded embedding lookups), and send less (a lower MoE capacity factor, smaller or "
         "lower-precision embeddings)."),
     "barrier": "Remove barrier() from the training loop; collectives already synchronise ranks.",
-    "send": "Point-to-point traffic in the step: overlap it with compute (isend/irecv issued early).",
-    "recv": "Point-to-point traffic in the step: overlap it with compute (isend/irecv issued early).",
+    "send": _P2P_ADVICE,
+    "recv": _P2P_ADVICE,
 }
 _BY_UNKNOWN_ISSUER = (
     "Overlap communication with compute: find the code that issues the top collective (the "

@@ -17,12 +17,14 @@ import pandas as pd
 
 from analysis import issuers, pipeline_schedule
 from analysis.advice import IDLE_CAUSES, bubble_suggestion, exposed_suggestion, small_message_hint
+from analysis.breakdown import BREAKDOWN_NS_COLUMNS
 from analysis.communication import UNKNOWN_BUCKET, UNKNOWN_PG
 from analysis.crossrank import findings as cross_findings
-from analysis.load import format_ranges
-from analysis.ranks import BREAKDOWN_COLUMNS, work_ns
+from analysis.ranks import work_ns
+from analysis.steps import format_ranges
 
 FINDING_COLUMNS = ["finding", "share_pct", "evidence", "suggestion", "ranks"]
+_finding = cross_findings.finding_row
 
 # ---- thresholds (docs/report.md explains each) ---------------------------------------------------
 MIN_SHARE_PCT = 5.0  # exposed comm, each idle cause, imbalance, pipeline bubble
@@ -92,7 +94,7 @@ def _frame(value) -> pd.DataFrame:
 
 def _analysed_steps(per_step: pd.DataFrame) -> pd.DataFrame:
     """per_step rows with a positive step time, numeric columns, and work_ns."""
-    needed = ["rank", "step", *BREAKDOWN_COLUMNS]
+    needed = ["rank", "step", *BREAKDOWN_NS_COLUMNS]
     if per_step.empty or any(c not in per_step.columns for c in ("rank", "step", "step_ns")):
         return pd.DataFrame(columns=[*needed, "work_ns"])
     frame = per_step.reindex(columns=needed).copy()
@@ -111,11 +113,6 @@ def rank_list(ranks) -> str:
 
 def _ms(ns) -> str:
     return f"{ns / 1e6:.2f} ms"
-
-
-def _finding(name, share, evidence, suggestion, ranks) -> dict:
-    return {"finding": name, "share_pct": float(share), "evidence": evidence,
-            "suggestion": suggestion, "ranks": ranks}
 
 
 # ---- pipeline detection -------------------------------------------------------------------------
@@ -166,7 +163,8 @@ def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipel
     if pipeline:
         all_ops = _comm_time_shares(collectives)
         if not all_ops.empty:
-            scale = ranked["total_us"].sum() / all_ops["total_us"].sum() if not ranked.empty else 0.0
+            scale = (ranked["total_us"].sum() / all_ops["total_us"].sum()
+                     if not ranked.empty else 0.0)
     share = exposed * scale / total_step * 100
     if share < MIN_SHARE_PCT:
         return []
@@ -218,7 +216,8 @@ def _group_label(row: dict) -> str:
         pg_text = f"on {pg[:-len(pg_id) - 2]}(pg {pg_id})"  # "on mesh_dp (pg 1)"
     else:
         pg_text = f"pg {pg}"
-    size_text = "size ?" if bucket is None or bucket == UNKNOWN_BUCKET or pd.isna(bucket) else bucket
+    unknown = bucket is None or bucket == UNKNOWN_BUCKET or pd.isna(bucket)
+    size_text = "size ?" if unknown else bucket
     issuer = _ISSUER_TEXT.get(_issuer(row))
     return f"{issuer + ' ' if issuer else ''}{row['op']} {pg_text} {size_text}"
 
@@ -247,7 +246,8 @@ def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu"
     total_step = steps["step_ns"].sum()
     rank_step = steps.groupby("rank")["step_ns"].sum()
     # On CPU traces the "device" is the training threads: there is no accelerator to sit idle.
-    subject, name = ("The training threads", "idle") if kind == "cpu" else ("The device", "device idle")
+    subject, name = (("The training threads", "idle") if kind == "cpu"
+                     else ("The device", "device idle"))
     findings = []
     for activity, group in gaps.groupby("host_activity", sort=True):
         label, doing, suggestion = IDLE_CAUSES.get(activity, IDLE_CAUSES["other"])
@@ -476,7 +476,8 @@ def _memory_near_capacity(per_rank: pd.DataFrame) -> list:
     if _finite(allocated):
         evidence += f", peak allocated {allocated / 2**30:.2f} GiB"
     evidence += "."
-    suggestion = ("One allocation spike away from an out-of-memory error: free memory with activation "
+    suggestion = ("One allocation spike away from an out-of-memory error: free memory with "
+                  "activation "
                   "checkpointing (torch.utils.checkpoint), a smaller micro-batch with gradient "
                   "accumulation, bf16 mixed precision, or sharded optimizer state (FSDP/ZeRO).")
     if (_finite(peak) and _finite(allocated) and _finite(total) and total > 0

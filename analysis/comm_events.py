@@ -22,13 +22,15 @@ from analysis.comm_names import (
     comm_kernel_op,
     message_bytes,
 )
-from analysis.load import WHOLE_TRACE_STEP
+from analysis.steps import WHOLE_TRACE_STEP
 
 REQUIRED_EVENT_COLUMNS = ("name", "cat", "ts_ns", "dur_ns", "pid", "tid", "is_gpu", "is_comm")
 
 
 def col(frame: pd.DataFrame, name: str):
-    return frame[name] if name in frame.columns else pd.Series([None] * len(frame), index=frame.index)
+    if name in frame.columns:
+        return frame[name]
+    return pd.Series([None] * len(frame), index=frame.index)
 
 
 def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) -> pd.DataFrame:
@@ -83,7 +85,7 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
             frame = frame[frame["step"].isna() | frame["step"].isin(wanted)]
     else:
         # A trace without ProfilerStep is analysed as one window, which the breakdown numbers
-        # -1 (analysis.load.WHOLE_TRACE_STEP).
+        # -1 (analysis.steps.WHOLE_TRACE_STEP).
         frame["step"] = WHOLE_TRACE_STEP
     return frame.sort_values("sort_ts", kind="stable").drop(columns="sort_ts")
 
@@ -158,7 +160,8 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
     correlation = pd.to_numeric(col(events, "correlation"), errors="coerce")
     launches = events[is_launch & (correlation >= 0)].drop_duplicates("correlation")
     launch_by_corr = pd.DataFrame({
-        "pid": launches["pid"].astype(str).to_numpy(), "tid": launches["tid"].astype(str).to_numpy(),
+        "pid": launches["pid"].astype(str).to_numpy(),
+        "tid": launches["tid"].astype(str).to_numpy(),
         "ts": launches["ts_ns"].to_numpy(dtype="float64"),
     }, index=pd.Index(launches["correlation"].to_numpy(dtype="float64")))
     kernel_corr = pd.to_numeric(col(kernels, "correlation"), errors="coerce").to_numpy("float64")
@@ -195,7 +198,8 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
         if call_of[head] >= 0:
             call = call_rows[call_of[head]]
             used_calls.add(call_of[head])
-            # Newer kernels carry the group in their own args; older calls carry it only on the host.
+            # Newer kernels carry the group in their own args; older calls carry it only on the
+            # host.
             pg_source = call if _col_value(call, "group_size") is not None else first_kernel
             rows.append(_row_from_args(call, call["op"], pg_source, duration_us, call,
                                        sort_ts=kernel_ts))

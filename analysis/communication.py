@@ -14,9 +14,14 @@ import numpy as np
 import pandas as pd
 
 from analysis import issuers
-from analysis.comm_events import REQUIRED_EVENT_COLUMNS, col as _col, ops_from_events
+from analysis.comm_events import REQUIRED_EVENT_COLUMNS, ops_from_events
+from analysis.comm_events import col as _col
 from analysis.comm_names import (  # noqa: F401  (the names are part of this module's interface)
-    UNKNOWN_OP, canonical_dtype, canonical_op, dtype_size, message_bytes,
+    UNKNOWN_OP,
+    canonical_dtype,
+    canonical_op,
+    dtype_size,
+    message_bytes,
 )
 from tracer import schema
 
@@ -209,7 +214,7 @@ def collectives_table(ops: pd.DataFrame) -> pd.DataFrame:
     ops["timed_us"] = ops["duration_us"].where(timed, 0.0)
 
     rows = []
-    for (op, issuer, pg, size_key, bucket_key), group in ops.groupby(
+    for (op, issuer, pg, size_key, _), group in ops.groupby(
             ["op", "issuer", "pg", "pg_size_key", "bucket_key"], sort=False, dropna=False):
         pg_size = None if size_key < 0 else int(size_key)
         algbw, busbw = _group_bandwidth(op, group["timed_bytes"].sum(), group["timed_us"].sum(),
@@ -224,7 +229,8 @@ def collectives_table(ops: pd.DataFrame) -> pd.DataFrame:
             "size_bucket": group["size_bucket"].iloc[0],
             "bucket_min_bytes": group["bucket_min_bytes"].iloc[0],
             "count": len(group),
-            "total_bytes": float(group["bytes"].sum(min_count=1)) if group["bytes"].notna().any() else float("nan"),
+            "total_bytes": (float(group["bytes"].sum(min_count=1))
+                            if group["bytes"].notna().any() else float("nan")),
             "total_us": total_us,
             "mean_us": total_us / timed_count if timed_count else float("nan"),
             "algbw_gbps": algbw, "busbw_gbps": busbw,

@@ -71,7 +71,8 @@ def _enclosed(starts, ends, pids, tids, query_ts, query_pid, query_tid) -> np.nd
         # Some span holds t iff the latest end among spans starting at or before t reaches t.
         latest_end = np.maximum.accumulate(group["end"].to_numpy(dtype="float64"))
         times = np.asarray(query_ts, dtype="float64")[where]
-        position = np.searchsorted(group["start"].to_numpy(dtype="float64"), times, side="right") - 1
+        starts = group["start"].to_numpy(dtype="float64")
+        position = np.searchsorted(starts, times, side="right") - 1
         inside = position >= 0
         inside[inside] = latest_end[position[inside]] >= times[inside]
         result[where] = inside
@@ -97,7 +98,8 @@ def issuers_from_trace(trace, ops: pd.DataFrame) -> pd.Series:
         issuers[take] = issuer
         marked |= take
     op = ops["op"].to_numpy(dtype=object)
-    fallback = pd.Series(op).map(lambda o: next((i for i in _RUN_LEVEL.get(o, ()) if i in seen), None))
+    fallback = pd.Series(op).map(
+        lambda o: next((i for i in _RUN_LEVEL.get(o, ()) if i in seen), None))
     named = ops["named"].fillna(False).astype(bool).to_numpy()
     # Unmarked: p2p is p2p; a framework the trace shows takes its ops; a torch.distributed op
     # (record_param_comms, gloo:, nccl:) is a c10d call; a bare kernel stays unknown.

@@ -12,8 +12,6 @@ import pandas as pd
 
 from analysis.breakdown import BREAKDOWN_NS_COLUMNS
 
-# The name analysis.bottlenecks imports; the list is breakdown's.
-BREAKDOWN_COLUMNS = BREAKDOWN_NS_COLUMNS
 PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
 STEP_EXTRA_COLUMNS = [
     "work_ns", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes", "rss_bytes",
@@ -55,7 +53,8 @@ def _dtype(column: str) -> str:
 def _clean_per_step(per_step) -> pd.DataFrame:
     if not isinstance(per_step, pd.DataFrame) or per_step.empty:
         return _empty(PER_STEP_INPUT_COLUMNS)
-    frame = per_step.reindex(columns=list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns])))
+    columns = list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns]))
+    frame = per_step.reindex(columns=columns)
     frame = _keyed(frame.copy())
     for column in [*BREAKDOWN_NS_COLUMNS, "overlap_pct"]:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
@@ -88,7 +87,8 @@ def _records_by_rank(traces) -> dict:
 def _rank_from_records(records):
     for name in ("steps", "samples", "comms"):
         frame = getattr(records, name, None)
-        if isinstance(frame, pd.DataFrame) and "rank" in frame.columns and frame["rank"].notna().any():
+        if (isinstance(frame, pd.DataFrame) and "rank" in frame.columns
+                and frame["rank"].notna().any()):
             return int(frame["rank"].dropna().iloc[0])
     return None
 
@@ -134,7 +134,8 @@ def _samples(records) -> pd.DataFrame:
     return frame.dropna(subset=["t_ns"]).sort_values("t_ns", kind="stable").reset_index(drop=True)
 
 
-def _window_means(samples: pd.DataFrame, column: str, starts, ends) -> tuple[np.ndarray, np.ndarray]:
+def _window_means(samples: pd.DataFrame, column: str, starts, ends
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Mean of `column` over the samples with start <= t_ns <= end, and how many there were."""
     valid = samples[samples[column].notna()]
     times = valid["t_ns"].to_numpy(dtype="float64")
@@ -184,7 +185,8 @@ def _rank_resources(traces) -> pd.DataFrame:
         samples = _samples(records)
         row = {"rank": rank}
         for column in _STEP_RECORD_COLUMNS.values():
-            row[column] = steps[column].max() if column in steps and steps[column].notna().any() else np.nan
+            known = column in steps and steps[column].notna().any()
+            row[column] = steps[column].max() if known else np.nan
         row["peak_rss_bytes"] = row.pop("rss_bytes")
         in_steps = np.zeros(len(samples), dtype=bool)
         if not steps.empty and not samples.empty:
@@ -195,7 +197,8 @@ def _rank_resources(traces) -> pd.DataFrame:
         row["sm_util_pct"] = inside["sm_util_pct"].mean() if len(inside) else np.nan
         row["cpu_process_pct"] = inside["cpu_process_pct"].mean() if len(inside) else np.nan
         row["peak_device_used_bytes"] = samples["mem_used_bytes"].max() if len(samples) else np.nan
-        row["device_used_total_bytes"] = samples["mem_total_bytes"].max() if len(samples) else np.nan
+        row["device_used_total_bytes"] = (samples["mem_total_bytes"].max() if len(samples)
+                                          else np.nan)
         rows.append(row)
     columns = ["rank", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
                "peak_rss_bytes", "sm_util_pct", "cpu_process_pct", "peak_device_used_bytes",
@@ -228,7 +231,8 @@ def per_step_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     frame = frame.reindex(columns=ordered)
     for column in STEP_EXTRA_COLUMNS:
         dtype = _dtype(column)
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(dtype) if dtype != "object" else frame[column]
+        if dtype != "object":
+            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(dtype)
     return frame.sort_values(["step", "rank"], kind="stable").reset_index(drop=True)
 
 
@@ -282,14 +286,16 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
         for column in [*BREAKDOWN_NS_COLUMNS[1:], "work_ns"]:
             row[column] = group[column].mean()
         row["idle_pct"] = group["idle_ns"].sum() / total_ns * 100 if total_ns > 0 else np.nan
-        row["exposed_comm_pct"] = group["exposed_comm_ns"].sum() / total_ns * 100 if total_ns > 0 else np.nan
+        row["exposed_comm_pct"] = (group["exposed_comm_ns"].sum() / total_ns * 100
+                                   if total_ns > 0 else np.nan)
         rows.append(row)
     table = pd.DataFrame(rows, columns=[c for c in PER_RANK_COLUMNS
                                         if c not in resources.columns or c == "rank"])
     table["rank"] = table["rank"].astype("Int64")
     table = table.merge(resources, on="rank", how="outer")
     table["peak_reserved_pct"] = table["peak_reserved_bytes"] / table["device_total_bytes"] * 100
-    table["device_used_pct"] = table["peak_device_used_bytes"] / table["device_used_total_bytes"] * 100
+    table["device_used_pct"] = (table["peak_device_used_bytes"]
+                                / table["device_used_total_bytes"] * 100)
     means = pd.to_numeric(table["mean_step_ns"], errors="coerce")
     fastest = means[means > 0].min() if (means > 0).any() else np.nan
     table["slowdown_vs_fastest_pct"] = (means - fastest) / fastest * 100

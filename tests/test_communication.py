@@ -65,14 +65,17 @@ def records_with(comms: pd.DataFrame) -> RunRecords:
 
 # ---- names and sizes -----------------------------------------------------------------------------
 @pytest.mark.parametrize("name, op", [
-    ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("allreduce_coalesced", "all_reduce"),
+    ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
+    ("allreduce_coalesced", "all_reduce"),
     ("c10d::allreduce_", "all_reduce"), ("nccl:all_reduce", "all_reduce"),
     ("gloo:all_reduce", "all_reduce"),
-    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "all_reduce"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+     "all_reduce"),
     ("_allgather_base", "all_gather"), ("allgather", "all_gather"),
     ("allgather_into_tensor_coalesced", "all_gather"), ("nccl:_all_gather_base", "all_gather"),
     ("ncclDevKernel_AllGather_RING_LL", "all_gather"),
-    ("reduce_scatter_tensor_coalesced", "reduce_scatter"), ("_reduce_scatter_base", "reduce_scatter"),
+    ("reduce_scatter_tensor_coalesced", "reduce_scatter"),
+    ("_reduce_scatter_base", "reduce_scatter"),
     ("c10d::reduce_scatter_", "reduce_scatter"), ("reduce", "reduce"), ("_reduce_oop", "reduce"),
     ("broadcast", "broadcast"), ("_broadcast_oop", "broadcast"), ("all_to_all", "all_to_all"),
     ("alltoall_base", "all_to_all"), ("c10d::alltoall_base_", "all_to_all"),
@@ -140,7 +143,8 @@ def comm_records(rows) -> pd.DataFrame:
 def test_records_give_nccl_tests_bandwidths():
     records = comm_records([
         # 100 MB in 10 ms: algbw 10 GB/s; all_reduce over 4 ranks: busbw 10 * 2*3/4 = 15 GB/s.
-        {"step": 3, "op": "all_reduce", "pg_size": 4, "bytes": 100_000_000, "duration_us": 10_000.0},
+        {"step": 3, "op": "all_reduce", "pg_size": 4, "bytes": 100_000_000,
+         "duration_us": 10_000.0},
         # 8 MB in 1 ms over 8 ranks: algbw 8 GB/s, busbw 8 * 7/8 = 7 GB/s.
         {"step": 3, "op": "all_gather", "pg_size": 8, "bytes": 8_000_000, "duration_us": 1_000.0},
         # A crashed run's last op: no duration.
@@ -387,7 +391,7 @@ def test_gloo_op_reads_the_element_type_from_input_type_when_dtype_is_absent():
     assert (ops["dtype"].iloc[0], ops["bytes"].iloc[0]) == ("bfloat16", 2000)
 
 
-# ---- foreign NCCL traces whose kernels sit in nccl:* annotations only ------------------------------
+# ---- foreign NCCL traces whose kernels sit in nccl:* annotations only ---------------------------
 def dlrm_like_events() -> pd.DataFrame:
     """The structure of facebookresearch/param's 8-rank DLRM trace: no record_param_comms args;
     each NCCL kernel is launched inside an nccl:* op that carries Input Dims and Input type."""

@@ -65,7 +65,8 @@ def test_real_nccl_trace_totals_match_its_json(nccl_ops):
     row = table[(table["op"] == "all_reduce") & (table["size_bucket"] == "16-32 MiB")].iloc[0]
     big = reduces[reduces["bytes"] >= 16 * 2**20]
     assert row["count"] == len(big) == 9
-    assert row["busbw_gbps"] == pytest.approx(big["bytes"].sum() / (big["duration_us"].sum() / 1e6) / 1e9)
+    seconds = big["duration_us"].sum() / 1e6
+    assert row["busbw_gbps"] == pytest.approx(big["bytes"].sum() / seconds / 1e9)
 
 
 def test_real_gloo_trace_times_gloo_ops():
@@ -138,12 +139,16 @@ def test_trace_ops_are_attributed_to_the_code_around_them():
 
 def test_recorded_ops_take_the_tracer_source_and_fsdp_from_the_trace():
     records = comm_records([
-        {"step": 0, "op": "all_reduce", "source": "ddp", "pg_size": 2, "bytes": 4, "duration_us": 1.0},
+        {"step": 0, "op": "all_reduce", "source": "ddp", "pg_size": 2, "bytes": 4,
+         "duration_us": 1.0},
         {"step": 0, "op": "all_reduce", "source": "functional", "pg_size": 2, "bytes": 4,
          "duration_us": 1.0},
-        {"step": 0, "op": "all_reduce", "source": "c10d", "pg_size": 2, "bytes": 4, "duration_us": 1.0},
-        {"step": 0, "op": "all_gather", "source": "c10d", "pg_size": 2, "bytes": 4, "duration_us": 1.0},
-        {"step": 0, "op": "send", "source": "p2p", "pg_size": 2, "bytes": 4, "duration_us": 1.0},
+        {"step": 0, "op": "all_reduce", "source": "c10d", "pg_size": 2, "bytes": 4,
+         "duration_us": 1.0},
+        {"step": 0, "op": "all_gather", "source": "c10d", "pg_size": 2, "bytes": 4,
+         "duration_us": 1.0},
+        {"step": 0, "op": "send", "source": "p2p", "pg_size": 2, "bytes": 4,
+         "duration_us": 1.0},
     ])
     plain = comm_ops(make_trace(records=records_with(records)))
     assert plain["issuer"].tolist() == ["ddp", "functional", "c10d", "c10d", "p2p"]

@@ -18,7 +18,8 @@ def matched(result: dict | None) -> bool:
     return result is not None and "ops" in result and len(result["ops"]) > 0
 
 
-def _finding(name, share, evidence, suggestion, ranks) -> dict:
+def finding_row(name, share, evidence, suggestion, ranks) -> dict:
+    """One finding (analysis.bottlenecks.FINDING_COLUMNS)."""
     return {"finding": name, "share_pct": float(share), "evidence": evidence,
             "suggestion": suggestion, "ranks": ranks}
 
@@ -54,7 +55,7 @@ def ranks_wait_for(steps: pd.DataFrame, result: dict) -> list:
                     f"rank {rank} ({row['share_pct']:.1f}% of the ranks' step time), in "
                     f"{collectives}. {doing}")
         victims = sorted(set(int(r) for r in result["ops"]["rank"]) - {rank})
-        findings.append(_finding(f"ranks wait for rank {rank}", row["share_pct"], evidence,
+        findings.append(finding_row(f"ranks wait for rank {rank}", row["share_pct"], evidence,
                                  suggestion, ", ".join(str(r) for r in victims) or str(rank)))
     return findings
 
@@ -111,5 +112,5 @@ def pipeline_stages(result: dict) -> list:
                      f" ms per step for rank {holder}'s sends.")
         suggestion = (f"Rank {holder}'s stage holds the others back: move layers off it to balance "
                       f"the stages. " + suggestion)
-    return [_finding("pipeline bubble", share, evidence, suggestion,
+    return [finding_row("pipeline bubble", share, evidence, suggestion,
                      ", ".join(str(int(r)) for r in per.index))]

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.crossrank.frames import P2P_OPS
+from analysis.steps import format_ranges
 
 MISMATCH_COLUMNS = ["pg", "step", "position", "problem", "ranks", "missing_ranks"]
 KEY = ["pg", "step", "position"]
@@ -62,7 +63,6 @@ def _signature(frame: pd.DataFrame) -> pd.Series:
 
 def _ranks_by_signature(frame: pd.DataFrame) -> pd.Series:
     """Per key: 'all_reduce 4096 B float32 on ranks 0-2; all_gather ... on rank 3'."""
-    from analysis.load import format_ranges
     labelled = frame.assign(signature=_signature(frame))
     per = labelled.groupby(KEY + ["signature"])["rank"].agg(lambda r: format_ranges(sorted(r)))
     text = per.reset_index().assign(
@@ -72,7 +72,6 @@ def _ranks_by_signature(frame: pd.DataFrame) -> pd.Series:
 
 
 def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame):
-    from analysis.load import format_ranges
     members = group_members(frame, world_size)
     keys = frame[KEY].drop_duplicates()
     expected = keys.merge(members, on="pg").merge(coverage, on=["rank", "step"])
