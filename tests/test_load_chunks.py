@@ -1,0 +1,99 @@
+"""Decoding a trace in chunks gives the whole-file result; cuts the chunked reader cannot make
+fall back to a whole-file decode (analysis.kineto)."""
+
+import json
+
+import pandas as pd
+import pytest
+from test_load import gpu_trace, problems_with, write_run
+
+from analysis import kineto
+from analysis.load import load_path
+from synthetic import TraceBuilder, trace_name
+
+
+# ---- chunked decoding --------------------------------------------------------------------------
+def many_events_trace() -> dict:
+    b = TraceBuilder(rank=3, world_size=4)
+    for n in range(1, 41):
+        t = n * 100
+        b.step(n, t, t + 100).compute(t + 10, t + 50).nccl(t + 40, t + 70)
+        b.op("aten::mm", t + 1, t + 9, args={"Input Dims": [[4, 4], [4, 4]]})
+    return b.document()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Cut files into ~2 kB chunks, and count the chunks decoded."""
+    monkeypatch.setattr(kineto, "READ_BYTES", 512)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 2048)
+    monkeypatch.setattr(kineto, "CUT_WINDOW", 256)
+    chunks = []
+
+    class Counting:
+        decode = staticmethod(lambda data, real=kineto.EVENTS_DECODER.decode:
+                              chunks.append(len(data)) or real(data))
+
+    monkeypatch.setattr(kineto, "EVENTS_DECODER", Counting())
+    return chunks
+
+
+def same_trace(a, b):
+    pd.testing.assert_frame_equal(a.events, b.events)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+    assert (a.rank, a.world_size, a.float_timestamps) == (b.rank, b.world_size, b.float_timestamps)
+
+
+@pytest.mark.parametrize("layout", ["indented", "info_after_events", "one_line"])
+def test_chunked_decoding_gives_the_whole_file_result(tmp_path, small_chunks, layout):
+    doc = many_events_trace()
+    if layout == "info_after_events":
+        doc["distributedInfo"] = doc.pop("distributedInfo")  # now in the tail
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc, indent=None if layout == "one_line" else 1))
+    chunked = kineto.parse_trace(path)
+    assert len(small_chunks) > 5  # it really was cut into chunks
+    same_trace(chunked, kineto.parse_trace(path, chunked=False))
+    assert chunked.rank == 3 and chunked.steps["step"].tolist() == list(range(1, 41))
+
+
+def test_a_cut_inside_a_string_or_nested_args_falls_back_to_the_whole_file(tmp_path, small_chunks,
+                                                                          monkeypatch):
+    whole = []
+    monkeypatch.setattr(kineto, "_decode_whole", lambda path, columns, real=kineto._decode_whole:
+                        whole.append(path) or real(path, columns))
+    doc = many_events_trace()
+    # names and arguments that contain what a cut between events looks for
+    # each longer than a chunk, so that some cut must land inside them
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[5]["name"] += ' weird }, { name "},{" ' * 300
+    kernels[20]["args"]["nested"] = [{"a": 1}, {"b": 2}] * 300
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    parsed = kineto.parse_trace(path)
+    assert whole == [path]  # the chunked read gave up and the file was decoded whole
+    same_trace(parsed, kineto.parse_trace(path, chunked=False))
+    long_name = ' weird }, { name "},{" ' * 300
+    assert any(n.endswith(long_name) for n in parsed.events["name"].astype(str))
+    assert parsed.steps["step"].tolist() == list(range(1, 41))
+
+
+def test_an_event_longer_than_a_chunk_is_read_whole(tmp_path, small_chunks):
+    doc = many_events_trace()
+    kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    kernel["name"] = "k" * 20000  # no place to cut for ten chunks
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    parsed = kineto.parse_trace(path)
+    assert len(small_chunks) > 5
+    same_trace(parsed, kineto.parse_trace(path, chunked=False))
+    assert "k" * 20000 in set(parsed.events["name"].astype(str))
+
+
+def test_random_bytes_named_gz_are_not_gzip_naming_file_and_rank(tmp_path):
+    run = write_run(tmp_path / "run", [gpu_trace(rank=0)])
+    (run / trace_name(1)).write_bytes(bytes(range(7, 250)) * 40)
+    result = load_path(run, use_cache=False)
+    assert [t.rank for t in result.ranks] == [0]
+    found = problems_with(result, str(run / trace_name(1)), "rank 1", "not gzip")
+    assert found and not problems_with(result, "invalid JSON")
