@@ -51,16 +51,33 @@ def test_a_missing_out_is_created_with_its_parents(tmp_path):
 _SCRIPT_HELP = "usage: tiny_train.py"
 
 
-@pytest.mark.parametrize("tracer_args,script,script_args,exit_code,says", [
-    (["--help"], h.TINY, [], 0, "--skip-first"),
-    (["--no-such-option"], h.TINY, [], 2, "ranktrace: error: unknown option --no-such-option"),
-    ([], "no/such/script.py", [], 2, "can't open file"),
-    ([], "tests/scripts", [], 1, "can't find '__main__' module in"),
-    ([], h.TINY, ["--help"], 0, _SCRIPT_HELP),
-    ([], h.TINY, ["--no-such-flag"], 2, "tiny_train.py: error: unrecognized arguments"),
-    ([], "syntax_error.py", [], 1, "SyntaxError"),
-], ids=["tracer-help", "tracer-bad-option", "missing-script", "folder-without-main",
-        "script-help", "script-bad-option", "syntax-error"])
+@pytest.mark.parametrize(
+    "tracer_args,script,script_args,exit_code,says",
+    [
+        (["--help"], h.TINY, [], 0, "--skip-first"),
+        (
+            ["--no-such-option"],
+            h.TINY,
+            [],
+            2,
+            "ranktrace: error: unrecognized arguments: --no-such-option",
+        ),
+        ([], "no/such/script.py", [], 2, "can't open file"),
+        ([], "tests/scripts", [], 1, "can't find '__main__' module in"),
+        ([], h.TINY, ["--help"], 0, _SCRIPT_HELP),
+        ([], h.TINY, ["--no-such-flag"], 2, "tiny_train.py: error: unrecognized arguments"),
+        ([], "syntax_error.py", [], 1, "SyntaxError"),
+    ],
+    ids=[
+        "tracer-help",
+        "tracer-bad-option",
+        "missing-script",
+        "folder-without-main",
+        "script-help",
+        "script-bad-option",
+        "syntax-error",
+    ],
+)
 def test_failed_starts_leave_no_run_folder(tmp_path, tracer_args, script, script_args,
                                            exit_code, says):
     if script == "syntax_error.py":
@@ -265,8 +282,23 @@ def test_sigterm_mid_window_flushes_writes_the_window_and_dies_by_sigterm(tmp_pa
 
 
 def test_sigterm_while_blocked_in_a_c_call_still_ends_within_5_seconds(tmp_path):
-    process = h.start(["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first", "0",
-                       "--wait", "0", "--active", "100"], h.TINY, ["--steps", "8", "--block-at", "3"])
+    process = h.start(
+        [
+            "--out",
+            tmp_path,
+            "--run-name",
+            "t",
+            "--no-sampler",
+            "--skip-first",
+            "0",
+            "--wait",
+            "0",
+            "--active",
+            "100",
+        ],
+        h.TINY,
+        ["--steps", "8", "--block-at", "3"],
+    )
     _wait_for(process, "blocking at step 3")
     time.sleep(0.3)  # into the store's C++ wait, where no Python signal handler can run
     elapsed = _terminate(process)
@@ -308,13 +340,15 @@ def test_the_scripts_own_sigterm_handler_still_runs(tmp_path):
 # ---- write errors ---------------------------------------------------------------------------
 def test_disk_full_on_the_steps_file_switches_only_it_off(tmp_path):
     args = ["--steps", "10", "--losses"]
-    bare = h.run(None, h.TINY, args + [tmp_path / "bare"])
+    h.run(None, h.TINY, args + [tmp_path / "bare"])
     (tmp_path / "out").mkdir()
     traced = h.run(["--out", tmp_path / "out", "--no-profiler"], h.TINY,
                    args + [tmp_path / "traced", "--break-steps-file-at", "6"])
     assert traced.returncode == 0, traced.stderr
     assert h.losses(tmp_path / "traced") == h.losses(tmp_path / "bare")
-    tracer_lines = [l for l in traced.stderr.splitlines() if "No space left on device" in l]
+    tracer_lines = [
+        line for line in traced.stderr.splitlines() if "No space left on device" in line
+    ]
     assert len(tracer_lines) == 1 and "steps" in tracer_lines[0]
     run_dir = h.only_run_dir(tmp_path / "out")
     records = h.manifest(run_dir, 0)
@@ -343,8 +377,9 @@ def test_trace_write_failure_switches_the_profiler_off_and_training_goes_on(tmp_
     records = h.manifest(run_dir, 0)
     error, = [e for e in h.of_kind(records, schema.TracerError) if e.part != "comms"]
     assert error.part == "profiler" and "writing trace" in error.message
-    assert [l for l in result.stderr.splitlines() if l.startswith("ranktrace: rank0 profiler")] == [
-        f"ranktrace: rank0 profiler: {error.message}"]
+    assert [
+        line for line in result.stderr.splitlines() if line.startswith("ranktrace: rank0 profiler")
+    ] == [f"ranktrace: rank0 profiler: {error.message}"]
     assert (records[-1].status, records[-1].steps, records[-1].windows) == ("ok", 8, 0)
 
 

@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from tracer import config as config_mod
 from tracer import schema
+from tracer.clocksync import measure_clock_offset
 from tracer.config import ConfigError, TracerConfig
-from tracer.manifest import measure_clock_offset
 from tracer.memory import MemorySnapshots, StepMemory
 from tracer.rundir import LaunchInfo, RunDirError, create_unique, resolve_run_dir
 from tracer.summary import NO_STEPS_HINT, summary_lines
@@ -31,11 +31,29 @@ DDP_STEPS = 20
 
 # ---- options --------------------------------------------------------------------------------
 def test_options_before_the_script_are_ours_and_the_rest_the_scripts():
-    config, script, args, wants_help = config_mod.resolve(
+    config, script, args = config_mod.resolve(
         ["--active", "2", "--record-shapes", "--out=/x", "train.py", "--active", "9", "-v"], {})
-    assert (script, args, wants_help) == ("train.py", ["--active", "9", "-v"], False)
+    assert (script, args) == ("train.py", ["--active", "9", "-v"])
     assert config.active == 2 and config.record_shapes is True and config.out == "/x"
     assert config.warmup == TracerConfig().warmup
+
+
+@pytest.mark.parametrize("argv,script,args", [
+    (["train.py", "--", "-x"], "train.py", ["--", "-x"]),  # the script's own `--` stays
+    (["--", "train.py", "--help"], "train.py", ["--help"]),  # ours ends the tracer's options
+    (["--samples-per-step", "64", "train.py", "-h"], "train.py", ["-h"]),
+])
+def test_everything_after_the_script_reaches_it_untouched(argv, script, args):
+    assert config_mod.resolve(argv, {})[1:] == (script, args)
+
+
+def test_samples_per_step_comes_from_the_command_line_or_the_environment():
+    config, *_ = config_mod.resolve(["s.py"], {"RANKTRACE_SAMPLES_PER_STEP": "256"})
+    assert config.samples_per_step == 256
+    config, *_ = config_mod.resolve(["--samples-per-step", "32", "s.py"],
+                                    {"RANKTRACE_SAMPLES_PER_STEP": "256"})
+    assert config.samples_per_step == 32
+    assert config_mod.resolve(["s.py"], {})[0].samples_per_step == 0
 
 
 def test_environment_sets_options_and_the_command_line_wins():
@@ -46,15 +64,16 @@ def test_environment_sets_options_and_the_command_line_wins():
 
 
 @pytest.mark.parametrize("argv,env,message", [
-    (["--activ", "2", "s.py"], {}, "unknown option --activ"),
+    (["--activ", "2", "s.py"], {}, "unrecognized arguments: --activ"),
     (["s.py"], {"RANKTRACE_ACTIV": "2"}, "unknown environment variable RANKTRACE_ACTIV"),
     (["--active", "0", "s.py"], {}, "--active must be >= 1"),
     (["--sample-hz", "-1", "s.py"], {}, "--sample-hz must be in"),
-    (["--wait", "x", "s.py"], {}, "--wait must be an integer"),
+    (["--wait", "x", "s.py"], {}, "--wait must be an integer, got 'x'"),
+    (["--samples-per-step", "-8", "s.py"], {}, "--samples-per-step must be >= 0"),
     (["s.py"], {"RANKTRACE_NO_PROFILER": "maybe"}, "RANKTRACE_NO_PROFILER must be one of"),
     (["--run-name", "a/b", "s.py"], {}, "--run-name must be a plain folder name"),
-    (["--record-shapes=1", "s.py"], {}, "--record-shapes takes no value"),
-    (["--active"], {}, "--active needs a value"),
+    (["--record-shapes=1", "s.py"], {}, "--record-shapes: ignored explicit argument '1'"),
+    (["--active"], {}, "--active: expected one argument"),
     (["--max-record-mb", "-1", "s.py"], {}, "--max-record-mb must be >= 0"),
     (["--active", "2"], {}, "no script given"),
 ])
@@ -63,14 +82,26 @@ def test_bad_options_are_errors_that_name_them(argv, env, message):
         config_mod.resolve(argv, env)
 
 
-def test_every_option_has_help_and_is_documented():
-    helps = config_mod.field_help()
+def _documented_options() -> dict[str, tuple[str, str]]:
+    """docs/tracer.md's options table: option -> (environment variable, meaning)."""
     doc = (h.REPO / "docs" / "tracer.md").read_text()
-    for f in dataclasses.fields(TracerConfig):
-        assert helps.get(f.name), f"{f.name} has no docstring line"
-        assert config_mod.option_name(f.name) in doc, f"{f.name} missing from docs/tracer.md"
-        assert config_mod.env_name(f.name) in doc
-        assert config_mod.option_name(f.name) in config_mod.help_text()
+    rows = re.findall(r"^\| `(--[a-z-]+)[^`]*` \| `(RANKTRACE_[A-Z_]+)` \| [^|]+ \| (.+) \|$",
+                      doc, re.M)
+    return {option: (env, meaning) for option, env, meaning in rows}
+
+
+def test_help_text_and_docs_table_list_the_same_options():
+    helps = config_mod.field_help()
+    documented = _documented_options()
+    # argparse wraps lines (and breaks words at hyphens): compare without any white space.
+    shown = "".join(config_mod.build_parser().format_help().split())
+    fields = dataclasses.fields(TracerConfig)
+    assert sorted(documented) == sorted(config_mod.option_name(f.name) for f in fields)
+    for f in fields:
+        option, help_line = config_mod.option_name(f.name), helps[f.name]
+        assert help_line, f"{f.name} has no line in TracerConfig's docstring"
+        assert documented[option][0] == config_mod.env_name(f.name)
+        assert option in shown and "".join(help_line.split()) in shown, f"{option} not in --help"
 
 
 def test_help_and_bad_option_exit_before_running_anything(tmp_path):
@@ -79,7 +110,7 @@ def test_help_and_bad_option_exit_before_running_anything(tmp_path):
     assert not (tmp_path / "l").exists()
     bad = h.run(["--no-such-option"], h.TINY, ["--losses", tmp_path / "l"])
     assert bad.returncode == 2
-    assert "ranktrace: error: unknown option --no-such-option" in bad.stderr
+    assert "ranktrace: error: unrecognized arguments: --no-such-option" in bad.stderr
     assert not (tmp_path / "l").exists()
 
 
@@ -249,9 +280,9 @@ def test_step_memory_leaves_cuda_alone_until_the_script_initialises_it():
 def _snapshots(tmp_path, cuda, record_history, step=lambda: 3):
     errors = []
     observers = []
-    snaps = MemorySnapshots(str(tmp_path), 2, record_history, step,
-                            lambda part, msg: errors.append((part, msg)), cuda=cuda,
+    snaps = MemorySnapshots(str(tmp_path), 2, record_history, step, cuda=cuda,
                             attach_oom_observer=observers.append)
+    snaps.on_failure = lambda part: errors.append((part.name, part.error))
     return snaps, errors, observers
 
 
@@ -260,7 +291,7 @@ def test_memory_history_and_oom_observer_wait_for_cuda_then_dump_once(tmp_path):
 
     cuda = FakeCuda(initialized=False)
     snaps, errors, observers = _snapshots(tmp_path, cuda, record_history=True)
-    snaps.install()
+    snaps.start()
     assert cuda.history_calls == [] and observers == []  # nothing touches CUDA before the script
     cuda.init()
     assert cuda.history_calls == [{"max_entries": 100_000}] and len(observers) == 1
@@ -331,7 +362,7 @@ def test_profiler_asks_for_cuda_activity_only_with_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(tp, "profile", Recorder)
     due_now = TracerConfig(skip_first=0, wait=0)  # the window starts with the first step
     for use_cuda in (False, True):
-        ProfilerDriver(due_now, str(tmp_path), 0, lambda *a: None, use_cuda).start()
+        ProfilerDriver(due_now, str(tmp_path), 0, use_cuda).start()
     assert seen == [[tp.ProfilerActivity.CPU], [tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA]]
 
 
@@ -339,10 +370,10 @@ def test_profiler_exists_only_around_its_windows(tmp_path):
     from tracer.profiling import ProfilerDriver
 
     driver = ProfilerDriver(TracerConfig(skip_first=2, wait=1, warmup=1, active=2, repeat=2),
-                            str(tmp_path), 3, lambda *a: None, use_cuda=False)
+                            str(tmp_path), 3, use_cuda=False)
     driver.start()
     timeline = []
-    for step in range(14):
+    for _ in range(14):
         timeline.append((driver._profile is not None, driver.recording))
         torch.mm(torch.ones(8, 8), torch.ones(8, 8))
         driver.step()
@@ -484,6 +515,43 @@ def test_summary_line_reports_sustained_sampler_lag_and_no_step_hint():
     assert len(summary_lines(_run_end(steps=0, untraced_processes=2), "traces/x", True)) == 1
 
 
+def test_no_scalars_writes_no_event_file_and_keeps_the_step_records(tmp_path):
+    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler", "--no-scalars"], h.TINY,
+                   ["--steps", "3"])
+    assert result.returncode == 0, result.stderr
+    run_dir = h.only_run_dir(tmp_path)
+    assert not list(run_dir.glob("events.out.tfevents.*"))
+    assert [s.step for s in h.steps(run_dir, 0)] == [0, 1, 2]
+    (start,) = h.of_kind(h.manifest(run_dir, 0), schema.RunStart)
+    assert start.config["no_scalars"] is True
+    assert h.run_end(run_dir, 0).status == "ok"
+
+
+def test_samples_per_step_from_the_option_then_from_the_script(tmp_path):
+    # The option gives 48 from the start; the script says 40 at the start of step 2, so every
+    # step from 2 on ends with 40.
+    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler", "--samples-per-step", 48],
+                   h.TINY, ["--steps", "6", "--set-samples", "2=40", "--losses", tmp_path / "l"])
+    assert result.returncode == 0, result.stderr
+    run_dir = h.only_run_dir(tmp_path)
+    assert [s.samples for s in h.steps(run_dir, 0)] == [48, 48, 40, 40, 40, 40]
+    (start,) = h.of_kind(h.manifest(run_dir, 0), schema.RunStart)
+    assert start.config["samples_per_step"] == 48
+    untraced = h.run(None, h.TINY, ["--steps", "6", "--set-samples", "2=40",
+                                    "--losses", tmp_path / "u"])
+    assert untraced.returncode == 0, untraced.stderr  # a no-op without the tracer
+    assert h.losses(tmp_path / "l") == h.losses(tmp_path / "u")
+
+
+def test_set_samples_per_step_checks_its_argument_traced_or_not():
+    import tracer
+
+    for bad in (-1, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="integer >= 0"):
+            tracer.set_samples_per_step(bad)
+    tracer.set_samples_per_step(8)  # not traced: nothing happens
+
+
 # ---- the shared traced DDP run --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
@@ -518,13 +586,16 @@ def test_ddp_run_folder_holds_every_file_and_nothing_half_written(ddp_run):
     for rank in (0, 1):
         assert schema.MANIFEST_FILE.format(rank=rank) in names
         assert schema.STEPS_FILE.format(rank=rank) in names
-        assert any(n.startswith("events.out.tfevents.") and n.endswith(f".rank{rank}") for n in names)
+        assert any(n.startswith("events.out.tfevents.") and n.endswith(f".rank{rank}")
+                   for n in names)
         if importlib.util.find_spec("tracer.comms"):
             assert schema.COMMS_FILE.format(rank=rank) in names
         if importlib.util.find_spec("tracer.sampler"):
             assert schema.SAMPLES_FILE.format(rank=rank) in names
     # HTA and torch-tb-profiler load every .json/.gz in the folder as a trace.
-    strays = [n for n in names if n.endswith((".json", ".gz")) and not schema.KINETO_TRACE_RE.match(n)]
+    strays = [
+        n for n in names if n.endswith((".json", ".gz")) and not schema.KINETO_TRACE_RE.match(n)
+    ]
     assert strays == []
 
 
@@ -591,7 +662,12 @@ def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
         assert records[0] is start
         assert (start.rank, start.local_rank, start.world_size) == (rank, rank, 2)
         assert start.run_name == run_dir.name and start.script == h.DDP
-        assert start.script_args == ["--steps", str(DDP_STEPS), "--save", str(run_dir.parent.parent / "traced.pt")]
+        assert start.script_args == [
+            "--steps",
+            str(DDP_STEPS),
+            "--save",
+            str(run_dir.parent.parent / "traced.pt"),
+        ]
         assert "tracer.record" in start.argv and start.torch_version == torch.__version__
         assert start.config["active"] == TracerConfig().active and start.attempt == 0
         clock, = h.of_kind(records, schema.ClockSync)
@@ -606,19 +682,32 @@ def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
         assert errors == []
         end = records[-1]
         assert isinstance(end, schema.RunEnd)
-        assert (end.status, end.exit_code, end.steps, end.windows, end.errors) == ("ok", 0, DDP_STEPS, 1, 0)
+        assert (end.status, end.exit_code, end.steps, end.windows, end.errors) == (
+            "ok",
+            0,
+            DDP_STEPS,
+            1,
+            0,
+        )
         assert (end.backend, end.world_size) == ("gloo", 2)
         # Everything this rank wrote, except the run_end line itself, is counted.
         rank_files = [p for p in run_dir.iterdir()
                       if p.name.startswith(f"rank{rank}.") or p.name.endswith(f".rank{rank}")]
-        end_line = (run_dir / schema.MANIFEST_FILE.format(rank=rank)).read_bytes().splitlines(True)[-1]
+        end_line = (
+            (run_dir / schema.MANIFEST_FILE.format(rank=rank)).read_bytes().splitlines(True)[-1]
+        )
         assert end.bytes_written == sum(p.stat().st_size for p in rank_files) - len(end_line)
         if importlib.util.find_spec("tracer.sampler"):
             assert start.sampler_source == "psutil" and end.samples > 0
             samples = h.read_jsonl(run_dir / schema.SAMPLES_FILE.format(rank=rank))
             assert len(samples) == end.samples
         line = summary[rank]
-        assert (line["status"], line["steps"], line["windows"], line["errors"]) == ("ok", "20", "1", "0")
+        assert (line["status"], line["steps"], line["windows"], line["errors"]) == (
+            "ok",
+            "20",
+            "1",
+            "0",
+        )
         assert (int(line["samples"]), int(line["comm_ops"])) == (end.samples, end.comm_ops)
         assert Path(line["run_dir"]) == run_dir
 

@@ -162,8 +162,9 @@ class FakeNVML:
         values = []
         for field_id, scope in fields:
             supported = self.pcie_counters if field_id in (197, 198) else scope < self.nvlinks
-            values.append(SimpleNamespace(fieldId=field_id, scopeId=scope, nvmlReturn=0 if supported else 3,
-                                          valueType=3, value=SimpleNamespace(ullVal=steps[field_id] * n)))
+            values.append(SimpleNamespace(
+                fieldId=field_id, scopeId=scope, nvmlReturn=0 if supported else 3, valueType=3,
+                value=SimpleNamespace(ullVal=steps[field_id] * n)))
         return values
 
     def nvmlDeviceGetPcieThroughput(self, handle, counter):
@@ -260,7 +261,8 @@ def test_nvml_sample_reads_every_metric(monkeypatch):
     assert (first.sm_util_pct, first.mem_util_pct) == (71.0, 30.0)
     assert (first.mem_used_bytes, first.mem_total_bytes) == (5 * 2**30, 80 * 2**30)
     assert (first.power_w, first.sm_clock_mhz, first.temp_c) == (312.5, 1980.0, 61.0)
-    assert first.pcie_tx_bytes_s is None and first.nvlink_tx_bytes_s is None  # rates need two readings
+    # rates need two readings
+    assert first.pcie_tx_bytes_s is None and first.nvlink_tx_bytes_s is None
     assert second.pcie_tx_bytes_s > 0 and second.nvlink_rx_bytes_s > 0
     # One field query per sample, so every counter moved over the same interval.
     assert second.pcie_tx_bytes_s / second.pcie_rx_bytes_s == pytest.approx(3.0)
@@ -299,7 +301,7 @@ def test_nvml_error_mid_run_writes_one_line_and_stops(capfd, monkeypatch):
     sampler.stop()
     assert samples == 3 and sampler.samples == 3 and len(writer.records) == 3
     assert "GPU is lost" in sampler.error
-    assert ranktrace_lines(capfd) == [f"ranktrace: {sampler.error}"]
+    assert ranktrace_lines(capfd) == [f"ranktrace: sampler: {sampler.error}"]
     assert nvml.shutdowns == 1
 
 
@@ -360,10 +362,17 @@ def test_handle_mapping_honours_cuda_visible_devices():
     assert nvml_handle_for_cuda_device(nvml, 0, {"CUDA_VISIBLE_DEVICES": "2,0"}) == ("gpu", 2)
     assert nvml_handle_for_cuda_device(nvml, 1, {"CUDA_VISIBLE_DEVICES": "2, 0"}) == ("gpu", 0)
     assert nvml_handle_for_cuda_device(nvml, 0, {"CUDA_VISIBLE_DEVICES": "GPU-aaaa"}) == ("gpu", 0)
-    assert nvml_handle_for_cuda_device(nvml, 1, {"CUDA_VISIBLE_DEVICES": "GPU-aaaa1111-0000,GPU-bbbc"}) == ("gpu", 2)
-    assert nvml_handle_for_cuda_device(nvml, 0, {"CUDA_VISIBLE_DEVICES": "MIG-1234"}) == ("mig", "MIG-1234")
+    assert nvml_handle_for_cuda_device(
+        nvml, 1, {"CUDA_VISIBLE_DEVICES": "GPU-aaaa1111-0000,GPU-bbbc"}
+    ) == ("gpu", 2)
+    assert nvml_handle_for_cuda_device(nvml, 0, {"CUDA_VISIBLE_DEVICES": "MIG-1234"}) == (
+        "mig",
+        "MIG-1234",
+    )
     # torch's UUID has no "GPU-" prefix; it wins over the environment once CUDA is up.
-    assert nvml_handle_for_cuda_device(nvml, 0, {"CUDA_VISIBLE_DEVICES": "0"}, cuda_uuid="bbbb2222-0000") == ("gpu", 1)
+    assert nvml_handle_for_cuda_device(
+        nvml, 0, {"CUDA_VISIBLE_DEVICES": "0"}, cuda_uuid="bbbb2222-0000"
+    ) == ("gpu", 1)
     with pytest.raises(ValueError, match="2 NVML devices match"):
         nvml_handle_for_cuda_device(nvml, 0, {"CUDA_VISIBLE_DEVICES": "GPU-bbb"})
     with pytest.raises(ValueError, match="not among"):
@@ -379,9 +388,13 @@ def test_unmappable_device_falls_back_to_psutil_with_reason():
 
 
 def test_mig_device_samples_what_it_answers():
-    nvml = FakeNVML(unsupported={"utilization", "power", "clock", "temperature"}, nvlinks=0, pcie_counters=False)
+    nvml = FakeNVML(
+        unsupported={"utilization", "power", "clock", "temperature"}, nvlinks=0, pcie_counters=False
+    )
     writer = ListWriter()
     sampler = DeviceSampler(writer, 50, 0, nvml=nvml, environ={"CUDA_VISIBLE_DEVICES": "MIG-77"})
     run_sampler(sampler)
     record = writer.records[-1]
-    assert record.device is None and record.mem_used_bytes == 5 * 2**30 and record.sm_util_pct is None
+    assert (
+        record.device is None and record.mem_used_bytes == 5 * 2**30 and record.sm_util_pct is None
+    )

@@ -228,8 +228,11 @@ def test_scalars_of_ranks_writing_at_once_show_while_running(tensorboard, record
                     writer.add_step(StepRecord(step=step, start_ns=0, end_ns=(rank + 1) * 10**6),
                                     comm_algbw_gbps=None)
             written = upto
-            tensorboard.wait_for(f"{upto} steps of both ranks",
-                                 lambda: points(0) == upto and points(1) == upto, timeout_s=30)
+            tensorboard.wait_for(
+                f"{upto} steps of both ranks",
+                lambda upto=upto: points(0) == upto and points(1) == upto,
+                timeout_s=30,
+            )
     finally:
         for writer in writers:
             writer.close()
@@ -259,5 +262,9 @@ def test_our_cpu_breakdown_against_the_plugins_distributed_view(tensorboard, rec
             row = ours.loc[int(step)]
             us = 1000.0
             assert row["idle_ns"] / us == pytest.approx(other, abs=1.5)
-            assert (row["compute_only_ns"] + row["overlap_ns"]) / us <= computation + overlapping + 1.5
-            assert (row["comm_only_ns"] + row["overlap_ns"]) / us >= communication + overlapping - 1.5
+            assert (
+                row["compute_only_ns"] + row["overlap_ns"]
+            ) / us <= computation + overlapping + 1.5
+            assert (
+                row["comm_only_ns"] + row["overlap_ns"]
+            ) / us >= communication + overlapping - 1.5

@@ -4,22 +4,23 @@ Every field is an option `--field-name` and an environment variable `RANKTRACE_F
 (the same name, upper case); the command line wins over the environment, the environment over
 the default. Booleans are flags on the command line and 1/0, true/false, yes/no, on/off in the
 environment. Unknown options and unknown RANKTRACE_* variables are errors, so a typo never
-silently falls back to a default. The string after each field is its help text (`--help`,
-`docs/tracer.md`).
+silently falls back to a default. The command line is parsed by argparse, with the script and
+its arguments as one REMAINDER, as torchrun does.
 """
 
 from __future__ import annotations
 
-import ast
+import argparse
 import dataclasses
 import inspect
 import os
-import sys
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping, Sequence
 
 ENV_PREFIX = "RANKTRACE_"
+USAGE = "python -m tracer.record [tracer options] SCRIPT [script args]"
 
 
 class ConfigError(ValueError):
@@ -28,42 +29,57 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class TracerConfig:
+    """The tracer's options, one line each (the --help text and docs/tracer.md's table):
+
+    out: folder that receives one run folder per run; created with its parents if missing
+    run_name: run folder name (default: <YYYYmmdd-HHMMSS>-<script stem>); a suffix -1, -2...
+        is added if it exists
+    skip_first: profiler: steps to ignore before the first window (start-up, first DDP bucket
+        rebuild)
+    wait: profiler: idle steps at the start of each window cycle
+    warmup: profiler: steps recorded but discarded before each active span
+    active: profiler: steps kept in each trace file
+    repeat: profiler: number of windows (0: keep cycling until the script ends)
+    record_shapes: profiler: record operator input shapes
+    profile_memory: profiler: record tensor allocations and frees
+    with_stack: profiler: record Python stacks of operators (large traces)
+    sample_hz: device/process samples per second
+    memory_snapshot: CUDA: record allocator history and dump a memory snapshot at the end
+        (one is always dumped on out-of-memory)
+    no_profiler: do not run torch.profiler (no Kineto traces)
+    no_sampler: do not sample devices/process (no samples file)
+    no_comms: do not hook collectives and p2p ops (no comms file)
+    no_scalars: do not write TensorBoard scalars (no event file; about half of the step-end
+        worker's CPU)
+    ddp_bucket_hook: comms: time each DDP gradient bucket through a comm hook that reduces as
+        DDP does
+    samples_per_step: samples the whole job trains per step (the global batch), stored in each
+        step record; tracer.set_samples_per_step() in the script overrides it (0: not recorded)
+    rendezvous_timeout: seconds a rank waits for rank 0 to name the run folder before giving up
+    max_record_mb: stop a rank's step, comm, sample records and scalars past this many MB in
+        all (0: no cap)
+    """
+
     out: str = "traces/"
-    """folder that receives one run folder per run; created with its parents if missing"""
     run_name: str = ""
-    """run folder name (default: <YYYYmmdd-HHMMSS>-<script stem>); a suffix -1, -2... is added if it exists"""
     skip_first: int = 5
-    """profiler: steps to ignore before the first window (start-up, first DDP bucket rebuild)"""
     wait: int = 1
-    """profiler: idle steps at the start of each window cycle"""
     warmup: int = 1
-    """profiler: steps recorded but discarded before each active span"""
     active: int = 3
-    """profiler: steps kept in each trace file"""
     repeat: int = 1
-    """profiler: number of windows (0: keep cycling until the script ends)"""
     record_shapes: bool = False
-    """profiler: record operator input shapes"""
     profile_memory: bool = False
-    """profiler: record tensor allocations and frees"""
     with_stack: bool = False
-    """profiler: record Python stacks of operators (large traces)"""
     sample_hz: float = 10.0
-    """device/process samples per second"""
     memory_snapshot: bool = False
-    """CUDA: record allocator history and dump a memory snapshot at the end (one is always dumped on out-of-memory)"""
     no_profiler: bool = False
-    """do not run torch.profiler (no Kineto traces)"""
     no_sampler: bool = False
-    """do not sample devices/process (no samples file)"""
     no_comms: bool = False
-    """do not hook collectives and p2p ops (no comms file)"""
+    no_scalars: bool = False
     ddp_bucket_hook: bool = False
-    """comms: time each DDP gradient bucket through a comm hook that reduces as DDP does"""
+    samples_per_step: int = 0
     rendezvous_timeout: float = 300.0
-    """seconds a rank waits for rank 0 to name the run folder before giving up"""
     max_record_mb: float = 0.0
-    """stop a rank's step, comm, sample records and scalars past this many MB in all (0: no cap)"""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -83,7 +99,7 @@ class TracerConfig:
         if self.run_name and (self.run_name in (".", "..") or "/" in self.run_name
                               or os.sep in self.run_name or self.run_name.startswith("-")):
             raise ConfigError(f"--run-name must be a plain folder name, got {self.run_name!r}")
-        for name in ("skip_first", "wait", "warmup", "repeat"):
+        for name in ("skip_first", "wait", "warmup", "repeat", "samples_per_step"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{option_name(name)} must be >= 0, got {getattr(self, name)}")
         if self.active < 1:
@@ -109,21 +125,21 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
+# In TracerConfig's docstring: "name: help" at the left margin, continued on indented lines.
+_HELP_ENTRY = re.compile(r"^(?P<name>[a-z_]+): (?P<help>.+(?:\n[ \t]+.+)*)", re.M)
+
+
 @lru_cache(maxsize=1)
 def field_help() -> dict[str, str]:
-    """Field name -> the docstring line under it in TracerConfig's source."""
-    tree = ast.parse(inspect.getsource(TracerConfig))
-    body = tree.body[0].body
-    helps = {}
-    for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-            helps[node.target.id] = after.value.value.strip()
-    return helps
+    """Field name -> its entry in TracerConfig's docstring ("" under python -OO)."""
+    doc = inspect.cleandoc(TracerConfig.__doc__ or "")
+    helps = {m["name"]: " ".join(m["help"].split()) for m in _HELP_ENTRY.finditer(doc)}
+    return {f.name: helps.get(f.name, "") for f in dataclasses.fields(TracerConfig)}
 
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_KIND_WORDS = {int: "an integer", float: "a number", str: "a string"}
 
 
 def _convert(kind: type, text: str, where: str):
@@ -137,7 +153,7 @@ def _convert(kind: type, text: str, where: str):
     try:
         return kind(text)
     except ValueError:
-        raise ConfigError(f"{where} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        raise ConfigError(f"{where} must be {_KIND_WORDS[kind]}, got {text!r}") from None
 
 
 def from_env(environ: Mapping[str, str]) -> dict:
@@ -155,78 +171,64 @@ def from_env(environ: Mapping[str, str]) -> dict:
     return values
 
 
-USAGE = "python -m tracer.record [tracer options] SCRIPT [script args]"
+class _Parser(argparse.ArgumentParser):
+    """Errors are raised as ConfigError, for the caller to report (and for tests to catch)."""
+
+    def error(self, message: str):
+        raise ConfigError(message)
 
 
-def help_text() -> str:
+def _option_type(kind: type, option: str):
+    def convert(text: str):
+        try:
+            return _convert(kind, text, option)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: tracer options, then SCRIPT and everything after it, untouched.
+
+    Options left out stay out of the namespace (default SUPPRESS), so that the environment and
+    the dataclass fill them in."""
+    parser = _Parser(
+        prog="python -m tracer.record", usage=USAGE, allow_abbrev=False,
+        description="Runs SCRIPT as __main__ under the ranktrace tracer (also under torchrun: "
+                    "torchrun --nproc-per-node N -m tracer.record [tracer options] SCRIPT "
+                    "[args]). Tracer options go before SCRIPT; everything after SCRIPT is the "
+                    "script's. Each option can also be set by the environment variable shown.")
     helps = field_help()
-    lines = [f"usage: {USAGE}", "",
-             "Runs SCRIPT as __main__ under the ranktrace tracer (also under torchrun:",
-             "torchrun --nproc-per-node N -m tracer.record [tracer options] SCRIPT [args]).",
-             "Tracer options go before SCRIPT; everything after SCRIPT is the script's.", "",
-             "options (each also settable as the environment variable shown):"]
     for f in dataclasses.fields(TracerConfig):
-        kind = _field_type(f)
-        flag = option_name(f.name) + ("" if kind is bool else f" {f.name.upper()}")
-        default = "" if kind is bool else f" (default: {f.default})"
-        lines.append(f"  {flag:<26} {helps[f.name]}{default}  [{env_name(f.name)}]")
-    lines.append(f"  {'-h, --help':<26} show this help and exit")
-    return "\n".join(lines)
-
-
-def split_argv(argv: Sequence[str]) -> tuple[dict, str | None, list[str], bool]:
-    """Split `[options] SCRIPT [args]` into (option values, script, script args, help asked).
-
-    Options are recognised only before the first word that is not an option or an option's
-    value; that word is the script and the rest is passed to it untouched.
-    """
-    fields = {option_name(f.name): f for f in dataclasses.fields(TracerConfig)}
-    values: dict = {}
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if word == "--":
-            i += 1
-            break
-        if word in ("-h", "--help"):
-            return values, None, [], True
-        if not word.startswith("-") or word == "-":
-            break
-        name, has_value, text = word.partition("=")
-        f = fields.get(name)
-        if f is None:
-            raise ConfigError(f"unknown option {name} (see --help)")
-        kind = _field_type(f)
+        kind, option = _field_type(f), option_name(f.name)
         if kind is bool:
-            if has_value:
-                raise ConfigError(f"{name} takes no value")
-            values[f.name] = True
+            parser.add_argument(option, action="store_true", default=argparse.SUPPRESS,
+                                help=f"{helps[f.name]} [{env_name(f.name)}]")
         else:
-            if not has_value:
-                i += 1
-                if i >= len(argv):
-                    raise ConfigError(f"{name} needs a value")
-                text = argv[i]
-            values[f.name] = _convert(kind, text, name)
-        i += 1
-    if i >= len(argv):
-        return values, None, [], False
-    return values, argv[i], list(argv[i + 1:]), False
+            default = f" (default: {f.default})" if f.default != "" else ""
+            parser.add_argument(option, type=_option_type(kind, option), metavar=f.name.upper(),
+                                default=argparse.SUPPRESS,
+                                help=f"{helps[f.name]}{default} [{env_name(f.name)}]")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [script args]",
+                        help="the training script and its own arguments")
+    return parser
 
 
-def resolve(argv: Sequence[str], environ: Mapping[str, str] | None = None):
-    """(config, script, script args, help asked) from the command line and the environment."""
+def resolve(argv: Sequence[str], environ: Mapping[str, str] | None = None
+            ) -> tuple[TracerConfig, str, list[str]]:
+    """(config, script, script args) from the command line and the environment.
+
+    `--help` prints the help and raises SystemExit(0), as argparse does; every other problem
+    raises ConfigError."""
     environ = os.environ if environ is None else environ
-    cli, script, script_args, wants_help = split_argv(argv)
-    if wants_help:
-        return None, None, [], True
+    namespace = vars(build_parser().parse_args(list(argv)))
+    command = namespace.pop("command")
+    if command[:1] == ["--"]:  # `--` ends the tracer's options; the script comes after it
+        command = command[1:]
     values = from_env(environ)
-    values.update(cli)
+    values.update(namespace)
     config = TracerConfig(**values)
-    if script is None:
+    if not command:
         raise ConfigError(f"no script given; usage: {USAGE}")
-    return config, script, script_args, False
-
-
-def print_help(file=None) -> None:
-    print(help_text(), file=file or sys.stdout)
+    return config, command[0], command[1:]

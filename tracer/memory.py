@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import pickle
-from typing import Callable
+from collections.abc import Callable
 
 from tracer import schema
+from tracer.part import Part
 
 MAX_HISTORY_ENTRIES = 100_000  # several KB each in the snapshot; bounded like torch's examples
 
@@ -61,7 +62,7 @@ def _rss_reader():
         return None
 
 
-class StepMemory:
+class StepMemory(Part):
     """Peak CUDA memory over each step (peaks are reset at every step end) and process RSS.
 
     `take()` runs on the main thread at each step end and only reads the allocator's counters.
@@ -69,6 +70,8 @@ class StepMemory:
     threads allocate, too much for every step on the main thread. `process` (anything with
     psutil's `memory_info().rss`) replaces the default RSS reader.
     """
+
+    name = "memory"
 
     def __init__(self, cuda=None, process=None):
         self.cuda = _torch_cuda() if cuda is None else cuda
@@ -98,7 +101,7 @@ class StepMemory:
         return self._rss.rss() if self._rss is not None else None
 
 
-class MemorySnapshots:
+class MemorySnapshots(Part):
     """CUDA allocator snapshots: at the end with --memory-snapshot, and always on out-of-memory.
 
     Files are `rank{R}.step{S}.memory_snapshot.pickle` (torch's format, for pytorch.org/memory_viz),
@@ -106,23 +109,23 @@ class MemorySnapshots:
     script that catches OOMs on purpose (batch size search) would otherwise fill the disk.
     """
 
+    name = "memory_snapshot"
+
     def __init__(self, run_dir: str, rank: int, record_history: bool,
-                 current_step: Callable[[], int], on_error: Callable[[str, str], None],
-                 cuda=None, attach_oom_observer: Callable | None = None):
+                 current_step: Callable[[], int], cuda=None,
+                 attach_oom_observer: Callable | None = None):
         self.run_dir = run_dir
         self.rank = rank
         self.record_history = record_history
         self.current_step = current_step
-        self.on_error = on_error
         self.cuda = _torch_cuda() if cuda is None else cuda
         self.attach_oom_observer = attach_oom_observer or _attach_oom_observer
         self.files: list[str] = []
         self.bytes_written = 0
         self.oom_dumped = False
         self.history_started = False
-        self.error: str | None = None
 
-    def install(self) -> None:
+    def start(self) -> None:
         """Queue history recording and the OOM observer for when the script initialises CUDA."""
         if not self.cuda.is_available():
             return
@@ -135,13 +138,13 @@ class MemorySnapshots:
             self.cuda.memory._record_memory_history(max_entries=MAX_HISTORY_ENTRIES)
             self.history_started = True
         except Exception as exc:
-            self._fail(f"cannot record CUDA memory history ({type(exc).__name__}: {exc})")
+            self.fail(f"cannot record CUDA memory history ({type(exc).__name__}: {exc})")
 
     def _attach_observer(self) -> None:
         try:
             self.attach_oom_observer(self._on_oom)
         except Exception as exc:
-            self._fail(f"cannot watch for CUDA out-of-memory ({type(exc).__name__}: {exc})")
+            self.fail(f"cannot watch for CUDA out-of-memory ({type(exc).__name__}: {exc})")
 
     def _on_oom(self, device, alloc, device_allocated, device_free) -> None:
         self.dump_for_oom()
@@ -184,7 +187,7 @@ class MemorySnapshots:
                 pickle.dump(snapshot, f)
             os.replace(temp, path)
         except Exception as exc:
-            self._fail(f"writing memory snapshot {path} failed ({type(exc).__name__}: {exc})")
+            self.fail(f"writing memory snapshot {path} failed ({type(exc).__name__}: {exc})")
             try:
                 os.remove(temp)
             except OSError:
@@ -193,8 +196,3 @@ class MemorySnapshots:
         self.files.append(path)
         self.bytes_written += os.path.getsize(path)
         return path
-
-    def _fail(self, message: str) -> None:
-        if self.error is None:
-            self.error = message
-            self.on_error("memory_snapshot", message)

@@ -17,26 +17,25 @@ import os
 import shutil
 import time
 import warnings
-from typing import Callable
 
 from tracer import schema
 from tracer.config import TracerConfig
+from tracer.part import Part
 
 GZIP_LEVEL = 6  # torch's own default (9) takes about twice as long for a few percent less
 
 
-class ProfilerDriver:
-    def __init__(self, config: TracerConfig, run_dir: str, rank: int,
-                 on_error: Callable[[str, str], None], use_cuda: bool):
+class ProfilerDriver(Part):
+    name = "profiler"
+
+    def __init__(self, config: TracerConfig, run_dir: str, rank: int, use_cuda: bool):
         self.config = config
         self.run_dir = run_dir
         self.rank = rank
-        self.on_error = on_error
         self.use_cuda = use_cuda
         self.windows = 0
         self.bytes_written = 0
         self.trace_files: list[str] = []
-        self.error: str | None = None
         self._profile = None
         self._schedule = None
         self._idle = None  # ProfilerAction.NONE, once torch.profiler is imported
@@ -113,8 +112,11 @@ class ProfilerDriver:
                 self._shut_down()  # the window is written; nothing runs until the next one
                 self._due = self._next_due(self._step)
         except Exception as exc:
-            self._fail(f"profiler step failed ({type(exc).__name__}: {exc}); profiler is off")
+            self.fail(f"profiler step failed ({type(exc).__name__}: {exc}); profiler is off")
             self._shut_down()
+
+    def close(self) -> None:
+        self.stop()
 
     def stop(self) -> None:
         """Stop profiling; a window still open is exported as it stands."""
@@ -126,7 +128,7 @@ class ProfilerDriver:
                 warnings.simplefilter("ignore")
                 self._profile.stop()
         except Exception as exc:
-            self._fail(f"profiler stop failed ({type(exc).__name__}: {exc})")
+            self.fail(f"profiler stop failed ({type(exc).__name__}: {exc})")
         self._profile = None
 
     def _shut_down(self) -> None:
@@ -139,11 +141,6 @@ class ProfilerDriver:
                 profile.stop()
         except Exception:
             pass  # reported already, or nothing was open
-
-    def _fail(self, message: str) -> None:
-        if self.error is None:
-            self.error = message
-            self.on_error("profiler", message)
 
     def _export(self, profile) -> None:
         if self.error is not None:
@@ -162,7 +159,9 @@ class ProfilerDriver:
             self.bytes_written += os.path.getsize(final)
             self.trace_files.append(final)
         except Exception as exc:
-            self._fail(f"writing trace {final} failed ({type(exc).__name__}: {exc}); profiler is off")
+            self.fail(
+                f"writing trace {final} failed ({type(exc).__name__}: {exc}); profiler is off"
+            )
             _remove_quietly(packed)
         finally:
             _remove_quietly(raw)

@@ -23,7 +23,7 @@ import sys
 import types
 import zipfile
 
-from tracer.config import ConfigError, print_help, resolve
+from tracer.config import ConfigError, resolve
 from tracer.rundir import LaunchInfo, RunDirError
 from tracer.session import Session
 from tracer.summary import ScriptOutcome
@@ -134,13 +134,10 @@ def report_and_exit(outcome: ScriptOutcome, session: Session | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        config, script, script_args, wants_help = resolve(argv)
+        config, script, script_args = resolve(argv)  # --help: printed, SystemExit(0)
     except ConfigError as exc:
         print(f"ranktrace: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if wants_help:
-        print_help()
-        return
     unrunnable = why_not_runnable(script)
     if unrunnable is not None:
         message, exit_code = unrunnable
@@ -148,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exit_code)
     launch = LaunchInfo.from_env()
     session = Session(config, script, script_args, launch)
-    session._sigterm.install()
+    session.watch_sigterm()
     atexit.register(_final_exit)
     try:
         session.open()

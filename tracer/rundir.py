@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Mapping
 
 from tracer import schema
 
@@ -40,7 +40,7 @@ class LaunchInfo:
     agent_store: bool = False
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "LaunchInfo":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchInfo:
         env = os.environ if environ is None else environ
         port = env.get("MASTER_PORT")
         return cls(rank=int(env.get("RANK", "0")), local_rank=int(env.get("LOCAL_RANK", "0")),

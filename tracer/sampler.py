@@ -34,7 +34,7 @@ import threading
 import time
 
 from tracer import schema
-from tracer.jsonl import say as _say
+from tracer.part import Part
 
 _UNSUPPORTED_CODES = {3, 4, 13}  # NVML_ERROR_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND
 _NVLINK_MAX_LINKS = 18
@@ -57,7 +57,8 @@ def _normalized_uuid(text) -> str:
     return text[4:] if text.startswith("gpu-") else text
 
 
-def nvml_handle_for_cuda_device(nvml, device_index: int, environ=None, cuda_uuid: str | None = None):
+def nvml_handle_for_cuda_device(nvml, device_index: int, environ=None,
+                                 cuda_uuid: str | None = None):
     """The NVML handle of CUDA device `device_index` as this process numbers it."""
     if cuda_uuid:
         return _handle_by_uuid_prefix(nvml, _normalized_uuid(cuda_uuid))
@@ -67,7 +68,8 @@ def nvml_handle_for_cuda_device(nvml, device_index: int, environ=None, cuda_uuid
         return nvml.nvmlDeviceGetHandleByIndex(device_index)
     entries = [e.strip() for e in visible.split(",") if e.strip()]
     if device_index >= len(entries):
-        raise ValueError(f"CUDA device {device_index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
+        raise ValueError(f"CUDA device {device_index} is not among "
+                         f"CUDA_VISIBLE_DEVICES={visible!r}")
     entry = entries[device_index]
     if entry.isdigit():
         return nvml.nvmlDeviceGetHandleByIndex(int(entry))
@@ -106,14 +108,15 @@ def sustained_lag_pct(asked: float, taken: int) -> float | None:
     return missed if missed >= schema.SAMPLER_LAG_MIN_MISSED_PCT else None
 
 
-class DeviceSampler:
+class DeviceSampler(Part):
+    name = "sampler"
+
     def __init__(self, writer, hz: float, device_index: int | None, *, nvml=None, environ=None):
         """`nvml` replaces the pynvml module (tests); `environ` replaces os.environ."""
         self.writer = writer
         self.hz = float(hz)
         self.device_index = device_index
         self.samples = 0
-        self.error: str | None = None
         self.behind: str | None = None  # how far it fell behind, the first time it did
         self.max_lag_s = 0.0  # worst lateness of a sample over the run
         self.judged_s = 0.0  # sampling time after the start-up grace, over which lag is judged
@@ -134,8 +137,7 @@ class DeviceSampler:
         self.source = "psutil"
         if not self.hz > 0:
             self.period_s = float("inf")
-            self.error = f"sampler: sampling rate must be > 0 Hz, got {hz!r}; device sampling is off"
-            _say(self.error)
+            self.fail(f"sampling rate must be > 0 Hz, got {hz!r}; device sampling is off")
             self.reason = "sampling is off"
             return
         self.period_s = 1.0 / self.hz
@@ -204,7 +206,8 @@ class DeviceSampler:
         def temperature(sample):
             sample.temp_c = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
 
-        self._probes = [_Probe("utilization", utilization), _Probe("memory", memory), _Probe("power", power),
+        self._probes = [_Probe("utilization", utilization), _Probe("memory", memory),
+                        _Probe("power", power),
                         _Probe("sm_clock", sm_clock), _Probe("temperature", temperature)]
         self._field_names, self._field_ids = self._counter_fields()
         if self._field_ids:
@@ -225,7 +228,8 @@ class DeviceSampler:
             values = nvml.nvmlDeviceGetFieldValues(handle, [field for _, field in wanted])
         except Exception:
             return [], []
-        kept = [(name, field) for (name, field), value in zip(wanted, values) if value.nvmlReturn == 0]
+        kept = [(name, field) for (name, field), value in zip(wanted, values)
+                if value.nvmlReturn == 0]
         return [name for name, _ in kept], [field for _, field in kept]
 
     def _active_nvlinks(self) -> list[int]:
@@ -233,7 +237,8 @@ class DeviceSampler:
         links = []
         for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", _NVLINK_MAX_LINKS)):
             try:
-                if nvml.nvmlDeviceGetNvLinkState(handle, link) == getattr(nvml, "NVML_FEATURE_ENABLED", 1):
+                enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+                if nvml.nvmlDeviceGetNvLinkState(handle, link) == enabled:
                     links.append(link)
             except Exception:
                 break  # no NVLink, or no more links
@@ -245,10 +250,13 @@ class DeviceSampler:
         totals: dict[str, float] = {}
         for name, value in zip(self._field_names, values):
             if value.nvmlReturn != 0:
-                raise RuntimeError(f"NVML field {value.fieldId} failed with code {value.nvmlReturn}")
+                raise RuntimeError(f"NVML field {value.fieldId} failed with code "
+                                   f"{value.nvmlReturn}")
             number = float(_field_number(value))
             # NVLink throughput counters count KiB; the PCIe counters count bytes.
-            totals[name] = totals.get(name, 0.0) + (number * 1024 if name.startswith("nvlink") else number)
+            if name.startswith("nvlink"):
+                number *= 1024
+            totals[name] = totals.get(name, 0.0) + number
         sample.pcie_tx_bytes_s = self._rate("pcie_tx", now, totals.get("pcie_tx"))
         sample.pcie_rx_bytes_s = self._rate("pcie_rx", now, totals.get("pcie_rx"))
         sample.nvlink_tx_bytes_s = self._rate("nvlink_tx", now, totals.get("nvlink_tx"))
@@ -258,8 +266,9 @@ class DeviceSampler:
         now = time.monotonic()
         if now - self._pcie_fallback_at >= _PCIE_THROUGHPUT_MIN_INTERVAL_S:
             nvml = self._nvml
-            tx = nvml.nvmlDeviceGetPcieThroughput(self._handle, nvml.NVML_PCIE_UTIL_TX_BYTES) * 1024.0
-            rx = nvml.nvmlDeviceGetPcieThroughput(self._handle, nvml.NVML_PCIE_UTIL_RX_BYTES) * 1024.0
+            throughput = nvml.nvmlDeviceGetPcieThroughput
+            tx = throughput(self._handle, nvml.NVML_PCIE_UTIL_TX_BYTES) * 1024.0
+            rx = throughput(self._handle, nvml.NVML_PCIE_UTIL_RX_BYTES) * 1024.0
             self._pcie_fallback_values = (tx, rx)
             self._pcie_fallback_at = now
         sample.pcie_tx_bytes_s, sample.pcie_rx_bytes_s = self._pcie_fallback_values
@@ -283,7 +292,8 @@ class DeviceSampler:
         def cpu(sample):
             # process_time is a clock read, much cheaper than parsing /proc/self/stat.
             now, used = time.monotonic(), time.process_time()
-            sample.cpu_process_pct = (used - last[1]) / (now - last[0]) * 100 if now > last[0] else 0.0
+            elapsed = now - last[0]
+            sample.cpu_process_pct = (used - last[1]) / elapsed * 100 if elapsed > 0 else 0.0
             last[0], last[1] = now, used
             sample.cpu_system_pct = psutil.cpu_percent(None)
 
@@ -305,6 +315,9 @@ class DeviceSampler:
         self._thread = threading.Thread(target=self._run, name="ranktrace-sampler", daemon=True)
         self._thread.start()
 
+    def close(self) -> None:
+        self.stop()
+
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
         thread = self._thread
@@ -312,9 +325,7 @@ class DeviceSampler:
             thread.join(timeout)
             if thread.is_alive():
                 # Stuck inside a driver call: leave the daemon thread and NVML alone.
-                if self.error is None:
-                    self.error = f"sampler: the sampling thread did not stop within {timeout:g}s; left running"
-                    _say(self.error)
+                self.fail(f"the sampling thread did not stop within {timeout:g}s; left running")
                 return
         if self._nvml is not None:
             self._shutdown_nvml(self._nvml)
@@ -338,7 +349,8 @@ class DeviceSampler:
                 done = time.monotonic()
                 self._check_lag("took", done - woke)
                 next_due += self.period_s
-                if next_due < done:  # skip the samples already missed rather than rushing to catch up
+                # Skip the samples already missed rather than rushing to catch up.
+                if next_due < done:
                     next_due = done
                 self._stop.wait(next_due - done)
         except Exception as exc:
@@ -349,7 +361,8 @@ class DeviceSampler:
 
     @property
     def missed_pct(self) -> float | None:
-        """Share of the asked samples missed after the start-up grace, when the lag was sustained."""
+        """Share of the asked samples missed after the start-up grace, when the lag was
+        sustained."""
         return sustained_lag_pct(self.judged_s * self.hz, self.judged_samples)
 
     def _check_lag(self, kind, seconds) -> None:
@@ -358,11 +371,16 @@ class DeviceSampler:
         if seconds <= self.period_s or self.behind is not None:
             return
         if kind == "took":
-            self.behind = (f"a sample took {seconds * 1e3:.0f} ms, longer than the {self.period_s * 1e3:.0f} ms "
-                           f"period at {self.hz:g} Hz; samples are further apart than asked")
+            self.behind = (
+                f"a sample took {seconds * 1e3:.0f} ms, longer than the "
+                f"{self.period_s * 1e3:.0f} ms period at {self.hz:g} Hz; samples are further "
+                f"apart than asked"
+            )
         else:
-            self.behind = (f"the sampling thread woke {seconds * 1e3:.0f} ms late (period "
-                           f"{self.period_s * 1e3:.0f} ms at {self.hz:g} Hz); it was starved of CPU")
+            self.behind = (
+                f"the sampling thread woke {seconds * 1e3:.0f} ms late (period "
+                f"{self.period_s * 1e3:.0f} ms at {self.hz:g} Hz); it was starved of CPU"
+            )
 
     def _take_sample(self) -> None:
         sample = schema.DeviceSample(t_ns=time.time_ns(), source=self.source,
@@ -375,7 +393,8 @@ class DeviceSampler:
             except Exception as exc:
                 if probe.state == "ok" or not isinstance(exc, self._quiet_errors):
                     raise RuntimeError(f"{probe.name} query failed: {exc}") from exc
-                probe.state = "off"  # never worked here: unsupported on this device, left out quietly
+                # Never worked here: unsupported on this device, left out quietly.
+                probe.state = "off"
                 continue
             probe.state = "ok"
         self._latest = sample
@@ -383,11 +402,18 @@ class DeviceSampler:
         self.writer.write(sample)
 
     def _fail(self, message: str) -> None:
-        self.error = f"sampler: {message}; device sampling is off"
-        _say(self.error)
+        self.fail(f"{message}; device sampling is off")
 
 
-_FIELD_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")  # by NVML_VALUE_TYPE_*
+_FIELD_VALUE_MEMBERS = (
+    "dVal",
+    "uiVal",
+    "ulVal",
+    "ullVal",
+    "sllVal",
+    "siVal",
+    "usVal",
+)  # by NVML_VALUE_TYPE_*
 
 
 def _field_number(value):

@@ -19,13 +19,12 @@ import itertools
 import os
 import socket
 import struct
-import sys
-import threading
 import time
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
+from tracer.buffered import BufferedFile
 from tracer.schema import DeviceSample, StepRecord
 
 MIB = 1024 * 1024  # memory sizes are shown in MiB, as torch.cuda and nvidia-smi show them
@@ -73,15 +72,16 @@ def _frame(data: bytes) -> bytes:
             + struct.pack("<I", masked_crc32c(data)))
 
 
-class ScalarsWriter:
+class ScalarsWriter(BufferedFile):
+    name = "scalars"
+    off_what = "TensorBoard scalars are off"
+
     def __init__(self, run_dir: str, rank: int, flush_s: float = 1.0, budget=None):
-        """`budget`: a tracer.jsonl.RecordBudget shared with the record files (--max-record-mb)."""
+        """`budget`: a tracer.buffered.RecordBudget shared with the record files
+        (--max-record-mb)."""
+        super().__init__(flush_s, budget)
         self.rank = rank
-        self.budget = budget
-        self.flush_s = flush_s
         self.path = run_dir  # the file's path once it is named
-        self.error: str | None = None
-        self.bytes_written = 0  # bytes that reached the file
         self.events = 0
         self._prefix = f"rank{rank}/"
         self._gpu_tags: dict = {}  # device index -> [(field, tag, scale)]
@@ -91,23 +91,14 @@ class ScalarsWriter:
         # those at the same or a later step), and several samples fall within one training
         # step: device samples are numbered on their own.
         self._sample_index = 0
-        self._lock = threading.Lock()  # the device sampler writes from its own thread
-        self._buffer = bytearray()
-        self._last_flush = time.monotonic()
-        self._file = None
         try:
-            self.path = os.path.join(run_dir, event_file_name(rank))
             os.makedirs(run_dir, exist_ok=True)
-            self._file = open(self.path, "xb")
-            self._buffer += _frame(event_pb2.Event(
-                wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
-            self._flush_locked()
+            self.open_file(os.path.join(run_dir, event_file_name(rank)), "xb")
+            self.append(_frame(event_pb2.Event(
+                wall_time=time.time(), file_version="brain.Event:2").SerializeToString()), None)
+            self.flush()
         except Exception as exc:  # never let the tracer's scalars stop the training
             self._fail(exc)
-
-    @property
-    def closed(self) -> bool:
-        return self._file is None
 
     def add_step(self, record: StepRecord, comm_algbw_gbps: float | None) -> None:
         """Step time (ms), peak memory and RSS (MiB), comm ops, volume (MB) and algbw (GB/s)."""
@@ -159,63 +150,12 @@ class ScalarsWriter:
         except Exception as exc:
             self._fail(exc)
 
-    def flush(self) -> None:
-        try:
-            with self._lock:
-                self._flush_locked()
-        except Exception as exc:
-            self._fail(exc)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is None:
-                return
-            try:
-                self._flush_locked()
-                self._file.close()
-            except Exception as exc:
-                self._fail_locked(exc)
-            self._file = None
-
     def _write(self, step: int, t_ns: int, values: list, train_step: int) -> None:
-        """One event at TensorBoard step `step`; `train_step` (the training step) is for the budget."""
+        """One event at TensorBoard step `step`; `train_step` (the training step) is for the
+        budget."""
         summary = summary_pb2.Summary(value=[
             summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in values])
         data = _frame(event_pb2.Event(wall_time=t_ns / 1e9, step=step,
                                       summary=summary).SerializeToString())
-        if self.budget is not None and not self.budget.charge(len(data), train_step):
-            return
-        with self._lock:
-            if self._file is None:
-                return
-            self._buffer += data
+        if self.append(data, train_step):
             self.events += 1
-            if time.monotonic() - self._last_flush >= self.flush_s:
-                self._flush_locked()
-
-    def _flush_locked(self) -> None:
-        if self._file is None:
-            return
-        if self._buffer:
-            self._file.write(self._buffer)
-            self._file.flush()
-            self.bytes_written += len(self._buffer)
-            self._buffer.clear()
-        self._last_flush = time.monotonic()
-
-    def _fail(self, exc: BaseException) -> None:
-        with self._lock:
-            self._fail_locked(exc)
-
-    def _fail_locked(self, exc: BaseException) -> None:
-        if self.error is not None:
-            return
-        self.error = f"{type(exc).__name__}: {exc} ({self.path}); TensorBoard scalars are off"
-        print(f"ranktrace: rank{self.rank} scalars: {self.error}", file=sys.stderr, flush=True)
-        file, self._file = self._file, None
-        self._buffer.clear()
-        if file is not None:
-            try:
-                file.close()
-            except Exception:
-                pass

@@ -11,7 +11,7 @@ rank's host clock) unless a name says `_us`; sizes are bytes; bandwidths are GB/
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional, Union
+from typing import Literal
 
 import msgspec
 
@@ -27,8 +27,12 @@ MANIFEST_FILE = "rank{rank}.manifest.jsonl"
 COMMS_FILE = "rank{rank}.comms.jsonl"
 SAMPLES_FILE = "rank{rank}.samples.jsonl"
 STEPS_FILE = "rank{rank}.steps.jsonl"
-MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"  # torch's own format, never loaded by us
+# torch's own format, never loaded by us
+MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"
 TEMP_SUFFIX = ".tmp"  # files are written as <name>.tmp then renamed
+# The JSON-lines record files of a rank, by kind; and the endings of a Kineto trace file.
+RECORD_FILES = (MANIFEST_FILE, STEPS_FILE, COMMS_FILE, SAMPLES_FILE)
+TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 def worker_name(rank: int) -> str:
@@ -91,37 +95,39 @@ class CommRecord(msgspec.Struct, omit_defaults=True):
     # part); all_to_all: all that one rank sends; barrier: 0.
     bytes: int
     start_ns: int  # host clock when the op was issued
-    end_ns: int  # host clock at completion: observed on CPU; start_ns + duration for CUDA-event timing
+    # host clock at completion: observed on CPU; start_ns + duration for CUDA-event timing
+    end_ns: int
     duration_us: float  # the op's time: CUDA events on GPU, host clock around completion on CPU
     timing: str  # "cuda_event" or "host"
     algbw_gbps: float  # bytes / duration
     busbw_gbps: float  # algbw * bus_factor(op, pg_size)
-    peer: Optional[int] = None  # global rank of the other side, for send/recv
+    peer: int | None = None  # global rank of the other side, for send/recv
     async_op: bool = False  # issued with async_op=True (or as a functional collective)
 
 
 class DeviceSample(msgspec.Struct, omit_defaults=True):
-    """One sample of one device (NVML) or of the process and host (psutil), rank{R}.samples.jsonl."""
+    """One sample of one device (NVML) or of the process and host (psutil),
+    rank{R}.samples.jsonl."""
 
     t_ns: int
     source: str  # "nvml" or "psutil"
-    device: Optional[int] = None  # NVML device index; None for psutil
-    sm_util_pct: Optional[float] = None
-    mem_util_pct: Optional[float] = None
-    mem_used_bytes: Optional[int] = None
-    mem_total_bytes: Optional[int] = None
-    power_w: Optional[float] = None
-    sm_clock_mhz: Optional[float] = None
-    temp_c: Optional[float] = None
-    pcie_tx_bytes_s: Optional[float] = None
-    pcie_rx_bytes_s: Optional[float] = None
-    nvlink_tx_bytes_s: Optional[float] = None
-    nvlink_rx_bytes_s: Optional[float] = None
-    cpu_process_pct: Optional[float] = None  # 100 = one core
-    cpu_system_pct: Optional[float] = None  # 100 = all cores busy
-    rss_bytes: Optional[int] = None
-    net_sent_bytes_s: Optional[float] = None
-    net_recv_bytes_s: Optional[float] = None
+    device: int | None = None  # NVML device index; None for psutil
+    sm_util_pct: float | None = None
+    mem_util_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    temp_c: float | None = None
+    pcie_tx_bytes_s: float | None = None
+    pcie_rx_bytes_s: float | None = None
+    nvlink_tx_bytes_s: float | None = None
+    nvlink_rx_bytes_s: float | None = None
+    cpu_process_pct: float | None = None  # 100 = one core
+    cpu_system_pct: float | None = None  # 100 = all cores busy
+    rss_bytes: int | None = None
+    net_sent_bytes_s: float | None = None
+    net_recv_bytes_s: float | None = None
 
 
 class StepRecord(msgspec.Struct, omit_defaults=True):
@@ -131,12 +137,16 @@ class StepRecord(msgspec.Struct, omit_defaults=True):
     start_ns: int
     end_ns: int
     in_profiler_window: bool = False  # the profiler was recording (warmup or active) during it
-    cuda_peak_allocated_bytes: Optional[int] = None  # torch.cuda.max_memory_allocated over the step
-    cuda_peak_reserved_bytes: Optional[int] = None
-    cuda_total_bytes: Optional[int] = None  # the device's capacity
-    rss_bytes: Optional[int] = None  # process RSS at the step's end (CPU runs and always where psutil works)
+    cuda_peak_allocated_bytes: int | None = None  # torch.cuda.max_memory_allocated over the step
+    cuda_peak_reserved_bytes: int | None = None
+    cuda_total_bytes: int | None = None  # the device's capacity
+    # process RSS at the step's end (CPU runs, and always where psutil works)
+    rss_bytes: int | None = None
     comm_ops: int = 0
     comm_bytes: int = 0
+    # Samples the whole job trained in the step (the global batch), as the script set it with
+    # tracer.set_samples_per_step() or --samples-per-step said; absent when neither did.
+    samples: int | None = None
 
 
 class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=True):
@@ -154,22 +164,23 @@ class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=
     torch_version: str
     config: dict  # the tracer's resolved options
     attempt: int = 0  # TORCHELASTIC_RESTART_COUNT
-    cuda_version: Optional[str] = None
-    nccl_version: Optional[str] = None
-    device_name: Optional[str] = None
-    sampler_source: Optional[str] = None  # "nvml" or "psutil"
-    sampler_reason: Optional[str] = None  # why psutil was used instead of NVML
+    cuda_version: str | None = None
+    nccl_version: str | None = None
+    device_name: str | None = None
+    sampler_source: str | None = None  # "nvml" or "psutil"
+    sampler_reason: str | None = None  # why psutil was used instead of NVML
 
 
 class ClockSync(msgspec.Struct, tag="clock_sync", tag_field="kind", omit_defaults=True):
-    """This rank's host clock minus rank 0's: subtract offset_ns to put our times on rank 0's clock."""
+    """This rank's host clock minus rank 0's: subtract offset_ns to put our times on rank 0's
+    clock."""
 
     rank: int
     offset_ns: int
     uncertainty_ns: int  # half the best round trip
     round_trips: int
-    backend: Optional[str] = None
-    world_size: Optional[int] = None
+    backend: str | None = None
+    world_size: int | None = None
 
 
 class TracerError(msgspec.Struct, tag="error", tag_field="kind", omit_defaults=True):
@@ -192,18 +203,18 @@ class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True
     comm_ops: int
     bytes_written: int
     errors: int
-    backend: Optional[str] = None
-    world_size: Optional[int] = None
-    exception: Optional[str] = None  # "TypeName: message" of the script's exception
+    backend: str | None = None
+    world_size: int | None = None
+    exception: str | None = None  # "TypeName: message" of the script's exception
     # Share of the asked device samples that were not taken, after the sampler's first second,
     # when it is at least SAMPLER_LAG_MIN_MISSED_PCT (sustained lag); absent otherwise.
-    samples_missed_pct: Optional[float] = None
+    samples_missed_pct: float | None = None
     # Processes the script started with torch.multiprocessing.spawn / start_processes; the
     # tracer runs only in this process, so they were not traced.
     untraced_processes: int = 0
     # Steps completed when --max-record-mb was reached: step, comm and sample records and
     # scalars stop there (Kineto traces and the manifest go on); absent when never reached.
-    record_cap_step: Optional[int] = None
+    record_cap_step: int | None = None
 
 
 # The device sampler's lag counts as sustained when, judged after its first
@@ -213,9 +224,10 @@ SAMPLER_LAG_GRACE_S = 1.0
 SAMPLER_LAG_MIN_ASKED = 20
 SAMPLER_LAG_MIN_MISSED_PCT = 20.0
 
-ManifestRecord = Union[RunStart, ClockSync, TracerError, RunEnd]
+ManifestRecord = RunStart | ClockSync | TracerError | RunEnd
 RUN_STATUSES = ("ok", "failed", "interrupted")
-# A manifest with a run_start but no run_end: the rank died before it could say (killed, OOM-killed).
+# A manifest with a run_start but no run_end: the rank died before it could say (killed,
+# OOM-killed).
 STATUS_NO_END = "crashed"
 
 _decoders: dict = {}

@@ -1,46 +1,47 @@
-"""One rank's tracing session: the run folder, the parts, and the step clock."""
+"""One rank's tracing session: the run folder, the parts, their failures, and the run's end.
+
+Every part (tracer.part.Part) is built here, told to report its failure to the session, and
+closed at the end. A part that fails is noted in the manifest and no longer used; the others go
+on. Steps are ended by tracer.stepclock, written by tracer.stepworker; clock offsets come from
+tracer.clocksync; SIGTERM is handled by tracer.sigterm through `end_by_sigterm`.
+"""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
 import importlib
-import importlib.machinery
 import os
 import sys
 import threading
 import time
-import types
-import weakref
 
 import msgspec
 
 import tracer
-from tracer import schema
+from tracer import log, schema
+from tracer.buffered import BufferedFile, RecordBudget
+from tracer.clocksync import ClockSync
 from tracer.config import TracerConfig
-from tracer.jsonl import CommsWriter, JsonlWriter, RecordBudget, SamplesWriter
-from tracer.manifest import (
-    CLOCK_KEY_PREFIX,
-    Manifest,
-    host_name,
-    measure_clock_offset,
-    restore,
-    versions,
-    wrap_init_process_group,
-)
+from tracer.jsonl import CommsWriter, JsonlWriter, SamplesWriter
+from tracer.manifest import Manifest, host_name, versions
 from tracer.memory import MemorySnapshots, StepMemory
+from tracer.part import Part
 from tracer.profiling import ProfilerDriver
 from tracer.rundir import LaunchInfo, RunDirError, remove_rank_files, resolve_run_dir
 from tracer.sigterm import SIGTERM_EXIT_CODE, SigtermHandling, die_by_sigterm
 from tracer.spawnwatch import SpawnWatch
+from tracer.stepclock import StepClock
+from tracer.stepworker import StepWorker
 from tracer.summary import ScriptOutcome, recorded_anything, summary_lines
 
-STEP_WORKER_PERIOD_S = 0.2  # how often step records, comms records and scalars are written
 # Above this many active steps a window's events held in memory until export grow RSS by
 # hundreds of MB (docs/tracer.md, Record sizes and memory): said once, at start.
 ACTIVE_STEPS_WARNING = 100
 _FAILED = object()  # what Session._guarded returns when the call raised
+# The session's references to the parts it calls while the script runs; a failed part's is
+# set to None.
+_IN_USE = ("steps_writer", "comms_writer", "samples_writer", "comms", "sampler", "scalars",
+           "memory", "snapshots", "profiler", "spawn_watch", "clock_sync")
 
 
 def _import_part(module: str, name: str):
@@ -51,58 +52,46 @@ def _import_part(module: str, name: str):
         return None, f"{module} unavailable ({type(exc).__name__}: {exc}); this part is off"
 
 
+def _quietly(fn) -> None:
+    try:
+        fn()
+    except Exception:
+        pass  # the part has said what went wrong, or the process is ending anyway
+
+
 class Session:
-    """One rank's tracing of one script run: the run folder, the parts, the step clock."""
+    """One rank's tracing of one script run."""
 
     def __init__(self, config: TracerConfig, script: str, script_args: list[str],
                  launch: LaunchInfo):
-        self.config = config
-        self.script = script
-        self.script_args = script_args
-        self.launch = launch
-        self.rank = launch.rank
+        self.config, self.script, self.script_args = config, script, script_args
+        self.launch, self.rank = launch, launch.rank
         self.run_dir: str | None = None
         self.manifest: Manifest | None = None
-        self.steps = 0
-        self.step_start_ns = time.time_ns()
-        self.steps_writer: JsonlWriter | None = None
-        self.comms_writer: CommsWriter | None = None
-        self.samples_writer: JsonlWriter | None = None
-        self.comms = None
-        self.sampler = None
-        self.scalars = None
-        self.profiler: ProfilerDriver | None = None
-        self.memory: StepMemory | None = None
-        self.snapshots: MemorySnapshots | None = None
-        self.backend: str | None = None
-        self.pg_world_size: int | None = None
-        self.opened = False
-        self.closed = False
-        self.sigterm_received = False
-        self.summary: str | None = None
-        self._close_lock = threading.Lock()
-        self._pending_errors: list[tuple[str, str]] | None = []  # None once run_start is out
-        self._reported: set[int] = set()
-        self._manual_steps = False
-        self._optimizer_ended_a_step = False
+        self.parts: list[Part] = []
+        for name in _IN_USE:
+            setattr(self, name, None)
+        self.clock = StepClock(self._on_step_end)
+        self.worker = StepWorker(self._write_pending, self._on_worker_error)
+        self.samples_per_step = config.samples_per_step or None
         self.record_budget: RecordBudget | None = None
         self.record_cap_step: int | None = None
-        self.spawn_watch: SpawnWatch | None = None
+        self.opened = self.closed = False
         self.kept = True  # False once a run that recorded nothing has had its files removed
-        self._step_optimizer: weakref.ref | None = None
-        self._optimizer_hook = None
-        self._init_patches: list[tuple[types.ModuleType, object]] = []
-        self._inits = 0
-        self._step_failed = False
-        self._comm_ops_seen = 0
-        self._comm_bytes_seen = 0
-        self._step_records: collections.deque = collections.deque()
-        self._step_worker: threading.Thread | None = None
-        self._step_worker_stop = threading.Event()
+        self.summary: str | None = None
         self.closed_event = threading.Event()
+        self._close_lock = threading.Lock()
+        self._errors_lock = threading.Lock()
+        self._pending_errors: list[tuple[str, str]] | None = []  # None once run_start is out
+        self._comm_seen = (0, 0)  # the recorder's (ops, bytes) at the last step end
+        self._step_end_failed = False
         self._sigterm = SigtermHandling(self)
 
     # ---- setup -----------------------------------------------------------------------------
+    def watch_sigterm(self) -> None:
+        """Main thread, before open(): from now on SIGTERM ends the run cleanly."""
+        self._sigterm.install()
+
     def open(self) -> None:
         """Create the run folder and files and start every part; the script has not run yet.
 
@@ -110,6 +99,7 @@ class Session:
         fails after that is switched off and noted.
         """
         c = self.config
+        log.set_rank(self.rank)
         self.run_dir = resolve_run_dir(c.out, c.run_name, self.script, self.launch,
                                        c.rendezvous_timeout)
         import torch  # after the folder check: a bad --out fails in a fraction of a second
@@ -123,73 +113,93 @@ class Session:
         self.steps_writer = self._open_writer(schema.STEPS_FILE, "steps", JsonlWriter)
         use_cuda = torch.cuda.is_available()
         if not c.no_comms:
-            recorder_class, why = _import_part("tracer.comms", "CommsRecorder")
-            if recorder_class is None:
-                self._part_failed("comms", why)
-            else:
-                self.comms_writer = self._open_writer(schema.COMMS_FILE, "comms", CommsWriter)
-                if self.comms_writer is not None:
-                    self.comms = self._construct("comms", recorder_class, self.comms_writer,
-                                                 self._current_step, use_cuda,
-                                                 ddp_bucket_hook=c.ddp_bucket_hook)
+            self._open_comms(use_cuda)
         if not c.no_sampler:
-            sampler_class, why = _import_part("tracer.sampler", "DeviceSampler")
-            if sampler_class is None:
-                self._part_failed("sampler", why)
-            else:
-                self.samples_writer = self._open_writer(schema.SAMPLES_FILE, "sampler",
-                                                        SamplesWriter, self._current_step)
-                if self.samples_writer is not None:
-                    device = (self.launch.local_rank % torch.cuda.device_count()) if use_cuda else None
-                    self.sampler = self._construct("sampler", sampler_class,
-                                                   self.samples_writer, c.sample_hz, device)
-        scalars_class, why = _import_part("tracer.scalars", "ScalarsWriter")
-        if scalars_class is None:
-            self._part_failed("scalars", why)
-        else:
-            self.scalars = self._construct("scalars", scalars_class, self.run_dir, self.rank,
-                                           budget=self.record_budget)
-        self.memory = self._construct("memory", StepMemory)
-        self.snapshots = MemorySnapshots(self.run_dir, self.rank, c.memory_snapshot,
-                                         self._current_step, self._part_failed)
+            self._open_sampler(use_cuda)
+        if not c.no_scalars:
+            self.scalars = self._build("scalars", "tracer.scalars", "ScalarsWriter", self.run_dir,
+                                       self.rank, budget=self.record_budget)
+        self.memory = self._build("memory", StepMemory)
+        self.snapshots = self._build("memory_snapshot", MemorySnapshots, self.run_dir, self.rank,
+                                     c.memory_snapshot, self.current_step)
         if not c.no_profiler:
-            self.profiler = ProfilerDriver(c, self.run_dir, self.rank, self._part_failed, use_cuda)
+            self.profiler = self._build("profiler", ProfilerDriver, c, self.run_dir, self.rank,
+                                        use_cuda)
             if c.active > ACTIVE_STEPS_WARNING and self.rank == 0:
-                self._say(f"profiler: --active {c.active} keeps every event of {c.active} steps "
-                          f"in memory until each window ends; memory grows with each active step"
-                          f" (docs/tracer.md, Record sizes and memory)")
-        self.spawn_watch = self._construct("spawn_watch", SpawnWatch, self._untraced_processes)
-
-        self._init_patches = wrap_init_process_group(self._after_init_process_group)
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
-        tracer._step_callback = self.manual_step
-        if self.comms is not None:
-            self._guarded("comms", self.comms.install)
-        if self.spawn_watch is not None and self._guarded("spawn_watch",
-                                                          self.spawn_watch.install) is _FAILED:
-            self.spawn_watch = None
-        if self.sampler is not None:
-            self._guarded("sampler", self.sampler.start)
-        self._guarded("memory_snapshot", self.snapshots.install)
+                log.say(f"--active {c.active} keeps every event of {c.active} steps in memory "
+                        f"until each window ends; memory grows with each active step "
+                        f"(docs/tracer.md, Record sizes and memory)", "profiler")
+        self.spawn_watch = self._build("spawn_watch", SpawnWatch, self._untraced_processes)
+        self.clock_sync = self._build("clock", ClockSync, self.manifest.write, self.launch.attempt)
+        tracer._samples_per_step_callback = self._set_samples_per_step
+        self.clock.start(self.manual_step)
+        for part in (self.clock_sync, self.comms, self.spawn_watch, self.sampler, self.snapshots):
+            if part is not None:
+                self._guarded(part, part.start)
         self._write_run_start(use_cuda)
-        self._step_worker = threading.Thread(target=self._write_steps, name="ranktrace-steps",
-                                             daemon=True)
-        self._step_worker.start()
+        self.worker.start()
         # Last, so that setting up the other parts is not in the first trace window.
         if self.profiler is not None:
-            self._guarded("profiler", self.profiler.start)
+            self._guarded(self.profiler, self.profiler.start)
         self.opened = True
-        self.step_start_ns = time.time_ns()
+        self.clock.start_ns = time.time_ns()
 
-    def _open_writer(self, pattern: str, part: str, writer_class, *args):
+    def _open_comms(self, use_cuda: bool) -> None:
+        recorder_class, why = _import_part("tracer.comms_part", "CommsPart")
+        if recorder_class is None:
+            self._report("comms", why)
+            return
+        self.comms_writer = self._open_writer(schema.COMMS_FILE, "comms", CommsWriter)
+        if self.comms_writer is not None:
+            self.comms = self._build("comms", recorder_class, self.comms_writer,
+                                     self.current_step, use_cuda,
+                                     ddp_bucket_hook=self.config.ddp_bucket_hook)
+
+    def _open_sampler(self, use_cuda: bool) -> None:
+        sampler_class, why = _import_part("tracer.sampler", "DeviceSampler")
+        if sampler_class is None:
+            self._report("sampler", why)
+            return
+        self.samples_writer = self._open_writer(schema.SAMPLES_FILE, "sampler", SamplesWriter,
+                                                self.current_step)
+        if self.samples_writer is not None:
+            import torch
+
+            device = (self.launch.local_rank % torch.cuda.device_count()) if use_cuda else None
+            self.sampler = self._build("sampler", sampler_class, self.samples_writer,
+                                       self.config.sample_hz, device)
+
+    def _open_writer(self, pattern: str, name: str, writer_class, *args):
         path = os.path.join(self.run_dir, pattern.format(rank=self.rank))
         try:
-            return writer_class(path, part, *args, budget=self.record_budget)
+            return self._add(writer_class(path, name, *args, budget=self.record_budget))
         except OSError as exc:
-            self._part_failed(part, f"cannot create {path} ({exc.strerror or exc}); {part} is off")
+            self._report(name, f"cannot create {path} ({exc.strerror or exc}); {name} is off")
             return None
+
+    def _build(self, name: str, cls, *args, **kwargs):
+        """The part `cls(*args, **kwargs)` (a class, or module and class name to import), or
+        None after reporting why it could not be built."""
+        if isinstance(cls, str):
+            cls, why = _import_part(cls, args[0])
+            args = args[1:]
+            if cls is None:
+                self._report(name, why)
+                return None
+        try:
+            part = cls(*args, **kwargs)
+        except Exception as exc:
+            self._report(name, f"{type(exc).__name__}: {exc}; {name} is off")
+            return None
+        return self._add(part)
+
+    def _add(self, part: Part):
+        self.parts.append(part)
+        part.on_failure = self._on_part_failure
+        if part.failed:  # it failed while being built, before it had anyone to tell
+            self._record_error(part.name, part.error)
+            return None
+        return part
 
     def _write_run_start(self, use_cuda: bool) -> None:
         info = versions()
@@ -204,215 +214,128 @@ class Session:
             attempt=self.launch.attempt,
             sampler_source=getattr(self.sampler, "source", None),
             sampler_reason=getattr(self.sampler, "reason", None), **info))
-        pending, self._pending_errors = self._pending_errors, None
-        for part, message in pending:
-            self.manifest.error(part, message, echo=False)  # printed when it happened
+        with self._errors_lock:
+            pending, self._pending_errors = self._pending_errors, None
+        for name, message in pending:
+            self.manifest.error(name, message)
 
-    # ---- failures of parts -----------------------------------------------------------------
-    def _part_failed(self, part: str, message: str, echo: bool = True) -> None:
-        """Note a part that switched itself off: one stderr line, one manifest record."""
-        if self._pending_errors is not None:  # run_start is not written yet
-            if echo:
-                print(f"ranktrace: rank{self.rank} {part}: {message}", file=sys.stderr, flush=True)
-            self._pending_errors.append((part, message))
-            return
-        self.manifest.error(part, message, echo=echo)
+    # ---- failures: the one path ------------------------------------------------------------
+    def _on_part_failure(self, part: Part) -> None:
+        """A part failed (it has said so on stderr): note it and stop using it."""
+        self._record_error(part.name, part.error)
+        for name in _IN_USE:
+            if getattr(self, name) is part:
+                setattr(self, name, None)
 
-    def _guarded(self, part: str, fn, *args, **kwargs):
-        """fn(*args, **kwargs), or _FAILED after switching `part` off if it raised."""
+    def _report(self, name: str, message: str) -> None:
+        """A failure with no part to report it (one that could not be built, the step end)."""
+        log.say(message, name)
+        self._record_error(name, message)
+
+    def _record_error(self, name: str, message: str) -> None:
+        with self._errors_lock:
+            if self._pending_errors is not None:  # run_start is not written yet
+                self._pending_errors.append((name, message))
+                return
+        self.manifest.error(name, message)
+
+    def _guarded(self, part: Part, fn, *args):
+        """fn(*args), or _FAILED after failing `part` if it raised."""
         try:
-            return fn(*args, **kwargs)
+            return fn(*args)
         except Exception as exc:
-            self._disable(part, f"{type(exc).__name__}: {exc}")
+            part.fail(f"{type(exc).__name__}: {exc}; {part.name} is off")
             return _FAILED
-
-    def _construct(self, part: str, cls, *args, **kwargs):
-        made = self._guarded(part, cls, *args, **kwargs)
-        return None if made is _FAILED else made
-
-    def _disable(self, part: str, why: str) -> None:
-        self._part_failed(part, f"{why}; {part} is off")
-        if part == "comms" and self.comms is not None:
-            comms, self.comms = self.comms, None
-            try:
-                comms.uninstall()
-            except Exception:
-                pass  # already reported; nothing more to do
-        elif part == "sampler" and self.sampler is not None:
-            sampler, self.sampler = self.sampler, None
-            try:
-                sampler.stop()
-            except Exception:
-                pass
-        elif part in ("scalars", "memory", "profiler"):
-            setattr(self, part, None)
-
-    def _say(self, line: str) -> None:
-        print(f"ranktrace: rank{self.rank} {line}", file=sys.stderr, flush=True)
 
     def _record_cap_reached(self, step: int) -> None:
         """The budget's callback, on whichever thread wrote the record that did not fit."""
         self.record_cap_step = step
-        self._say(f"records: --max-record-mb {self.config.max_record_mb:g} reached at step "
-                  f"{step}: step, comm and sample records and scalars stop there (Kineto traces "
-                  f"and the manifest go on)")
+        log.say(f"--max-record-mb {self.config.max_record_mb:g} reached at step {step}: step, "
+                f"comm and sample records and scalars stop there (Kineto traces and the manifest"
+                f" go on)", "records")
 
     def _untraced_processes(self, nprocs: int, start_method: str) -> None:
-        self._say(f"torch.multiprocessing started {nprocs} process(es) (start method "
-                  f"{start_method}); they are not traced, only this process is: launch the "
-                  f"ranks with torchrun -m tracer.record to trace each one")
-
-    def _report_part_errors(self) -> None:
-        """Into the manifest: writers and parts that switched themselves off (and said so)."""
-        for part, source in (("steps", self.steps_writer), ("comms", self.comms_writer),
-                             ("sampler", self.samples_writer), ("comms", self.comms),
-                             ("sampler", self.sampler), ("scalars", self.scalars)):
-            error = getattr(source, "error", None) if source is not None else None
-            if error is not None and id(source) not in self._reported:
-                self._reported.add(id(source))
-                self._part_failed(part, error, echo=False)
+        log.say(f"torch.multiprocessing started {nprocs} process(es) (start method "
+                f"{start_method}); they are not traced, only this process is: launch the ranks "
+                f"with torchrun -m tracer.record to trace each one")
 
     # ---- steps -----------------------------------------------------------------------------
-    def _current_step(self) -> int:
-        return self.steps
-
-    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        if self._manual_steps:
-            return
-        # Several optimizers (one per model part) step once each per training step: the
-        # first one that ever stepped keeps time, unless it has been dropped since.
-        first = self._step_optimizer() if self._step_optimizer is not None else None
-        if first is None:
-            self._step_optimizer = weakref.ref(optimizer)
-        elif first is not optimizer:
-            return
-        self._optimizer_ended_a_step = True
-        self.end_step()
+    def current_step(self) -> int:
+        return self.clock.steps
 
     def manual_step(self) -> None:
-        """tracer.step(): from its first call on, only it ends steps. A script that also steps
-        a torch.optim optimizer calls it after optimizer.step(), whose hook has already ended
-        the step: that first call then only takes over, so the step is not counted twice."""
-        if not self._manual_steps:
-            self._manual_steps = True
-            if self._optimizer_ended_a_step:
-                return
-        self.end_step()
+        """tracer.step()."""
+        self.clock.manual_step()
 
-    def end_step(self) -> None:
+    def _set_samples_per_step(self, samples: int) -> None:
+        self.samples_per_step = samples or None
+
+    def _on_step_end(self, step: int, start_ns: int, end_ns: int) -> None:
         if self.closed or not self.opened:
             return
         try:
-            self._end_step()
+            self._record_step(step, start_ns, end_ns)
         except Exception as exc:  # a bug of ours must not fail the optimizer step
-            if not self._step_failed:
-                self._step_failed = True
-                self._part_failed("steps", f"step end failed ({type(exc).__name__}: {exc})")
+            if not self._step_end_failed:
+                self._step_end_failed = True
+                self._report("steps", f"step end failed ({type(exc).__name__}: {exc})")
         finally:
-            self.step_start_ns = time.time_ns()
             if self._sigterm.pending:
                 self._sigterm.handle_on_main()
 
-    def _end_step(self) -> None:
+    def _record_step(self, step: int, start_ns: int, end_ns: int) -> None:
         """The main thread's share of a step end: what must be read exactly at the boundary."""
-        end_ns = time.time_ns()
-        step = self.steps
-        profiler, comms, memory = self.profiler, self.comms, self.memory  # the worker may unset them
+        profiler, comms, memory = self.profiler, self.comms, self.memory  # may be switched off
         in_window = profiler.recording if profiler is not None else False
         # The recorder counts ops when they are issued, so a step gets all of its own ops even
         # when their timing (CUDA events) is only resolved at a later drain.
         ops = nbytes = 0
         if comms is not None:
             total_ops, total_bytes = comms.ops, comms.bytes
-            ops, nbytes = total_ops - self._comm_ops_seen, total_bytes - self._comm_bytes_seen
-            self._comm_ops_seen, self._comm_bytes_seen = total_ops, total_bytes
+            ops, nbytes = total_ops - self._comm_seen[0], total_bytes - self._comm_seen[1]
+            self._comm_seen = (total_ops, total_bytes)
         figures = {}
         if memory is not None:
-            figures = self._guarded("memory", memory.take)
+            figures = self._guarded(memory, memory.take)
             if figures is _FAILED:
                 figures = {}
-        record = schema.StepRecord(step=step, start_ns=self.step_start_ns, end_ns=end_ns,
-                                   in_profiler_window=in_window, comm_ops=ops, comm_bytes=nbytes,
-                                   **figures)
-        self.steps = step + 1
-        self._step_records.append(record)  # no wake-up: the worker comes by on its own
+        self.worker.records.append(schema.StepRecord(
+            step=step, start_ns=start_ns, end_ns=end_ns, in_profiler_window=in_window,
+            comm_ops=ops, comm_bytes=nbytes, samples=self.samples_per_step, **figures))
         if profiler is not None:
             profiler.step()
 
-    def _write_steps(self) -> None:
-        """The step-end worker thread: everything that can wait a fraction of a second.
-
-        Draining the comms recorder and writing step records and scalars costs about 175 us of
-        CPU per step when done one step at a time (cold caches, a thread wake-up each); done
-        every STEP_WORKER_PERIOD_S for all the steps since, about 50 us, and mostly while the
-        main thread waits in C (kernels, collectives).
-        """
-        while not self._step_worker_stop.wait(STEP_WORKER_PERIOD_S):
-            try:
-                self._finish_steps()
-            except Exception as exc:  # a bug of ours: keep training, stop this part
-                self._part_failed("steps", f"step-end worker failed ({type(exc).__name__}: {exc});"
-                                           " steps, comms and scalars recording is off")
-                return
-        # The closer makes the last pass, after the comms recorder's last drain.
-
-    def _finish_steps(self, drain: bool = True) -> None:
+    def _write_pending(self, drain: bool = True) -> None:
+        """Step records, their scalars and the samples' scalars that piled up (the worker's
+        pass every stepworker.PERIOD_S, and the closer's last one)."""
         comms = self.comms
         if drain and comms is not None:
-            self._guarded("comms", comms.drain, False)
-        records = self._step_records
+            self._guarded(comms, comms.drain, False)
+        records, memory = self.worker.records, self.memory
         rss = None
-        memory = self.memory
         if records and memory is not None:
-            rss = self._guarded("memory", memory.rss)
+            rss = self._guarded(memory, memory.rss)
             rss = None if rss is _FAILED else rss
         while records:
             record = records.popleft()
             record.rss_bytes = rss
-            algbw = (self.comms_writer.take_algbw(record.step) if self.comms_writer is not None
-                     else None)
-            if self.steps_writer is not None:
-                self.steps_writer.write(record)
+            comms_writer, steps_writer = self.comms_writer, self.steps_writer
+            algbw = comms_writer.take_algbw(record.step) if comms_writer is not None else None
+            if steps_writer is not None:
+                steps_writer.write(record)
             scalars = self.scalars
             if scalars is not None:
-                self._guarded("scalars", scalars.add_step, record, algbw)
+                self._guarded(scalars, scalars.add_step, record, algbw)
         samples = self.samples_writer.pending if self.samples_writer is not None else ()
         while samples:
             sample, step = samples.popleft()
             scalars = self.scalars
             if scalars is not None:
-                self._guarded("scalars", scalars.add_sample, sample, step)
-        self._report_part_errors()
+                self._guarded(scalars, scalars.add_sample, sample, step)
 
-    def _stop_step_worker(self, timeout: float) -> None:
-        worker, self._step_worker = self._step_worker, None
-        if worker is None:
-            return
-        self._step_worker_stop.set()
-        if worker is not threading.current_thread():
-            worker.join(timeout)
-
-    # ---- process group start: clock offset -------------------------------------------------
-    def _after_init_process_group(self) -> None:
-        if self.closed or self.manifest is None:
-            return
-        try:
-            import torch.distributed as dist
-            from torch.distributed import distributed_c10d
-
-            rank, world_size = dist.get_rank(), dist.get_world_size()
-            self.backend, self.pg_world_size = str(dist.get_backend()), world_size
-            key_prefix = f"{CLOCK_KEY_PREFIX}/attempt{self.launch.attempt}/init{self._inits}"
-            self._inits += 1
-            store = distributed_c10d._get_default_store() if world_size > 1 else None
-            offset, uncertainty, round_trips = measure_clock_offset(store, rank, world_size,
-                                                                    key_prefix)
-            self.manifest.write(schema.ClockSync(
-                rank=rank, offset_ns=offset, uncertainty_ns=uncertainty, round_trips=round_trips,
-                backend=self.backend, world_size=world_size))
-        except Exception as exc:
-            self._part_failed("clock", f"clock offset not measured ({type(exc).__name__}: {exc});"
-                                       " times of this rank are not aligned to rank 0")
+    def _on_worker_error(self, exc: BaseException) -> None:
+        self._report("steps", f"step-end worker failed ({type(exc).__name__}: {exc}); steps, "
+                              f"comms and scalars recording is off")
 
     # ---- the end ---------------------------------------------------------------------------
     def close(self, status: str, exit_code: int, exception: str | None = None,
@@ -433,81 +356,71 @@ class Session:
         return True
 
     def _close(self, status: str, exit_code: int, exception: str | None, on_main: bool) -> None:
-        tracer._step_callback = None
-        if self._optimizer_hook is not None:
-            self._optimizer_hook.remove()
-        restore(self._init_patches)
-        self._stop_step_worker(timeout=5.0 if on_main else 1.0)
-        if self.profiler is not None:
-            if on_main:
-                self.profiler.stop()
-            elif self.profiler.recording:
-                self._part_failed("profiler", "the open profiler window was lost: the main "
-                                              "thread was blocked when SIGTERM came")
+        tracer._samples_per_step_callback = None
+        self.clock.close()
+        self.worker.stop(timeout=5.0 if on_main else 1.0)
+        profiler = self.profiler
+        if profiler is not None and on_main:
+            self._guarded(profiler, profiler.close)
+        elif profiler is not None and profiler.recording:
+            profiler.fail("the open profiler window was lost: the main thread was blocked when "
+                          "SIGTERM came")
         if self.spawn_watch is not None:
-            self._guarded("spawn_watch", self.spawn_watch.uninstall)
+            self._guarded(self.spawn_watch, self.spawn_watch.close)
         if self.comms is not None:
             # Waiting for ops in flight could hang when a peer died; only a clean end waits.
-            self._guarded("comms", self.comms.drain, status == "ok")
-            self._guarded("comms", self.comms.uninstall)
-        if self.sampler is not None:
-            self._guarded("sampler", self.sampler.stop)
-        # The step records, comm records and samples that came after the worker's last pass.
-        try:
-            self._finish_steps(drain=False)
+            self._guarded(self.comms, self.comms.drain, status == "ok")
+        for part in (self.comms, self.sampler, self.clock_sync):
+            if part is not None:
+                self._guarded(part, part.close)
+        try:  # the step records, comm records and samples that came after the worker's last pass
+            self._write_pending(drain=False)
         except Exception as exc:
-            self._part_failed("steps", f"writing the last steps failed ({type(exc).__name__}: {exc})")
+            self._report("steps", f"writing the last steps failed ({type(exc).__name__}: {exc})")
         if on_main and self.snapshots is not None:
             self.snapshots.finish()
-        if self.scalars is not None:
-            self._guarded("scalars", self.scalars.close)
-        for writer in (self.steps_writer, self.comms_writer, self.samples_writer):
-            if writer is not None:
-                writer.close()
-        self._report_part_errors()
-        backend, world_size = self.backend, self.pg_world_size
+        for part in self.parts:  # what is left: the files, and parts switched off on the way
+            if on_main or not isinstance(part, ProfilerDriver):
+                _quietly(part.close)
         run_end = schema.RunEnd(
             rank=self.rank, end_ns=time.time_ns(), status=status, exit_code=exit_code,
-            steps=self.steps, windows=self.windows, samples=self.samples, comm_ops=self.comm_ops,
-            bytes_written=self.bytes_written(), errors=self.manifest.errors, backend=backend,
-            world_size=world_size, exception=exception,
-            samples_missed_pct=getattr(self.sampler, "missed_pct", None),
-            untraced_processes=getattr(self.spawn_watch, "processes", 0),
-            record_cap_step=self.record_cap_step)
+            steps=self.clock.steps, windows=self._built("windows", 0),
+            samples=self._built("samples", 0), comm_ops=self._built("ops", 0),
+            bytes_written=self.bytes_written(), errors=self.manifest.errors,
+            backend=self._built("backend", None, ClockSync),
+            world_size=self._built("world_size", None, ClockSync), exception=exception,
+            samples_missed_pct=self._built("missed_pct", None),
+            untraced_processes=self._built("processes", 0), record_cap_step=self.record_cap_step)
         self.manifest.write(run_end)
         self.manifest.close()
         if self.manifest.writer.error is not None:
             run_end.errors += 1
-        snapshots = getattr(self.snapshots, "bytes_written", 0) or 0
-        if not recorded_anything(run_end, snapshots):
+        if not recorded_anything(run_end, self._built("bytes_written", 0, MemorySnapshots)):
             self._remove_files()
         # The summary counts the run_end line too, as bytes_written in the folder.
         shown = msgspec.structs.replace(run_end, bytes_written=self.bytes_written())
         self.summary = "\n".join(summary_lines(shown, self.run_dir, self.kept))
 
+    def _built(self, attribute: str, default, cls: type = Part):
+        """`attribute` of the first part built (failed or not) that has it, of class `cls`."""
+        for part in self.parts:
+            if isinstance(part, cls) and hasattr(part, attribute):
+                return getattr(part, attribute)
+        return default
+
     def _remove_files(self) -> None:
         """Remove this rank's files, and the run folder once no rank has files left in it."""
-        paths = [w.path for w in self._writers()]
-        scalars_path = getattr(self.scalars, "path", None)
-        if scalars_path is not None and scalars_path != self.run_dir:
-            paths.append(scalars_path)
+        paths = [p.path for p in self._files() if p.path and p.path != self.run_dir]
         self.kept = not remove_rank_files(self.run_dir, paths)
 
-    @property
-    def windows(self) -> int:
-        return self.profiler.windows if self.profiler is not None else 0
-
-    @property
-    def samples(self) -> int:
-        return getattr(self.sampler, "samples", 0) if self.sampler is not None else 0
-
-    @property
-    def comm_ops(self) -> int:
-        return getattr(self.comms, "ops", 0) if self.comms is not None else 0
+    def _files(self) -> list[BufferedFile]:
+        """Every record and scalars file that was opened, the manifest's last."""
+        files = [p for p in self.parts if isinstance(p, BufferedFile)]
+        return files + ([self.manifest.writer] if self.manifest is not None else [])
 
     def bytes_written(self) -> int:
-        parts = (*self._writers(), self.scalars, self.profiler, self.snapshots)
-        return sum(getattr(part, "bytes_written", 0) or 0 for part in parts if part is not None)
+        manifest = self.manifest.writer.bytes_written if self.manifest is not None else 0
+        return sum(part.bytes_written for part in self.parts) + manifest
 
     def finish(self, outcome: ScriptOutcome) -> None:
         """After the script: snapshot an OOM, close, let SIGTERM kill at once again."""
@@ -521,28 +434,29 @@ class Session:
             self.close("interrupted", SIGTERM_EXIT_CODE, outcome.exception_text)
             self.print_summary()
             die_by_sigterm()
-        status = "interrupted" if self.sigterm_received else outcome.status
+        status = "interrupted" if self._sigterm.received else outcome.status
         self.close(status, outcome.exit_code, outcome.exception_text)
         self._sigterm.uninstall()
+
+    def end_by_sigterm(self, on_main: bool, wait_s: float) -> None:
+        """Close as interrupted and print the summary; if another thread is already closing,
+        wait up to `wait_s` for it instead."""
+        if self.close("interrupted", SIGTERM_EXIT_CODE, on_main=on_main):
+            self.print_summary()
+        else:
+            self.closed_event.wait(wait_s)
 
     def abandon(self) -> None:
         """Undo whatever open() installed, after it failed half-way; writes nothing more."""
         self.closed = True
-        tracer._step_callback = None
-        self._stop_step_worker(timeout=1.0)
-        for undo in (getattr(self._optimizer_hook, "remove", None),
-                     functools.partial(restore, self._init_patches),
-                     getattr(self.comms, "uninstall", None), getattr(self.sampler, "stop", None),
-                     getattr(self.spawn_watch, "uninstall", None),
-                     getattr(self.profiler, "stop", None), getattr(self.scalars, "close", None),
-                     self._sigterm.uninstall):
-            if undo is not None:
-                try:
-                    undo()
-                except Exception:
-                    pass
-        for writer in self._writers():
-            writer.close()
+        tracer._samples_per_step_callback = None
+        self.clock.close()
+        self.worker.stop(timeout=1.0)
+        for part in self.parts:
+            _quietly(part.close)
+        _quietly(self._sigterm.uninstall)
+        if self.manifest is not None:
+            self.manifest.close()
         if self.run_dir is not None:
             self._remove_files()  # the script runs untraced: nothing here is worth keeping
 
@@ -552,11 +466,6 @@ class Session:
 
     def flush_files(self) -> None:
         """Push buffered records to disk now (any thread); for SIGTERM and similar."""
-        for writer in self._writers():
-            writer.flush()
+        for file in self._files():
+            file.flush()
 
-    def _writers(self) -> list[JsonlWriter]:
-        """Every JSONL writer that was opened, the manifest's last."""
-        manifest_writer = self.manifest.writer if self.manifest is not None else None
-        return [w for w in (self.steps_writer, self.comms_writer, self.samples_writer,
-                            manifest_writer) if w is not None]

@@ -39,7 +39,10 @@ class SigtermHandling:
     """
 
     def __init__(self, session):
+        """`session`: what SIGTERM ends, through `opened`, `flush_files()` and
+        `end_by_sigterm(on_main)` only."""
         self.session = session
+        self.received = False  # SIGTERM came, whoever handled it
         self.pending = False
         self.fatal = False  # SIGTERM arrived while our handler (its default action) was in place
         self.installed = False
@@ -93,7 +96,7 @@ class SigtermHandling:
     def _on_main(self, signum, frame) -> None:
         if os.getpid() != self._pid:
             die_by_sigterm()
-        self.session.sigterm_received = True
+        self.received = True
         self.fatal = True
         if not self.session.opened:
             die_by_sigterm()
@@ -125,7 +128,7 @@ class SigtermHandling:
                     return
                 got_sigterm = signal.SIGTERM in data
                 if got_sigterm:
-                    self.session.sigterm_received = True
+                    self.received = True
             if got_sigterm:
                 self._on_watcher()
 
@@ -141,12 +144,12 @@ class SigtermHandling:
             except OSError:  # BlockingIOError: nothing unread
                 return
             if signal.SIGTERM in data:
-                self.session.sigterm_received = True
+                self.received = True
                 self.fatal = signal.getsignal(signal.SIGTERM) == self._on_main
 
     def _on_watcher(self) -> None:
         session = self.session
-        session.sigterm_received = True
+        self.received = True
         handler = signal.getsignal(signal.SIGTERM)
         if handler != self._on_main:
             # The script's own handler (or SIG_IGN) decides; keep what was recorded safe.
@@ -176,12 +179,8 @@ class SigtermHandling:
         self._wrap_up(on_main=False)
 
     def _wrap_up(self, on_main: bool) -> None:
-        session = self.session
         try:
-            if session.close("interrupted", SIGTERM_EXIT_CODE, on_main=on_main):
-                session.print_summary()
-            else:  # the other thread is closing: let it finish (the deadline still holds)
-                session.closed_event.wait(SIGTERM_DEADLINE_S)
+            self.session.end_by_sigterm(on_main, SIGTERM_DEADLINE_S)
         finally:
             self._done.set()
             die_by_sigterm()

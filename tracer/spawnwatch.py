@@ -21,17 +21,21 @@ import sys
 import types
 from collections.abc import Callable
 
+from tracer.part import Part
+
 _MODULES = ("torch.multiprocessing.spawn", "torch.multiprocessing")
 
 
-class SpawnWatch:
+class SpawnWatch(Part):
+    name = "spawn_watch"
+
     def __init__(self, on_start: Callable[[int, str], None]):
         """`on_start(nprocs, start_method)` is called before the processes start."""
         self.on_start = on_start
         self.processes = 0
         self._patches: list[tuple[types.ModuleType, object]] = []
 
-    def install(self) -> None:
+    def start(self) -> None:
         # `import torch.multiprocessing.spawn as m` would give the function of that name.
         spawn_module = importlib.import_module("torch.multiprocessing.spawn")
         original = spawn_module.start_processes
@@ -49,7 +53,7 @@ class SpawnWatch:
                 module.start_processes = start_processes
                 self._patches.append((module, original))
 
-    def uninstall(self) -> None:
+    def close(self) -> None:
         for module, original in reversed(self._patches):
             module.start_processes = original
         self._patches.clear()

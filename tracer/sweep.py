@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tracer.config import ConfigError, TracerConfig, option_name, split_argv
+from tracer.config import ConfigError, TracerConfig, option_name, resolve
 
 # Tracer options the sweep sets itself.
 OWNED_TRACER_OPTIONS = ("--out", "--run-name")
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     try:
-        split_argv(tracer_words + script)
+        resolve(tracer_words + script, {})
     except ConfigError as exc:
         parser.error(f"tracer option: {exc}")
     owned = [w for w in tracer_words if w.partition("=")[0] in OWNED_TRACER_OPTIONS]

@@ -49,6 +49,8 @@ def parse_args():
                    help="make the tracer's steps file fail with ENOSPC from this step on")
     p.add_argument("--sigterm-handler", metavar="PATH",
                    help="install a SIGTERM handler that writes PATH and exits with code 7")
+    p.add_argument("--set-samples", metavar="STEP=N",
+                   help="call tracer.set_samples_per_step(N) at the start of step STEP")
     p.add_argument("--print-argv", action="store_true")
     return p.parse_args()
 
@@ -72,7 +74,7 @@ def break_steps_file():
     from tracer.jsonl import JsonlWriter
 
     for obj in gc.get_objects():
-        if isinstance(obj, JsonlWriter) and obj.part == "steps" and not obj.closed:
+        if isinstance(obj, JsonlWriter) and obj.name == "steps" and not obj.closed:
             obj._file.close()
             obj._file = NoSpaceFile()
 
@@ -113,7 +115,11 @@ def main():
     generator = torch.Generator().manual_seed(1 + rank)
     losses = []
     for step in range(args.steps):
-        if args.fail_in_first_attempt and step == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+        if (
+            args.fail_in_first_attempt
+            and step == 1
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
+        ):
             raise RuntimeError("failing the first attempt on purpose")
         if args.fail_at == step:
             raise RuntimeError(f"failing on purpose at step {step}")
@@ -126,6 +132,10 @@ def main():
             store.get("never-set")
         if args.break_steps_file_at == step:
             break_steps_file()
+        if args.set_samples and int(args.set_samples.partition("=")[0]) == step:
+            import tracer
+
+            tracer.set_samples_per_step(int(args.set_samples.partition("=")[2]))
         x = torch.randn(16, args.hidden, generator=generator)
         y = torch.randint(0, 4, (16,), generator=generator)
         loss = F.cross_entropy(model(x), y)

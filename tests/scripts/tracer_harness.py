@@ -105,7 +105,9 @@ def read_jsonl(path: Path, record_type=None) -> list:
                 json.loads(line)
             except ValueError:
                 break
-        records.append(schema.decoder(record_type).decode(line) if record_type else json.loads(line))
+        records.append(
+            schema.decoder(record_type).decode(line) if record_type else json.loads(line)
+        )
     return records
 
 

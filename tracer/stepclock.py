@@ -1,0 +1,67 @@
+"""Where a training step ends: at the script's optimizer step, or at its tracer.step() calls.
+
+docs/tracer.md, Steps: with several optimizers the first one that ever stepped keeps time; from
+the first tracer.step() call on only tracer.step() ends steps, and a first call that follows an
+optimizer step marks that same step instead of a new one.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+
+import tracer
+
+
+class StepClock:
+    def __init__(self, on_step_end: Callable[[int, int, int], None]):
+        """`on_step_end(step, start_ns, end_ns)` runs on the training thread at each step end."""
+        self.on_step_end = on_step_end
+        self.steps = 0
+        self.start_ns = time.time_ns()
+        self._manual = False
+        self._optimizer_ended_a_step = False
+        self._step_optimizer: weakref.ref | None = None
+        self._hook = None
+
+    def start(self, manual_step: Callable[[], None]) -> None:
+        """Hook torch.optim's global step hook; `manual_step` becomes tracer.step()."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        tracer._step_callback = manual_step
+        self.start_ns = time.time_ns()
+
+    def close(self) -> None:
+        tracer._step_callback = None
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.remove()
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self._manual:
+            return
+        first = self._step_optimizer() if self._step_optimizer is not None else None
+        if first is None:
+            self._step_optimizer = weakref.ref(optimizer)
+        elif first is not optimizer:
+            return
+        self._optimizer_ended_a_step = True
+        self.end_step()
+
+    def manual_step(self) -> None:
+        """tracer.step(): from its first call on, only it ends steps (see the module's doc)."""
+        if not self._manual:
+            self._manual = True
+            if self._optimizer_ended_a_step:
+                return
+        self.end_step()
+
+    def end_step(self) -> None:
+        step, start_ns = self.steps, self.start_ns
+        self.steps = step + 1
+        try:
+            self.on_step_end(step, start_ns, time.time_ns())
+        finally:
+            self.start_ns = time.time_ns()
