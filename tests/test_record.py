@@ -552,6 +552,25 @@ def test_set_samples_per_step_checks_its_argument_traced_or_not():
     tracer.set_samples_per_step(8)  # not traced: nothing happens
 
 
+def test_a_part_fails_once_with_one_line_naming_its_rank_and_tells_the_session(capsys):
+    import logging
+
+    from tracer.part import Part
+
+    root = logging.getLogger()
+    handler = logging.StreamHandler()  # a script's own logging set-up doubles nothing
+    root.addHandler(handler)
+    told = []
+    part = Part()
+    part.name, part.rank, part.on_failure = "sampler", 3, told.append
+    try:
+        assert part.fail("first failure") and not part.fail("second failure")
+    finally:
+        root.removeHandler(handler)
+    assert part.failed and part.error == "first failure" and told == [part]
+    assert capsys.readouterr().err == "ranktrace: rank3 sampler: first failure\n"
+
+
 # ---- the shared traced DDP run --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
