@@ -51,33 +51,19 @@ def test_a_missing_out_is_created_with_its_parents(tmp_path):
 _SCRIPT_HELP = "usage: tiny_train.py"
 
 
-@pytest.mark.parametrize(
-    "tracer_args,script,script_args,exit_code,says",
-    [
-        (["--help"], h.TINY, [], 0, "--skip-first"),
-        (
-            ["--no-such-option"],
-            h.TINY,
-            [],
-            2,
-            "ranktrace: error: unrecognized arguments: --no-such-option",
-        ),
-        ([], "no/such/script.py", [], 2, "can't open file"),
-        ([], "tests/scripts", [], 1, "can't find '__main__' module in"),
-        ([], h.TINY, ["--help"], 0, _SCRIPT_HELP),
-        ([], h.TINY, ["--no-such-flag"], 2, "tiny_train.py: error: unrecognized arguments"),
-        ([], "syntax_error.py", [], 1, "SyntaxError"),
-    ],
-    ids=[
-        "tracer-help",
-        "tracer-bad-option",
-        "missing-script",
-        "folder-without-main",
-        "script-help",
-        "script-bad-option",
-        "syntax-error",
-    ],
-)
+_BAD_OPTION = "ranktrace: error: unrecognized arguments: --no-such-option"
+
+
+@pytest.mark.parametrize("tracer_args,script,script_args,exit_code,says", [
+    (["--help"], h.TINY, [], 0, "--skip-first"),
+    (["--no-such-option"], h.TINY, [], 2, _BAD_OPTION),
+    ([], "no/such/script.py", [], 2, "can't open file"),
+    ([], "tests/scripts", [], 1, "can't find '__main__' module in"),
+    ([], h.TINY, ["--help"], 0, _SCRIPT_HELP),
+    ([], h.TINY, ["--no-such-flag"], 2, "tiny_train.py: error: unrecognized arguments"),
+    ([], "syntax_error.py", [], 1, "SyntaxError"),
+], ids=["tracer-help", "tracer-bad-option", "missing-script", "folder-without-main",
+        "script-help", "script-bad-option", "syntax-error"])
 def test_failed_starts_leave_no_run_folder(tmp_path, tracer_args, script, script_args,
                                            exit_code, says):
     if script == "syntax_error.py":
@@ -282,23 +268,9 @@ def test_sigterm_mid_window_flushes_writes_the_window_and_dies_by_sigterm(tmp_pa
 
 
 def test_sigterm_while_blocked_in_a_c_call_still_ends_within_5_seconds(tmp_path):
-    process = h.start(
-        [
-            "--out",
-            tmp_path,
-            "--run-name",
-            "t",
-            "--no-sampler",
-            "--skip-first",
-            "0",
-            "--wait",
-            "0",
-            "--active",
-            "100",
-        ],
-        h.TINY,
-        ["--steps", "8", "--block-at", "3"],
-    )
+    process = h.start(["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first", "0",
+                       "--wait", "0", "--active", "100"],
+                      h.TINY, ["--steps", "8", "--block-at", "3"])
     _wait_for(process, "blocking at step 3")
     time.sleep(0.3)  # into the store's C++ wait, where no Python signal handler can run
     elapsed = _terminate(process)
