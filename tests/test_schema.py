@@ -28,3 +28,22 @@ def test_every_op_and_file_name_is_stable():
     match = schema.KINETO_TRACE_RE.match("rank3.12.pt.trace.json.gz")
     assert match and match["worker"] == "rank3" and match["span"] == "12"
     assert set(schema.COMM_OPS) >= {"all_reduce", "all_gather", "reduce_scatter", "send", "recv"}
+
+
+def test_record_files_and_trace_suffixes_name_what_the_tracer_writes():
+    names = [pattern.format(rank=2) for pattern in schema.RECORD_FILES]
+    assert names == ["rank2.manifest.jsonl", "rank2.steps.jsonl", "rank2.comms.jsonl",
+                     "rank2.samples.jsonl"]
+    trace = schema.kineto_trace_file(2, 5)
+    assert trace.endswith(schema.TRACE_SUFFIXES) and not any(
+        n.endswith(schema.TRACE_SUFFIXES) for n in names)
+    assert [s for s in schema.TRACE_SUFFIXES if schema.KINETO_TRACE_RE.match("rank2.5.pt.trace" + s)
+            ] == list(schema.TRACE_SUFFIXES)
+
+
+def test_a_step_record_carries_samples_only_when_given():
+    plain = schema.StepRecord(step=0, start_ns=1, end_ns=2)
+    assert b"samples" not in schema.ENCODER.encode(plain)
+    given = schema.decoder(schema.StepRecord).decode(
+        schema.ENCODER.encode(schema.StepRecord(step=0, start_ns=1, end_ns=2, samples=256)))
+    assert given.samples == 256
