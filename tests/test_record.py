@@ -1,11 +1,10 @@
-"""The tracer core: options, run folders, clock offsets, memory figures, and what a traced run
-writes. One traced 2-rank DDP run (module fixture) is shared by the end-to-end checks."""
+"""The tracer end to end: run folders, what traced runs write, and how steps are counted. One
+traced 2-rank DDP run (module fixture) is shared by the end-to-end checks. Options:
+tests/test_config.py; the parts on their own: tests/test_tracer_parts.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
-import re
 import sys
 import threading
 import time
@@ -15,11 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tracer import config as config_mod
 from tracer import schema
-from tracer.clocksync import measure_clock_offset
-from tracer.config import ConfigError, TracerConfig
-from tracer.memory import MemorySnapshots, StepMemory
+from tracer.config import TracerConfig
 from tracer.rundir import LaunchInfo, RunDirError, create_unique, resolve_run_dir
 from tracer.summary import NO_STEPS_HINT, summary_lines
 
@@ -27,91 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
 
 DDP_STEPS = 20
-
-
-# ---- options --------------------------------------------------------------------------------
-def test_options_before_the_script_are_ours_and_the_rest_the_scripts():
-    config, script, args = config_mod.resolve(
-        ["--active", "2", "--record-shapes", "--out=/x", "train.py", "--active", "9", "-v"], {})
-    assert (script, args) == ("train.py", ["--active", "9", "-v"])
-    assert config.active == 2 and config.record_shapes is True and config.out == "/x"
-    assert config.warmup == TracerConfig().warmup
-
-
-@pytest.mark.parametrize("argv,script,args", [
-    (["train.py", "--", "-x"], "train.py", ["--", "-x"]),  # the script's own `--` stays
-    (["--", "train.py", "--help"], "train.py", ["--help"]),  # ours ends the tracer's options
-    (["--samples-per-step", "64", "train.py", "-h"], "train.py", ["-h"]),
-])
-def test_everything_after_the_script_reaches_it_untouched(argv, script, args):
-    assert config_mod.resolve(argv, {})[1:] == (script, args)
-
-
-def test_samples_per_step_comes_from_the_command_line_or_the_environment():
-    config, *_ = config_mod.resolve(["s.py"], {"RANKTRACE_SAMPLES_PER_STEP": "256"})
-    assert config.samples_per_step == 256
-    config, *_ = config_mod.resolve(["--samples-per-step", "32", "s.py"],
-                                    {"RANKTRACE_SAMPLES_PER_STEP": "256"})
-    assert config.samples_per_step == 32
-    assert config_mod.resolve(["s.py"], {})[0].samples_per_step == 0
-
-
-def test_environment_sets_options_and_the_command_line_wins():
-    env = {"RANKTRACE_SAMPLE_HZ": "2.5", "RANKTRACE_ACTIVE": "4", "RANKTRACE_NO_COMMS": "yes",
-           "OTHER": "ignored"}
-    config, *_ = config_mod.resolve(["--active", "6", "s.py"], env)
-    assert (config.sample_hz, config.active, config.no_comms) == (2.5, 6, True)
-
-
-@pytest.mark.parametrize("argv,env,message", [
-    (["--activ", "2", "s.py"], {}, "unrecognized arguments: --activ"),
-    (["s.py"], {"RANKTRACE_ACTIV": "2"}, "unknown environment variable RANKTRACE_ACTIV"),
-    (["--active", "0", "s.py"], {}, "--active must be >= 1"),
-    (["--sample-hz", "-1", "s.py"], {}, "--sample-hz must be in"),
-    (["--wait", "x", "s.py"], {}, "--wait must be an integer, got 'x'"),
-    (["--samples-per-step", "-8", "s.py"], {}, "--samples-per-step must be >= 0"),
-    (["s.py"], {"RANKTRACE_NO_PROFILER": "maybe"}, "RANKTRACE_NO_PROFILER must be one of"),
-    (["--run-name", "a/b", "s.py"], {}, "--run-name must be a plain folder name"),
-    (["--record-shapes=1", "s.py"], {}, "--record-shapes: ignored explicit argument '1'"),
-    (["--active"], {}, "--active: expected one argument"),
-    (["--max-record-mb", "-1", "s.py"], {}, "--max-record-mb must be >= 0"),
-    (["--active", "2"], {}, "no script given"),
-])
-def test_bad_options_are_errors_that_name_them(argv, env, message):
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        config_mod.resolve(argv, env)
-
-
-def _documented_options() -> dict[str, tuple[str, str]]:
-    """docs/tracer.md's options table: option -> (environment variable, meaning)."""
-    doc = (h.REPO / "docs" / "tracer.md").read_text()
-    rows = re.findall(r"^\| `(--[a-z-]+)[^`]*` \| `(RANKTRACE_[A-Z_]+)` \| [^|]+ \| (.+) \|$",
-                      doc, re.M)
-    return {option: (env, meaning) for option, env, meaning in rows}
-
-
-def test_help_text_and_docs_table_list_the_same_options():
-    helps = config_mod.field_help()
-    documented = _documented_options()
-    # argparse wraps lines (and breaks words at hyphens): compare without any white space.
-    shown = "".join(config_mod.build_parser().format_help().split())
-    fields = dataclasses.fields(TracerConfig)
-    assert sorted(documented) == sorted(config_mod.option_name(f.name) for f in fields)
-    for f in fields:
-        option, help_line = config_mod.option_name(f.name), helps[f.name]
-        assert help_line, f"{f.name} has no line in TracerConfig's docstring"
-        assert documented[option][0] == config_mod.env_name(f.name)
-        assert option in shown and "".join(help_line.split()) in shown, f"{option} not in --help"
-
-
-def test_help_and_bad_option_exit_before_running_anything(tmp_path):
-    shown = h.run(["--help"], h.TINY, ["--losses", tmp_path / "l"])
-    assert shown.returncode == 0 and "--skip-first" in shown.stdout
-    assert not (tmp_path / "l").exists()
-    bad = h.run(["--no-such-option"], h.TINY, ["--losses", tmp_path / "l"])
-    assert bad.returncode == 2
-    assert "ranktrace: error: unrecognized arguments: --no-such-option" in bad.stderr
-    assert not (tmp_path / "l").exists()
 
 
 # ---- run folders ----------------------------------------------------------------------------
@@ -159,250 +70,6 @@ def test_default_run_name_is_a_timestamp_and_the_script_stem():
     from tracer.rundir import default_run_name
 
     assert default_run_name("workloads/ddp.py", stamp) == "20260304-050607-ddp"
-
-
-# ---- clock offset ---------------------------------------------------------------------------
-def test_clock_offset_is_measured_within_its_uncertainty():
-    store = dist.HashStore()
-    skew_ns = 7_000_000_000  # rank 1's clock runs 7 s ahead of rank 0's
-    results = {}
-
-    def rank(r, clock):
-        results[r] = measure_clock_offset(store, r, 3, "ranktrace/clock/t", round_trips=5,
-                                          timeout_s=10, clock=clock)
-
-    threads = [threading.Thread(target=rank, args=(1, lambda: time.time_ns() + skew_ns)),
-               threading.Thread(target=rank, args=(2, time.time_ns))]
-    for t in threads:
-        t.start()
-    rank(0, time.time_ns)
-    for t in threads:
-        t.join(10)
-    assert results[0] == (0, 0, 0)
-    for r, true_offset in ((1, skew_ns), (2, 0)):
-        offset, uncertainty, round_trips = results[r]
-        assert round_trips == 5
-        assert 0 < uncertainty < 1_000_000_000
-        assert abs(offset - true_offset) <= uncertainty
-
-
-def test_clock_sync_gives_up_instead_of_hanging():
-    with pytest.raises(Exception, match="ranktrace/clock/u/1/pong0|gave up|timeout|Timeout"):
-        measure_clock_offset(dist.HashStore(), 1, 2, "ranktrace/clock/u", timeout_s=0.3)
-
-
-# ---- memory ---------------------------------------------------------------------------------
-class FakeCuda:
-    """Stands in for torch.cuda on a machine without a GPU: one device, scripted figures."""
-
-    class OutOfMemoryError(RuntimeError):
-        pass
-
-    def __init__(self, initialized=True):
-        self.initialized = initialized
-        self.peaks = [(100, 200), (300, 400)]
-        self.resets = []
-        self.queued = []
-        self.history_calls = []
-        self.snapshots_taken = 0
-        fake = self
-
-        class Memory:
-            @staticmethod
-            def _record_memory_history(**kwargs):
-                fake.history_calls.append(kwargs)
-
-            @staticmethod
-            def _snapshot():
-                fake.snapshots_taken += 1
-                return {"segments": [], "device_traces": [[]], "n": fake.snapshots_taken}
-
-        self.memory = Memory
-
-    def is_available(self):
-        return True
-
-    def is_initialized(self):
-        return self.initialized
-
-    def current_device(self):
-        return 1
-
-    def memory_stats_as_nested_dict(self, device):
-        allocated, reserved = self.peaks[len(self.resets)]
-        return {"allocated_bytes": {"all": {"peak": allocated, "current": 1}},
-                "reserved_bytes": {"all": {"peak": reserved, "current": 2}}}
-
-    def reset_peak_memory_stats(self, device):
-        self.resets.append(device)
-
-    def get_device_properties(self, device):
-        return type("Props", (), {"total_memory": 1000})
-
-    def _lazy_call(self, fn):
-        if self.initialized:
-            fn()
-        else:
-            self.queued.append(fn)
-
-    def init(self):
-        self.initialized = True
-        for fn in self.queued:
-            fn()
-
-
-class FakeProcess:
-    def memory_info(self):
-        return type("Info", (), {"rss": 12345})
-
-
-def test_step_memory_reports_peaks_per_step_and_resets_them():
-    cuda = FakeCuda()
-    memory = StepMemory(cuda=cuda, process=FakeProcess())
-    assert memory.take() == {"cuda_peak_allocated_bytes": 100, "cuda_peak_reserved_bytes": 200,
-                             "cuda_total_bytes": 1000}
-    assert memory.take()["cuda_peak_allocated_bytes"] == 300
-    assert cuda.resets == [1, 1]
-    assert memory.rss() == 12345
-
-
-def test_step_memory_leaves_cuda_alone_until_the_script_initialises_it():
-    cuda = FakeCuda(initialized=False)
-    assert StepMemory(cuda=cuda, process=FakeProcess()).take() == {}
-    assert cuda.resets == []
-    real = StepMemory()  # this machine: no CUDA in use, RSS from /proc/self/statm
-    import psutil
-
-    assert real.take() == {}
-    assert abs(real.rss() - psutil.Process().memory_info().rss) < 5_000_000
-
-
-def _snapshots(tmp_path, cuda, record_history, step=lambda: 3):
-    errors = []
-    observers = []
-    snaps = MemorySnapshots(str(tmp_path), 2, record_history, step, cuda=cuda,
-                            attach_oom_observer=observers.append)
-    snaps.on_failure = lambda part: errors.append((part.name, part.error))
-    return snaps, errors, observers
-
-
-def test_memory_history_and_oom_observer_wait_for_cuda_then_dump_once(tmp_path):
-    import pickle
-
-    cuda = FakeCuda(initialized=False)
-    snaps, errors, observers = _snapshots(tmp_path, cuda, record_history=True)
-    snaps.start()
-    assert cuda.history_calls == [] and observers == []  # nothing touches CUDA before the script
-    cuda.init()
-    assert cuda.history_calls == [{"max_entries": 100_000}] and len(observers) == 1
-    observers[0](0, 1 << 30, 0, 0)  # the allocator reports an OOM
-    observers[0](0, 1 << 30, 0, 0)  # ... and another, caught by the script: no second dump
-    oom_file = tmp_path / "rank2.step3.memory_snapshot.pickle"
-    assert pickle.loads(oom_file.read_bytes())["n"] == 1
-    assert cuda.snapshots_taken == 1
-    snaps.current_step = lambda: 7
-    snaps.finish()
-    assert pickle.loads((tmp_path / "rank2.step7.memory_snapshot.pickle").read_bytes())["n"] == 2
-    assert cuda.history_calls[-1] == {"enabled": None}
-    assert snaps.bytes_written == sum(p.stat().st_size for p in tmp_path.iterdir())
-    assert errors == [] and not list(tmp_path.glob("*.tmp"))
-
-
-def test_uncaught_oom_is_dumped_without_history_and_other_errors_are_not(tmp_path):
-    cuda = FakeCuda()
-    snaps, errors, observers = _snapshots(tmp_path, cuda, record_history=False)
-    snaps.on_script_exception(ValueError("not memory"))
-    assert list(tmp_path.iterdir()) == []
-    snaps.on_script_exception(FakeCuda.OutOfMemoryError("CUDA out of memory"))
-    assert [p.name for p in tmp_path.iterdir()] == ["rank2.step3.memory_snapshot.pickle"]
-    snaps.finish()  # no --memory-snapshot: no end-of-run dump
-    assert len(list(tmp_path.iterdir())) == 1
-
-
-def test_snapshot_write_failure_is_reported_once(tmp_path):
-    cuda = FakeCuda()
-    snaps, errors, _ = _snapshots(tmp_path / "gone", cuda, record_history=False)
-    assert snaps.dump() is None and snaps.dump() is None
-    assert len(errors) == 1 and errors[0][0] == "memory_snapshot"
-    assert "No such file or directory" in errors[0][1]
-
-
-def test_device_name_comes_from_nvml_for_the_visible_device(monkeypatch):
-    import sys
-    import types
-
-    from tracer.manifest import _device_name
-
-    calls = []
-    fake = types.SimpleNamespace(
-        nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
-        nvmlDeviceGetHandleByIndex=lambda index: f"handle{index}",
-        nvmlDeviceGetName=lambda handle: {"handle5": b"NVIDIA H200"}[handle])
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert _device_name(1) == "NVIDIA H200"  # CUDA device 1 is physical GPU 5
-    assert calls == ["init", "shutdown"]
-    assert _device_name(2) is None  # not visible: no name, no exception
-
-
-def test_profiler_asks_for_cuda_activity_only_with_a_gpu(tmp_path, monkeypatch):
-    import torch.profiler as tp
-
-    from tracer.profiling import ProfilerDriver
-
-    seen = []
-
-    class Recorder:
-        def __init__(self, **kwargs):
-            seen.append(kwargs["activities"])
-
-        def start(self):
-            pass
-
-    monkeypatch.setattr(tp, "profile", Recorder)
-    due_now = TracerConfig(skip_first=0, wait=0)  # the window starts with the first step
-    for use_cuda in (False, True):
-        ProfilerDriver(due_now, str(tmp_path), 0, use_cuda).start()
-    assert seen == [[tp.ProfilerActivity.CPU], [tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA]]
-
-
-def test_profiler_exists_only_around_its_windows(tmp_path):
-    from tracer.profiling import ProfilerDriver
-
-    driver = ProfilerDriver(TracerConfig(skip_first=2, wait=1, warmup=1, active=2, repeat=2),
-                            str(tmp_path), 3, use_cuda=False)
-    driver.start()
-    timeline = []
-    for _ in range(14):
-        timeline.append((driver._profile is not None, driver.recording))
-        torch.mm(torch.ones(8, 8), torch.ones(8, 8))
-        driver.step()
-    driver.stop()
-    # skip 0-1; cycles of wait, warmup, active, active: 2-5 and 6-9; then idle.
-    idle, busy = (False, False), (True, True)
-    assert timeline == [idle] * 3 + [busy] * 3 + [idle] + [busy] * 3 + [idle] * 4
-    traces = sorted(p.name for p in tmp_path.iterdir())
-    assert len(traces) == driver.windows == 2 and all(n.startswith("rank3.") for n in traces)
-    steps_in = [sorted(e["name"] for e in h.load_trace(tmp_path / n)["traceEvents"]
-                       if e.get("name", "").startswith("ProfilerStep#")) for n in traces]
-    assert steps_in == [["ProfilerStep#4", "ProfilerStep#5"], ["ProfilerStep#8", "ProfilerStep#9"]]
-
-
-def test_comms_writer_gives_each_steps_algbw_once(tmp_path):
-    from tracer.jsonl import CommsWriter
-
-    writer = CommsWriter(str(tmp_path / "c.jsonl"), "comms")
-    for step, nbytes, us in ((0, 5, 1.0), (1, 1_000_000, 500.0), (1, 3_000_000, 1500.0),
-                             (2, 2_000_000, 100.0)):
-        writer.write(schema.CommRecord(step=step, op="all_reduce", source="c10d", pg="0",
-                                       pg_size=2, dtype="float32", bytes=nbytes, start_ns=0,
-                                       end_ns=1, duration_us=us, timing="host", algbw_gbps=0,
-                                       busbw_gbps=0))
-    assert writer.take_algbw(1) == pytest.approx(2.0)  # 4 MB in 2 ms
-    assert writer.take_algbw(1) is None and writer.take_algbw(0) is None  # taken, forgotten
-    assert writer.take_algbw(2) == pytest.approx(20.0)
-    writer.close()
-    assert len(h.read_jsonl(tmp_path / "c.jsonl")) == 4
 
 
 # ---- single-process runs --------------------------------------------------------------------
@@ -550,25 +217,6 @@ def test_set_samples_per_step_checks_its_argument_traced_or_not():
         with pytest.raises(ValueError, match="integer >= 0"):
             tracer.set_samples_per_step(bad)
     tracer.set_samples_per_step(8)  # not traced: nothing happens
-
-
-def test_a_part_fails_once_with_one_line_naming_its_rank_and_tells_the_session(capsys):
-    import logging
-
-    from tracer.part import Part
-
-    root = logging.getLogger()
-    handler = logging.StreamHandler()  # a script's own logging set-up doubles nothing
-    root.addHandler(handler)
-    told = []
-    part = Part()
-    part.name, part.rank, part.on_failure = "sampler", 3, told.append
-    try:
-        assert part.fail("first failure") and not part.fail("second failure")
-    finally:
-        root.removeHandler(handler)
-    assert part.failed and part.error == "first failure" and told == [part]
-    assert capsys.readouterr().err == "ranktrace: rank3 sampler: first failure\n"
 
 
 # ---- the shared traced DDP run --------------------------------------------------------------
