@@ -21,6 +21,7 @@ RECORDS_CLOCK_NS = 1_700_000_000_000_000_000  # time.time_ns() of the records; K
 STEPS = (1, 2, 3)
 STEP_US = 1000
 LATE_US = 590  # rank 1 reaches each all-reduce 590 us into the step, rank 0 at 100 us
+AHEAD_NS = 5_000_000  # rank 1's time.time_ns() runs 5 ms ahead of rank 0's (its clock_sync)
 
 
 def _write(path: Path, records: list) -> None:
@@ -31,13 +32,14 @@ def _records(run: Path, rank: int, issue_us: int, comms: bool = True) -> None:
     start = schema.RunStart(schema_version=schema.SCHEMA_VERSION, run_name=run.name, rank=rank,
                             local_rank=rank, world_size=2, host="h", pid=1, start_ns=0, argv=[],
                             script="s.py", script_args=[], torch_version="x", config={})
-    sync = schema.ClockSync(rank=rank, offset_ns=0, uncertainty_ns=0, round_trips=1)
+    ahead = AHEAD_NS if rank else 0
+    sync = schema.ClockSync(rank=rank, offset_ns=ahead, uncertainty_ns=0, round_trips=1)
     end = schema.RunEnd(rank=rank, end_ns=1, status="ok", exit_code=0, steps=len(STEPS),
                         windows=1, samples=0, comm_ops=len(STEPS), bytes_written=0, errors=0)
     _write(run / schema.MANIFEST_FILE.format(rank=rank), [start, sync, end])
     steps, ops = [], []
     for n in STEPS:
-        base = RECORDS_CLOCK_NS + (n - 1) * STEP_US * US
+        base = RECORDS_CLOCK_NS + ahead + (n - 1) * STEP_US * US
         steps.append(schema.StepRecord(step=n, start_ns=base, end_ns=base + STEP_US * US))
         ops.append(schema.CommRecord(
             step=n, op="all_reduce", source="ddp", pg="0", pg_size=2, dtype="float32",
@@ -49,8 +51,9 @@ def _records(run: Path, rank: int, issue_us: int, comms: bool = True) -> None:
 
 
 def late_rank_run(folder: Path, comms: bool = True) -> Path:
-    """Two GPU ranks; rank 1 computes until 590 us into each step, rank 0 until 100 us, then
-    its device sits idle until the all-reduce kernel it launches at 590 us (600-700 us)."""
+    """Two GPU ranks on one host (one Kineto clock; rank 1's records clock 5 ms ahead); rank 1
+    computes until 590 us into each step, rank 0 until 100 us, then its device sits idle until
+    the all-reduce kernel it launches at 590 us (600-700 us)."""
     for rank in (0, 1):
         b = TraceBuilder(rank=rank, world_size=2)
         busy_until = LATE_US if rank else 100
@@ -96,7 +99,7 @@ def test_the_document_has_the_cross_rank_object_and_transfer_bandwidth(tmp_path,
     cross = document["cross_rank"]
     assert set(cross) == {"clock", "stragglers", "waits", "mismatches", "pipeline"}
     assert [(c["rank"], c["source"], c["offset_ns"]) for c in cross["clock"]] == [
-        (0, "reference", 0), (1, "clock_sync", 0)]
+        (0, "reference", 0), (1, "clock_sync", AHEAD_NS)]
     assert [(w["rank"], w["step"], w["wait_for_peers_ms"], w["transfer_ms"])
             for w in cross["waits"]] == [
         (0, n, 0.49, 0.11) for n in STEPS] + [(1, n, 0.0, 0.11) for n in STEPS]
@@ -123,12 +126,14 @@ def test_the_text_report_has_the_cross_rank_section(tmp_path, capsys):
 
 def test_kineto_alone_without_comm_records_gives_the_trace_steps(tmp_path):
     """--no-comms: step and manifest records but no comm records. The ops come from the NCCL
-    kernels on the trace's clock; steps are the ProfilerStep numbers, and the records' clock_sync
-    (time.time_ns) is not applied to them."""
+    kernels, put on the records' clock through the steps both hold, so that clock_sync (which
+    measures the records' clock) places them; steps are the ProfilerStep numbers."""
     report = _report(late_rank_run(tmp_path / "run", comms=False))
     cross = report.cross_rank
     assert sorted(cross["waits"]["step"].unique()) == list(STEPS)
-    assert cross["clock"].set_index("rank").loc[1, "source"] == "collectives"
+    clock = cross["clock"].set_index("rank")
+    assert (clock.loc[1, "source"], clock.loc[1, "offset_ns"]) == ("clock_sync", AHEAD_NS)
+    assert cross["kineto_shift_ns"] == {0: -RECORDS_CLOCK_NS, 1: -RECORDS_CLOCK_NS - AHEAD_NS}
     # Kernels start together (600 us): on the device nobody waits, all 100 us is transfer.
     assert (cross["waits"]["transfer_ms"] == 0.1).all()
     assert (cross["waits"]["wait_for_peers_ms"] == 0.0).all()

@@ -198,55 +198,70 @@ def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.Series:
     return pd.Series(np.where(inside, numbers[np.clip(where, 0, None)], np.nan))
 
 
-def _kineto_to_records(trace_steps: pd.DataFrame, record_steps: pd.DataFrame) -> int:
+def _kineto_to_records(trace_steps: pd.DataFrame, record_steps: pd.DataFrame) -> int | None:
     """Kineto's clock minus the records' (time.time_ns) clock, from the steps both hold: a
-    ProfilerStep#N span starts where step record N starts, up to the tracer's own step work."""
+    ProfilerStep#N span starts where step record N starts, up to the tracer's own step work
+    (a few us). None where they hold no common step."""
     if trace_steps is None or record_steps is None or trace_steps.empty or record_steps.empty:
-        return 0
+        return None
     both = trace_steps.merge(record_steps, on="step", suffixes=("_trace", "_records"))
     if both.empty:
-        return 0
-    return int(np.median(both["start_ns_trace"] - both["start_ns_records"]))
+        return None
+    # The median in integers: the difference is ~1.7e18 ns, where float64 steps by 256 ns.
+    differences = np.sort((both["start_ns_trace"] - both["start_ns_records"]).to_numpy("int64"))
+    middle = len(differences) // 2
+    if len(differences) % 2:
+        return int(differences[middle])
+    return int(differences[middle - 1]) + int(differences[middle] - differences[middle - 1]) // 2
 
 
 def run_frames(run) -> dict:
     """{"ops", "steps", "clock_sync", "events", "world_size", "kineto_shift"} of a LoadResult;
-    kineto_shift is, per rank, its Kineto clock minus the clock of its ops (0 where the ops come
-    from the trace itself)."""
+    kineto_shift is, per rank, its Kineto clock minus the clock of its ops (0 where they stay on
+    the trace's own clock)."""
     ops, steps, syncs, events, comm, trace_steps = [], [], [], {}, [], []
     shifts = {}
     for trace in run.ranks:
         if trace.rank is None:
             continue
         records = trace.records
-        rank_steps = trace.steps
+        record_steps = records.steps if records is not None else None
+        has_events = trace.events is not None and len(trace.events) > 0
+        # Kineto's clock minus the records'; None where they share no step.
+        shift = _kineto_to_records(trace.steps, record_steps) if has_events else None
         from_records = (ops_from_records(records.comms, trace.rank)
                         if records is not None and len(records.comms) else empty_ops())
+        rank_steps = trace.steps
         # Records without an op past set-up (DDP's bucket all-reduces run in C++, recorded only
-        # with the tracer's DDP bucket hook) leave the rank to its Kineto events.
+        # with the tracer's DDP bucket hook) leave the rank to its Kineto events, put on the
+        # records' clock where the two share a step, so that clock_sync applies to them too.
         if len(from_records):
             ops.append(from_records)
-            if len(records.steps):
-                rank_steps = records.steps[records.steps["step"] >= FIRST_RECORD_STEP]
-        elif trace.events is not None and len(trace.events):
-            comm.append(trace.events[trace.events["is_comm"].astype(bool)].assign(rank=trace.rank))
-            if len(trace.steps):
-                trace_steps.append(trace.steps[["step", "start_ns", "end_ns"]]
+            if record_steps is not None and len(record_steps):
+                rank_steps = record_steps[record_steps["step"] >= FIRST_RECORD_STEP]
+        elif has_events:
+            moved = shift or 0
+            rank_comm = trace.events[trace.events["is_comm"].astype(bool)]
+            comm.append(rank_comm.assign(rank=trace.rank, ts_ns=rank_comm["ts_ns"] - moved,
+                                         end_ns=rank_comm["end_ns"] - moved))
+            rank_steps = trace.steps.assign(start_ns=trace.steps["start_ns"] - moved,
+                                            end_ns=trace.steps["end_ns"] - moved)
+            if len(rank_steps):
+                trace_steps.append(rank_steps[["step", "start_ns", "end_ns"]]
                                    .assign(rank=trace.rank))
         if len(rank_steps):
             steps.append(rank_steps[["step", "start_ns", "end_ns"]].assign(rank=trace.rank))
-        # clock_sync measures the records' clock (time.time_ns); ops read from Kineto events
-        # are on the trace's own clock, which the collectives estimate instead.
-        for record in records.manifest if len(from_records) else []:
+        # clock_sync measures the records' clock (time.time_ns), not a trace's own.
+        on_records_clock = len(from_records) > 0 or shift is not None
+        for record in records.manifest if records is not None and on_records_clock else []:
             if isinstance(record, schema.ClockSync):
                 syncs.append({"rank": trace.rank, "offset_ns": record.offset_ns,
                               "uncertainty_ns": record.uncertainty_ns})
-        if trace.events is not None and len(trace.events):
-            # Put on the clock of the rank's ops: its records', or the trace's own.
-            shift = _kineto_to_records(trace.steps, records.steps) if len(from_records) else 0
-            shifts[trace.rank] = shift
-            events[trace.rank] = trace.events if shift == 0 else trace.events.assign(
-                ts_ns=trace.events["ts_ns"] - shift, end_ns=trace.events["end_ns"] - shift)
+        if has_events:
+            # On the clock of the rank's ops: its records', or the trace's own.
+            shifts[trace.rank] = moved = shift or 0
+            events[trace.rank] = trace.events if moved == 0 else trace.events.assign(
+                ts_ns=trace.events["ts_ns"] - moved, end_ns=trace.events["end_ns"] - moved)
     if comm:
         ops.append(ops_from_events(pd.concat(comm, ignore_index=True),
                                    pd.concat(trace_steps, ignore_index=True) if trace_steps
