@@ -1,7 +1,8 @@
 """Culprit and victims: which rank the others waited for, how long, and what it was doing.
 
-Per matched instance the last member to arrive caused the others' waits (their wait_for_peers);
-a rank's caused wait is summed over instances. A rank is named a straggler only when its caused
+Per matched instance the last member to arrive caused the others' waits (their wait_for_peers),
+passed along waiting chains to the rank it was itself waiting for (crossrank.blame); a rank's
+caused wait is summed over instances. A rank is named a straggler only when its caused
 wait is large against step time, steady from step to step and well above any other rank's
 (thresholds below; definitions in docs/cross-rank.md).
 """
@@ -13,6 +14,7 @@ import pandas as pd
 
 from analysis import intervals
 from analysis.communication import size_bucket
+from analysis.crossrank.blame import blame
 
 STRAGGLER_COLUMNS = ["rank", "caused_wait_ms_per_step", "share_pct", "steady", "dominant",
                      "fires", "collectives", "evidence"]
@@ -26,19 +28,21 @@ MAX_WINDOWS = 500  # evidence windows examined per straggler, the longest first
 
 
 def _robust(per_step: pd.DataFrame) -> pd.DataFrame:
-    by_rank = per_step.groupby("last_rank")["caused_ns"]
+    by_rank = per_step.groupby("culprit")["caused_ns"]
     return pd.DataFrame({"median": by_rank.median(), "low": by_rank.quantile(0.25)})
 
 
 def caused_waits(waits: pd.DataFrame) -> pd.DataFrame:
-    """Per instance: the last arriver, its step, op, group, bytes and the wait it caused."""
+    """Per instance and rank charged with its waits (`culprit`, blame along waiting chains):
+    the instance's last arriver, step, op, group, bytes and the wait charged (`caused_ns`)."""
     culprit_rows = waits[waits["rank"] == waits["last_rank"]].drop_duplicates("instance")
-    caused = waits.groupby("instance")["wait_ns"].sum().rename("caused_ns")
     transfer = waits.groupby("instance")["transfer_ns"].max().rename("transfer_ns")
     first = waits.groupby("instance")["arrival_ns"].min().rename("first_arrival_ns")
-    return culprit_rows.set_index("instance")[
+    instances = culprit_rows.set_index("instance")[
         ["last_rank", "step", "op", "pg", "bytes", "arrival_ns", "end_ns"]
-    ].join([caused, first, transfer]).reset_index()
+    ].join([first, transfer])
+    charged = blame(waits).set_index("instance")
+    return charged.join(instances, how="inner").rename_axis("instance").reset_index()
 
 
 def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | None = None,
@@ -51,20 +55,20 @@ def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | Non
     step_numbers = np.sort(steps["step"].unique()) if len(steps) else np.sort(
         waits["step"].unique())
     step_ns = float((steps["end_ns"] - steps["start_ns"]).sum()) if len(steps) else np.nan
-    culprits = sorted(instances.loc[instances["caused_ns"] > 0, "last_rank"].unique())
-    grid = pd.MultiIndex.from_product([culprits, step_numbers], names=["last_rank", "step"])
-    per_step = (instances.groupby(["last_rank", "step"])["caused_ns"].sum()
+    culprits = sorted(instances.loc[instances["caused_ns"] > 0, "culprit"].unique())
+    grid = pd.MultiIndex.from_product([culprits, step_numbers], names=["culprit", "step"])
+    per_step = (instances.groupby(["culprit", "step"])["caused_ns"].sum()
                 .reindex(grid, fill_value=0).reset_index())
     stats = _robust(per_step)
     rows = []
     for rank in culprits:
-        total = float(instances.loc[instances["last_rank"] == rank, "caused_ns"].sum())
+        total = float(instances.loc[instances["culprit"] == rank, "caused_ns"].sum())
         median, low = stats.loc[rank, "median"], stats.loc[rank, "low"]
         others = stats.drop(index=rank)["median"]
         share = total / step_ns * 100 if step_ns > 0 else np.nan
         steady = median > 0 and low >= STEADY_FRACTION * median
         dominant = median >= DOMINANCE * (others.max() if len(others) else 0.0)
-        mine = instances[instances["last_rank"] == rank]
+        mine = instances[instances["culprit"] == rank]
         # Each waiting member's wait against the op's own transfer: waiting for R must cost
         # more than the collective itself, or R's lateness is within the op's own noise.
         waiters = max(len(set(waits["rank"])) - 1, 1)
@@ -78,7 +82,8 @@ def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | Non
     table = pd.DataFrame(rows, columns=STRAGGLER_COLUMNS)
     # What a rank did while the others waited is read from its trace only where it is named.
     table["evidence"] = [
-        _evidence(instances[instances["last_rank"] == rank], rank, events, clock,
+        _evidence(instances[(instances["culprit"] == rank) & (instances["last_rank"] == rank)],
+                  rank, events, clock,
                   len(step_numbers)) if fires else None
         for rank, fires in zip(table["rank"], table["fires"])]
     return table.sort_values("caused_wait_ms_per_step", ascending=False,

@@ -10,6 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis import intervals
+from analysis.crossrank.blame import blame
+
 PIPELINE_COLUMNS = ["rank", "steps", "measured_bubble_pct", "theory_bubble_pct",
                     "recv_wait_pct", "transfer_pct", "idle_pct", "caused_recv_wait_ms_per_step",
                     "holds_back"]
@@ -29,6 +32,19 @@ def microbatches_of(waits: pd.DataFrame) -> int | None:
     return int(np.median(last.groupby("step").size()))
 
 
+def _transfer_time(p2p: pd.DataFrame, per: pd.DataFrame) -> pd.Series:
+    """Per rank: the union of its p2p transfer intervals [end - transfer, end) in each step, at
+    most the step's time. Summing would count twice the sends that gloo stamps complete only
+    when the schedule waits on them, which overlap each other and the recvs."""
+    step_ns = per.set_index(["rank", "step"])["step_ns"]
+    per_step = {}
+    for (rank, step), ops in p2p.groupby(["rank", "step"]):
+        ends = ops["end_ns"].to_numpy()
+        covered = intervals.total(ends - ops["transfer_ns"].to_numpy(), ends)
+        per_step[(rank, step)] = min(covered, step_ns.get((rank, step), covered))
+    return pd.Series(per_step, dtype="float64").groupby(level=0).sum()
+
+
 def pipeline_bubbles(waits: pd.DataFrame, work: pd.DataFrame, microbatches: int | None = None,
                      virtual_stages: int = 1) -> pd.DataFrame:
     """Per stage (rank with matched p2p ops): bubble split and theory; `work` has rank, step,
@@ -44,8 +60,12 @@ def pipeline_bubbles(waits: pd.DataFrame, work: pd.DataFrame, microbatches: int 
                                      work_ns=("work_ns", "sum"))
     kept = p2p[p2p.set_index(["rank", "step"]).index.isin(per.set_index(["rank", "step"]).index)]
     recv_wait = kept[kept["op"] == "recv"].groupby("rank")["wait_ns"].sum()
-    transfer = kept.groupby("rank")["transfer_ns"].sum()
-    caused = kept.groupby("last_rank")["wait_ns"].sum()
+    transfer = _transfer_time(kept, per)
+    # Charged along waiting chains (crossrank.blame): a stage late only because it waited for
+    # the stage after it passes the blame on.
+    charged = blame(waits)
+    charged = charged[charged["instance"].isin(kept["instance"])]
+    caused = charged.groupby("culprit")["caused_ns"].sum()
     totals = totals.join([recv_wait.rename("recv_ns"), transfer.rename("transfer_ns"),
                           caused.rename("caused_ns")]).fillna(0)
     bubble = (totals["step_ns"] - totals["work_ns"]).clip(lower=0)
