@@ -75,9 +75,8 @@ def gather(run: LoadResult) -> dict:
             continue
         to_common = _offset_of(clock, trace.rank)
         events = frames["events"].get(trace.rank)
-        kineto_shift = 0
+        kineto_shift = int(frames["kineto_shift"].get(trace.rank, 0))
         if events is not None and len(events):
-            kineto_shift = int(trace.events["ts_ns"].iloc[0] - events["ts_ns"].iloc[0])
             events = events.assign(ts_ns=to_common(events["ts_ns"]),
                                    end_ns=to_common(events["end_ns"]))
         records = trace.records

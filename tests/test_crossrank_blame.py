@@ -3,9 +3,9 @@ answers are known exactly (docs/cross-rank.md, "Culprit and victims" and "Pipeli
 
 import pandas as pd
 import pytest
+from test_crossrank_synthetic import MS, NO_SYNC, frame, op, steps_frame
 
 from analysis.crossrank import analyse, to_json
-from test_crossrank_synthetic import MS, NO_SYNC, frame, op, steps_frame
 
 STEPS = 10
 SYNCED = pd.DataFrame({"rank": [1, 2], "offset_ns": [0, 0], "uncertainty_ns": [1_000, 1_000]})
