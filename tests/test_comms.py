@@ -689,7 +689,7 @@ def test_recorder_failure_falls_back_with_one_line(recorder_factory, capfd, monk
     assert writer.records == [] and recorder.ops == 0
     assert "step counter exploded" in recorder.error
     lines = [line for line in capfd.readouterr().err.splitlines() if "ranktrace" in line]
-    assert lines == [f"ranktrace: rank3 {recorder.error}"]
+    assert lines == [f"ranktrace: rank3 comms: {recorder.error}"]
 
 
 def test_bug_inside_wrapper_falls_back_to_original(recorder_factory, capfd, monkeypatch):
@@ -911,7 +911,7 @@ def test_default_registers_no_ddp_comm_hook(recorder_factory):
     """DDP's C++ reducer reduces its buckets itself: seen in profiler windows, not recorded."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     recorder, writer = recorder_factory()
-    assert recorder.ddp_buckets == "profiler windows only"
+    assert recorder.ddp_buckets == "profiler windows"
     model = DDP(ToyNet())
     model(torch.randn(5, 13)).pow(2).sum().backward()
     recorder.drain(wait=True)
@@ -919,12 +919,32 @@ def test_default_registers_no_ddp_comm_hook(recorder_factory):
     assert [(r.op, r.source) for r in writer.records] == [("broadcast", "ddp")]  # initial sync
 
 
-def test_bucket_hook_option_from_the_environment(one_rank, monkeypatch):
+def test_bucket_hook_comes_from_the_config_only(one_rank, monkeypatch):
+    """The tracer's options read RANKTRACE_DDP_BUCKET_HOOK; the recorder takes what they say."""
     monkeypatch.setenv("RANKTRACE_DDP_BUCKET_HOOK", "1")
-    assert CommsRecorder(ListWriter(), lambda: 0, use_cuda=False).ddp_buckets == "comm hook"
-    monkeypatch.setenv("RANKTRACE_DDP_BUCKET_HOOK", "0")
     assert CommsRecorder(ListWriter(), lambda: 0, use_cuda=False).ddp_buckets == (
-        "profiler windows only")
+        "profiler windows")
+    assert CommsRecorder(ListWriter(), lambda: 0, use_cuda=False,
+                         ddp_bucket_hook=True).ddp_buckets == "comm hook"
+
+
+def test_recorder_is_a_part_that_fails_once_and_tells_the_session(one_rank, capfd):
+    from tracer.part import Part
+    recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
+    told = []
+    recorder.on_failure, recorder.rank = told.append, 2
+    assert isinstance(recorder, Part) and recorder.name == "comms"
+    recorder.start()
+    assert recorder.active
+    try:
+        assert recorder.fail("drain", RuntimeError("boom"))
+        assert not recorder.fail("a later failure the session saw")
+    finally:
+        recorder.close()
+    assert not recorder.active and told == [recorder]
+    assert recorder.error == "drain failed (RuntimeError: boom); comms recording is off"
+    lines = [line for line in capfd.readouterr().err.splitlines() if "ranktrace" in line]
+    assert lines == [f"ranktrace: rank2 comms: {recorder.error}"]
 
 
 # ---- a rank crashes: the other rank's error is the one it would print untraced ------------------

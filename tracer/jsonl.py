@@ -12,9 +12,8 @@ import collections
 
 from tracer import schema
 from tracer.buffered import BufferedFile, RecordBudget
-from tracer.log import say
 
-__all__ = ["CommsWriter", "JsonlWriter", "RecordBudget", "SamplesWriter", "say"]
+__all__ = ["CommsWriter", "JsonlWriter", "RecordBudget", "SamplesWriter"]
 
 
 class JsonlWriter(BufferedFile):

@@ -145,7 +145,7 @@ class Session:
         self.clock.start_ns = time.time_ns()
 
     def _open_comms(self, use_cuda: bool) -> None:
-        recorder_class, why = _import_part("tracer.comms_part", "CommsPart")
+        recorder_class, why = _import_part("tracer.comms", "CommsRecorder")
         if recorder_class is None:
             self._report("comms", why)
             return

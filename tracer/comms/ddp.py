@@ -14,7 +14,7 @@ import weakref
 from tracer.comms.patching import thread
 
 BUCKETS_FROM_HOOK = "comm hook"
-BUCKETS_FROM_PROFILER = "profiler windows only"
+BUCKETS_FROM_PROFILER = "profiler windows"
 
 
 class DdpHooks:

@@ -4,7 +4,6 @@ docs/tracer.md, Collective hooks."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from tracer.comms.c10d import C10dHooks
@@ -12,28 +11,23 @@ from tracer.comms.ddp import DdpHooks
 from tracer.comms.functional import FunctionalHooks
 from tracer.comms.patching import Patches
 from tracer.comms.timing import Timing
-from tracer.jsonl import say
-
-# Read here until the tracer's options carry it (--ddp-bucket-hook).
-DDP_BUCKET_HOOK_ENV = "RANKTRACE_DDP_BUCKET_HOOK"
+from tracer.log import say
+from tracer.part import Part
 
 
-def ddp_bucket_hook_from_env() -> bool:
-    return os.environ.get(DDP_BUCKET_HOOK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+class CommsRecorder(Part):
+    """The comms part: `start` installs the hooks, `close` removes them."""
 
+    name = "comms"
 
-class CommsRecorder:
     def __init__(self, writer, current_step: Callable[[], int], use_cuda: bool, *,
                  event_factory: Callable[[], object] | None = None, wait_timeout_s: float = 10.0,
-                 ddp_bucket_hook: bool | None = None):
+                 ddp_bucket_hook: bool = False):
         """`event_factory` replaces torch.cuda.Event(enable_timing=True) and then times every
         tensor op by events, whatever its device (for tests of the bookkeeping on CPU).
-        `ddp_bucket_hook` None reads RANKTRACE_DDP_BUCKET_HOOK."""
-        self.error: str | None = None
+        `ddp_bucket_hook`: time DDP's buckets through a comm hook (--ddp-bucket-hook)."""
         self.active = False
         self._installed = False
-        if ddp_bucket_hook is None:
-            ddp_bucket_hook = ddp_bucket_hook_from_env()
         self.timing = Timing(writer, current_step, use_cuda, event_factory, wait_timeout_s,
                              self.fail)
         self._patches = Patches(self.fail)
@@ -51,8 +45,14 @@ class CommsRecorder:
 
     @property
     def ddp_buckets(self) -> str:
-        """How DDP's gradient buckets are recorded: "comm hook" or "profiler windows only"."""
+        """How DDP's gradient buckets are recorded: "comm hook" or "profiler windows"."""
         return self.ddp.buckets_recorded_by
+
+    def start(self) -> None:
+        self.install()
+
+    def close(self) -> None:
+        self.uninstall()
 
     def install(self) -> None:
         if self._installed:
@@ -76,9 +76,10 @@ class CommsRecorder:
         self._patches.restore()
         self._installed = False
         if self.functional.compiled_collectives:
-            say(f"comms: {self.functional.compiled_collectives} collectives were compiled into "
+            say(f"{self.functional.compiled_collectives} collectives were compiled into "
                 f"torch.compile graphs; the ops compiled code issues are not in the comms records "
-                f"(comm_ops counts eager ops only; the profiler's Kineto traces show them)")
+                f"(comm_ops counts eager ops only; the profiler's Kineto traces show them)",
+                self.name)
             self.functional.compiled_collectives = 0
 
     def drain(self, wait: bool = False) -> None:
@@ -87,9 +88,11 @@ class CommsRecorder:
         except Exception as exc:
             self.fail("drain", exc)
 
-    def fail(self, what: str, exc: BaseException) -> None:
+    def fail(self, what: str, exc: BaseException | None = None) -> bool:
+        """Switch recording off and report it once: `what` failed with `exc` (the recorder's
+        own faults), or `what` is the whole message (a failure the session saw)."""
         self.active = False
-        if self.error is None:
-            self.error = (f"comms: {what} failed ({type(exc).__name__}: {exc}); "
-                          f"comms recording is off")
-            say(self.error)
+        if exc is None:
+            return Part.fail(self, what)
+        return Part.fail(self, f"{what} failed ({type(exc).__name__}: {exc}); comms recording "
+                               f"is off")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from tracer import schema
-from tracer.jsonl import say
+from tracer.log import say
 
 MAX_PENDING_FUNCTIONAL = 10_000  # outputs that are never waited on must not pile up forever
 
@@ -257,8 +257,8 @@ class Timing:
             pending.keep = None
             self._drop(pending)
         if left or functional:
-            say(f"comms: {len(left) + len(functional)} ops never completed or were never waited "
-                f"on within {self.wait_timeout_s:g}s; they are not in the comms file")
+            say(f"{len(left) + len(functional)} ops never completed or were never waited on "
+                f"within {self.wait_timeout_s:g}s; they are not in the comms file", "comms")
 
     def _write(self, pending) -> None:
         duration_ns = max(int(pending.duration_ns), 0)
