@@ -212,15 +212,19 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
                                 f"say rank {key}; analysing {group[0].path} only")
         trace = _merge_windows(kept) if len(kept) > 1 else kept[0]
         rank = key if isinstance(key, int) else None
-        ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], run_dir, steps,
+        # Records lie beside the trace: several run folders (one per node) form one run.
+        records_dir = trace.path.parent if run_dir is not None else None
+        ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], records_dir, steps,
                                  hta_compatible, comm_kernels))
 
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, str(r.path)))
     world_size = max((r.world_size for r in ranks if r.world_size), default=None)
     if run_dir is not None:
         found = {r.rank for r in ranks}
-        for rank in sorted(record_ranks(run_dir) - found):
-            ranks.append(_records_only_rank(run_dir, rank))
+        for folder in _record_folders(run_dir, files):
+            for rank in sorted(record_ranks(folder) - found):
+                ranks.append(_records_only_rank(folder, rank))
+                found.add(rank)
         ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0,
                                   str(r.path)))
         problems += _unmarked_steps(run_dir, ranks)
@@ -242,6 +246,11 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
         problems.append(f"{where}: no Kineto trace files")
     return LoadResult(ranks=ranks, problems=problems, run_dir=run_dir, world_size=world_size,
                       files=list(files))
+
+
+def _record_folders(run_dir: Path, files: list[Path]) -> list[Path]:
+    """The run folder, then every other folder that holds one of the run's trace files."""
+    return list(dict.fromkeys([run_dir] + [f.parent for f in files]))
 
 
 def _rank_trace(trace: ParsedTrace, rank, extra: list[Path], run_dir: Path | None,

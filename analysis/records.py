@@ -143,6 +143,24 @@ def record_ranks(run_dir: Path) -> set[int]:
     return ranks
 
 
+def manifest_world_sizes(run_dir: Path) -> set[int]:
+    """The world sizes the run_start records of the manifests in `run_dir` give."""
+    sizes = set()
+    for rank in record_ranks(run_dir):
+        path = records_path(run_dir, schema.MANIFEST_FILE, rank)
+        if path is None:
+            continue
+        records, _ = read_jsonl(path, _ManifestWorldSize, rank)
+        sizes |= {r.world_size for r in records
+                  if r.kind == "run_start" and isinstance(r.world_size, int)}
+    return sizes
+
+
+class _ManifestWorldSize(msgspec.Struct):
+    kind: Any = None
+    world_size: Any = None
+
+
 def run_status(manifest: list) -> str | None:
     """How a rank's run ended: its last run_end's status, "crashed" with a run_start and no
     run_end, None without a manifest."""

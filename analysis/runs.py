@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis.cache import CACHE_DIR
-from analysis.records import record_ranks
+from analysis.records import manifest_world_sizes, record_ranks
 from tracer import schema
 
 # Any Chrome/Kineto JSON trace: ours (schema.KINETO_TRACE_RE, a subset) or another tool's, such
@@ -60,7 +60,7 @@ def resolve_runs(paths: list[Path], run: str | None = None, all_runs: bool = Fal
     if files:
         return [(None, files)]
     if len(folders) > 1:
-        raise NothingToAnalyse("give one folder (a run, or a folder of runs)")
+        return [one_run_of_folders(folders, run)]
     folder = folders[0]
     if run is not None:
         candidate = folder / run
@@ -76,6 +76,40 @@ def resolve_runs(paths: list[Path], run: str | None = None, all_runs: bool = Fal
                                f"folder with one")
     chosen = runs if all_runs else runs[-1:]
     return [(r, trace_files(r)) for r in chosen]
+
+
+def one_run_of_folders(folders: list[Path], run: str | None = None) -> tuple[Path, list[Path]]:
+    """Run folders written apart (one per node, no shared file system) as one run: (the first
+    folder, the trace files of all). They fit when no rank is in two of them and their
+    manifests agree on the world size; each rank's records are read beside its trace."""
+    runs = []
+    for folder in folders:
+        candidate = folder / run if run is not None else folder
+        if not is_run_dir(candidate):
+            raise NothingToAnalyse(f"{candidate}: not a run folder (no Kineto trace and no "
+                                   f"records); several folders are analysed as one run only "
+                                   f"when each is a run folder")
+        runs.append(candidate)
+    held: dict[int, Path] = {}
+    for folder in runs:
+        for rank in sorted(folder_ranks(folder)):
+            if rank in held:
+                raise NothingToAnalyse(f"{held[rank]} and {folder} both hold rank {rank}: "
+                                       f"not parts of one run")
+            held[rank] = folder
+    sizes = {folder: manifest_world_sizes(folder) for folder in runs}
+    if len(set().union(*sizes.values())) > 1:
+        said = "; ".join(f"{folder}: {', '.join(map(str, sorted(found)))}"
+                         for folder, found in sizes.items() if found)
+        raise NothingToAnalyse(f"the folders disagree on the world size ({said}): not parts "
+                               f"of one run")
+    return runs[0], [f for folder in runs for f in trace_files(folder)]
+
+
+def folder_ranks(folder: Path) -> set[int]:
+    """The ranks a run folder holds: named by a trace file or by a record file."""
+    named = {file_rank(p) for p in trace_files(folder)}
+    return {r for r in named if r is not None} | record_ranks(folder)
 
 
 def kineto_worker(path: Path) -> str | None:
