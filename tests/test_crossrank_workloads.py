@@ -97,3 +97,47 @@ def test_ddp_names_the_delayed_rank_and_the_other_waits_the_delay(ddp_delayed, s
     assert np.median(victim["wait_for_peers_ms"]) >= 0.75 * DDP_DELAY_MS
     assert np.median(waits[waits["rank"] == 1]["wait_for_peers_ms"]) < 0.25 * DDP_DELAY_MS
     assert document["mismatches"] == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_agents_writing_their_own_folders_are_one_run_of_four_ranks(out):
+    """Two torchrun agents (--nnodes 2, c10d rendezvous on 127.0.0.1), as on two nodes without
+    a shared file system: each writes its ranks into its own --out."""
+    port, name = _free_port(), "two-nodes"
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+         "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", name,
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "tracer.record",
+         "--out", str(out / f"node{node}"), "--run-name", name, *WINDOW, "--ddp-bucket-hook",
+         str(REPO / "workloads" / "ddp.py"), "--steps", str(STEPS), "--layers", "1", *SMALL],
+        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in (0, 1)]
+    for node, agent in enumerate(agents):
+        stdout, stderr = agent.communicate(timeout=600)
+        _check(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr),
+               f"agent {node}")
+    folders = [out / f"node{node}" / name for node in (0, 1)]
+    # Ranks are numbered in the order the agents joined: each folder holds two of the four.
+    held = [sorted(int(p.name[4]) for p in folder.glob("rank*.steps.jsonl")) for folder in folders]
+    assert sorted(held[0] + held[1]) == [0, 1, 2, 3] and all(len(h) == 2 for h in held)
+
+    done = subprocess.run([sys.executable, "-m", "analysis.breakdown", *map(str, folders),
+                           "--format", "json", "--no-cache"],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    _check(done, "python -m analysis.breakdown node0/RUN node1/RUN")
+    document = json.loads(done.stdout)
+    assert document["run"]["world_size"] == 4 and document["run"]["ranks_analysed"] == 4
+    assert sorted(r["rank"] for r in document["ranks"]) == [0, 1, 2, 3]
+    # Every rank's records were read beside its own trace: its run status, its bucket
+    # all-reduces and its clock_sync offset.
+    assert [r["status"] for r in document["ranks"]] == ["ok"] * 4
+    clock = {entry["rank"]: entry["source"] for entry in document["cross_rank"]["clock"]}
+    assert clock == {0: "reference", 1: "clock_sync", 2: "clock_sync", 3: "clock_sync"}
+    waits = document["cross_rank"]["waits"]
+    assert sorted({w["rank"] for w in waits}) == [0, 1, 2, 3]
+    assert document["cross_rank"]["mismatches"] == []

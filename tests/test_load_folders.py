@@ -4,11 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
+from test_load import write_killed_rank
 
 from analysis.cli import main
 from analysis.load import NothingToAnalyse, load_path, resolve_runs
 from synthetic import TraceBuilder, trace_name
-from test_load import write_killed_rank
 from tracer import schema
 
 
