@@ -179,6 +179,22 @@ def test_wait_transfer_and_queueing_behind_the_previous_op():
     assert waits.loc[(1, 1), ["wait_ns", "transfer_ns", "queued_ns"]].tolist() == [0, 3 * MS, 1 * MS]
 
 
+def test_a_p2p_arrival_is_its_issue_not_the_previous_sends_late_end():
+    # Gloo stamps send 1's end (20 ms) when the schedule waits on it; send 2 was issued at 5 ms
+    # and rank 1 posted its recv at 6 ms: rank 1 arrived last, rank 0 waited 1 ms.
+    ops = frame([
+        op(0, 0, 20 * MS, name="send", peer=1), op(0, 5 * MS, 21 * MS, name="send", peer=1),
+        op(1, 1 * MS, 2 * MS, name="recv", peer=0), op(1, 6 * MS, 7 * MS, name="recv", peer=0),
+    ])
+    matched, _ = match_ops(ops, world_size=2)
+    waits = op_waits(matched).sort_values("issue_ns").set_index(["rank", "issue_ns"])
+    second_send, second_recv = waits.loc[(0, 5 * MS)], waits.loc[(1, 6 * MS)]
+    assert [second_send["arrival_ns"], second_send["wait_ns"], second_send["last_rank"]] == \
+        [5 * MS, 1 * MS, 1]
+    assert [second_recv["arrival_ns"], second_recv["wait_ns"], second_recv["transfer_ns"]] == \
+        [6 * MS, 0, 1 * MS]
+
+
 def test_wait_is_clipped_to_the_ops_own_duration():
     # A broadcast root can finish before the last member arrives: its wait is its duration.
     ops = frame([op(0, 0, 2 * MS, name="broadcast"), op(1, 5 * MS, 6 * MS, name="broadcast")])

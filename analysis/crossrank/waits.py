@@ -1,6 +1,6 @@
 """Waiting for peers versus transfer, per matched op on the common clock (docs/cross-rank.md).
 
-arrival = max(issue, end of the member's previous op on the same queue);
+arrival = max(issue, end of the member's previous op on the same queue); a p2p op's is its issue;
 wait_for_peers = last arrival of the instance - own arrival, clipped to [0, end - arrival];
 transfer = end - max(last arrival, own arrival), at least 0.
 """
@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.communication import size_bucket
+from analysis.crossrank.frames import P2P_OPS
 from tracer import schema
 
 WAITS_COLUMNS = ["rank", "step", "wait_for_peers_ms", "transfer_ms", "queued_ms", "ops"]
@@ -26,6 +27,10 @@ def op_waits(common: pd.DataFrame) -> pd.DataFrame:
     latest_end = ops.assign(latest=ops.groupby(queues)["end_ns"].cummax())
     previous_end = latest_end.groupby(queues)["latest"].shift(1)
     issue = ops["issue_ns"].to_numpy()
+    # P2p ops on one link are not run one after another like a group's collectives; and gloo
+    # stamps a send's end only when the schedule waits on it, so a previous send's late end
+    # would make the next send look late.
+    previous_end = previous_end.where(~ops["op"].isin(P2P_OPS))
     ops["arrival_ns"] = np.maximum(issue, previous_end.fillna(np.iinfo("int64").min)
                                    .to_numpy(dtype="int64"))
     ops = ops[ops["instance"] >= 0]
