@@ -139,7 +139,7 @@ def switch_off_tracer_parts(parts: list[str]) -> None:
         tracing.memory = None
     if "steps" in parts:
         # Step records then pile up in memory and are written by the closer, at the end.
-        tracing._stop_step_worker(timeout=1.0)
+        tracing.worker.stop(timeout=1.0)
 
 
 class CallCounter:
