@@ -151,15 +151,19 @@ def test_processes_started_with_mp_spawn_are_reported_as_untraced(tmp_path):
 
 
 def test_ddp_bucket_hook_option_reaches_the_comms_recorder(tmp_path):
-    counts = {}
-    for option, env in (([], {}), (["--ddp-bucket-hook"], {}),
-                        ([], {"RANKTRACE_DDP_BUCKET_HOOK": "1"})):
-        result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler", *option], h.TINY,
-                       ["--steps", "2", "--ddp"], env=h.clean_env(**env))
+    counts, buckets = [], []
+    for i, (option, env) in enumerate((([], {}), (["--ddp-bucket-hook"], {}),
+                                       ([], {"RANKTRACE_DDP_BUCKET_HOOK": "1"}))):
+        result = h.run(["--out", tmp_path, "--run-name", f"r{i}", "--no-profiler",
+                        "--no-sampler", *option], h.TINY, ["--steps", "2", "--ddp"],
+                       env=h.clean_env(**env))
         assert result.returncode == 0, result.stderr
-        counts[(tuple(option), tuple(env))] = h.summaries(result.stderr)[0]["comm_ops"]
+        counts.append(h.summaries(result.stderr)[0]["comm_ops"])
+        (start,) = h.of_kind(h.manifest(tmp_path / f"r{i}", 0), schema.RunStart)
+        buckets.append(start.ddp_buckets)
     # DDP's first broadcast, then with the hook one bucket all-reduce per step.
-    assert list(counts.values()) == ["1", "3", "3"]
+    assert counts == ["1", "3", "3"]
+    assert buckets == ["profiler windows", "comm hook", "comm hook"]
 
 
 def _run_end(**fields) -> schema.RunEnd:

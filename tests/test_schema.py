@@ -47,3 +47,15 @@ def test_a_step_record_carries_samples_only_when_given():
     given = schema.decoder(schema.StepRecord).decode(
         schema.ENCODER.encode(schema.StepRecord(step=0, start_ns=1, end_ns=2, samples=256)))
     assert given.samples == 256
+
+
+def test_run_start_says_where_ddp_buckets_are_seen_and_older_files_still_read():
+    fields = dict(schema_version=1, run_name="r", rank=0, local_rank=0, world_size=1, host="h",
+                  pid=1, start_ns=0, argv=[], script="s.py", script_args=[], torch_version="2",
+                  config={})
+    written = schema.ENCODER.encode(schema.RunStart(**fields, ddp_buckets="comm hook"))
+    read = schema.decoder(schema.ManifestRecord).decode(written)
+    assert read.ddp_buckets == schema.DDP_BUCKETS_FROM_HOOK == "comm hook"
+    older = schema.ENCODER.encode(schema.RunStart(**fields)).replace(b',"ddp_buckets":null', b"")
+    assert b"ddp_buckets" not in older
+    assert schema.decoder(schema.ManifestRecord).decode(older).ddp_buckets is None

@@ -149,6 +149,10 @@ class StepRecord(msgspec.Struct, omit_defaults=True):
     samples: int | None = None
 
 
+DDP_BUCKETS_FROM_HOOK = "comm hook"
+DDP_BUCKETS_FROM_PROFILER = "profiler windows"
+
+
 class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=True):
     schema_version: int
     run_name: str
@@ -169,6 +173,10 @@ class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=
     device_name: str | None = None
     sampler_source: str | None = None  # "nvml" or "psutil"
     sampler_reason: str | None = None  # why psutil was used instead of NVML
+    # Where DDP's gradient buckets are seen: DDP_BUCKETS_FROM_HOOK (every bucket in the comms
+    # records, --ddp-bucket-hook) or DDP_BUCKETS_FROM_PROFILER (in the Kineto traces' windows
+    # only); absent when collectives are not recorded, and in files written before it existed.
+    ddp_buckets: str | None = None
 
 
 class ClockSync(msgspec.Struct, tag="clock_sync", tag_field="kind", omit_defaults=True):

@@ -213,7 +213,8 @@ class Session:
             script_args=list(self.script_args), config=dataclasses.asdict(self.config),
             attempt=self.launch.attempt,
             sampler_source=getattr(self.sampler, "source", None),
-            sampler_reason=getattr(self.sampler, "reason", None), **info))
+            sampler_reason=getattr(self.sampler, "reason", None),
+            ddp_buckets=getattr(self.comms, "ddp_buckets", None), **info))
         with self._errors_lock:
             pending, self._pending_errors = self._pending_errors, None
         for name, message in pending:

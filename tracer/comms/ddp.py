@@ -12,9 +12,7 @@ import functools
 import weakref
 
 from tracer.comms.patching import thread
-
-BUCKETS_FROM_HOOK = "comm hook"
-BUCKETS_FROM_PROFILER = "profiler windows"
+from tracer.schema import DDP_BUCKETS_FROM_HOOK, DDP_BUCKETS_FROM_PROFILER
 
 
 class DdpHooks:
@@ -25,7 +23,7 @@ class DdpHooks:
 
     @property
     def buckets_recorded_by(self) -> str:
-        return BUCKETS_FROM_HOOK if self.bucket_hook else BUCKETS_FROM_PROFILER
+        return DDP_BUCKETS_FROM_HOOK if self.bucket_hook else DDP_BUCKETS_FROM_PROFILER
 
     def install(self, patches) -> None:
         import torch.distributed as dist
