@@ -226,6 +226,50 @@ def test_exception_keeps_traceback_and_exit_code_and_saves_the_open_window(tmp_p
     assert h.summaries(traced.stderr)[0]["status"] == "failed"
 
 
+FAILING_CALLS = """
+import sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def broken_hook(state, bucket):
+    raise RuntimeError("the user's hook fails")
+
+
+if sys.argv[1] == "collective":
+    dist.all_reduce(torch.ones(2, dtype=torch.complex64), op=dist.ReduceOp.MAX)
+elif sys.argv[1] == "chained":
+    dist.destroy_process_group()
+    try:
+        dist.all_reduce(torch.ones(2))
+    except ValueError as exc:
+        raise RuntimeError("no group left") from exc
+else:
+    model = DDP(torch.nn.Linear(4, 4))
+    model.register_comm_hook(None, broken_hook)
+    model(torch.ones(2, 4)).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("failing", ["collective", "chained", "ddp_hook"])
+def test_traceback_through_the_tracers_wrappers_is_the_untraced_one(tmp_path, failing):
+    """A direct dist.* call and a user's DDP comm hook run inside the tracer's wrappers; their
+    frames are left out of the printed traceback, which is then byte for byte the untraced one
+    (the script's path is the same in both runs)."""
+    script = tmp_path / "failing_calls.py"
+    script.write_text(FAILING_CALLS)
+    bare = h.run(None, script, [failing])
+    traced = h.run(["--out", tmp_path / "out", "--no-profiler", "--no-sampler"], script,
+                   [failing])
+    assert bare.returncode == traced.returncode == 1
+    assert "Traceback" in bare.stderr and "tracer" not in bare.stderr
+    assert h.script_stderr(traced.stderr) == bare.stderr
+    assert h.summaries(traced.stderr)[0]["status"] == "failed"
+
+
 def test_sys_exit_code_comes_through_and_counts_as_failed(tmp_path):
     result = h.run(["--out", tmp_path] + FAST, h.TINY, ["--steps", "2", "--exit-code", "3"])
     assert result.returncode == 3

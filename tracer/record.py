@@ -96,11 +96,39 @@ def _exec_as_main(path: str) -> None:
             sys.modules["__main__"] = previous
 
 
+def _is_tracer_frame(frame) -> bool:
+    module = frame.f_globals.get("__name__")
+    return isinstance(module, str) and (module == "tracer" or module.startswith("tracer."))
+
+
 def _script_traceback(tb):
-    """The traceback from the script's first frame on, as Python would print it untraced."""
+    """The traceback as Python would print it untraced: from the script's first frame on, and
+    without the tracer's frames in between (the collective wrappers, the DDP hook labeller),
+    which do not exist untraced."""
     while tb is not None and tb.tb_frame.f_code.co_filename in _TRACEBACK_HIDDEN_FILES:
         tb = tb.tb_next
+    kept = []
+    while tb is not None:
+        if not _is_tracer_frame(tb.tb_frame):
+            kept.append(tb)
+        tb = tb.tb_next
+    tb = None
+    for entry in reversed(kept):
+        tb = types.TracebackType(tb, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
     return tb
+
+
+def _hide_tracer_frames(exc: BaseException) -> None:
+    """`_script_traceback` on the exception and on every exception chained to it or grouped in
+    it, each of which Python prints with its own traceback."""
+    seen, todo = set(), [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = _script_traceback(current.__traceback__)
+        todo += [current.__cause__, current.__context__, *getattr(current, "exceptions", ())]
 
 
 _exit_by_sigint = False
@@ -120,7 +148,7 @@ def report_and_exit(outcome: ScriptOutcome, session: Session | None) -> None:
     exc = outcome.exception
     if exc is not None:
         # The hook prints the exception's own __traceback__ when it has one, not the argument.
-        exc.__traceback__ = _script_traceback(exc.__traceback__)
+        _hide_tracer_frames(exc)
         sys.excepthook(type(exc), exc, exc.__traceback__)
     if session is not None:
         session.print_summary()
