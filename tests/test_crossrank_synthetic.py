@@ -171,12 +171,14 @@ def test_wait_transfer_and_queueing_behind_the_previous_op():
     ])
     matched, _ = match_ops(ops, world_size=2)
     waits = op_waits(matched).set_index(["rank", "position"])
-    assert waits.loc[(0, 0), ["wait_ns", "transfer_ns", "last_rank"]].tolist() == [10 * MS, 2 * MS, 1]
+    first = ["wait_ns", "transfer_ns", "last_rank"]
+    assert waits.loc[(0, 0), first].tolist() == [10 * MS, 2 * MS, 1]
     assert waits.loc[(1, 0), ["wait_ns", "transfer_ns"]].tolist() == [0, 2 * MS]
     # Position 1: both arrive when position 0 ends (12 ms): no wait, 3 ms transfer.
     assert waits.loc[(0, 1), ["arrival_ns", "wait_ns", "transfer_ns", "queued_ns"]].tolist() == \
         [12 * MS, 0, 3 * MS, 11 * MS]
-    assert waits.loc[(1, 1), ["wait_ns", "transfer_ns", "queued_ns"]].tolist() == [0, 3 * MS, 1 * MS]
+    second = ["wait_ns", "transfer_ns", "queued_ns"]
+    assert waits.loc[(1, 1), second].tolist() == [0, 3 * MS, 1 * MS]
 
 
 def test_a_p2p_arrival_is_its_issue_not_the_previous_sends_late_end():
@@ -297,7 +299,8 @@ def test_pipeline_bubble_split_and_theory():
             rows += [op(0, t + 3 * MS, t + 4 * MS, step=s, name="send", peer=1),
                      op(1, t, t + 4 * MS, step=s, name="recv", peer=0)]
     work = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [0, 1, 0, 1],
-                         "step_ns": [100 * MS] * 4, "work_ns": [80 * MS, 80 * MS, 60 * MS, 60 * MS]})
+                         "step_ns": [100 * MS] * 4,
+                         "work_ns": [80 * MS, 80 * MS, 60 * MS, 60 * MS]})
     result = analyse(frame(rows), steps_frame([0, 1], [0, 1]), NO_SYNC, 2, work=work)
     table = result["pipeline"].set_index("rank")
     assert table.loc[1, "measured_bubble_pct"] == pytest.approx(40.0)

@@ -141,7 +141,8 @@ def test_cpu_run_uses_process_cpu_and_rss():
     steps = per_step_table(per_step, [make_trace(0, records)])
     assert steps["cpu_process_pct"].iloc[0] == pytest.approx(100.0)
     assert steps["rss_bytes"].iloc[0] == 3 * GIB
-    assert math.isnan(steps["sm_util_pct"].iloc[0]) and math.isnan(steps["peak_reserved_bytes"].iloc[0])
+    assert math.isnan(steps["sm_util_pct"].iloc[0])
+    assert math.isnan(steps["peak_reserved_bytes"].iloc[0])
     ranks = per_rank_table(per_step, [make_trace(0, records)])
     assert ranks["peak_rss_bytes"].iloc[0] == 3 * GIB
     assert ranks["cpu_process_pct"].iloc[0] == pytest.approx(100.0)
