@@ -90,3 +90,14 @@ def test_every_number_follows_from_the_step_records(tmp_path, script, args, weak
     assert document["mode"] == ("weak" if weak else "strong")
     _check_numbers(document, tmp_path / "sweep", weak)
 
+
+def test_a_straggler_at_four_ranks_costs_efficiency_in_waiting(tmp_path):
+    document = _sweep(tmp_path / "sweep", "1,4", ["--mode", "weak"],
+                      "tests/scripts/scaling_straggle.py", "--straggle", "3:60")
+    lost = [a for a in document["attribution"] if a["world_size"] == 4]
+    largest = max(lost, key=lambda a: a["lost_pct_points"])
+    assert largest["cause"] == "waiting for peers"
+    # the other three ranks of four wait the delay at every step; on an oversubscribed host
+    # they wait longer (the late rank's own work is slowed too), never much less
+    assert largest["lost_ms"] >= 0.5 * 0.75 * 60
+    assert {r["world_size"]: r["stragglers"] for r in document["runs"]}[4] == "3"
