@@ -19,7 +19,10 @@ DATA = Path(__file__).resolve().parent / "data"
 SLOW_MODULES = {
     "test_cli",  # a traced 2-rank run (module fixture) and `python -m analysis.breakdown` calls
     "test_comms",  # traced 2- and 3-rank runs
+    "test_comms_identity",  # DDP on 2- and 3-rank process groups, with and without the recorder
+    "test_comms_recorder",  # a crashed peer under torchrun, traced and untraced
     "test_crossrank_runs",  # traced multi-rank runs
+    "test_crossrank_workloads",  # traced workloads with a delayed rank, two torchrun agents
     "test_diff_runs",  # traced 2-rank runs compared
     "test_faults",  # a traced run per fault
     "test_gpu_validation",  # one `scripts/gpu_validation --cpu --quick` run
