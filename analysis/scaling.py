@@ -243,6 +243,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         metavar="N", help="first steps left out of the step time")
     parser.add_argument("--svg", type=Path, metavar="FILE",
                         help="also write the efficiency plot with a stacked bar per world size")
+    parser.add_argument("--html", type=Path, metavar="FILE",
+                        help="also write a self-contained page with the plot and the report")
     parser.add_argument("--no-cache", action="store_true", help="do not use the Parquet cache")
     return parser.parse_args(argv)
 
@@ -266,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.svg is not None:
         from analysis.scaling_svg import scaling_svg
         args.svg.write_text(scaling_svg(result.table))
+    if args.html is not None:
+        from analysis.scaling_svg import scaling_page
+        title = "ranktrace scaling study: " + ", ".join(str(p) for p in args.paths)
+        args.html.write_text(scaling_page(title, result.table, text_report(result)))
+        print(f"ranktrace: wrote {args.html}", file=sys.stderr)
     return 0
 
 

@@ -44,3 +44,17 @@ def scaling_svg(table: pd.DataFrame) -> str:
             f'<title>{svg.esc("parallel efficiency and step time parts per world size")}</title>'
             f'<svg y="0" width="{WIDTH}" height="{top}">{efficiency}</svg>'
             f'<svg y="{top + 10}" width="{WIDTH}" height="{bottom}">{bars}</svg></svg>')
+
+
+def scaling_page(title: str, table: pd.DataFrame, report_text: str) -> str:
+    """One self-contained HTML page (inline style and script, no network): the plot, then the
+    text report, every name escaped; the HTML report's own style and script."""
+    from analysis.html.assets import SCRIPT, STYLE
+
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{svg.esc(title)}</title><style>{STYLE}</style></head><body>"
+            f"<h1>{svg.esc(title)}</h1><pre id=\"js-errors\"></pre>"
+            f"<section id=\"scaling\"><h2>Efficiency and where the step time goes</h2>"
+            f"{scaling_svg(table)}</section>"
+            f"<section id=\"report\"><h2>Report</h2><pre>{svg.esc(report_text)}</pre></section>"
+            f"<script>{SCRIPT}</script></body></html>")

@@ -189,6 +189,21 @@ def test_command_line_names_a_run_without_step_records(tmp_path, capsys):
     assert "no such folder" in capsys.readouterr().err
 
 
+def test_the_html_page_holds_the_plot_and_the_report_with_names_escaped(tmp_path, capsys):
+    folder = tmp_path / "<script>sweep"
+    _write_run(folder / "ws1-n1-r0", 1, [300, 50, 20, 20, 20], {"samples_per_step": 32})
+    _write_run(folder / "ws2-n1-r0", 2, [300, 50, 25, 25, 25], {"samples_per_step": 32})
+    page_path = tmp_path / "scaling.html"
+    assert scaling.main([str(folder), "--no-cache", "--html", str(page_path)]) == 0
+    page = page_path.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page
+    assert "&lt;script&gt;sweep" in page and "<script>sweep" not in page
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")
+    report = capsys.readouterr().out
+    assert "Scaling study: 2 runs" in report
+    assert "Scaling study: 2 runs" in page
+
+
 def test_the_plot_is_one_svg_with_a_bar_per_world_size():
     table, _ = st.scaling_table(STRONG, "strong")
     root = ET.fromstring(scaling_svg(table))

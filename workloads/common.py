@@ -250,6 +250,16 @@ def log(message: str, on_rank: int = 0) -> None:
         print(message, flush=True)
 
 
+def record_samples_per_step(samples: int) -> None:
+    """Tell ranktrace's tracer, when it traces this script, how many samples each step trains on
+    (the global batch); without the tracer it does nothing."""
+    try:
+        import tracer
+    except ImportError:  # ranktrace is not installed: nothing traces this run
+        return
+    tracer.set_samples_per_step(samples)
+
+
 def rank_path(path: str, rank: int) -> str:
     """``out.pt`` -> ``out.rank1.pt``: where each rank writes its own shard or stage."""
     p = Path(path)

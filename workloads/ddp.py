@@ -40,6 +40,7 @@ try:
         make_parser,
         positive_float,
         positive_int,
+        record_samples_per_step,
         save_results,
     )
 except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
@@ -54,6 +55,7 @@ except ImportError:  # run as a script from a checkout: sys.path[0] is workloads
         make_parser,
         positive_float,
         positive_int,
+        record_samples_per_step,
         save_results,
     )
 
@@ -112,6 +114,7 @@ def main():
     try:
         rank, world_size, device = init_distributed(args)
         log(f"ddp: world size {world_size}, device {device.type}, amp {args.amp}")
+        record_samples_per_step(args.batch_size * args.grad_accum * world_size)
         train(args, rank, world_size, device)
     finally:
         cleanup()

@@ -25,6 +25,7 @@ try:
         make_loader,
         make_parser,
         pick_device,
+        record_samples_per_step,
         save_results,
     )
 except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
@@ -36,6 +37,7 @@ except ImportError:  # run as a script from a checkout: sys.path[0] is workloads
         make_loader,
         make_parser,
         pick_device,
+        record_samples_per_step,
         save_results,
     )
 
@@ -82,6 +84,7 @@ def train(args) -> list[float]:
 def main():
     args = parse_args()
     # Nothing to clean up: DataParallel needs no process group.
+    record_samples_per_step(args.batch_size)
     train(args)
 
 

@@ -39,6 +39,7 @@ try:
         make_loader,
         make_parser,
         rank_path,
+        record_samples_per_step,
         save_results,
     )
 except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
@@ -53,6 +54,7 @@ except ImportError:  # run as a script from a checkout: sys.path[0] is workloads
         make_loader,
         make_parser,
         rank_path,
+        record_samples_per_step,
         save_results,
     )
 
@@ -117,6 +119,7 @@ def main():
         rank, world_size, device = init_distributed(args)
         log(f"model_parallel: {args.layers} blocks, fc1/fc2 sharded over a {world_size}-rank "
             f"{device.type} mesh")
+        record_samples_per_step(args.batch_size)  # every rank trains on the same batch
         train(args, rank, world_size, device)
     finally:
         cleanup()

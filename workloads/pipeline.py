@@ -44,6 +44,7 @@ try:
         make_parser,
         positive_int,
         rank_path,
+        record_samples_per_step,
         save_results,
     )
 except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
@@ -60,6 +61,7 @@ except ImportError:  # run as a script from a checkout: sys.path[0] is workloads
         make_parser,
         positive_int,
         rank_path,
+        record_samples_per_step,
         save_results,
     )
 
@@ -142,6 +144,7 @@ def main():
         rank, world_size, device = init_distributed(args)
         log(f"pipeline: {world_size} stages x {args.layers // world_size} blocks, "
             f"{args.schedule}, {args.microbatches} microbatches, {device.type}")
+        record_samples_per_step(args.batch_size)
         train(args, rank, world_size, device)
     finally:
         cleanup()
