@@ -83,22 +83,43 @@ def comm_ops(trace) -> pd.DataFrame:
     rank = getattr(trace, "rank", None)
     if isinstance(comms, pd.DataFrame) and len(comms):
         frame = _ops_from_records(comms, rank, trace)
+        if _ddp_buckets_in_windows_only(records):
+            # The records lack DDP's bucket all-reduces (no comm hook): take them from the
+            # profiler windows' events, where the trace shows them (docs/report.md).
+            traced = _ops_from_trace(trace, rank)
+            buckets = traced[(traced["issuer"] == "ddp") & (traced["op"] == "all_reduce")]
+            if len(buckets):
+                frame = pd.concat([frame, buckets[frame.columns.intersection(buckets.columns)]],
+                                  ignore_index=True)
     else:
-        events = getattr(trace, "events", None)
-        if not isinstance(events, pd.DataFrame) or events.empty or any(
-                c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
-            return empty_ops()
-        frame = ops_from_events(events, getattr(trace, "steps", None),
-                                getattr(trace, "all_steps", None), rank,
-                                getattr(trace, "world_size", None))
+        frame = _ops_from_trace(trace, rank)
         if frame.empty:
             return empty_ops()
-        frame["issuer"] = issuers.issuers_from_trace(trace, frame.reset_index(drop=True)).to_numpy()
     names = issuers.group_names(trace)
     own = _col(frame, "pg_desc")
     frame["pg_desc"] = [issuers.group_desc(pg, desc) or names.get(pg)
                         for pg, desc in zip(frame["pg"], own)]
     return _with_bandwidths(_typed_ops(frame))
+
+
+def _ddp_buckets_in_windows_only(records) -> bool:
+    """The tracer ran without its DDP comm hook, so DDP's buckets are only in the traces."""
+    return any(isinstance(r, schema.RunStart) and r.ddp_buckets == schema.DDP_BUCKETS_FROM_PROFILER
+               for r in (getattr(records, "manifest", None) or []))
+
+
+def _ops_from_trace(trace, rank) -> pd.DataFrame:
+    events = getattr(trace, "events", None)
+    if not isinstance(events, pd.DataFrame) or events.empty or any(
+            c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
+        return empty_ops()
+    frame = ops_from_events(events, getattr(trace, "steps", None),
+                            getattr(trace, "all_steps", None), rank,
+                            getattr(trace, "world_size", None))
+    if frame.empty:
+        return empty_ops()
+    frame["issuer"] = issuers.issuers_from_trace(trace, frame.reset_index(drop=True)).to_numpy()
+    return frame
 
 
 def _ops_from_records(comms: pd.DataFrame, rank, trace) -> pd.DataFrame:

@@ -253,6 +253,18 @@ def test_two_rank_cpu_run_of_the_tracer(capsys, traced_ddp_run):
         assert sum(step[p] for p in PARTS) == step["step_ns"]
 
 
+def test_ddp_buckets_seen_only_in_the_windows_are_in_the_collectives_table(capsys,
+                                                                          traced_ddp_run):
+    # By default the tracer registers no DDP comm hook, so the records hold DDP's buffer
+    # broadcast but not its gradient all-reduces: the table takes those from the traces.
+    code, out, err = run_cli(capsys, traced_ddp_run, "--format", "json")
+    assert code == 0, err
+    rows = json.loads(out)["collectives"]
+    all_reduce = [r for r in rows if r["op"] == "all_reduce" and r["issuer"] == "ddp"]
+    assert all_reduce and sum(r["count"] for r in all_reduce) >= 2
+    assert any(r["op"] == "broadcast" for r in rows)
+
+
 # ---- what the report says -----------------------------------------------------------------------
 def write_comm_records(run: Path, rank: int, ops: int, steps: int = 0, run_end: bool = True):
     from tracer import schema
