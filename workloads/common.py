@@ -8,6 +8,7 @@ private in-memory store, so no MASTER_ADDR/MASTER_PORT is needed.
 import argparse
 import gc
 import os
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 NUM_CLASSES = 10
+SILENT_RANK_EXIT_DELAY_S = 30.0
 
 
 class Block(nn.Module):
@@ -102,6 +104,13 @@ class RankZeroParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def exit(self, status=0, message=None):
+        if status and env_rank() != 0 and env_world_size() > 1:
+            # Rank 0 prints the one error, and its exit makes the launcher stop this rank. Were
+            # this rank to exit first, the launcher could stop rank 0 before it printed.
+            time.sleep(SILENT_RANK_EXIT_DELAY_S)
+        super().exit(status, message)
 
 
 def _checked(kind, ok, rule: str):
@@ -188,10 +197,10 @@ class Faults:
     def before_forward(self, step: int) -> None:
         self.step_start = (time.perf_counter_ns(), time.thread_time_ns())
         if self._at("crash", step):
-            print(f"rank {self.rank}: --crash, exiting at step {step}", flush=True)
+            say(f"rank {self.rank}: --crash, exiting at step {step}")
             os._exit(1)
         if self._at("hang", step):
-            print(f"rank {self.rank}: --hang, sleeping forever at step {step}", flush=True)
+            say(f"rank {self.rank}: --hang, sleeping forever at step {step}")
             while True:
                 time.sleep(1)
         mismatch = getattr(self.args, "mismatch", None)
@@ -210,8 +219,8 @@ class Faults:
             wall_start, cpu_start = self.step_start
             wall_ns = time.perf_counter_ns() - wall_start
             cpu_ns = time.thread_time_ns() - cpu_start
-            print(f"rank {self.rank} step {step} wall_ms {wall_ns / 1e6:.1f} "
-                  f"cpu_ms {cpu_ns / 1e6:.1f}", flush=True)
+            say(f"rank {self.rank} step {step} wall_ms {wall_ns / 1e6:.1f} "
+                f"cpu_ms {cpu_ns / 1e6:.1f}")
 
 
 def pick_device() -> torch.device:
@@ -247,7 +256,14 @@ def cleanup() -> None:
 def log(message: str, on_rank: int = 0) -> None:
     rank = dist.get_rank() if dist.is_initialized() else env_rank()
     if rank == on_rank:
-        print(message, flush=True)
+        say(message)
+
+
+def say(line: str) -> None:
+    # One write per line: with unbuffered output (python -u) print() writes the text and its
+    # newline separately, and another rank's line sharing the launcher's stdout can land between.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def record_samples_per_step(samples: int) -> None:

@@ -31,8 +31,10 @@ def op_waits(common: pd.DataFrame) -> pd.DataFrame:
     # stamps a send's end only when the schedule waits on it, so a previous send's late end
     # would make the next send look late.
     previous_end = previous_end.where(~ops["op"].isin(P2P_OPS))
-    ops["arrival_ns"] = np.maximum(issue, previous_end.fillna(np.iinfo("int64").min)
-                                   .to_numpy(dtype="int64"))
+    # An op cannot arrive after it ended: where the queue is not strictly serial (an earlier
+    # op's end stamped late), the previous end is capped at this op's own end.
+    previous = previous_end.fillna(np.iinfo("int64").min).to_numpy(dtype="int64")
+    ops["arrival_ns"] = np.maximum(issue, np.minimum(previous, ops["end_ns"].to_numpy()))
     ops = ops[ops["instance"] >= 0]
     by_instance = ops.groupby("instance")["arrival_ns"]
     ops["last_arrival_ns"] = by_instance.transform("max")
