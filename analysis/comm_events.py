@@ -25,6 +25,11 @@ from analysis.comm_names import (
 from analysis.steps import WHOLE_TRACE_STEP
 
 REQUIRED_EVENT_COLUMNS = ("name", "cat", "ts_ns", "dur_ns", "pid", "tid", "is_gpu", "is_comm")
+# The events' columns an op row is made from (_row_from_args).
+_ARG_COLUMNS = ("collective", "group_size", "comm_dtype", "in_nelems", "out_nelems", "pg_name",
+                "pg_desc", "input_dims", "input_type")
+# Queries _innermost steps back through together before it walks the rest one by one.
+_VECTOR_STEPS = 64
 
 
 def col(frame: pd.DataFrame, name: str):
@@ -47,13 +52,13 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
     kernels = comm[is_gpu[is_comm]]
     host = comm[~is_gpu[is_comm]]
     names = host["name"].astype(str)
-    call_op = col(host, "collective").map(canonical_op)
+    call_op = _map_memoised(col(host, "collective"), canonical_op)
     is_call = (names == "record_param_comms") & call_op.notna()
     calls = host[is_call].assign(op=call_op[is_call])
     is_gloo = names.str.startswith("gloo:")
-    gloo = host[is_gloo].assign(op=names[is_gloo].map(canonical_op))
+    gloo = host[is_gloo].assign(op=_map_memoised(names[is_gloo], canonical_op))
     gloo = gloo[gloo["op"].notna()]
-    hint_op = names.map(canonical_op)
+    hint_op = _map_memoised(names, canonical_op)
     is_hint = ~is_gloo & (names != "record_param_comms") & hint_op.notna()
     hints = host[is_hint].assign(op=hint_op[is_hint])
 
@@ -61,9 +66,8 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
     used_calls: set = set()
     rows += _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls, world_size)
     rows += _gloo_ops(gloo, calls, used_calls, world_size)
-    for index, call in calls.to_dict("index").items():
-        if index in used_calls:
-            continue
+    unused = calls[~calls.index.isin(list(used_calls))]
+    for call in _records(unused, _ARG_COLUMNS + ("op", "ts_ns", "pid", "tid")).values():
         # Issued but its execution is not in the trace (outside the window, or a CPU-only
         # profile of a GPU run): the bytes are known, the time is not.
         rows.append(_row_from_args(call, call["op"], call, duration_us=float("nan"),
@@ -130,6 +134,39 @@ def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=N
     }
 
 
+def _map_memoised(values: pd.Series, function) -> pd.Series:
+    """values.map(function), calling `function` once per distinct value: a trace repeats a few
+    hundred names over thousands of events."""
+    seen: dict = {}
+
+    def once(value):
+        if value not in seen:
+            seen[value] = function(value)
+        return seen[value]
+
+    return values.map(once)
+
+
+def _text_matches(column: pd.Series, parts) -> np.ndarray:
+    """Whether each value, as text, contains any of `parts`; decided once per category of a
+    categorical column."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        wanted = [any(p in str(c) for p in parts) for c in column.cat.categories]
+        # Code -1 (a missing value) picks the last entry: no match.
+        return np.array(wanted + [False])[column.cat.codes.to_numpy()]
+    text = column.astype(str)
+    return np.asarray(np.logical_or.reduce([text.str.contains(p, regex=False) for p in parts]))
+
+
+def _records(frame: pd.DataFrame, columns) -> dict:
+    """{index label: {column: Python value}} for the `columns` that `frame` has: the rows as
+    DataFrame.to_dict("index") gives them, built a column at a time (to_dict boxes cell by
+    cell)."""
+    present = [c for c in columns if c in frame.columns]
+    values = zip(*(frame[c].tolist() for c in present)) if present else ({} for _ in frame.index)
+    return {label: dict(zip(present, row)) for label, row in zip(frame.index, values)}
+
+
 def _col_value(row, name):
     if row is None:
         return None
@@ -155,8 +192,7 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
     """
     if kernels.empty:
         return []
-    categories = events["cat"].astype(str)
-    is_launch = ~is_gpu & (categories.str.contains("runtime") | categories.str.contains("driver"))
+    is_launch = ~is_gpu & _text_matches(events["cat"], ("runtime", "driver"))
     correlation = pd.to_numeric(col(events, "correlation"), errors="coerce")
     launches = events[is_launch & (correlation >= 0)].drop_duplicates("correlation")
     launch_by_corr = pd.DataFrame({
@@ -173,28 +209,29 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
     ends = starts + kernels["dur_ns"].to_numpy(dtype="int64")
     launch_ts, launch_pid, launch_tid = (launch["ts"].to_numpy(), launch["pid"].to_numpy(),
                                          launch["tid"].to_numpy())
-    kernel_rows = kernels.to_dict("index")
-    kernel_labels = kernels.index.to_numpy()
-    call_rows = calls.to_dict("index") if len(calls) else {}
-    hint_rows = hints.to_dict("index") if len(hints) else {}
 
     # One op per call, in the order of its first kernel; a kernel without a call is one op.
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     by_group = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[by_group], np.arange(len(first) + 1))
+    groups = np.argsort(first, kind="stable")
+    heads = by_group[bounds[groups]]
+    kernel_rows = _records(kernels.iloc[heads], _ARG_COLUMNS + ("name", "ts_ns", "pid", "tid"))
+    used = np.unique(call_of[heads][call_of[heads] >= 0])
+    call_rows = _records(calls.loc[used], _ARG_COLUMNS + ("op", "ts_ns", "pid", "tid"))
+    hinted = np.unique(hint_of[heads][(call_of[heads] < 0) & (hint_of[heads] >= 0)])
+    hint_rows = _records(hints.loc[hinted], _ARG_COLUMNS + ("op", "ts_ns", "pid", "tid"))
+    group_starts = np.minimum.reduceat(starts[by_group], bounds[:-1]) if len(first) else starts
+    sizes = np.diff(bounds)
     rows = []
-    for group in np.argsort(first, kind="stable"):
-        members = by_group[bounds[group]:bounds[group + 1]]
-        head = members[0]
-        first_kernel = kernel_rows[kernel_labels[head]]
+    for group, head, first_kernel in zip(groups, heads, kernel_rows.values()):
         first_kernel["name"] = str(first_kernel["name"])
-        duration_us = (intervals.total(starts[members], ends[members]) if len(members) > 1
-                       else int(ends[head] - starts[head])) / 1e3
-        kernel_ts = int(starts[members].min())
-        launched = members[~np.isnan(launch_ts[members])]
-        issued_by = ({"ts_ns": launch_ts[launched[0]], "pid": launch_pid[launched[0]],
-                      "tid": launch_tid[launched[0]]} if len(launched) else
-                     {"ts_ns": kernel_ts, "pid": first_kernel["pid"], "tid": first_kernel["tid"]})
+        if sizes[group] > 1:
+            members = by_group[bounds[group]:bounds[group + 1]]
+            duration_us = intervals.total(starts[members], ends[members]) / 1e3
+        else:
+            duration_us = int(ends[head] - starts[head]) / 1e3
+        kernel_ts = int(group_starts[group])
         if call_of[head] >= 0:
             call = call_rows[call_of[head]]
             used_calls.add(call_of[head])
@@ -204,6 +241,11 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
             rows.append(_row_from_args(call, call["op"], pg_source, duration_us, call,
                                        sort_ts=kernel_ts))
             continue
+        members = by_group[bounds[group]:bounds[group + 1]]
+        launched = members[~np.isnan(launch_ts[members])]
+        issued_by = ({"ts_ns": launch_ts[launched[0]], "pid": launch_pid[launched[0]],
+                      "tid": launch_tid[launched[0]]} if len(launched) else
+                     {"ts_ns": kernel_ts, "pid": first_kernel["pid"], "tid": first_kernel["tid"]})
         hint = hint_rows.get(hint_of[head]) if hint_of[head] >= 0 else None
         op = (canonical_op(_col_value(first_kernel, "collective"))
               or (hint["op"] if hint is not None else None)
@@ -258,17 +300,37 @@ def _innermost(candidates: pd.DataFrame, pids, tids, times) -> np.ndarray:
         starts = starts[order]
         ends = starts + group["dur_ns"].to_numpy(dtype="float64")[order]
         labels = group.index.to_numpy()[order]
-        # No candidate at or before j holds t once the latest end among them is before t.
-        latest_end = np.maximum.accumulate(ends)
         positions = np.searchsorted(starts, query_ts[where], side="right") - 1
-        for q, j in zip(where, positions):
-            t = query_ts[q]
-            while j >= 0 and latest_end[j] >= t:
-                if ends[j] >= t:
-                    result[q] = labels[j]
-                    break
-                j -= 1
+        result[where] = _innermost_on_thread(starts, ends, labels, positions, query_ts[where])
     return result
+
+
+def _innermost_on_thread(starts, ends, labels, positions, times) -> np.ndarray:
+    """Walks back from each query's last candidate starting at or before its time to the first
+    whose span holds it, every query one step at a time together; the few still walking after
+    _VECTOR_STEPS steps (deeply overlapping spans) finish one by one."""
+    found = np.full(len(times), -1, dtype=np.int64)
+    # No candidate at or before j holds t once the latest end among them is before t.
+    latest_end = np.maximum.accumulate(ends)
+    walking = np.flatnonzero(positions >= 0)
+    j = positions[walking]
+    for _ in range(_VECTOR_STEPS):
+        if not len(walking):
+            return found
+        t = times[walking]
+        going = latest_end[j] >= t
+        holds = going & (ends[j] >= t)
+        found[walking[holds]] = labels[j[holds]]
+        keep = going & ~holds & (j > 0)
+        walking, j = walking[keep], j[keep] - 1
+    for q, at in zip(walking, j):
+        t = times[q]
+        while at >= 0 and latest_end[at] >= t:
+            if ends[at] >= t:
+                found[q] = labels[at]
+                break
+            at -= 1
+    return found
 
 
 def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
