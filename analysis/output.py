@@ -44,6 +44,7 @@ class RunReport:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # the other analyses' tables
     unavailable: dict[str, str] = field(default_factory=dict)  # table -> why it is missing
     cross_rank: dict | None = None  # analysis.crossrank.cross_rank's frames; None if it failed
+    stop: dict | None = None  # analysis.stop.stop_diagnosis; None for a run that ended well
 
     def step_table(self) -> pd.DataFrame:
         """The per-step table: analysis.ranks' fuller one where it was built, else ours."""
@@ -120,6 +121,9 @@ def run_document(report: RunReport) -> dict:
         "cross_rank": (crossrank.to_json(report.cross_rank)
                        if report.cross_rank is not None else None),
         "unavailable": dict(report.unavailable),
+        "stop_diagnosis": (None if report.stop is None else {
+            "groups": records(report.stop["groups"]), "ranks": plain(report.stop["ranks"]),
+            "lines": report.stop["lines"]}),
     }
 
 
@@ -363,6 +367,8 @@ def text_report(report: RunReport) -> str:
     if status:
         lines.append(status)
     lines.append("")
+    if report.stop is not None:
+        lines += ["Stop diagnosis"] + [f"  {line}" for line in report.stop["lines"]] + [""]
     if report.per_step.empty:
         lines.append("No step was analysed: no time breakdown (the warnings say why).\n")
     else:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import bottlenecks, communication, crossrank, output, ranks
+from analysis import bottlenecks, communication, crossrank, output, ranks, stop
 from analysis.breakdown import breakdown_per_step, empty_breakdown, rank_totals
 from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import wait_windows
@@ -77,7 +77,26 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
         step_table if step_table is not None else per_step, per_rank, collectives,
         report.idle_gaps, traces, cross_rank=cross))
+    _stop_diagnosis(loaded, report)
     return report
+
+
+def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
+    """analysis.stop on a run that did not end well; a failure becomes a problem."""
+    statuses = {t.rank: t.status for t in loaded.ranks if t.rank is not None}
+    if loaded.run_dir is None or not stop.needs_diagnosis(statuses):
+        return
+    try:
+        issued, frames, problems = stop.read_stop_inputs(Path(loaded.run_dir), sorted(statuses))
+        report.problems.extend(problems)
+        completed = pd.concat([t.records.comms for t in loaded.ranks if t.records is not None]
+                              or [pd.DataFrame()], ignore_index=True)
+        report.stop = stop.stop_diagnosis(stop.stop_ops(issued, completed), frames, statuses,
+                                          loaded.world_size or len(statuses))
+    except Exception as exc:  # the rest of the report stands without it
+        why = f"{type(exc).__name__}: {exc}"
+        report.problems.append(f"stop diagnosis failed ({why})")
+        report.unavailable["stop_diagnosis"] = why
 
 
 def _cross_rank(loaded: LoadResult, step_table: pd.DataFrame | None,

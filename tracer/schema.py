@@ -1,8 +1,10 @@
 """The ranktrace trace contract: file names, record fields, units and the schema version.
 
 The tracer writes these files and the analysis reads them; both import this module, and
-`docs/trace-format.md` describes it for users. Change a field here, bump SCHEMA_VERSION, and
-update the docs in the same commit.
+`docs/trace-format.md` describes it for users. Rename, remove or change the meaning of a field
+here, bump SCHEMA_VERSION, and update the docs in the same commit. Adding an optional field or a
+new file keeps the version: readers ignore fields and files they do not know, and files written
+before the addition simply lack it.
 
 Units: times are integers in nanoseconds (`*_ns`, Unix epoch from `time.time_ns()` on the
 rank's host clock) unless a name says `_us`; sizes are bytes; bandwidths are GB/s (1e9 bytes/s).
@@ -27,6 +29,11 @@ MANIFEST_FILE = "rank{rank}.manifest.jsonl"
 COMMS_FILE = "rank{rank}.comms.jsonl"
 SAMPLES_FILE = "rank{rank}.samples.jsonl"
 STEPS_FILE = "rank{rank}.steps.jsonl"
+# One IssueRecord per collective and p2p op, written when the op is issued (its CommRecord in
+# COMMS_FILE follows when it completes).
+ISSUED_FILE = "rank{rank}.issued.jsonl"
+# One StackDump per SIGUSR1, SIGTERM, or exception raised by a collective; written unbuffered.
+STACKS_FILE = "rank{rank}.stacks.jsonl"
 # torch's own format, never loaded by us
 MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"
 TEMP_SUFFIX = ".tmp"  # files are written as <name>.tmp then renamed
@@ -103,6 +110,62 @@ class CommRecord(msgspec.Struct, omit_defaults=True):
     busbw_gbps: float  # algbw * bus_factor(op, pg_size)
     peer: int | None = None  # global rank of the other side, for send/recv
     async_op: bool = False  # issued with async_op=True (or as a functional collective)
+    # The op's IssueRecord.position; absent in files written before issue records existed.
+    position: int | None = None
+    # The op ended with an error (the process group's timeout, a dead peer); end_ns is when the
+    # error was seen
+    failed: bool = False
+
+
+class IssueRecord(msgspec.Struct, omit_defaults=True):
+    """One collective or p2p op at the moment it is issued, one line of rank{R}.issued.jsonl.
+
+    Written before the op is handed to torch, so an op that never completes (a hang, a dead
+    peer, a timeout) is still on record. Its CommRecord, with the same (pg, position), follows
+    when it completes."""
+
+    step: int  # as CommRecord.step
+    op: str
+    source: str
+    pg: str
+    pg_size: int
+    # Collectives: 0-based index of this op among this rank's collectives on `pg` over the whole
+    # run (every member issues a group's collectives in the same order, so the same position is
+    # the same op on every member). send/recv: index among this rank's ops of the same kind
+    # (send or recv) with the same peer on `pg`, so send #k from a to b matches recv #k at b.
+    position: int
+    dtype: str
+    bytes: int  # as CommRecord.bytes
+    issue_ns: int  # host clock when the op was issued (CommRecord.start_ns)
+    peer: int | None = None
+    async_op: bool = False
+
+
+class StackFrame(msgspec.Struct, omit_defaults=True):
+    file: str
+    line: int
+    function: str
+
+
+class ThreadStack(msgspec.Struct, omit_defaults=True):
+    name: str
+    thread_id: int
+    main: bool
+    frames: list[StackFrame]  # outermost first, as in a Python traceback; tracer frames left out
+
+
+class StackDump(msgspec.Struct, omit_defaults=True):
+    """The Python stack of every thread and the ops issued but not completed, at one moment;
+    one line of rank{R}.stacks.jsonl."""
+
+    rank: int
+    t_ns: int
+    # "sigusr1" (the user asked; training goes on), "sigterm", or "exception" (a collective
+    # raised, e.g. the process group's timeout; `exception` says which)
+    reason: str
+    threads: list[ThreadStack]
+    pending: list[IssueRecord]  # issued, not completed, oldest first
+    exception: str | None = None  # "TypeName: first line of the message"
 
 
 class DeviceSample(msgspec.Struct, omit_defaults=True):

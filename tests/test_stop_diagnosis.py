@@ -1,0 +1,178 @@
+"""The stop diagnosis (analysis.stop) on hand-built records whose answers are known."""
+
+from __future__ import annotations
+
+import msgspec
+import pandas as pd
+
+from analysis import open_run, output, stop
+from tracer import schema
+
+T0 = 1_800_000_000_000_000_000
+MB = 1_062_952
+
+
+def issue(rank, position, op="all_reduce", nbytes=MB, pg="0", pg_size=4, dtype="float32",
+          peer=None, at=None):
+    return {"rank": rank, "step": 0, "op": op, "source": "c10d", "pg": pg, "pg_size": pg_size,
+            "position": position, "dtype": dtype, "bytes": nbytes, "peer": peer,
+            "issue_ns": T0 + (at if at is not None else position * 1_000_000 + rank),
+            "async_op": False}
+
+
+def done(record, failed=False):
+    return {**{k: v for k, v in record.items() if k != "issue_ns"},
+            "start_ns": record["issue_ns"], "end_ns": record["issue_ns"] + 500,
+            "failed": failed}
+
+
+def frames(issued, completed):
+    return pd.DataFrame(issued), pd.DataFrame(completed)
+
+
+def no_frames():
+    return pd.DataFrame(columns=stop.FRAME_COLUMNS)
+
+
+def hang_on_rank_2():
+    """4 ranks; positions 0-2 done everywhere; rank 2 never issues #3, the others wait in it."""
+    issued = [issue(r, p) for r in range(4) for p in range(3)]
+    completed = [done(i) for i in issued]
+    issued += [issue(r, 3, at=5_000_000 + r) for r in (0, 1, 3)]
+    return frames(issued, completed)
+
+
+def test_a_rank_that_never_issued_the_next_collective_is_named_with_the_op_and_position():
+    ops = stop.stop_ops(*hang_on_rank_2())
+    statuses = {0: "failed", 1: "failed", 2: "crashed", 3: "failed"}
+    groups = stop.diagnose_groups(ops, statuses, 4)
+    assert len(groups) == 1
+    row = groups.iloc[0]
+    assert (row["kind"], row["position"], row["op"], row["bytes"]) == ("missing", 3,
+                                                                       "all_reduce", MB)
+    assert row["missing_ranks"] == [2] and row["issued_ranks"] == [0, 1, 3]
+    assert row["last_completed_position"] == 2 and row["dead_ranks"] == [2]
+    assert row["waiting_since_ns"] == T0 + 5_000_000
+    assert row["text"] == (
+        f"rank 2 never issued all_reduce #3 on group 0 (1.1 MB float32), which ranks 0-1, 3 "
+        f"waited in from {stop.clock_text(T0 + 5_000_000)}; rank 2 died (no run_end); last "
+        f"position every member completed: #2")
+
+
+def test_members_that_issued_one_position_differently_are_a_mismatch():
+    issued = [issue(r, p, pg_size=2) for r in range(2) for p in range(5)]
+    completed = [done(i) for i in issued]
+    issued += [issue(0, 5, nbytes=4, pg_size=2), issue(1, 5, nbytes=4096, pg_size=2)]
+    ops = stop.stop_ops(*frames(issued, completed))
+    row = stop.diagnose_groups(ops, {0: "failed", 1: "failed"}, 2).iloc[0]
+    assert (row["kind"], row["position"], row["last_completed_position"]) == ("mismatch", 5, 4)
+    assert row["missing_ranks"] == [] and row["issued_ranks"] == [0, 1]
+    assert row["signatures"] == "all_reduce 4 B float32 on rank 0; all_reduce 4.1 kB float32 " \
+                                "on rank 1"
+    assert row["dead_ranks"] == []
+
+
+def test_a_position_every_member_issued_and_none_completed_is_reported_as_such():
+    issued = [issue(r, p, pg_size=2) for r in range(2) for p in range(2)]
+    completed = [done(i) for i in issued if i["position"] == 0]
+    completed += [done(i, failed=True) for i in issued if i["position"] == 1 and i["rank"] == 0]
+    ops = stop.stop_ops(*frames(issued, completed))
+    assert ops.loc[(ops["rank"] == 0) & (ops["position"] == 1), "failed"].item()
+    row = stop.diagnose_groups(ops, {0: "failed", 1: "interrupted"}, 2).iloc[0]
+    assert (row["kind"], row["position"], row["last_completed_position"]) == (
+        "not_completed", 1, 0)
+
+
+def test_completion_records_alone_give_positions_in_issue_order():
+    """Files written before issue records: no position, no failed flag."""
+    rows = [done(issue(r, p, pg_size=2)) for r in range(2) for p in range(4)]
+    rows = [{k: v for k, v in r.items() if k not in ("position", "failed")} for r in rows
+            if not (r["rank"] == 1 and r["step"] == 0 and r["start_ns"] >= T0 + 3_000_000)]
+    ops = stop.stop_ops(pd.DataFrame(columns=list(issue(0, 0))), pd.DataFrame(rows[::-1]))
+    assert sorted(ops.loc[ops["rank"] == 1, "position"]) == [0, 1, 2]
+    row = stop.diagnose_groups(ops, {0: "failed", 1: "crashed"}, 2).iloc[0]
+    assert (row["kind"], row["position"], row["missing_ranks"]) == ("missing", 3, [1])
+
+
+def test_a_subgroup_counts_only_its_members_and_p2p_is_left_out():
+    issued = [issue(r, 0, pg="5", pg_size=2) for r in (2, 3)]
+    issued += [issue(r, 0, pg="0", pg_size=4) for r in range(4)]
+    issued += [issue(0, 0, op="send", pg="0", pg_size=4, peer=1)]
+    completed = [done(i) for i in issued if i["pg"] == "0" and i["op"] != "send"]
+    completed += [done(issued[0])]
+    ops = stop.stop_ops(*frames(issued, completed))
+    groups = stop.diagnose_groups(ops, {r: "failed" for r in range(4)}, 4)
+    assert list(groups["pg"]) == ["5"]
+    assert groups.iloc[0]["missing_ranks"] == [] and groups.iloc[0]["issued_ranks"] == [2, 3]
+    assert groups.iloc[0]["kind"] == "not_completed"
+
+
+def _dump(reason, function, line, t_ns):
+    frames_ = [schema.StackFrame(file="/x/train.py", line=10, function="<module>"),
+               schema.StackFrame(file="/x/train.py", line=line, function=function)]
+    return schema.StackDump(rank=1, t_ns=t_ns, reason=reason, pending=[], threads=[
+        schema.ThreadStack(name="other", thread_id=2, main=False, frames=frames_[:1]),
+        schema.ThreadStack(name="MainThread", thread_id=1, main=True, frames=frames_)])
+
+
+def test_the_last_dump_that_is_not_sigusr1_gives_the_innermost_frames_first():
+    dumps = [_dump("sigterm", "wait_here", 45, 1), _dump("sigusr1", "later", 50, 2)]
+    found = stop.dump_frames(dumps, 1)
+    assert [(f["depth"], f["function"], f["line"]) for f in found] == [
+        (0, "wait_here", 45), (1, "<module>", 10)]
+    assert stop.dump_frames([dumps[1]], 1)[0]["function"] == "later"
+    text = stop.rank_text(1, "interrupted", pd.DataFrame(found))
+    assert text == ("rank 1 (interrupted) was in wait_here at /x/train.py:45, called from "
+                    "<module> at /x/train.py:10 (sigterm)")
+
+
+def test_a_run_every_rank_ended_ok_gets_no_diagnosis():
+    issued, completed = hang_on_rank_2()
+    ops = stop.stop_ops(issued, completed)
+    assert stop.stop_diagnosis(ops, no_frames(), {r: "ok" for r in range(4)}, 4) is None
+    diagnosis = stop.stop_diagnosis(ops, no_frames(), {0: "ok", 1: "ok", 2: "crashed",
+                                                       3: "ok"}, 4)
+    assert diagnosis["lines"][0].startswith("rank 2 never issued all_reduce #3")
+    assert diagnosis["lines"][-2] == "rank 2 (crashed) no stack dump"
+
+
+# ---- wired into the report ----------------------------------------------------------------------
+def _write(path, records):
+    path.write_bytes(b"".join(schema.ENCODER.encode(r) + b"\n" for r in records))
+
+
+def _run_folder(tmp_path):
+    for rank in (0, 1):
+        start = schema.RunStart(
+            schema_version=schema.SCHEMA_VERSION, run_name="r", rank=rank, local_rank=rank,
+            world_size=2, host="h", pid=1, start_ns=T0, argv=[], script="t.py", script_args=[],
+            torch_version="x", config={})
+        ends = [schema.RunEnd(rank=0, end_ns=T0 + 10**10, status="failed", exit_code=1,
+                              steps=0, windows=0, samples=0, comm_ops=3, bytes_written=0,
+                              errors=0, world_size=2)] if rank == 0 else []
+        _write(tmp_path / schema.MANIFEST_FILE.format(rank=rank), [start] + ends)
+        positions = range(3) if rank == 0 else range(2)
+        issued = [schema.IssueRecord(**{k: v for k, v in issue(rank, p, pg_size=2).items()
+                                        if k != "rank"}) for p in positions]
+        _write(tmp_path / schema.ISSUED_FILE.format(rank=rank), issued)
+        _write(tmp_path / schema.COMMS_FILE.format(rank=rank), [
+            schema.CommRecord(**{**{k: v for k, v in done(msgspec.structs.asdict(i)).items()},
+                                 "duration_us": 0.5, "timing": "host", "algbw_gbps": 1.0,
+                                 "busbw_gbps": 1.0}) for i in issued[:2]])
+    _write(tmp_path / schema.STACKS_FILE.format(rank=1), [_dump("sigterm", "sleepy", 45, 1)])
+
+
+def test_the_report_opens_with_the_diagnosis_and_json_holds_it(tmp_path):
+    _run_folder(tmp_path)
+    run = open_run(str(tmp_path), use_cache=False)
+    document = run.document()["stop_diagnosis"]
+    group = document["groups"][0]
+    assert (group["kind"], group["position"], group["missing_ranks"], group["dead_ranks"]) == (
+        "missing", 2, [1], [1])
+    assert document["ranks"][1]["frames"][0] == {"file": "/x/train.py", "line": 45,
+                                                 "function": "sleepy"}
+    text = output.text_report(run.report)
+    first_table = min(i for i in (text.find("Collectives"), text.find("Ranks")) if i >= 0)
+    assert text.index("Stop diagnosis") < first_table
+    assert "rank 1 never issued all_reduce #2 on group 0" in text
+    assert "rank 1 (crashed) was in sleepy at /x/train.py:45" in text
