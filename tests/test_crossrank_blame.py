@@ -73,3 +73,24 @@ def test_pipeline_transfer_counts_overlapping_transfers_once():
     table = result["pipeline"].set_index("rank")
     assert table.loc[0, "transfer_pct"] == pytest.approx(10.0)
     assert table.loc[0, "idle_pct"] == pytest.approx(40.0)
+
+
+def test_a_late_last_stage_is_named_although_each_transfer_is_long():
+    """Gradients flow 3 -> 2 -> 1 -> 0; stage 3 sends 10 ms late and every transfer takes 4 ms
+    (gloo stamps sends late). Each p2p instance has one waiting member, so the 30 ms charged to
+    stage 3 per step weigh against 3 x 4 ms of transfer, not against a third of it."""
+    rows = []
+    for s in range(STEPS):
+        t = s * 100 * MS
+        rows += [op(3, t + 10 * MS, t + 14 * MS, step=s, name="send", peer=2),
+                 op(2, t, t + 14 * MS, step=s, name="recv", peer=3)]
+        for stage in (2, 1):  # each stage forwards at once what it received
+            sent = t + (14 + 4 * (2 - stage)) * MS
+            rows += [op(stage, sent, sent + 4 * MS, step=s, name="send", peer=stage - 1),
+                     op(stage - 1, t, sent + 4 * MS, step=s, name="recv", peer=stage)]
+    synced = pd.DataFrame({"rank": [1, 2, 3], "offset_ns": 0, "uncertainty_ns": 1_000})
+    result = analyse(frame(rows), steps_frame(range(4), range(STEPS)), synced, 4)
+    assert [s["rank"] for s in to_json(result)["stragglers"]] == [3]
+    table = result["stragglers"].set_index("rank")
+    assert table.loc[3, "caused_wait_ms_per_step"] == pytest.approx(30.0)
+    assert table.loc[3, "material"]

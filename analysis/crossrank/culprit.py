@@ -3,11 +3,14 @@
 Per matched instance the last member to arrive caused the others' waits (their wait_for_peers),
 passed along waiting chains to the rank it was itself waiting for (crossrank.blame); a rank's
 caused wait is summed over instances. A rank is named a straggler only when its caused
-wait is large against step time, steady from step to step and well above any other rank's
-(thresholds below; definitions in docs/cross-rank.md).
+wait is large against step time, steady from step to step, made it the step's main culprit in
+more steps than chance allows, and longer than the ops' own transfer (thresholds below;
+definitions in docs/cross-rank.md).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -16,31 +19,54 @@ from analysis import intervals
 from analysis.communication import size_bucket
 from analysis.crossrank.blame import blame
 
-STRAGGLER_COLUMNS = ["rank", "caused_wait_ms_per_step", "share_pct", "steady", "dominant",
-                     "fires", "collectives", "evidence"]
+STRAGGLER_COLUMNS = ["rank", "caused_wait_ms_per_step", "share_pct", "clean_steps",
+                     "top_steps", "chance", "steady", "significant", "material", "fires",
+                     "collectives", "evidence"]
 MIN_SHARE_PCT = 5.0  # the caused wait is at least this share of the ranks' summed step time
-STEADY_FRACTION = 0.5  # in 3 of 4 steps (lower quartile) at least half the median caused wait
-DOMINANCE = 2.0  # ... and >= 2 x any other rank's median caused wait per step
-# ... and each waiting member waited longer than the ops' transfer (see find_stragglers)
+STEADY_FRACTION = 0.5  # a step counts as late when R caused at least half its median ...
+STEADY_STEPS = 0.75  # ... in at least this fraction of the clean steps
+MIN_STEPS = 5  # clean steps needed before any rank is named
+CHANCE_LEVEL = 1e-3  # R was the step's main culprit more often than a fair draw explains
+# The tracer's own work between two steps (profiler start, window switch, trace export) is
+# normally tens of microseconds; a longer gap makes the next step's arrivals the tracer's.
+TRACER_GAP_NS = 250_000
 TOP_COLLECTIVES = 3
 TOP_OPS = 5
 MAX_WINDOWS = 500  # evidence windows examined per straggler, the longest first
 
 
-def _robust(per_step: pd.DataFrame) -> pd.DataFrame:
-    by_rank = per_step.groupby("culprit")["caused_ns"]
-    return pd.DataFrame({"median": by_rank.median(), "low": by_rank.quantile(0.25)})
+def clean_steps(steps: pd.DataFrame, evidence: np.ndarray) -> np.ndarray:
+    """The steps with matched ops (`evidence`) before which no rank's tracer worked longer than
+    TRACER_GAP_NS (the gap between a rank's previous step's end and the step's start)."""
+    if steps is None or steps.empty:
+        return np.sort(evidence)
+    ordered = steps.sort_values(["rank", "step"])
+    previous_end = ordered.groupby("rank")["end_ns"].shift(1)
+    follows = ordered["step"] - ordered.groupby("rank")["step"].shift(1) == 1
+    gap = (ordered["start_ns"] - previous_end).where(follows, 0)
+    perturbed = set(ordered.loc[gap > TRACER_GAP_NS, "step"])
+    return np.array(sorted(set(evidence) - perturbed), dtype="int64")
+
+
+def chance_of(top_steps: int, steps: int, members: int) -> float:
+    """The chance that one of `members` ranks, each equally likely per step, is the step's main
+    culprit in `top_steps` or more of `steps` steps (the binomial tail)."""
+    p = 1.0 / max(members, 1)
+    return float(sum(math.comb(steps, k) * p ** k * (1 - p) ** (steps - k)
+                     for k in range(top_steps, steps + 1)))
 
 
 def caused_waits(waits: pd.DataFrame) -> pd.DataFrame:
     """Per instance and rank charged with its waits (`culprit`, blame along waiting chains):
-    the instance's last arriver, step, op, group, bytes and the wait charged (`caused_ns`)."""
+    the instance's last arriver, step, op, group, bytes, the members that waited (`waiters`)
+    and the wait charged (`caused_ns`)."""
     culprit_rows = waits[waits["rank"] == waits["last_rank"]].drop_duplicates("instance")
     transfer = waits.groupby("instance")["transfer_ns"].max().rename("transfer_ns")
     first = waits.groupby("instance")["arrival_ns"].min().rename("first_arrival_ns")
+    waiters = (waits["wait_ns"] > 0).groupby(waits["instance"]).sum().rename("waiters")
     instances = culprit_rows.set_index("instance")[
         ["last_rank", "step", "op", "pg", "bytes", "arrival_ns", "end_ns"]
-    ].join([first, transfer])
+    ].join([first, transfer, waiters])
     charged = blame(waits).set_index("instance")
     return charged.join(instances, how="inner").rename_axis("instance").reset_index()
 
@@ -56,27 +82,34 @@ def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | Non
         waits["step"].unique())
     step_ns = float((steps["end_ns"] - steps["start_ns"]).sum()) if len(steps) else np.nan
     culprits = sorted(instances.loc[instances["caused_ns"] > 0, "culprit"].unique())
-    grid = pd.MultiIndex.from_product([culprits, step_numbers], names=["culprit", "step"])
-    per_step = (instances.groupby(["culprit", "step"])["caused_ns"].sum()
-                .reindex(grid, fill_value=0).reset_index())
-    stats = _robust(per_step)
+    clean = clean_steps(steps, np.intersect1d(step_numbers, waits["step"].unique()))
+    per_step = (instances[instances["step"].isin(clean)]
+                .pivot_table(index="step", columns="culprit", values="caused_ns", aggfunc="sum")
+                .reindex(index=clean, columns=culprits).fillna(0.0))
+    # The step's main culprit: the rank charged with the most wait in it (none if nobody was).
+    top = per_step.idxmax(axis=1).where(per_step.max(axis=1) > 0) if len(culprits) else None
+    members = len(set(waits["rank"]))
     rows = []
     for rank in culprits:
         total = float(instances.loc[instances["culprit"] == rank, "caused_ns"].sum())
-        median, low = stats.loc[rank, "median"], stats.loc[rank, "low"]
-        others = stats.drop(index=rank)["median"]
+        mine_per_step = per_step[rank].to_numpy() if len(clean) else np.zeros(0)
+        median = float(np.median(mine_per_step)) if len(mine_per_step) else 0.0
+        late = int((mine_per_step >= STEADY_FRACTION * median).sum()) if median > 0 else 0
+        top_steps = int((top == rank).sum()) if top is not None else 0
+        chance = chance_of(top_steps, len(clean), members)
+        steady = len(clean) >= MIN_STEPS and late >= STEADY_STEPS * len(clean)
+        significant = len(clean) >= MIN_STEPS and chance < CHANCE_LEVEL
         share = total / step_ns * 100 if step_ns > 0 else np.nan
-        steady = median > 0 and low >= STEADY_FRACTION * median
-        dominant = median >= DOMINANCE * (others.max() if len(others) else 0.0)
-        mine = instances[instances["culprit"] == rank]
-        # Each waiting member's wait against the op's own transfer: waiting for R must cost
-        # more than the collective itself, or R's lateness is within the op's own noise.
-        waiters = max(len(set(waits["rank"])) - 1, 1)
-        material = total / waiters >= float(mine.loc[mine["caused_ns"] > 0, "transfer_ns"].sum())
+        mine = instances[(instances["culprit"] == rank) & (instances["caused_ns"] > 0)]
+        # Waiting for R must cost more than the collectives themselves, or R's lateness is
+        # within the ops' own noise: each instance's transfer counts once per waiting member.
+        material = total >= float((mine["transfer_ns"] * mine["waiters"]).sum())
         rows.append({
             "rank": int(rank), "caused_wait_ms_per_step": total / len(step_numbers) / 1e6,
-            "share_pct": share, "steady": bool(steady), "dominant": bool(dominant),
-            "fires": bool(share >= MIN_SHARE_PCT and steady and dominant and material),
+            "share_pct": share, "clean_steps": len(clean), "top_steps": top_steps,
+            "chance": chance, "steady": bool(steady), "significant": bool(significant),
+            "material": bool(material),
+            "fires": bool(share >= MIN_SHARE_PCT and steady and significant and material),
             "collectives": _collectives_text(mine), "evidence": None,
         })
     table = pd.DataFrame(rows, columns=STRAGGLER_COLUMNS)
