@@ -12,7 +12,7 @@ import pandas as pd
 
 from analysis import output
 from analysis.html import write_html_report
-from analysis.load import load_files
+from analysis.load import SchedulerUnavailable, load_files
 from analysis.progress import Progress
 from analysis.run import analyse_run
 from analysis.runs import NothingToAnalyse, resolve_runs
@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="neither read nor write the .ranktrace-cache Parquet files")
     parser.add_argument("--jobs", type=_at_least_one, metavar="N",
                         help="processes for parsing trace files (default: one per core)")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="parse the trace files on the Dask cluster of this scheduler "
+                             "(tcp://host:8786), whose workers see them at the same paths")
     parser.add_argument("--comm-kernel", action="append", default=[], metavar="REGEX",
                         type=_regex,
                         help="device kernels whose name matches REGEX (searched, case-"
@@ -88,13 +91,21 @@ def main(argv: list[str] | None = None) -> int:
     except NothingToAnalyse as exc:
         print(f"ranktrace: nothing analysed: {exc}", file=sys.stderr)
         return 1
+    try:
+        return _analyse(args, runs, steps)
+    except SchedulerUnavailable as exc:
+        print(f"ranktrace: error: {exc}", file=sys.stderr)
+        return 1
 
+
+def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None) -> int:
     reports = []
     for run_dir, files in runs:
         with Progress() as progress:
             loaded = load_files(files, run_dir, steps=steps, hta_compatible=args.hta_compatible,
                                 use_cache=not args.no_cache, jobs=args.jobs, progress=progress,
-                                comm_kernels=tuple(args.comm_kernel))
+                                comm_kernels=tuple(args.comm_kernel),
+                                scheduler=args.scheduler)
             where = run_dir if run_dir is not None else Path(args.paths[0])
             report = analyse_run(loaded, name=where.name or str(where), path=str(where),
                                  steps_spec=args.steps, hta_compatible=args.hta_compatible,

@@ -10,9 +10,7 @@ known) and the rest is still loaded.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +41,7 @@ from analysis.kineto import (  # noqa: F401
     read_trace_bytes,
 )
 from analysis.kineto_events import empty_events
+from analysis.parallel import SchedulerUnavailable, run_jobs  # noqa: F401
 from analysis.records import (  # noqa: F401
     RECORD_FILES,
     RunRecords,
@@ -119,22 +118,27 @@ def _read_trace_job(args: tuple[str, bool]):
 
 
 def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
-               progress: Progress | None) -> list:
-    jobs = jobs or min(len(files), os.cpu_count() or 1)
-    items = [(str(f), use_cache) for f in files]
-    results = []
-    if len(files) > 1 and jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for done, result in enumerate(pool.map(_read_trace_job, items), start=1):
-                results.append(result)
-                if progress is not None:
-                    progress(done, len(files))
-    else:
-        for done, item in enumerate(items, start=1):
-            results.append(_read_trace_job(item))
-            if progress is not None:
-                progress(done, len(files))
-    return results
+               progress: Progress | None, scheduler: str | None = None) -> list:
+    if not scheduler:
+        return run_jobs(_read_trace_job, [(str(f), use_cache) for f in files], jobs=jobs,
+                        progress=progress)
+    # Cluster workers have their own working folder: they get absolute paths, and the results
+    # name each file as it was given here, as a local run does.
+    given = {str(f.absolute()): str(f) for f in files}
+    results = run_jobs(_read_trace_job, [(path, use_cache) for path in given], scheduler=scheduler,
+                       progress=progress)
+    return [_named_as_given(result, absolute, shown)
+            for result, (absolute, shown) in zip(results, given.items())]
+
+
+def _named_as_given(result, absolute: str, shown: str):
+    if absolute == shown:
+        return result
+    if isinstance(result, str):
+        return result.replace(absolute, shown)
+    result.path = Path(shown)
+    result.problems = [problem.replace(absolute, shown) for problem in result.problems]
+    return result
 
 
 def _merge_windows(parts: list[ParsedTrace]) -> ParsedTrace:
@@ -155,8 +159,13 @@ def _merge_windows(parts: list[ParsedTrace]) -> ParsedTrace:
 
 def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] | None = None,
                hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
-               progress: Progress | None = None, comm_kernels: tuple = ()) -> LoadResult:
+               progress: Progress | None = None, comm_kernels: tuple = (),
+               scheduler: str | None = None) -> LoadResult:
     """Parse trace files (in parallel processes when several) into one RankTrace per rank.
+
+    `scheduler`: the address of a Dask scheduler whose workers parse the files instead
+    (analysis.parallel); they must see the files at the same paths. Raises
+    SchedulerUnavailable when it cannot be used.
 
     `progress`, where given, is called after each file is parsed.
     `comm_kernels`: regular expressions (str or compiled) naming more device kernels that count
@@ -167,7 +176,7 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
     if not files and run_dir is None:
         return LoadResult([], [f"{where}: no Kineto trace files"], run_dir)
     parsed: list[ParsedTrace] = []
-    for result in _parse_all(files, use_cache, jobs, progress):
+    for result in _parse_all(files, use_cache, jobs, progress, scheduler):
         if isinstance(result, str):
             problems.append(result)
         else:
@@ -315,7 +324,8 @@ def _unmarked_steps(run_dir: Path, ranks: list[RankTrace]) -> list[str]:
 
 def load_path(path, steps=None, *, run: str | None = None,
               hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
-              progress: Progress | None = None, comm_kernels: tuple = ()) -> LoadResult:
+              progress: Progress | None = None, comm_kernels: tuple = (),
+              scheduler: str | None = None) -> LoadResult:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, a trace file).
 
     Raises NothingToAnalyse when `path` holds no trace at all.
@@ -326,4 +336,4 @@ def load_path(path, steps=None, *, run: str | None = None,
     (run_dir, files), = resolve_runs(paths, run=run)
     return load_files(files, run_dir, steps=steps, hta_compatible=hta_compatible,
                       use_cache=use_cache, jobs=jobs, progress=progress,
-                      comm_kernels=comm_kernels)
+                      comm_kernels=comm_kernels, scheduler=scheduler)
