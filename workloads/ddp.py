@@ -28,36 +28,21 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-try:
-    from workloads.common import (
-        Faults,
-        SyntheticDataset,
-        build_model,
-        cleanup,
-        init_distributed,
-        log,
-        make_loader,
-        make_parser,
-        positive_float,
-        positive_int,
-        record_samples_per_step,
-        save_results,
-    )
-except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
-    from common import (
-        Faults,
-        SyntheticDataset,
-        build_model,
-        cleanup,
-        init_distributed,
-        log,
-        make_loader,
-        make_parser,
-        positive_float,
-        positive_int,
-        record_samples_per_step,
-        save_results,
-    )
+# a script's own folder is sys.path[0], however it is run (python, torchrun, the tracer)
+from common import (
+    Faults,
+    SyntheticDataset,
+    build_model,
+    cleanup,
+    init_distributed,
+    log,
+    make_loader,
+    make_parser,
+    positive_float,
+    positive_int,
+    record_samples_per_step,
+    save_results,
+)
 
 
 def parse_args():

@@ -16,30 +16,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:
-    from workloads.common import (
-        SyntheticDataset,
-        build_model,
-        env_world_size,
-        log,
-        make_loader,
-        make_parser,
-        pick_device,
-        record_samples_per_step,
-        save_results,
-    )
-except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
-    from common import (
-        SyntheticDataset,
-        build_model,
-        env_world_size,
-        log,
-        make_loader,
-        make_parser,
-        pick_device,
-        record_samples_per_step,
-        save_results,
-    )
+# a script's own folder is sys.path[0], however it is run (python, torchrun, the tracer)
+from common import (
+    SyntheticDataset,
+    build_model,
+    env_world_size,
+    log,
+    make_loader,
+    make_parser,
+    pick_device,
+    record_samples_per_step,
+    save_results,
+)
 
 
 def parse_args():

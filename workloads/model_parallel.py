@@ -27,36 +27,21 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-try:
-    from workloads.common import (
-        Faults,
-        SyntheticDataset,
-        build_model,
-        cleanup,
-        env_world_size,
-        init_distributed,
-        log,
-        make_loader,
-        make_parser,
-        rank_path,
-        record_samples_per_step,
-        save_results,
-    )
-except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
-    from common import (
-        Faults,
-        SyntheticDataset,
-        build_model,
-        cleanup,
-        env_world_size,
-        init_distributed,
-        log,
-        make_loader,
-        make_parser,
-        rank_path,
-        record_samples_per_step,
-        save_results,
-    )
+# a script's own folder is sys.path[0], however it is run (python, torchrun, the tracer)
+from common import (
+    Faults,
+    SyntheticDataset,
+    build_model,
+    cleanup,
+    env_world_size,
+    init_distributed,
+    log,
+    make_loader,
+    make_parser,
+    rank_path,
+    record_samples_per_step,
+    save_results,
+)
 
 
 def parse_args():

@@ -30,40 +30,23 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-try:
-    from workloads.common import (
-        NUM_CLASSES,
-        Faults,
-        SyntheticDataset,
-        build_model,
-        cleanup,
-        env_world_size,
-        init_distributed,
-        log,
-        make_loader,
-        make_parser,
-        positive_int,
-        rank_path,
-        record_samples_per_step,
-        save_results,
-    )
-except ImportError:  # run as a script from a checkout: sys.path[0] is workloads/
-    from common import (
-        NUM_CLASSES,
-        Faults,
-        SyntheticDataset,
-        build_model,
-        cleanup,
-        env_world_size,
-        init_distributed,
-        log,
-        make_loader,
-        make_parser,
-        positive_int,
-        rank_path,
-        record_samples_per_step,
-        save_results,
-    )
+# a script's own folder is sys.path[0], however it is run (python, torchrun, the tracer)
+from common import (
+    NUM_CLASSES,
+    Faults,
+    SyntheticDataset,
+    build_model,
+    cleanup,
+    env_world_size,
+    init_distributed,
+    log,
+    make_loader,
+    make_parser,
+    positive_int,
+    rank_path,
+    record_samples_per_step,
+    save_results,
+)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
