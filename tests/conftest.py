@@ -54,6 +54,18 @@ print(f"optimizer steps {len(steps)}")
 """
 
 
+def torchrun_env(**extra: str) -> dict:
+    """The environment for a test's torchrun: no launcher variables inherited from outside,
+    CPU only with one intra-op thread, gloo on the loopback interface, and `extra` on top."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           and not k.startswith("RANKTRACE_")}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", **extra)
+    if any(name == "lo" for _, name in socket.if_nameindex()):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets stay on loopback
+    return env
+
+
 @pytest.fixture
 def launch():
     """launch(script, *args, nproc=2): torchrun over nproc ranks; nproc=None: runpy, one process."""
@@ -65,12 +77,7 @@ def launch():
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={nproc}", path]
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-        if any(name == "lo" for _, name in socket.if_nameindex()):
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets stay on loopback
-        return subprocess.run(cmd + [str(a) for a in args], cwd=REPO, env=env,
+        return subprocess.run(cmd + [str(a) for a in args], cwd=REPO, env=torchrun_env(),
                               capture_output=True, text=True, timeout=timeout)
 
     return run

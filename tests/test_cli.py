@@ -2,7 +2,6 @@
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis import breakdown, cli
-from conftest import DATA
+from conftest import DATA, torchrun_env
 from synthetic import TraceBuilder, trace_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,9 +225,7 @@ def test_module_entry_point(tmp_path):
 @pytest.fixture(scope="module")
 def traced_ddp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("traces")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    env = torchrun_env()
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "tracer.record", "--out", str(out), "workloads/ddp.py", "--steps", "12"],

@@ -4,7 +4,6 @@ the DDP hook options; and a crashed peer's error, traced and untraced."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
@@ -404,17 +403,12 @@ def test_recorder_is_a_part_that_fails_once_and_tells_the_session(one_rank, capf
 # ---- a rank crashes: the other rank's error is the one it would print untraced ------------------
 def rank_error(folder, traced: bool) -> list[str]:
     """Rank 0's traceback and error line when rank 1 exits at step 3 of workloads/ddp.py."""
-    import socket
     import subprocess
     import sys
     from pathlib import Path
     repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith("RANKTRACE_")}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    if any(name == "lo" for _, name in socket.if_nameindex()):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from conftest import torchrun_env
+    env = torchrun_env()
     # --monitor-interval 5: torchrun would otherwise stop rank 0 before it prints its error.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--monitor-interval", "5", "--nproc-per-node", "2"]

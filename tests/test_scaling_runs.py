@@ -3,13 +3,13 @@ and 4 ranks, each number checked against the runs' own step records, and a sweep
 delayed by a busy loop, whose lost efficiency goes to waiting for peers."""
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import torchrun_env
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -21,11 +21,7 @@ WARMUP_STEPS = 2  # analysis.scaling's default: steps 0 and 1 are left out
 def _sweep(out: Path, nproc: str, options: list, script: str, *args) -> dict:
     command = [sys.executable, "-m", "tracer.sweep", "--nproc", nproc, "--out", str(out),
                "--format", "json", *options, *TRACER, script, "--steps", "10", *args]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    if any(name == "lo" for _, name in socket.if_nameindex()):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env = torchrun_env(PYTHONPATH=str(REPO))
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -4,7 +4,6 @@ common clock, flows from the last arriver to the waiters, and the size limit."""
 
 import gzip
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 from analysis.load import load_path
 from analysis.timeline import gather, main, window_steps
 from analysis.timeline_events import assign_lanes
-from conftest import DATA
+from conftest import DATA, torchrun_env
 
 REPO = Path(__file__).resolve().parents[1]
 EPS_US = 0.002  # ts and dur are written to the nanosecond, each rounded once
@@ -30,11 +29,7 @@ def _trace_run(out: Path, name: str, nproc: int, *args) -> Path:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={nproc}", "-m", "tracer.record", "--out", str(out),
                "--run-name", name, *args]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    if any(n == "lo" for _, n in socket.if_nameindex()):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env = torchrun_env(PYTHONPATH=str(REPO))
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
