@@ -91,14 +91,14 @@ def _writable(folder: Path) -> bool:
     return bool(mode & 0o222) and os.access(folder, os.W_OK)
 
 
-def read_trace(path: Path, use_cache: bool = True) -> ParsedTrace:
+def read_trace(path: Path, use_cache: bool = True, max_bytes: int | None = None) -> ParsedTrace:
     """parse_trace through the Parquet cache."""
     path = Path(path)
     if use_cache:
         cached = read_cache(path)
         if cached is not None:
             return cached
-    parsed = parse_trace(path)
+    parsed = parse_trace(path, max_bytes=max_bytes)
     if use_cache:
         write_cache(parsed)
     return parsed

@@ -12,7 +12,7 @@ import pandas as pd
 
 from analysis import output
 from analysis.html import write_html_report
-from analysis.load import SchedulerUnavailable, load_files
+from analysis.load import SchedulerUnavailable, load_files, max_trace_bytes
 from analysis.progress import Progress
 from analysis.run import analyse_run
 from analysis.runs import NothingToAnalyse, resolve_runs
@@ -84,7 +84,12 @@ def _regex(text: str) -> re.Pattern:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        max_trace_bytes()
+    except ValueError as exc:
+        parser.error(str(exc))
     steps = parse_step_spec(args.steps) if args.steps else None
     try:
         runs = resolve_runs([Path(p) for p in args.paths], run=args.run, all_runs=args.all)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -62,21 +63,71 @@ _BETWEEN_EVENTS_RE = re.compile(rb"\}\s*,\s*\{")
 EVENTS_DECODER = msgspec.json.Decoder(list[KinetoEvent])
 
 
+# The most JSON one trace file may hold (decompressed): a file read a chunk at a time takes about
+# 0.7 bytes of memory per byte of JSON, its events frame about 0.5 (docs/analysis.md, "Large runs
+# and Dask"). RANKTRACE_MAX_TRACE_MB overrides it.
+MAX_TRACE_MB = 2048
+MAX_TRACE_ENV = "RANKTRACE_MAX_TRACE_MB"
+# A file that defeats chunking is decoded whole, which takes about four times the memory: it may
+# hold only this share of the limit.
+WHOLE_DECODE_SHARE = 4
+_MB = 1 << 20
+
+
+def max_trace_bytes() -> int:
+    """The limit on one trace file's JSON, in bytes: RANKTRACE_MAX_TRACE_MB or MAX_TRACE_MB.
+
+    Raises ValueError naming the variable when it is not a positive number.
+    """
+    text = os.environ.get(MAX_TRACE_ENV, "").strip()
+    if not text:
+        return MAX_TRACE_MB * _MB
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = 0.0
+    if not megabytes > 0 or megabytes == float("inf"):
+        raise ValueError(f"{MAX_TRACE_ENV}={text!r}: not a positive number of MB")
+    return int(megabytes * _MB)
+
+
+def _megabytes(nbytes: int) -> str:
+    return f"{nbytes / _MB:.1f} MB" if nbytes >= _MB else f"{nbytes / _MB:.3g} MB"
+
+
+def _too_large(path: Path, size: str, limit: int, why: str = "") -> TraceReadError:
+    return TraceReadError(
+        path, f"too large to analyse: {size}, over the limit of {limit / _MB:g} MB"
+              f"{why} ({MAX_TRACE_ENV}). Re-record with a shorter profiler window (fewer "
+              f"active steps in torch.profiler's schedule, docs/tracer.md), or, where this "
+              f"machine has about 0.7 GB of memory per GB of JSON, raise {MAX_TRACE_ENV}")
+
+
 class _NotChunkable(Exception):
     """The file's layout defeats chunking; decode it whole (which also names any real error)."""
 
 
-def _pieces(path: Path):
-    """The file's (decompressed) bytes, READ_BYTES at a time."""
+def _pieces(path: Path, limit: int | None = None, why: str = ""):
+    """The file's (decompressed) bytes, READ_BYTES at a time; TraceReadError once there are
+    more than `limit` of them (a plain file is refused before anything is read)."""
     try:
         with path.open("rb") as raw:
             gzipped = raw.read(2) == b"\x1f\x8b"
         if not gzipped and path.name.endswith(".gz"):
             raise TraceReadError(path, "not gzip (the name ends in .gz but the file does not "
                                        "start with gzip's magic bytes)")
+        stored = path.stat().st_size
+        if limit is not None and not gzipped and stored > limit:
+            raise _too_large(path, f"{_megabytes(stored)} of JSON", limit, why)
         opened = gzip.open(path, "rb") if gzipped else path.open("rb")
+        read = 0
         with opened as handle:
             while piece := handle.read(READ_BYTES):
+                read += len(piece)
+                if limit is not None and read > limit:
+                    raise _too_large(path, f"more than {limit / _MB:g} MB of JSON once "
+                                           f"decompressed ({_megabytes(stored)} gzipped)",
+                                     limit, why)
                 yield piece
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise TraceReadError(path, f"truncated or corrupt gzip ({exc})") from None
@@ -84,11 +135,11 @@ def _pieces(path: Path):
         raise TraceReadError(path, f"cannot read ({exc.strerror or exc})") from None
 
 
-def read_trace_bytes(path: Path) -> bytes:
-    return b"".join(_pieces(path))
+def read_trace_bytes(path: Path, limit: int | None = None, why: str = "") -> bytes:
+    return b"".join(_pieces(path, limit, why))
 
 
-def _decode_in_chunks(path: Path, columns: EventColumns) -> TraceDocument:
+def _decode_in_chunks(path: Path, columns: EventColumns, limit: int) -> TraceDocument:
     """Feed traceEvents to `columns` a few MB at a time; returns the rest of the document.
 
     The events array is cut only between two events (a `}` then `,` then `{`); a cut that lands
@@ -96,7 +147,7 @@ def _decode_in_chunks(path: Path, columns: EventColumns) -> TraceDocument:
     JSON array of events, so it cannot go unnoticed: _NotChunkable is raised and the caller
     decodes the file whole instead.
     """
-    pieces = _pieces(path)
+    pieces = _pieces(path, limit)
     try:
         return _feed_chunks(pieces, columns)
     finally:
@@ -163,8 +214,8 @@ def _feed_chunks(pieces, columns: EventColumns) -> TraceDocument:
     return document
 
 
-def _decode_whole(path: Path, columns: EventColumns) -> TraceDocument:
-    data = read_trace_bytes(path)
+def _decode_whole(path: Path, columns: EventColumns, limit: int, why: str) -> TraceDocument:
+    data = read_trace_bytes(path, limit, why)
     try:
         document = TRACE_DECODER.decode(data)
     except msgspec.ValidationError as exc:
@@ -179,32 +230,36 @@ def _decode_whole(path: Path, columns: EventColumns) -> TraceDocument:
     return document
 
 
-def parse_trace(path: Path, chunked: bool = True) -> ParsedTrace:
-    """Decode one Kineto trace file. Raises TraceReadError naming the file when it can't.
+def parse_trace(path: Path, chunked: bool = True, max_bytes: int | None = None) -> ParsedTrace:
+    """Decode one Kineto trace file. Raises TraceReadError naming the file when it can't, or
+    when its JSON is over `max_bytes` (default: max_trace_bytes()).
 
     `chunked=False` decodes the whole file at once (what a chunked read falls back to).
     """
     path = Path(path)
+    max_bytes = max_trace_bytes() if max_bytes is None else max_bytes
     # Decoding makes hundreds of thousands of short-lived objects and no reference cycles: the
     # cyclic garbage collector would only rescan them, over and over (10-30% of parse time).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _parse(path, chunked)
+        return _parse(path, chunked, max_bytes)
     finally:
         if collecting:
             gc.enable()
 
 
-def _parse(path: Path, chunked: bool) -> ParsedTrace:
+def _parse(path: Path, chunked: bool, max_bytes: int) -> ParsedTrace:
     columns = EventColumns()
     try:
         if not chunked:
             raise _NotChunkable("asked for a whole-file decode")
-        document = _decode_in_chunks(path, columns)
-    except _NotChunkable:
+        document = _decode_in_chunks(path, columns, max_bytes)
+    except _NotChunkable as exc:
         columns = EventColumns()
-        document = _decode_whole(path, columns)
+        why = (f" for a file decoded whole, 1/{WHOLE_DECODE_SHARE} of "
+               f"{max_bytes / _MB:g} MB, as it cannot be read a chunk at a time ({exc})")
+        document = _decode_whole(path, columns, max_bytes // WHOLE_DECODE_SHARE, why)
     info = document.distributedInfo
     rank = int_or_none(info.rank) if info is not None else None
     world_size = int_or_none(info.world_size) if info is not None else None

@@ -36,6 +36,7 @@ from analysis.events import (  # noqa: F401
 from analysis.kineto import (  # noqa: F401
     ParsedTrace,
     TraceReadError,
+    max_trace_bytes,
     parse_trace,
     profiler_steps,
     read_trace_bytes,
@@ -107,11 +108,11 @@ class LoadResult:
     files: list[Path] = field(default_factory=list)
 
 
-def _read_trace_job(args: tuple[str, bool]):
+def _read_trace_job(args: tuple[str, bool, int]):
     """Process-pool job: a ParsedTrace, or the error message (exceptions cross processes badly)."""
-    path, use_cache = args
+    path, use_cache, max_bytes = args
     try:
-        return read_trace(Path(path), use_cache)
+        return read_trace(Path(path), use_cache, max_bytes)
     except TraceReadError as exc:
         rank = file_rank(exc.path)
         return f"{exc.path}: rank {rank}: {exc.reason}" if rank is not None else str(exc)
@@ -119,14 +120,16 @@ def _read_trace_job(args: tuple[str, bool]):
 
 def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
                progress: Progress | None, scheduler: str | None = None) -> list:
+    # Read here, not in the workers: a cluster's workers do not share this process's environment.
+    max_bytes = max_trace_bytes()
     if not scheduler:
-        return run_jobs(_read_trace_job, [(str(f), use_cache) for f in files], jobs=jobs,
-                        progress=progress)
+        return run_jobs(_read_trace_job, [(str(f), use_cache, max_bytes) for f in files],
+                        jobs=jobs, progress=progress)
     # Cluster workers have their own working folder: they get absolute paths, and the results
     # name each file as it was given here, as a local run does.
     given = {str(f.absolute()): str(f) for f in files}
-    results = run_jobs(_read_trace_job, [(path, use_cache) for path in given], scheduler=scheduler,
-                       progress=progress)
+    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes) for path in given],
+                       scheduler=scheduler, progress=progress)
     return [_named_as_given(result, absolute, shown)
             for result, (absolute, shown) in zip(results, given.items())]
 

@@ -60,8 +60,9 @@ def test_chunked_decoding_gives_the_whole_file_result(tmp_path, small_chunks, la
 def test_a_cut_inside_a_string_or_nested_args_falls_back_to_the_whole_file(tmp_path, small_chunks,
                                                                           monkeypatch):
     whole = []
-    monkeypatch.setattr(kineto, "_decode_whole", lambda path, columns, real=kineto._decode_whole:
-                        whole.append(path) or real(path, columns))
+    monkeypatch.setattr(kineto, "_decode_whole",
+                        lambda path, columns, *limits, real=kineto._decode_whole:
+                        whole.append(path) or real(path, columns, *limits))
     doc = many_events_trace()
     # names and arguments that contain what a cut between events looks for
     # each longer than a chunk, so that some cut must land inside them
