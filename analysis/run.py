@@ -28,6 +28,7 @@ from analysis.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_w
 from analysis.load import LoadResult, RankTrace, load_path
 from analysis.progress import Progress
 from analysis.steps import parse_step_spec
+from tracer import schema
 
 
 def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None = None,
@@ -91,8 +92,10 @@ def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
         report.problems.extend(problems)
         completed = pd.concat([t.records.comms for t in loaded.ranks if t.records is not None]
                               or [pd.DataFrame()], ignore_index=True)
+        exceptions = {t.rank: end.exception for t in loaded.ranks if t.records is not None
+                      for end in t.records.manifest if isinstance(end, schema.RunEnd)}
         report.stop = stop.stop_diagnosis(stop.stop_ops(issued, completed), frames, statuses,
-                                          loaded.world_size or len(statuses))
+                                          loaded.world_size or len(statuses), exceptions)
     except Exception as exc:  # the rest of the report stands without it
         why = f"{type(exc).__name__}: {exc}"
         report.problems.append(f"stop diagnosis failed ({why})")

@@ -9,6 +9,8 @@ died, and where each rank's main thread was (docs/reliability.md, Stop diagnosis
 from __future__ import annotations
 
 import datetime
+import linecache
+import os
 from pathlib import Path
 
 import msgspec
@@ -22,9 +24,9 @@ P2P_OPS = ("send", "recv")
 OP_COLUMNS = ["rank", "pg", "pg_size", "position", "op", "bytes", "dtype", "peer", "issue_ns",
               "completed", "failed"]
 GROUP_COLUMNS = ["pg", "kind", "position", "op", "bytes", "dtype", "last_completed_position",
-                 "issued_ranks", "missing_ranks", "waiting_since_ns", "dead_ranks", "signatures",
-                 "text"]
-FRAME_COLUMNS = ["rank", "reason", "t_ns", "depth", "file", "line", "function"]
+                 "issued_ranks", "missing_ranks", "odd_ranks", "waiting_since_ns", "dead_ranks",
+                 "signatures", "text"]
+FRAME_COLUMNS = ["rank", "reason", "t_ns", "depth", "file", "line", "function", "code"]
 TOP_FRAMES = 3  # innermost frames of each rank's main thread shown
 BAD_ENDS = ("failed", "interrupted", schema.STATUS_NO_END)
 
@@ -51,19 +53,32 @@ def read_stop_inputs(run_dir: Path, ranks: list[int]) -> tuple[pd.DataFrame, pd.
 
 
 def dump_frames(dumps: list, rank: int) -> list[dict]:
-    """The main thread's innermost frames (depth 0 innermost) of the last dump of `rank`: at
-    SIGTERM or a collective's error rather than an earlier SIGUSR1 when there is one."""
+    """The main thread's innermost frames (depth 0 innermost) of `rank`'s first dump at a stop
+    (a collective's error, SIGTERM: the first is where it got stuck, later ones are on the way
+    out), else of its last SIGUSR1 dump."""
     if not dumps:
         return []
-    final = [d for d in dumps if d.reason != "sigusr1"]
-    dump = (final or dumps)[-1]
+    stops = [d for d in dumps if d.reason != "sigusr1"]
+    dump = stops[0] if stops else dumps[-1]
     main = next((t for t in dump.threads if t.main), None)
     if main is None:
         return []
     inner = list(reversed(main.frames))[:TOP_FRAMES]
     return [{"rank": rank, "reason": dump.reason, "t_ns": dump.t_ns, "depth": depth,
-             "file": f.file, "line": f.line, "function": f.function}
+             "file": f.file, "line": f.line, "function": f.function,
+             "code": source_line(f.file, f.line, dump.t_ns)}
             for depth, f in enumerate(inner)]
+
+
+def source_line(path: str, line: int, at_ns: int) -> str:
+    """The line of a frame where its file is readable here and unchanged since the dump (read
+    as text, never run); "" otherwise."""
+    try:
+        if os.stat(path).st_mtime_ns > at_ns:
+            return ""
+    except OSError:
+        return ""
+    return linecache.getline(path, line).strip()
 
 
 # ---- the ops each rank issued and completed -----------------------------------------------------
@@ -153,8 +168,11 @@ def clock_text(t_ns) -> str:
 def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.DataFrame:
     """One row per process group whose collectives stopped short: where members parted, or
     the position all issued and not all completed (GROUP_COLUMNS)."""
-    collectives = ops[~ops["op"].isin(P2P_OPS)]
+    collectives = ops[~ops["op"].isin(P2P_OPS)].copy()
     dead = sorted(r for r, s in statuses.items() if s == schema.STATUS_NO_END)
+    # A dead rank's completion records of its last second were never flushed (its issue
+    # records are written through): its missing completions prove nothing.
+    collectives.loc[collectives["rank"].isin(dead), "completed"] = True
     rows = []
     for pg in sorted(collectives["pg"].unique(), key=str):
         group = collectives[collectives["pg"] == pg]
@@ -169,8 +187,14 @@ def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.Da
         by_signature = at.assign(sig=at.apply(_signature, axis=1)).groupby("sig")["rank"]
         signatures = "; ".join(f"{sig} on {_ranks(ranks)}" for sig, ranks in sorted(
             by_signature, key=lambda item: min(item[1])))
+        counts = at.assign(sig=at.apply(_signature, axis=1))["sig"].value_counts()
+        odd = []
+        if kind == "mismatch" and len(counts) > 1 and counts.iloc[0] > counts.iloc[1]:
+            majority = counts.index[0]
+            odd = sorted(int(r) for r, sig in zip(at["rank"], at.apply(_signature, axis=1))
+                         if sig != majority)
         rows.append({
-            "pg": pg, "kind": kind, "position": position, "op": first["op"],
+            "pg": pg, "kind": kind, "odd_ranks": odd, "position": position, "op": first["op"],
             "bytes": first["bytes"], "dtype": first["dtype"], "last_completed_position": last_done,
             "issued_ranks": issued, "missing_ranks": missing,
             "waiting_since_ns": int(at["issue_ns"].min()),
@@ -208,6 +232,9 @@ def group_text(row: dict) -> str:
     if row["kind"] == "missing":
         text = (f"{_ranks(row['missing_ranks'])} never issued {what}, which "
                 f"{_ranks(row['issued_ranks'])} waited in from {since}")
+    elif row["kind"] == "mismatch" and row["odd_ranks"]:
+        text = (f"{_ranks(row['odd_ranks'])} issued {row['op']} #{row['position']} on group "
+                f"{row['pg']} unlike the others: {row['signatures']} (from {since})")
     elif row["kind"] == "mismatch":
         text = (f"ranks issued {row['op']} #{row['position']} on group {row['pg']} differently: "
                 f"{row['signatures']} (from {since})")
@@ -218,16 +245,21 @@ def group_text(row: dict) -> str:
     return text + f"; last position every member completed: {last}"
 
 
-def rank_text(rank: int, status: str | None, frames: pd.DataFrame) -> str:
+def rank_text(rank: int, status: str | None, frames: pd.DataFrame,
+              exception: str | None = None) -> str:
     """'rank 1 (interrupted) was in before_forward at workloads/common.py:205, called from ...'."""
     own = frames[frames["rank"] == rank].sort_values("depth")
     where = "no stack dump"
     if not own.empty:
         parts = [f"{f['function']} at {_short(f['file'])}:{f['line']}"
+                 + (f" (`{f['code']}`)" if f.get("code") else "")
                  for f in own.to_dict("records")]
         where = "was in " + parts[0] + "".join(f", called from {p}" for p in parts[1:])
         where += f" ({own.iloc[0]['reason']})"
-    return f"rank {rank} ({status or 'no manifest'}) {where}"
+    raised = ""
+    if exception:
+        raised = f"; the script raised {exception.strip().splitlines()[0]}"
+    return f"rank {rank} ({status or 'no manifest'}) {where}{raised}"
 
 
 def _short(path: str) -> str:
@@ -240,9 +272,11 @@ def _short(path: str) -> str:
 
 
 def stop_diagnosis(ops: pd.DataFrame, frames: pd.DataFrame, statuses: dict,
-                   world_size: int) -> dict | None:
+                   world_size: int, exceptions: dict | None = None) -> dict | None:
     """The whole diagnosis, None for a run every rank ended "ok": `groups` (diagnose_groups),
-    `ranks` (status and top frames of each rank) and `lines` (the plain-text report)."""
+    `ranks` (status, top frames and run_end's exception of each rank) and `lines` (the
+    plain-text report)."""
+    exceptions = exceptions or {}
     if not needs_diagnosis(statuses):
         return None
     groups = diagnose_groups(ops, statuses, world_size)
@@ -250,8 +284,9 @@ def stop_diagnosis(ops: pd.DataFrame, frames: pd.DataFrame, statuses: dict,
     for rank in sorted(statuses):
         own = frames[frames["rank"] == rank].sort_values("depth")
         ranks.append({"rank": int(rank), "status": statuses[rank],
-                      "frames": own[["file", "line", "function"]].to_dict("records"),
-                      "text": rank_text(rank, statuses[rank], frames)})
+                      "frames": own[["file", "line", "function", "code"]].to_dict("records"),
+                      "exception": exceptions.get(rank),
+                      "text": rank_text(rank, statuses[rank], frames, exceptions.get(rank))})
     lines = list(groups["text"]) or ["every collective issued was completed by every member of "
                                      "its group; the stop came outside collectives"]
     return {"groups": groups, "ranks": ranks, "lines": lines + [r["text"] for r in ranks]}

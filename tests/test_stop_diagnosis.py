@@ -72,6 +72,27 @@ def test_members_that_issued_one_position_differently_are_a_mismatch():
     assert row["dead_ranks"] == []
 
 
+def test_on_four_ranks_the_one_that_issued_differently_is_named():
+    issued = [issue(r, 0, nbytes=4096 if r == 2 else 4) for r in range(4)]
+    ops = stop.stop_ops(*frames(issued, []))
+    row = stop.diagnose_groups(ops, {r: "failed" for r in range(4)}, 4).iloc[0]
+    assert (row["kind"], row["odd_ranks"], row["last_completed_position"]) == ("mismatch", [2], -1)
+    assert row["text"].startswith("rank 2 issued all_reduce #0 on group 0 unlike the others: "
+                                  "all_reduce 4 B float32 on ranks 0-1, 3; all_reduce 4.1 kB "
+                                  "float32 on rank 2")
+
+
+def test_a_dead_ranks_missing_completions_prove_nothing():
+    """Its completions of the last second died with it; its issue records did not."""
+    issued = [issue(r, p, pg_size=2) for r in range(2) for p in range(3)]
+    completed = [done(i) for i in issued if i["rank"] == 1]
+    issued += [issue(0, 3, pg_size=2, nbytes=4), issue(1, 3, pg_size=2, nbytes=4096)]
+    ops = stop.stop_ops(*frames(issued, completed))
+    row = stop.diagnose_groups(ops, {0: "crashed", 1: "interrupted"}, 2).iloc[0]
+    assert (row["kind"], row["position"], row["last_completed_position"]) == ("mismatch", 3, 2)
+    assert row["dead_ranks"] == [0] and row["odd_ranks"] == []
+
+
 def test_a_position_every_member_issued_and_none_completed_is_reported_as_such():
     issued = [issue(r, p, pg_size=2) for r in range(2) for p in range(2)]
     completed = [done(i) for i in issued if i["position"] == 0]
@@ -115,15 +136,16 @@ def _dump(reason, function, line, t_ns):
         schema.ThreadStack(name="MainThread", thread_id=1, main=True, frames=frames_)])
 
 
-def test_the_last_dump_that_is_not_sigusr1_gives_the_innermost_frames_first():
-    dumps = [_dump("sigterm", "wait_here", 45, 1), _dump("sigusr1", "later", 50, 2)]
+def test_the_first_dump_at_a_stop_gives_the_innermost_frames_first():
+    dumps = [_dump("sigusr1", "earlier", 40, 0), _dump("exception", "wait_here", 45, 1),
+             _dump("sigterm", "on_the_way_out", 47, 2), _dump("sigusr1", "later", 50, 3)]
     found = stop.dump_frames(dumps, 1)
     assert [(f["depth"], f["function"], f["line"]) for f in found] == [
         (0, "wait_here", 45), (1, "<module>", 10)]
-    assert stop.dump_frames([dumps[1]], 1)[0]["function"] == "later"
+    assert stop.dump_frames([dumps[0], dumps[3]], 1)[0]["function"] == "later"
     text = stop.rank_text(1, "interrupted", pd.DataFrame(found))
     assert text == ("rank 1 (interrupted) was in wait_here at /x/train.py:45, called from "
-                    "<module> at /x/train.py:10 (sigterm)")
+                    "<module> at /x/train.py:10 (exception)")
 
 
 def test_a_run_every_rank_ended_ok_gets_no_diagnosis():
@@ -149,7 +171,8 @@ def _run_folder(tmp_path):
             torch_version="x", config={})
         ends = [schema.RunEnd(rank=0, end_ns=T0 + 10**10, status="failed", exit_code=1,
                               steps=0, windows=0, samples=0, comm_ops=3, bytes_written=0,
-                              errors=0, world_size=2)] if rank == 0 else []
+                              errors=0, world_size=2,
+                              exception="RuntimeError: Timed out\nmore")] if rank == 0 else []
         _write(tmp_path / schema.MANIFEST_FILE.format(rank=rank), [start] + ends)
         positions = range(3) if rank == 0 else range(2)
         issued = [schema.IssueRecord(**{k: v for k, v in issue(rank, p, pg_size=2).items()
@@ -170,9 +193,11 @@ def test_the_report_opens_with_the_diagnosis_and_json_holds_it(tmp_path):
     assert (group["kind"], group["position"], group["missing_ranks"], group["dead_ranks"]) == (
         "missing", 2, [1], [1])
     assert document["ranks"][1]["frames"][0] == {"file": "/x/train.py", "line": 45,
-                                                 "function": "sleepy"}
+                                                 "function": "sleepy", "code": ""}
     text = output.text_report(run.report)
     first_table = min(i for i in (text.find("Collectives"), text.find("Ranks")) if i >= 0)
     assert text.index("Stop diagnosis") < first_table
     assert "rank 1 never issued all_reduce #2 on group 0" in text
     assert "rank 1 (crashed) was in sleepy at /x/train.py:45" in text
+    assert document["ranks"][0]["text"] == ("rank 0 (failed) no stack dump; the script raised "
+                                            "RuntimeError: Timed out")
