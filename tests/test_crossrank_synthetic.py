@@ -379,3 +379,20 @@ def test_a_rank_main_culprit_in_9_of_10_steps_of_two_is_not_named():
     row = result["stragglers"].set_index("rank").loc[0]
     assert row["top_steps"] == 9 and row["chance"] == pytest.approx(11 / 1024)
     assert row["steady"] and row["material"] and not row["significant"] and not row["fires"]
+
+
+def test_a_completion_the_waiting_member_saw_late_does_not_bound_the_offset():
+    # Rank 0 waits 10 ms for rank 1 at every all-reduce; rank 1, busy, sees each completion 1 to
+    # 4 ms late. Once rank 0 itself sees the completion 2 ms late (descheduled): that difference
+    # lies below the causality bound (79.5 ms) and is no envelope point. Offset 80 ms.
+    seen_late = [1.0, 2.0, 3.0, 1.5, 2.5, 4.0, 0.2, 3.5, 1.2, 2.2, 3.1, 1.8]
+    rows = []
+    for s, late in enumerate(seen_late):
+        t = s * 100 * MS
+        ref_late = 2 * MS if s == 6 else 0
+        rows += [op(0, t, t + 10.5 * MS + ref_late, step=s),
+                 op(1, t + 90 * MS, t + 90.5 * MS + late * MS, step=s)]
+    result = analyse(frame(rows), steps_frame([0, 1], range(12)), NO_SYNC, 2)
+    clock = result["clock"].set_index("rank")
+    assert abs(clock.loc[1, "offset_ns"] - 80 * MS) < 0.5 * MS
+    assert clock.loc[1, "uncertainty_ns"] == pytest.approx(0.75 * MS)  # [79.5, 81] ms

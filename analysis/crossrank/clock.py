@@ -102,10 +102,16 @@ def fit_pair(t: np.ndarray, d: np.ndarray, t0: int, low: np.ndarray | None = Non
     hi = float(np.min(high - trend))
     residual = d - trend
     ref_share, rank_share = float(np.mean(ref_waited)), float(np.mean(rank_waited))
+    # A difference beyond the causality bound on the envelope's side is an instance in which the
+    # member that waited saw the completion late (descheduled), not a point of the envelope.
     if ref_share >= ONE_SIDED_SHARE and rank_share <= 1 - ONE_SIDED_SHARE:
-        hi = min(hi, float(np.min(residual[ref_waited])))  # d = offset + the rank's lateness
+        envelope = residual[ref_waited & (residual >= lo)]
+        if len(envelope):  # d = offset + the rank's lateness
+            hi = min(hi, float(np.min(envelope)))
     elif rank_share >= ONE_SIDED_SHARE and ref_share <= 1 - ONE_SIDED_SHARE:
-        lo = max(lo, float(np.max(residual[rank_waited])))  # d = offset - ref's lateness
+        envelope = residual[rank_waited & (residual <= hi)]
+        if len(envelope):  # d = offset - ref's lateness
+            lo = max(lo, float(np.max(envelope)))
     bracketed = max(ref_share, rank_share) >= ONE_SIDED_SHARE and lo <= hi
     if bracketed:
         return (lo + hi) / 2, slope, (hi - lo) / 2
