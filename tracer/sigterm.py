@@ -1,4 +1,5 @@
-"""SIGTERM under the tracer: flush, record the run as interrupted, and die by SIGTERM as usual."""
+"""SIGTERM under the tracer: dump the stacks, flush, record the run as interrupted, and die by
+SIGTERM as usual. SIGUSR1: dump the stacks, and training goes on."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 import time
 
 import tracer
+from tracer import schema, stacks
 
 # After SIGTERM the main thread gets this long to wrap up (it normally does so within
 # milliseconds); if it is stuck in a C call, the watcher thread wraps up without it.
@@ -40,7 +42,7 @@ class SigtermHandling:
 
     def __init__(self, session):
         """`session`: what SIGTERM ends, through `opened`, `flush_files()` and
-        `end_by_sigterm(on_main)` only."""
+        `end_by_sigterm(on_main)`, and whose stacks it dumps (`run_dir`, `rank`, `comms`)."""
         self.session = session
         self.received = False  # SIGTERM came, whoever handled it
         self.pending = False
@@ -52,6 +54,9 @@ class SigtermHandling:
         self._writer: socket.socket | None = None
         self._previous_wakeup_fd = -1
         self._read_lock = threading.Lock()
+        self._dump_lock = threading.Lock()
+        self._sigterm_dumped = False
+        self._usr1_installed = False
 
     def install(self) -> None:
         """Main thread, before the script runs."""
@@ -63,6 +68,12 @@ class SigtermHandling:
         self._previous_wakeup_fd = signal.set_wakeup_fd(self._writer.fileno(),
                                                         warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._on_main)
+        if signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL:
+            # Only a handler keeps SIGUSR1 from killing; the watcher does the dump, since the
+            # main thread may be stuck in C where no Python handler runs. A script that installs
+            # its own SIGUSR1 handler replaces this one and gets no dump.
+            signal.signal(signal.SIGUSR1, _on_sigusr1)
+            self._usr1_installed = True
         os.register_at_fork(after_in_child=self._after_fork_in_child)
         threading.Thread(target=self._watch, name="ranktrace-sigterm", daemon=True).start()
         self.installed = True
@@ -75,6 +86,8 @@ class SigtermHandling:
         try:
             if signal.getsignal(signal.SIGTERM) == self._on_main:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if self._usr1_installed and signal.getsignal(signal.SIGUSR1) is _on_sigusr1:
+                signal.signal(signal.SIGUSR1, signal.SIG_DFL)
             if signal.set_wakeup_fd(self._previous_wakeup_fd) != self._writer.fileno():
                 signal.set_wakeup_fd(-1)  # the script changed it; leave the script's in place
         except (ValueError, OSError):
@@ -89,6 +102,8 @@ class SigtermHandling:
         try:
             if signal.getsignal(signal.SIGTERM) == self._on_main:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if signal.getsignal(signal.SIGUSR1) is _on_sigusr1:
+                signal.signal(signal.SIGUSR1, signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
         except (ValueError, OSError):
             pass
@@ -109,6 +124,7 @@ class SigtermHandling:
 
     def handle_on_main(self) -> None:
         self.pending = False
+        self._dump_for_sigterm(on_main=True)
         self._wrap_up(on_main=True)
 
     def _watch(self) -> None:
@@ -129,6 +145,8 @@ class SigtermHandling:
                 got_sigterm = signal.SIGTERM in data
                 if got_sigterm:
                     self.received = True
+            if signal.SIGUSR1 in data and self._usr1_installed:
+                self.dump_stacks("sigusr1", skip_current=True)
             if got_sigterm:
                 self._on_watcher()
 
@@ -161,6 +179,7 @@ class SigtermHandling:
         self.fatal = True
         if not session.opened:
             die_by_sigterm()
+        self._dump_for_sigterm(on_main=False)
         deadline = threading.Timer(SIGTERM_DEADLINE_S, die_by_sigterm)
         deadline.daemon = True
         deadline.start()
@@ -178,12 +197,44 @@ class SigtermHandling:
                 _thread.interrupt_main(signal.SIGTERM)
         self._wrap_up(on_main=False)
 
+    def _dump_for_sigterm(self, on_main: bool) -> None:
+        """Once per run, by whichever thread sees SIGTERM first."""
+        with self._dump_lock:
+            if self._sigterm_dumped:
+                return
+            self._sigterm_dumped = True
+        self.dump_stacks("sigterm", skip_current=not on_main)
+
+    def dump_stacks(self, reason: str, skip_current: bool) -> None:
+        """rank{R}.stacks.jsonl gets every thread's stack and the ops pending; then the issue
+        and completion records are flushed, so the files agree with the dump."""
+        session = self.session
+        run_dir = getattr(session, "run_dir", None)
+        if not session.opened or run_dir is None:
+            return
+        comms = getattr(session, "comms", None)
+        try:
+            pending = comms.timing.not_completed() if comms is not None else []
+        except Exception:
+            pending = []
+        path = os.path.join(run_dir, schema.STACKS_FILE.format(rank=session.rank))
+        stacks.dump(path, session.rank, reason, pending, skip_current=skip_current)
+        if comms is not None:
+            try:
+                comms.flush()
+            except Exception:
+                pass
+
     def _wrap_up(self, on_main: bool) -> None:
         try:
             self.session.end_by_sigterm(on_main, SIGTERM_DEADLINE_S)
         finally:
             self._done.set()
             die_by_sigterm()
+
+
+def _on_sigusr1(signum, frame) -> None:
+    """Keeps SIGUSR1 from killing the process; the watcher thread writes the dump."""
 
 
 def _inside_tracer(frame) -> bool:

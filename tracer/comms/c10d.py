@@ -12,6 +12,7 @@ from tracer.comms.patching import (
     in_compiled_code,
     parameter_positions,
     recording_wrapper,
+    report_op_error,
     thread,
 )
 from tracer.comms.timing import tensor_bytes
@@ -188,6 +189,8 @@ class C10dHooks:
             elif result is not None:  # None: this rank was not in the group, nothing was issued
                 timing.issued(pending)
                 timing.complete_with_work(result, [pending])
+            else:
+                timing.outstanding.pop(id(pending), None)
 
         return recording_wrapper(self.recorder, name, original, describe, complete)
 
@@ -302,7 +305,12 @@ class C10dHooks:
         def wait(work, *args, **kwargs):
             if in_compiled_code():
                 return original_wait(work, *args, **kwargs)
-            result = original_wait(work, *args, **kwargs)
+            try:
+                result = original_wait(work, *args, **kwargs)
+            except Exception as exc:
+                if recorder.active:
+                    report_op_error(recorder, exc)
+                raise
             if timing.wait_pending:  # works without a future (gloo p2p) wait here
                 try:
                     timing.on_work_done(work)

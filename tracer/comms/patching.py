@@ -113,8 +113,11 @@ def recording_wrapper(recorder, what: str, original, describe, complete, call_wi
         thread.depth += 1
         try:
             result = original(*args, **kwargs) if call_with is None else call_with(described)
-        finally:
+        except Exception as exc:
             thread.depth -= 1
+            report_op_error(recorder, exc)
+            raise
+        thread.depth -= 1
         try:
             complete(described, result)
         except Exception as exc:
@@ -122,3 +125,12 @@ def recording_wrapper(recorder, what: str, original, describe, complete, call_wi
         return result
 
     return wrapper
+
+
+def report_op_error(recorder, exc: BaseException) -> None:
+    """The op raised: the recorder writes the stacks; its own failure must not replace the
+    user's exception."""
+    try:
+        recorder.on_op_error(exc)
+    except Exception:
+        pass

@@ -4,8 +4,11 @@ docs/tracer.md, Collective hooks."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 
+from tracer import schema, stacks
 from tracer.comms.c10d import C10dHooks
 from tracer.comms.ddp import DdpHooks
 from tracer.comms.functional import FunctionalHooks
@@ -13,6 +16,55 @@ from tracer.comms.patching import Patches
 from tracer.comms.timing import Timing
 from tracer.log import say
 from tracer.part import Part
+
+FLUSH_S = 1.0  # an op's completion record is on disk at most this long after it completes
+
+
+class IssuesFile:
+    """rank{R}.issued.jsonl next to the comms file. Written through, one write per op, not
+    buffered: a rank that aborts (gloo on mismatched sizes) or is killed right after issuing
+    must still show what it issued. Opened at the first op, so that a run that issues none has
+    no such file; written as <name>.tmp and renamed on close, as every record file."""
+
+    def __init__(self, comms_path: str, fail: Callable[[str, BaseException], bool],
+                 budget=None):
+        folder, name = os.path.split(comms_path)
+        rank = name.split(".", 1)[0].removeprefix("rank")
+        self.path = os.path.join(folder, schema.ISSUED_FILE.format(rank=rank))
+        self.stacks_path = os.path.join(folder, schema.STACKS_FILE.format(rank=rank))
+        self.rank = int(rank) if rank.isdigit() else -1
+        self.bytes_written = 0
+        self._budget = budget
+        self._fd: int | None = None
+        self._fail = fail
+        self._failed = False
+
+    def write(self, record) -> None:
+        if self._failed:
+            return
+        line = schema.ENCODER.encode(record) + b"\n"
+        if self._budget is not None and not self._budget.charge(len(line), record.step):
+            return
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path + schema.TEMP_SUFFIX,
+                                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(self._fd, line)
+        except OSError as exc:
+            self._failed = True
+            self._fail(f"writing {self.path}", exc)
+            return
+        self.bytes_written += len(line)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.close(fd)
+            os.replace(self.path + schema.TEMP_SUFFIX, self.path)
+        except OSError as exc:
+            self._fail(f"closing {self.path}", exc)
 
 
 class CommsRecorder(Part):
@@ -28,8 +80,13 @@ class CommsRecorder(Part):
         `ddp_bucket_hook`: time DDP's buckets through a comm hook (--ddp-bucket-hook)."""
         self.active = False
         self._installed = False
+        self.writer = writer
+        path = getattr(writer, "path", "")
+        self.issues = (IssuesFile(path, self.fail, getattr(writer, "budget", None)) if path
+                       else None)
+        self._last_flush = time.monotonic()
         self.timing = Timing(writer, current_step, use_cuda, event_factory, wait_timeout_s,
-                             self.fail)
+                             self.fail, self.issues)
         self._patches = Patches(self.fail)
         self.c10d = C10dHooks(self)
         self.functional = FunctionalHooks(self)
@@ -44,6 +101,10 @@ class CommsRecorder(Part):
         return self.timing.bytes
 
     @property
+    def bytes_written(self) -> int:
+        return self.issues.bytes_written if self.issues is not None else 0
+
+    @property
     def ddp_buckets(self) -> str:
         """How DDP's gradient buckets are recorded: "comm hook" or "profiler windows"."""
         return self.ddp.buckets_recorded_by
@@ -53,6 +114,8 @@ class CommsRecorder(Part):
 
     def close(self) -> None:
         self.uninstall()
+        if self.issues is not None:
+            self.issues.close()
 
     def install(self) -> None:
         if self._installed:
@@ -87,6 +150,26 @@ class CommsRecorder(Part):
             self.timing.drain(wait)
         except Exception as exc:
             self.fail("drain", exc)
+        if time.monotonic() - self._last_flush >= FLUSH_S:
+            # The files flush themselves only when written to; a hung rank writes nothing more,
+            # and what it issued last must be on disk when it is killed.
+            self._last_flush = time.monotonic()
+            self.flush()
+
+    def flush(self) -> None:
+        """Completion records to disk now (any thread); issue records are never held back."""
+        flush = getattr(self.writer, "flush", None)
+        if flush is not None:
+            flush()
+
+    def on_op_error(self, exc: BaseException) -> None:
+        """A wrapped collective raised (the process group's timeout, a dead peer): write the
+        stacks and the ops still pending, then let the exception go on as it was."""
+        if self.issues is None:
+            return
+        stacks.dump(self.issues.stacks_path, self.issues.rank, "exception",
+                    self.timing.not_completed(), exc)
+        self.flush()
 
     def fail(self, what: str, exc: BaseException | None = None) -> bool:
         """Switch recording off and report it once: `what` failed with `exc` (the recorder's

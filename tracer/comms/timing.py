@@ -40,23 +40,47 @@ class Pending:
     """One issued op whose completion is not yet known."""
 
     __slots__ = ("step", "op", "source", "pg", "pg_size", "dtype", "nbytes", "start_ns", "t0",
-                 "async_op", "peer", "device", "start_event", "end_event", "duration_ns", "keep")
+                 "async_op", "peer", "device", "start_event", "end_event", "duration_ns", "keep",
+                 "position", "failed")
 
     def __init__(self, step, op, source, pg, pg_size, dtype, nbytes, async_op, peer, device):
         self.step, self.op, self.source, self.pg, self.pg_size = step, op, source, pg, pg_size
         self.dtype, self.nbytes, self.async_op = dtype, nbytes, async_op
         self.peer, self.device = peer, device
-        self.start_event = self.end_event = self.duration_ns = self.keep = None
+        self.start_event = self.end_event = self.duration_ns = self.keep = self.position = None
+        self.failed = False
         self.start_ns = time.time_ns()
         self.t0 = time.perf_counter_ns()
+
+
+def done_with_error(future) -> bool:
+    try:
+        future.value()
+    except Exception:
+        return True
+    return False
+
+
+def issue_record(pending) -> schema.IssueRecord:
+    return schema.IssueRecord(
+        step=pending.step, op=pending.op, source=pending.source, pg=pending.pg,
+        pg_size=pending.pg_size, position=pending.position, dtype=pending.dtype,
+        bytes=pending.nbytes, issue_ns=pending.start_ns, peer=pending.peer,
+        async_op=pending.async_op)
 
 
 class Timing:
     """The ops issued and not yet written, and the counts of those issued."""
 
     def __init__(self, writer, current_step: Callable[[], int], use_cuda: bool,
-                 event_factory: Callable[[], object] | None, wait_timeout_s: float, fail):
+                 event_factory: Callable[[], object] | None, wait_timeout_s: float, fail,
+                 issues_writer=None):
+        """`issues_writer`: where each op's IssueRecord goes as it is issued (None: nowhere)."""
         self.writer = writer
+        self.issues_writer = issues_writer
+        self._positions: dict = {}  # pg (collectives) or (pg, op, peer) (p2p) -> next position
+        # Issued ops whose CommRecord is not written yet, by id, for stack dumps (tracer.stacks).
+        self.outstanding: dict[int, Pending] = {}
         self.current_step = current_step
         self.use_cuda = bool(use_cuda)
         self.wait_timeout_s = wait_timeout_s
@@ -81,6 +105,12 @@ class Timing:
                           dtype_name(tensor.dtype) if tensor is not None else "none",
                           int(nbytes), bool(async_op), peer,
                           tensor.device if tensor is not None else None)
+        key = pg_name if peer is None else (pg_name, op, peer)
+        position = pending.position = self._positions.get(key, 0)
+        self._positions[key] = position + 1
+        self.outstanding[id(pending)] = pending
+        if self.issues_writer is not None:
+            self.issues_writer.write(issue_record(pending))
         if tensor is not None and (self._events_for_all or (self.use_cuda and tensor.is_cuda)):
             pending.start_event = self._new_event()
             self._record(pending.start_event, pending.device)
@@ -92,6 +122,7 @@ class Timing:
             self.bytes += pending.nbytes
 
     def _drop(self, pending) -> None:
+        self.outstanding.pop(id(pending), None)
         with self._count_lock:
             self.ops -= 1
             self.bytes -= pending.nbytes
@@ -148,10 +179,12 @@ class Timing:
                 self._event_pending.append(pending)  # end_event stays None until the callback
         timing = self
 
-        def on_done(_future):
+        def on_done(done):
             # Runs on a c10d thread (gloo) or inline with pool streams ordered after the op (CUDA).
             try:
+                failed = done_with_error(done)
                 for pending in pendings:
+                    pending.failed = failed
                     if pending.start_event is None:
                         pending.duration_ns = time.perf_counter_ns() - pending.t0
                         timing._in_flight.pop(id(pending), None)
@@ -209,6 +242,11 @@ class Timing:
                 self.functional_pending.pop(storage_key(other), None)
             pending.keep = None
             self.complete_now(pending)
+
+    def not_completed(self) -> list[schema.IssueRecord]:
+        """The ops issued and not seen to complete yet, oldest first (any thread)."""
+        pendings = [p for p in list(self.outstanding.values()) if p.duration_ns is None]
+        return [issue_record(p) for p in sorted(pendings, key=lambda p: p.t0)]
 
     # ---- drain ----------------------------------------------------------------------------------
     def drain(self, wait: bool = False) -> None:
@@ -270,6 +308,8 @@ class Timing:
             start_ns=pending.start_ns, end_ns=pending.start_ns + duration_ns,
             duration_us=duration_ns / 1e3,
             timing="host" if pending.start_event is None else "cuda_event",
-            algbw_gbps=algbw, busbw_gbps=busbw, peer=pending.peer, async_op=pending.async_op)
+            algbw_gbps=algbw, busbw_gbps=busbw, peer=pending.peer, async_op=pending.async_op,
+            position=pending.position, failed=pending.failed)
+        self.outstanding.pop(id(pending), None)
         self._recycle(pending)
         self.writer.write(record)

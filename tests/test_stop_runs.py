@@ -1,0 +1,114 @@
+"""The stop diagnosis of real 2-rank gloo runs with an injected hang, mismatch or crash, a clean
+run that gets none, and SIGUSR1 to a training process: its stacks, and training unchanged."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis import open_run, output
+from tracer import schema
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
+
+pytestmark = pytest.mark.slow
+
+TRACED = ["--no-profiler", "--no-sampler", "--no-scalars", "--ddp-bucket-hook"]
+# ddp.py's ops on group 0 with --ddp-bucket-hook: DDP's parameter broadcast (#0), one bucket in
+# step 1 (DDP rebuilds its buckets after it), two in step 2: step 3 starts at #4.
+STEP_3_POSITION = 4
+
+
+def fault_run(tmp_path, fault: list[str]) -> tuple[object, Path]:
+    out = tmp_path / "traces"
+    result = h.run(["--out", out, *TRACED], h.DDP,
+                   ["--steps", "4", "--pg-timeout-s", "10", *fault], nproc=2, timeout=240)
+    return result, h.only_run_dir(out)
+
+
+def diagnosis(run_dir: Path) -> tuple[dict, str]:
+    run = open_run(str(run_dir), use_cache=False)
+    return run.document()["stop_diagnosis"], output.text_report(run.report)
+
+
+def sleep_line() -> int:
+    source = (h.REPO / "workloads" / "common.py").read_text().splitlines()
+    return next(i for i, line in enumerate(source, 1) if "time.sleep(1)" in line)
+
+
+def test_a_hung_rank_is_named_with_the_op_it_never_issued_and_its_sleep(tmp_path):
+    result, run_dir = fault_run(tmp_path, ["--hang", "1:3"])
+    assert result.returncode != 0
+    assert "Timed out" in h.run_end(run_dir, 0).exception  # rank 0: the group's timeout
+    found, text = diagnosis(run_dir)
+    group = found["groups"][0]
+    assert (group["pg"], group["kind"], group["op"], group["position"]) == (
+        "0", "missing", "all_reduce", STEP_3_POSITION)
+    assert group["missing_ranks"] == [1] and group["issued_ranks"] == [0]
+    assert group["last_completed_position"] == STEP_3_POSITION - 1
+    hung = found["ranks"][1]
+    assert hung["frames"][0]["file"].endswith("workloads/common.py")
+    assert (hung["frames"][0]["line"], hung["frames"][0]["function"]) == (
+        sleep_line(), "before_forward")
+    assert text.index("Stop diagnosis") < text.index("Collectives")
+    assert f"rank 1 never issued all_reduce #{STEP_3_POSITION} on group 0" in text
+    assert (f"was in before_forward at workloads/common.py:{sleep_line()} (`time.sleep(1)`)"
+            in text)
+
+
+def test_a_mismatched_all_reduce_is_named_with_each_ranks_size(tmp_path):
+    result, run_dir = fault_run(tmp_path, ["--mismatch", "1:3"])
+    assert result.returncode != 0
+    found, _ = diagnosis(run_dir)
+    group = found["groups"][0]
+    assert (group["kind"], group["op"], group["position"], group["issued_ranks"]) == (
+        "mismatch", "all_reduce", STEP_3_POSITION, [0, 1])
+    assert group["signatures"] == ("all_reduce 4 B float32 on rank 0; all_reduce 4.1 kB "
+                                   "float32 on rank 1")
+
+
+def test_a_crashed_rank_is_named_dead_and_missing(tmp_path):
+    result, run_dir = fault_run(tmp_path, ["--crash", "1:3"])
+    assert result.returncode != 0
+    found, text = diagnosis(run_dir)
+    group = found["groups"][0]
+    assert (group["kind"], group["op"], group["position"]) == (
+        "missing", "all_reduce", STEP_3_POSITION)
+    assert group["missing_ranks"] == [1] and group["dead_ranks"] == [1]
+    assert found["ranks"][1]["status"] == schema.STATUS_NO_END
+    assert "rank 1 died (no run_end)" in text
+
+
+def test_a_clean_run_gets_no_stop_diagnosis(tmp_path):
+    out = tmp_path / "traces"
+    result = h.run(["--out", out, *TRACED], h.DDP, ["--steps", "2"], nproc=2, timeout=240)
+    assert result.returncode == 0, result.stderr
+    found, text = diagnosis(h.only_run_dir(out))
+    assert found is None and "Stop diagnosis" not in text
+
+
+def test_sigusr1_writes_the_stacks_and_training_ends_with_the_same_loss(tmp_path):
+    script = "tests/scripts/stop_sigusr1_train.py"
+    out = tmp_path / "traces"
+    untraced = h.run(None, script, ["--steps", "6"])
+    assert untraced.returncode == 0, untraced.stderr
+    traced = h.run(["--out", out, "--no-profiler", "--no-sampler", "--no-scalars"], script,
+                   ["--steps", "6", "--signal-at", "3",
+                    "--wait-for", str(out / "*" / schema.STACKS_FILE.format(rank=0))])
+    assert traced.returncode == 0, traced.stderr
+    assert traced.stdout == untraced.stdout and untraced.stdout.strip()
+    run_dir = h.only_run_dir(out)
+    assert h.run_end(run_dir, 0).status == "ok"
+    lines = (run_dir / schema.STACKS_FILE.format(rank=0)).read_text().splitlines()
+    dump = json.loads(lines[0])
+    assert len(lines) == 1 and dump["reason"] == "sigusr1" and dump["pending"] == []
+    main = next(t for t in dump["threads"] if t["main"])
+    # the script's wait loop (in glob or time.sleep), below runpy's frames
+    assert any(f["file"].endswith("stop_sigusr1_train.py") and f["function"] == "<module>"
+               for f in main["frames"])
+    issued = (run_dir / schema.ISSUED_FILE.format(rank=0)).read_text().splitlines()
+    assert [json.loads(line)["position"] for line in issued] == list(range(6))
