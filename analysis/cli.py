@@ -11,7 +11,6 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import output
-from analysis.html import write_html_report
 from analysis.load import SchedulerUnavailable, load_files, max_trace_bytes
 from analysis.progress import Progress
 from analysis.run import analyse_run
@@ -125,7 +124,7 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None) -> i
         if args.html is not None:
             target = (args.html.with_name(f"{report.name}-{args.html.name}") if several
                       else args.html)
-            if _write(report, "--html", target, write_html_report):
+            if _write(report, "--html", target, _write_html):
                 print(f"ranktrace: HTML report written to {target}", file=sys.stderr)
 
     if args.format == "json":
@@ -146,6 +145,13 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None) -> i
         print(f"ranktrace: --strict: {count} problem(s), see the warnings above", file=sys.stderr)
         return 1
     return 0
+
+
+def _write_html(report: output.RunReport, target: Path) -> None:
+    # Imported here: only --html needs the HTML report's modules.
+    from analysis.html import write_html_report
+
+    write_html_report(report, target)
 
 
 def _write(report: output.RunReport, option: str, target: Path, write) -> bool:
