@@ -16,6 +16,16 @@ from analysis.runs import NothingToAnalyse
 from analysis.steps import parse_step_spec
 
 
+def _not_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m analysis.diff",
@@ -35,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="seed of the bootstrap (default: %(default)s)")
     parser.add_argument("--resamples", type=_at_least_one, default=diff_stats.DEFAULT_RESAMPLES,
                         help="bootstrap resamples (default: %(default)s)")
+    parser.add_argument("--noise-floor-pct", type=_not_negative, metavar="P",
+                        default=diff_stats.DEFAULT_NOISE_FLOOR_PCT,
+                        help="the least run-to-run noise, in %%, assumed for a side of one run: "
+                             "a change within the floor is no significant change (default: "
+                             "%(default)s; docs/diff.md#the-run-to-run-noise-floor)")
     parser.add_argument("--top", type=_at_least_one, default=diff_compare.TOP_OPS,
                         help="operators and kernels shown, each (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true",
@@ -55,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ranktrace: nothing compared: {label}: {exc}", file=sys.stderr)
             return 1
     a, b = sides
-    result = diff_compare.compare(a, b, seed=args.seed, resamples=args.resamples, top=args.top)
+    result = diff_compare.compare(a, b, seed=args.seed, resamples=args.resamples, top=args.top,
+                                  noise_floor_pct=args.noise_floor_pct)
     for problem in result["problems"]:
         print(f"ranktrace: warning: {problem}", file=sys.stderr)
     if args.format == "json":

@@ -194,7 +194,8 @@ def pipeline_deltas(a: pd.DataFrame, b: pd.DataFrame, role_a: dict, role_b: dict
 
 
 def compare(a: diff_side.Side, b: diff_side.Side, seed: int = diff_stats.DEFAULT_SEED,
-            resamples: int = diff_stats.DEFAULT_RESAMPLES, top: int = TOP_OPS) -> dict:
+            resamples: int = diff_stats.DEFAULT_RESAMPLES, top: int = TOP_OPS,
+            noise_floor_pct: float = diff_stats.DEFAULT_NOISE_FLOOR_PCT) -> dict:
     """Every table of the comparison (docs/diff.md)."""
     layout_a, layout_b = diff_side.layout(a), diff_side.layout(b)
     role_a, role_b, note = roles(layout_a, layout_b)
@@ -202,7 +203,7 @@ def compare(a: diff_side.Side, b: diff_side.Side, seed: int = diff_stats.DEFAULT
         role_a = dict.fromkeys(layout_a["ranks"], EVERY_RANK)
         role_b = dict.fromkeys(layout_b["ranks"], EVERY_RANK)
     change = diff_stats.bootstrap_change(diff_side.step_times(a), diff_side.step_times(b),
-                                         seed, resamples)
+                                         seed, resamples, noise_floor_pct)
     ops_a, ops_b = diff_side.operators(a), diff_side.operators(b)
     comm_a, comm_b = diff_side.collectives(a), diff_side.collectives(b)
     return {

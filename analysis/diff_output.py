@@ -16,7 +16,8 @@ from analysis.output import plain, records
 DOCUMENT_VERSION = 1
 TEXT_WIDTH = 100
 CHANGE_KEYS = ["median_a_ms", "median_b_ms", "change_pct", "ci_low_pct", "ci_high_pct",
-               "significant", "confidence", "seed", "resamples", "steps_a", "steps_b",
+               "excludes_zero", "noise_floor_pct", "noise_floor_source", "significant",
+               "confidence", "seed", "resamples", "block_steps", "steps_a", "steps_b",
                "runs_a", "runs_b"]
 # (section, heading, the role/item columns, units of a/b/delta)
 LONG_SECTIONS = [("categories", "Where each step's time goes, mean ms per step", "category"),

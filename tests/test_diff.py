@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import diff_compare, diff_ops, diff_output, diff_stats
+from analysis import diff, diff_compare, diff_ops, diff_output, diff_stats
 from analysis.diff_compare import EVERY_RANK
 
 
@@ -26,7 +26,8 @@ def test_a_constant_change_has_a_point_interval():
     assert change["significant"] and (change["steps_a"], change["steps_b"]) == (6, 6)
     text = diff_stats.verdict_text(change)
     assert text.startswith("B's step time is 20.0% higher (median 10.0 \u2192 12.0 ms")
-    assert "seed 3" in text
+    assert "beyond the 10.0% run-to-run noise floor" in text
+    assert "in blocks of 2 steps, seed 3" in text
 
 
 def test_a_run_against_itself_is_no_significant_change():
@@ -37,25 +38,42 @@ def test_a_run_against_itself_is_no_significant_change():
     assert diff_stats.verdict_text(change).startswith("no significant change")
 
 
-def test_the_bootstrap_is_reproducible_from_its_seed_and_resamples_steps():
+def test_the_bootstrap_is_reproducible_from_its_seed_and_draws_blocks_of_steps():
     a = _steps({0: [10, 20, 30, 40]})
     b = _steps({0: [10, 20, 40, 50]})
     first = diff_stats.bootstrap_change(a, b, seed=7, resamples=300)
     again = diff_stats.bootstrap_change(a, b, seed=7, resamples=300)
     assert (first["ci_low_pct"], first["ci_high_pct"]) == (again["ci_low_pct"],
                                                            again["ci_high_pct"])
-    # The same draws by hand: per resample, 4 steps of A with replacement, then 4 of B.
+    # The same draws by hand: per resample, two blocks of two consecutive steps of A (circular:
+    # a block from step 4 goes on with step 1), then two of B.
+    assert first["block_steps"] == diff_stats.block_length(4) == 2
     rng = np.random.default_rng(7)
     a_ms, b_ms = np.array([10, 20, 30, 40.0]), np.array([10, 20, 40, 50.0])
     changes = []
     for _ in range(300):
-        med_a = np.median(a_ms[rng.integers(0, 4, 4)])
-        med_b = np.median(b_ms[rng.integers(0, 4, 4)])
-        changes.append((med_b / med_a - 1) * 100)
+        rows_a = (rng.integers(0, 4, 2)[:, None] + np.arange(2)).ravel() % 4
+        rows_b = (rng.integers(0, 4, 2)[:, None] + np.arange(2)).ravel() % 4
+        changes.append((np.median(b_ms[rows_b]) / np.median(a_ms[rows_a]) - 1) * 100)
     low, high = np.percentile(changes, [2.5, 97.5])
     assert first["ci_low_pct"] == pytest.approx(low)
     assert first["ci_high_pct"] == pytest.approx(high)
     assert first["change_pct"] == pytest.approx((30 / 25 - 1) * 100)
+
+
+def test_block_length_grows_as_the_cube_root_of_the_steps():
+    assert [diff_stats.block_length(n) for n in (1, 3, 4, 11, 27, 64, 1000)] == [1, 1, 2, 2, 3,
+                                                                                 4, 10]
+
+
+def test_consecutive_steps_are_resampled_together():
+    # Slow and fast steps alternate: every block of two consecutive steps (8 steps, blocks of
+    # 2, wrapping) holds one of each, so every resample has the same median and a run against
+    # itself a point interval at 0. Single steps drawn alone would give medians of 10 or 30.
+    a = _steps({0: [10, 30] * 4})
+    change = diff_stats.bootstrap_change(a, a.copy(), seed=2, resamples=300)
+    assert change["block_steps"] == 2
+    assert change["ci_low_pct"] == change["ci_high_pct"] == 0
 
 
 def test_ranks_of_one_step_are_resampled_together():
@@ -76,12 +94,72 @@ def test_repeated_runs_put_run_to_run_noise_in_the_interval():
     assert "run-to-run" in diff_stats.coverage_text(repeats)
     single = diff_stats.bootstrap_change(_steps({0: [10] * 6}), _steps({0: [12] * 6}), seed=0)
     assert "not run-to-run" in diff_stats.coverage_text(single)
+    assert "noise floor stands in for it" in diff_stats.coverage_text(single)
 
 
 def test_too_few_steps_give_no_interval():
     change = diff_stats.bootstrap_change(_steps({0: [10]}), _steps({0: [12, 13]}))
     assert change["ci_low_pct"] is None and not change["significant"]
     assert diff_stats.verdict_text(change).startswith("cannot tell")
+
+
+# ---- the run-to-run noise floor -----------------------------------------------------------------
+def test_a_change_within_the_noise_floor_is_no_significant_change():
+    # Steady steps, 8% slower in B: the interval is the point +8%, which excludes 0, but one run
+    # per side cannot tell 8% from the run-to-run noise the default floor stands for.
+    a, b = _steps({0: [10] * 6, 1: [10] * 6}), _steps({0: [10.8] * 6, 1: [10.8] * 6})
+    change = diff_stats.bootstrap_change(a, b)
+    assert change["ci_low_pct"] == pytest.approx(8.0) and change["excludes_zero"]
+    assert change["noise_floor_pct"] == diff_stats.DEFAULT_NOISE_FLOOR_PCT == 10.0
+    assert not change["significant"]
+    text = diff_stats.verdict_text(change)
+    assert text.startswith("no significant change: +8.0% (median 10.0 \u2192 10.8 ms) is "
+                           "within the 10.0% run-to-run noise floor")
+    assert "the floor, not the steps, decided it" in text
+    lower = diff_stats.bootstrap_change(a, b, noise_floor_pct=5.0)
+    assert lower["significant"] and lower["noise_floor_pct"] == 5.0
+    assert "beyond the 5.0% run-to-run noise floor" in diff_stats.verdict_text(lower)
+
+
+def test_an_interval_reaching_into_the_floor_is_not_significant():
+    a = _steps({0: [10] * 6})
+    b = _steps({0: [10.5, 12, 12, 12, 12, 13.5]})  # median 12; quartiles 12 and 12
+    change = diff_stats.bootstrap_change(a, b, seed=0, resamples=400, noise_floor_pct=15.0)
+    # The change (+20%) is beyond the floor, the interval's low end (+12.5%) is not.
+    assert change["change_pct"] == pytest.approx(20.0)
+    assert change["ci_low_pct"] == pytest.approx(12.5) and change["excludes_zero"]
+    assert change["noise_floor_pct"] == 15.0 and not change["significant"]
+    assert diff_stats.bootstrap_change(a, b, seed=0, resamples=400,
+                                       noise_floor_pct=10.0)["significant"]
+
+
+def test_a_noisy_run_raises_the_floor_to_its_step_spread():
+    # A's steps: quartiles 8 and 12 around a median of 10, an interquartile range of 40%.
+    a = _steps({0: [6, 8, 10, 12, 14]})
+    b = _steps({0: [10] * 5})
+    assert diff_stats.step_spread_pct(a) == pytest.approx(40.0)
+    floor, source = diff_stats.noise_floor(a, b, 10.0)
+    assert floor == pytest.approx(40.0) and source.startswith("A's step spread")
+    assert diff_stats.noise_floor(b, b, 10.0) == (10.0, "the least floor for one run, "
+                                                        "--noise-floor-pct")
+
+
+def test_repeated_runs_give_the_floor_from_the_spread_of_their_medians():
+    repeated = pd.concat([_steps({0: [10] * 4}, run=0), _steps({0: [12] * 4}, run=1)])
+    single = _steps({0: [11] * 4})
+    assert diff_stats.run_spread_pct(repeated) == pytest.approx(20.0)
+    floor, source = diff_stats.noise_floor(single, repeated, 10.0)
+    assert floor == pytest.approx(20.0) and source == "the spread between B's run medians"
+    # Both sides repeated: runs are resampled, so the interval itself covers run-to-run noise.
+    assert diff_stats.noise_floor(repeated, repeated, 10.0) == (0.0,
+                                                                 "runs resampled on both sides")
+
+
+def test_a_negative_noise_floor_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        diff.main(["A", "B", "--noise-floor-pct", "-1"])
+    assert exit_info.value.code == 2
+    assert "--noise-floor-pct: expected 0 or more, got '-1'" in capsys.readouterr().err
 
 
 # ---- roles --------------------------------------------------------------------------------------
