@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import linecache
 import os
+import re
 from pathlib import Path
 
 import msgspec
@@ -63,11 +64,26 @@ def dump_frames(dumps: list, rank: int) -> list[dict]:
     main = next((t for t in dump.threads if t.main), None)
     if main is None:
         return []
-    inner = list(reversed(main.frames))[:TOP_FRAMES]
-    return [{"rank": rank, "reason": dump.reason, "t_ns": dump.t_ns, "depth": depth,
-             "file": f.file, "line": f.line, "function": f.function,
-             "code": source_line(f.file, f.line, dump.t_ns)}
-            for depth, f in enumerate(inner)]
+    inner = list(reversed(main.frames))
+    shown = list(range(min(TOP_FRAMES, len(inner))))
+    if not any(is_script_frame(inner[d].file) for d in shown):
+        # Stuck inside a library (torch's backward): where the script called it, too.
+        shown += [next((d for d in range(len(shown), len(inner))
+                        if is_script_frame(inner[d].file)), None)]
+    return [{"rank": rank, "reason": dump.reason, "t_ns": dump.t_ns, "depth": d,
+             "file": inner[d].file, "line": inner[d].line, "function": inner[d].function,
+             "code": source_line(inner[d].file, inner[d].line, dump.t_ns)}
+            for d in shown if d is not None]
+
+
+def is_script_frame(path: str) -> bool:
+    """Not an installed package's, nor the interpreter's (frozen modules, the standard
+    library)."""
+    parts = Path(path).parts
+    in_stdlib = any(re.fullmatch(r"python\d+\.\d+", name) and parts[i - 1].startswith("lib")
+                    for i, name in enumerate(parts[1:-1], 1))
+    return not (path.startswith("<") or "site-packages" in parts or "dist-packages" in parts
+                or in_stdlib)
 
 
 def source_line(path: str, line: int, at_ns: int) -> str:
@@ -251,10 +267,13 @@ def rank_text(rank: int, status: str | None, frames: pd.DataFrame,
     own = frames[frames["rank"] == rank].sort_values("depth")
     where = "no stack dump"
     if not own.empty:
-        parts = [f"{f['function']} at {_short(f['file'])}:{f['line']}"
-                 + (f" (`{f['code']}`)" if f.get("code") else "")
-                 for f in own.to_dict("records")]
-        where = "was in " + parts[0] + "".join(f", called from {p}" for p in parts[1:])
+        where, depth = "was in ", 0
+        for f in own.to_dict("records"):
+            if f["depth"] > 0:
+                where += ", called from " if f["depth"] == depth + 1 else ", ... called from "
+            where += f"{f['function']} at {_short(f['file'])}:{f['line']}"
+            where += f" (`{f['code']}`)" if f.get("code") else ""
+            depth = f["depth"]
         where += f" ({own.iloc[0]['reason']})"
     raised = ""
     if exception:

@@ -28,6 +28,7 @@ SLOW_MODULES = {
     "test_gpu_validation",  # one `scripts/gpu_validation --cpu --quick` run
     "test_record",  # traced runs under torchrun
     "test_scaling_runs",  # traced sweeps at 1, 2 and 4 ranks
+    "test_stop_runs",  # traced 2- and 4-rank runs with a hang, mismatch or crash
     "test_tensorboard",  # a traced 2-rank run and a TensorBoard server
     "test_timeline",  # traced DDP and pipeline runs
     "test_unchanged_training",  # every workload twice, eager and compiled

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+
 import msgspec
 import pandas as pd
 
 from analysis import open_run, output, stop
-from tracer import schema
+from tracer import schema, stacks
 
 T0 = 1_800_000_000_000_000_000
 MB = 1_062_952
@@ -136,6 +138,27 @@ def _dump(reason, function, line, t_ns):
         schema.ThreadStack(name="MainThread", thread_id=1, main=True, frames=frames_)])
 
 
+def test_a_rank_stuck_inside_a_library_shows_where_the_script_called_it():
+    torch_dir = "/v/lib/python3.11/site-packages/torch/"
+    main = [schema.StackFrame(file="<frozen runpy>", line=88, function="_run_code"),
+            schema.StackFrame(file="/x/train.py", line=85, function="train"),
+            schema.StackFrame(file="/x/helpers.py", line=7, function="step")] + [
+        schema.StackFrame(file=torch_dir + name, line=line, function="backward")
+        for name, line in (("_tensor.py", 623), ("autograd/__init__.py", 395),
+                           ("autograd/graph.py", 979))]
+    dump = schema.StackDump(rank=0, t_ns=0, reason="exception", pending=[], threads=[
+        schema.ThreadStack(name="MainThread", thread_id=1, main=True, frames=main)])
+    found = stop.dump_frames([dump], 0)
+    assert [(f["depth"], f["file"], f["line"]) for f in found] == [
+        (0, torch_dir + "autograd/graph.py", 979), (1, torch_dir + "autograd/__init__.py", 395),
+        (2, torch_dir + "_tensor.py", 623), (3, "/x/helpers.py", 7)]
+    text = stop.rank_text(0, "failed", pd.DataFrame(found))
+    assert text.endswith(", called from backward at torch/_tensor.py:623, called from step at "
+                         "/x/helpers.py:7 (exception)")
+    gap = pd.DataFrame(found).drop(index=2)
+    assert ", ... called from step at /x/helpers.py:7" in stop.rank_text(0, "failed", gap)
+
+
 def test_the_first_dump_at_a_stop_gives_the_innermost_frames_first():
     dumps = [_dump("sigusr1", "earlier", 40, 0), _dump("exception", "wait_here", 45, 1),
              _dump("sigterm", "on_the_way_out", 47, 2), _dump("sigusr1", "later", 50, 3)]
@@ -201,3 +224,35 @@ def test_the_report_opens_with_the_diagnosis_and_json_holds_it(tmp_path):
     assert "rank 1 (crashed) was in sleepy at /x/train.py:45" in text
     assert document["ranks"][0]["text"] == ("rank 0 (failed) no stack dump; the script raised "
                                             "RuntimeError: Timed out")
+
+
+def _raise_here():
+    raise RuntimeError("timed out")
+
+
+def test_an_exception_dump_written_after_unwinding_gives_the_frames_it_was_raised_through(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(stacks, "_dumps", 0)
+    monkeypatch.setattr(stacks, "_dumped", [])
+    path = tmp_path / "rank0.stacks.jsonl"
+    try:
+        _raise_here()
+    except RuntimeError as exc:
+        caught = exc
+    try:
+        raise ValueError("wrapped") from caught
+    except ValueError as exc:
+        wrapped = exc
+    assert not stacks.was_dumped(wrapped)
+    assert stacks.dump(str(path), 0, "exception", [], caught, where_raised=True)
+    assert stacks.was_dumped(caught) and stacks.was_dumped(wrapped)
+    assert not stacks.was_dumped(RuntimeError("another"))
+    dump = msgspec.json.decode(path.read_bytes(), type=schema.StackDump)
+    main = next(t for t in dump.threads if t.main).frames
+    source, first = inspect.getsourcelines(
+        test_an_exception_dump_written_after_unwinding_gives_the_frames_it_was_raised_through)
+    call_line = first + next(i for i, line in enumerate(source) if "_raise_here()" in line)
+    assert [(f.function, f.line) for f in main[-2:]] == [
+        ("test_an_exception_dump_written_after_unwinding_gives_the_frames_it_was_raised_through",
+         call_line), ("_raise_here", _raise_here.__code__.co_firstlineno + 1)]
+    assert dump.exception == "RuntimeError: timed out"

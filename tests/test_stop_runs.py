@@ -4,6 +4,7 @@ run that gets none, and SIGUSR1 to a training process: its stacks, and training 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -35,15 +36,20 @@ def diagnosis(run_dir: Path) -> tuple[dict, str]:
     return run.document()["stop_diagnosis"], output.text_report(run.report)
 
 
+def script_line(path: str, code: str) -> int:
+    source = (h.REPO / path).read_text().splitlines()
+    return next(i for i, line in enumerate(source, 1) if line.strip() == code)
+
+
 def sleep_line() -> int:
-    source = (h.REPO / "workloads" / "common.py").read_text().splitlines()
-    return next(i for i, line in enumerate(source, 1) if "time.sleep(1)" in line)
+    return script_line("workloads/common.py", "time.sleep(1)")
 
 
 def test_a_hung_rank_is_named_with_the_op_it_never_issued_and_its_sleep(tmp_path):
     result, run_dir = fault_run(tmp_path, ["--hang", "1:3"])
     assert result.returncode != 0
-    assert "Timed out" in h.run_end(run_dir, 0).exception  # rank 0: the group's timeout
+    # rank 0: the group's timeout; gloo words it by the side that notices first
+    assert re.search(r"Timed out|timeout", h.run_end(run_dir, 0).exception)
     found, text = diagnosis(run_dir)
     group = found["groups"][0]
     assert (group["pg"], group["kind"], group["op"], group["position"]) == (
@@ -54,6 +60,12 @@ def test_a_hung_rank_is_named_with_the_op_it_never_issued_and_its_sleep(tmp_path
     assert hung["frames"][0]["file"].endswith("workloads/common.py")
     assert (hung["frames"][0]["line"], hung["frames"][0]["function"]) == (
         sleep_line(), "before_forward")
+    # rank 0 waited in backward: DDP's reducer raised the timeout, no wrapper of ours saw it
+    waiting = found["ranks"][0]["frames"]
+    assert waiting[-1]["file"].endswith("workloads/ddp.py")
+    assert (waiting[-1]["line"], waiting[-1]["function"]) == (script_line("workloads/ddp.py",
+                                                               "loss.backward()"), "train")
+    assert "rank 0 (failed) no stack dump" not in text
     assert text.index("Stop diagnosis") < text.index("Collectives")
     assert f"rank 1 never issued all_reduce #{STEP_3_POSITION} on group 0" in text
     assert (f"was in before_forward at workloads/common.py:{sleep_line()} (`time.sleep(1)`)"

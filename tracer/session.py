@@ -18,7 +18,7 @@ import time
 import msgspec
 
 import tracer
-from tracer import log, schema
+from tracer import log, schema, stacks
 from tracer.buffered import BufferedFile, RecordBudget
 from tracer.clocksync import ClockSync
 from tracer.config import TracerConfig
@@ -412,6 +412,7 @@ class Session:
     def _remove_files(self) -> None:
         """Remove this rank's files, and the run folder once no rank has files left in it."""
         paths = [p.path for p in self._files() if p.path and p.path != self.run_dir]
+        paths.append(os.path.join(self.run_dir, schema.STACKS_FILE.format(rank=self.rank)))
         self.kept = not remove_rank_files(self.run_dir, paths)
 
     def _files(self) -> list[BufferedFile]:
@@ -427,6 +428,10 @@ class Session:
         """After the script: snapshot an OOM, close, let SIGTERM kill at once again."""
         if outcome.exception is not None and self.snapshots is not None:
             self.snapshots.on_script_exception(outcome.exception)
+        if outcome.exception is not None and not stacks.was_dumped(outcome.exception):
+            # It never passed through a collective's wrapper (DDP's reducer raises the group's
+            # timeout from C++): the stop diagnosis still needs where this rank was.
+            self._sigterm.dump_stacks("exception", skip_current=False, exc=outcome.exception)
         self._sigterm.settle()
         if self._sigterm.fatal:
             # SIGTERM came while its default action was due (our handler only defers it), and

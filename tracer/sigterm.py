@@ -205,7 +205,8 @@ class SigtermHandling:
             self._sigterm_dumped = True
         self.dump_stacks("sigterm", skip_current=not on_main)
 
-    def dump_stacks(self, reason: str, skip_current: bool) -> None:
+    def dump_stacks(self, reason: str, skip_current: bool,
+                    exc: BaseException | None = None) -> None:
         """rank{R}.stacks.jsonl gets every thread's stack and the ops pending; then the issue
         and completion records are flushed, so the files agree with the dump."""
         session = self.session
@@ -218,7 +219,8 @@ class SigtermHandling:
         except Exception:
             pending = []
         path = os.path.join(run_dir, schema.STACKS_FILE.format(rank=session.rank))
-        stacks.dump(path, session.rank, reason, pending, skip_current=skip_current)
+        stacks.dump(path, session.rank, reason, pending, exc, skip_current=skip_current,
+                    where_raised=exc is not None)
         if comms is not None:
             try:
                 comms.flush()

@@ -1,6 +1,8 @@
 """Stack dumps: the Python stack of every thread and the ops still pending, one StackDump line
 in rank{R}.stacks.jsonl, on SIGUSR1, SIGTERM, or when a collective raises (docs/tracer.md,
-Hangs and stack dumps).
+Hangs and stack dumps). The session also writes an `exception` dump when the script's exception
+never passed through a collective's wrapper (DDP's C++ reducer raises the group's timeout in
+backward): its main thread's frames are then those the exception was raised through.
 
 Written straight to the file (no buffer): a dump is rare and must be on disk before the
 process dies. Never raises.
@@ -20,6 +22,8 @@ MAX_DUMPS = 20
 _TRACER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _lock = threading.Lock()
 _dumps = 0
+# The exceptions dumped, held (at most MAX_DUMPS) so that no other object takes their id.
+_dumped: list[BaseException] = []
 
 
 def _frames(frame) -> list[schema.StackFrame]:
@@ -50,23 +54,62 @@ def thread_stacks(skip_current: bool = True) -> list[schema.ThreadStack]:
     return stacks
 
 
+def raised_frames(exc: BaseException) -> list[schema.StackFrame] | None:
+    """Outermost first: the frames `exc` was raised through, with the frames outside the one
+    that caught it; None when it carries no traceback."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    frames = _frames(tb.tb_frame.f_back)
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not code.co_filename.startswith(_TRACER_DIR):
+            # tb_lineno, not f_lineno: the line it was raised at, not where the frame is now.
+            frames.append(schema.StackFrame(file=code.co_filename, line=tb.tb_lineno or 0,
+                                            function=code.co_name))
+        tb = tb.tb_next
+    return frames
+
+
+def was_dumped(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from or while handling, had a dump."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if any(dumped is exc for dumped in _dumped):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def describe_exception(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def dump(path: str, rank: int, reason: str, pending: list[schema.IssueRecord],
-         exc: BaseException | None = None, skip_current: bool = False) -> bool:
-    """Append one StackDump to `path`; False when it was not written (cap reached, I/O error)."""
+         exc: BaseException | None = None, skip_current: bool = False,
+         where_raised: bool = False) -> bool:
+    """Append one StackDump to `path`; False when it was not written (cap reached, I/O error).
+    `where_raised`: the main thread's frames are those `exc` was raised through (the dump is
+    taken after it unwound)."""
     global _dumps
     try:
         with _lock:
             if _dumps >= MAX_DUMPS:
                 return False
             _dumps += 1
+            if exc is not None:
+                _dumped.append(exc)
+        threads = thread_stacks(skip_current)
+        raised = raised_frames(exc) if where_raised and exc is not None else None
+        if raised is not None:
+            for thread in threads:
+                if thread.main:
+                    thread.frames = raised
         record = schema.StackDump(
             rank=rank, t_ns=time.time_ns(), reason=reason,
-            threads=thread_stacks(skip_current), pending=list(pending),
+            threads=threads, pending=list(pending),
             exception=describe_exception(exc) if exc is not None else None)
         line = schema.ENCODER.encode(record) + b"\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
