@@ -193,22 +193,24 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
     if kernels.empty:
         return []
     is_launch = ~is_gpu & _text_matches(events["cat"], ("runtime", "driver"))
-    correlation = pd.to_numeric(col(events, "correlation"), errors="coerce")
-    launches = events[is_launch & (correlation >= 0)].drop_duplicates("correlation")
-    launch_by_corr = pd.DataFrame({
-        "pid": launches["pid"].astype(str).to_numpy(),
-        "tid": launches["tid"].astype(str).to_numpy(),
-        "ts": launches["ts_ns"].to_numpy(dtype="float64"),
-    }, index=pd.Index(launches["correlation"].to_numpy(dtype="float64")))
+    correlation = pd.to_numeric(col(events, "correlation"), errors="coerce").to_numpy("float64")
+    launches = np.flatnonzero(np.asarray(is_launch) & (correlation >= 0))
+    # The first launch of each correlation id, sorted by id for the lookup below.
+    launch_corr, first = np.unique(correlation[launches], return_index=True)
+    launches = launches[first]
     kernel_corr = pd.to_numeric(col(kernels, "correlation"), errors="coerce").to_numpy("float64")
-    launch = launch_by_corr.reindex(kernel_corr)
-    call_of = _innermost(calls, launch["pid"], launch["tid"], launch["ts"])
-    hint_of = _innermost(hints, launch["pid"], launch["tid"], launch["ts"])
+    at = np.minimum(np.searchsorted(launch_corr, kernel_corr), max(len(launch_corr) - 1, 0))
+    found = (launch_corr[at] == kernel_corr) if len(launch_corr) else np.zeros(len(kernels), bool)
+    rows_of = launches[at]
+    launch_ts = np.where(found, events["ts_ns"].to_numpy("float64")[rows_of]
+                         if len(launches) else np.nan, np.nan)
+    launch_pid = np.where(found, _texts(events["pid"], rows_of), None)
+    launch_tid = np.where(found, _texts(events["tid"], rows_of), None)
+    call_of = _innermost(calls, launch_pid, launch_tid, launch_ts)
+    hint_of = _innermost(hints, launch_pid, launch_tid, launch_ts)
     keys = np.where(call_of >= 0, call_of, -1 - kernels.index.to_numpy(dtype=np.int64))
     starts = kernels["ts_ns"].to_numpy(dtype="int64")
     ends = starts + kernels["dur_ns"].to_numpy(dtype="int64")
-    launch_ts, launch_pid, launch_tid = (launch["ts"].to_numpy(), launch["pid"].to_numpy(),
-                                         launch["tid"].to_numpy())
 
     # One op per call, in the order of its first kernel; a kernel without a call is one op.
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
@@ -280,26 +282,39 @@ def _hint_row(hint, op, kernel, duration_us, issued_by, kernel_ts, world_size) -
                           dtype_source=dtype_source, nelems=nelems, world_size=world_size)
 
 
+def _texts(column: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """str() of the column's values at the positions `rows`, as an object array."""
+    if not len(rows):
+        return np.zeros(0, dtype=object)
+    return np.array([str(v) for v in np.asarray(column, dtype=object)[rows]], dtype=object)
+
+
+def _thread_keys(pids, tids) -> np.ndarray:
+    return np.array([f"{p}\0{t}" for p, t in zip(pids, tids)], dtype=object)
+
+
 def _innermost(candidates: pd.DataFrame, pids, tids, times) -> np.ndarray:
     """Per query (pid, tid, time): the index label of the latest-starting candidate on that
     thread whose span holds the time (the first such in frame order on ties), else -1."""
     result = np.full(len(times), -1, dtype=np.int64)
     if candidates is None or candidates.empty or not len(times):
         return result
-    query_thread = (pd.Series(np.asarray(pids, dtype=object)).astype(str) + "\0"
-                    + pd.Series(np.asarray(tids, dtype=object)).astype(str)).to_numpy()
+    query_thread = _thread_keys(pids, tids)
     query_ts = np.asarray(times, dtype="float64")
-    thread = (candidates["pid"].astype(str) + "\0" + candidates["tid"].astype(str)).to_numpy()
+    thread = _thread_keys(candidates["pid"].to_numpy(), candidates["tid"].to_numpy())
+    all_starts = candidates["ts_ns"].to_numpy(dtype="float64")
+    all_durations = candidates["dur_ns"].to_numpy(dtype="float64")
+    all_labels = candidates.index.to_numpy()
     for key in pd.unique(thread):
         where = np.flatnonzero(query_thread == key)
         if not len(where):
             continue
-        group = candidates[thread == key]
-        starts = group["ts_ns"].to_numpy(dtype="float64")
+        mine = np.flatnonzero(thread == key)
+        starts = all_starts[mine]
         order = np.lexsort((-np.arange(len(starts)), starts))
         starts = starts[order]
-        ends = starts + group["dur_ns"].to_numpy(dtype="float64")[order]
-        labels = group.index.to_numpy()[order]
+        ends = starts + all_durations[mine][order]
+        labels = all_labels[mine][order]
         positions = np.searchsorted(starts, query_ts[where], side="right") - 1
         result[where] = _innermost_on_thread(starts, ends, labels, positions, query_ts[where])
     return result
