@@ -199,11 +199,14 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
     launch_corr, first = np.unique(correlation[launches], return_index=True)
     launches = launches[first]
     kernel_corr = pd.to_numeric(col(kernels, "correlation"), errors="coerce").to_numpy("float64")
-    at = np.minimum(np.searchsorted(launch_corr, kernel_corr), max(len(launch_corr) - 1, 0))
-    found = (launch_corr[at] == kernel_corr) if len(launch_corr) else np.zeros(len(kernels), bool)
-    rows_of = launches[at]
-    launch_ts = np.where(found, events["ts_ns"].to_numpy("float64")[rows_of]
-                         if len(launches) else np.nan, np.nan)
+    if len(launch_corr):
+        at = np.minimum(np.searchsorted(launch_corr, kernel_corr), len(launch_corr) - 1)
+        found = launch_corr[at] == kernel_corr
+        rows_of = launches[at]
+    else:
+        found = np.zeros(len(kernels), dtype=bool)
+        rows_of = np.zeros(len(kernels), dtype=np.int64)  # any row: `found` masks it
+    launch_ts = np.where(found, events["ts_ns"].to_numpy("float64")[rows_of], np.nan)
     launch_pid = np.where(found, _texts(events["pid"], rows_of), None)
     launch_tid = np.where(found, _texts(events["tid"], rows_of), None)
     call_of = _innermost(calls, launch_pid, launch_tid, launch_ts)
