@@ -51,7 +51,8 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
         return pd.DataFrame()
     kernels = comm[is_gpu[is_comm]]
     host = comm[~is_gpu[is_comm]]
-    names = host["name"].astype(str)
+    # Plain str objects: pandas' own string dtype is slow to walk value by value.
+    names = pd.Series([str(name) for name in host["name"]], index=host.index, dtype=object)
     call_op = _map_memoised(col(host, "collective"), canonical_op)
     is_call = (names == "record_param_comms") & call_op.notna()
     calls = host[is_call].assign(op=call_op[is_call])
