@@ -124,3 +124,26 @@ def test_sigusr1_writes_the_stacks_and_training_ends_with_the_same_loss(tmp_path
                for f in main["frames"])
     issued = (run_dir / schema.ISSUED_FILE.format(rank=0)).read_text().splitlines()
     assert [json.loads(line)["position"] for line in issued] == list(range(6))
+
+
+def test_four_ranks_one_hung_the_others_waiting_in_the_op_it_never_issued(tmp_path):
+    out = tmp_path / "traces"
+    # One bucket a step (tiny model): DDP's broadcast is #0, steps 1 and 2 are #1 and #2.
+    result = h.run(["--out", out, *TRACED], h.DDP,
+                   ["--steps", "4", "--hidden", "32", "--layers", "1", "--batch-size", "8",
+                    "--pg-timeout-s", "10", "--hang", "2:3"], nproc=4, timeout=240)
+    assert result.returncode != 0
+    found, text = diagnosis(h.only_run_dir(out))
+    group = found["groups"][0]
+    assert (group["pg"], group["kind"], group["op"], group["position"]) == (
+        "0", "missing", "all_reduce", 3)
+    assert group["missing_ranks"] == [2] and group["issued_ranks"] == [0, 1, 3]
+    assert group["last_completed_position"] == 2 and group["dead_ranks"] == []
+    hung = found["ranks"][2]["frames"][0]
+    assert hung["file"].endswith("workloads/common.py")
+    assert (hung["line"], hung["function"]) == (sleep_line(), "before_forward")
+    for waiting in (0, 1, 3):
+        assert found["ranks"][waiting]["frames"][-1]["line"] == script_line(
+            "workloads/ddp.py", "loss.backward()")
+    assert "rank 2 never issued all_reduce #3 on group 0" in text
+    assert "which ranks 0-1, 3 waited in from" in text
