@@ -8,7 +8,6 @@ died, and where each rank's main thread was (docs/reliability.md, Stop diagnosis
 
 from __future__ import annotations
 
-import datetime
 import linecache
 import os
 import re
@@ -18,7 +17,9 @@ import msgspec
 import pandas as pd
 
 from analysis.records import read_jsonl, records_path
-from analysis.steps import format_ranges
+from analysis.stop_p2p import diagnose_p2p
+from analysis.stop_text import clock_text, mbytes
+from analysis.stop_text import ranks_text as _ranks
 from tracer import schema
 
 P2P_OPS = ("send", "recv")
@@ -157,28 +158,8 @@ def _members(collectives: pd.DataFrame, pg: str, world_size: int) -> list[int]:
     return sorted(int(r) for r in rows["rank"].unique())
 
 
-def mbytes(nbytes) -> str:
-    if nbytes != nbytes:
-        return "? B"
-    nbytes = int(nbytes)
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= size:
-            return f"{nbytes / size:.1f} {unit}"
-    return f"{nbytes} B"
-
-
 def _signature(row) -> str:
     return f"{row['op']} {mbytes(row['bytes'])} {row['dtype']}"
-
-
-def _ranks(ranks) -> str:
-    ranks = sorted(int(r) for r in ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranges(ranks)
-
-
-def clock_text(t_ns) -> str:
-    """Local wall-clock time of a host-clock nanosecond stamp."""
-    return datetime.datetime.fromtimestamp(int(t_ns) / 1e9).strftime("%H:%M:%S")
 
 
 def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.DataFrame:
@@ -298,7 +279,10 @@ def stop_diagnosis(ops: pd.DataFrame, frames: pd.DataFrame, statuses: dict,
     exceptions = exceptions or {}
     if not needs_diagnosis(statuses):
         return None
+    dead = sorted(r for r, s in statuses.items() if s == schema.STATUS_NO_END)
+    p2p = diagnose_p2p(ops, dead, GROUP_COLUMNS)
     groups = diagnose_groups(ops, statuses, world_size)
+    groups = pd.concat([f for f in (groups, p2p) if not f.empty] or [p2p], ignore_index=True)
     ranks = []
     for rank in sorted(statuses):
         own = frames[frames["rank"] == rank].sort_values("depth")
@@ -306,6 +290,6 @@ def stop_diagnosis(ops: pd.DataFrame, frames: pd.DataFrame, statuses: dict,
                       "frames": own[["file", "line", "function", "code"]].to_dict("records"),
                       "exception": exceptions.get(rank),
                       "text": rank_text(rank, statuses[rank], frames, exceptions.get(rank))})
-    lines = list(groups["text"]) or ["every collective issued was completed by every member of "
-                                     "its group; the stop came outside collectives"]
+    lines = list(groups["text"]) or ["every collective and send/recv issued was completed by "
+                                     "every rank it involved; the stop came outside them"]
     return {"groups": groups, "ranks": ranks, "lines": lines + [r["text"] for r in ranks]}

@@ -256,3 +256,54 @@ def test_an_exception_dump_written_after_unwinding_gives_the_frames_it_was_raise
         ("test_an_exception_dump_written_after_unwinding_gives_the_frames_it_was_raised_through",
          call_line), ("_raise_here", _raise_here.__code__.co_firstlineno + 1)]
     assert dump.exception == "RuntimeError: timed out"
+
+
+def p2p_ops(issued, completed, statuses=None):
+    ops = stop.stop_ops(*frames(issued, completed))
+    return stop.stop_diagnosis(ops, no_frames(), statuses or {0: "failed", 1: "interrupted"}, 2)
+
+
+def test_a_recv_never_posted_is_named_by_its_pair_and_order():
+    # rank 0 sends three activations to rank 1 and gets two gradients back; rank 1 stops after
+    # its second recv: send #2 waits for a recv that never comes.
+    sends = [issue(0, p, op="send", peer=1, pg_size=2, at=10 * p) for p in range(3)]
+    recvs = [issue(1, p, op="recv", peer=0, pg_size=2, at=10 * p + 1) for p in range(2)]
+    back = [issue(1, p, op="send", peer=0, pg_size=2, nbytes=64, at=10 * p + 5)
+            for p in range(2)] + [issue(0, p, op="recv", peer=1, pg_size=2, nbytes=64,
+                                        at=10 * p + 6) for p in range(2)]
+    issued = sends + recvs + back
+    completed = [done(i) for i in sends[:2] + recvs + back]
+    found = p2p_ops(issued, completed)
+    [row] = found["groups"].to_dict("records")
+    assert (row["kind"], row["op"], row["position"], row["src"], row["dst"]) == (
+        "missing", "send", 2, 0, 1)
+    assert row["issued_ranks"] == [0] and row["missing_ranks"] == [1]
+    assert row["last_completed_position"] == 1 and row["waiting_since_ns"] == T0 + 20
+    assert row["text"].startswith("rank 1 never posted recv #2 from rank 0 on group 0, for "
+                                  "rank 0's send (1.1 MB float32) waiting from ")
+    assert row["text"].endswith("; last pair both completed: #1")
+
+
+def test_a_send_never_posted_and_a_size_mismatch_are_told_apart():
+    waiting = issue(1, 0, op="recv", peer=0, pg_size=2)
+    found = p2p_ops([waiting], [])
+    [row] = found["groups"].to_dict("records")
+    assert (row["kind"], row["op"], row["missing_ranks"], row["last_completed_position"]) == (
+        "missing", "recv", [0], -1)
+    assert row["text"].startswith("rank 0 never posted send #0 to rank 1 on group 0, for "
+                                  "rank 1's recv")
+    issued = [issue(0, 0, op="send", peer=1, pg_size=2, nbytes=4),
+              issue(1, 0, op="recv", peer=0, pg_size=2, nbytes=4096)]
+    [row] = p2p_ops(issued, [])["groups"].to_dict("records")
+    assert (row["kind"], row["issued_ranks"], row["missing_ranks"]) == ("mismatch", [0, 1], [])
+    assert row["signatures"] == "send 4 B float32 on rank 0; recv 4.1 kB float32 on rank 1"
+
+
+def test_p2p_ops_that_all_completed_give_no_row_and_a_dead_sender_is_not_blamed():
+    issued = [issue(0, 0, op="send", peer=1, pg_size=2), issue(1, 0, op="recv", peer=0,
+                                                                pg_size=2)]
+    found = p2p_ops(issued, [done(i) for i in issued])
+    assert found["groups"].empty
+    # rank 0 died right after its send: its completion record was never flushed
+    found = p2p_ops(issued, [done(issued[1])], {0: schema.STATUS_NO_END, 1: "failed"})
+    assert found["groups"].empty
