@@ -307,3 +307,16 @@ def test_p2p_ops_that_all_completed_give_no_row_and_a_dead_sender_is_not_blamed(
     # rank 0 died right after its send: its completion record was never flushed
     found = p2p_ops(issued, [done(issued[1])], {0: schema.STATUS_NO_END, 1: "failed"})
     assert found["groups"].empty
+
+
+def test_a_run_killed_outright_is_diagnosed_from_its_records_alone():
+    # kill -9 of the launcher: no rank has run_end nor a stack dump; the issue records (written
+    # through) still name the op rank 2 never issued.
+    ops = stop.stop_ops(*hang_on_rank_2())
+    statuses = {r: schema.STATUS_NO_END for r in range(4)}
+    found = stop.stop_diagnosis(ops, no_frames(), statuses, 4)
+    [row] = found["groups"].to_dict("records")
+    assert (row["kind"], row["position"], row["missing_ranks"]) == ("missing", 3, [2])
+    assert row["dead_ranks"] == [0, 1, 2, 3]
+    assert [r["text"] for r in found["ranks"]] == [
+        f"rank {r} ({schema.STATUS_NO_END}) no stack dump" for r in range(4)]
