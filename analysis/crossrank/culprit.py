@@ -36,10 +36,12 @@ MAX_WINDOWS = 500  # evidence windows examined per straggler, the longest first
 
 
 def clean_steps(steps: pd.DataFrame, evidence: np.ndarray) -> np.ndarray:
-    """The steps with matched ops (`evidence`) before which no rank's tracer worked longer than
-    TRACER_GAP_NS (the gap between a rank's previous step's end and the step's start)."""
+    """The steps with matched ops (`evidence`) but the first (warm-up: lazy initialisation,
+    first-time code paths) before which no rank's tracer worked longer than TRACER_GAP_NS (the
+    gap between a rank's previous step's end and the step's start)."""
+    evidence = np.sort(evidence)[1:]
     if steps is None or steps.empty:
-        return np.sort(evidence)
+        return evidence
     ordered = steps.sort_values(["rank", "step"])
     previous_end = ordered.groupby("rank")["end_ns"].shift(1)
     follows = ordered["step"] - ordered.groupby("rank")["step"].shift(1) == 1
