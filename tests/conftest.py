@@ -23,6 +23,7 @@ SLOW_MODULES = {
     "test_comms_recorder",  # a crashed peer under torchrun, traced and untraced
     "test_crossrank_runs",  # traced multi-rank runs
     "test_crossrank_workloads",  # traced workloads with a delayed rank, two torchrun agents
+    "test_dask_scheduler",  # a Dask scheduler and two worker processes on 127.0.0.1
     "test_diff_runs",  # traced 2-rank runs compared
     "test_faults",  # a traced run per fault
     "test_gpu_validation",  # one `scripts/gpu_validation --cpu --quick` run
