@@ -10,11 +10,6 @@ import sys
 from collections.abc import Iterable
 from typing import TextIO
 
-try:
-    from tqdm import tqdm
-except ImportError:  # the bar is a nicety: without tqdm there is none
-    tqdm = None
-
 DELAY_S = 2.0
 
 
@@ -25,11 +20,18 @@ class Progress:
     def __init__(self, stream: TextIO | None = None, delay: float = DELAY_S):
         self.stream = stream if stream is not None else sys.stderr
         self.delay = delay
-        self.enabled = tqdm is not None and _is_terminal(self.stream)
         self._files = None
+        self._tqdm = None
+        if _is_terminal(self.stream):  # imported only where a bar can show: a terminal
+            try:
+                from tqdm import tqdm
+            except ImportError:  # the bar is a nicety: without tqdm there is none
+                tqdm = None
+            self._tqdm = tqdm
+        self.enabled = self._tqdm is not None
 
     def _bar(self, total: int | None, phase: str, unit: str):
-        return tqdm(total=total, desc=f"ranktrace: {phase}", unit=unit, file=self.stream,
+        return self._tqdm(total=total, desc=f"ranktrace: {phase}", unit=unit, file=self.stream,
                     delay=self.delay, leave=False, dynamic_ncols=True)
 
     def __call__(self, done: int, total: int) -> None:
