@@ -396,3 +396,19 @@ def test_a_completion_the_waiting_member_saw_late_does_not_bound_the_offset():
     clock = result["clock"].set_index("rank")
     assert abs(clock.loc[1, "offset_ns"] - 80 * MS) < 0.5 * MS
     assert clock.loc[1, "uncertainty_ns"] == pytest.approx(0.75 * MS)  # [79.5, 81] ms
+
+
+def test_a_change_in_lateness_is_not_fitted_as_clock_drift():
+    # 16 instances over 1 s: rank 1, last to arrive, sees the completion 1.7 ms late in the
+    # first 6 and at once after. A line through that step is 2.7 ms per second, far beyond what
+    # a clock drifts (NTP slews at most 500 us per second); the offset stays 80 ms.
+    rows = []
+    for i in range(16):
+        t = 1_000 * MS + i * 65 * MS
+        late = 1.7 * MS if i < 6 else 0
+        rows += [op(0, t, t + 30.5 * MS, step=i),
+                 op(1, t + 30 * MS + 80 * MS, t + 30.5 * MS + 80 * MS + late, step=i)]
+    matched, _ = match_ops(frame(rows), world_size=2)
+    clock = clock_table(matched, NO_SYNC, [0, 1]).set_index("rank")
+    assert clock.loc[1, "drift_ns_per_s"] == 0
+    assert abs(clock.loc[1, "offset_ns"] - 80 * MS) < 0.5 * MS

@@ -21,6 +21,10 @@ SYNCHRONISING_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
 DRIFT_CHUNKS = 10  # Theil-Sen over at most this many time-ordered chunk medians
 MIN_DRIFT_CHUNK = 5  # instances per chunk
 DRIFT_SIGNIFICANCE = 3.0  # drift is applied when it moves the offset by more than 3 residual sigma
+MIN_DRIFT_CHUNKS = 5  # ... fitted over at least 5 chunks (25 instances)
+# ... and no steeper than a clock drifts (NTP slews by at most 500 us per second): a steeper
+# line is a change in how late a member saw the completions, not its clock.
+MAX_DRIFT = 500e-6
 MAD_TO_SIGMA = 1.4826
 WAITED_RATIO = 2.0  # a member waited for the other when its op lasted over twice as long
 ONE_SIDED_SHARE = 0.75  # one member waited in at least this share of the pair's instances
@@ -50,9 +54,10 @@ def completion_pairs(matched: pd.DataFrame) -> pd.DataFrame:
 
 
 def _theil_sen(t: np.ndarray, d: np.ndarray) -> float:
-    """Slope (ns per ns) through the medians of time-ordered chunks; 0 with under 3 chunks."""
+    """Slope (ns per ns) through the medians of time-ordered chunks; 0 with under
+    MIN_DRIFT_CHUNKS chunks."""
     chunks = min(DRIFT_CHUNKS, len(t) // MIN_DRIFT_CHUNK)
-    if chunks < 3:
+    if chunks < MIN_DRIFT_CHUNKS:
         return 0.0
     order = np.argsort(t, kind="stable")
     parts = np.array_split(order, chunks)
@@ -71,7 +76,7 @@ def _median_fit(t: np.ndarray, d: np.ndarray) -> tuple[float, float, float]:
     level = float(np.median(residual))
     sigma = MAD_TO_SIGMA * float(np.median(np.abs(residual - level)))
     span = float(t.max() - t.min()) if len(t) else 0.0
-    if abs(slope) * span <= DRIFT_SIGNIFICANCE * max(sigma, 1.0):
+    if abs(slope) * span <= DRIFT_SIGNIFICANCE * max(sigma, 1.0) or abs(slope) > MAX_DRIFT:
         # No drift beyond the noise: a plain median, which noise cannot tilt.
         slope = 0.0
         level = float(np.median(d))
