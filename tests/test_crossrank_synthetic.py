@@ -330,9 +330,10 @@ def test_json_has_the_documented_keys():
                                               "collectives", "evidence"}
 
 
-def _two_bucket_run(late, steps, gaps=(), step_ns=20 * MS):
+def _two_bucket_run(late, steps, gaps=None, step_ns=20 * MS):
     """Two ranks, two all-reduces per step; `late[s]` is (rank, ms) late at both. A step in
-    `gaps` starts 5 ms after the previous one ended on rank 1 (the tracer's export)."""
+    `gaps` starts gaps[step] ms after the previous one ended on rank 1 (the tracer's work)."""
+    gaps = gaps or {}
     rows, step_rows = [], []
     for s in range(steps):
         t = s * step_ns
@@ -342,7 +343,7 @@ def _two_bucket_run(late, steps, gaps=(), step_ns=20 * MS):
             rows += [op(r, at + (ms * MS if r == rank else 0), at + ms * MS + 1 * MS, step=s)
                      for r in (0, 1)]
         for r in (0, 1):
-            start = t + (5 * MS if s in gaps and r == 1 else 0)
+            start = t + (gaps.get(s, 0) * MS if r == 1 else 0)
             step_rows.append({"rank": r, "step": s, "start_ns": start, "end_ns": t + step_ns})
     synced = pd.DataFrame({"rank": [1], "offset_ns": [0], "uncertainty_ns": [1_000]})
     return analyse(frame(rows), pd.DataFrame(step_rows), synced, 2)
@@ -360,10 +361,12 @@ def test_three_steps_of_noise_name_no_straggler():
 
 
 def test_steps_after_the_tracers_own_work_are_left_out():
-    # Rank 0 is 4 ms late at every step but the first (warm-up) and the five after a 5 ms gap
-    # of rank 1's tracer (profiler start, window switch, export), where rank 1 is 10 ms late.
-    gaps = {0, 2, 3, 7, 11, 12}
-    late = [(1, 10.0) if s in gaps else (0, 4.0) for s in range(17)]
+    # Rank 0 is 4 ms late at both all-reduces of every step but the first (warm-up) and the
+    # five after a 10 ms gap of rank 1's tracer (profiler start, window switch, export), where
+    # rank 1 is 10 ms late instead: 20 ms of wait, which the gap could explain. A 1 ms gap
+    # before step 5 leaves it in: 8 ms of wait are more than twice that.
+    gaps = {0: 10, 2: 10, 3: 10, 7: 10, 11: 10, 12: 10, 5: 1}
+    late = [(1, 10.0) if gaps.get(s) == 10 else (0, 4.0) for s in range(17)]
     result = _two_bucket_run(late, 17, gaps)
     assert [s["rank"] for s in to_json(result)["stragglers"]] == [0]
     row = result["stragglers"].set_index("rank").loc[0]

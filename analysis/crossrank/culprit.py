@@ -27,27 +27,35 @@ STEADY_FRACTION = 0.5  # a step counts as late when R caused at least half its m
 STEADY_STEPS = 0.75  # ... in at least this fraction of the clean steps
 MIN_STEPS = 5  # clean steps needed before any rank is named
 CHANCE_LEVEL = 1e-3  # R was the step's main culprit more often than a fair draw explains
-# The tracer's own work between two steps (profiler start, window switch, trace export) is
-# normally tens of microseconds; a longer gap makes the next step's arrivals the tracer's.
-TRACER_GAP_NS = 250_000
+# The tracer's own work between two steps (profiler start, window switch, trace export) delays
+# a rank's next arrivals by up to that long: a step whose main culprit's lateness it could
+# explain (wait per waiting member at most this many times the longest such gap) is left out.
+TRACER_GAP_FACTOR = 2.0
 TOP_COLLECTIVES = 3
 TOP_OPS = 5
 MAX_WINDOWS = 500  # evidence windows examined per straggler, the longest first
 
 
-def clean_steps(steps: pd.DataFrame, evidence: np.ndarray) -> np.ndarray:
-    """The steps with matched ops (`evidence`) but the first (warm-up: lazy initialisation,
-    first-time code paths) before which no rank's tracer worked longer than TRACER_GAP_NS (the
-    gap between a rank's previous step's end and the step's start)."""
-    evidence = np.sort(evidence)[1:]
+def tracer_gaps(steps: pd.DataFrame) -> pd.Series:
+    """Per step: the longest time any rank's tracer worked before it (the gap between the
+    rank's previous step's end and the step's start; 0 where the previous step is unknown)."""
     if steps is None or steps.empty:
-        return evidence
+        return pd.Series(dtype="float64")
     ordered = steps.sort_values(["rank", "step"])
     previous_end = ordered.groupby("rank")["end_ns"].shift(1)
     follows = ordered["step"] - ordered.groupby("rank")["step"].shift(1) == 1
-    gap = (ordered["start_ns"] - previous_end).where(follows, 0)
-    perturbed = set(ordered.loc[gap > TRACER_GAP_NS, "step"])
-    return np.array(sorted(set(evidence) - perturbed), dtype="int64")
+    gap = (ordered["start_ns"] - previous_end).where(follows, 0).clip(lower=0)
+    return gap.groupby(ordered["step"]).max().astype("float64")
+
+
+def clean_steps(per_step: pd.DataFrame, gaps: pd.Series, waiters: int) -> list:
+    """The steps of `per_step` (caused wait per step and culprit) but the first (warm-up: lazy
+    initialisation, first-time code paths) and those whose main culprit's wait per waiting
+    member the tracer's own work before the step could explain."""
+    later = per_step.iloc[1:]
+    top_wait = later.max(axis=1) / max(waiters, 1) if later.shape[1] else later.sum(axis=1)
+    gap = gaps.reindex(later.index).fillna(0)
+    return list(later.index[~(top_wait <= TRACER_GAP_FACTOR * gap) | (gap == 0)])
 
 
 def chance_of(top_steps: int, steps: int, members: int) -> float:
@@ -84,13 +92,15 @@ def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | Non
         waits["step"].unique())
     step_ns = float((steps["end_ns"] - steps["start_ns"]).sum()) if len(steps) else np.nan
     culprits = sorted(instances.loc[instances["caused_ns"] > 0, "culprit"].unique())
-    clean = clean_steps(steps, np.intersect1d(step_numbers, waits["step"].unique()))
-    per_step = (instances[instances["step"].isin(clean)]
-                .pivot_table(index="step", columns="culprit", values="caused_ns", aggfunc="sum")
-                .reindex(index=clean, columns=culprits).fillna(0.0))
+    evidence = np.intersect1d(step_numbers, waits["step"].unique())
+    members = len(set(waits["rank"]))
+    per_step = (instances.pivot_table(index="step", columns="culprit", values="caused_ns",
+                                      aggfunc="sum")
+                .reindex(index=evidence, columns=culprits).fillna(0.0))
+    clean = clean_steps(per_step, tracer_gaps(steps), members - 1)
+    per_step = per_step.loc[clean]
     # The step's main culprit: the rank charged with the most wait in it (none if nobody was).
     top = per_step.idxmax(axis=1).where(per_step.max(axis=1) > 0) if len(culprits) else None
-    members = len(set(waits["rank"]))
     rows = []
     for rank in culprits:
         total = float(instances.loc[instances["culprit"] == rank, "caused_ns"].sum())
