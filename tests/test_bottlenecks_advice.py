@@ -146,7 +146,7 @@ def test_no_findings_without_analysed_steps():
 
 
 # ---- with the cross-rank pass --------------------------------------------------------------------
-def _late_rank_1(steps=4):
+def _late_rank_1(steps=12):
     """Rank 1 arrives 30 ms late at every step's DDP all-reduce; the transfer takes 2 ms."""
     from analysis.crossrank import analyse
     from analysis.crossrank.frames import typed_ops
@@ -181,7 +181,7 @@ def test_ranks_wait_for_the_late_rank_and_waiting_is_not_exposed_transfer():
                              cross_rank=result)
     names = after["finding"].tolist()
     row = finding(after, "ranks wait for rank 1")
-    assert row["share_pct"] == pytest.approx(15.0)  # 4 x 30 ms of 2 ranks x 4 x 100 ms
+    assert row["share_pct"] == pytest.approx(15.0)  # 12 x 30 ms of 2 ranks x 12 x 100 ms
     assert "wait 30.00 ms per step for rank 1" in row["evidence"]
     assert "all_reduce on pg 0" in row["evidence"]
     assert row["ranks"] == "0"
