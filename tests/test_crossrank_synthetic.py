@@ -415,3 +415,29 @@ def test_a_change_in_lateness_is_not_fitted_as_clock_drift():
     clock = clock_table(matched, NO_SYNC, [0, 1]).set_index("rank")
     assert clock.loc[1, "drift_ns_per_s"] == 0
     assert abs(clock.loc[1, "offset_ns"] - 80 * MS) < 0.5 * MS
+
+
+def test_a_rank_late_in_every_one_of_too_few_steps_gets_a_note_not_a_name():
+    # Rank 1 is 25 ms late in every step of a 4-step window (3 clean steps): not named, since a
+    # fair draw gives one of two ranks 3 of 3 steps a quarter of the time, but noted with the
+    # steps it would take: 10 clean steps (0.5 ** 10 < 0.001), 11 traced.
+    from analysis.crossrank.culprit import steps_needed
+    from analysis.crossrank.findings import too_few_steps
+    result = _two_bucket_run([(1, 25.0)] * 4, 4)
+    assert to_json(result)["stragglers"] == []
+    row = result["stragglers"].set_index("rank").loc[1]
+    assert (row["clean_steps"], row["top_steps"], row["too_few_steps"]) == (3, 3, True)
+    assert steps_needed(2) == 10 and steps_needed(4) == 5
+    (note,) = too_few_steps(result)
+    assert note["finding"] == "too few steps to name rank 1 late"
+    assert "all 3 clean steps" in note["evidence"]
+    assert "10 clean steps, 11 traced" in note["evidence"]
+    assert "--active 11" in note["suggestion"]
+
+
+def test_noise_in_a_short_window_gets_no_note():
+    # Rank 0 late in 2 of 3 clean steps, rank 1 in the other: not last in every step, no note.
+    from analysis.crossrank.findings import too_few_steps
+    result = _two_bucket_run([(1, 0.5), (0, 1.5), (1, 2.0), (0, 2.0)], 4)
+    assert not result["stragglers"]["too_few_steps"].any()
+    assert too_few_steps(result) == []

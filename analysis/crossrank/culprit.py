@@ -21,7 +21,7 @@ from analysis.crossrank.blame import blame
 
 STRAGGLER_COLUMNS = ["rank", "caused_wait_ms_per_step", "share_pct", "clean_steps",
                      "top_steps", "chance", "steady", "significant", "material", "fires",
-                     "collectives", "evidence"]
+                     "too_few_steps", "collectives", "evidence"]
 MIN_SHARE_PCT = 5.0  # the caused wait is at least this share of the ranks' summed step time
 STEADY_FRACTION = 0.5  # a step counts as late when R caused at least half its median ...
 STEADY_STEPS = 0.75  # ... in at least this fraction of the clean steps
@@ -64,6 +64,15 @@ def chance_of(top_steps: int, steps: int, members: int) -> float:
     p = 1.0 / max(members, 1)
     return float(sum(math.comb(steps, k) * p ** k * (1 - p) ** (steps - k)
                      for k in range(top_steps, steps + 1)))
+
+
+def steps_needed(members: int) -> int:
+    """Clean steps in which one rank must be the main culprit every time to be named among
+    `members` ranks (MIN_STEPS and CHANCE_LEVEL); the traced steps need one more (warm-up)."""
+    steps = MIN_STEPS
+    while chance_of(steps, steps, members) >= CHANCE_LEVEL:
+        steps += 1
+    return steps
 
 
 def caused_waits(waits: pd.DataFrame) -> pd.DataFrame:
@@ -116,12 +125,15 @@ def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | Non
         # Waiting for R must cost more than the collectives themselves, or R's lateness is
         # within the ops' own noise: each instance's transfer counts once per waiting member.
         material = total >= float((mine["transfer_ns"] * mine["waiters"]).sum())
+        fires = bool(share >= MIN_SHARE_PCT and steady and significant and material)
         rows.append({
             "rank": int(rank), "caused_wait_ms_per_step": total / len(step_numbers) / 1e6,
             "share_pct": share, "clean_steps": len(clean), "top_steps": top_steps,
             "chance": chance, "steady": bool(steady), "significant": bool(significant),
-            "material": bool(material),
-            "fires": bool(share >= MIN_SHARE_PCT and steady and significant and material),
+            "material": bool(material), "fires": fires,
+            # Last in every clean step, and material, but in too few steps to rule out chance.
+            "too_few_steps": bool(not fires and not significant and share >= MIN_SHARE_PCT
+                                  and material and 0 < top_steps == len(clean)),
             "collectives": _collectives_text(mine), "evidence": None,
         })
     table = pd.DataFrame(rows, columns=STRAGGLER_COLUMNS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.crossrank.culprit import MIN_SHARE_PCT
+from analysis.crossrank.culprit import MIN_SHARE_PCT, steps_needed
 
 
 def matched(result: dict | None) -> bool:
@@ -58,6 +58,29 @@ def ranks_wait_for(steps: pd.DataFrame, result: dict) -> list:
         findings.append(finding_row(f"ranks wait for rank {rank}", row["share_pct"], evidence,
                                  suggestion, ", ".join(str(r) for r in victims) or str(rank)))
     return findings
+
+
+def too_few_steps(result: dict) -> list:
+    """A note per rank that arrived last in every clean step, in too few steps to be named."""
+    stragglers = result["stragglers"]
+    if stragglers.empty or "too_few_steps" not in stragglers:
+        return []
+    members = len(set(int(r) for r in result["ops"]["rank"]))
+    needed = steps_needed(members)
+    notes = []
+    for row in stragglers[stragglers["too_few_steps"].astype(bool)].to_dict("records"):
+        rank, clean = int(row["rank"]), int(row["clean_steps"])
+        evidence = (f"Rank {rank} was the last to arrive in all {clean} clean steps (the others "
+                    f"waited {row['caused_wait_ms_per_step']:.2f} ms per step for it, "
+                    f"{row['share_pct']:.1f}% of the ranks' step time), but {clean} steps cannot "
+                    f"tell a late rank from chance with {members} ranks: naming one takes "
+                    f"{needed} clean steps, {needed + 1} traced.")
+        suggestion = (f"Trace at least {needed + 1} steps with matched collectives: a longer "
+                      f"profiler window (--active {needed + 1}) or more windows (--repeat); for "
+                      f"DDP, --ddp-bucket-hook times its gradient buckets in every step.")
+        notes.append(finding_row(f"too few steps to name rank {rank} late",
+                                 row["share_pct"], evidence, suggestion, str(rank)))
+    return notes
 
 
 def _what_it_did(rank: int, evidence: dict) -> tuple[str, str]:
