@@ -9,7 +9,6 @@ time. Two ranks need 10 clean steps or more before either can be named, so every
 `docs/cross-rank.md` defines every figure asserted here."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import numpy as np
 import pytest
 
 from analysis import open_run
+from analysis.crossrank.culprit import steps_needed
+from conftest import torchrun_env
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -28,15 +29,7 @@ ACTIVE = 20
 WINDOW = ["--skip-first", "2", "--wait", "0", "--warmup", "1", "--active", str(ACTIVE)]
 STEPS = ACTIVE + 4
 DDP_DELAY_MS = 25
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    if any(name == "lo" for _, name in socket.if_nameindex()):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    return env
+ENV = torchrun_env(PYTHONPATH=str(REPO))
 
 
 def _check(done: subprocess.CompletedProcess, what: str) -> None:
@@ -49,7 +42,7 @@ def _trace(out: Path, name: str, workload: str, nproc: int, *args, tracer_args=(
                f"--nproc-per-node={nproc}", "-m", "tracer.record", "--out", str(out),
                "--run-name", name, *WINDOW, *tracer_args, str(REPO / "workloads" / workload),
                "--steps", str(STEPS), *model, *[str(a) for a in args]]
-    _check(subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True,
+    _check(subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True,
                           timeout=600), name)
     return out / name
 
@@ -134,20 +127,23 @@ def test_tensor_parallel_names_the_delayed_rank(delayed_pipeline_and_tp):
 
 @pytest.fixture(scope="module")
 def undelayed_ddp(out):
-    return [_trace(out, f"ddp-even-{n}", "ddp.py", 2, "--layers", "1", "--steps", "10",
-                   tracer_args=DEFAULT_WINDOW) for n in range(5)]
+    return [_trace(out, f"ddp-even-{n}", "ddp.py", 2, "--layers", "1") for n in range(5)]
 
 
 def test_ddp_runs_without_delay_name_no_straggler(undelayed_ddp):
-    """DDP's buckets seen in the default 3-step profiler window only: scheduling noise on a busy
-    machine can make one rank last in all 3, or 2 of 3 by several ms, and 3 steps are no
-    evidence (docs/cross-rank.md, "Threshold"; the rule before named such ranks)."""
+    """The same 20-step window in which a 25 ms delay is named (enough steps to name a rank:
+    docs/cross-rank.md, "Threshold"): scheduling noise alone names nobody."""
+    clean = []
     for run in undelayed_ddp:
         frames, document = _cross_rank(run)
         assert _named(document) == [], run.name
         assert document["mismatches"] == []
         steps = frames["waits"].groupby("rank")["step"].nunique()
-        assert steps.to_dict() == {0: 3, 1: 3}, run.name
+        assert min(steps) >= ACTIVE - 2, run.name
+        clean.append(int(frames["stragglers"]["clean_steps"].max()))
+    # Noise within a bucket's own duration leaves steps out; in most runs enough stay to name
+    # a rank had one been late, so the rule was put to the test.
+    assert max(clean) >= steps_needed(2), clean
 
 
 def _free_port() -> int:
@@ -166,7 +162,7 @@ def test_two_agents_writing_their_own_folders_are_one_run_of_four_ranks(out):
          "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "tracer.record",
          "--out", str(out / f"node{node}"), "--run-name", name, *WINDOW, "--ddp-bucket-hook",
          str(REPO / "workloads" / "ddp.py"), "--steps", str(STEPS), "--layers", "1", *SMALL],
-        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for node in (0, 1)]
     for node, agent in enumerate(agents):
         stdout, stderr = agent.communicate(timeout=600)
@@ -179,7 +175,7 @@ def test_two_agents_writing_their_own_folders_are_one_run_of_four_ranks(out):
 
     done = subprocess.run([sys.executable, "-m", "analysis.breakdown", *map(str, folders),
                            "--format", "json", "--no-cache"],
-                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     _check(done, "python -m analysis.breakdown node0/RUN node1/RUN")
     document = json.loads(done.stdout)
     assert document["run"]["world_size"] == 4 and document["run"]["ranks_analysed"] == 4
