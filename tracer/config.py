@@ -53,6 +53,8 @@ class TracerConfig:
         worker's CPU)
     ddp_bucket_hook: comms: time each DDP gradient bucket through a comm hook that reduces as
         DDP does
+    no_issue_records: comms: do not write each op's record when it is issued (no issued
+        file); a stop is then diagnosed from completion records and traces only
     samples_per_step: samples the whole job trains per step (the global batch), stored in each
         step record; tracer.set_samples_per_step() in the script overrides it (0: not recorded)
     rendezvous_timeout: seconds a rank waits for rank 0 to name the run folder before giving up
@@ -77,6 +79,7 @@ class TracerConfig:
     no_comms: bool = False
     no_scalars: bool = False
     ddp_bucket_hook: bool = False
+    no_issue_records: bool = False
     samples_per_step: int = 0
     rendezvous_timeout: float = 300.0
     max_record_mb: float = 0.0

@@ -74,10 +74,12 @@ class CommsRecorder(Part):
 
     def __init__(self, writer, current_step: Callable[[], int], use_cuda: bool, *,
                  event_factory: Callable[[], object] | None = None, wait_timeout_s: float = 10.0,
-                 ddp_bucket_hook: bool = False):
+                 ddp_bucket_hook: bool = False, issue_records: bool = True):
         """`event_factory` replaces torch.cuda.Event(enable_timing=True) and then times every
         tensor op by events, whatever its device (for tests of the bookkeeping on CPU).
-        `ddp_bucket_hook`: time DDP's buckets through a comm hook (--ddp-bucket-hook)."""
+        `ddp_bucket_hook`: time DDP's buckets through a comm hook (--ddp-bucket-hook).
+        `issue_records`: write each op's IssueRecord as it is issued (off: --no-issue-records;
+        the stack dump of a collective's exception is still written)."""
         self.active = False
         self._installed = False
         self.writer = writer
@@ -86,7 +88,7 @@ class CommsRecorder(Part):
                        else None)
         self._last_flush = time.monotonic()
         self.timing = Timing(writer, current_step, use_cuda, event_factory, wait_timeout_s,
-                             self.fail, self.issues)
+                             self.fail, self.issues if issue_records else None)
         self._patches = Patches(self.fail)
         self.c10d = C10dHooks(self)
         self.functional = FunctionalHooks(self)
