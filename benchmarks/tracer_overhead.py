@@ -10,6 +10,9 @@ falls on all of them alike:
 * traced-window:  torchrun -m tracer.record with windows back to back (wait 0, warmup 1, active 3)
 * profiler:       the same schedule with a bare torch.profiler and tensorboard_trace_handler
 * bare-again:     bare once more, as a control: bare-again / bare is the noise floor
+* hook:           traced with --ddp-bucket-hook (DDP's buckets are recorded ops)
+* hook-no-issue:  hook with --no-issue-records: hook / hook-no-issue is what the issue-time
+                  record costs a step (`--issue-records` runs bare, these two and bare-again)
 
 and the bisecting modes, outside windows only: `off` is the tracer with every part switched off
 (`--no-comms --no-sampler --no-profiler`, and the parts without an option switched off by the
@@ -60,7 +63,10 @@ PROBE_SWITCHES = ("scalars", "memory", "steps")  # parts without an option of th
 PARTS_ON = {"off": (), "+comms": ("comms",), "+sampler": ("sampler",),
             "+profiler": ("profiler",), "+steps": ("steps",), "+memory": ("steps", "memory"),
             "+scalars": ("steps", "scalars")}
-MODES = ("bare", "traced", *PARTS_ON, "traced-window", "profiler", "bare-again")
+# Traced with DDP's buckets recorded, with and without their issue-time records.
+ISSUE_MODES = {"hook": ["--ddp-bucket-hook"],
+               "hook-no-issue": ["--ddp-bucket-hook", "--no-issue-records"]}
+MODES = ("bare", "traced", *PARTS_ON, "traced-window", "profiler", "bare-again", *ISSUE_MODES)
 DEFAULT_MODES = ("bare", "traced", "traced-window", "profiler", "bare-again")
 CLOCKS = ("wall_ns", "thread_cpu_ns", "process_cpu_ns")
 COUNT_SPAN = (20, 50)  # steps whose calls --count-calls counts: before any window of any mode
@@ -74,6 +80,9 @@ def parse_args():
     p.add_argument("--modes", nargs="+", choices=MODES, default=DEFAULT_MODES,
                    help="kinds of run (bare is always added)")
     p.add_argument("--bisect", action="store_true", help="run every mode, bisecting ones too")
+    p.add_argument("--issue-records", action="store_true",
+                   help="run bare, hook, hook-no-issue and bare-again: the issue-time record's "
+                        "cost side by side")
     p.add_argument("--count-calls", action="store_true",
                    help="instead of timing, count the main thread's function calls per step "
                         f"over steps {COUNT_SPAN[0]}-{COUNT_SPAN[1]} of each mode, once (exact "
@@ -96,6 +105,9 @@ def command(mode: str, steps: int, nproc: int, stamps: str, out: str,
     skip_first = str(window_skip_first(mode, steps))
     if mode == "traced":
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
+    elif mode in ISSUE_MODES:
+        head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
+        head += ISSUE_MODES[mode]
     elif mode == "traced-window":
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first, "--repeat",
                  "0"] + [f"--{k}={v}" for k, v in WINDOW.items()]
@@ -116,7 +128,7 @@ def mode_actions(mode: str, steps: int) -> list:
     """torch.profiler.schedule's action for each step of a run of `mode` (NONE without one)."""
     from torch.profiler import ProfilerAction, schedule
 
-    if mode in ("traced", "+profiler", "traced-window", "profiler"):
+    if mode in ("traced", "+profiler", "traced-window", "profiler", *ISSUE_MODES):
         repeat = 0 if mode in ("traced-window", "profiler") else 1
         fn = schedule(skip_first=window_skip_first(mode, steps), repeat=repeat, **WINDOW)
         return [fn(k) for k in range(steps + 1)]
@@ -232,6 +244,8 @@ def report(pooled, per_repeat, threads, modes: list[str]) -> None:
             cells.append(f"{value:9.3f} {value / bare[clock]:7.3f}")
         print(f"{mode:>13} {len(pooled[mode]['wall_ns']['outside']):>6}{''.join(cells)}   "
               f"{paired(mode, 'bare')}")
+    if all(mode in modes for mode in ISSUE_MODES):
+        issue_report(pooled, per_repeat)
     if "traced-window" in modes and "profiler" in modes:
         inside = med("traced-window", "wall_ns", "inside")
         yardstick = med("profiler", "wall_ns", "inside")
@@ -251,9 +265,30 @@ def report(pooled, per_repeat, threads, modes: list[str]) -> None:
         print(f"{mode:>13}: {shown}")
 
 
+def issue_report(pooled, per_repeat) -> None:
+    """hook / hook-no-issue: per repeat (the two ran back to back), and their step-time
+    difference as a share of a step."""
+    ratios = [a["outside"] / b["outside"] for a, b in
+              zip(per_repeat["hook"], per_repeat["hook-no-issue"]) if a["outside"] and b["outside"]]
+    if not ratios:
+        return
+    cost = {}
+    for clock in ("wall_ns", "thread_cpu_ns"):
+        with_issue = median_or_none(pooled["hook"][clock]["outside"])
+        without = median_or_none(pooled["hook-no-issue"][clock]["outside"])
+        cost[clock] = (with_issue - without, (with_issue / without - 1) * 100)
+    print(f"\nissue-time records, outside windows: hook / hook-no-issue per repeat: median "
+          f"{statistics.median(ratios):.4f} (min {min(ratios):.4f}, max {max(ratios):.4f}, "
+          f"{len(ratios)} repeats); pooled medians differ by {cost['wall_ns'][0] * 1e3:+.1f} us "
+          f"wall ({cost['wall_ns'][1]:+.2f}% of a step), {cost['thread_cpu_ns'][0] * 1e3:+.1f} "
+          f"us main-thread CPU ({cost['thread_cpu_ns'][1]:+.2f}%); goal <= 0.5%")
+
+
 def main() -> None:
     args = parse_args()
     modes = list(MODES) if args.bisect else ["bare"] + [m for m in args.modes if m != "bare"]
+    if args.issue_records:
+        modes = ["bare", *ISSUE_MODES, "bare-again"]
     with tempfile.TemporaryDirectory(prefix="tracer-overhead-") as work:
         print(f"# {datetime.date.today()} {os.cpu_count()} CPUs, {args.nproc} ranks, "
               f"{args.steps} steps per run, {args.repeats} runs of each kind, load average "
