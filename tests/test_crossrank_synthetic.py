@@ -10,7 +10,7 @@ from analysis.crossrank.clock import clock_table, estimate_offsets, to_common_cl
 from analysis.crossrank.frames import typed_ops
 from analysis.crossrank.matching import match_ops
 from analysis.crossrank.pipeline import theory_bubble_pct
-from analysis.crossrank.waits import op_waits, transfer_bandwidth
+from analysis.crossrank.waits import op_waits, transfer_bandwidth, union_per_group
 
 MS = 1_000_000
 NO_SYNC = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])
@@ -204,6 +204,39 @@ def test_wait_is_clipped_to_the_ops_own_duration():
     waits = op_waits(matched).set_index("rank")
     assert waits.loc[0, ["wait_ns", "transfer_ns"]].tolist() == [2 * MS, 0]
     assert waits.loc[1, ["wait_ns", "transfer_ns"]].tolist() == [0, 1 * MS]
+
+
+def test_per_step_waits_count_overlapping_waits_once():
+    # Rank 0 waits in two collectives on two streams at once (two DDP buckets): 10 ms and 8 ms
+    # of waiting, both inside [0, 10 ms); rank 1 arrives at 10 ms, both end at 12 ms.
+    rows = [op(0, 0, 12 * MS, queue="a"), op(1, 10 * MS, 12 * MS, queue="a"),
+            op(0, 2 * MS, 12 * MS, queue="b"), op(1, 10 * MS, 12 * MS, queue="b")]
+    # Rank 3 posts two recvs from rank 2 (1 ms apart) before rank 2 sends them at 10 and 11 ms:
+    # waits [0, 10) and [1, 11), transfers [10, 11) and [11, 12).
+    rows += [op(3, 0, 11 * MS, name="recv", peer=2), op(3, 1 * MS, 12 * MS, name="recv", peer=2),
+             op(2, 10 * MS, 11 * MS, name="send", peer=3),
+             op(2, 11 * MS, 12 * MS, name="send", peer=3)]
+    ops = frame(rows)
+    ops.loc[ops["rank"] >= 2, "pg"] = "1"
+    synced = pd.DataFrame({"rank": [1, 2, 3], "offset_ns": 0, "uncertainty_ns": 1_000})
+    result = analyse(ops, steps_frame(range(4), [0]), synced, 4)
+    per_op = result["ops"].groupby("rank")[["wait_ns", "transfer_ns"]].sum()
+    assert per_op.loc[0].tolist() == [18 * MS, 4 * MS]  # per op: unchanged
+    assert per_op.loc[3].tolist() == [20 * MS, 2 * MS]
+    waits = result["waits"].set_index("rank")
+    assert waits.loc[0, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [10.0, 2.0]
+    assert waits.loc[1, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [0.0, 2.0]
+    assert waits.loc[3, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [11.0, 2.0]
+    assert waits.loc[2, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [0.0, 2.0]
+
+
+def test_the_union_keeps_nanoseconds_at_epoch_times():
+    # Two intervals 31 ns apart at an epoch time (float64 steps by 256 ns there) stay apart.
+    epoch = 1_796_044_278_676_900_428
+    keys = pd.DataFrame({"rank": [1, 1, 0, 0, 0], "step": [4, 4, 1, 1, 1]})
+    union = union_per_group(keys, [epoch, epoch + 5_002_735, 0, 5, 20],
+                            [epoch + 5_002_704, epoch + 7_407_482, 10, 12, 25])
+    assert union.to_dict() == {(0, 1): 17, (1, 4): 5_002_704 + 2_404_747}
 
 
 def test_transfer_based_bandwidth_uses_the_bus_factor():
