@@ -30,6 +30,8 @@ GROUP_COLUMNS = ["pg", "kind", "position", "op", "bytes", "dtype", "last_complet
                  "signatures", "text"]
 FRAME_COLUMNS = ["rank", "reason", "t_ns", "depth", "file", "line", "function", "code"]
 TOP_FRAMES = 3  # innermost frames of each rank's main thread shown
+NO_OPS_LINE = ("no rank has comms records (traced with --no-comms, or none written), so the "
+               "ops at the stop are unknown")
 BAD_ENDS = ("failed", "interrupted", schema.STATUS_NO_END)
 
 
@@ -128,6 +130,10 @@ def stop_ops(issued: pd.DataFrame, completed: pd.DataFrame) -> pd.DataFrame:
     done["completed"] = ~done["failed"]
     key = ["rank", "pg", "op", "peer", "position"]
     for frame in (done, issued):
+        # Typed alike even when empty (a rank with no op): merge refuses object vs float keys.
+        frame["rank"] = pd.to_numeric(frame["rank"]).astype("int64")
+        frame["pg"] = frame["pg"].astype(object)
+        frame["op"] = frame["op"].astype(object)
         frame["peer"] = frame["peer"].astype("float64")
         frame["position"] = frame["position"].astype("int64")
     both = issued.reindex(columns=OP_COLUMNS[:-2]).merge(
@@ -290,6 +296,11 @@ def stop_diagnosis(ops: pd.DataFrame, frames: pd.DataFrame, statuses: dict,
                       "frames": own[["file", "line", "function", "code"]].to_dict("records"),
                       "exception": exceptions.get(rank),
                       "text": rank_text(rank, statuses[rank], frames, exceptions.get(rank))})
-    lines = list(groups["text"]) or ["every collective and send/recv issued was completed by "
-                                     "every rank it involved; the stop came outside them"]
+    if ops.empty:
+        # Nothing recorded (--no-comms, or records lost): nothing to say about the ops.
+        fallback = NO_OPS_LINE
+    else:
+        fallback = ("every collective and send/recv issued was completed by every rank it "
+                    "involved; the stop came outside them")
+    lines = list(groups["text"]) or [fallback]
     return {"groups": groups, "ranks": ranks, "lines": lines + [r["text"] for r in ranks]}

@@ -320,3 +320,16 @@ def test_a_run_killed_outright_is_diagnosed_from_its_records_alone():
     assert row["dead_ranks"] == [0, 1, 2, 3]
     assert [r["text"] for r in found["ranks"]] == [
         f"rank {r} ({schema.STATUS_NO_END}) no stack dump" for r in range(4)]
+
+
+def test_a_run_without_any_comms_record_does_not_claim_every_op_completed(tmp_path):
+    # --no-comms: the ranks' ends and stacks are known, their ops are not
+    issued, _, problems = stop.read_stop_inputs(tmp_path, [0, 1])
+    assert problems == []
+    ops = stop.stop_ops(issued, pd.DataFrame())
+    assert ops.empty
+    found = stop.stop_diagnosis(ops, no_frames(), {0: "failed", 1: "interrupted"}, 2)
+    assert found["groups"].empty
+    assert found["lines"][0] == stop.NO_OPS_LINE
+    assert found["lines"][1:] == ["rank 0 (failed) no stack dump",
+                                  "rank 1 (interrupted) no stack dump"]
