@@ -1,100 +1,29 @@
-"""Where each step's time goes, per rank: compute, communication, their overlap, copies, idle.
+"""`python -m analysis.breakdown PATH`: the command line (analysis.cli, docs/analysis.md).
 
-Pure functions from a RankTrace (analysis.load) to DataFrames; every definition used here is
-written once in docs/definitions.md. The moments of a step are classified by analysis.layers,
-idle gaps by analysis.idle and the HTA-compatible columns by analysis.hta (their functions are
-re-exported here). `python -m analysis.breakdown PATH` is the command line (analysis.cli).
+The breakdown's functions live in analysis.step_breakdown; the names it exports (and re-exports
+from analysis.hta, .idle and .layers) are still reachable here, as `analysis.breakdown.NAME`, for
+the tests, benchmarks and notebooks that use them.
 """
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 
-from analysis import intervals
+def __getattr__(name: str):
+    # Imported on first use: this entry must start without pandas, which the command line
+    # imports only once it has parsed its arguments.
+    from analysis import step_breakdown
 
-# Re-exported: the breakdown's public functions, as tests, benchmarks and notebooks use them.
-from analysis.hta import HTA_COLUMNS, hta_is_compute, hta_temporal_breakdown  # noqa: F401
-from analysis.idle import IDLE_GAP_COLUMNS, idle_gaps, idle_gaps_empty, idle_summary  # noqa: F401
-from analysis.layers import (  # noqa: F401
-    PARTS,
-    asynchronous_comm,
-    step_windows,
-    trace_kind,
-    trace_layers,
-    training_threads,
-)
-from analysis.load import RankTrace
-
-# The time columns of a step (or a rank's steps): its length, the five PARTS that add up to it,
-# and exposed communication. analysis.ranks and analysis.bottlenecks use the same list.
-BREAKDOWN_NS_COLUMNS = ["step_ns", *PARTS, "exposed_comm_ns"]
-# breakdown_per_step's frame.
-BREAKDOWN_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind",
-                     "start_ns", "end_ns"]
-# rank_totals' frame.
-TOTALS_COLUMNS = ["rank", "steps", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
+    try:
+        return getattr(step_breakdown, name)
+    except AttributeError:
+        raise AttributeError(f"module 'analysis.breakdown' has no attribute {name!r}") from None
 
 
-def empty_breakdown() -> pd.DataFrame:
-    frame = pd.DataFrame({c: pd.Series(dtype="int64") for c in BREAKDOWN_COLUMNS})
-    frame["rank"] = frame["rank"].astype(object)
-    frame["overlap_pct"] = frame["overlap_pct"].astype("float64")
-    frame["kind"] = frame["kind"].astype(object)
-    return frame
+def main(argv: list[str] | None = None) -> int:
+    from analysis.cli import main as cli_main
 
-
-def breakdown_per_step(trace: RankTrace) -> pd.DataFrame:
-    """One row per step: its time split into compute only, communication only, overlap,
-    memory copy/set and idle (these five add up to step_ns exactly), plus exposed communication
-    and the share of communication hidden by compute."""
-    windows = step_windows(trace)
-    if windows.empty:
-        return empty_breakdown()
-    kind = trace_kind(trace)
-    layers, category = trace_layers(trace, kind)
-    starts = windows["start_ns"].to_numpy(np.int64)
-    ends = windows["end_ns"].to_numpy(np.int64)
-    by_state = intervals.state_durations(layers, starts, ends)
-    parts = np.zeros((len(windows), len(PARTS)), dtype=np.int64)
-    for state, part in enumerate(category):
-        parts[:, part] += by_state[:, state]
-    frame = pd.DataFrame(parts, columns=PARTS)
-    frame.insert(0, "rank", trace.rank)
-    frame.insert(1, "step", windows["step"].to_numpy(np.int64))
-    frame.insert(2, "step_ns", ends - starts)
-    frame["exposed_comm_ns"] = frame["comm_only_ns"]
-    frame["overlap_pct"] = overlap_pct(frame["overlap_ns"], frame["comm_only_ns"])
-    frame["kind"] = kind
-    frame["start_ns"] = starts
-    frame["end_ns"] = ends
-    return frame[BREAKDOWN_COLUMNS]
-
-
-def overlap_pct(overlap_ns, comm_only_ns):
-    """Percentage of communication time during which compute also ran (NaN without comm)."""
-    overlap_ns = np.asarray(overlap_ns, dtype=np.float64)
-    comm = overlap_ns + np.asarray(comm_only_ns, dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(comm > 0, 100.0 * overlap_ns / np.where(comm > 0, comm, 1.0), np.nan)
-
-
-def rank_totals(per_step: pd.DataFrame) -> pd.DataFrame:
-    """The per-step breakdown summed over each rank's steps (overlap_pct from the sums)."""
-    if per_step.empty:
-        return empty_breakdown().drop(columns=["step", "start_ns", "end_ns"]).assign(steps=0)
-    key = per_step["rank"].astype(object).where(per_step["rank"].notna(), "?")
-    grouped = per_step.groupby(key, sort=False)
-    totals = grouped[BREAKDOWN_NS_COLUMNS].sum().astype("int64")
-    totals["steps"] = grouped.size()
-    totals["kind"] = grouped["kind"].first()
-    totals["overlap_pct"] = overlap_pct(totals["overlap_ns"], totals["comm_only_ns"])
-    totals = totals.reset_index(drop=True)
-    totals.insert(0, "rank", grouped["rank"].first().to_numpy())
-    return totals[TOTALS_COLUMNS]
+    return cli_main(argv)
 
 
 if __name__ == "__main__":
-    from analysis.cli import main
-
     raise SystemExit(main())

@@ -52,6 +52,8 @@ class ParsedTrace:
     problems: list[str]
     # distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, pg_size, ranks).
     process_groups: list[dict] = field(default_factory=list)
+    # (rank, {table name: frame}): the per-rank tables its worker computed (analysis.load).
+    reduced: tuple[int, dict] | None = None
 
 
 # ---- reading a file in chunks -------------------------------------------------------------------

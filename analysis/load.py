@@ -93,6 +93,8 @@ class RankTrace:
     status: str | None = None
     # The trace's distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, ...).
     process_groups: list[dict] = field(default_factory=list)
+    # {table name: frame}: per-rank tables computed where the file was parsed (analysis.run).
+    reduced: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -108,27 +110,57 @@ class LoadResult:
     files: list[Path] = field(default_factory=list)
 
 
-def _read_trace_job(args: tuple[str, bool, int]):
+@dataclass(frozen=True)
+class RankReduction:
+    """What a worker needs to build its file's RankTrace as load_files would, and compute the
+    per-rank tables there (analysis.run.rank_tables) while the events are at hand."""
+
+    steps: list[int] | None
+    hta_compatible: bool
+    comm_kernels: tuple
+    with_records: bool  # a run folder was given: the records beside the trace are read
+
+
+def _read_trace_job(args: tuple[str, bool, int, RankReduction | None]):
     """Process-pool job: a ParsedTrace, or the error message (exceptions cross processes badly)."""
-    path, use_cache, max_bytes = args
+    path, use_cache, max_bytes, reduction = args
     try:
-        return read_trace(Path(path), use_cache, max_bytes)
+        parsed = read_trace(Path(path), use_cache, max_bytes)
     except TraceReadError as exc:
         rank = file_rank(exc.path)
         return f"{exc.path}: rank {rank}: {exc.reason}" if rank is not None else str(exc)
+    if reduction is not None:
+        parsed.reduced = _reduce(parsed, reduction)
+    return parsed
+
+
+def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, dict] | None:
+    """The per-rank tables of `parsed` as the rank load_files will give it, when it has one; the
+    command uses them when the file turns out to be its rank's only one."""
+    rank = parsed.rank if parsed.rank is not None else file_rank(parsed.path)
+    if rank is None:
+        return None  # unranked: only the whole run tells which rank it is analysed as
+    # Imported here: analysis.run imports this module.
+    from analysis.run import rank_tables
+
+    trace = _rank_trace(parsed, rank, [], parsed.path.parent if how.with_records else None,
+                        how.steps, how.hta_compatible, how.comm_kernels)
+    return rank, rank_tables(trace)
 
 
 def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
-               progress: Progress | None, scheduler: str | None = None) -> list:
+               progress: Progress | None, scheduler: str | None = None,
+               reduction: RankReduction | None = None) -> list:
     # Read here, not in the workers: a cluster's workers do not share this process's environment.
     max_bytes = max_trace_bytes()
     if not scheduler:
-        return run_jobs(_read_trace_job, [(str(f), use_cache, max_bytes) for f in files],
+        return run_jobs(_read_trace_job,
+                        [(str(f), use_cache, max_bytes, reduction) for f in files],
                         jobs=jobs, progress=progress)
     # Cluster workers have their own working folder: they get absolute paths, and the results
-    # name each file as it was given here, as a local run does.
+    # name each file as it was given here, as a local run does (the tables are computed here).
     given = {str(f.absolute()): str(f) for f in files}
-    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes) for path in given],
+    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes, None) for path in given],
                        scheduler=scheduler, progress=progress)
     return [_named_as_given(result, absolute, shown)
             for result, (absolute, shown) in zip(results, given.items())]
@@ -179,7 +211,8 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
     if not files and run_dir is None:
         return LoadResult([], [f"{where}: no Kineto trace files"], run_dir)
     parsed: list[ParsedTrace] = []
-    for result in _parse_all(files, use_cache, jobs, progress, scheduler):
+    reduction = RankReduction(steps, hta_compatible, tuple(comm_kernels), run_dir is not None)
+    for result in _parse_all(files, use_cache, jobs, progress, scheduler, reduction):
         if isinstance(result, str):
             problems.append(result)
         else:
@@ -228,6 +261,8 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
         records_dir = trace.path.parent if run_dir is not None else None
         ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], records_dir, steps,
                                  hta_compatible, comm_kernels))
+        if len(kept) == 1 and trace.reduced is not None and trace.reduced[0] == rank:
+            ranks[-1].reduced = trace.reduced[1]
 
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, str(r.path)))
     world_size = max((r.world_size for r in ranks if r.world_size), default=None)

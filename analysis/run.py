@@ -20,15 +20,34 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import bottlenecks, communication, crossrank, output, ranks, stop
-from analysis.breakdown import breakdown_per_step, empty_breakdown, rank_totals
 from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import wait_windows
 from analysis.hta import hta_temporal_breakdown
 from analysis.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
 from analysis.load import LoadResult, RankTrace, load_path
 from analysis.progress import Progress
+from analysis.step_breakdown import breakdown_per_step, empty_breakdown, rank_totals
 from analysis.steps import parse_step_spec
 from tracer import schema
+
+
+def rank_tables(trace: RankTrace) -> dict:
+    """The tables computed from one rank's events alone, by name. A table that fails is left
+    out: analyse_run computes it again and reports the failure."""
+    tables = {}
+    for name, build in (("per_step", breakdown_per_step), ("idle_gaps", idle_gaps),
+                        ("comm_ops", communication.comm_ops)):
+        try:
+            tables[name] = build(trace)
+        except Exception:  # noqa: S112  (computed again, and reported, by analyse_run)
+            continue
+    return tables
+
+
+def _rank_table(trace: RankTrace, name: str, build: Callable[[RankTrace], pd.DataFrame]
+                ) -> pd.DataFrame:
+    found = trace.reduced.get(name)
+    return found if found is not None else build(trace)
 
 
 def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None = None,
@@ -41,10 +60,11 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     problems = list(loaded.problems)
     traces = loaded.ranks
     over = progress.over if progress is not None else (lambda items, phase: items)
-    per_step = pd.concat([breakdown_per_step(t) for t in over(traces, "time breakdown")]
+    per_step = pd.concat([_rank_table(t, "per_step", breakdown_per_step)
+                          for t in over(traces, "time breakdown")]
                          or [empty_breakdown()], ignore_index=True)
-    gaps = pd.concat([idle_gaps(t) for t in over(traces, "idle gaps")] or [idle_gaps_empty()],
-                     ignore_index=True)
+    gaps = pd.concat([_rank_table(t, "idle_gaps", idle_gaps) for t in over(traces, "idle gaps")]
+                     or [idle_gaps_empty()], ignore_index=True)
     report = output.RunReport(
         name=name, path=path, files=[str(f) for f in loaded.files],
         world_size=loaded.world_size, steps_spec=steps_spec, hta_compatible=hta_compatible,
@@ -62,7 +82,8 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
         return result
 
     ops = table("comm_ops", lambda: pd.concat(
-        [communication.comm_ops(t) for t in over(traces, "collectives")]
+        [_rank_table(t, "comm_ops", communication.comm_ops)
+         for t in over(traces, "collectives")]
         or [communication.empty_ops()], ignore_index=True))
     per_rank = table("per_rank", lambda: ranks.per_rank_table(per_step, traces))
     step_table = table("per_step", lambda: ranks.per_step_table(per_step, traces))

@@ -312,3 +312,21 @@ def test_hta_columns_are_nan_with_a_note_where_hta_fails(tmp_path):
 ])
 def test_hta_kernel_classes(name, compute):
     assert breakdown.hta_is_compute(name) is compute
+
+
+def test_the_command_line_entry_imports_without_pandas():
+    # `python -m analysis.breakdown` imports analysis and analysis.breakdown before main() runs:
+    # neither may import pandas (docs/benchmarks.md, import time), yet the breakdown's names
+    # stay reachable from analysis.breakdown.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = ("import sys, analysis.breakdown as b; print('pandas' in sys.modules); "
+             "print(b.rank_totals.__module__, b.PARTS == b.step_windows.__globals__['PARTS'])")
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split("\n")[:2] == ["False", "analysis.step_breakdown True"]
+    with pytest.raises(AttributeError, match="analysis.breakdown.*no_such_name"):
+        breakdown.no_such_name  # noqa: B018
