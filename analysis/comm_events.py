@@ -50,18 +50,7 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
     if comm.empty:
         return pd.DataFrame()
     kernels = comm[is_gpu[is_comm]]
-    host = comm[~is_gpu[is_comm]]
-    # Plain str objects: pandas' own string dtype is slow to walk value by value.
-    names = pd.Series([str(name) for name in host["name"]], index=host.index, dtype=object)
-    call_op = _map_memoised(col(host, "collective"), canonical_op)
-    is_call = (names == "record_param_comms") & call_op.notna()
-    calls = host[is_call].assign(op=call_op[is_call])
-    is_gloo = names.str.startswith("gloo:")
-    gloo = host[is_gloo].assign(op=_map_memoised(names[is_gloo], canonical_op))
-    gloo = gloo[gloo["op"].notna()]
-    hint_op = _map_memoised(names, canonical_op)
-    is_hint = ~is_gloo & (names != "record_param_comms") & hint_op.notna()
-    hints = host[is_hint].assign(op=hint_op[is_hint])
+    calls, gloo, hints = _host_ops(comm[~is_gpu[is_comm]])
 
     rows: list[dict] = []
     used_calls: set = set()
@@ -93,6 +82,70 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
         # -1 (analysis.steps.WHOLE_TRACE_STEP).
         frame["step"] = WHOLE_TRACE_STEP
     return frame.sort_values("sort_ts", kind="stable").drop(columns="sort_ts")
+
+
+def _host_ops(host: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(calls, gloo ops, hints) among host communication events, each with an `op` column:
+    record_param_comms calls that name their collective, gloo:* ops, and the nccl:*/c10d::
+    ops whose name gives the collective."""
+    # Plain str objects: pandas' own string dtype is slow to walk value by value.
+    names = pd.Series([str(name) for name in host["name"]], index=host.index, dtype=object)
+    call_op = _map_memoised(col(host, "collective"), canonical_op)
+    is_call = (names == "record_param_comms") & call_op.notna()
+    calls = host[is_call].assign(op=call_op[is_call])
+    is_gloo = names.str.startswith("gloo:")
+    gloo = host[is_gloo].assign(op=_map_memoised(names[is_gloo], canonical_op))
+    gloo = gloo[gloo["op"].notna()]
+    hint_op = _map_memoised(names, canonical_op)
+    is_hint = ~is_gloo & (names != "record_param_comms") & hint_op.notna()
+    hints = host[is_hint].assign(op=hint_op[is_hint])
+    return calls, gloo, hints
+
+
+def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:
+    """Per communication kernel of `events` (indexed by its label): `host`, the label of the
+    host op around its launch that names it (the innermost record_param_comms call with a
+    collective name, else the innermost nccl:*/c10d:: op), -1 where none, and that op's `op`.
+
+    The join is _kernel_ops': kernel -> runtime launch with the same correlation id -> the
+    launching thread's op whose span holds the launch."""
+    if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
+        return pd.DataFrame({"host": pd.Series(dtype="int64"), "op": pd.Series(dtype=object)})
+    is_comm = events["is_comm"].fillna(False).astype(bool)
+    is_gpu = events["is_gpu"].fillna(False).astype(bool)
+    kernels = events[is_comm & is_gpu]
+    calls, _, hints = _host_ops(events[is_comm & ~is_gpu])
+    launch_ts, launch_pid, launch_tid = _launches(events, is_gpu, kernels)
+    call_of = _innermost(calls, launch_pid, launch_tid, launch_ts)
+    hint_of = _innermost(hints, launch_pid, launch_tid, launch_ts)
+    host = np.where(call_of >= 0, call_of, hint_of)
+    ops = pd.concat([calls["op"], hints["op"]])
+    ops = ops[~ops.index.duplicated()]
+    op = ops.reindex(host).to_numpy() if len(ops) else np.full(len(host), None)
+    return pd.DataFrame({"host": host, "op": op}, index=kernels.index)
+
+
+def _launches(events, is_gpu, kernels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time, pid, tid) of the runtime launch of each kernel (NaN/None where not found): the
+    first runtime or driver event with the kernel's correlation id."""
+    is_launch = ~is_gpu & _text_matches(events["cat"], ("runtime", "driver"))
+    correlation = pd.to_numeric(col(events, "correlation"), errors="coerce").to_numpy("float64")
+    launches = np.flatnonzero(np.asarray(is_launch) & (correlation >= 0))
+    # The first launch of each correlation id, sorted by id for the lookup below.
+    launch_corr, first = np.unique(correlation[launches], return_index=True)
+    launches = launches[first]
+    kernel_corr = pd.to_numeric(col(kernels, "correlation"), errors="coerce").to_numpy("float64")
+    if len(launch_corr):
+        at = np.minimum(np.searchsorted(launch_corr, kernel_corr), len(launch_corr) - 1)
+        found = launch_corr[at] == kernel_corr
+        rows_of = launches[at]
+    else:
+        found = np.zeros(len(kernels), dtype=bool)
+        rows_of = np.zeros(len(kernels), dtype=np.int64)  # any row: `found` masks it
+    launch_ts = np.where(found, events["ts_ns"].to_numpy("float64")[rows_of], np.nan)
+    launch_pid = np.where(found, _texts(events["pid"], rows_of), None)
+    launch_tid = np.where(found, _texts(events["tid"], rows_of), None)
+    return launch_ts, launch_pid, launch_tid
 
 
 def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=None,
@@ -193,23 +246,7 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
     """
     if kernels.empty:
         return []
-    is_launch = ~is_gpu & _text_matches(events["cat"], ("runtime", "driver"))
-    correlation = pd.to_numeric(col(events, "correlation"), errors="coerce").to_numpy("float64")
-    launches = np.flatnonzero(np.asarray(is_launch) & (correlation >= 0))
-    # The first launch of each correlation id, sorted by id for the lookup below.
-    launch_corr, first = np.unique(correlation[launches], return_index=True)
-    launches = launches[first]
-    kernel_corr = pd.to_numeric(col(kernels, "correlation"), errors="coerce").to_numpy("float64")
-    if len(launch_corr):
-        at = np.minimum(np.searchsorted(launch_corr, kernel_corr), len(launch_corr) - 1)
-        found = launch_corr[at] == kernel_corr
-        rows_of = launches[at]
-    else:
-        found = np.zeros(len(kernels), dtype=bool)
-        rows_of = np.zeros(len(kernels), dtype=np.int64)  # any row: `found` masks it
-    launch_ts = np.where(found, events["ts_ns"].to_numpy("float64")[rows_of], np.nan)
-    launch_pid = np.where(found, _texts(events["pid"], rows_of), None)
-    launch_tid = np.where(found, _texts(events["tid"], rows_of), None)
+    launch_ts, launch_pid, launch_tid = _launches(events, is_gpu, kernels)
     call_of = _innermost(calls, launch_pid, launch_tid, launch_ts)
     hint_of = _innermost(hints, launch_pid, launch_tid, launch_ts)
     keys = np.where(call_of >= 0, call_of, -1 - kernels.index.to_numpy(dtype=np.int64))

@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis.comm_events import kernel_host_ops
 from analysis.communication import canonical_dtype, canonical_op, dtype_size, message_bytes
 from tracer import schema
 
@@ -82,6 +83,44 @@ def _nelems_of_dims(text) -> float:
     if first and all(isinstance(d, (int, float)) for d in first):
         return float(math.prod(first))
     return math.nan
+
+
+# What a kernel without its own collective arguments takes from the host op that launched it.
+_HOST_ARGS = ("in_nelems", "out_nelems", "comm_dtype", "group_size", "pg_name", "input_dims",
+              "input_type")
+
+
+def named_kernels(events: pd.DataFrame) -> pd.DataFrame:
+    """A trace's communication events with each NCCL/RCCL kernel that carries no collective
+    name named by the host op around its launch (analysis.comm_events.kernel_host_ops), from
+    which it also takes the message arguments it lacks: older traces name and size the op on
+    the host only (`nccl:all_reduce` with its "Input Dims"), and their kernels' own names
+    (`ncclKernel_SendRecv_...` for every collective) do not say which op they run."""
+    comm = events[events["is_comm"].astype(bool)]
+    is_kernel = comm["is_gpu"].astype(bool)
+    unnamed = is_kernel & (comm["collective"].isna() if "collective" in comm.columns else True)
+    if not unnamed.any():
+        return comm
+    hosts = kernel_host_ops(events)
+    hosts = hosts[(hosts["host"] >= 0) & hosts.index.isin(comm.index[unnamed])]
+    if hosts.empty:
+        return comm
+    comm = comm.copy()
+    rows = hosts.index
+    source = events.loc[hosts["host"].to_numpy()]
+    if "collective" not in comm.columns:
+        comm["collective"] = None
+    comm["collective"] = comm["collective"].astype(object)
+    comm.loc[rows, "collective"] = hosts["op"].to_numpy()
+    for column in _HOST_ARGS:
+        if column not in source.columns:
+            continue
+        if column not in comm.columns:
+            comm[column] = None
+        comm[column] = comm[column].astype(object)
+        own = comm.loc[rows, column]
+        comm.loc[rows, column] = own.where(own.notna(), source[column].to_numpy()).to_numpy()
+    return comm
 
 
 def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.DataFrame:
@@ -241,7 +280,7 @@ def run_frames(run) -> dict:
                 rank_steps = record_steps[record_steps["step"] >= FIRST_RECORD_STEP]
         elif has_events:
             moved = shift or 0
-            rank_comm = trace.events[trace.events["is_comm"].astype(bool)]
+            rank_comm = named_kernels(trace.events)
             comm.append(rank_comm.assign(rank=trace.rank, ts_ns=rank_comm["ts_ns"] - moved,
                                          end_ns=rank_comm["end_ns"] - moved))
             rank_steps = trace.steps.assign(start_ns=trace.steps["start_ns"] - moved,

@@ -93,7 +93,7 @@ def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFr
         return frame, pd.DataFrame(columns=MISMATCH_COLUMNS)
     table = pd.DataFrame(index=bad)
     table["ranks"] = _ranks_by_signature(frame[frame.set_index(KEY).index.isin(bad)])
-    table["missing_ranks"] = missing_ranks.reindex(bad).fillna("")
+    table["missing_ranks"] = missing_ranks.reindex(bad).astype(object).fillna("")
     different = differ.reindex(bad).fillna(False).to_numpy()
     table["problem"] = np.where(
         different & (table["missing_ranks"] != ""), "members disagree and some never issued it",

@@ -104,5 +104,5 @@ def with_transfer_bandwidth(collectives: pd.DataFrame, cross: dict | None) -> pd
         ["op", "pg_id", "pg_size", "size_bucket", *columns]]
     merged = table.astype({"pg_size": "float64"}).merge(
         keyed, on=["op", "pg_id", "pg_size", "size_bucket"], how="left")
-    merged["pg_size"] = table["pg_size"].to_numpy()
+    merged["pg_size"] = table["pg_size"].array  # its own dtype (nullable Int64 included)
     return merged
