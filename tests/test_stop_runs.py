@@ -95,12 +95,23 @@ def test_a_crashed_rank_is_named_dead_and_missing(tmp_path):
     assert "rank 1 died (no run_end)" in text
 
 
-def test_a_clean_run_gets_no_stop_diagnosis(tmp_path):
+@pytest.mark.parametrize("issue_records", [True, False])
+def test_a_clean_run_gets_no_stop_diagnosis(tmp_path, issue_records):
     out = tmp_path / "traces"
-    result = h.run(["--out", out, *TRACED], h.DDP, ["--steps", "2"], nproc=2, timeout=240)
+    options = [] if issue_records else ["--no-issue-records"]
+    result = h.run(["--out", out, *TRACED, *options], h.DDP, ["--steps", "2"], nproc=2,
+                   timeout=240)
     assert result.returncode == 0, result.stderr
-    found, text = diagnosis(h.only_run_dir(out))
+    run_dir = h.only_run_dir(out)
+    found, text = diagnosis(run_dir)
     assert found is None and "Stop diagnosis" not in text
+    # --no-issue-records: no issue file; the ops are still in the completion records
+    issued = [run_dir / schema.ISSUED_FILE.format(rank=r) for r in (0, 1)]
+    assert [p.is_file() for p in issued] == [issue_records] * 2
+    completed = (run_dir / schema.COMMS_FILE.format(rank=0)).read_text().splitlines()
+    assert len(completed) == 4  # the parameter broadcast, one bucket in step 1, two in step 2
+    if issue_records:
+        assert len(issued[0].read_text().splitlines()) == 4
 
 
 def test_sigusr1_writes_the_stacks_and_training_ends_with_the_same_loss(tmp_path):

@@ -153,7 +153,8 @@ class Session:
         if self.comms_writer is not None:
             self.comms = self._build("comms", recorder_class, self.comms_writer,
                                      self.current_step, use_cuda,
-                                     ddp_bucket_hook=self.config.ddp_bucket_hook)
+                                     ddp_bucket_hook=self.config.ddp_bucket_hook,
+                                     issue_records=not self.config.no_issue_records)
 
     def _open_sampler(self, use_cuda: bool) -> None:
         sampler_class, why = _import_part("tracer.sampler", "DeviceSampler")
