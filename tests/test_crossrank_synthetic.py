@@ -62,6 +62,32 @@ def test_mismatch_names_group_position_and_each_ranks_op():
     assert (matched.loc[matched["position"] == 0, "instance"] >= 0).all()
 
 
+def test_an_all_to_all_with_uneven_splits_matches_but_a_dtype_change_does_not():
+    ops = frame([op(0, 0, 5, name="all_to_all", nbytes=3072), op(1, 0, 5, name="all_to_all"),
+                 op(0, 10, 15, name="all_to_all"),
+                 op(1, 10, 15, name="all_to_all", dtype="bfloat16")])
+    matched, mismatches = match_ops(ops, world_size=2)
+    assert (matched[matched["position"] == 0]["instance"] >= 0).all()
+    assert mismatches["position"].tolist() == [1]
+    assert mismatches["problem"].tolist() == ["members disagree on op, size or dtype"]
+
+
+def test_mismatches_between_kineto_traces_alone_say_events_may_have_been_dropped():
+    # step 0: rank 1's op is larger; step 1: rank 1 holds one op where ranks 0 and 2 hold two
+    ops = frame([op(0, 0, 5), op(1, 0, 5, nbytes=8192), op(2, 0, 5),
+                 *[op(r, 100 + 10 * i, 105 + 10 * i, step=1) for r in (0, 2) for i in (0, 1)],
+                 op(1, 100, 105, step=1)])
+    ops["pg_size"] = 3
+    _, traced = match_ops(ops, world_size=3, trace_ranks=frozenset({0, 1, 2}))
+    _, mixed = match_ops(ops, world_size=3, trace_ranks=frozenset({0, 1}))
+    assert traced.set_index("step")["problem"].to_dict() == {
+        0: "the traces disagree on op, size or dtype (dropped events, or a real mismatch)",
+        1: "missing from some traces (dropped events, or never issued)"}
+    # where a rank with records takes part, the records speak for it: a mismatch of the run
+    assert mixed.set_index("step")["problem"].to_dict() == {
+        0: "members disagree on op, size or dtype", 1: "some members never issued it"}
+
+
 def test_p2p_match_by_src_dst_and_order_and_lone_send_is_a_mismatch():
     ops = frame([
         op(0, 0, 5, name="send", peer=1), op(0, 10, 15, name="send", peer=1),

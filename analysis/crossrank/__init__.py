@@ -21,10 +21,11 @@ from analysis.crossrank.waits import op_bandwidth, op_waits, rank_step_waits, tr
 def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, world_size: int,
             events: dict | None = None, work: pd.DataFrame | None = None,
             microbatches: int | None = None, virtual_stages: int = 1,
-            reference: int = 0) -> dict:
-    """{"clock", "ops", "waits", "bandwidth", "stragglers", "mismatches", "pipeline"}."""
+            reference: int = 0, trace_ranks: frozenset = frozenset()) -> dict:
+    """{"clock", "ops", "waits", "bandwidth", "stragglers", "mismatches", "pipeline"};
+    `trace_ranks`: the ranks whose ops come from their Kineto trace alone."""
     coverage = steps[["rank", "step"]] if len(steps) else None
-    matched, mismatches = match_ops(ops, world_size, coverage)
+    matched, mismatches = match_ops(ops, world_size, coverage, trace_ranks)
     ranks = set(ops["rank"]) | set(steps["rank"]) | {reference}
     clock = clock_table(matched, clock_sync, ranks, reference)
     common = to_common_clock(matched, clock)
@@ -55,7 +56,8 @@ def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None =
         microbatches = microbatches or schedule.microbatches
         virtual_stages = virtual_stages or schedule.stages_per_rank or 1
     result = analyse(frames["ops"], frames["steps"], frames["clock_sync"], frames["world_size"],
-                     frames["events"], work, microbatches, virtual_stages or 1)
+                     frames["events"], work, microbatches, virtual_stages or 1,
+                     trace_ranks=frames["trace_ranks"])
     result["kineto_shift_ns"] = frames["kineto_shift"]
     return result
 

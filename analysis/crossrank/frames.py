@@ -255,10 +255,12 @@ def _kineto_to_records(trace_steps: pd.DataFrame, record_steps: pd.DataFrame) ->
 
 
 def run_frames(run) -> dict:
-    """{"ops", "steps", "clock_sync", "events", "world_size", "kineto_shift"} of a LoadResult;
+    """{"ops", "steps", "clock_sync", "events", "world_size", "kineto_shift", "trace_ranks"} of a
+    LoadResult (trace_ranks: the ranks whose ops come from their Kineto events alone);
     kineto_shift is, per rank, its Kineto clock minus the clock of its ops (0 where they stay on
     the trace's own clock)."""
     ops, steps, syncs, events, comm, trace_steps = [], [], [], {}, [], []
+    trace_ranks = set()
     shifts = {}
     for trace in run.ranks:
         if trace.rank is None:
@@ -279,6 +281,7 @@ def run_frames(run) -> dict:
             if record_steps is not None and len(record_steps):
                 rank_steps = record_steps[record_steps["step"] >= FIRST_RECORD_STEP]
         elif has_events:
+            trace_ranks.add(trace.rank)
             moved = shift or 0
             rank_comm = named_kernels(trace.events)
             comm.append(rank_comm.assign(rank=trace.rank, ts_ns=rank_comm["ts_ns"] - moved,
@@ -312,4 +315,4 @@ def run_frames(run) -> dict:
                                    default=-1) + 1)
     return {"ops": pd.concat(ops, ignore_index=True) if ops else empty_ops(),
             "steps": step_frame, "clock_sync": sync, "events": events, "world_size": world,
-            "kineto_shift": shifts}
+            "kineto_shift": shifts, "trace_ranks": frozenset(trace_ranks)}

@@ -16,6 +16,8 @@ from analysis.steps import format_ranges
 
 MISMATCH_COLUMNS = ["pg", "step", "position", "problem", "ranks", "missing_ranks"]
 KEY = ["pg", "step", "position"]
+# Each member of an all_to_all sends its own split sizes: its bytes may differ between members.
+SIZES_MAY_DIFFER = ("all_to_all",)
 
 
 def group_members(ops: pd.DataFrame, world_size: int) -> pd.DataFrame:
@@ -31,13 +33,15 @@ def group_members(ops: pd.DataFrame, world_size: int) -> pd.DataFrame:
     return members.astype({"rank": "int64"}).reset_index(drop=True)
 
 
-def match_ops(ops: pd.DataFrame, world_size: int, coverage: pd.DataFrame | None = None
-              ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def match_ops(ops: pd.DataFrame, world_size: int, coverage: pd.DataFrame | None = None,
+              trace_ranks: frozenset = frozenset()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(ops with `position` and `instance`, mismatches).
 
     `instance` numbers each matched instance (-1: unmatched or part of a mismatch). `coverage`
     holds the (rank, step) pairs each rank's source covers; a member is missing from a position
-    only in a step it covers (default: the steps in which it issued any op).
+    only in a step it covers (default: the steps in which it issued any op). `trace_ranks` are
+    the ranks whose ops come from a Kineto trace alone: where only they disagree, the problem
+    says the traces disagree, since a trace may have dropped events.
     """
     ops = ops.sort_values(["rank", "issue_ns"], kind="stable").reset_index(drop=True)
     if coverage is None:
@@ -46,7 +50,7 @@ def match_ops(ops: pd.DataFrame, world_size: int, coverage: pd.DataFrame | None 
     is_p2p = ops["op"].isin(P2P_OPS).to_numpy()
     collectives, p2p = ops[~is_p2p].copy(), ops[is_p2p].copy()
     collectives["position"] = collectives.groupby(["rank", "pg", "step"]).cumcount()
-    collectives, mismatches = _match_collectives(collectives, world_size, coverage)
+    collectives, mismatches = _match_collectives(collectives, world_size, coverage, trace_ranks)
     p2p, p2p_mismatches = _match_p2p(p2p)
     first_p2p = int(collectives["instance"].max()) + 1 if len(collectives) else 0
     p2p["instance"] = np.where(p2p["instance"] >= 0, p2p["instance"] + first_p2p, -1)
@@ -71,15 +75,18 @@ def _ranks_by_signature(frame: pd.DataFrame) -> pd.Series:
     return text.groupby(KEY)["part"].agg("; ".join)
 
 
-def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame):
+def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame,
+                       trace_ranks: frozenset = frozenset()):
     members = group_members(frame, world_size)
     keys = frame[KEY].drop_duplicates()
     expected = keys.merge(members, on="pg").merge(coverage, on=["rank", "step"])
     present = expected.merge(frame[KEY + ["rank"]], on=KEY + ["rank"], how="left",
                              indicator=True)
     missing = present[present["_merge"] == "left_only"]
-    agg = frame.groupby(KEY).agg(ops=("op", "nunique"), sizes=("bytes", "nunique"),
-                                 dtypes=("dtype", "nunique"), members=("rank", "size"))
+    sized = frame.assign(sized_bytes=frame["bytes"].where(~frame["op"].isin(SIZES_MAY_DIFFER)))
+    agg = sized.groupby(KEY).agg(ops=("op", "nunique"), sizes=("sized_bytes", "nunique"),
+                                 dtypes=("dtype", "nunique"), members=("rank", "size"),
+                                 traced=("rank", lambda r: set(r) <= trace_ranks))
     differ = (agg["ops"] > 1) | (agg["sizes"] > 1) | (agg["dtypes"] > 1)
     missing_ranks = missing.groupby(KEY)["rank"].agg(lambda r: format_ranges(sorted(r)))
     bad = agg.index[differ].union(missing_ranks.index)
@@ -95,10 +102,16 @@ def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFr
     table["ranks"] = _ranks_by_signature(frame[frame.set_index(KEY).index.isin(bad)])
     table["missing_ranks"] = missing_ranks.reindex(bad).astype(object).fillna("")
     different = differ.reindex(bad).fillna(False).to_numpy()
-    table["problem"] = np.where(
-        different & (table["missing_ranks"] != ""), "members disagree and some never issued it",
-        np.where(different, "members disagree on op, size or dtype",
-                 "some members never issued it"))
+    some_missing = (table["missing_ranks"] != "").to_numpy()
+    from_traces = agg["traced"].reindex(bad).fillna(False).astype(bool).to_numpy()
+    table["problem"] = np.select(
+        [different & some_missing & ~from_traces, different & ~from_traces, ~from_traces,
+         different & some_missing, different],
+        ["members disagree and some never issued it", "members disagree on op, size or dtype",
+         "some members never issued it",
+         "the traces disagree and some lack it (dropped events, or a real mismatch)",
+         "the traces disagree on op, size or dtype (dropped events, or a real mismatch)"],
+        "missing from some traces (dropped events, or never issued)")
     return frame, table.reset_index()
 
 
