@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import bottlenecks, communication, crossrank, output, ranks, stop
+from analysis import bottlenecks, communication, crossrank, output, ranks, stop, stop_traces
 from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import wait_windows
 from analysis.hta import hta_temporal_breakdown
@@ -115,8 +115,16 @@ def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
                               or [pd.DataFrame()], ignore_index=True)
         exceptions = {t.rank: end.exception for t in loaded.ranks if t.records is not None
                       for end in t.records.manifest if isinstance(end, schema.RunEnd)}
-        report.stop = stop.stop_diagnosis(stop.stop_ops(issued, completed), frames, statuses,
+        ops = stop.stop_ops(issued, completed)
+        report.stop = stop.stop_diagnosis(ops, frames, statuses,
                                           loaded.world_size or len(statuses), exceptions)
+        if ops.empty and report.stop is not None:
+            # No comms record (--no-comms): what the ranks' Kineto windows hold is compared.
+            traced = stop_traces.diagnose_traces(*stop_traces.trace_ops(loaded.ranks),
+                                                 loaded.world_size or len(statuses))
+            if traced is not None:
+                report.stop["groups"] = traced["groups"]
+                report.stop["lines"] = traced["lines"] + [r["text"] for r in report.stop["ranks"]]
     except Exception as exc:  # the rest of the report stands without it
         why = f"{type(exc).__name__}: {exc}"
         report.problems.append(f"stop diagnosis failed ({why})")

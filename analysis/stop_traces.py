@@ -17,6 +17,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.comm_events import ops_from_events
+from analysis.crossrank.frames import UNKNOWN_PG
 from analysis.stop_text import mbytes, ranks_text
 
 P2P_OPS = ("send", "recv")
@@ -40,8 +41,10 @@ def trace_ops(ranks) -> tuple[pd.DataFrame, pd.DataFrame]:
         every = trace.all_steps if trace.all_steps is not None else trace.steps
         frame = ops_from_events(trace.events, every, every, trace.rank, trace.world_size)
         if not frame.empty:
+            # gloo's CPU ops name no group: one unnamed group, its members those that issued
             ops.append(frame.rename(columns={"host_ts": "issue_ns"})
-                       .reindex(columns=TRACE_OP_COLUMNS))
+                       .reindex(columns=TRACE_OP_COLUMNS)
+                       .assign(pg=lambda f: f["pg"].fillna(UNKNOWN_PG)))
         steps = (every["step"].dropna().astype("int64").tolist()
                  if isinstance(every, pd.DataFrame) and not every.empty else [])
         if not steps and not frame.empty:
@@ -125,9 +128,11 @@ def group_text(row: dict) -> str:
     last = ("step {} #{}".format(*row["last_alike"]) if row["last_alike"] is not None
             else "none")
     if row["kind"] == "missing":
+        known = [part for part, ok in ((mbytes(row["bytes"]), row["bytes"] == row["bytes"]),
+                                       (str(row["dtype"]), isinstance(row["dtype"], str))) if ok]
+        size = f" ({' '.join(known)})" if known else ""
         text = (f"the trace of {ranks_text(row['missing_ranks'])} holds no {row['op']} "
-                f"{where} ({mbytes(row['bytes'])} {row['dtype']}), which the trace of "
-                f"{ranks_text(row['issued_ranks'])} holds")
+                f"{where}{size}, which the trace of {ranks_text(row['issued_ranks'])} holds")
     elif row["odd_ranks"]:
         text = (f"{ranks_text(row['odd_ranks'])} issued collective {where} unlike the others: "
                 f"{row['signatures']}")

@@ -3,10 +3,15 @@ whose answers are known."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import shutil
+
 import pandas as pd
 
-from analysis import stop_traces
+from analysis import open_run, output, stop_traces
 from analysis.load import load_path
+from conftest import DATA
 from synthetic import TraceBuilder, trace_name
 
 STEP_US = 10_000
@@ -98,3 +103,32 @@ def test_on_four_ranks_the_odd_one_is_named_and_a_lone_covering_member_is_not_co
     assert row["text"].startswith("rank 2 issued collective #0 of step 2 on group 0 unlike the "
                                   "others: all_reduce 4 B float32 on ranks 0-1, 3; all_reduce "
                                   "4.1 kB float32 on rank 2")
+
+
+def test_a_crashed_run_traced_without_comms_records_is_diagnosed_from_its_traces(tmp_path):
+    """The traced CPU DDP run of tests/data with its comms records gone (--no-comms), rank 1's
+    run_end gone (it died) and its last gloo all_reduce cut from its trace: the report opens
+    with the op rank 1's trace lacks."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(DATA / "ddp_cpu", run_dir)
+    for path in run_dir.glob("rank*.comms.jsonl"):
+        path.unlink()
+    manifest = run_dir / "rank1.manifest.jsonl"
+    manifest.write_text("".join(f"{line}\n" for line in manifest.read_text().splitlines()
+                                if '"run_end"' not in line))
+    (trace,) = run_dir.glob("rank1.*.pt.trace.json.gz")
+    document = json.loads(gzip.decompress(trace.read_bytes()))
+    last = max((e for e in document["traceEvents"] if e.get("name") == "gloo:all_reduce"),
+               key=lambda e: e["ts"])
+    document["traceEvents"].remove(last)
+    trace.write_bytes(gzip.compress(json.dumps(document).encode()))
+
+    run = open_run(str(run_dir), use_cache=False)
+    (group,) = run.document()["stop_diagnosis"]["groups"]
+    assert (group["kind"], group["step"], group["position"], group["op"]) == (
+        "missing", 3, 1, "all_reduce")
+    assert (group["missing_ranks"], group["issued_ranks"]) == ([1], [0])
+    text = output.text_report(run.report)
+    assert ("the trace of rank 1 holds no all_reduce #1 of step 3 on group unknown, which the "
+            "trace of rank 0 holds; last position every trace holds alike: step 3 #0") in text
+    assert "rank 1 (crashed)" in text
