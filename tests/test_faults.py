@@ -139,7 +139,8 @@ def test_max_record_mb_caps_the_record_files_and_training_goes_on(tmp_path):
     header = len(scalars_mod._frame(event_pb2.Event(
         wall_time=1.0, file_version="brain.Event:2").SerializeToString()))
     capped_files = [run_dir / pattern.format(rank=0) for pattern in
-                    (schema.STEPS_FILE, schema.COMMS_FILE, schema.SAMPLES_FILE)]
+                    (schema.STEPS_FILE, schema.COMMS_FILE, schema.ISSUED_FILE,
+                     schema.SAMPLES_FILE)]
     (events,) = run_dir.glob("events.out.tfevents.*")
     total = sum(p.stat().st_size for p in capped_files) + events.stat().st_size - header
     # Records of steps before the cap that were on their way (one pass of the worker, here a
