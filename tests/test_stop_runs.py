@@ -158,3 +158,40 @@ def test_four_ranks_one_hung_the_others_waiting_in_the_op_it_never_issued(tmp_pa
             "workloads/ddp.py", "loss.backward()")
     assert "rank 2 never issued all_reduce #3 on group 0" in text
     assert "which ranks 0-1, 3 waited in from" in text
+
+
+def four_rank_fault_run(tmp_path, fault: list[str]) -> tuple[object, Path]:
+    out = tmp_path / "traces"
+    # One bucket a step (tiny model): DDP's broadcast is #0, steps 1 and 2 are #1 and #2.
+    result = h.run(["--out", out, *TRACED], h.DDP,
+                   ["--steps", "4", "--hidden", "32", "--layers", "1", "--batch-size", "8",
+                    "--pg-timeout-s", "10", *fault], nproc=4, timeout=240)
+    return result, h.only_run_dir(out)
+
+
+def test_four_ranks_one_mismatched_all_reduce_names_the_odd_rank(tmp_path):
+    # --mismatch: every rank all-reduces one tensor at the start of step 3, rank 3's larger
+    result, run_dir = four_rank_fault_run(tmp_path, ["--mismatch", "3:3"])
+    assert result.returncode != 0
+    found, text = diagnosis(run_dir)
+    group = found["groups"][0]
+    assert (group["pg"], group["kind"], group["op"], group["position"]) == (
+        "0", "mismatch", "all_reduce", 3)
+    assert group["issued_ranks"] == [0, 1, 2, 3] and group["odd_ranks"] == [3]
+    assert group["last_completed_position"] == 2
+    assert group["signatures"] == ("all_reduce 4 B float32 on ranks 0-2; all_reduce 4.1 kB "
+                                   "float32 on rank 3")
+    assert "rank 3 issued all_reduce #3 on group 0" in text
+
+
+def test_four_ranks_one_crashed_is_named_dead_and_missing(tmp_path):
+    result, run_dir = four_rank_fault_run(tmp_path, ["--crash", "1:3"])
+    assert result.returncode != 0
+    found, text = diagnosis(run_dir)
+    group = found["groups"][0]
+    assert (group["pg"], group["kind"], group["op"], group["position"]) == (
+        "0", "missing", "all_reduce", 3)
+    assert group["missing_ranks"] == [1] and group["dead_ranks"] == [1]
+    assert group["issued_ranks"] == [0, 2, 3]
+    assert found["ranks"][1]["status"] == schema.STATUS_NO_END
+    assert "rank 1 died (no run_end)" in text
