@@ -56,6 +56,19 @@ print(f"optimizer steps {len(steps)}")
 """
 
 
+@pytest.fixture
+def one_rank():
+    """A 1-rank gloo process group in the pytest process, for the length of one test (kept if
+    one is already up)."""
+    import torch.distributed as dist
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
 def torchrun_env(**extra: str) -> dict:
     """The environment for a test's torchrun: no launcher variables inherited from outside,
     CPU only with one intra-op thread, gloo on the loopback interface, and `extra` on top."""

@@ -29,16 +29,6 @@ class ListWriter:
 
 
 @pytest.fixture
-def one_rank():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture
 def recorder_factory(one_rank):
     made = []
 

@@ -23,16 +23,6 @@ class PathWriter:
         self.records.append(record)
 
 
-@pytest.fixture
-def one_rank():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
 def test_the_option_comes_from_the_command_line_or_the_environment():
     assert config_mod.resolve(["s.py"], {})[0].no_issue_records is False
     assert config_mod.resolve(["--no-issue-records", "s.py"], {})[0].no_issue_records is True
