@@ -137,14 +137,19 @@ def test_sigusr1_writes_the_stacks_and_training_ends_with_the_same_loss(tmp_path
     assert [json.loads(line)["position"] for line in issued] == list(range(6))
 
 
-def test_four_ranks_one_hung_the_others_waiting_in_the_op_it_never_issued(tmp_path):
+def four_rank_fault_run(tmp_path, fault: list[str]) -> tuple[object, Path]:
     out = tmp_path / "traces"
     # One bucket a step (tiny model): DDP's broadcast is #0, steps 1 and 2 are #1 and #2.
     result = h.run(["--out", out, *TRACED], h.DDP,
                    ["--steps", "4", "--hidden", "32", "--layers", "1", "--batch-size", "8",
-                    "--pg-timeout-s", "10", "--hang", "2:3"], nproc=4, timeout=240)
+                    "--pg-timeout-s", "10", *fault], nproc=4, timeout=240)
+    return result, h.only_run_dir(out)
+
+
+def test_four_ranks_one_hung_the_others_waiting_in_the_op_it_never_issued(tmp_path):
+    result, run_dir = four_rank_fault_run(tmp_path, ["--hang", "2:3"])
     assert result.returncode != 0
-    found, text = diagnosis(h.only_run_dir(out))
+    found, text = diagnosis(run_dir)
     group = found["groups"][0]
     assert (group["pg"], group["kind"], group["op"], group["position"]) == (
         "0", "missing", "all_reduce", 3)
@@ -158,15 +163,6 @@ def test_four_ranks_one_hung_the_others_waiting_in_the_op_it_never_issued(tmp_pa
             "workloads/ddp.py", "loss.backward()")
     assert "rank 2 never issued all_reduce #3 on group 0" in text
     assert "which ranks 0-1, 3 waited in from" in text
-
-
-def four_rank_fault_run(tmp_path, fault: list[str]) -> tuple[object, Path]:
-    out = tmp_path / "traces"
-    # One bucket a step (tiny model): DDP's broadcast is #0, steps 1 and 2 are #1 and #2.
-    result = h.run(["--out", out, *TRACED], h.DDP,
-                   ["--steps", "4", "--hidden", "32", "--layers", "1", "--batch-size", "8",
-                    "--pg-timeout-s", "10", *fault], nproc=4, timeout=240)
-    return result, h.only_run_dir(out)
 
 
 def test_four_ranks_one_mismatched_all_reduce_names_the_odd_rank(tmp_path):
