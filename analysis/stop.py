@@ -16,13 +16,13 @@ from pathlib import Path
 import msgspec
 import pandas as pd
 
+from analysis.crossrank.frames import P2P_OPS
 from analysis.records import read_jsonl, records_path
 from analysis.stop_p2p import diagnose_p2p
 from analysis.stop_text import clock_text, mbytes
 from analysis.stop_text import ranks_text as _ranks
 from tracer import schema
 
-P2P_OPS = ("send", "recv")
 OP_COLUMNS = ["rank", "pg", "pg_size", "position", "op", "bytes", "dtype", "peer", "issue_ns",
               "completed", "failed"]
 GROUP_COLUMNS = ["pg", "kind", "position", "op", "bytes", "dtype", "last_completed_position",

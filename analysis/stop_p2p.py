@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.crossrank.frames import P2P_OPS
 from analysis.stop_text import clock_text, mbytes, ranks_text
-
-P2P_OPS = ("send", "recv")
 
 
 def diagnose_p2p(ops: pd.DataFrame, dead: list[int], columns: list[str]) -> pd.DataFrame:

@@ -17,10 +17,9 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.comm_events import ops_from_events
-from analysis.crossrank.frames import UNKNOWN_PG
+from analysis.crossrank.frames import P2P_OPS, UNKNOWN_PG
 from analysis.stop_text import mbytes, ranks_text
 
-P2P_OPS = ("send", "recv")
 TRACE_OP_COLUMNS = ["rank", "step", "pg", "pg_size", "op", "bytes", "dtype", "issue_ns"]
 COVERAGE_COLUMNS = ["rank", "step"]
 TRACE_GROUP_COLUMNS = ["pg", "kind", "step", "position", "op", "bytes", "dtype",
