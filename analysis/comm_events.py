@@ -327,7 +327,7 @@ def _texts(column: pd.Series, rows: np.ndarray) -> np.ndarray:
     """str() of the column's values at the positions `rows`, as an object array."""
     if not len(rows):
         return np.zeros(0, dtype=object)
-    return np.array([str(v) for v in np.asarray(column, dtype=object)[rows]], dtype=object)
+    return np.array([str(v) for v in np.asarray(column.iloc[rows], dtype=object)], dtype=object)
 
 
 def _thread_keys(pids, tids) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.comm_names import canonical_op
+from analysis.events import matches
 
 DDP = "ddp"
 FSDP1 = "fsdp1"
@@ -48,8 +49,9 @@ def host_events(trace) -> pd.DataFrame:
     if not isinstance(events, pd.DataFrame) or events.empty or any(
             c not in events.columns for c in ("name", "ts_ns", "dur_ns", "pid", "tid", "is_gpu")):
         return pd.DataFrame(columns=["name", "ts_ns", "dur_ns", "pid", "tid"])
-    host = events[~events["is_gpu"].fillna(False).astype(bool)]
-    return host[["name", "ts_ns", "dur_ns", "pid", "tid"]]
+    # Only the wanted columns are copied, not every column of the events.
+    return events.loc[~events["is_gpu"].fillna(False).astype(bool),
+                      ["name", "ts_ns", "dur_ns", "pid", "tid"]]
 
 
 def frameworks_seen(trace) -> set:
@@ -83,11 +85,10 @@ def issuers_from_trace(trace, ops: pd.DataFrame) -> pd.Series:
     """The issuer of each trace-derived op (columns op, host_ts, host_pid, host_tid, named)."""
     host = host_events(trace)
     issuers = pd.Series(UNKNOWN, index=ops.index, dtype=object)
-    names = host["name"].astype(str)
     seen = set()
     marked = pd.Series(False, index=ops.index)
     for issuer, pattern in _SPAN_MARKERS:
-        spans = host[names.str.contains(pattern)]
+        spans = host[matches(host["name"], lambda name, p=pattern: p.search(name) is not None)]
         if spans.empty:
             continue
         seen.add(issuer)
@@ -213,7 +214,8 @@ def group_names(trace) -> dict:
             add(config.get("pg_name"), config.get("pg_desc"))
     events = getattr(trace, "events", None)
     if isinstance(events, pd.DataFrame) and {"pg_name", "pg_desc"} <= set(events.columns):
-        named = events.dropna(subset=["pg_name", "pg_desc"]).drop_duplicates(["pg_name", "pg_desc"])
+        both = events["pg_name"].notna() & events["pg_desc"].notna()
+        named = events.loc[both, ["pg_name", "pg_desc"]].drop_duplicates()
         for pg, desc in zip(named["pg_name"], named["pg_desc"]):
             add(pg, desc)
     return names

@@ -54,8 +54,25 @@ def pair(events: pd.DataFrame, mask: np.ndarray | None = None) -> intervals.Inte
 
 def threads_of(events: pd.DataFrame, mask: np.ndarray) -> set[tuple[str, str]]:
     """(pid, tid) of the events where `mask` holds."""
-    pid, tid = events["pid"].to_numpy()[mask], events["tid"].to_numpy()[mask]
-    return {(str(p), str(t)) for p, t in zip(pid, tid)}
+    pid, tid = events["pid"], events["tid"]
+    if not (_is_categorical(pid) and _is_categorical(tid)):
+        pid, tid = pid.to_numpy()[mask], tid.to_numpy()[mask]
+        return {(str(p), str(t)) for p, t in zip(pid, tid)}
+    # Distinct (pid, tid) code pairs first: a handful of threads, not one string pair per row.
+    # Codes are shifted by one so that -1 (missing) reads "nan", as str() of the missing value.
+    pids, tids = ["nan"] + _texts(pid), ["nan"] + _texts(tid)
+    width = len(tids)
+    pairs = np.unique((pid.cat.codes.to_numpy()[mask].astype(np.int64) + 1) * width
+                      + tid.cat.codes.to_numpy()[mask] + 1)
+    return {(pids[pair // width], tids[pair % width]) for pair in pairs.tolist()}
+
+
+def _is_categorical(column: pd.Series) -> bool:
+    return isinstance(column.dtype, pd.CategoricalDtype)
+
+
+def _texts(column: pd.Series) -> list[str]:
+    return [str(c) for c in column.cat.categories]
 
 
 def training_threads(events: pd.DataFrame) -> set[tuple[str, str]]:
@@ -79,6 +96,9 @@ def training_threads(events: pd.DataFrame) -> set[tuple[str, str]]:
 def on_threads(events: pd.DataFrame, threads: set[tuple[str, str]]) -> np.ndarray:
     if not threads:
         return np.zeros(len(events), dtype=bool)
+    pid, tid = events["pid"], events["tid"]
+    if _is_categorical(pid) and _is_categorical(tid):
+        return _on_thread_codes(pid, tid, threads)
     pids = {p for p, _ in threads}
     tids = {t for _, t in threads}
     candidate = (matches(events["pid"], lambda p: p in pids)
@@ -88,6 +108,26 @@ def on_threads(events: pd.DataFrame, threads: set[tuple[str, str]]) -> np.ndarra
     on = np.zeros(len(events), dtype=bool)
     on[rows] = [(str(p), str(t)) in threads for p, t in zip(pid, tid)]
     return on
+
+
+def _on_thread_codes(pid: pd.Series, tid: pd.Series, threads: set[tuple[str, str]]
+                     ) -> np.ndarray:
+    """on_threads for categorical pid and tid: the wanted (pid, tid) code pairs, compared as one
+    integer per row. Distinct categories may share a text (7 and "7"): each code counts."""
+    pid_codes, tid_codes = {}, {}
+    for codes, column in ((pid_codes, pid), (tid_codes, tid)):
+        for code, text in enumerate(_texts(column)):
+            codes.setdefault(text, []).append(code)
+    width = len(tid.cat.categories)
+    wanted = [p * width + t for pid_text, tid_text in threads
+              for p in pid_codes.get(pid_text, ()) for t in tid_codes.get(tid_text, ())]
+    row_pid = pid.cat.codes.to_numpy()
+    row_tid = tid.cat.codes.to_numpy()
+    if not wanted:
+        return np.zeros(len(row_pid), dtype=bool)
+    # Missing values (code -1) are on no thread; their pair numbers could alias a wanted one.
+    return (np.isin(row_pid.astype(np.int64) * width + row_tid, wanted)
+            & (row_pid >= 0) & (row_tid >= 0))
 
 
 def _gpu_layers(events: pd.DataFrame) -> tuple[list[intervals.Intervals], np.ndarray]:
