@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -136,18 +135,6 @@ def _as_float(value) -> float:
         return math.nan
 
 
-_TS, _DUR, _NAME, _ARGS = (attrgetter(f) for f in ("ts", "dur", "name", "args"))
-_PLACE = attrgetter("cat", "pid", "tid")
-
-
-def _hta_ints(values: list) -> np.ndarray:
-    """int64 of stream or correlation arguments, -1 already standing for absent ones."""
-    if set(map(type, values)) == {int}:
-        return np.array(values, dtype=np.int64)
-    return np.fromiter((v if type(v) is int else _hta_int(v) for v in values),
-                       dtype=np.int64, count=len(values))
-
-
 class _Codes:
     """Values -> int32 codes, shared by all chunks of a file; categories at the end."""
 
@@ -157,11 +144,8 @@ class _Codes:
 
     def add(self, values: list) -> np.ndarray:
         codes_of = self.codes_of
-        # New values get codes in first-seen order, then one C-level lookup per value.
-        for value in dict.fromkeys(values):
-            if value not in codes_of:
-                codes_of[value] = len(codes_of)
-        return np.fromiter(map(codes_of.__getitem__, values), dtype=np.int32, count=len(values))
+        return np.fromiter((codes_of.setdefault(v, len(codes_of)) for v in values),
+                           dtype=np.int32, count=len(values))
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
         categories = [self.text(v) for v in self.codes_of]
@@ -194,16 +178,24 @@ class EventColumns:
             self.float_timestamps = any(type(e.ts) is not int for e in chunk)
         events = [e for e in chunk if e.ph == "X" and e.ts is not None and e.dur is not None]
         n = len(events)
-        ts_ns, bad_ts = _to_ns(list(map(_TS, events)))
-        dur_ns, bad_dur = _to_ns(list(map(_DUR, events)))
+        ts_ns, bad_ts = _to_ns([e.ts for e in events])
+        dur_ns, bad_dur = _to_ns([e.dur for e in events])
         self.bad["ts"] += bad_ts
         self.bad["dur"] += bad_dur
-        names = self.names.add(list(map(_NAME, events)))
-        places = self.places.add(list(map(_PLACE, events)))
-        args = list(map(_ARGS, events))
-        stream = _hta_ints([-1 if a is None or (v := a.stream) is None else v for a in args])
-        correlation = _hta_ints([-1 if a is None or (v := a.correlation) is None else v
-                                 for a in args])
+        names = self.names.add([e.name for e in events])
+        places = self.places.add([(e.cat, e.pid, e.tid) for e in events])
+        stream = np.full(n, -1, dtype=np.int64)
+        correlation = np.full(n, -1, dtype=np.int64)
+        for i, e in enumerate(events):
+            args = e.args
+            if args is None:
+                continue
+            value = args.stream
+            if value is not None:
+                stream[i] = value if type(value) is int else _hta_int(value)
+            value = args.correlation
+            if value is not None:
+                correlation[i] = value if type(value) is int else _hta_int(value)
         name_flags = self._lookup("name", self.names, lambda name: (
             bool(COMM_KERNEL_RE.search(name)), bool(HOST_COMM_RE.match(name))))
         place_flags = self._lookup("place", self.places, lambda place: (
