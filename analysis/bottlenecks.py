@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from analysis import issuers, pipeline_schedule
+from analysis import issuers, pipeline_schedule, rank_summary
 from analysis.advice import IDLE_CAUSES, bubble_suggestion, exposed_suggestion, small_message_hint
 from analysis.breakdown import BREAKDOWN_NS_COLUMNS
 from analysis.communication import UNKNOWN_BUCKET, UNKNOWN_PG
@@ -71,7 +71,7 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
                              exposed_comm_ns=cross_findings.exposed_transfer_ns(steps, cross_rank))
     pipeline_stages = cross_findings.pipeline_stages(cross_rank) if crossed else []
     findings = [
-        *_exposed_communication(steps, collectives, pipeline, issuers.ddp_accumulation(traces),
+        *_exposed_communication(steps, collectives, pipeline, rank_summary.ddp_accumulation(traces),
                                 transfer_only=crossed),
         *_device_idle(steps, idle_gaps, kind),
         *(cross_findings.ranks_wait_for(steps, cross_rank) if crossed else []),

@@ -109,7 +109,9 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None) -> i
             loaded = load_files(files, run_dir, steps=steps, hta_compatible=args.hta_compatible,
                                 use_cache=not args.no_cache, jobs=args.jobs, progress=progress,
                                 comm_kernels=tuple(args.comm_kernel),
-                                scheduler=args.scheduler)
+                                scheduler=args.scheduler,
+                                # Only the HTML report draws from the events once reduced.
+                                keep_events=args.html is not None)
             where = run_dir if run_dir is not None else Path(args.paths[0])
             report = analyse_run(loaded, name=where.name or str(where), path=str(where),
                                  steps_spec=args.steps, hta_compatible=args.hta_compatible,

@@ -57,20 +57,46 @@ def hta_temporal_breakdown(traces: list[RankTrace]) -> pd.DataFrame:
     kernel_time is from the first kernel's start to the last kernel's end; idle is kernel_time
     minus the time any kernel runs; compute is the time compute kernels run; non_compute the rest.
     Ranks where HTA finds no kernel (it raises there) get NaN and a note.
+
+    A rank whose events were dropped after loading brings its worker's `hta_rank_summary`.
     """
-    step_names: set[str] = set()
-    for trace in traces:
-        step_names.update(c for c in distinct_names(trace.events["name"]) if "ProfilerStep" in c)
+    summaries = [trace.reduced.get("hta") or hta_rank_summary(trace.with_events())
+                 for trace in traces]
+    step_names = set().union(*(s["step_names"] for s in summaries))
     filtering = len(step_names) >= 2
-    times = [_hta_times(trace) for trace in traces]
     # HTA shifts every rank by the run's earliest start before summing; summing raw epoch
     # microseconds (~1e15 each) in float64 would lose whole microseconds.
-    origin = min((int(ts[kept].min()) for ts, _, kept in times if kept.any()), default=0)
+    origin = min((s["origin"] for s in summaries if s["origin"] is not None), default=0)
     rows = []
-    for trace, (ts_us, dur_us, kept) in zip(traces, times):
-        ts = (ts_us - origin).astype(np.float64)
-        rows.append(_hta_rank(trace, ts, ts + dur_us, kept, step_names, filtering))
+    for trace, summary in zip(traces, summaries):
+        if summary["exact"] or summary["origin"] == origin:
+            rows.append(summary["rows"][filtering])
+        else:
+            rows.append(_hta_rank_of(trace.with_events(), origin, step_names, filtering))
     return pd.DataFrame(rows, columns=HTA_COLUMNS)
+
+
+def hta_rank_summary(trace: RankTrace) -> dict:
+    """What hta_temporal_breakdown needs of one rank: its ProfilerStep names, its earliest start
+    (the run's origin is the earliest of all), and its row with and without HTA's step window,
+    shifted by its own earliest start. `exact`: every time is whole microseconds, so that the
+    rows do not depend on the origin (float64 sums of integers); otherwise they are computed
+    again with the run's origin."""
+    step_names = {c for c in distinct_names(trace.events["name"]) if "ProfilerStep" in c}
+    ts_us, dur_us, kept = _hta_times(trace)
+    origin = int(ts_us[kept].min()) if kept.any() else None
+    exact = bool(trace.float_timestamps
+                 or (trace.events["dur_ns"].to_numpy(np.int64)[kept] % 1000 == 0).all())
+    rows = {filtering: _hta_rank_of(trace, origin or 0, step_names, filtering,
+                                    (ts_us, dur_us, kept)) for filtering in (False, True)}
+    return {"step_names": step_names, "origin": origin, "exact": exact, "rows": rows}
+
+
+def _hta_rank_of(trace: RankTrace, origin: int, step_names: set[str], filtering: bool,
+                 times: tuple | None = None) -> dict:
+    ts_us, dur_us, kept = times if times is not None else _hta_times(trace)
+    ts = (ts_us - origin).astype(np.float64)
+    return _hta_rank(trace, ts, ts + dur_us, kept, step_names, filtering)
 
 
 def _hta_rank(trace: RankTrace, ts: np.ndarray, end: np.ndarray, kept: np.ndarray,

@@ -10,6 +10,7 @@ known) and the rest is still loaded.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,12 +94,34 @@ class RankTrace:
     status: str | None = None
     # The trace's distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, ...).
     process_groups: list[dict] = field(default_factory=list)
-    # {table name: frame}: per-rank tables computed where the file was parsed (analysis.run).
+    # {name: table or summary}: what was computed of this rank where its file was parsed
+    # (analysis.rank_summary); `events` is None when the events were dropped afterwards.
     reduced: dict = field(default_factory=dict)
+    # How to read the events again once dropped: (use the Parquet cache, communication kernel
+    # patterns, the largest trace in bytes).
+    reread: tuple = (True, (), None)
 
     @property
     def label(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else "rank ?"
+
+    @property
+    def event_count(self) -> int:
+        """Complete events in the rank's trace(s), whether or not they are still held."""
+        if self.events is not None:
+            return len(self.events)
+        return int(self.reduced.get("event_count", 0))
+
+    def with_events(self) -> RankTrace:
+        """This rank with its events frame: itself, or, when its events were dropped after
+        loading, a copy with them read again from its file(s) (not kept: the caller holds
+        them only as long as it needs them)."""
+        if self.events is not None:
+            return self
+        use_cache, comm_kernels, max_bytes = self.reread
+        parts = [read_trace(path, use_cache, max_bytes) for path in [self.path, *self.extra_paths]]
+        merged = _merge_windows(parts) if len(parts) > 1 else parts[0]
+        return dataclasses.replace(self, events=mark_comm_kernels(merged.events, comm_kernels))
 
 
 @dataclass
@@ -119,6 +142,9 @@ class RankReduction:
     hta_compatible: bool
     comm_kernels: tuple
     with_records: bool  # a run folder was given: the records beside the trace are read
+    # Drop the events once reduced: the command's text and JSON reports need only the
+    # reductions; notebooks, the HTML report and the timeline keep them.
+    drop_events: bool = False
 
 
 def _read_trace_job(args: tuple[str, bool, int, RankReduction | None]):
@@ -131,6 +157,8 @@ def _read_trace_job(args: tuple[str, bool, int, RankReduction | None]):
         return f"{exc.path}: rank {rank}: {exc.reason}" if rank is not None else str(exc)
     if reduction is not None:
         parsed.reduced = _reduce(parsed, reduction)
+        if reduction.drop_events and parsed.reduced is not None:
+            parsed.events = None
     return parsed
 
 
@@ -140,8 +168,8 @@ def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, dict] | None:
     rank = parsed.rank if parsed.rank is not None else file_rank(parsed.path)
     if rank is None:
         return None  # unranked: only the whole run tells which rank it is analysed as
-    # Imported here: analysis.run imports this module.
-    from analysis.run import rank_tables
+    # Imported here: analysis.rank_summary imports this module.
+    from analysis.rank_summary import rank_tables
 
     trace = _rank_trace(parsed, rank, [], parsed.path.parent if how.with_records else None,
                         how.steps, how.hta_compatible, how.comm_kernels)
@@ -158,9 +186,9 @@ def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
                         [(str(f), use_cache, max_bytes, reduction) for f in files],
                         jobs=jobs, progress=progress)
     # Cluster workers have their own working folder: they get absolute paths, and the results
-    # name each file as it was given here, as a local run does (the tables are computed here).
+    # name each file as it was given here, as a local run does.
     given = {str(f.absolute()): str(f) for f in files}
-    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes, None) for path in given],
+    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes, reduction) for path in given],
                        scheduler=scheduler, progress=progress)
     return [_named_as_given(result, absolute, shown)
             for result, (absolute, shown) in zip(results, given.items())]
@@ -195,8 +223,12 @@ def _merge_windows(parts: list[ParsedTrace]) -> ParsedTrace:
 def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] | None = None,
                hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
                progress: Progress | None = None, comm_kernels: tuple = (),
-               scheduler: str | None = None) -> LoadResult:
+               scheduler: str | None = None, keep_events: bool = True) -> LoadResult:
     """Parse trace files (in parallel processes when several) into one RankTrace per rank.
+
+    `keep_events=False`: each rank is reduced where it is parsed (analysis.rank_summary) and
+    its events frame is dropped (`RankTrace.events` is None; `with_events()` reads it again),
+    so that memory holds O(ranks x steps + collectives), not every event of every rank.
 
     `scheduler`: the address of a Dask scheduler whose workers parse the files instead
     (analysis.parallel); they must see the files at the same paths. Raises
@@ -211,7 +243,9 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
     if not files and run_dir is None:
         return LoadResult([], [f"{where}: no Kineto trace files"], run_dir)
     parsed: list[ParsedTrace] = []
-    reduction = RankReduction(steps, hta_compatible, tuple(comm_kernels), run_dir is not None)
+    reduction = RankReduction(steps, hta_compatible, tuple(comm_kernels), run_dir is not None,
+                              drop_events=not keep_events)
+    reread = (use_cache, tuple(comm_kernels), max_trace_bytes())
     for result in _parse_all(files, use_cache, jobs, progress, scheduler, reduction):
         if isinstance(result, str):
             problems.append(result)
@@ -255,14 +289,25 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
             else:
                 problems.append(f"duplicate rank {key}: {group[0].path} and {other.path} both "
                                 f"say rank {key}; analysing {group[0].path} only")
-        trace = _merge_windows(kept) if len(kept) > 1 else kept[0]
         rank = key if isinstance(key, int) else None
+        reduced = (kept[0].reduced[1] if len(kept) == 1 and kept[0].reduced is not None
+                   and kept[0].reduced[0] == rank else None)
+        if reduced is None:
+            # The worker's reduction was of another rank or one window only: the events
+            # it dropped are read again, and the rank is reduced here.
+            kept = [_with_events(k, reread) for k in kept]
+        trace = _merge_windows(kept) if len(kept) > 1 else kept[0]
         # Records lie beside the trace: several run folders (one per node) form one run.
         records_dir = trace.path.parent if run_dir is not None else None
         ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], records_dir, steps,
                                  hta_compatible, comm_kernels))
-        if len(kept) == 1 and trace.reduced is not None and trace.reduced[0] == rank:
-            ranks[-1].reduced = trace.reduced[1]
+        ranks[-1].reread = reread
+        if reduced is not None:
+            ranks[-1].reduced = reduced
+        elif not keep_events:
+            from analysis.rank_summary import rank_tables  # imports this module
+            ranks[-1].reduced = rank_tables(ranks[-1])
+            ranks[-1].events = None
 
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, str(r.path)))
     world_size = max((r.world_size for r in ranks if r.world_size), default=None)
@@ -295,6 +340,14 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
                       files=list(files))
 
 
+def _with_events(parsed: ParsedTrace, reread: tuple) -> ParsedTrace:
+    if parsed.events is not None:
+        return parsed
+    use_cache, _, max_bytes = reread
+    return dataclasses.replace(parsed, events=read_trace(parsed.path, use_cache,
+                                                         max_bytes).events)
+
+
 def _record_folders(run_dir: Path, files: list[Path]) -> list[Path]:
     """The run folder, then every other folder that holds one of the run's trace files."""
     return list(dict.fromkeys([run_dir] + [f.parent for f in files]))
@@ -316,7 +369,8 @@ def _rank_trace(trace: ParsedTrace, rank, extra: list[Path], run_dir: Path | Non
         selected, found = select_steps(trace.steps, steps, hta_compatible, where,
                                        records.steps if records is not None else None)
         problems += found
-    events = mark_comm_kernels(trace.events, comm_kernels)
+    events = (mark_comm_kernels(trace.events, comm_kernels) if trace.events is not None
+              else None)
     return RankTrace(rank=rank, world_size=trace.world_size, path=trace.path,
                      events=events, steps=selected, records=records, problems=problems,
                      float_timestamps=trace.float_timestamps, all_steps=trace.steps,
@@ -363,8 +417,9 @@ def _unmarked_steps(run_dir: Path, ranks: list[RankTrace]) -> list[str]:
 def load_path(path, steps=None, *, run: str | None = None,
               hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
               progress: Progress | None = None, comm_kernels: tuple = (),
-              scheduler: str | None = None) -> LoadResult:
-    """Load the run that `path` names (a run folder, a folder of runs: the newest, a trace file).
+              scheduler: str | None = None, keep_events: bool = True) -> LoadResult:
+    """Load the run that `path` names (a run folder, a folder of runs: the newest, a trace file);
+    `keep_events` as in load_files.
 
     Raises NothingToAnalyse when `path` holds no trace at all.
     """
@@ -374,4 +429,4 @@ def load_path(path, steps=None, *, run: str | None = None,
     (run_dir, files), = resolve_runs(paths, run=run)
     return load_files(files, run_dir, steps=steps, hta_compatible=hta_compatible,
                       use_cache=use_cache, jobs=jobs, progress=progress,
-                      comm_kernels=comm_kernels, scheduler=scheduler)
+                      comm_kernels=comm_kernels, scheduler=scheduler, keep_events=keep_events)

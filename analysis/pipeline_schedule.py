@@ -41,33 +41,66 @@ class PipelineSchedule:
 
 
 def detect(traces) -> PipelineSchedule:
+    """The run's schedule: what each rank's spans say (`rank_schedule`), merged. A rank whose
+    events were dropped after loading brings the schedule its worker found (analysis.
+    rank_summary)."""
+    return merge([_schedule_of(trace) for trace in traces or []])
+
+
+def _schedule_of(trace) -> PipelineSchedule:
+    found = getattr(trace, "reduced", {}).get("pipeline_schedule")
+    if found is not None:
+        return found
+    with_events = getattr(trace, "with_events", None)
+    return rank_schedule(with_events() if with_events is not None else trace)
+
+
+def rank_schedule(trace) -> PipelineSchedule:
+    """What one rank's `PP:` and GPipe spans say; `kind` is "gpipe" where it has GPipe spans
+    and no `PP:` action."""
     schedule = PipelineSchedule()
-    gpipe = False
-    for trace in traces or []:
-        host = host_events(trace)
-        if host.empty:
-            continue
-        names = host["name"].astype(str)
-        actions = host[names.str.startswith("PP:")].sort_values("ts_ns")
-        parsed = actions["name"].astype(str).str.extract(_ACTION_RE).dropna(subset=[0])
-        gpipe = gpipe or names.str.match(_GPIPE_RE).any()
-        if parsed.empty:
-            continue
-        stages = parsed[0].astype(int)
-        rank = getattr(trace, "rank", None)
-        schedule.stages_by_rank.setdefault(rank, set()).update(stages.unique().tolist())
-        schedule.split_backward = schedule.split_backward or parsed[1].isin(["I", "W"]).any()
-        micro = pd.to_numeric(parsed[2], errors="coerce").dropna()
-        if len(micro):
-            schedule.microbatches = max(schedule.microbatches or 0, int(micro.max()) + 1)
-        forwards = stages[parsed[1] == "F"].to_numpy()
-        if len(set(forwards)) > 1 and len(micro):
-            # Looped BFS runs all microbatches of one stage before the next stage's; an
-            # interleaved schedule switches stage after fewer forwards than that.
-            order = pd.Series(forwards)
-            runs = order.groupby((order.diff() != 0).cumsum()).size()
-            kind = "interleaved" if runs.max() < int(micro.max()) + 1 else "looped"
-            schedule.kind = "interleaved" if "interleaved" in (kind, schedule.kind) else kind
-    if schedule.kind is None and gpipe and not schedule.stages_by_rank:
-        schedule.kind = "gpipe"
+    host = host_events(trace)
+    if host.empty:
+        return schedule
+    names = host["name"].astype(str)
+    actions = host[names.str.startswith("PP:")].sort_values("ts_ns")
+    parsed = actions["name"].astype(str).str.extract(_ACTION_RE).dropna(subset=[0])
+    if parsed.empty:
+        schedule.kind = "gpipe" if names.str.match(_GPIPE_RE).any() else None
+        return schedule
+    stages = parsed[0].astype(int)
+    schedule.stages_by_rank[getattr(trace, "rank", None)] = set(stages.unique().tolist())
+    schedule.split_backward = bool(parsed[1].isin(["I", "W"]).any())
+    micro = pd.to_numeric(parsed[2], errors="coerce").dropna()
+    if len(micro):
+        schedule.microbatches = int(micro.max()) + 1
+    forwards = stages[parsed[1] == "F"].to_numpy()
+    if len(set(forwards)) > 1 and len(micro):
+        # Looped BFS runs all microbatches of one stage before the next stage's; an
+        # interleaved schedule switches stage after fewer forwards than that.
+        order = pd.Series(forwards)
+        runs = order.groupby((order.diff() != 0).cumsum()).size()
+        schedule.kind = "interleaved" if runs.max() < int(micro.max()) + 1 else "looped"
     return schedule
+
+
+def merge(schedules: list[PipelineSchedule]) -> PipelineSchedule:
+    """Several ranks' schedules as one: any rank's interleaving makes the run interleaved, and
+    GPipe is told only where no rank ran `PP:` actions."""
+    merged = PipelineSchedule()
+    kinds = set()
+    for schedule in schedules:
+        for rank, stages in schedule.stages_by_rank.items():
+            merged.stages_by_rank.setdefault(rank, set()).update(stages)
+        merged.split_backward = merged.split_backward or schedule.split_backward
+        if schedule.microbatches is not None:
+            merged.microbatches = max(merged.microbatches or 0, schedule.microbatches)
+        kinds.add(schedule.kind)
+    for kind in ("interleaved", "looped"):
+        if kind in kinds:
+            merged.kind = kind
+            break
+    else:
+        if "gpipe" in kinds and not merged.stages_by_rank:
+            merged.kind = "gpipe"
+    return merged

@@ -31,23 +31,10 @@ from analysis.steps import parse_step_spec
 from tracer import schema
 
 
-def rank_tables(trace: RankTrace) -> dict:
-    """The tables computed from one rank's events alone, by name. A table that fails is left
-    out: analyse_run computes it again and reports the failure."""
-    tables = {}
-    for name, build in (("per_step", breakdown_per_step), ("idle_gaps", idle_gaps),
-                        ("comm_ops", communication.comm_ops)):
-        try:
-            tables[name] = build(trace)
-        except Exception:  # noqa: S112  (computed again, and reported, by analyse_run)
-            continue
-    return tables
-
-
 def _rank_table(trace: RankTrace, name: str, build: Callable[[RankTrace], pd.DataFrame]
                 ) -> pd.DataFrame:
     found = trace.reduced.get(name)
-    return found if found is not None else build(trace)
+    return found if found is not None else build(trace.with_events())
 
 
 def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None = None,

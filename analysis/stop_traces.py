@@ -35,10 +35,12 @@ def trace_ops(ranks) -> tuple[pd.DataFrame, pd.DataFrame]:
     covers. A trace without ProfilerStep is one window, numbered as analysis.steps does."""
     ops, coverage = [], []
     for trace in ranks:
-        if trace.rank is None or not trace.has_trace or trace.events is None:
+        if trace.rank is None or not trace.has_trace:
             continue
         every = trace.all_steps if trace.all_steps is not None else trace.steps
-        frame = ops_from_events(trace.events, every, every, trace.rank, trace.world_size)
+        # Events dropped after loading are read again, a rank at a time (RankTrace.with_events).
+        frame = ops_from_events(trace.with_events().events, every, every, trace.rank,
+                                trace.world_size)
         if not frame.empty:
             # gloo's CPU ops name no group: one unnamed group, its members those that issued
             ops.append(frame.rename(columns={"host_ts": "issue_ns"})

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis import output
 from analysis.crossrank import cross_rank, to_json
 from analysis.load import load_path
+from analysis.run import analyse_run
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -109,3 +111,19 @@ def test_kineto_traces_alone_are_matched_on_gloo_ops(runs, tmp_path):
     assert len(waits.loc[0]) >= 10 and np.median(waits.loc[0]) > 0.75 * DELAY_MS
     assert (waits.loc[0] > 0.75 * DELAY_MS).mean() >= 0.75
     assert np.median(waits.loc[1]) < 0.25 * DELAY_MS
+
+
+def test_the_report_is_the_same_when_the_events_are_dropped_after_loading(runs, tmp_path):
+    # The straggler's evidence reads its events again; Kineto-only ranks bring their
+    # communication events from the worker, on their own clock shifted to the others'.
+    shifted = _shifted_copy(runs["late"], tmp_path / "kineto", rank=1)
+    for path in shifted.glob("rank*.jsonl"):
+        path.unlink()
+    for run in (runs["late"], shifted):
+        documents = []
+        for keep in (True, False):
+            loaded = load_path(run, use_cache=False, keep_events=keep)
+            assert all((t.events is None) != keep for t in loaded.ranks)
+            documents.append(output.dumps(output.run_document(analyse_run(loaded, "run", "r"))))
+        assert documents[0] == documents[1]
+        assert '"evidence": {' in documents[0] or run == shifted

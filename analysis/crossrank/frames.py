@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -254,6 +255,27 @@ def _kineto_to_records(trace_steps: pd.DataFrame, record_steps: pd.DataFrame) ->
     return int(differences[middle - 1]) + int(differences[middle] - differences[middle - 1]) // 2
 
 
+class RankEvents(Mapping):
+    """{rank: its events frame on the clock of its ops}, each read when asked for: a rank whose
+    events were dropped after loading has them read again (RankTrace.with_events), and only
+    the ranks an analysis asks for (the named stragglers) are."""
+
+    def __init__(self, traces: dict):
+        self._traces = traces  # {rank: (RankTrace, its Kineto clock minus its ops' clock)}
+
+    def __getitem__(self, rank) -> pd.DataFrame:
+        trace, moved = self._traces[rank]
+        events = trace.with_events().events
+        return events if moved == 0 else events.assign(ts_ns=events["ts_ns"] - moved,
+                                                       end_ns=events["end_ns"] - moved)
+
+    def __iter__(self):
+        return iter(self._traces)
+
+    def __len__(self) -> int:
+        return len(self._traces)
+
+
 def run_frames(run) -> dict:
     """{"ops", "steps", "clock_sync", "events", "world_size", "kineto_shift", "trace_ranks"} of a
     LoadResult (trace_ranks: the ranks whose ops come from their Kineto events alone);
@@ -267,7 +289,7 @@ def run_frames(run) -> dict:
             continue
         records = trace.records
         record_steps = records.steps if records is not None else None
-        has_events = trace.events is not None and len(trace.events) > 0
+        has_events = getattr(trace, "event_count", 0) > 0
         # Kineto's clock minus the records'; None where they share no step.
         shift = _kineto_to_records(trace.steps, record_steps) if has_events else None
         from_records = (ops_from_records(records.comms, trace.rank)
@@ -283,7 +305,9 @@ def run_frames(run) -> dict:
         elif has_events:
             trace_ranks.add(trace.rank)
             moved = shift or 0
-            rank_comm = named_kernels(trace.events)
+            rank_comm = trace.reduced.get("comm_events")
+            if rank_comm is None:
+                rank_comm = named_kernels(trace.with_events().events)
             comm.append(rank_comm.assign(rank=trace.rank, ts_ns=rank_comm["ts_ns"] - moved,
                                          end_ns=rank_comm["end_ns"] - moved))
             rank_steps = trace.steps.assign(start_ns=trace.steps["start_ns"] - moved,
@@ -302,8 +326,7 @@ def run_frames(run) -> dict:
         if has_events:
             # On the clock of the rank's ops: its records', or the trace's own.
             shifts[trace.rank] = moved = shift or 0
-            events[trace.rank] = trace.events if moved == 0 else trace.events.assign(
-                ts_ns=trace.events["ts_ns"] - moved, end_ns=trace.events["end_ns"] - moved)
+            events[trace.rank] = (trace, moved)
     if comm:
         ops.append(ops_from_events(pd.concat(comm, ignore_index=True),
                                    pd.concat(trace_steps, ignore_index=True) if trace_steps
@@ -314,5 +337,6 @@ def run_frames(run) -> dict:
     world = run.world_size or (max((t.rank for t in run.ranks if t.rank is not None),
                                    default=-1) + 1)
     return {"ops": pd.concat(ops, ignore_index=True) if ops else empty_ops(),
-            "steps": step_frame, "clock_sync": sync, "events": events, "world_size": world,
+            "steps": step_frame, "clock_sync": sync, "events": RankEvents(events),
+            "world_size": world,
             "kineto_shift": shifts, "trace_ranks": frozenset(trace_ranks)}

@@ -1,0 +1,61 @@
+"""What the command keeps of one rank once its events are dropped (docs/analysis.md, "Large runs
+and Dask"): its per-rank tables and the few summaries that the run-wide analyses need.
+
+`rank_tables(trace)` runs where the rank's file is parsed (a local worker process or a Dask
+worker); every run-wide analysis takes these results instead of the events where a rank has
+them, and reads the events again (`RankTrace.with_events()`) only where it does not, so that the
+result is the same whichever way the rank was loaded.
+"""
+
+from __future__ import annotations
+
+from analysis import communication, issuers
+from analysis.crossrank.frames import named_kernels
+from analysis.hta import hta_rank_summary
+from analysis.idle import idle_gaps
+from analysis.pipeline_schedule import rank_schedule
+from analysis.step_breakdown import breakdown_per_step
+
+# The per-rank tables: concatenated over ranks by analysis.run.
+RANK_TABLES = {"per_step": breakdown_per_step, "idle_gaps": idle_gaps,
+               "comm_ops": communication.comm_ops}
+# The per-rank summaries: combined across ranks by the analysis that needs each.
+RANK_SUMMARIES = {
+    "hta": hta_rank_summary,  # analysis.hta.hta_temporal_breakdown
+    "pipeline_schedule": rank_schedule,  # analysis.pipeline_schedule.detect
+    "ddp_accumulation": lambda trace: issuers.ddp_accumulation([trace]),  # ddp_accumulation
+    "comm_events": lambda trace: named_kernels(trace.events),  # analysis.crossrank.frames
+    "event_count": lambda trace: len(trace.events),
+}
+
+
+def rank_tables(trace) -> dict:
+    """The tables and summaries computed from one rank's events alone, by name. One that fails
+    is left out: the analysis that needs it computes it again from the events, and reports the
+    failure."""
+    found = {}
+    for name, build in {**RANK_TABLES, **RANK_SUMMARIES}.items():
+        try:
+            found[name] = build(trace)
+        except Exception:  # noqa: S112  (computed again, and reported, by the analysis)
+            continue
+    return found
+
+
+def with_events(trace):
+    """The trace with its events (analysis.load.RankTrace.with_events), or the object itself
+    where it is not a RankTrace."""
+    reread = getattr(trace, "with_events", None)
+    return reread() if reread is not None else trace
+
+
+def ddp_accumulation(traces) -> str | None:
+    """issuers.ddp_accumulation over the run, from each rank's own verdict."""
+    verdicts = [trace.reduced["ddp_accumulation"]
+                if "ddp_accumulation" in getattr(trace, "reduced", {})
+                else issuers.ddp_accumulation([with_events(trace)]) for trace in traces or []]
+    for verdict in (issuers.NO_SYNC_USED, issuers.ACCUMULATING_WITHOUT_NO_SYNC,
+                    issuers.NO_ACCUMULATION):
+        if verdict in verdicts:
+            return verdict
+    return None
