@@ -52,8 +52,9 @@ class ParsedTrace:
     problems: list[str]
     # distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, pg_size, ranks).
     process_groups: list[dict] = field(default_factory=list)
-    # (rank, {table name: frame}): the per-rank tables its worker computed (analysis.load).
-    reduced: tuple[int, dict] | None = None
+    # (rank, problems of this file then, its RankTrace reduced and without events): what its
+    # worker computed (analysis.load._reduce).
+    reduced: tuple | None = None
 
 
 # ---- reading a file in chunks -------------------------------------------------------------------

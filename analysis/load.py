@@ -162,9 +162,10 @@ def _read_trace_job(args: tuple[str, bool, int, RankReduction | None]):
     return parsed
 
 
-def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, dict] | None:
-    """The per-rank tables of `parsed` as the rank load_files will give it, when it has one; the
-    command uses them when the file turns out to be its rank's only one."""
+def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, int, RankTrace] | None:
+    """(rank, problems of the parsed file, its RankTrace without events, reduced) as load_files
+    will give the rank, when the file names one: the command takes it when the file turns out to
+    be its rank's only one, without reading the records or selecting the steps again."""
     rank = parsed.rank if parsed.rank is not None else file_rank(parsed.path)
     if rank is None:
         return None  # unranked: only the whole run tells which rank it is analysed as
@@ -173,7 +174,9 @@ def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, dict] | None:
 
     trace = _rank_trace(parsed, rank, [], parsed.path.parent if how.with_records else None,
                         how.steps, how.hta_compatible, how.comm_kernels)
-    return rank, rank_tables(trace)
+    trace.reduced = rank_tables(trace)
+    trace.events = None  # the parsed file's own travel back, when they are kept
+    return rank, len(parsed.problems), trace
 
 
 def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
@@ -199,8 +202,10 @@ def _named_as_given(result, absolute: str, shown: str):
         return result
     if isinstance(result, str):
         return result.replace(absolute, shown)
-    result.path = Path(shown)
-    result.problems = [problem.replace(absolute, shown) for problem in result.problems]
+    named = [result] + ([result.reduced[2]] if result.reduced is not None else [])
+    for found in named:
+        found.path = Path(shown)
+        found.problems = [problem.replace(absolute, shown) for problem in found.problems]
     return result
 
 
@@ -290,21 +295,27 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
                 problems.append(f"duplicate rank {key}: {group[0].path} and {other.path} both "
                                 f"say rank {key}; analysing {group[0].path} only")
         rank = key if isinstance(key, int) else None
-        reduced = (kept[0].reduced[1] if len(kept) == 1 and kept[0].reduced is not None
-                   and kept[0].reduced[0] == rank else None)
-        if reduced is None:
-            # The worker's reduction was of another rank or one window only: the events
-            # it dropped are read again, and the rank is reduced here.
-            kept = [_with_events(k, reread) for k in kept]
+        first = kept[0]
+        if len(kept) == 1 and first.reduced is not None and first.reduced[0] == rank:
+            _, known, reduced = first.reduced
+            # Problems told of the file here (e.g. a rank that its name contradicts) join those
+            # the worker found.
+            reduced.problems = first.problems + reduced.problems[known:]
+            if keep_events:
+                reduced.events = mark_comm_kernels(first.events, comm_kernels)
+            reduced.reread = reread
+            ranks.append(reduced)
+            continue
+        # The worker's reduction was of another rank or of one window only: the events it
+        # dropped are read again, and the rank is reduced here.
+        kept = [_with_events(k, reread) for k in kept]
         trace = _merge_windows(kept) if len(kept) > 1 else kept[0]
         # Records lie beside the trace: several run folders (one per node) form one run.
         records_dir = trace.path.parent if run_dir is not None else None
         ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], records_dir, steps,
                                  hta_compatible, comm_kernels))
         ranks[-1].reread = reread
-        if reduced is not None:
-            ranks[-1].reduced = reduced
-        elif not keep_events:
+        if not keep_events:
             from analysis.rank_summary import rank_tables  # imports this module
             ranks[-1].reduced = rank_tables(ranks[-1])
             ranks[-1].events = None

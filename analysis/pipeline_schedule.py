@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from analysis.events import distinct_names
 from analysis.issuers import host_events
 
 _ACTION_RE = re.compile(r"^PP:\(?(\d+)(F|B|I|W)(\d+)?")
@@ -59,6 +60,11 @@ def rank_schedule(trace) -> PipelineSchedule:
     """What one rank's `PP:` and GPipe spans say; `kind` is "gpipe" where it has GPipe spans
     and no `PP:` action."""
     schedule = PipelineSchedule()
+    events = getattr(trace, "events", None)
+    if isinstance(events, pd.DataFrame) and "name" in events.columns and not any(
+            name.startswith("PP:") or _GPIPE_RE.match(name)
+            for name in distinct_names(events["name"])):
+        return schedule  # no span of any schedule: the usual case, told from the names alone
     host = host_events(trace)
     if host.empty:
         return schedule

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from analysis import communication, issuers
 from analysis.crossrank.frames import named_kernels
+from analysis.events import distinct_names
 from analysis.hta import hta_rank_summary
 from analysis.idle import idle_gaps
 from analysis.pipeline_schedule import rank_schedule
@@ -23,10 +24,17 @@ RANK_TABLES = {"per_step": breakdown_per_step, "idle_gaps": idle_gaps,
 RANK_SUMMARIES = {
     "hta": hta_rank_summary,  # analysis.hta.hta_temporal_breakdown
     "pipeline_schedule": rank_schedule,  # analysis.pipeline_schedule.detect
-    "ddp_accumulation": lambda trace: issuers.ddp_accumulation([trace]),  # ddp_accumulation
+    "ddp_accumulation": lambda trace: _ddp_accumulation(trace),  # ddp_accumulation below
     "comm_events": lambda trace: named_kernels(trace.events),  # analysis.crossrank.frames
     "event_count": lambda trace: len(trace.events),
 }
+
+
+def _ddp_accumulation(trace) -> str | None:
+    # Told from the names alone where the rank ran no DDP forward: the usual case at scale.
+    if issuers.DDP_FORWARD not in distinct_names(trace.events["name"]):
+        return None
+    return issuers.ddp_accumulation([trace])
 
 
 def rank_tables(trace) -> dict:

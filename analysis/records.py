@@ -101,9 +101,11 @@ def read_records(run_dir: Path, rank: int) -> tuple[RunRecords | None, list[str]
         if path is not None:
             records, found = read_jsonl(path, record_type, rank)
             problems += found
-        frames[key] = _records_frame(records, record_type, rank)
-    if manifest_path is None and all(f.empty for f in frames.values()):
+        frames[key] = records
+    if manifest_path is None and not any(frames.values()):
         return None, problems
+    frames = {key: _records_frame(records, record_type, rank) for (key, records), record_type
+              in zip(frames.items(), (schema.CommRecord, schema.DeviceSample, schema.StepRecord))}
     return RunRecords(manifest=manifest, **frames), problems
 
 

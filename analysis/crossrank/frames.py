@@ -292,8 +292,9 @@ def run_frames(run) -> dict:
         has_events = getattr(trace, "event_count", 0) > 0
         # Kineto's clock minus the records'; None where they share no step.
         shift = _kineto_to_records(trace.steps, record_steps) if has_events else None
+        # Built only where there are records: an empty frame per rank costs more than its op.
         from_records = (ops_from_records(records.comms, trace.rank)
-                        if records is not None and len(records.comms) else empty_ops())
+                        if records is not None and len(records.comms) else ())
         rank_steps = trace.steps
         # Records without an op past set-up (DDP's bucket all-reduces run in C++, recorded only
         # with the tracer's DDP bucket hook) leave the rank to its Kineto events, put on the
