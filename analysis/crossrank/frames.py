@@ -276,6 +276,19 @@ class RankEvents(Mapping):
         return len(self._traces)
 
 
+def _stacked(parts: list[tuple[pd.DataFrame, int, int]], shifted: tuple) -> pd.DataFrame:
+    """(frame, rank, shift) parts one after the other, each with a `rank` column and its
+    `shifted` columns moved back by its shift: one concatenation, not a copy per rank."""
+    frame = pd.concat([part for part, _, _ in parts], ignore_index=True)
+    lengths = [len(part) for part, _, _ in parts]
+    moved = np.repeat(np.array([shift for _, _, shift in parts], dtype=np.int64), lengths)
+    if moved.any():
+        for column in shifted:
+            frame[column] = frame[column] - moved
+    frame["rank"] = np.repeat(np.array([rank for _, rank, _ in parts], dtype=np.int64), lengths)
+    return frame
+
+
 def run_frames(run) -> dict:
     """{"ops", "steps", "clock_sync", "events", "world_size", "kineto_shift", "trace_ranks"} of a
     LoadResult (trace_ranks: the ranks whose ops come from their Kineto events alone);
@@ -309,15 +322,13 @@ def run_frames(run) -> dict:
             rank_comm = trace.reduced.get("comm_events")
             if rank_comm is None:
                 rank_comm = named_kernels(trace.with_events().events)
-            comm.append(rank_comm.assign(rank=trace.rank, ts_ns=rank_comm["ts_ns"] - moved,
-                                         end_ns=rank_comm["end_ns"] - moved))
-            rank_steps = trace.steps.assign(start_ns=trace.steps["start_ns"] - moved,
-                                            end_ns=trace.steps["end_ns"] - moved)
+            comm.append((rank_comm, trace.rank, moved))
+            rank_steps = trace.steps
             if len(rank_steps):
-                trace_steps.append(rank_steps[["step", "start_ns", "end_ns"]]
-                                   .assign(rank=trace.rank))
+                trace_steps.append((rank_steps[["step", "start_ns", "end_ns"]], trace.rank, moved))
         if len(rank_steps):
-            steps.append(rank_steps[["step", "start_ns", "end_ns"]].assign(rank=trace.rank))
+            steps.append((rank_steps[["step", "start_ns", "end_ns"]], trace.rank,
+                          moved if trace.rank in trace_ranks else 0))
         # clock_sync measures the records' clock (time.time_ns), not a trace's own.
         on_records_clock = len(from_records) > 0 or shift is not None
         for record in records.manifest if records is not None and on_records_clock else []:
@@ -329,11 +340,11 @@ def run_frames(run) -> dict:
             shifts[trace.rank] = moved = shift or 0
             events[trace.rank] = (trace, moved)
     if comm:
-        ops.append(ops_from_events(pd.concat(comm, ignore_index=True),
-                                   pd.concat(trace_steps, ignore_index=True) if trace_steps
+        ops.append(ops_from_events(_stacked(comm, ("ts_ns", "end_ns")),
+                                   _stacked(trace_steps, ("start_ns", "end_ns")) if trace_steps
                                    else pd.DataFrame(columns=STEP_COLUMNS), run.world_size))
     sync = pd.DataFrame(syncs, columns=SYNC_COLUMNS).drop_duplicates("rank", keep="last")
-    step_frame = (pd.concat(steps, ignore_index=True)[STEP_COLUMNS] if steps
+    step_frame = (_stacked(steps, ("start_ns", "end_ns"))[STEP_COLUMNS] if steps
                   else pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS}))
     world = run.world_size or (max((t.rank for t in run.ranks if t.rank is not None),
                                    default=-1) + 1)
