@@ -157,11 +157,11 @@ def _decode_in_chunks(path: Path, columns: EventColumns, limit: int) -> TraceDoc
         pieces.close()
 
 
-def _last_cut(buffer: bytearray):
-    """The last place between two events in `buffer`: near its end if possible."""
-    for start in (max(len(buffer) - CUT_WINDOW, 0), 0):
+def _last_cut(buffer: bytearray, filled: int):
+    """The last place between two events in `buffer[:filled]`: near its end if possible."""
+    for start in (max(filled - CUT_WINDOW, 0), 0):
         cut = None
-        for found in _BETWEEN_EVENTS_RE.finditer(buffer, start):
+        for found in _BETWEEN_EVENTS_RE.finditer(buffer, start, filled):
             cut = found
         if cut is not None or start == 0:
             return cut
@@ -181,36 +181,49 @@ def _feed_chunks(pieces, columns: EventColumns) -> TraceDocument:
     if found is None:
         raise _NotChunkable("no traceEvents key")
     head = bytes(buffer[:found.start()]) + b'"traceEvents":[]}'
-    # The buffer always starts with one byte before the next event that may be overwritten
-    # with "[": the array's own "[" now, a separator byte later.
-    del buffer[:found.end() - 1]
+    # One buffer for the whole file, filled up to `filled` and decoded where it lies: no copy of
+    # a chunk, and no fresh memory per chunk. Its first byte is the one before the next event,
+    # overwritten with "[" (the array's own "[" now, a separator byte later).
+    rest = buffer[found.end() - 1:]
+    filled = len(rest)
+    buffer = bytearray(max(CHUNK_BYTES + READ_BYTES, filled))
+    buffer[:filled] = rest
+    del rest
     wanted = CHUNK_BYTES
     while True:
-        while len(buffer) < wanted and (piece := next(pieces, None)) is not None:
-            buffer += piece
-        if len(buffer) < wanted:  # the file is read to its end: the rest is the tail
+        while filled < wanted and (piece := next(pieces, None)) is not None:
+            end = filled + len(piece)
+            if end > len(buffer):
+                buffer.extend(bytes(end - len(buffer)))
+            buffer[filled:end] = piece
+            filled = end
+        if filled < wanted:  # the file is read to its end: the rest is the tail
             break
-        cut = _last_cut(buffer)
+        cut = _last_cut(buffer, filled)
         if cut is None:  # one event longer than the buffer: read on
-            wanted = len(buffer) + CHUNK_BYTES
+            wanted = filled + CHUNK_BYTES
             continue
         wanted = CHUNK_BYTES
-        # "]" over the separator byte after the last event of the chunk: one copy, no joins.
-        buffer[cut.start() + 1] = ord("]")
-        with memoryview(buffer) as view:
-            chunk = bytes(view[:cut.start() + 2])
-        del buffer[:cut.end() - 2]
-        buffer[0] = ord("[")
+        # "]" over the separator byte after the last event of the chunk.
+        close = cut.start() + 1
+        buffer[close] = ord("]")
         try:
-            columns.add(EVENTS_DECODER.decode(chunk))
+            events = EVENTS_DECODER.decode(memoryview(buffer)[:close + 1])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise _NotChunkable(str(exc)) from None
-        del chunk
+        # Raw arguments point into the buffer: the events go before it is written again.
+        columns.add(events)
+        del events
+        start = cut.end() - 2
+        buffer[:filled - start] = buffer[start:filled]
+        filled -= start
+        buffer[0] = ord("[")
     try:
-        tail = TRACE_DECODER.decode(b'{"traceEvents":' + bytes(buffer))
+        tail = TRACE_DECODER.decode(b'{"traceEvents":' + memoryview(buffer)[:filled])
         document = TRACE_DECODER.decode(head)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise _NotChunkable(str(exc)) from None
+    del buffer
     columns.add(tail.traceEvents or [])
     if document.distributedInfo is None:
         document.distributedInfo = tail.distributedInfo

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +145,18 @@ class _Codes:
 
     def add(self, values: list) -> np.ndarray:
         codes_of = self.codes_of
+        n = len(values)
+        if len(codes_of) > 0:
+            # Most values of a later chunk are known: a C-level lookup each, then the new ones
+            # (-1) in order, which gives them codes in first-seen order as below.
+            codes = np.fromiter(map(codes_of.get, values, repeat(-1)), dtype=np.int32, count=n)
+            new = np.flatnonzero(codes < 0)
+            if len(new) * 4 < n:
+                for i in new.tolist():
+                    codes[i] = codes_of.setdefault(values[i], len(codes_of))
+                return codes
         return np.fromiter((codes_of.setdefault(v, len(codes_of)) for v in values),
-                           dtype=np.int32, count=len(values))
+                           dtype=np.int32, count=n)
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
         categories = [self.text(v) for v in self.codes_of]
@@ -155,6 +166,22 @@ class _Codes:
             remap = np.array([position[c] for c in categories], dtype=np.int32)
             codes, categories = remap[codes], unique
         return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
+
+
+# (comm kernel, host comm) of the names seen so far in this process: a worker reads many ranks
+# of the same program, and the kernel pattern is slow on long templated names.
+_FLAGS_OF_NAME: dict[str, tuple[bool, bool]] = {}
+_FLAGS_OF_NAME_MAX = 1 << 16
+
+
+def _name_flags(name: str) -> tuple[bool, bool]:
+    flags = _FLAGS_OF_NAME.get(name)
+    if flags is None:
+        if len(_FLAGS_OF_NAME) >= _FLAGS_OF_NAME_MAX:
+            _FLAGS_OF_NAME.clear()
+        flags = _FLAGS_OF_NAME[name] = (bool(COMM_KERNEL_RE.search(name)),
+                                        bool(HOST_COMM_RE.match(name)))
+    return flags
 
 
 class EventColumns:
@@ -196,8 +223,7 @@ class EventColumns:
             value = args.correlation
             if value is not None:
                 correlation[i] = value if type(value) is int else _hta_int(value)
-        name_flags = self._lookup("name", self.names, lambda name: (
-            bool(COMM_KERNEL_RE.search(name)), bool(HOST_COMM_RE.match(name))))
+        name_flags = self._lookup("name", self.names, _name_flags)
         place_flags = self._lookup("place", self.places, lambda place: (
             normal_cat(place[0]) in GPU_CATS, normal_cat(place[0]) in HOST_OP_CATS))
         is_gpu = place_flags[places, 0]

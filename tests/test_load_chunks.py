@@ -98,3 +98,27 @@ def test_random_bytes_named_gz_are_not_gzip_naming_file_and_rank(tmp_path):
     assert [t.rank for t in result.ranks] == [0]
     found = problems_with(result, str(run / trace_name(1)), "rank 1", "not gzip")
     assert found and not problems_with(result, "invalid JSON")
+
+
+def test_chunks_decoded_in_place_keep_each_chunks_arguments_and_first_seen_order(tmp_path,
+                                                                                small_chunks):
+    b = TraceBuilder(rank=0, world_size=2)
+    for n in range(1, 41):
+        t = n * 100
+        b.step(n, t, t + 100)
+        # a collective whose Raw arguments point into the chunk they were decoded from
+        b.op("record_param_comms", t + 1, t + 9, args={
+            "Collective name": "allreduce", "Input Dims": [[n, 4 * n]], "Input type": ["float"],
+            "In msg nelems": 4 * n * n})
+        # a name first seen in this step's chunk, and one seen in every chunk
+        b.op(f"aten::step_{n}_op", t + 10, t + 20).op("aten::mm", t + 20, t + 30)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(b.document()))
+    chunked = kineto.parse_trace(path)
+    assert len(small_chunks) > 5
+    same_trace(chunked, kineto.parse_trace(path, chunked=False))
+    comm = chunked.events[chunked.events["name"] == "record_param_comms"]
+    assert comm["input_dims"].tolist() == [f"[[{n}, {4 * n}]]" for n in range(1, 41)]
+    assert comm["in_nelems"].tolist() == [4.0 * n * n for n in range(1, 41)]
+    ops = [c for c in chunked.events["name"].cat.categories if c.startswith("aten::step_")]
+    assert ops == [f"aten::step_{n}_op" for n in range(1, 41)]
