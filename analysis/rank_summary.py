@@ -9,6 +9,8 @@ result is the same whichever way the rank was loaded.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from analysis import communication, issuers
 from analysis.crossrank.frames import named_kernels
 from analysis.events import distinct_names
@@ -25,9 +27,16 @@ RANK_SUMMARIES = {
     "hta": hta_rank_summary,  # analysis.hta.hta_temporal_breakdown
     "pipeline_schedule": rank_schedule,  # analysis.pipeline_schedule.detect
     "ddp_accumulation": lambda trace: _ddp_accumulation(trace),  # ddp_accumulation below
-    "comm_events": lambda trace: named_kernels(trace.events),  # analysis.crossrank.frames
+    "comm_events": lambda trace: _plain(named_kernels(trace.events)),  # crossrank.frames
     "event_count": lambda trace: len(trace.events),
 }
+
+
+def _plain(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its categorical columns as plain objects: a thousand ranks' categoricals,
+    each with its own categories, cost more to concatenate than their few rows."""
+    return frame.astype({c: object for c, dtype in frame.dtypes.items()
+                         if isinstance(dtype, pd.CategoricalDtype)})
 
 
 def _ddp_accumulation(trace) -> str | None:
