@@ -74,8 +74,23 @@ def plain(value):
 def records(frame: pd.DataFrame) -> list[dict]:
     if frame is None or frame.empty:
         return []
-    return [{str(k): plain(v) for k, v in row.items()}
-            for row in frame.astype(object).to_dict("records")]
+    if not frame.columns.is_unique:
+        return [{str(k): plain(v) for k, v in row.items()}
+                for row in frame.astype(object).to_dict("records")]
+    keys = [str(k) for k in frame.columns]
+    columns = [_plain_column(frame.iloc[:, i]) for i in range(len(keys))]
+    return [dict(zip(keys, row)) for row in zip(*columns)]
+
+
+def _plain_column(column: pd.Series) -> list:
+    """plain() of every value; numpy number columns converted whole (tables of many ranks)."""
+    dtype = column.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
+        return column.to_numpy().tolist()
+    if isinstance(dtype, np.dtype) and dtype.kind == "f":
+        return [None if math.isnan(v) or math.isinf(v) else v
+                for v in column.to_numpy().tolist()]
+    return [plain(v) for v in column.astype(object)]
 
 
 # ---- JSON ---------------------------------------------------------------------------------------
@@ -86,6 +101,7 @@ def run_document(report: RunReport) -> dict:
     hta_by_rank = {plain(r["rank"]): r for r in records(report.hta)}
     totals_by_rank = {plain(r["rank"]): r for r in records(report.totals)}
     per_rank = {plain(r["rank"]): r for r in records(report.tables.get("per_rank"))}
+    steps_of = steps_by_rank(report.per_step)
     ranks = []
     for trace in report.ranks:
         totals = dict(totals_by_rank.get(trace.rank, {}))
@@ -96,8 +112,8 @@ def run_document(report: RunReport) -> dict:
             "file": str(trace.path),
             "more_files": [str(p) for p in trace.extra_paths],
             "world_size": trace.world_size,
-            "window": rank_window(report.per_step, trace.rank),
-            "steps_analysed": analysed_steps(report.per_step, trace.rank),
+            "window": window_of(steps_of.get(trace.rank, [])),
+            "steps_analysed": steps_of.get(trace.rank, []),
             "has_trace": trace.has_trace,
             "status": trace.status,
             "breakdown": totals,
@@ -130,22 +146,21 @@ def run_document(report: RunReport) -> dict:
 WINDOW_STEPS, WINDOW_WHOLE_TRACE, WINDOW_NONE = "steps", "whole trace", "none"
 
 
-def _rank_rows(per_step: pd.DataFrame, rank) -> pd.DataFrame:
+def steps_by_rank(per_step: pd.DataFrame) -> dict:
+    """rank -> the step numbers of its rows in the breakdown, in table order ([-1] for a trace
+    analysed whole); rows without a rank are under None. Built once: a lookup per rank, not a
+    scan of the table per rank."""
+    by_rank: dict = {}
     if per_step.empty:
-        return per_step
-    if rank is None:
-        return per_step[per_step["rank"].isna()]
-    return per_step[per_step["rank"] == rank]
+        return by_rank
+    for rank, step in zip(per_step["rank"].astype(object), per_step["step"].astype(object)):
+        by_rank.setdefault(None if pd.isna(rank) else rank, []).append(int(step))
+    return by_rank
 
 
-def analysed_steps(per_step: pd.DataFrame, rank) -> list[int]:
-    """The step numbers of `rank` in the breakdown: [-1] for a trace analysed whole."""
-    return [int(s) for s in _rank_rows(per_step, rank)["step"]]
-
-
-def rank_window(per_step: pd.DataFrame, rank) -> str:
-    """What `rank` was analysed over: its steps, its whole trace (no ProfilerStep), or none."""
-    steps = analysed_steps(per_step, rank)
+def window_of(steps: list[int]) -> str:
+    """What a rank with these analysed steps was analysed over: its steps, its whole trace (no
+    ProfilerStep), or none."""
     if not steps:
         return WINDOW_NONE
     return WINDOW_WHOLE_TRACE if steps == [WHOLE_TRACE_STEP] else WINDOW_STEPS
@@ -324,8 +339,9 @@ def window_text(report: RunReport) -> str:
         steps = "every complete, finished step"
     if report.hta_compatible:
         steps += ", last step dropped (HTA-compatible)"
+    steps_of = steps_by_rank(report.per_step)
     whole = [t.rank for t in report.ranks
-             if rank_window(report.per_step, t.rank) == WINDOW_WHOLE_TRACE]
+             if window_of(steps_of.get(t.rank, [])) == WINDOW_WHOLE_TRACE]
     if not whole:
         return steps
     whole_text = "the whole trace as one window (no ProfilerStep)"

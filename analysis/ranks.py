@@ -256,6 +256,68 @@ def _step_spread(frame: pd.DataFrame) -> pd.DataFrame:
     return spread
 
 
+def _nan_mean(values: np.ndarray) -> float:
+    """Series.mean's value: the sum with NaN as 0, over the count of the others."""
+    missing = np.isnan(values)
+    count = values.size - int(missing.sum())
+    return np.where(missing, 0.0, values).sum() / count if count else np.nan
+
+
+def _rank_step_rows(frame: pd.DataFrame) -> list[dict]:
+    """Per rank: the step-time statistics and breakdown means of per_rank_table.
+
+    The rows are sorted by rank once and each rank's values read as a slice of numpy arrays:
+    pandas' per-group Series calls cost seconds at a thousand ranks. Each value is what the
+    Series reduction gives on the same values in the same order (pandas sums with numpy, NaN
+    as 0), so the table is unchanged.
+    """
+    ranked = frame.dropna(subset=["rank"])
+    if ranked.empty:
+        return []
+    order = np.argsort(ranked["rank"].to_numpy(dtype="int64"), kind="stable")
+    ranks = ranked["rank"].to_numpy(dtype="int64")[order]
+    starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+    ends = np.r_[starts[1:], ranks.size]
+    numbers = {c: ranked[c].to_numpy(dtype="float64", na_value=np.nan)[order]
+               for c in [*BREAKDOWN_NS_COLUMNS, "work_ns", "step"]}
+    kinds = ranked["kind"].astype(object).to_numpy()[order]
+    rows = []
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        step_ns = numbers["step_ns"][start:end]
+        step_ns = step_ns[~np.isnan(step_ns)]
+        total_ns = step_ns.sum()
+        steps = numbers["step"][start:end]
+        row = {
+            "rank": int(ranks[start]),
+            "kind": _mode(kinds[start:end]),
+            "steps": int(np.unique(steps[~np.isnan(steps)]).size),
+            "mean_step_ns": total_ns / step_ns.size if step_ns.size else np.nan,
+            "median_step_ns": np.median(step_ns) if step_ns.size else np.nan,
+            "min_step_ns": step_ns.min() if step_ns.size else np.nan,
+            "max_step_ns": step_ns.max() if step_ns.size else np.nan,
+        }
+        for column in [*BREAKDOWN_NS_COLUMNS[1:], "work_ns"]:
+            row[column] = _nan_mean(numbers[column][start:end])
+        for column, share in (("idle_ns", "idle_pct"), ("exposed_comm_ns", "exposed_comm_pct")):
+            values = numbers[column][start:end]
+            part = np.where(np.isnan(values), 0.0, values).sum()
+            row[share] = part / total_ns * 100 if total_ns > 0 else np.nan
+        rows.append(row)
+    return rows
+
+
+def _mode(values: np.ndarray):
+    """The most frequent of the known values (the smallest of equally frequent ones), or None."""
+    counts: dict = {}
+    for value in values:
+        if not pd.isna(value):
+            counts[value] = counts.get(value, 0) + 1
+    if not counts:
+        return None
+    most = max(counts.values())
+    return min(v for v, n in counts.items() if n == most)
+
+
 def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     """One row per rank: step-time statistics and breakdown means over the analysed steps,
     memory peaks and mean utilisation over all the steps the tracer recorded, and how much
@@ -271,24 +333,7 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     if missing:
         resources = pd.concat([resources, pd.DataFrame({"rank": pd.array(missing, "Int64")})],
                               ignore_index=True)
-    rows = []
-    frame = frame.assign(work_ns=work_ns(frame))
-    for rank, group in frame.dropna(subset=["rank"]).groupby("rank", sort=True):
-        step_ns = group["step_ns"].dropna()
-        total_ns = step_ns.sum()
-        row = {
-            "rank": int(rank),
-            "kind": group["kind"].dropna().mode().iloc[0] if group["kind"].notna().any() else None,
-            "steps": int(group["step"].nunique()),
-            "mean_step_ns": step_ns.mean(), "median_step_ns": step_ns.median(),
-            "min_step_ns": step_ns.min(), "max_step_ns": step_ns.max(),
-        }
-        for column in [*BREAKDOWN_NS_COLUMNS[1:], "work_ns"]:
-            row[column] = group[column].mean()
-        row["idle_pct"] = group["idle_ns"].sum() / total_ns * 100 if total_ns > 0 else np.nan
-        row["exposed_comm_pct"] = (group["exposed_comm_ns"].sum() / total_ns * 100
-                                   if total_ns > 0 else np.nan)
-        rows.append(row)
+    rows = _rank_step_rows(frame.assign(work_ns=work_ns(frame)))
     table = pd.DataFrame(rows, columns=[c for c in PER_RANK_COLUMNS
                                         if c not in resources.columns or c == "rank"])
     table["rank"] = table["rank"].astype("Int64")
