@@ -169,11 +169,8 @@ def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.D
         "bytes": nbytes, "dtype": dtype, "issue_ns": issue, "end_ns": chosen["end_ns"],
         "peer": np.nan, "queue": queue,
     })
-    frame["step"] = np.nan
-    for rank, rows in frame.groupby("rank").indices.items():
-        own = steps[steps["rank"] == rank]
-        frame.iloc[rows, frame.columns.get_loc("step")] = _step_of(
-            frame["issue_ns"].to_numpy()[rows], own).to_numpy()
+    frame["step"] = _steps_by_rank(frame["rank"].to_numpy(), frame["issue_ns"].to_numpy(),
+                                   steps)
     frame = frame[frame["op"].notna() & frame["step"].notna()]
     return typed_ops(frame.sort_values(["rank", "issue_ns"], kind="stable"))
 
@@ -230,12 +227,35 @@ def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.Series:
     if steps is None or steps.empty:
         return pd.Series(np.nan, index=range(len(times)))
     ordered = steps.sort_values("start_ns")
+    return pd.Series(_steps_at(times, ordered["start_ns"].to_numpy(),
+                               ordered["end_ns"].to_numpy(),
+                               ordered["step"].to_numpy(dtype="float64")))
+
+
+def _steps_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+              numbers: np.ndarray) -> np.ndarray:
+    """_step_of on arrays of steps sorted by start."""
+    where = np.searchsorted(starts, times, side="right") - 1
+    inside = (where >= 0) & (times < ends[np.clip(where, 0, None)])
+    return np.where(inside, numbers[np.clip(where, 0, None)], np.nan)
+
+
+def _steps_by_rank(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """_step_of for times of several ranks, each in its own rank's steps (rank, step, start_ns,
+    end_ns): grouped once, then one search per rank on arrays."""
+    found = np.full(len(times), np.nan)
+    if steps is None or steps.empty:
+        return found
+    ordered = steps.sort_values(["rank", "start_ns"], kind="stable")
     starts = ordered["start_ns"].to_numpy()
     ends = ordered["end_ns"].to_numpy()
     numbers = ordered["step"].to_numpy(dtype="float64")
-    where = np.searchsorted(starts, times, side="right") - 1
-    inside = (where >= 0) & (times < ends[np.clip(where, 0, None)])
-    return pd.Series(np.where(inside, numbers[np.clip(where, 0, None)], np.nan))
+    own_steps = pd.Series(np.arange(len(ordered))).groupby(ordered["rank"].to_numpy()).indices
+    for rank, rows in pd.Series(np.arange(len(ranks))).groupby(ranks).indices.items():
+        own = own_steps.get(rank)
+        if own is not None:
+            found[rows] = _steps_at(times[rows], starts[own], ends[own], numbers[own])
+    return found
 
 
 def _kineto_to_records(trace_steps: pd.DataFrame, record_steps: pd.DataFrame) -> int | None:
