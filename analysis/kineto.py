@@ -314,12 +314,14 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
         matches = names.astype(str).str.extract(PROFILER_STEP_RE.pattern)[0]
         mask = (matches.notna() & events["cat"].isin(HOST_OP_CATS)).to_numpy()
         numbers = matches[mask].astype(np.int64).to_numpy()
-    steps = pd.DataFrame({
-        "step": numbers,
-        "start_ns": events["ts_ns"].to_numpy()[mask],
-        "end_ns": events["end_ns"].to_numpy()[mask],
-    })
-    # Kineto writes each step once; keep the longest span should a file repeat one.
-    steps = (steps.sort_values(["step", "end_ns"], ascending=[True, False], kind="stable")
-             .drop_duplicates("step").reset_index(drop=True))
-    return steps
+    start_ns = events["ts_ns"].to_numpy()[mask]
+    end_ns = events["end_ns"].to_numpy()[mask]
+    # Kineto writes each step once; keep the longest span should a file repeat one: by step,
+    # then latest end first (~end: descending without overflow), ties in file order.
+    order = np.lexsort((~end_ns, numbers))
+    numbers = numbers[order]
+    first = np.ones(len(numbers), dtype=bool)
+    first[1:] = numbers[1:] != numbers[:-1]
+    keep = order[first]
+    return pd.DataFrame({"step": numbers[first], "start_ns": start_ns[keep],
+                         "end_ns": end_ns[keep]})

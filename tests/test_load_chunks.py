@@ -122,3 +122,16 @@ def test_chunks_decoded_in_place_keep_each_chunks_arguments_and_first_seen_order
     assert comm["in_nelems"].tolist() == [4.0 * n * n for n in range(1, 41)]
     ops = [c for c in chunked.events["name"].cat.categories if c.startswith("aten::step_")]
     assert ops == [f"aten::step_{n}_op" for n in range(1, 41)]
+
+
+def test_a_repeated_step_keeps_its_longest_span_and_steps_come_sorted(tmp_path):
+    b = TraceBuilder(rank=0, world_size=1)
+    b.step(3, 300, 400).step(1, 100, 150).step(1, 90, 200).step(2, 200, 260)
+    b.step(1, 95, 180).step(2, 210, 260)  # step 2 twice with the same end: the first one stays
+    b.op("ProfilerStep#1", 100, 900, cat="gpu_user_annotation")  # the GPU-side copy: not a step
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(b.document()))
+    steps = kineto.parse_trace(path).steps
+    assert steps.to_dict("list") == {"step": [1, 2, 3], "start_ns": [90_000, 200_000, 300_000],
+                                     "end_ns": [200_000, 260_000, 400_000]}
+    assert list(steps.index) == [0, 1, 2] and (steps.dtypes == "int64").all()
