@@ -195,12 +195,15 @@ class Run:
 
 def open_run(path, steps: str | None = None, *, run: str | None = None,
              hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
-             comm_kernels: tuple = ()) -> Run:
+             comm_kernels: tuple = (), keep_events: bool = True) -> Run:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, trace files),
-    with the options of the command line (`steps` as in --steps, e.g. "3-5,7"). Raises
+    with the options of the command line (`steps` as in --steps, e.g. "3-5,7");
+    `keep_events=False` holds each rank's reduced results instead of its events, for runs of
+    many ranks (docs/analysis.md, "Large runs and Dask"). Raises
     NothingToAnalyse when `path` holds no trace, ValueError for a bad `steps`."""
     loaded = load_path(path, steps, run=run, hta_compatible=hta_compatible,
-                       use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels)
+                       use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels,
+                       keep_events=keep_events)
     where = loaded.run_dir if loaded.run_dir is not None else Path(
         path[0] if isinstance(path, (list, tuple)) else path)
     return Run(loaded, name=where.name or str(where), path=str(where), steps_spec=steps,

@@ -37,6 +37,14 @@ def test_open_run_gives_the_tables_of_the_json_document(capsys):
     assert run.hta["kernel_time_us"].isna().all()  # a CPU trace: HTA has no kernels
 
 
+def test_open_run_without_events_gives_the_same_document():
+    held = analysis.open_run(RUN, use_cache=False)
+    reduced = analysis.open_run(RUN, use_cache=False, keep_events=False)
+    assert [t.events is None for t in reduced.ranks] == [True, True]
+    assert reduced.document() == held.document()
+    assert len(reduced.ranks[0].with_events().events) == len(held.ranks[0].events) > 0
+
+
 def test_open_run_selects_steps_and_names_what_is_missing():
     run = analysis.open_run(RUN, "3", use_cache=False)
     assert run.breakdown["step"].tolist() == [3, 3]
