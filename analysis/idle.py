@@ -149,13 +149,19 @@ def label_peer_waits(gaps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         return gaps
     labelled = gaps.copy()
     activity = labelled["host_activity"].to_numpy(dtype=object).copy()
+    # The gaps a wait may relabel, grouped by rank once (not a scan of every gap per rank).
+    candidates = np.flatnonzero(labelled["host_activity"].isin(PEER_WAIT_OVERRIDES).to_numpy(
+        dtype=bool))
+    candidate_ranks = labelled["rank"].iloc[candidates].reset_index(drop=True)
+    by_rank = candidate_ranks.groupby(candidate_ranks).indices
+    gap_starts = labelled["start_ns"].to_numpy()
+    gap_ends = labelled["end_ns"].to_numpy()
     for rank, own in windows.groupby("rank"):
-        rows = np.flatnonzero((labelled["rank"] == rank).to_numpy(dtype=bool)
-                              & np.isin(activity, PEER_WAIT_OVERRIDES))
-        if rows.size == 0:
+        found = by_rank.get(rank)
+        if found is None or found.size == 0:
             continue
-        starts = labelled["start_ns"].to_numpy()[rows]
-        ends = labelled["end_ns"].to_numpy()[rows]
+        rows = candidates[found]
+        starts, ends = gap_starts[rows], gap_ends[rows]
         waited = _overlap_with(starts, ends, (own["start_ns"].to_numpy(np.int64),
                                               own["end_ns"].to_numpy(np.int64)))
         activity[rows[2 * waited >= ends - starts]] = WAITING_FOR_PEERS
@@ -167,11 +173,46 @@ def idle_summary(gaps: pd.DataFrame) -> pd.DataFrame:
     """Idle time per rank and host activity: gaps, total_ns."""
     if gaps.empty:
         return pd.DataFrame({"rank": [], "host_activity": [], "gaps": [], "total_ns": []})
+    counted = _counted_summary(gaps)
+    if counted is not None:
+        return counted
     key = gaps["rank"].astype(object).where(gaps["rank"].notna(), "?")
     summary = (gaps.assign(_rank=key).groupby(["_rank", "host_activity"], sort=True)
                .agg(gaps=("dur_ns", "size"), total_ns=("dur_ns", "sum")).reset_index())
     summary["rank"] = summary["_rank"].where(summary["_rank"] != "?", None)
     return summary[["rank", "host_activity", "gaps", "total_ns"]]
+
+
+def _is_integer(column: pd.Series) -> bool:
+    return isinstance(column.dtype, np.dtype) and column.dtype.kind in "iu"
+
+
+def _counted_summary(gaps: pd.DataFrame) -> pd.DataFrame | None:
+    """idle_summary's table by counting into one slot per (rank, activity): a groupby over
+    millions of gaps (a thousand ranks) costs most of a second. None where the slots would not
+    fit (ranks without a number, far-apart ranks) or the sums could lose a nanosecond."""
+    if not (_is_integer(gaps["rank"]) and _is_integer(gaps["dur_ns"])):
+        return None
+    ranks = gaps["rank"].to_numpy(dtype=np.int64)
+    durations = gaps["dur_ns"].to_numpy(dtype=np.int64)
+    codes, labels = pd.factorize(gaps["host_activity"], sort=True)
+    low, high = int(ranks.min()), int(ranks.max())
+    slots = (high - low + 1) * max(len(labels), 1)
+    # Float sums of integers are exact while every partial sum stays below 2**53.
+    if slots > 4 * len(gaps) + 1024 or np.abs(durations).sum(dtype=np.float64) >= 2.0 ** 53:
+        return None
+    slot = (ranks - low) * len(labels) + codes
+    if (codes < 0).any():  # groupby leaves out gaps without an activity
+        slot, durations = slot[codes >= 0], durations[codes >= 0]
+    counts = np.bincount(slot, minlength=slots)
+    totals = np.bincount(slot, weights=durations, minlength=slots)
+    used = np.flatnonzero(counts)
+    return pd.DataFrame({
+        "rank": used // len(labels) + low,
+        "host_activity": labels.take(used % len(labels)),
+        "gaps": counts[used].astype(np.int64),
+        "total_ns": totals[used].astype(np.int64),
+    })
 
 
 def idle_gaps_empty() -> pd.DataFrame:
