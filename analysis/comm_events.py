@@ -7,8 +7,7 @@ was issued at, from which `analysis.issuers` tells who issued it.
 
 from __future__ import annotations
 
-import json
-import math
+import functools
 
 import numpy as np
 import pandas as pd
@@ -20,6 +19,8 @@ from analysis.comm_names import (
     canonical_dtype,
     canonical_op,
     comm_kernel_op,
+    first_input_type,
+    first_tensor_nelems,
     message_bytes,
 )
 from analysis.steps import WHOLE_TRACE_STEP
@@ -42,64 +43,155 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
     """One row per op with the columns of communication.OPS_COLUMNS that a trace gives, plus
     host_ts, host_pid, host_tid (where it was issued) and named (a torch.distributed op names it);
     an empty frame when the trace has none."""
-    if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
-        return pd.DataFrame()
-    is_comm = events["is_comm"].fillna(False).astype(bool)
-    is_gpu = events["is_gpu"].fillna(False).astype(bool)
-    comm = events[is_comm]
-    if comm.empty:
-        return pd.DataFrame()
-    kernels = comm[is_gpu[is_comm]]
-    calls, gloo, hints = _host_ops(comm[~is_gpu[is_comm]])
-
-    rows: list[dict] = []
-    used_calls: set = set()
-    rows += _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls, world_size)
-    rows += _gloo_ops(gloo, calls, used_calls, world_size)
-    unused = calls[~calls.index.isin(list(used_calls))]
-    for call in _records(unused, _ARG_COLUMNS + ("op", "ts_ns", "pid", "tid")).values():
-        # Issued but its execution is not in the trace (outside the window, or a CPU-only
-        # profile of a GPU run): the bytes are known, the time is not.
-        rows.append(_row_from_args(call, call["op"], call, duration_us=float("nan"),
-                                   issued_by=call))
+    rows = _op_rows(events, world_size)
     if not rows:
         return pd.DataFrame()
     frame = pd.DataFrame(rows)
     frame["rank"] = rank
     frame["origin"] = "trace"
-    host_ts = frame["host_ts"].to_numpy(dtype="float64")
-    has_all = isinstance(all_steps, pd.DataFrame) and not all_steps.empty
-    has_selected = isinstance(steps, pd.DataFrame) and not steps.empty
-    if has_all or has_selected:
-        frame["step"] = _steps_of(host_ts, all_steps if has_all else steps)
-        if has_all and has_selected:
-            # Ops issued in ProfilerSteps left out of the selection go; ops issued outside
-            # every step (before the first, after the last) stay, with no step.
-            wanted = set(pd.to_numeric(steps["step"], errors="coerce").dropna().astype(int))
-            frame = frame[frame["step"].isna() | frame["step"].isin(wanted)]
-    else:
-        # A trace without ProfilerStep is analysed as one window, which the breakdown numbers
-        # -1 (analysis.steps.WHOLE_TRACE_STEP).
-        frame["step"] = WHOLE_TRACE_STEP
+    step, kept = _steps_kept(frame["host_ts"], steps, all_steps)
+    frame["step"] = step
+    if kept is not None:
+        frame = frame[kept]
     return frame.sort_values("sort_ts", kind="stable").drop(columns="sort_ts")
 
 
-def _host_ops(host: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(calls, gloo ops, hints) among host communication events, each with an `op` column:
-    record_param_comms calls that name their collective, gloo:* ops, and the nccl:*/c10d::
-    ops whose name gives the collective."""
-    # Plain str objects: pandas' own string dtype is slow to walk value by value.
-    names = pd.Series([str(name) for name in host["name"]], index=host.index, dtype=object)
-    call_op = _map_memoised(col(host, "collective"), canonical_op)
-    is_call = (names == "record_param_comms") & call_op.notna()
-    calls = host[is_call].assign(op=call_op[is_call])
-    is_gloo = names.str.startswith("gloo:")
-    gloo = host[is_gloo].assign(op=_map_memoised(names[is_gloo], canonical_op))
-    gloo = gloo[gloo["op"].notna()]
-    hint_op = _map_memoised(names, canonical_op)
-    is_hint = ~is_gloo & (names != "record_param_comms") & hint_op.notna()
-    hints = host[is_hint].assign(op=hint_op[is_hint])
+def op_columns(events: pd.DataFrame, steps, all_steps, world_size) -> dict | None:
+    """ops_from_events' frame as {column: list of values, in the frame's order}, `step` as a
+    Series or one number, without `rank` and `origin`; None when the trace has no op. For
+    callers that convert every column anyway: building that frame costs more than its data."""
+    rows = _op_rows(events, world_size)
+    if not rows:
+        return None
+    step, kept = _steps_kept(pd.Series([row["host_ts"] for row in rows]), steps, all_steps)
+    sort_ts = pd.Series([row["sort_ts"] for row in rows])
+    order = (sort_ts[kept] if kept is not None else sort_ts).sort_values(kind="stable").index
+    positions = order.to_numpy()
+    columns = {name: [rows[i][name] for i in positions] for name in rows[0] if name != "sort_ts"}
+    columns["step"] = step.take(positions) if isinstance(step, pd.Series) else step
+    return columns
+
+
+def _steps_kept(host_ts: pd.Series, steps, all_steps):
+    """(step of each op, which ops stay: None for all)."""
+    has_all = isinstance(all_steps, pd.DataFrame) and not all_steps.empty
+    has_selected = isinstance(steps, pd.DataFrame) and not steps.empty
+    if not (has_all or has_selected):
+        # A trace without ProfilerStep is analysed as one window, which the breakdown numbers
+        # -1 (analysis.steps.WHOLE_TRACE_STEP).
+        return WHOLE_TRACE_STEP, None
+    step = _steps_of(host_ts.to_numpy(dtype="float64"), all_steps if has_all else steps)
+    if not (has_all and has_selected):
+        return step, None
+    # Ops issued in ProfilerSteps left out of the selection go; ops issued outside every step
+    # (before the first, after the last) stay, with no step.
+    wanted = set(pd.to_numeric(steps["step"], errors="coerce").dropna().astype(int))
+    return step, (step.isna() | step.isin(wanted)).to_numpy(dtype=bool)
+
+
+def _op_rows(events: pd.DataFrame, world_size) -> list[dict]:
+    """The op rows (_row_from_args) of the events, kernels first, then gloo ops, then calls
+    whose execution the trace lacks."""
+    if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
+        return []
+    found = _comm_events(events)
+    if found is None:
+        return []
+    comm, is_gpu, kernels, host = found
+    calls, gloo, hints = _host_ops(comm, host)
+    rows: list[dict] = []
+    used_calls: set = set()
+    rows += _kernel_ops(events, is_gpu, comm, kernels, calls, hints, used_calls, world_size)
+    if gloo:
+        rows += _gloo_ops(_with_ops(comm, gloo), _with_ops(comm, calls), used_calls, world_size)
+    for position, op in calls:
+        if comm.labels[position] not in used_calls:
+            # Issued but its execution is not in the trace (outside the window, or a CPU-only
+            # profile of a GPU run): the bytes are known, the time is not.
+            call = comm.record(position, op)
+            rows.append(_row_from_args(call, op, call, duration_us=float("nan"),
+                                       issued_by=call))
+    return rows
+
+
+class _CommEvents:
+    """The communication events' columns as Python values, addressed by position: there are
+    few of them, and a pandas call per selection costs more than walking them."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame
+        self.labels = frame.index.to_numpy()
+        self.present = [c for c in _ROW_COLUMNS if c in frame.columns]
+        self.values = {c: frame[c].tolist() for c in self.present}
+        self.starts = frame["ts_ns"].to_numpy(dtype="int64")
+        self.durations = frame["dur_ns"].to_numpy(dtype="int64")
+        self.correlation = pd.to_numeric(col(frame, "correlation"),
+                                         errors="coerce").to_numpy("float64")
+
+    def record(self, position, op=None) -> dict:
+        """{column: value} of one event, with its op when it has one."""
+        row = {c: self.values[c][position] for c in self.present}
+        if op is not None:
+            row["op"] = op
+        return row
+
+    def innermost(self, chosen: list[tuple[int, str]], pids, tids, times) -> np.ndarray:
+        """_innermost among the chosen events."""
+        positions = [position for position, _ in chosen]
+        return _innermost_among(
+            _thread_keys([self.values["pid"][i] for i in positions],
+                         [self.values["tid"][i] for i in positions]),
+            self.starts[positions].astype("float64"), self.durations[positions].astype("float64"),
+            self.labels[positions], pids, tids, times)
+
+
+# An op row's columns (_row_from_args) and what the joins read.
+_ROW_COLUMNS = _ARG_COLUMNS + ("name", "ts_ns", "pid", "tid")
+
+
+def _comm_events(events: pd.DataFrame):
+    """(_CommEvents of the communication events, is_gpu of every event, positions of the
+    kernels among them, positions of the host events), or None without any."""
+    is_comm, is_gpu = _flags(events, "is_comm"), _flags(events, "is_gpu")
+    comm_rows = np.flatnonzero(is_comm)
+    if not len(comm_rows):
+        return None
+    comm_on_gpu = is_gpu[comm_rows]
+    comm = _CommEvents(events.take(comm_rows))
+    return comm, is_gpu, np.flatnonzero(comm_on_gpu), np.flatnonzero(~comm_on_gpu)
+
+
+def _host_ops(comm: _CommEvents, host: np.ndarray):
+    """(calls, gloo ops, hints) among the host communication events at positions `host`, each
+    a list of (position, op): record_param_comms calls that name their collective, gloo:* ops,
+    and the nccl:*/c10d:: ops whose name gives the collective."""
+    op_of = functools.lru_cache(maxsize=None)(canonical_op)  # a trace repeats a few names
+    event_names = comm.values["name"]
+    collectives = comm.values.get("collective")
+    calls, gloo, hints = [], [], []
+    for position in host.tolist():
+        name = str(event_names[position])
+        if name == "record_param_comms":
+            call_op = op_of(collectives[position] if collectives is not None else None)
+            if call_op is not None:
+                calls.append((position, call_op))
+        elif (name_op := op_of(name)) is not None:
+            (gloo if name.startswith("gloo:") else hints).append((position, name_op))
     return calls, gloo, hints
+
+
+def _ops_series(comm: _CommEvents, chosen: list[tuple[int, str]]) -> pd.Series:
+    return pd.Series([op for _, op in chosen], index=comm.labels[[p for p, _ in chosen]],
+                     dtype=None if chosen else object)
+
+
+def _with_ops(comm: _CommEvents, chosen: list[tuple[int, str]]) -> pd.DataFrame:
+    """The chosen events' rows, with their op in an `op` column."""
+    return comm.frame.take([p for p, _ in chosen]).assign(op=_ops_series(comm, chosen))
+
+
+def _flags(events: pd.DataFrame, column: str) -> np.ndarray:
+    return events[column].fillna(False).astype(bool).to_numpy()
 
 
 def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:
@@ -109,39 +201,40 @@ def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:
 
     The join is _kernel_ops': kernel -> runtime launch with the same correlation id -> the
     launching thread's op whose span holds the launch."""
-    if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
+    found = (None if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS)
+             else _comm_events(events))
+    if found is None:
         return pd.DataFrame({"host": pd.Series(dtype="int64"), "op": pd.Series(dtype=object)})
-    is_comm = events["is_comm"].fillna(False).astype(bool)
-    is_gpu = events["is_gpu"].fillna(False).astype(bool)
-    kernels = events[is_comm & is_gpu]
-    calls, _, hints = _host_ops(events[is_comm & ~is_gpu])
-    launch_ts, launch_pid, launch_tid = _launches(events, is_gpu, kernels)
-    call_of = _innermost(calls, launch_pid, launch_tid, launch_ts)
-    hint_of = _innermost(hints, launch_pid, launch_tid, launch_ts)
+    comm, is_gpu, kernels, host_rows = found
+    calls, _, hints = _host_ops(comm, host_rows)
+    launch_ts, launch_pid, launch_tid = _launches(events, is_gpu, comm.correlation[kernels])
+    call_of = comm.innermost(calls, launch_pid, launch_tid, launch_ts)
+    hint_of = comm.innermost(hints, launch_pid, launch_tid, launch_ts)
     host = np.where(call_of >= 0, call_of, hint_of)
-    ops = pd.concat([calls["op"], hints["op"]])
+    ops = pd.concat([_ops_series(comm, calls), _ops_series(comm, hints)])
     ops = ops[~ops.index.duplicated()]
     op = ops.reindex(host).to_numpy() if len(ops) else np.full(len(host), None)
-    return pd.DataFrame({"host": host, "op": op}, index=kernels.index)
+    return pd.DataFrame({"host": host, "op": op}, index=comm.frame.index[kernels])
 
 
-def _launches(events, is_gpu, kernels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(time, pid, tid) of the runtime launch of each kernel (NaN/None where not found): the
-    first runtime or driver event with the kernel's correlation id."""
-    is_launch = ~is_gpu & _text_matches(events["cat"], ("runtime", "driver"))
+def _launches(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time, pid, tid) of the runtime launch of each kernel, given by its correlation id
+    (NaN/None where not found): the first runtime or driver event with that id."""
     correlation = pd.to_numeric(col(events, "correlation"), errors="coerce").to_numpy("float64")
-    launches = np.flatnonzero(np.asarray(is_launch) & (correlation >= 0))
+    # Only the launches of these kernels matter: the category test runs on those alone.
+    launches = np.flatnonzero(np.isin(correlation, kernel_corr) & (correlation >= 0)
+                              & ~np.asarray(is_gpu, dtype=bool))
+    launches = launches[_text_matches(events["cat"].take(launches), ("runtime", "driver"))]
     # The first launch of each correlation id, sorted by id for the lookup below.
     launch_corr, first = np.unique(correlation[launches], return_index=True)
     launches = launches[first]
-    kernel_corr = pd.to_numeric(col(kernels, "correlation"), errors="coerce").to_numpy("float64")
     if len(launch_corr):
         at = np.minimum(np.searchsorted(launch_corr, kernel_corr), len(launch_corr) - 1)
         found = launch_corr[at] == kernel_corr
         rows_of = launches[at]
     else:
-        found = np.zeros(len(kernels), dtype=bool)
-        rows_of = np.zeros(len(kernels), dtype=np.int64)  # any row: `found` masks it
+        found = np.zeros(len(kernel_corr), dtype=bool)
+        rows_of = np.zeros(len(kernel_corr), dtype=np.int64)  # any row: `found` masks it
     launch_ts = np.where(found, events["ts_ns"].to_numpy("float64")[rows_of], np.nan)
     launch_pid = np.where(found, _texts(events["pid"], rows_of), None)
     launch_tid = np.where(found, _texts(events["tid"], rows_of), None)
@@ -188,19 +281,6 @@ def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=N
     }
 
 
-def _map_memoised(values: pd.Series, function) -> pd.Series:
-    """values.map(function), calling `function` once per distinct value: a trace repeats a few
-    hundred names over thousands of events."""
-    seen: dict = {}
-
-    def once(value):
-        if value not in seen:
-            seen[value] = function(value)
-        return seen[value]
-
-    return values.map(once)
-
-
 def _text_matches(column: pd.Series, parts) -> np.ndarray:
     """Whether each value, as text, contains any of `parts`; decided once per category of a
     categorical column."""
@@ -210,15 +290,6 @@ def _text_matches(column: pd.Series, parts) -> np.ndarray:
         return np.array(wanted + [False])[column.cat.codes.to_numpy()]
     text = column.astype(str)
     return np.asarray(np.logical_or.reduce([text.str.contains(p, regex=False) for p in parts]))
-
-
-def _records(frame: pd.DataFrame, columns) -> dict:
-    """{index label: {column: Python value}} for the `columns` that `frame` has: the rows as
-    DataFrame.to_dict("index") gives them, built a column at a time (to_dict boxes cell by
-    cell)."""
-    present = [c for c in columns if c in frame.columns]
-    values = zip(*(frame[c].tolist() for c in present)) if present else ({} for _ in frame.index)
-    return {label: dict(zip(present, row)) for label, row in zip(frame.index, values)}
 
 
 def _col_value(row, name):
@@ -235,8 +306,10 @@ def _col_value(row, name):
     return value
 
 
-def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_size) -> list[dict]:
-    """NCCL/RCCL kernels, each joined to the record_param_comms call that launched it.
+def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls, hints, used_calls: set,
+                world_size) -> list[dict]:
+    """NCCL/RCCL kernels (positions `kernels` in `comm`), each joined to the record_param_comms
+    call that launched it.
 
     The join: kernel -> runtime launch with the same correlation id -> the innermost call on
     the launching thread whose span holds the launch. Bytes come from the call, time from the
@@ -244,14 +317,16 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
     kernel with no call takes its size from its own args, else from the innermost nccl:*/c10d::
     op around its launch ("In msg nelems", else "Input Dims" and "Input type", as on gloo).
     """
-    if kernels.empty:
+    if not len(kernels):
         return []
-    launch_ts, launch_pid, launch_tid = _launches(events, is_gpu, kernels)
-    call_of = _innermost(calls, launch_pid, launch_tid, launch_ts)
-    hint_of = _innermost(hints, launch_pid, launch_tid, launch_ts)
-    keys = np.where(call_of >= 0, call_of, -1 - kernels.index.to_numpy(dtype=np.int64))
-    starts = kernels["ts_ns"].to_numpy(dtype="int64")
-    ends = starts + kernels["dur_ns"].to_numpy(dtype="int64")
+    launch_ts, launch_pid, launch_tid = _launches(events, is_gpu, comm.correlation[kernels])
+    call_of = comm.innermost(calls, launch_pid, launch_tid, launch_ts)
+    hint_of = comm.innermost(hints, launch_pid, launch_tid, launch_ts)
+    keys = np.where(call_of >= 0, call_of, -1 - comm.labels[kernels].astype(np.int64))
+    starts = comm.starts[kernels]
+    ends = starts + comm.durations[kernels]
+    call_at = {comm.labels[position]: (position, op) for position, op in calls}
+    hint_at = {comm.labels[position]: (position, op) for position, op in hints}
 
     # One op per call, in the order of its first kernel; a kernel without a call is one op.
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
@@ -259,15 +334,11 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
     bounds = np.searchsorted(inverse[by_group], np.arange(len(first) + 1))
     groups = np.argsort(first, kind="stable")
     heads = by_group[bounds[groups]]
-    kernel_rows = _records(kernels.iloc[heads], _ARG_COLUMNS + ("name", "ts_ns", "pid", "tid"))
-    used = np.unique(call_of[heads][call_of[heads] >= 0])
-    call_rows = _records(calls.loc[used], _ARG_COLUMNS + ("op", "ts_ns", "pid", "tid"))
-    hinted = np.unique(hint_of[heads][(call_of[heads] < 0) & (hint_of[heads] >= 0)])
-    hint_rows = _records(hints.loc[hinted], _ARG_COLUMNS + ("op", "ts_ns", "pid", "tid"))
     group_starts = np.minimum.reduceat(starts[by_group], bounds[:-1]) if len(first) else starts
     sizes = np.diff(bounds)
     rows = []
-    for group, head, first_kernel in zip(groups, heads, kernel_rows.values()):
+    for group, head in zip(groups, heads):
+        first_kernel = comm.record(kernels[head])
         first_kernel["name"] = str(first_kernel["name"])
         if sizes[group] > 1:
             members = by_group[bounds[group]:bounds[group + 1]]
@@ -276,7 +347,7 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
             duration_us = int(ends[head] - starts[head]) / 1e3
         kernel_ts = int(group_starts[group])
         if call_of[head] >= 0:
-            call = call_rows[call_of[head]]
+            call = comm.record(*call_at[call_of[head]])
             used_calls.add(call_of[head])
             # Newer kernels carry the group in their own args; older calls carry it only on the
             # host.
@@ -289,7 +360,7 @@ def _kernel_ops(events, is_gpu, kernels, calls, hints, used_calls: set, world_si
         issued_by = ({"ts_ns": launch_ts[launched[0]], "pid": launch_pid[launched[0]],
                       "tid": launch_tid[launched[0]]} if len(launched) else
                      {"ts_ns": kernel_ts, "pid": first_kernel["pid"], "tid": first_kernel["tid"]})
-        hint = hint_rows.get(hint_of[head]) if hint_of[head] >= 0 else None
+        hint = comm.record(*hint_at[hint_of[head]]) if hint_of[head] >= 0 else None
         op = (canonical_op(_col_value(first_kernel, "collective"))
               or (hint["op"] if hint is not None else None)
               or comm_kernel_op(first_kernel["name"]) or UNKNOWN_OP)
@@ -317,8 +388,8 @@ def _hint_row(hint, op, kernel, duration_us, issued_by, kernel_ts, world_size) -
                               world_size=world_size)
     dtype_source = hint
     if _col_value(hint, "comm_dtype") is None:
-        dtype_source = {"comm_dtype": _first_input_type(_col_value(hint, "input_type"))}
-    nelems = _first_tensor_nelems(_col_value(hint, "input_dims"))
+        dtype_source = {"comm_dtype": first_input_type(_col_value(hint, "input_type"))}
+    nelems = first_tensor_nelems(_col_value(hint, "input_dims"))
     return _row_from_args(hint, op, pg_source, duration_us, issued_by, sort_ts=kernel_ts,
                           dtype_source=dtype_source, nelems=nelems, world_size=world_size)
 
@@ -337,15 +408,23 @@ def _thread_keys(pids, tids) -> np.ndarray:
 def _innermost(candidates: pd.DataFrame, pids, tids, times) -> np.ndarray:
     """Per query (pid, tid, time): the index label of the latest-starting candidate on that
     thread whose span holds the time (the first such in frame order on ties), else -1."""
+    if candidates is None or candidates.empty:
+        return np.full(len(times), -1, dtype=np.int64)
+    return _innermost_among(
+        _thread_keys(candidates["pid"].to_numpy(), candidates["tid"].to_numpy()),
+        candidates["ts_ns"].to_numpy(dtype="float64"),
+        candidates["dur_ns"].to_numpy(dtype="float64"), candidates.index.to_numpy(), pids, tids,
+        times)
+
+
+def _innermost_among(thread, all_starts, all_durations, all_labels, pids, tids,
+                     times) -> np.ndarray:
+    """_innermost over candidates given as arrays: thread keys, starts, durations, labels."""
     result = np.full(len(times), -1, dtype=np.int64)
-    if candidates is None or candidates.empty or not len(times):
+    if not len(all_labels) or not len(times):
         return result
     query_thread = _thread_keys(pids, tids)
     query_ts = np.asarray(times, dtype="float64")
-    thread = _thread_keys(candidates["pid"].to_numpy(), candidates["tid"].to_numpy())
-    all_starts = candidates["ts_ns"].to_numpy(dtype="float64")
-    all_durations = candidates["dur_ns"].to_numpy(dtype="float64")
-    all_labels = candidates.index.to_numpy()
     for key in pd.unique(thread):
         where = np.flatnonzero(query_thread == key)
         if not len(where):
@@ -400,10 +479,10 @@ def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
     pending = calls.sort_values("ts_ns") if not calls.empty else calls
     for _, op_event in gloo.sort_values("ts_ns").iterrows():
         op = op_event["op"]
-        nelems = _first_tensor_nelems(_col_value(op_event, "input_dims"))
+        nelems = first_tensor_nelems(_col_value(op_event, "input_dims"))
         dtype_source = op_event
         if _col_value(op_event, "comm_dtype") is None:
-            first_type = _first_input_type(_col_value(op_event, "input_type"))
+            first_type = first_input_type(_col_value(op_event, "input_type"))
             dtype_source = {"comm_dtype": first_type}
         call = None
         if not pending.empty:
@@ -425,49 +504,18 @@ def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
     return rows
 
 
-def _first_tensor_nelems(dims_text) -> float | None:
-    if dims_text is None:
-        return None
-    try:
-        dims = json.loads(dims_text) if isinstance(dims_text, str) else dims_text
-    except ValueError:
-        return None
-    if not isinstance(dims, list) or not dims:
-        return None
-    first = dims[0]
-    if isinstance(first, list) and first and all(isinstance(d, list) for d in first):
-        return float(sum(math.prod(d) for d in first))  # a TensorList
-    if isinstance(first, list) and all(isinstance(d, (int, float)) for d in first):
-        return float(math.prod(first)) if first else None
-    return None
-
-
-def _first_input_type(types_text):
-    if types_text is None:
-        return None
-    try:
-        types = json.loads(types_text) if isinstance(types_text, str) else types_text
-    except ValueError:
-        return types_text if isinstance(types_text, str) else None
-    if isinstance(types, list):
-        return types[0] if types and isinstance(types[0], str) else None
-    return types if isinstance(types, str) else None
-
-
 def _steps_of(times_ns: np.ndarray, steps) -> pd.Series:
     """The ProfilerStep whose [start, end) holds each time, NA outside every step."""
-    result = pd.Series(pd.NA, index=range(len(times_ns)), dtype="Int64")
-    if not isinstance(steps, pd.DataFrame) or steps.empty or not len(times_ns):
-        return result
-    if any(c not in steps.columns for c in ("step", "start_ns", "end_ns")):
-        return result
-    ordered = steps.dropna(subset=["step", "start_ns", "end_ns"]).sort_values("start_ns")
-    starts = ordered["start_ns"].to_numpy(dtype="float64")
-    ends = ordered["end_ns"].to_numpy(dtype="float64")
-    numbers = ordered["step"].to_numpy()
-    position = np.searchsorted(starts, times_ns, side="right") - 1
-    inside = (position >= 0) & ~np.isnan(times_ns)
-    inside[inside] = times_ns[inside] < ends[position[inside]]
-    values = np.where(inside, numbers[np.clip(position, 0, None)] if len(numbers) else 0, 0)
-    result[inside] = values[inside].astype("int64")
-    return result
+    values = np.zeros(len(times_ns), dtype="int64")
+    inside = np.zeros(len(times_ns), dtype=bool)
+    if (isinstance(steps, pd.DataFrame) and not steps.empty and len(times_ns)
+            and all(c in steps.columns for c in ("step", "start_ns", "end_ns"))):
+        ordered = steps.dropna(subset=["step", "start_ns", "end_ns"]).sort_values("start_ns")
+        starts = ordered["start_ns"].to_numpy(dtype="float64")
+        ends = ordered["end_ns"].to_numpy(dtype="float64")
+        numbers = ordered["step"].to_numpy()
+        position = np.searchsorted(starts, times_ns, side="right") - 1
+        inside = (position >= 0) & ~np.isnan(times_ns)
+        inside[inside] = times_ns[inside] < ends[position[inside]]
+        values[inside] = numbers[position[inside]].astype("int64")
+    return pd.Series(pd.arrays.IntegerArray(values, ~inside), index=range(len(times_ns)))

@@ -6,6 +6,7 @@ spelling onto `tracer.schema.COMM_OPS` and torch dtype names (docs/report.md, "N
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -166,3 +167,32 @@ def _is_zero(value) -> bool:
     except (TypeError, ValueError):
         return False
 
+
+# ---- "Input Dims" and "Input type" of an op without message counts ------------------------------
+def first_tensor_nelems(dims_text) -> float | None:
+    if dims_text is None:
+        return None
+    try:
+        dims = json.loads(dims_text) if isinstance(dims_text, str) else dims_text
+    except ValueError:
+        return None
+    if not isinstance(dims, list) or not dims:
+        return None
+    first = dims[0]
+    if isinstance(first, list) and first and all(isinstance(d, list) for d in first):
+        return float(sum(math.prod(d) for d in first))  # a TensorList
+    if isinstance(first, list) and all(isinstance(d, (int, float)) for d in first):
+        return float(math.prod(first)) if first else None
+    return None
+
+
+def first_input_type(types_text):
+    if types_text is None:
+        return None
+    try:
+        types = json.loads(types_text) if isinstance(types_text, str) else types_text
+    except ValueError:
+        return types_text if isinstance(types_text, str) else None
+    if isinstance(types, list):
+        return types[0] if types and isinstance(types[0], str) else None
+    return types if isinstance(types, str) else None

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import issuers
-from analysis.comm_events import REQUIRED_EVENT_COLUMNS, ops_from_events
+from analysis.comm_events import REQUIRED_EVENT_COLUMNS, op_columns, ops_from_events
 from analysis.comm_events import col as _col
 from analysis.comm_names import (  # noqa: F401  (the names are part of this module's interface)
     UNKNOWN_OP,
@@ -60,21 +60,54 @@ def empty_ops() -> pd.DataFrame:
 
 
 def _typed_ops(frame: pd.DataFrame) -> pd.DataFrame:
-    # Built as one new frame from one array per column: ops frames are small, and pandas calls
-    # per column and per assignment cost more than their data.
+    return _frame_of(_typed_columns(frame))
+
+
+_FLOAT_COLUMNS = ("bytes", "duration_us", "algbw_gbps", "busbw_gbps")
+_NUMBER_COLUMNS = frozenset({"rank", "step", "pg_size", *_FLOAT_COLUMNS})
+
+
+def _typed_columns(frame: pd.DataFrame) -> dict:
+    """{column: array} of OPS_COLUMNS in their types: Int64 counts, float64 measures, object
+    text with None for missing."""
     frame = frame.reindex(columns=OPS_COLUMNS)
     columns = {}
     for column in OPS_COLUMNS:
         values = frame[column]
         if column in ("rank", "step", "pg_size"):
-            columns[column] = pd.to_numeric(values, errors="coerce").round().astype("Int64").array
-        elif column in ("bytes", "duration_us", "algbw_gbps", "busbw_gbps"):
-            columns[column] = pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64")
+            columns[column] = _int64(values)
+        elif column in _FLOAT_COLUMNS:
+            columns[column] = _float64(values)
         else:
-            objects = values.to_numpy(dtype=object, copy=True)
-            objects[pd.isna(objects)] = None
-            columns[column] = pd.Series(objects, dtype=object, copy=False)
-    return pd.DataFrame(columns)
+            columns[column] = _objects(values.to_numpy(dtype=object, copy=True))
+    return columns
+
+
+def _int64(values: pd.Series):
+    return pd.to_numeric(values, errors="coerce").round().astype("Int64").array
+
+
+def _float64(values: pd.Series) -> np.ndarray:
+    return pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64")
+
+
+def _objects(values) -> np.ndarray:
+    """The values as an object array, None for every missing value."""
+    objects = np.empty(len(values), dtype=object)
+    objects[:] = values
+    objects[pd.isna(objects)] = None
+    return objects
+
+
+def _frame_of(columns: dict) -> pd.DataFrame:
+    # One Series per column on one shared index: pandas neither aligns them nor reads the text
+    # columns as its string dtype (they stay object, None for missing).
+    index = pd.RangeIndex(len(columns["op"]))
+    return pd.DataFrame({
+        column: pd.Series(values, index=index, copy=False,
+                          dtype=object if column not in _NUMBER_COLUMNS else None)
+        for column, values in columns.items()
+    }, index=index)
 
 
 # ---- comm_ops ------------------------------------------------------------------------------------
@@ -99,14 +132,18 @@ def comm_ops(trace) -> pd.DataFrame:
                 frame = pd.concat([frame, buckets[frame.columns.intersection(buckets.columns)]],
                                   ignore_index=True)
     else:
-        frame = _ops_from_trace(trace, rank)
-        if frame.empty:
+        columns = _trace_columns(trace, rank)
+        if columns is None:
             return empty_ops()
+        return _frame_of(_with_bandwidths(columns))
+    frame["pg_desc"] = _descs(trace, frame["pg"], _col(frame, "pg_desc"))
+    return _frame_of(_with_bandwidths(_typed_columns(frame)))
+
+
+def _descs(trace, pgs, own) -> list:
+    """Each op's group name: its own, else the one the rank's trace or records give the group."""
     names = issuers.group_names(trace)
-    own = _col(frame, "pg_desc")
-    frame["pg_desc"] = [issuers.group_desc(pg, desc) or names.get(pg)
-                        for pg, desc in zip(frame["pg"], own)]
-    return _with_bandwidths(_typed_ops(frame))
+    return [issuers.group_desc(pg, desc) or names.get(pg) for pg, desc in zip(pgs, own)]
 
 
 def _ddp_buckets_in_windows_only(records) -> bool:
@@ -127,6 +164,43 @@ def _ops_from_trace(trace, rank) -> pd.DataFrame:
         return empty_ops()
     frame["issuer"] = issuers.issuers_from_trace(trace, frame.reset_index(drop=True)).to_numpy()
     return frame
+
+
+def _trace_columns(trace, rank) -> dict | None:
+    """_typed_columns(_ops_from_trace(...)) with group names, built from the ops' values
+    without the intermediate frames; None when the trace has no op."""
+    events = getattr(trace, "events", None)
+    if not isinstance(events, pd.DataFrame) or events.empty or any(
+            c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
+        return None
+    ops = op_columns(events, getattr(trace, "steps", None), getattr(trace, "all_steps", None),
+                     getattr(trace, "world_size", None))
+    if ops is None:
+        return None
+    index = pd.RangeIndex(len(ops["op"]))
+    step = ops["step"]
+    if not isinstance(step, pd.Series):
+        step = pd.Series(step, index=index)
+    issuer = issuers.issuers_of_ops(trace, _objects(ops["op"]), ops["host_ts"],
+                                    [str(p) for p in ops["host_pid"]],
+                                    [str(t) for t in ops["host_tid"]],
+                                    np.array(ops["named"], dtype=bool))
+    return {
+        "rank": _int64(pd.Series(rank, index=index)),
+        "step": _int64(step),
+        "op": _objects(ops["op"]),
+        "source": _objects(ops["source"]),
+        "issuer": _objects(issuer),
+        "pg": _objects(ops["pg"]),
+        "pg_desc": _objects(_descs(trace, ops["pg"], ops["pg_desc"])),
+        "pg_size": _int64(pd.Series(ops["pg_size"], index=index)),
+        "dtype": _objects(ops["dtype"]),
+        "bytes": _float64(pd.Series(ops["bytes"], index=index)),
+        "duration_us": _float64(pd.Series(ops["duration_us"], index=index)),
+        "algbw_gbps": np.full(len(index), np.nan),
+        "busbw_gbps": np.full(len(index), np.nan),
+        "origin": _objects(["trace"] * len(index)),
+    }
 
 
 def _ops_from_records(comms: pd.DataFrame, rank, trace) -> pd.DataFrame:
@@ -153,16 +227,15 @@ def _ops_from_records(comms: pd.DataFrame, rank, trace) -> pd.DataFrame:
     return frame
 
 
-def _with_bandwidths(frame: pd.DataFrame) -> pd.DataFrame:
+def _with_bandwidths(columns: dict) -> dict:
     pairs = [
         _bandwidths(op, nbytes, None if pd.isna(size) else int(size), duration)
-        for op, nbytes, size, duration in zip(frame["op"], frame["bytes"], frame["pg_size"],
-                                              frame["duration_us"])
+        for op, nbytes, size, duration in zip(columns["op"], columns["bytes"].tolist(),
+                                              columns["pg_size"], columns["duration_us"].tolist())
     ]
-    frame["algbw_gbps"] = [p[0] for p in pairs]
-    frame["busbw_gbps"] = [p[1] for p in pairs]
-    frame[["algbw_gbps", "busbw_gbps"]] = frame[["algbw_gbps", "busbw_gbps"]].astype("float64")
-    return frame
+    columns["algbw_gbps"] = np.array([p[0] for p in pairs], dtype="float64")
+    columns["busbw_gbps"] = np.array([p[1] for p in pairs], dtype="float64")
+    return columns
 
 
 # ---- collectives_table ---------------------------------------------------------------------------

@@ -46,12 +46,16 @@ DDP_FORWARD = "DistributedDataParallel.forward"
 
 def host_events(trace) -> pd.DataFrame:
     events = getattr(trace, "events", None)
-    if not isinstance(events, pd.DataFrame) or events.empty or any(
-            c not in events.columns for c in ("name", "ts_ns", "dur_ns", "pid", "tid", "is_gpu")):
+    if not _has_host_columns(events):
         return pd.DataFrame(columns=["name", "ts_ns", "dur_ns", "pid", "tid"])
     # Only the wanted columns are copied, not every column of the events.
     return events.loc[~events["is_gpu"].fillna(False).astype(bool),
                       ["name", "ts_ns", "dur_ns", "pid", "tid"]]
+
+
+def _has_host_columns(events) -> bool:
+    return isinstance(events, pd.DataFrame) and not events.empty and all(
+        c in events.columns for c in ("name", "ts_ns", "dur_ns", "pid", "tid", "is_gpu"))
 
 
 def frameworks_seen(trace) -> set:
@@ -60,55 +64,94 @@ def frameworks_seen(trace) -> set:
     return {issuer for issuer, pattern in _SPAN_MARKERS if names.str.contains(pattern).any()}
 
 
-def _enclosed(starts, ends, pids, tids, query_ts, query_pid, query_tid) -> np.ndarray:
+def _enclosed(starts, ends, threads, query_ts, query_threads) -> np.ndarray:
     """Per query: is it inside any of the spans on the same (pid, tid)?"""
     result = np.zeros(len(query_ts), dtype=bool)
-    spans = pd.DataFrame({"start": starts, "end": ends, "thread": list(zip(pids, tids))})
-    queries = pd.Series(list(zip(query_pid, query_tid)))
-    for thread, group in spans.groupby("thread", sort=False):
-        where = np.flatnonzero((queries == thread).to_numpy())
-        if not len(where):
+    query_ts = np.asarray(query_ts, dtype="float64")
+    spans_of: dict = {}
+    for position, thread in enumerate(threads):
+        spans_of.setdefault(thread, []).append(position)
+    queries_of: dict = {}
+    for position, thread in enumerate(query_threads):
+        queries_of.setdefault(thread, []).append(position)
+    for thread, mine in spans_of.items():
+        where = queries_of.get(thread)
+        if not where:
             continue
-        group = group.sort_values("start")
+        order = np.argsort(starts[mine], kind="stable")
         # Some span holds t iff the latest end among spans starting at or before t reaches t.
-        latest_end = np.maximum.accumulate(group["end"].to_numpy(dtype="float64"))
-        times = np.asarray(query_ts, dtype="float64")[where]
-        starts = group["start"].to_numpy(dtype="float64")
-        position = np.searchsorted(starts, times, side="right") - 1
+        latest_end = np.maximum.accumulate(ends[mine][order])
+        times = query_ts[where]
+        position = np.searchsorted(starts[mine][order], times, side="right") - 1
         inside = position >= 0
         inside[inside] = latest_end[position[inside]] >= times[inside]
         result[where] = inside
     return result
 
 
-def issuers_from_trace(trace, ops: pd.DataFrame) -> pd.Series:
-    """The issuer of each trace-derived op (columns op, host_ts, host_pid, host_tid, named)."""
+def _marker_spans(trace) -> list[tuple[str, pd.DataFrame]]:
+    """(issuer, its marker spans on the host) for each issuer whose markers the trace holds, in
+    _SPAN_MARKERS' order."""
+    events = getattr(trace, "events", None)
+    if not _has_host_columns(events):
+        return []
+    if isinstance(events["name"].dtype, pd.CategoricalDtype):
+        # Each distinct name is tested once per marker, and only the spans' rows are copied.
+        names = events["name"]
+        categories = [str(c) for c in names.cat.categories]
+        codes = names.cat.codes.to_numpy()
+        on_host = (codes >= 0) & ~events["is_gpu"].fillna(False).astype(bool).to_numpy()
+        found = []
+        for issuer, pattern in _SPAN_MARKERS:
+            hits = np.array([pattern.search(c) is not None for c in categories] + [False])
+            if not hits.any():
+                continue
+            rows = np.flatnonzero(hits[codes] & on_host)
+            if len(rows):
+                found.append((issuer, events.take(rows)))
+        return found
     host = host_events(trace)
-    issuers = pd.Series(UNKNOWN, index=ops.index, dtype=object)
-    seen = set()
-    marked = pd.Series(False, index=ops.index)
+    found = []
     for issuer, pattern in _SPAN_MARKERS:
         spans = host[matches(host["name"], lambda name, p=pattern: p.search(name) is not None)]
-        if spans.empty:
-            continue
+        if not spans.empty:
+            found.append((issuer, spans))
+    return found
+
+
+def issuers_from_trace(trace, ops: pd.DataFrame) -> pd.Series:
+    """The issuer of each trace-derived op (columns op, host_ts, host_pid, host_tid, named)."""
+    return pd.Series(issuers_of_ops(trace, ops["op"].to_numpy(dtype=object), ops["host_ts"],
+                                    ops["host_pid"].astype(str), ops["host_tid"].astype(str),
+                                    ops["named"].fillna(False).astype(bool).to_numpy()),
+                     index=ops.index, dtype=object)
+
+
+def issuers_of_ops(trace, op: np.ndarray, host_ts, host_pid, host_tid,
+                   named: np.ndarray) -> np.ndarray:
+    """issuers_from_trace on the ops' columns: op and named as arrays, host_pid and host_tid
+    as text."""
+    issuers = np.full(len(op), UNKNOWN, dtype=object)
+    seen = set()
+    marked = np.zeros(len(op), dtype=bool)
+    query_threads = list(zip(host_pid, host_tid))
+    for issuer, spans in _marker_spans(trace):
         seen.add(issuer)
-        inside = _enclosed(spans["ts_ns"].to_numpy(), (spans["ts_ns"] + spans["dur_ns"]).to_numpy(),
-                           spans["pid"].astype(str), spans["tid"].astype(str), ops["host_ts"],
-                           ops["host_pid"].astype(str), ops["host_tid"].astype(str))
-        take = inside & ~marked.to_numpy()
+        starts = spans["ts_ns"].to_numpy()
+        inside = _enclosed(starts.astype("float64"), (starts + spans["dur_ns"].to_numpy())
+                           .astype("float64"),
+                           list(zip(spans["pid"].astype(str), spans["tid"].astype(str))),
+                           host_ts, query_threads)
+        take = inside & ~marked
         issuers[take] = issuer
         marked |= take
-    op = ops["op"].to_numpy(dtype=object)
-    fallback = pd.Series(op).map(
-        lambda o: next((i for i in _RUN_LEVEL.get(o, ()) if i in seen), None))
-    named = ops["named"].fillna(False).astype(bool).to_numpy()
+    fallback = np.array([next((i for i in _RUN_LEVEL.get(o, ()) if i in seen), None)
+                         for o in op], dtype=object)
     # Unmarked: p2p is p2p; a framework the trace shows takes its ops; a torch.distributed op
     # (record_param_comms, gloo:, nccl:) is a c10d call; a bare kernel stays unknown.
     unmarked = np.where(np.isin(op, ["send", "recv"]), P2P,
-                        np.where(fallback.notna(), fallback.to_numpy(dtype=object),
-                                 np.where(named, C10D, UNKNOWN)))
-    rest = ~marked.to_numpy()
-    issuers[rest] = unmarked[rest]
+                        np.where(pd.notna(fallback), fallback, np.where(named, C10D, UNKNOWN)))
+    issuers[~marked] = unmarked[~marked]
     return issuers
 
 
@@ -214,9 +257,9 @@ def group_names(trace) -> dict:
             add(config.get("pg_name"), config.get("pg_desc"))
     events = getattr(trace, "events", None)
     if isinstance(events, pd.DataFrame) and {"pg_name", "pg_desc"} <= set(events.columns):
-        both = events["pg_name"].notna() & events["pg_desc"].notna()
-        named = events.loc[both, ["pg_name", "pg_desc"]].drop_duplicates()
-        for pg, desc in zip(named["pg_name"], named["pg_desc"]):
+        pgs, descs = events["pg_name"].to_numpy(), events["pg_desc"].to_numpy()
+        both = np.flatnonzero(pd.notna(pgs) & pd.notna(descs))
+        for pg, desc in zip(pgs[both].tolist(), descs[both].tolist()):
             add(pg, desc)
     return names
 
