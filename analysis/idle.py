@@ -148,14 +148,14 @@ def label_peer_waits(gaps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     if gaps.empty or windows is None or windows.empty:
         return gaps
     labelled = gaps.copy()
-    activity = labelled["host_activity"].to_numpy(dtype=object).copy()
+    labels = labelled["host_activity"]
     # The gaps a wait may relabel, grouped by rank once (not a scan of every gap per rank).
-    candidates = np.flatnonzero(labelled["host_activity"].isin(PEER_WAIT_OVERRIDES).to_numpy(
-        dtype=bool))
+    candidates = np.flatnonzero(labels.isin(PEER_WAIT_OVERRIDES).to_numpy(dtype=bool))
     candidate_ranks = labelled["rank"].iloc[candidates].reset_index(drop=True)
     by_rank = candidate_ranks.groupby(candidate_ranks).indices
     gap_starts = labelled["start_ns"].to_numpy()
     gap_ends = labelled["end_ns"].to_numpy()
+    waiting = np.zeros(len(labelled), dtype=bool)
     for rank, own in windows.groupby("rank"):
         found = by_rank.get(rank)
         if found is None or found.size == 0:
@@ -164,8 +164,14 @@ def label_peer_waits(gaps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         starts, ends = gap_starts[rows], gap_ends[rows]
         waited = _overlap_with(starts, ends, (own["start_ns"].to_numpy(np.int64),
                                               own["end_ns"].to_numpy(np.int64)))
-        activity[rows[2 * waited >= ends - starts]] = WAITING_FOR_PEERS
-    labelled["host_activity"] = activity
+        waiting[rows[2 * waited >= ends - starts]] = True
+    if isinstance(labels.dtype, pd.StringDtype):
+        # Relabelled where it lies: a round trip through Python strings costs more.
+        labelled["host_activity"] = labels.where(~waiting, WAITING_FOR_PEERS)
+    else:
+        activity = labels.to_numpy(dtype=object).copy()
+        activity[waiting] = WAITING_FOR_PEERS
+        labelled["host_activity"] = activity
     return labelled
 
 
