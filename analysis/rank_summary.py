@@ -27,7 +27,7 @@ RANK_SUMMARIES = {
     "hta": hta_rank_summary,  # analysis.hta.hta_temporal_breakdown
     "pipeline_schedule": rank_schedule,  # analysis.pipeline_schedule.detect
     "ddp_accumulation": lambda trace: _ddp_accumulation(trace),  # ddp_accumulation below
-    "comm_events": lambda trace: _plain(named_kernels(trace.events)),  # crossrank.frames
+    "comm_events": lambda trace: _comm_events(trace),  # analysis.crossrank.frames
     "event_count": lambda trace: len(trace.events),
 }
 
@@ -37,6 +37,24 @@ def _plain(frame: pd.DataFrame) -> pd.DataFrame:
     each with its own categories, cost more to concatenate than their few rows."""
     return frame.astype({c: object for c, dtype in frame.dtypes.items()
                          if isinstance(dtype, pd.CategoricalDtype)})
+
+
+# The columns of the communication events that crossrank.frames.ops_from_events reads.
+OP_EVENT_COLUMNS = ["name", "ts_ns", "end_ns", "stream", "is_gpu", "collective", "in_nelems",
+                    "out_nelems", "comm_dtype", "group_size", "pg_name", "input_dims",
+                    "input_type"]
+
+
+def _comm_events(trace) -> pd.DataFrame:
+    """The rank's communication events as the cross-rank pass takes them: kernels named from
+    their host ops (crossrank.frames.named_kernels), and only what ops_from_events reads: on a
+    rank with communication kernels those kernels (they are its ops), else every event (gloo's
+    ops and the host calls that issued them)."""
+    comm = named_kernels(trace.events)
+    kernels = comm["is_gpu"].astype(bool)
+    if kernels.any():
+        comm = comm[kernels]
+    return _plain(comm[[c for c in OP_EVENT_COLUMNS if c in comm.columns]])
 
 
 def _ddp_accumulation(trace) -> str | None:
