@@ -184,15 +184,17 @@ def ddp_accumulation(traces) -> str | None:
     """
     verdicts = []
     for trace in traces or []:
-        host = host_events(trace)
-        if host.empty:
+        events = getattr(trace, "events", None)
+        if not _has_host_columns(events):
             continue
-        names = host["name"].astype(str)
-        forwards = host[names == DDP_FORWARD]
+        on_host = ~events["is_gpu"].fillna(False).astype(bool).to_numpy()
+        # Only the rows and columns used are taken: the events of a rank are many.
+        forwards = events.loc[on_host & matches(events["name"], lambda n: n == DDP_FORWARD),
+                              ["ts_ns"]]
         if forwards.empty:
             continue
-        comm = trace.events[trace.events["is_comm"].fillna(False).astype(bool)
-                            & ~trace.events["is_gpu"].fillna(False).astype(bool)]
+        comm = events.loc[events["is_comm"].fillna(False).astype(bool).to_numpy() & on_host,
+                          [c for c in ("name", "collective", "ts_ns") if c in events.columns]]
         ops = comm["name"].astype(str).map(canonical_op)
         if "collective" in comm.columns:
             ops = ops.where(ops.notna(), comm["collective"].map(canonical_op))
