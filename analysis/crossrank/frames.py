@@ -296,11 +296,22 @@ class RankEvents(Mapping):
         return len(self._traces)
 
 
-def _stacked(parts: list[tuple[pd.DataFrame, int, int]], shifted: tuple) -> pd.DataFrame:
-    """(frame, rank, shift) parts one after the other, each with a `rank` column and its
-    `shifted` columns moved back by its shift: one concatenation, not a copy per rank."""
-    frame = pd.concat([part for part, _, _ in parts], ignore_index=True)
-    lengths = [len(part) for part, _, _ in parts]
+def _step_arrays(steps: pd.DataFrame) -> dict:
+    # Arrays, not a frame: selecting columns costs more per rank than the rank's few steps.
+    return {column: steps[column].to_numpy() for column in ("step", "start_ns", "end_ns")}
+
+
+def _stacked(parts: list[tuple], shifted: tuple) -> pd.DataFrame:
+    """(frame or {column: array}, rank, shift) parts one after the other, each with a `rank`
+    column and its `shifted` columns moved back by its shift: one concatenation, not a copy
+    per rank."""
+    if isinstance(parts[0][0], dict):
+        frame = pd.DataFrame({column: np.concatenate([part[column] for part, _, _ in parts])
+                              for column in parts[0][0]})
+    else:
+        frame = pd.concat([part for part, _, _ in parts], ignore_index=True)
+    lengths = [len(part["step"]) if isinstance(part, dict) else len(part)
+               for part, _, _ in parts]
     moved = np.repeat(np.array([shift for _, _, shift in parts], dtype=np.int64), lengths)
     if moved.any():
         for column in shifted:
@@ -345,9 +356,9 @@ def run_frames(run) -> dict:
             comm.append((rank_comm, trace.rank, moved))
             rank_steps = trace.steps
             if len(rank_steps):
-                trace_steps.append((rank_steps[["step", "start_ns", "end_ns"]], trace.rank, moved))
+                trace_steps.append((_step_arrays(rank_steps), trace.rank, moved))
         if len(rank_steps):
-            steps.append((rank_steps[["step", "start_ns", "end_ns"]], trace.rank,
+            steps.append((_step_arrays(rank_steps), trace.rank,
                           moved if trace.rank in trace_ranks else 0))
         # clock_sync measures the records' clock (time.time_ns), not a trace's own.
         on_records_clock = len(from_records) > 0 or shift is not None
