@@ -362,8 +362,8 @@ def _slowest_rank(group: pd.DataFrame, op, pg_size):
         return pd.NA, float("nan")
     # The bus factor is the same for every rank of one group, so algbw ranks them as busbw would.
     bandwidths = {
-        rank: _bandwidths(op, row.timed_bytes, pg_size, row.timed_us)
-        for rank, row in per_rank.iterrows()
+        rank: _bandwidths(op, float(nbytes), pg_size, float(us))
+        for rank, nbytes, us in zip(per_rank.index, per_rank["timed_bytes"], per_rank["timed_us"])
     }
     rank = min(bandwidths, key=lambda r: (bandwidths[r][0], r))
     return int(rank), float(bandwidths[rank][1])
