@@ -103,7 +103,7 @@ def _too_large(path: Path, size: str, limit: int, why: str = "") -> TraceReadErr
         path, f"too large to analyse: {size}, over the limit of {limit / _MB:g} MB"
               f"{why} ({MAX_TRACE_ENV}). Re-record with a shorter profiler window (fewer "
               f"active steps in torch.profiler's schedule, docs/tracer.md), or, where this "
-              f"machine has about 0.7 GB of memory per GB of JSON, raise {MAX_TRACE_ENV}")
+              f"machine has about 2 GB of memory per GB of JSON, raise {MAX_TRACE_ENV}")
 
 
 class _NotChunkable(Exception):
