@@ -136,7 +136,7 @@ class LoadResult:
 @dataclass(frozen=True)
 class RankReduction:
     """What a worker needs to build its file's RankTrace as load_files would, and compute the
-    per-rank tables there (analysis.run.rank_tables) while the events are at hand."""
+    per-rank tables and summaries there (analysis.rank_summary) while the events are at hand."""
 
     steps: list[int] | None
     hta_compatible: bool
