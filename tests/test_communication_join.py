@@ -1,4 +1,4 @@
-"""analysis.comm_events' join of a launch to the innermost call around it, against a brute-force
+"""analysis.enclosing: the join of a launch to the innermost call around it, against a brute-force
 reading of its definition, on nested, overlapping and deeply stacked spans."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import comm_events
+from analysis import enclosing
 
 
 def _brute_force(candidates: pd.DataFrame, pids, tids, times) -> list[int]:
@@ -47,7 +47,7 @@ def test_innermost_matches_its_definition_on_random_overlapping_spans():
     times = np.concatenate([generator.integers(-10, 8_000, 600).astype("float64"), [np.nan]])
     query_tids = np.concatenate([generator.integers(1, 5, 600), [1]])
     pids = ["100"] * len(times)
-    found = comm_events._innermost(candidates, pids, query_tids.astype(str), times)
+    found = enclosing.innermost(candidates, pids, query_tids.astype(str), times)
     expected = _brute_force(candidates, pids, query_tids.astype(str), times)
     assert found.tolist() == expected
     assert (found >= 0).sum() > 300 and (found == -1).sum() > 50
@@ -60,7 +60,7 @@ def test_innermost_walks_back_past_many_short_spans_to_a_long_outer_one():
     durations = [100_000] + [2] * 200 + [10]
     candidates = _candidates(starts, durations, [1] * len(starts))
     times = np.array([2_000.0, 5_005.0, 11.0, 100_001.0])
-    found = comm_events._innermost(candidates, ["100"] * 4, ["1"] * 4, times)
+    found = enclosing.innermost(candidates, ["100"] * 4, ["1"] * 4, times)
     labels = candidates.index.to_numpy()
     assert found.tolist() == [labels[0], labels[-1], labels[1], -1]
     assert found.tolist() == _brute_force(candidates, ["100"] * 4, ["1"] * 4, times)
