@@ -87,31 +87,65 @@ def hta_rank_summary(trace: RankTrace) -> dict:
     origin = int(ts_us[kept].min()) if kept.any() else None
     exact = bool(trace.float_timestamps
                  or (trace.events["dur_ns"].to_numpy(np.int64)[kept] % 1000 == 0).all())
+    names = _NameMasks(trace.events["name"], step_names)
     rows = {filtering: _hta_rank_of(trace, origin or 0, step_names, filtering,
-                                    (ts_us, dur_us, kept)) for filtering in (False, True)}
+                                    (ts_us, dur_us, kept), names) for filtering in (False, True)}
     return {"step_names": step_names, "origin": origin, "exact": exact, "rows": rows}
 
 
+class _NameMasks:
+    """Which events' names are device syncs, ProfilerSteps, compute kernels: each computed once
+    per rank, on first use, for both of its rows."""
+
+    def __init__(self, names: pd.Series, step_names: set[str]):
+        self.names, self.step_names, self.found = names, step_names, {}
+
+    def get(self, kind: str, among: np.ndarray) -> np.ndarray:
+        """The mask `kind`; exact on the rows of `among` (compute: where it is first asked)."""
+        if kind not in self.found:
+            if kind == "device_sync":
+                self.found[kind] = matches(self.names, lambda n: n in HTA_DEVICE_SYNC_NAMES)
+            elif kind == "step":
+                self.found[kind] = matches(self.names, lambda n: n in self.step_names)
+            else:
+                self.found[kind] = _names_among(self.names, among, hta_is_compute)
+        return self.found[kind]
+
+
+def _names_among(names: pd.Series, among: np.ndarray, wanted) -> np.ndarray:
+    """wanted(name) on the rows of `among` (False elsewhere), once per distinct name there: the
+    three patterns of hta_is_compute cost more than the kernels when run on every name."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        return among & matches(names, wanted)
+    codes = names.cat.codes.to_numpy()
+    categories = names.cat.categories
+    hits = np.zeros(len(categories) + 1, dtype=bool)  # the last: missing names (code -1)
+    for code in np.unique(codes[among]):
+        if code >= 0:
+            hits[code] = wanted(str(categories[code]))
+    return among & hits[codes]
+
+
 def _hta_rank_of(trace: RankTrace, origin: int, step_names: set[str], filtering: bool,
-                 times: tuple | None = None) -> dict:
+                 times: tuple | None = None, names: _NameMasks | None = None) -> dict:
     ts_us, dur_us, kept = times if times is not None else _hta_times(trace)
     ts = (ts_us - origin).astype(np.float64)
-    return _hta_rank(trace, ts, ts + dur_us, kept, step_names, filtering)
+    names = names or _NameMasks(trace.events["name"], step_names)
+    return _hta_rank(trace, ts, ts + dur_us, kept, names, filtering)
 
 
 def _hta_rank(trace: RankTrace, ts: np.ndarray, end: np.ndarray, kept: np.ndarray,
-              step_names: set[str], filtering: bool) -> dict:
+              names: _NameMasks, filtering: bool) -> dict:
     row = {"rank": trace.rank, "idle_us": np.nan, "compute_us": np.nan,
            "non_compute_us": np.nan, "kernel_time_us": np.nan, "note": ""}
     events = trace.events
-    names = events["name"]
     stream = events["stream"].to_numpy()
     correlation = events["correlation"].to_numpy()
     on_device = kept & (((stream >= 0) & (correlation >= 0))
-                        | matches(names, lambda n: n in HTA_DEVICE_SYNC_NAMES))
+                        | names.get("device_sync", kept))
     on_host = kept & ~on_device
     if filtering:
-        is_step = on_host & matches(names, lambda n: n in step_names)
+        is_step = on_host & names.get("step", on_host)
         if not is_step.any():
             row["note"] = "no ProfilerStep on this rank: HTA keeps no kernel here (and fails)"
             return row
@@ -124,7 +158,8 @@ def _hta_rank(trace: RankTrace, ts: np.ndarray, end: np.ndarray, kept: np.ndarra
         row["note"] = "no GPU kernels: HTA's temporal breakdown fails on such traces"
         return row
     busy, first, last = intervals.hta_merged(ts[kernels], end[kernels])
-    compute = kernels & matches(names, hta_is_compute)
+    # Evaluated on every event with a stream: exact for the kernels of either row.
+    compute = kernels & names.get("compute", stream != -1)
     compute_busy = intervals.hta_merged(ts[compute], end[compute])[0] if compute.any() else 0.0
     kernel_time = last - first
     idle = kernel_time - busy
