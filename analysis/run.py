@@ -56,7 +56,8 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
         name=name, path=path, files=[str(f) for f in loaded.files],
         world_size=loaded.world_size, steps_spec=steps_spec, hta_compatible=hta_compatible,
         problems=problems, ranks=traces, per_step=per_step, totals=rank_totals(per_step),
-        hta=hta_temporal_breakdown(traces), idle=idle_summary(gaps), idle_gaps=gaps)
+        # idle: summed once the gaps are labelled with the waits for peers, below.
+        hta=hta_temporal_breakdown(traces), idle=None, idle_gaps=gaps)
 
     def table(name: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame | None:
         try:
@@ -78,7 +79,7 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
                         parse_step_spec(steps_spec) if steps_spec else None)
     if cross is not None:
         report.idle_gaps = label_peer_waits(gaps, wait_windows(cross))
-        report.idle = idle_summary(report.idle_gaps)
+    report.idle = idle_summary(report.idle_gaps)
     collectives = None
     if ops is not None:
         collectives = table("collectives", lambda: with_transfer_bandwidth(

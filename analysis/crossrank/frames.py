@@ -358,8 +358,10 @@ def run_frames(run) -> dict:
             if len(rank_steps):
                 trace_steps.append((_step_arrays(rank_steps), trace.rank, moved))
         if len(rank_steps):
-            steps.append((_step_arrays(rank_steps), trace.rank,
-                          moved if trace.rank in trace_ranks else 0))
+            # A Kineto-only rank's steps, taken as arrays just above, are its steps here too.
+            arrays = (trace_steps[-1][0] if trace.rank in trace_ranks
+                      else _step_arrays(rank_steps))
+            steps.append((arrays, trace.rank, moved if trace.rank in trace_ranks else 0))
         # clock_sync measures the records' clock (time.time_ns), not a trace's own.
         on_records_clock = len(from_records) > 0 or shift is not None
         for record in records.manifest if records is not None and on_records_clock else []:
