@@ -10,7 +10,8 @@ the peak resident memory of the command and all its worker processes, summed (ea
 own peak, sampled every 50 ms through psutil, added up; the peak of the sum is printed beside
 it). Up to --hta-max ranks HTA 0.5.0's TraceAnalysis + get_temporal_breakdown runs on the same
 folder, where --hta-python can import it; otherwise the table says that HTA was not run and why.
-The folder is removed afterwards. Each figure is the median of --repeat runs.
+The folder is removed afterwards. Each figure is the median of --repeat runs, wall times with
+their spread (min-max).
 
 A copy is three gzip members written once (the bytes before the rank, between rank and world
 size, after it) around two tiny members with the numbers: gzip readers read a file of several
@@ -126,6 +127,11 @@ def _median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def _spread(runs: list[dict], key: str) -> str:
+    values = [r[key] for r in runs]
+    return f"{min(values):.1f}-{max(values):.1f}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("ranks", nargs="+", type=int, metavar="N", help="ranks per run")
@@ -143,8 +149,8 @@ def main(argv=None) -> int:
     ours += ["--jobs", str(args.jobs)] if args.jobs else []
     ours += ["--scheduler", args.scheduler] if args.scheduler else []
     print(f"trace {args.trace}, {psutil.cpu_count()} cores, repeat {args.repeat}")
-    print(f"{'ranks':>6} {'MB gz':>8} {'ours s':>8} {'s/rank':>7} {'ours MB':>9} "
-          f"{'(sum peak)':>10} {'HTA s':>8} {'HTA MB':>8}")
+    print(f"{'ranks':>6} {'MB gz':>8} {'ours s':>8} {'(min-max)':>12} {'s/rank':>7} "
+          f"{'ours MB':>9} {'(sum peak)':>10} {'HTA s':>8} {'(min-max)':>12} {'HTA MB':>8}")
     for ranks in args.ranks:
         with tempfile.TemporaryDirectory(prefix="ranktrace-scale-") as folder:
             written = build_run(args.trace, ranks, Path(folder))
@@ -154,11 +160,13 @@ def main(argv=None) -> int:
             if ranks <= args.hta_max and hta_missing is None:
                 hta_runs = [measure([args.hta_python, "-c", _HTA, folder])
                             for _ in range(args.repeat)]
-                hta = (f"{_median(hta_runs, 'wall_s'):8.1f} {_median(hta_runs, 'rss_mb'):8.0f}"
+                hta = (f"{_median(hta_runs, 'wall_s'):8.1f} {_spread(hta_runs, 'wall_s'):>12} "
+                       f"{_median(hta_runs, 'rss_mb'):8.0f}"
                        if all(r["rc"] == 0 for r in hta_runs) else "HTA failed")
         wall = _median(runs, "wall_s")
-        print(f"{ranks:>6} {written / 2**20:8.1f} {wall:8.1f} {wall / ranks:7.3f} "
-              f"{_median(runs, 'rss_mb'):9.0f} {_median(runs, 'sum_peak_mb'):10.0f} {hta:>17}")
+        print(f"{ranks:>6} {written / 2**20:8.1f} {wall:8.1f} {_spread(runs, 'wall_s'):>12} "
+              f"{wall / ranks:7.3f} {_median(runs, 'rss_mb'):9.0f} "
+              f"{_median(runs, 'sum_peak_mb'):10.0f} {hta:>30}")
         for run in failed:
             print(f"       exit status {run['rc']}: {run['error']}")
     if hta_missing is not None:
