@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.comm_names import canonical_op
-from analysis.events import matches
+from analysis.events import distinct_names, matches
 
 DDP = "ddp"
 FSDP1 = "fsdp1"
@@ -95,27 +95,14 @@ def _marker_spans(trace) -> list[tuple[str, pd.DataFrame]]:
     events = getattr(trace, "events", None)
     if not _has_host_columns(events):
         return []
-    if isinstance(events["name"].dtype, pd.CategoricalDtype):
-        # Each distinct name is tested once per marker, and only the spans' rows are copied.
-        names = events["name"]
-        categories = [str(c) for c in names.cat.categories]
-        codes = names.cat.codes.to_numpy()
-        on_host = (codes >= 0) & ~events["is_gpu"].fillna(False).astype(bool).to_numpy()
-        found = []
-        for issuer, pattern in _SPAN_MARKERS:
-            hits = np.array([pattern.search(c) is not None for c in categories] + [False])
-            if not hits.any():
-                continue
-            rows = np.flatnonzero(hits[codes] & on_host)
-            if len(rows):
-                found.append((issuer, events.take(rows)))
-        return found
-    host = host_events(trace)
+    # Each distinct name is tested once per marker (matches), and only the spans' rows are taken.
+    on_host = ~events["is_gpu"].fillna(False).astype(bool).to_numpy()
     found = []
     for issuer, pattern in _SPAN_MARKERS:
-        spans = host[matches(host["name"], lambda name, p=pattern: p.search(name) is not None)]
-        if not spans.empty:
-            found.append((issuer, spans))
+        rows = np.flatnonzero(on_host & matches(
+            events["name"], lambda name, p=pattern: p.search(name) is not None))
+        if len(rows):
+            found.append((issuer, events.take(rows)))
     return found
 
 
@@ -187,6 +174,8 @@ def ddp_accumulation(traces) -> str | None:
         events = getattr(trace, "events", None)
         if not _has_host_columns(events):
             continue
+        if DDP_FORWARD not in distinct_names(events["name"]):
+            continue  # told from the names alone: the usual case on a run without DDP
         on_host = ~events["is_gpu"].fillna(False).astype(bool).to_numpy()
         # Only the rows and columns used are taken: the events of a rank are many.
         forwards = events.loc[on_host & matches(events["name"], lambda n: n == DDP_FORWARD),
@@ -203,7 +192,12 @@ def ddp_accumulation(traces) -> str | None:
         if not isinstance(step_spans, pd.DataFrame) or step_spans.empty:
             step_spans = getattr(trace, "steps", None)
         verdicts.append(_accumulation_of(forwards, reduce_ts, step_spans))
-    verdicts = [v for v in verdicts if v is not None]
+    return strongest_verdict(verdicts)
+
+
+def strongest_verdict(verdicts) -> str | None:
+    """The run's verdict from its ranks' (None where a rank cannot tell): a skipped sync
+    anywhere, else accumulation anywhere, else none."""
     for verdict in (NO_SYNC_USED, ACCUMULATING_WITHOUT_NO_SYNC, NO_ACCUMULATION):
         if verdict in verdicts:
             return verdict

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from analysis.events import distinct_names
+from analysis.events import distinct_names, with_events
 from analysis.issuers import host_events
 
 _ACTION_RE = re.compile(r"^PP:\(?(\d+)(F|B|I|W)(\d+)?")
@@ -50,10 +50,7 @@ def detect(traces) -> PipelineSchedule:
 
 def _schedule_of(trace) -> PipelineSchedule:
     found = getattr(trace, "reduced", {}).get("pipeline_schedule")
-    if found is not None:
-        return found
-    with_events = getattr(trace, "with_events", None)
-    return rank_schedule(with_events() if with_events is not None else trace)
+    return found if found is not None else rank_schedule(with_events(trace))
 
 
 def rank_schedule(trace) -> PipelineSchedule:

@@ -13,23 +13,11 @@ import pandas as pd
 
 from analysis import communication, issuers
 from analysis.crossrank.frames import named_kernels
-from analysis.events import distinct_names
+from analysis.events import with_events
 from analysis.hta import hta_rank_summary
 from analysis.idle import idle_gaps
 from analysis.pipeline_schedule import rank_schedule
 from analysis.step_breakdown import breakdown_per_step
-
-# The per-rank tables: concatenated over ranks by analysis.run.
-RANK_TABLES = {"per_step": breakdown_per_step, "idle_gaps": idle_gaps,
-               "comm_ops": communication.comm_ops}
-# The per-rank summaries: combined across ranks by the analysis that needs each.
-RANK_SUMMARIES = {
-    "hta": hta_rank_summary,  # analysis.hta.hta_temporal_breakdown
-    "pipeline_schedule": rank_schedule,  # analysis.pipeline_schedule.detect
-    "ddp_accumulation": lambda trace: _ddp_accumulation(trace),  # ddp_accumulation below
-    "comm_events": lambda trace: _comm_events(trace),  # analysis.crossrank.frames
-    "event_count": lambda trace: len(trace.events),
-}
 
 
 def _plain(frame: pd.DataFrame) -> pd.DataFrame:
@@ -57,11 +45,17 @@ def _comm_events(trace) -> pd.DataFrame:
     return _plain(comm[[c for c in OP_EVENT_COLUMNS if c in comm.columns]])
 
 
-def _ddp_accumulation(trace) -> str | None:
-    # Told from the names alone where the rank ran no DDP forward: the usual case at scale.
-    if issuers.DDP_FORWARD not in distinct_names(trace.events["name"]):
-        return None
-    return issuers.ddp_accumulation([trace])
+# The per-rank tables: concatenated over ranks by analysis.run.
+RANK_TABLES = {"per_step": breakdown_per_step, "idle_gaps": idle_gaps,
+               "comm_ops": communication.comm_ops}
+# The per-rank summaries: combined across ranks by the analysis that needs each.
+RANK_SUMMARIES = {
+    "hta": hta_rank_summary,  # analysis.hta.hta_temporal_breakdown
+    "pipeline_schedule": rank_schedule,  # analysis.pipeline_schedule.detect
+    "ddp_accumulation": lambda trace: issuers.ddp_accumulation([trace]),  # ddp_accumulation
+    "comm_events": _comm_events,  # analysis.crossrank.frames.run_frames
+    "event_count": lambda trace: len(trace.events),
+}
 
 
 def rank_tables(trace) -> dict:
@@ -77,20 +71,8 @@ def rank_tables(trace) -> dict:
     return found
 
 
-def with_events(trace):
-    """The trace with its events (analysis.load.RankTrace.with_events), or the object itself
-    where it is not a RankTrace."""
-    reread = getattr(trace, "with_events", None)
-    return reread() if reread is not None else trace
-
-
 def ddp_accumulation(traces) -> str | None:
     """issuers.ddp_accumulation over the run, from each rank's own verdict."""
-    verdicts = [trace.reduced["ddp_accumulation"]
-                if "ddp_accumulation" in getattr(trace, "reduced", {})
-                else issuers.ddp_accumulation([with_events(trace)]) for trace in traces or []]
-    for verdict in (issuers.NO_SYNC_USED, issuers.ACCUMULATING_WITHOUT_NO_SYNC,
-                    issuers.NO_ACCUMULATION):
-        if verdict in verdicts:
-            return verdict
-    return None
+    return issuers.strongest_verdict([
+        trace.reduced["ddp_accumulation"] if "ddp_accumulation" in getattr(trace, "reduced", {})
+        else issuers.ddp_accumulation([with_events(trace)]) for trace in traces or []])
