@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis import idle, ranks
-from analysis.crossrank.frames import _step_of, _steps_by_rank
+from analysis.crossrank.frames import _steps_at, _steps_by_rank
 from analysis.output import WINDOW_NONE, WINDOW_STEPS, WINDOW_WHOLE_TRACE, steps_by_rank, window_of
 
 
@@ -241,13 +241,16 @@ CROSS_RANK_TIMES = [
 ]
 
 
-def test_steps_by_rank_equals_step_of_rank_by_rank():
+def test_steps_by_rank_equals_steps_at_rank_by_rank():
     rank, times, expected = (np.array(column) for column in zip(*CROSS_RANK_TIMES))
     found = _steps_by_rank(rank, times, CROSS_RANK_STEPS)
     np.testing.assert_array_equal(found, expected)
     one_by_one = np.full(len(times), np.nan)
     for r in np.unique(rank):
-        own = CROSS_RANK_STEPS[CROSS_RANK_STEPS["rank"] == r]
-        one_by_one[rank == r] = _step_of(times[rank == r], own).to_numpy()
+        own = CROSS_RANK_STEPS[CROSS_RANK_STEPS["rank"] == r].sort_values("start_ns")
+        if len(own):
+            one_by_one[rank == r] = _steps_at(times[rank == r], own["start_ns"].to_numpy(),
+                                              own["end_ns"].to_numpy(),
+                                              own["step"].to_numpy(dtype="float64"))
     np.testing.assert_array_equal(found, one_by_one)
     assert np.isnan(_steps_by_rank(rank, times, CROSS_RANK_STEPS.iloc[:0])).all()

@@ -222,26 +222,17 @@ def _first_text(value):
     return parsed
 
 
-def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.Series:
-    """The step whose [start, end) holds each time, NaN outside every step."""
-    if steps is None or steps.empty:
-        return pd.Series(np.nan, index=range(len(times)))
-    ordered = steps.sort_values("start_ns")
-    return pd.Series(_steps_at(times, ordered["start_ns"].to_numpy(),
-                               ordered["end_ns"].to_numpy(),
-                               ordered["step"].to_numpy(dtype="float64")))
-
-
 def _steps_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
               numbers: np.ndarray) -> np.ndarray:
-    """_step_of on arrays of steps sorted by start."""
+    """The step whose [start, end) holds each time, NaN outside every step: steps given as
+    arrays sorted by start."""
     where = np.searchsorted(starts, times, side="right") - 1
     inside = (where >= 0) & (times < ends[np.clip(where, 0, None)])
     return np.where(inside, numbers[np.clip(where, 0, None)], np.nan)
 
 
 def _steps_by_rank(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
-    """_step_of for times of several ranks, each in its own rank's steps (rank, step, start_ns,
+    """_steps_at for times of several ranks, each in its own rank's steps (rank, step, start_ns,
     end_ns): grouped once, then one search per rank on arrays."""
     found = np.full(len(times), np.nan)
     if steps is None or steps.empty:
