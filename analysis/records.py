@@ -101,11 +101,12 @@ def read_records(run_dir: Path, rank: int) -> tuple[RunRecords | None, list[str]
         if path is not None:
             records, found = read_jsonl(path, record_type, rank)
             problems += found
-        frames[key] = records
-    if manifest_path is None and not any(frames.values()):
+        frames[key] = (records, record_type)
+    # Frames are built only for a rank with records: an empty frame costs more than the reading.
+    if manifest_path is None and not any(records for records, _ in frames.values()):
         return None, problems
-    frames = {key: _records_frame(records, record_type, rank) for (key, records), record_type
-              in zip(frames.items(), (schema.CommRecord, schema.DeviceSample, schema.StepRecord))}
+    frames = {key: _records_frame(records, record_type, rank)
+              for key, (records, record_type) in frames.items()}
     return RunRecords(manifest=manifest, **frames), problems
 
 
