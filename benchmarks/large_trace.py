@@ -18,16 +18,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
+from scale import measure  # this folder: the same sampling of the command's memory
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE_S = 0.05
 OPS_PER_STEP = 2000
 HOST_PID, DEVICE_PID, MAIN_TID = 100, 0, 1
 _COMM_ARGS = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20,
@@ -80,31 +77,6 @@ def write_trace(path: Path, megabytes: int) -> int:
     return path.stat().st_size
 
 
-def measure(command: list[str], env: dict) -> dict:
-    """Wall time, peak RSS (the command and its children, summed) and the last stderr line."""
-    start = time.perf_counter()
-    process = psutil.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE)
-    peak = 0
-    while process.poll() is None:
-        total = 0
-        try:
-            tree = [process, *process.children(recursive=True)]
-        except psutil.Error:
-            tree = []
-        for member in tree:
-            try:
-                total += member.memory_info().rss
-            except psutil.Error:
-                continue
-        peak = max(peak, total)
-        time.sleep(SAMPLE_S)
-    wall = time.perf_counter() - start
-    error = process.stderr.read().decode(errors="replace").strip().splitlines()
-    return {"wall_s": wall, "peak_mb": peak / 2**20, "rc": process.returncode,
-            "message": error[-1] if error else ""}
-
-
 def _spread(runs: list[dict], key: str) -> str:
     values = [r[key] for r in runs]
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
@@ -134,10 +106,10 @@ def main(argv=None) -> int:
         runs = [measure(command, env) for _ in range(args.repeat)]
     print(f"limit: {env.get('RANKTRACE_MAX_TRACE_MB', 'default')} MB; {len(runs)} runs, "
           f"median (min-max)")
-    print(f"wall s {_spread(runs, 'wall_s')}; peak RSS MB {_spread(runs, 'peak_mb')}; "
+    print(f"wall s {_spread(runs, 'wall_s')}; peak RSS MB {_spread(runs, 'sum_peak_mb')}; "
           f"exit status {sorted({r['rc'] for r in runs})}")
     if any(r["rc"] for r in runs):
-        print(f"last message: {runs[-1]['message']}")
+        print(f"last message: {runs[-1]['error']}")
     return 0
 
 

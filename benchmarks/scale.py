@@ -73,11 +73,11 @@ def build_run(trace: Path, ranks: int, folder: Path) -> int:
 
 
 # ---- measuring -----------------------------------------------------------------------------------
-def measure(command: list[str]) -> dict:
+def measure(command: list[str], env: dict | None = None) -> dict:
     """Wall time, summed per-process peak RSS and the peak of the summed RSS of `command` and
-    every process it starts."""
+    every process it starts, and the last line of its stderr where it failed."""
     start = time.perf_counter()
-    process = psutil.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
+    process = psutil.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE)
     peaks: dict[int, int] = {}
     peak_sum = 0
