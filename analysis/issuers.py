@@ -10,6 +10,7 @@ around the code issuing an op (`FSDP::all_gather`, `FullyShardedDataParallel._pr
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -176,22 +177,16 @@ def ddp_accumulation(traces) -> str | None:
             continue
         if DDP_FORWARD not in distinct_names(events["name"]):
             continue  # told from the names alone: the usual case on a run without DDP
-        on_host = ~events["is_gpu"].fillna(False).astype(bool).to_numpy()
-        # Only the rows and columns used are taken: the events of a rank are many.
-        forwards = events.loc[on_host & matches(events["name"], lambda n: n == DDP_FORWARD),
-                              ["ts_ns"]]
-        if forwards.empty:
+        on_host = _flag(events, "is_gpu", negate=True)
+        is_forward = on_host & matches(events["name"], lambda n: n == DDP_FORWARD)
+        if not is_forward.any():
             continue
-        comm = events.loc[events["is_comm"].fillna(False).astype(bool).to_numpy() & on_host,
-                          [c for c in ("name", "collective", "ts_ns") if c in events.columns]]
-        ops = comm["name"].astype(str).map(canonical_op)
-        if "collective" in comm.columns:
-            ops = ops.where(ops.notna(), comm["collective"].map(canonical_op))
-        reduce_ts = np.sort(comm.loc[ops == "all_reduce", "ts_ns"].to_numpy(dtype="float64"))
+        forward_ts = _float_values(events["ts_ns"], is_forward)
+        reduce_ts = np.sort(_all_reduce_starts(events, _flag(events, "is_comm") & on_host))
         step_spans = getattr(trace, "all_steps", None)
         if not isinstance(step_spans, pd.DataFrame) or step_spans.empty:
             step_spans = getattr(trace, "steps", None)
-        verdicts.append(_accumulation_of(forwards, reduce_ts, step_spans))
+        verdicts.append(_accumulation_of(forward_ts, reduce_ts, step_spans))
     return strongest_verdict(verdicts)
 
 
@@ -204,8 +199,36 @@ def strongest_verdict(verdicts) -> str | None:
     return None
 
 
-def _accumulation_of(forwards: pd.DataFrame, reduce_ts: np.ndarray, steps) -> str | None:
-    starts = np.sort(forwards["ts_ns"].to_numpy(dtype="float64"))
+def _flag(events: pd.DataFrame, column: str, negate: bool = False) -> np.ndarray:
+    """The column as booleans, missing as False (negated: True); a NumPy bool column as it is."""
+    values = events[column]
+    flags = (values.to_numpy() if values.dtype == np.dtype(bool)
+             else values.fillna(False).astype(bool).to_numpy())
+    return ~flags if negate else flags
+
+
+def _float_values(column: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """column[rows] as float64; a NumPy column is taken without pandas' selection."""
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iuf":
+        return column.to_numpy()[rows].astype("float64")
+    return column[rows].to_numpy(dtype="float64")
+
+
+def _all_reduce_starts(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Start times of the all-reduces among the host events `rows`: the op their name gives,
+    else the one their collective argument gives."""
+    positions = np.flatnonzero(rows)
+    names = events["name"].take(positions).astype(str).tolist()
+    collectives = (events["collective"].take(positions).tolist() if "collective" in events.columns
+                   else [None] * len(positions))
+    op_of = functools.lru_cache(maxsize=None)(canonical_op)  # a trace repeats a few names
+    is_reduce = np.array([(op_of(name) or canonical_op(collective)) == "all_reduce"
+                          for name, collective in zip(names, collectives)], dtype=bool)
+    return _float_values(events["ts_ns"], rows)[is_reduce]
+
+
+def _accumulation_of(forward_ts: np.ndarray, reduce_ts: np.ndarray, steps) -> str | None:
+    starts = np.sort(forward_ts)
     ends = np.append(starts[1:], np.inf)
     step_of = np.zeros(len(starts))
     if isinstance(steps, pd.DataFrame) and not steps.empty and "start_ns" in steps.columns:

@@ -1,0 +1,75 @@
+"""The communication tables' fast paths (categorical names, NumPy flag and time columns) give
+what their general paths give (object names, nullable columns), on hand-built ranks with known
+answers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from analysis import issuers
+
+MS = 1_000_000  # ns
+
+
+def host_event(name, ts_ms, dur_ms, *, collective=None) -> dict:
+    return {"name": name, "cat": "cpu_op", "ts_ns": int(ts_ms * MS), "dur_ns": int(dur_ms * MS),
+            "pid": "1", "tid": "1", "is_gpu": False,
+            "is_comm": name in ("record_param_comms", "nccl:all_reduce"),
+            "collective": collective}
+
+
+def kernel(name, ts_ms, dur_ms) -> dict:
+    return {"name": name, "cat": "kernel", "ts_ns": int(ts_ms * MS), "dur_ns": int(dur_ms * MS),
+            "pid": "0", "tid": "7", "is_gpu": True, "is_comm": name.startswith("nccl"),
+            "collective": None}
+
+
+def as_general(events: pd.DataFrame) -> pd.DataFrame:
+    """The same events with object names and categories, object flags (a missing one among
+    them) and nullable integer times: the columns the general paths read."""
+    general = events.astype({"name": object, "cat": object, "pid": object, "tid": object,
+                             "is_gpu": object, "is_comm": object, "ts_ns": "Int64",
+                             "dur_ns": "Int64"})
+    general.loc[general["is_gpu"] == False, "is_gpu"] = None  # noqa: E712  (missing: host)
+    return general
+
+
+def as_fast(events: pd.DataFrame) -> pd.DataFrame:
+    return events.astype({"name": "category", "cat": "category", "pid": "category",
+                          "tid": "category", "is_gpu": bool, "is_comm": bool})
+
+
+def rank(events: pd.DataFrame, steps=None) -> SimpleNamespace:
+    spans = None if steps is None else pd.DataFrame(steps, columns=["step", "start_ns", "end_ns"])
+    return SimpleNamespace(rank=0, events=events, steps=spans, all_steps=spans)
+
+
+def ddp_rank(forwards_reduced: list[bool], steps: int = 1) -> pd.DataFrame:
+    """DDP forwards 10 ms apart, each followed by a gradient all-reduce (named by the call's
+    collective, or by the op's own name) or not, and an unrelated kernel."""
+    rows = []
+    for i, reduced in enumerate(forwards_reduced):
+        rows.append(host_event("DistributedDataParallel.forward", i * 10, 3))
+        if reduced:
+            rows.append(host_event("record_param_comms", i * 10 + 6, 0.1, collective="allreduce")
+                        if i % 2 else host_event("nccl:all_reduce", i * 10 + 6, 0.1))
+        rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", i * 10 + 7, 1))
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(("reduced", "steps", "verdict"), [
+    ([True, True, True, True], 1, issuers.ACCUMULATING_WITHOUT_NO_SYNC),
+    ([False, False, False, True], 1, issuers.NO_SYNC_USED),
+    ([True, True, True, False], 1, issuers.ACCUMULATING_WITHOUT_NO_SYNC),  # last one cut off
+    ([True, True], 2, issuers.NO_ACCUMULATION),
+    ([False, False], 1, None),
+])
+def test_ddp_accumulation_is_the_same_on_fast_and_general_columns(reduced, steps, verdict):
+    events = ddp_rank(reduced)
+    span = len(reduced) * 10 // steps
+    step_spans = [(s, s * span * MS, (s + 1) * span * MS) for s in range(steps)]
+    for columns in (as_fast(events), as_general(events)):
+        assert issuers.ddp_accumulation([rank(columns, step_spans)]) == verdict
