@@ -76,13 +76,28 @@ HTA_DEVICE_SYNC_NAMES = ("Event Sync", "Context Sync")
 
 
 # ---- reading the frame --------------------------------------------------------------------------
-def matches(column: pd.Series, wanted) -> np.ndarray:
-    """wanted(str(value)) for each row, evaluated once per distinct value of a categorical."""
+def matches(column: pd.Series, wanted, among: np.ndarray | None = None) -> np.ndarray:
+    """wanted(str(value)) for each row, evaluated once per distinct value of a categorical.
+
+    With `among` (a row mask), only the rows where it holds are asked and the others read
+    False: a categorical's values that none of those rows holds are never evaluated (a
+    name pattern asked of host events skips the long kernel names)."""
     if isinstance(column.dtype, pd.CategoricalDtype):
-        hits = np.array([wanted(str(c)) for c in column.cat.categories], dtype=bool)
-        codes = column.cat.codes.to_numpy()
-        return np.where(codes >= 0, hits[np.maximum(codes, 0)] if hits.size else False, False)
-    return column.astype(str).map(wanted).to_numpy(dtype=bool)
+        values = column.array  # the Categorical itself: no Series built for its codes
+        codes = values.codes
+        if among is None:
+            hits = [wanted(str(c)) for c in values.categories]
+        else:
+            categories = list(values.categories)
+            used = np.bincount(codes[among].astype(np.intp) + 1, minlength=len(categories) + 1)
+            hits = [False] * len(categories)
+            for code in np.flatnonzero(used[1:]).tolist():
+                hits[code] = wanted(str(categories[code]))
+        # One slot per category, and a last False that code -1 (missing) reads: take() wraps
+        # negative indices, and costs a third of fancy indexing with int8 codes.
+        return np.array(hits + [False], dtype=bool).take(codes)
+    found = column.astype(str).map(wanted).to_numpy(dtype=bool)
+    return found if among is None else found & among
 
 
 def cat_is(events: pd.DataFrame, cats) -> np.ndarray:

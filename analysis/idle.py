@@ -17,7 +17,7 @@ from analysis.events import (
     cat_is,
     matches,
 )
-from analysis.layers import on_threads, pair, step_windows, threads_of, trace_kind, trace_layers
+from analysis.layers import on_threads, pair, threads_of, trace_kind, trace_layers, window_bounds
 from analysis.load import RankTrace
 
 IDLE_GAP_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "host_activity"]
@@ -53,8 +53,8 @@ def idle_gaps(trace: RankTrace) -> pd.DataFrame:
     communication), with what the host was doing: data_loading, synchronisation, launch_bound
     (busy dispatching ops, it launched the next work only after the device had gone idle) or
     other (docs/definitions.md, "Idle gaps")."""
-    windows = step_windows(trace)
-    if windows.empty:
+    steps, starts, ends = window_bounds(trace)
+    if steps.size == 0:
         return idle_gaps_empty()
     kind = trace_kind(trace)
     events = trace.events
@@ -64,11 +64,11 @@ def idle_gaps(trace: RankTrace) -> pd.DataFrame:
     busy = (np.concatenate([s for s, _ in active]), np.concatenate([e for _, e in active]))
     u_starts, u_ends = intervals.union(*busy)
     rows_start, rows_end, rows_step = [], [], []
-    for step, start, end in windows.itertuples(index=False):
+    for step, start, end in zip(steps.tolist(), starts.tolist(), ends.tolist()):
         # Only the busy intervals reaching into this window matter.
         lo = np.searchsorted(u_ends, start, side="right")
         hi = np.searchsorted(u_starts, end, side="left")
-        g_start, g_end = intervals.gaps(u_starts[lo:hi], u_ends[lo:hi], int(start), int(end))
+        g_start, g_end = _uncovered(u_starts[lo:hi], u_ends[lo:hi], start, end)
         rows_start.append(g_start)
         rows_end.append(g_end)
         rows_step.append(np.full(g_start.size, step, dtype=np.int64))
@@ -78,18 +78,22 @@ def idle_gaps(trace: RankTrace) -> pd.DataFrame:
 
     names = events["name"]
     host = cat_is(events, HOST_OP_CATS | {PYTHON_CAT})
-    loading = host & matches(names, lambda n: bool(DATA_LOADING_RE.search(n)))
     runtime = cat_is(events, RUNTIME_CATS)
-    sync = (runtime | host) & matches(names, lambda n: bool(SYNC_RE.search(n)))
+    launch_calls = runtime & (events["correlation"].to_numpy() >= 0)
+    loading = host & matches(names, lambda n: bool(DATA_LOADING_RE.search(n)), among=host)
+    host_or_runtime = runtime | host
+    sync = host_or_runtime & matches(names, lambda n: bool(SYNC_RE.search(n)),
+                                     among=host_or_runtime)
     loading_share = _overlap_with(gap_starts, gap_ends, pair(events, loading))
     sync_share = _overlap_with(gap_starts, gap_ends, pair(events, sync))
-    ops_share = _overlap_with(gap_starts, gap_ends, pair(events, _launching_ops(events)))
+    ops_share = _overlap_with(gap_starts, gap_ends,
+                              pair(events, _launching_ops(events, launch_calls)))
 
     # Host-caused: the work that ends the gap was launched after the device had gone idle (or
     # its launch is unknown). A gap before work that was already queued is the device's own.
     # Launch bound: host-caused while the launching threads were busy in ops (dispatching).
     if kind == "gpu":
-        known, launched_late = _next_launch(events, gap_starts, gap_ends)
+        known, launched_late = _next_launch(events, launch_calls, gap_starts, gap_ends)
         host_caused = ~known | launched_late
     else:
         launched_late = np.zeros(gap_starts.size, dtype=bool)
@@ -98,33 +102,42 @@ def idle_gaps(trace: RankTrace) -> pd.DataFrame:
     activity[launched_late & (2 * ops_share >= gap_len)] = "launch_bound"
     activity[host_caused & (2 * sync_share >= gap_len)] = "synchronisation"
     activity[host_caused & (2 * loading_share >= gap_len)] = "data_loading"
+    # Built in IDLE_GAP_COLUMNS' order: selecting them again would copy the frame.
     return pd.DataFrame({
         "rank": trace.rank, "step": np.concatenate(rows_step), "start_ns": gap_starts,
         "end_ns": gap_ends, "dur_ns": gap_len, "host_activity": activity,
-    })[IDLE_GAP_COLUMNS]
+    })
 
 
-def _launch_calls(events: pd.DataFrame) -> np.ndarray:
-    """Runtime/driver calls with a correlation id: the host side of device work."""
-    return (cat_is(events, RUNTIME_CATS)
-            & (events["correlation"].to_numpy() >= 0))
+def _uncovered(u_starts: np.ndarray, u_ends: np.ndarray, window_start: int, window_end: int
+               ) -> intervals.Intervals:
+    """intervals.gaps for intervals that are already a union (disjoint, sorted, apart): the
+    union it would compute again returns them as they are."""
+    u_starts = np.clip(u_starts, window_start, window_end)
+    u_ends = np.clip(u_ends, window_start, window_end)
+    keep = u_ends > u_starts
+    gap_starts = np.concatenate(([window_start], u_ends[keep]))
+    gap_ends = np.concatenate((u_starts[keep], [window_end]))
+    keep = gap_ends > gap_starts
+    return gap_starts[keep], gap_ends[keep]
 
 
-def _launching_ops(events: pd.DataFrame) -> np.ndarray:
-    """cpu_op events on the threads that launch device work."""
-    threads = threads_of(events, _launch_calls(events))
+def _launching_ops(events: pd.DataFrame, launch_calls: np.ndarray) -> np.ndarray:
+    """cpu_op events on the threads that make `launch_calls` (runtime/driver calls with a
+    correlation id: the host side of device work)."""
+    threads = threads_of(events, launch_calls)
     return cat_is(events, {CPU_OP_CAT}) & on_threads(events, threads)
 
 
-def _next_launch(events: pd.DataFrame, gap_starts: np.ndarray, gap_ends: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def _next_launch(events: pd.DataFrame, launch_calls: np.ndarray, gap_starts: np.ndarray,
+                 gap_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each gap, about the device work that ends it (the first to start at or after the
     gap's end): is its launch call in the trace, and was it made at or after the gap began?"""
     ts = events["ts_ns"].to_numpy()
     correlation = events["correlation"].to_numpy()
     device = np.flatnonzero(events["is_gpu"].to_numpy())
     device = device[np.argsort(ts[device], kind="stable")]
-    launch = np.flatnonzero(_launch_calls(events))
+    launch = np.flatnonzero(launch_calls)
     if device.size == 0 or launch.size == 0 or gap_starts.size == 0:
         nothing = np.zeros(gap_starts.size, dtype=bool)
         return nothing, nothing.copy()

@@ -46,6 +46,15 @@ def step_windows(trace: RankTrace) -> pd.DataFrame:
                          "end_ns": [int(events["end_ns"].max())]})
 
 
+def window_bounds(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """step_windows' columns (step, start_ns, end_ns) as int64 arrays, without its frame."""
+    if len(trace.steps):
+        steps = trace.steps
+        return tuple(steps[c].to_numpy(np.int64) for c in STEP_COLUMNS)
+    windows = step_windows(trace)
+    return tuple(windows[c].to_numpy(np.int64) for c in STEP_COLUMNS)
+
+
 def pair(events: pd.DataFrame, mask: np.ndarray | None = None) -> intervals.Intervals:
     """(starts, ends) of the events where `mask` holds, without copying the frame."""
     starts, ends = events["ts_ns"].to_numpy(), events["end_ns"].to_numpy()
@@ -118,16 +127,23 @@ def _on_thread_codes(pid: pd.Series, tid: pd.Series, threads: set[tuple[str, str
     for codes, column in ((pid_codes, pid), (tid_codes, tid)):
         for code, text in enumerate(_texts(column)):
             codes.setdefault(text, []).append(code)
-    width = len(tid.cat.categories)
-    wanted = [p * width + t for pid_text, tid_text in threads
-              for p in pid_codes.get(pid_text, ()) for t in tid_codes.get(tid_text, ())]
-    row_pid = pid.cat.codes.to_numpy()
-    row_tid = tid.cat.codes.to_numpy()
-    if not wanted:
-        return np.zeros(len(row_pid), dtype=bool)
-    # Missing values (code -1) are on no thread; their pair numbers could alias a wanted one.
-    return (np.isin(row_pid.astype(np.int64) * width + row_tid, wanted)
-            & (row_pid >= 0) & (row_tid >= 0))
+    row_pid = pid.array.codes.astype(np.intp)
+    row_tid = tid.array.codes
+    width = len(tid.cat.categories) + 1
+    slots = (len(pid.cat.categories) + 1) * width
+    if slots > 4 * row_pid.size + 1024:  # a table larger than the frame: compare pair numbers
+        wanted = [p * width + t for pid_text, tid_text in threads
+                  for p in pid_codes.get(pid_text, ()) for t in tid_codes.get(tid_text, ())]
+        return np.isin((row_pid + 1) * width + row_tid + 1,
+                       np.array(wanted, dtype=np.intp) + width + 1)
+    # One flag per (pid code + 1, tid code + 1): code -1 (missing) reads row or column 0, which
+    # stays False (a missing value is on no thread), and one gather replaces a sorted isin.
+    on = np.zeros(slots, dtype=bool)
+    for pid_text, tid_text in threads:
+        for p in pid_codes.get(pid_text, ()):
+            for t in tid_codes.get(tid_text, ()):
+                on[(p + 1) * width + t + 1] = True
+    return on.take((row_pid + 1) * width + row_tid + 1)
 
 
 def _gpu_layers(events: pd.DataFrame) -> tuple[list[intervals.Intervals], np.ndarray]:
