@@ -90,21 +90,49 @@ def _enclosed(starts, ends, threads, query_ts, query_threads) -> np.ndarray:
     return result
 
 
-def _marker_spans(trace) -> list[tuple[str, pd.DataFrame]]:
-    """(issuer, its marker spans on the host) for each issuer whose markers the trace holds, in
-    _SPAN_MARKERS' order."""
+def _marker_spans(trace) -> list[tuple[str, np.ndarray, np.ndarray, list]]:
+    """(issuer, starts, ends, (pid, tid) texts) of its marker spans on the host, for each issuer
+    whose markers the trace holds, in _SPAN_MARKERS' order."""
     events = getattr(trace, "events", None)
     if not _has_host_columns(events):
         return []
-    # Each distinct name is tested once per marker (matches), and only the spans' rows are taken.
-    on_host = ~events["is_gpu"].fillna(False).astype(bool).to_numpy()
+    on_host = _flag(events, "is_gpu", negate=True)
     found = []
     for issuer, pattern in _SPAN_MARKERS:
-        rows = np.flatnonzero(on_host & matches(
-            events["name"], lambda name, p=pattern: p.search(name) is not None))
+        rows = np.flatnonzero(on_host & _names_matching(events["name"], pattern))
         if len(rows):
-            found.append((issuer, events.take(rows)))
+            starts = _taken(events["ts_ns"], rows)
+            threads = list(zip(_texts_at(events["pid"], rows), _texts_at(events["tid"], rows)))
+            found.append((issuer, starts.astype("float64"),
+                          (starts + _taken(events["dur_ns"], rows)).astype("float64"), threads))
     return found
+
+
+def _names_matching(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Which names the pattern finds; on a categorical column, each category is searched once
+    and the rows are looked at only when some category matches (markers are rare)."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        return matches(names, lambda name: pattern.search(name) is not None)
+    hits = [pattern.search(str(c)) is not None for c in names.cat.categories]
+    if not any(hits):
+        return np.zeros(len(names), dtype=bool)
+    # Code -1 (a missing name) picks the last entry: no match.
+    return np.array(hits + [False])[names.cat.codes.to_numpy()]
+
+
+def _taken(column: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """column.take(rows).to_numpy(), without the Series where the column is a NumPy array."""
+    if isinstance(column.dtype, np.dtype):
+        return column.to_numpy()[rows]
+    return column.take(rows).to_numpy()
+
+
+def _texts_at(column: pd.Series, rows: np.ndarray) -> list:
+    """The values at `rows` as text, a missing one not as text (it names no thread)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        texts = np.array([str(c) for c in column.cat.categories] + [None], dtype=object)
+        return texts[column.cat.codes.to_numpy()[rows]].tolist()
+    return column.take(rows).astype(str).tolist()
 
 
 def issuers_from_trace(trace, ops: pd.DataFrame) -> pd.Series:
@@ -123,13 +151,9 @@ def issuers_of_ops(trace, op: np.ndarray, host_ts, host_pid, host_tid,
     seen = set()
     marked = np.zeros(len(op), dtype=bool)
     query_threads = list(zip(host_pid, host_tid))
-    for issuer, spans in _marker_spans(trace):
+    for issuer, starts, ends, threads in _marker_spans(trace):
         seen.add(issuer)
-        starts = spans["ts_ns"].to_numpy()
-        inside = _enclosed(starts.astype("float64"), (starts + spans["dur_ns"].to_numpy())
-                           .astype("float64"),
-                           list(zip(spans["pid"].astype(str), spans["tid"].astype(str))),
-                           host_ts, query_threads)
+        inside = _enclosed(starts, ends, threads, host_ts, query_threads)
         take = inside & ~marked
         issuers[take] = issuer
         marked |= take

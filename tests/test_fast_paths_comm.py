@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -73,3 +74,24 @@ def test_ddp_accumulation_is_the_same_on_fast_and_general_columns(reduced, steps
     step_spans = [(s, s * span * MS, (s + 1) * span * MS) for s in range(steps)]
     for columns in (as_fast(events), as_general(events)):
         assert issuers.ddp_accumulation([rank(columns, step_spans)]) == verdict
+
+
+def test_issuers_of_ops_are_the_same_on_fast_and_general_columns():
+    events = pd.DataFrame([
+        host_event("FSDP::all_gather", 0, 10),
+        host_event("DistributedDataParallel.forward", 20, 10),
+        host_event("aten::mm", 40, 5),
+        kernel("ncclKernel_AllGather_RING_LL_Sum_float", 5, 1),
+        # A marker's name on the device is no marker.
+        kernel("FullyShardedDataParallel._pre_forward", 60, 5),
+    ])
+    op = np.array(["all_gather", "all_reduce", "all_reduce", "send", "broadcast", "broadcast",
+                   "all_gather", "all_to_all"], dtype=object)
+    host_ts = np.array([5, 25, 42, 50, 61, 62, 5, 2], dtype="float64") * MS
+    host_tid = ["1", "1", "1", "1", "1", "1", "2", "1"]
+    named = np.array([True, True, True, True, True, False, True, True])
+    expected = ["fsdp2", "ddp", "ddp", "p2p", "c10d", "unknown", "fsdp2", "fsdp2"]
+    for columns in (as_fast(events), as_general(events)):
+        found = issuers.issuers_of_ops(rank(columns), op, host_ts, ["1"] * len(op), host_tid,
+                                       named)
+        assert found.tolist() == expected
