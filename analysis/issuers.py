@@ -98,8 +98,9 @@ def _marker_spans(trace) -> list[tuple[str, np.ndarray, np.ndarray, list]]:
         return []
     on_host = _flag(events, "is_gpu", negate=True)
     found = []
-    for issuer, pattern in _SPAN_MARKERS:
-        rows = np.flatnonzero(on_host & _names_matching(events["name"], pattern))
+    masks = _host_names_matching(events["name"], on_host, [p for _, p in _SPAN_MARKERS])
+    for (issuer, _), mask in zip(_SPAN_MARKERS, masks):
+        rows = np.flatnonzero(mask)
         if len(rows):
             starts = _taken(events["ts_ns"], rows)
             threads = list(zip(_texts_at(events["pid"], rows), _texts_at(events["tid"], rows)))
@@ -108,16 +109,25 @@ def _marker_spans(trace) -> list[tuple[str, np.ndarray, np.ndarray, list]]:
     return found
 
 
-def _names_matching(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
-    """Which names the pattern finds; on a categorical column, each category is searched once
-    and the rows are looked at only when some category matches (markers are rare)."""
+def _host_names_matching(names: pd.Series, on_host: np.ndarray, patterns) -> list[np.ndarray]:
+    """Per pattern: on_host & which names it finds. On a categorical column each category of a
+    host event is searched once (kernels' long template names never), and the rows are looked
+    at only for a pattern that some category matches (markers are rare)."""
     if not isinstance(names.dtype, pd.CategoricalDtype):
-        return matches(names, lambda name: pattern.search(name) is not None)
-    hits = [pattern.search(str(c)) is not None for c in names.cat.categories]
-    if not any(hits):
-        return np.zeros(len(names), dtype=bool)
-    # Code -1 (a missing name) picks the last entry: no match.
-    return np.array(hits + [False])[names.cat.codes.to_numpy()]
+        return [on_host & matches(names, lambda name, p=p: p.search(name) is not None)
+                for p in patterns]
+    codes = names.cat.codes.to_numpy()
+    categories = names.cat.categories.to_numpy(dtype=object)
+    # Code -1 (a missing name) counts in the last entry, which never matches.
+    host_names = [(code, str(categories[code])) for code in
+                  np.flatnonzero(np.bincount(codes[on_host] + 1, minlength=1)[1:]).tolist()]
+    masks = []
+    for pattern in patterns:
+        hits = np.zeros(len(categories) + 1, dtype=bool)
+        for code, name in host_names:
+            hits[code] = pattern.search(name) is not None
+        masks.append(on_host & hits[codes] if hits.any() else np.zeros(len(names), dtype=bool))
+    return masks
 
 
 def _taken(column: pd.Series, rows: np.ndarray) -> np.ndarray:
