@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import issuers
+from analysis import hta, issuers
 
 MS = 1_000_000  # ns
 
@@ -82,8 +82,8 @@ def test_issuers_of_ops_are_the_same_on_fast_and_general_columns():
         host_event("DistributedDataParallel.forward", 20, 10),
         host_event("aten::mm", 40, 5),
         kernel("ncclKernel_AllGather_RING_LL_Sum_float", 5, 1),
-        # A marker's name on the device is no marker.
-        kernel("FullyShardedDataParallel._pre_forward", 60, 5),
+        # A marker's name on the device is no marker, even on the host thread's ids.
+        {**kernel("FullyShardedDataParallel._pre_forward", 60, 5), "pid": "1", "tid": "1"},
     ])
     op = np.array(["all_gather", "all_reduce", "all_reduce", "send", "broadcast", "broadcast",
                    "all_gather", "all_to_all"], dtype=object)
@@ -95,3 +95,31 @@ def test_issuers_of_ops_are_the_same_on_fast_and_general_columns():
         found = issuers.issuers_of_ops(rank(columns), op, host_ts, ["1"] * len(op), host_tid,
                                        named)
         assert found.tolist() == expected
+
+
+@pytest.mark.parametrize("correlation", [
+    np.array([-1, 5, 6, 7, 5, 6, 7, 8, -1, 9], dtype=np.int64),  # compact ids: the table
+    np.array([-1, 5, 6, 7 << 40, 5, 6, 7 << 40, 8, -1, 9], dtype=np.int64),  # sparse: np.isin
+    np.array([-1, 5, 6, 7, 5, 6, 7, 8, np.nan, 9], dtype=np.float64),  # not integers: np.isin
+])
+def test_device_events_launched_by_kept_host_events_are_np_isin(correlation):
+    host = np.array([True, True, False, True, False, False, False, False, True, False])
+    device = ~host
+    found = hta._launched_by(correlation, host, device)
+    assert found.tolist() == np.isin(correlation, np.unique(correlation[host])).tolist()
+    # Ids 5 and 7<<40 or 7 were launched by kept host events, 6, 8 and 9 were not.
+    assert (found & device).tolist() == [False, False, False, False, True, False, True, False,
+                                         False, False]
+    nothing = np.zeros(len(host), dtype=bool)
+    assert not hta._launched_by(correlation, nothing, device).any()
+
+
+@pytest.mark.parametrize("name", [
+    "ampere_sgemm_32x128_nt", "ncclKernel_AllReduce_RING_LL_Sum_float", "ncclDevKernel_SendRecv",
+    "nccl_no_kernel_word", "Memcpy HtoD (Pageable -> Device)", "Memset (Device)", "dma_copy",
+    "cudaDeviceSynchronize", "Event Sync", "void copy<Memcpy>(int)", "MemsetLater", "xMemset",
+    "first line\\nSync after a newline", "first line\nSync after a newline",
+    "nccl\nKernel", "void at::native::vectorized_elementwise_kernel<4>(int)", "",
+])
+def test_compute_kernels_are_hta_is_compute(name):
+    assert hta._is_compute_kernel(name) == hta.hta_is_compute(name)
