@@ -20,6 +20,7 @@ from analysis.advice import IDLE_CAUSES, bubble_suggestion, exposed_suggestion, 
 from analysis.breakdown import BREAKDOWN_NS_COLUMNS
 from analysis.communication import UNKNOWN_BUCKET, UNKNOWN_PG
 from analysis.crossrank import findings as cross_findings
+from analysis.idle_activity import idle_by_activity
 from analysis.ranks import work_ns
 from analysis.steps import format_ranges
 
@@ -233,38 +234,33 @@ def _finite(value) -> bool:
 # ---- device idle by host activity ---------------------------------------------------------------
 def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu") -> list:
     """One finding per host activity: summed gap time over summed step_ns, gaps of analysed
-    (rank, step) rows only.
+    (rank, step) rows only (analysis.idle_activity).
     """
     needed = ("rank", "step", "dur_ns", "host_activity")
     if steps.empty or idle_gaps.empty or any(c not in idle_gaps.columns for c in needed):
         return []
-    gaps = idle_gaps[list(needed)].copy()
-    gaps["rank"] = pd.to_numeric(gaps["rank"], errors="coerce")
-    gaps["step"] = pd.to_numeric(gaps["step"], errors="coerce")
-    gaps["dur_ns"] = pd.to_numeric(gaps["dur_ns"], errors="coerce")
-    gaps = gaps.merge(steps[["rank", "step"]], on=["rank", "step"], how="inner")
-    gaps = gaps[gaps["dur_ns"] > 0]
+    activities, by_rank = idle_by_activity(steps, idle_gaps)
     total_step = steps["step_ns"].sum()
     rank_step = steps.groupby("rank")["step_ns"].sum()
     # On CPU traces the "device" is the training threads: there is no accelerator to sit idle.
     subject, name = (("The training threads", "idle") if kind == "cpu"
                      else ("The device", "device idle"))
     findings = []
-    for activity, group in gaps.groupby("host_activity", sort=True):
-        label, doing, suggestion = IDLE_CAUSES.get(activity, IDLE_CAUSES["other"])
-        share = group["dur_ns"].sum() / total_step * 100
+    for row in activities.itertuples(index=False):
+        label, doing, suggestion = IDLE_CAUSES.get(row.host_activity, IDLE_CAUSES["other"])
+        share = row.dur_ns / total_step * 100
         if share < MIN_SHARE_PCT:
             continue
-        longest = group.loc[group["dur_ns"].idxmax()]
-        per_rank = group.groupby("rank")["dur_ns"].sum() / rank_step.reindex(
-            group["rank"].unique()) * 100
-        heavy = per_rank[per_rank >= MIN_SHARE_PCT].index
-        evidence = (f"{subject} sat idle {_ms(group['dur_ns'].sum() / len(steps))} per step on "
-                    f"average ({share:.1f}% of step time) in {len(group)} gaps while the host "
-                    f"was {doing}; the longest gap was {_ms(longest['dur_ns'])} on rank "
-                    f"{int(longest['rank'])}, step {int(longest['step'])}.")
+        ranks = by_rank.loc[by_rank["host_activity"] == row.host_activity]
+        per_rank = (ranks["dur_ns"].to_numpy()
+                    / rank_step.reindex(ranks["rank"].to_numpy()).to_numpy() * 100)
+        heavy = ranks["rank"].to_numpy()[per_rank >= MIN_SHARE_PCT]
+        evidence = (f"{subject} sat idle {_ms(row.dur_ns / len(steps))} per step on "
+                    f"average ({share:.1f}% of step time) in {row.gaps} gaps while the host "
+                    f"was {doing}; the longest gap was {_ms(row.longest_ns)} on rank "
+                    f"{int(row.longest_rank)}, step {int(row.longest_step)}.")
         findings.append(_finding(f"{name}: {label}", share, evidence, suggestion,
-                                 rank_list(heavy if len(heavy) else group["rank"])))
+                                 rank_list(heavy if len(heavy) else ranks["rank"])))
     return findings
 
 
