@@ -21,9 +21,9 @@ import pandas as pd
 
 from analysis.events import HOST_OP_CATS, PROFILER_STEP_RE, STEP_COLUMNS
 from analysis.kineto_events import (
+    EVENTS_DECODER,
     TRACE_DECODER,
     EventColumns,
-    KinetoEvent,
     TraceDocument,
     int_or_none,
 )
@@ -63,7 +63,6 @@ CHUNK_BYTES = 2 << 20  # decoded events live for one chunk of JSON at a time
 CUT_WINDOW = 1 << 16  # where a cut between events is looked for first: the buffer's end
 _EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BETWEEN_EVENTS_RE = re.compile(rb"\}\s*,\s*\{")
-EVENTS_DECODER = msgspec.json.Decoder(list[KinetoEvent])
 
 
 # The most JSON one trace file may hold (decompressed): a file read a chunk at a time takes about

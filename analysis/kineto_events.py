@@ -11,7 +11,7 @@ import json
 import math
 from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -70,7 +70,57 @@ class TraceDocument(msgspec.Struct, gc=False):
     distributedInfo: _DistributedInfo | None = None
 
 
-TRACE_DECODER = msgspec.json.Decoder(TraceDocument)
+# ---- the fast decoder ----------------------------------------------------------------------------
+# Most events are not complete ("X") events (flows, instants, metadata), and only the X ones become
+# rows. A union tagged by "ph" materialises only their `ts` (float_timestamps reads it) and checks
+# their `args` is an object or null, as _Args does. Whatever it does not take (a "ph" it does not
+# list, or that is not a string) fails it, and the general decoder decodes the same bytes again:
+# the same events, or the same error.
+class _CheckedArgs(msgspec.Struct, gc=False):
+    pass
+
+
+class _CompleteEvent(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    ph = "X"  # a class attribute, not a field: what KinetoEvent.ph would hold
+    name: Any = None
+    cat: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    args: _Args | None = None
+
+
+# The Trace Event Format's other phases.
+_OTHER_PHASES = "B E i I C b n e s t f P N O D M V v R c ( )".split()
+_FastEvent = Union[(_CompleteEvent, *(
+    msgspec.defstruct(f"_Phase{i}Event", [("ts", Any, None), ("args", _CheckedArgs | None, None)],
+                      namespace={"ph": phase}, tag_field="ph", tag=phase, gc=False,
+                      module=__name__)
+    for i, phase in enumerate(_OTHER_PHASES)))]
+
+
+class _FastDocument(msgspec.Struct, gc=False):
+    traceEvents: list[_FastEvent] | None = None
+    distributedInfo: _DistributedInfo | None = None
+
+
+class _FallbackDecoder:
+    """Decodes with a fast decoder, and where that fails, with the general one."""
+
+    def __init__(self, fast, general):
+        self.fast = msgspec.json.Decoder(fast)
+        self.general = msgspec.json.Decoder(general)
+
+    def decode(self, data):
+        try:
+            return self.fast.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return self.general.decode(data)
+
+
+TRACE_DECODER = _FallbackDecoder(_FastDocument, TraceDocument)
+EVENTS_DECODER = _FallbackDecoder(list[_FastEvent], list[KinetoEvent])
 
 
 def int_or_none(value) -> int | None:

@@ -1,0 +1,163 @@
+"""The parser's fast paths give what its general paths give (analysis.kineto_events).
+
+Events are decoded by a union tagged by "ph" that materialises little of the events that are not
+complete ("X") events; what it cannot take is decoded again by the general decoder.
+"""
+
+import json
+
+import msgspec
+import pandas as pd
+import pytest
+
+from analysis import kineto, kineto_events
+from analysis.kineto import TraceReadError
+
+COMPLETE = {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7}
+
+
+def trace_text(events: list) -> str:
+    """A trace of `events` (dicts, or JSON text for what json.dumps cannot write)."""
+    body = ",\n".join(e if isinstance(e, str) else json.dumps(e) for e in events)
+    return '{"distributedInfo": {"rank": 1, "world_size": 2},\n"traceEvents": [\n' + body + "]}"
+
+
+def mixed_events() -> list:
+    return [
+        {"ph": "M", "name": "process_name", "ts": 0, "pid": 0, "args": {"name": "python"}},
+        {**COMPLETE, "name": "ncclDevKernel_AllReduce", "ts": 10, "dur": 5,
+         "args": {"stream": 7, "correlation": 3, "Collective name": "allreduce",
+                  "In msg nelems": 4, "Input Dims": [[2, 2]]}},
+        {"ph": "f", "id": 3, "ts": 12, "pid": 0, "tid": 7, "args": {"stream": 9}},
+        {**COMPLETE, "cat": "cpu_op", "name": "ProfilerStep#1", "ts": 0, "dur": 40},
+        {"ph": "s", "id": 3, "ts": 2, "pid": 0, "tid": 1},
+        {"ph": "i", "name": "mark", "ts": 20, "pid": 0, "tid": 1, "s": "t"},
+        {"ph": "B", "name": "open", "ts": 21}, {"ph": "E", "ts": 22},
+        {"ph": "C", "name": "memory", "ts": 23, "args": {"bytes": 5}},
+        {**COMPLETE, "name": "gemm", "ts": 30, "dur": 2, "args": {"stream": 7}},
+    ]
+
+
+class _Refusing:
+    """A decoder that takes nothing, as the fast decoder does with what it cannot decode."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def decode(self, data):
+        self.calls.append(len(data))
+        raise msgspec.ValidationError("refused")
+
+
+class _Counting:
+    def __init__(self, real, calls: list):
+        self.real, self.calls = real, calls
+
+    def decode(self, data):
+        self.calls.append(len(data))
+        return self.real.decode(data)
+
+
+def cut_small(monkeypatch):
+    """Cut the events into chunks of a few events, each decoded on its own."""
+    monkeypatch.setattr(kineto, "READ_BYTES", 64)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(kineto, "CUT_WINDOW", 128)
+
+
+def parse_both(path, monkeypatch, chunked=True):
+    fast = kineto.parse_trace(path, chunked=chunked)
+    calls = []
+    with monkeypatch.context() as patch:
+        for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
+            patch.setattr(decoder, "fast", _Refusing(calls))
+        general = kineto.parse_trace(path, chunked=chunked)
+    assert calls  # the general decoder really was the one used
+    return fast, general
+
+
+def assert_same(a, b):
+    pd.testing.assert_frame_equal(a.events, b.events, check_exact=True)
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
+    assert (a.rank, a.world_size, a.float_timestamps, a.problems) == (
+        b.rank, b.world_size, b.float_timestamps, b.problems)
+
+
+@pytest.mark.parametrize("chunked, small", [(True, False), (True, True), (False, False)])
+def test_fast_and_general_decoders_give_the_same_trace(tmp_path, monkeypatch, chunked, small):
+    chunks = []
+    if small:
+        cut_small(monkeypatch)
+        monkeypatch.setattr(kineto_events.EVENTS_DECODER, "fast",
+                            _Counting(kineto_events.EVENTS_DECODER.fast, chunks))
+    path = tmp_path / "t.json"
+    path.write_text(trace_text(mixed_events()))
+    fast, general = parse_both(path, monkeypatch, chunked)
+    assert len(chunks) > 1 if small else not chunks
+    assert_same(fast, general)
+    events = fast.events
+    assert events["name"].astype(str).tolist() == ["ncclDevKernel_AllReduce", "ProfilerStep#1",
+                                                   "gemm"]
+    assert events["ts_ns"].tolist() == [10_000, 0, 30_000]
+    assert events["stream"].tolist() == [7, -1, 7]
+    assert events["correlation"].tolist() == [3, -1, -1]
+    assert events["is_comm"].tolist() == [True, False, False]
+    assert events["collective"].tolist() == ["allreduce", None, None]
+    assert events["input_dims"].tolist() == ["[[2, 2]]", None, None]
+    assert not fast.float_timestamps  # every ts an integer, and no event without one
+    assert fast.steps["step"].tolist() == [1] and fast.rank == 1
+
+
+def test_a_float_ts_outside_complete_events_still_counts(tmp_path, monkeypatch):
+    # HTA reads every event's ts: one float among the flows makes the timestamps float.
+    events = mixed_events()
+    events[2]["ts"] = 12.5
+    path = tmp_path / "t.json"
+    path.write_text(trace_text(events))
+    fast, general = parse_both(path, monkeypatch)
+    assert fast.float_timestamps and general.float_timestamps
+    assert_same(fast, general)
+
+
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("odd, rows", [
+    ('{"ph": 5, "name": "a", "ts": 1, "dur": 1}', 3),
+    ('{"name": "a", "ts": 1, "dur": 1}', 3),
+    ('{"ph": "Z", "name": "a", "ts": 1, "dur": 1}', 3),
+    ('{"ph": null, "name": "a", "ts": 1, "dur": 1}', 3),
+    # a key given twice: the last one is the event's phase
+    ('{"ph": "X", "ph": "s", "name": "a", "ts": 1, "dur": 1}', 3),
+    ('{"ph": "s", "ph": "X", "name": "a", "ts": 1, "dur": 1}', 4),
+])
+def test_a_phase_the_fast_decoder_cannot_take_is_decoded_by_the_general_one(tmp_path, monkeypatch,
+                                                                            odd, rows, small):
+    if small:
+        cut_small(monkeypatch)
+    path = tmp_path / "t.json"
+    path.write_text(trace_text(mixed_events() + [odd]))
+    fallbacks = []
+    for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
+        monkeypatch.setattr(decoder, "general", _Counting(decoder.general, fallbacks))
+    fast, general = parse_both(path, monkeypatch)
+    assert fallbacks  # the fast decoder refused the chunk, and the general one decoded it
+    assert len(fast.events) == rows
+    assert_same(fast, general)
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_arguments_that_are_not_an_object_fail_either_way(tmp_path, monkeypatch, chunked):
+    # The general decoder refuses them on any event; skipping them on flows would read a file
+    # it refuses.
+    events = mixed_events()
+    events[4]["args"] = 5
+    path = tmp_path / "t.json"
+    path.write_text(trace_text(events))
+    with pytest.raises(TraceReadError) as fast:
+        kineto.parse_trace(path, chunked=chunked)
+    assert "not a Kineto trace" in str(fast.value)
+    with monkeypatch.context() as patch:
+        for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
+            patch.setattr(decoder, "fast", _Refusing([]))
+        with pytest.raises(TraceReadError) as general:
+            kineto.parse_trace(path, chunked=chunked)
+    assert str(fast.value) == str(general.value)
