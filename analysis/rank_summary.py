@@ -9,6 +9,7 @@ result is the same whichever way the rank was loaded.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from analysis import communication, issuers
@@ -18,14 +19,6 @@ from analysis.hta import hta_rank_summary
 from analysis.idle import idle_gaps
 from analysis.pipeline_schedule import rank_schedule
 from analysis.step_breakdown import breakdown_per_step
-
-
-def _plain(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with its categorical columns as plain objects: a thousand ranks' categoricals,
-    each with its own categories, cost more to concatenate than their few rows."""
-    return frame.astype({c: object for c, dtype in frame.dtypes.items()
-                         if isinstance(dtype, pd.CategoricalDtype)})
-
 
 # The columns of the communication events that crossrank.frames.ops_from_events reads.
 OP_EVENT_COLUMNS = ["name", "ts_ns", "end_ns", "stream", "is_gpu", "collective", "in_nelems",
@@ -40,9 +33,26 @@ def _comm_events(trace) -> pd.DataFrame:
     ops and the host calls that issued them)."""
     comm = named_kernels(trace.events)
     kernels = comm["is_gpu"].astype(bool)
-    if kernels.any():
-        comm = comm[kernels]
-    return _plain(comm[[c for c in OP_EVENT_COLUMNS if c in comm.columns]])
+    rows = np.flatnonzero(kernels.to_numpy()) if kernels.any() else None
+    index = comm.index if rows is None else comm.index[rows]
+    # Built column by column: selecting the rows and columns of the frame, then converting its
+    # categoricals, costs several times more for the few rows kept.
+    return pd.DataFrame({column: _plain_column(comm[column], rows, index)
+                         for column in OP_EVENT_COLUMNS if column in comm.columns}, index=index)
+
+
+def _plain_column(column: pd.Series, rows, index) -> pd.Series:
+    """The column's values at `rows` (all for None) on `index`, a categorical as objects: a
+    thousand ranks' categoricals, each with its own categories, cost more to concatenate than
+    their few rows."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        column = column.astype(object)
+    if rows is None:
+        return column
+    if isinstance(column.dtype, np.dtype):
+        # dtype given: pandas would read text in an object array as its string dtype.
+        return pd.Series(column.to_numpy()[rows], index=index, dtype=column.dtype, copy=False)
+    return pd.Series(column.array.take(rows), index=index, copy=False)
 
 
 # The per-rank tables: concatenated over ranks by analysis.run.

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import hta, issuers
+from analysis import hta, issuers, rank_summary
 
 MS = 1_000_000  # ns
 
@@ -123,3 +123,36 @@ def test_device_events_launched_by_kept_host_events_are_np_isin(correlation):
 ])
 def test_compute_kernels_are_hta_is_compute(name):
     assert hta._is_compute_kernel(name) == hta.hta_is_compute(name)
+
+
+def comm_rank(with_kernels: bool) -> pd.DataFrame:
+    rows = [host_event("record_param_comms", 0, 1, collective="allreduce"),
+            host_event("aten::mm", 2, 1), host_event("nccl:all_reduce", 3, 1)]
+    if with_kernels:
+        rows += [kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 1, 2), kernel("gemm", 4, 1),
+                 kernel("ncclKernel_Broadcast_RING_LL_Sum_float", 5, 1)]
+    events = pd.DataFrame(rows)
+    events["end_ns"] = events["ts_ns"] + events["dur_ns"]
+    events["stream"] = np.where(events["is_gpu"], 7, -1)
+    events["correlation"] = -1
+    events["in_nelems"] = [float(i) if i % 2 else np.nan for i in range(len(events))]
+    events["pg_name"] = pd.array(["0"] * len(events), dtype="string")  # an extension column
+    return events
+
+
+@pytest.mark.parametrize("with_kernels", [True, False])
+def test_comm_events_summary_is_the_frame_selection(with_kernels):
+    for events in (as_fast(comm_rank(with_kernels)), as_general(comm_rank(with_kernels))):
+        comm = events[events["is_comm"].astype(bool)]
+        kernels = comm["is_gpu"].astype(bool)
+        if kernels.any():
+            comm = comm[kernels]
+        expected = comm[[c for c in rank_summary.OP_EVENT_COLUMNS if c in comm.columns]]
+        expected = expected.astype({c: object for c, dtype in expected.dtypes.items()
+                                    if isinstance(dtype, pd.CategoricalDtype)})
+        found = rank_summary._comm_events(rank(events))
+        pd.testing.assert_frame_equal(found, expected, check_exact=True)
+        assert found["name"].dtype == object
+        assert found["name"].tolist() == (
+            ["ncclKernel_AllReduce_RING_LL_Sum_float", "ncclKernel_Broadcast_RING_LL_Sum_float"]
+            if with_kernels else ["record_param_comms", "nccl:all_reduce"])
