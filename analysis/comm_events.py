@@ -117,15 +117,25 @@ class _CommEvents:
     """The communication events' columns as Python values, addressed by position: there are
     few of them, and a pandas call per selection costs more than walking them."""
 
-    def __init__(self, frame: pd.DataFrame):
-        self.frame = frame
-        self.labels = frame.index.to_numpy()
-        self.present = [c for c in _ROW_COLUMNS if c in frame.columns]
-        self.values = {c: frame[c].tolist() for c in self.present}
-        self.starts = frame["ts_ns"].to_numpy(dtype="int64")
-        self.durations = frame["dur_ns"].to_numpy(dtype="int64")
-        self.correlation = pd.to_numeric(col(frame, "correlation"),
-                                         errors="coerce").to_numpy("float64")
+    def __init__(self, events: pd.DataFrame, rows: np.ndarray):
+        self.events, self.rows = events, rows
+        self.labels = events.index.to_numpy()[rows]
+        self.present = [c for c in _ROW_COLUMNS if c in events.columns]
+        # Column by column, from the rows: taking the rows of every column costs more.
+        self.values = {c: _list_at(events[c], rows) for c in self.present}
+        self.starts = _values_at(events["ts_ns"], rows, "int64")
+        self.durations = _values_at(events["dur_ns"], rows, "int64")
+        correlation = events["correlation"] if "correlation" in events.columns else None
+        if correlation is not None and _is_numpy_number(correlation):
+            self.correlation = correlation.to_numpy()[rows].astype("float64")
+        else:
+            self.correlation = pd.to_numeric(col(self.frame, "correlation"),
+                                             errors="coerce").to_numpy("float64")
+
+    @functools.cached_property
+    def frame(self) -> pd.DataFrame:
+        """The events' rows, every column."""
+        return self.events.take(self.rows)
 
     def record(self, position, op=None) -> dict:
         """{column: value} of one event, with its op when it has one."""
@@ -156,7 +166,7 @@ def _comm_events(events: pd.DataFrame):
     if not len(comm_rows):
         return None
     comm_on_gpu = is_gpu[comm_rows]
-    comm = _CommEvents(events.take(comm_rows))
+    comm = _CommEvents(events, comm_rows)
     return comm, is_gpu, np.flatnonzero(comm_on_gpu), np.flatnonzero(~comm_on_gpu)
 
 
@@ -187,6 +197,34 @@ def _ops_series(comm: _CommEvents, chosen: list[tuple[int, str]]) -> pd.Series:
 def _with_ops(comm: _CommEvents, chosen: list[tuple[int, str]]) -> pd.DataFrame:
     """The chosen events' rows, with their op in an `op` column."""
     return comm.frame.take([p for p, _ in chosen]).assign(op=_ops_series(comm, chosen))
+
+
+def _is_numpy_number(column: pd.Series) -> bool:
+    return isinstance(column.dtype, np.dtype) and column.dtype.kind in "iuf"
+
+
+def _values_at(column: pd.Series, rows: np.ndarray, dtype=None) -> np.ndarray:
+    """column.take(rows).to_numpy(dtype), without the Series where the column is a NumPy
+    array."""
+    if isinstance(column.dtype, np.dtype):
+        values = column.to_numpy()[rows]
+        return values if dtype is None else values.astype(dtype)
+    return column.take(rows).to_numpy(dtype)
+
+
+def _list_at(column: pd.Series, rows: np.ndarray) -> list:
+    """column.take(rows).tolist(), without the Series where the column is a NumPy array or a
+    categorical of objects (whose missing values pandas lists as NaN)."""
+    if isinstance(column.dtype, np.dtype):
+        return column.to_numpy()[rows].tolist()
+    if (isinstance(column.dtype, pd.CategoricalDtype)
+            and column.cat.categories.dtype == np.dtype(object)):
+        categories = column.cat.categories.to_numpy()
+        values = np.empty(len(categories) + 1, dtype=object)
+        values[:-1] = categories
+        values[-1] = np.nan  # code -1
+        return values[column.cat.codes.to_numpy()[rows]].tolist()
+    return column.take(rows).tolist()
 
 
 def _flags(events: pd.DataFrame, column: str) -> np.ndarray:
@@ -397,7 +435,7 @@ def _texts(column: pd.Series, rows: np.ndarray) -> np.ndarray:
     """str() of the column's values at the positions `rows`, as an object array."""
     if not len(rows):
         return np.zeros(0, dtype=object)
-    return np.array([str(v) for v in np.asarray(column.iloc[rows], dtype=object)], dtype=object)
+    return np.array([str(v) for v in _list_at(column, rows)], dtype=object)
 
 
 def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:

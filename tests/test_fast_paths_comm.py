@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import hta, issuers, rank_summary
+from analysis import communication, hta, issuers, rank_summary
 
 MS = 1_000_000  # ns
 
@@ -35,12 +35,25 @@ def as_general(events: pd.DataFrame) -> pd.DataFrame:
                              "is_gpu": object, "is_comm": object, "ts_ns": "Int64",
                              "dur_ns": "Int64"})
     general.loc[general["is_gpu"] == False, "is_gpu"] = None  # noqa: E712  (missing: host)
+    if "correlation" in general.columns:
+        general["correlation"] = general["correlation"].astype("Int64")
     return general
 
 
-def as_fast(events: pd.DataFrame) -> pd.DataFrame:
-    return events.astype({"name": "category", "cat": "category", "pid": "category",
-                          "tid": "category", "is_gpu": bool, "is_comm": bool})
+def as_fast(events: pd.DataFrame, categories=object) -> pd.DataFrame:
+    """Categorical text columns (with object categories, as the trace reader gives them) and
+    NumPy flags."""
+    text = ("name", "cat", "pid", "tid")
+    return events.astype({
+        **{c: pd.CategoricalDtype(pd.Index(events[c].dropna().unique(), dtype=categories))
+           for c in text},
+        "is_gpu": bool, "is_comm": bool})
+
+
+def variants(events: pd.DataFrame) -> list[pd.DataFrame]:
+    """The events as the fast paths read them, as the general ones do, and with pandas' own
+    text categories (general paths for categoricals)."""
+    return [as_fast(events), as_general(events), as_fast(events, categories="str")]
 
 
 def rank(events: pd.DataFrame, steps=None) -> SimpleNamespace:
@@ -72,7 +85,7 @@ def test_ddp_accumulation_is_the_same_on_fast_and_general_columns(reduced, steps
     events = ddp_rank(reduced)
     span = len(reduced) * 10 // steps
     step_spans = [(s, s * span * MS, (s + 1) * span * MS) for s in range(steps)]
-    for columns in (as_fast(events), as_general(events)):
+    for columns in variants(events):
         assert issuers.ddp_accumulation([rank(columns, step_spans)]) == verdict
 
 
@@ -91,7 +104,7 @@ def test_issuers_of_ops_are_the_same_on_fast_and_general_columns():
     host_tid = ["1", "1", "1", "1", "1", "1", "2", "1"]
     named = np.array([True, True, True, True, True, False, True, True])
     expected = ["fsdp2", "ddp", "ddp", "p2p", "c10d", "unknown", "fsdp2", "fsdp2"]
-    for columns in (as_fast(events), as_general(events)):
+    for columns in variants(events):
         found = issuers.issuers_of_ops(rank(columns), op, host_ts, ["1"] * len(op), host_tid,
                                        named)
         assert found.tolist() == expected
@@ -142,7 +155,7 @@ def comm_rank(with_kernels: bool) -> pd.DataFrame:
 
 @pytest.mark.parametrize("with_kernels", [True, False])
 def test_comm_events_summary_is_the_frame_selection(with_kernels):
-    for events in (as_fast(comm_rank(with_kernels)), as_general(comm_rank(with_kernels))):
+    for events in variants(comm_rank(with_kernels)):
         comm = events[events["is_comm"].astype(bool)]
         kernels = comm["is_gpu"].astype(bool)
         if kernels.any():
@@ -156,3 +169,37 @@ def test_comm_events_summary_is_the_frame_selection(with_kernels):
         assert found["name"].tolist() == (
             ["ncclKernel_AllReduce_RING_LL_Sum_float", "ncclKernel_Broadcast_RING_LL_Sum_float"]
             if with_kernels else ["record_param_comms", "nccl:all_reduce"])
+
+
+def launched(events: list[dict], correlation: int, launch_ms: float) -> list[dict]:
+    """The events with a runtime launch (at `launch_ms` on the host thread) of the kernel with
+    that correlation id."""
+    launch = {**host_event("cudaLaunchKernel", launch_ms, 0.01), "cat": "cuda_runtime",
+              "correlation": correlation}
+    return [*events, launch]
+
+
+def test_comm_ops_from_events_are_the_same_on_fast_and_general_columns():
+    call = {**host_event("record_param_comms", 1, 2, collective="allreduce"),
+            "in_nelems": 1024.0, "out_nelems": 1024.0, "comm_dtype": "Float", "group_size": 2.0,
+            "pg_name": "0", "pg_desc": "default_pg"}
+    rows = [call, {**kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5, 0.5),
+                   "correlation": 11},
+            # A kernel whose launch is under no call: sized by nothing, named by its own name.
+            {**kernel("ncclDevKernel_Broadcast_RING_LL", 9, 0.25), "correlation": 12},
+            host_event("aten::mm", 7, 1)]
+    rows = launched(launched(rows, 11, 1.5), 12, 7.5)
+    events = pd.DataFrame(rows)
+    events["correlation"] = events["correlation"].fillna(-1).astype("int64")
+    for column in ("in_nelems", "out_nelems", "group_size"):
+        events[column] = events[column].astype("float64")
+    events["stream"] = np.where(events["is_gpu"], 7, -1)
+    found = [communication.comm_ops(rank(columns)) for columns in variants(events)]
+    for other in found[1:]:
+        pd.testing.assert_frame_equal(found[0], other, check_exact=True)
+    ops = found[0]
+    assert ops["op"].tolist() == ["all_reduce", "broadcast"]
+    assert ops["bytes"].tolist()[0] == 4096.0 and np.isnan(ops["bytes"].tolist()[1])
+    assert ops["duration_us"].tolist() == [500.0, 250.0]
+    assert ops["pg_desc"].tolist() == ["default_pg", None]
+    assert ops["issuer"].tolist() == ["c10d", "unknown"]
