@@ -63,12 +63,20 @@ def op_columns(events: pd.DataFrame, steps, all_steps, world_size) -> dict | Non
     if not rows:
         return None
     step, kept = _steps_kept(pd.Series([row["host_ts"] for row in rows]), steps, all_steps)
-    sort_ts = pd.Series([row["sort_ts"] for row in rows])
-    order = (sort_ts[kept] if kept is not None else sort_ts).sort_values(kind="stable").index
-    positions = order.to_numpy()
+    positions = _sorted_positions(pd.Series([row["sort_ts"] for row in rows]), kept)
     columns = {name: [rows[i][name] for i in positions] for name in rows[0] if name != "sort_ts"}
     columns["step"] = step.take(positions) if isinstance(step, pd.Series) else step
     return columns
+
+
+def _sorted_positions(sort_ts: pd.Series, kept) -> np.ndarray:
+    """The positions of the kept rows (all for None) in sort_values(kind="stable")'s order:
+    through NumPy's stable sort (NaN last, as pandas puts it) on numbers."""
+    if sort_ts.dtype.kind not in "iuf":
+        return (sort_ts[kept] if kept is not None else sort_ts).sort_values(
+            kind="stable").index.to_numpy()
+    positions = np.flatnonzero(kept) if kept is not None else np.arange(len(sort_ts))
+    return positions[np.argsort(sort_ts.to_numpy()[positions], kind="stable")]
 
 
 def _steps_kept(host_ts: pd.Series, steps, all_steps):
@@ -79,13 +87,15 @@ def _steps_kept(host_ts: pd.Series, steps, all_steps):
         # A trace without ProfilerStep is analysed as one window, which the breakdown numbers
         # -1 (analysis.steps.WHOLE_TRACE_STEP).
         return WHOLE_TRACE_STEP, None
-    step = _steps_of(host_ts.to_numpy(dtype="float64"), all_steps if has_all else steps)
+    times_ns = host_ts.to_numpy(dtype="float64")
+    values, inside = _step_numbers(times_ns, all_steps if has_all else steps)
+    step = pd.Series(pd.arrays.IntegerArray(values, ~inside), index=range(len(times_ns)))
     if not (has_all and has_selected):
         return step, None
     # Ops issued in ProfilerSteps left out of the selection go; ops issued outside every step
     # (before the first, after the last) stay, with no step.
-    wanted = set(pd.to_numeric(steps["step"], errors="coerce").dropna().astype(int))
-    return step, (step.isna() | step.isin(wanted)).to_numpy(dtype=bool)
+    wanted = pd.to_numeric(steps["step"], errors="coerce").dropna().astype(int).to_numpy()
+    return step, ~inside | np.isin(values, wanted)
 
 
 def _op_rows(events: pd.DataFrame, world_size) -> list[dict]:
@@ -476,6 +486,12 @@ def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
 
 def _steps_of(times_ns: np.ndarray, steps) -> pd.Series:
     """The ProfilerStep whose [start, end) holds each time, NA outside every step."""
+    values, inside = _step_numbers(times_ns, steps)
+    return pd.Series(pd.arrays.IntegerArray(values, ~inside), index=range(len(times_ns)))
+
+
+def _step_numbers(times_ns: np.ndarray, steps) -> tuple[np.ndarray, np.ndarray]:
+    """_steps_of as (number, inside a step), the number 0 outside."""
     values = np.zeros(len(times_ns), dtype="int64")
     inside = np.zeros(len(times_ns), dtype=bool)
     if (isinstance(steps, pd.DataFrame) and not steps.empty and len(times_ns)
@@ -485,7 +501,7 @@ def _steps_of(times_ns: np.ndarray, steps) -> pd.Series:
         inside = (position >= 0) & ~np.isnan(times_ns)
         inside[inside] = times_ns[inside] < ends[position[inside]]
         values[inside] = numbers[position[inside]].astype("int64")
-    return pd.Series(pd.arrays.IntegerArray(values, ~inside), index=range(len(times_ns)))
+    return values, inside
 
 
 def _step_spans(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import communication, hta, issuers, rank_summary
+from analysis import comm_events, communication, hta, issuers, rank_summary
 
 MS = 1_000_000  # ns
 
@@ -203,3 +203,24 @@ def test_comm_ops_from_events_are_the_same_on_fast_and_general_columns():
     assert ops["duration_us"].tolist() == [500.0, 250.0]
     assert ops["pg_desc"].tolist() == ["default_pg", None]
     assert ops["issuer"].tolist() == ["c10d", "unknown"]
+
+
+@pytest.mark.parametrize("values", [
+    [5.0, np.nan, 1.0, 5.0, -0.0, 0.0, np.nan, 1.0],  # NaN last, ties in their order
+    [5, 3, 1, 5, 0, 0, 9, 1],
+    ["b", None, "a", "b", "a", "c", None, "a"],  # objects: pandas' own sort
+])
+@pytest.mark.parametrize("kept", [None, [True, True, False, True, True, False, True, True]])
+def test_sorted_positions_are_the_stable_sort_of_pandas(values, kept):
+    sort_ts = pd.Series(values, dtype=object if "a" in values else None)
+    kept = None if kept is None else np.array(kept)
+    expected = (sort_ts[kept] if kept is not None else sort_ts).sort_values(kind="stable").index
+    assert comm_events._sorted_positions(sort_ts, kept).tolist() == expected.tolist()
+
+
+def test_ops_outside_the_selected_steps_go():
+    spans = pd.DataFrame({"step": [1, 2, 3], "start_ns": [0, 10, 20], "end_ns": [10, 20, 30]})
+    host_ts = pd.Series([5, 15, 25, 35, np.nan, -1])
+    step, kept = comm_events._steps_kept(host_ts, spans[spans["step"] != 2], spans)
+    assert step.tolist() == [1, 2, 3, pd.NA, pd.NA, pd.NA]
+    assert kept.tolist() == [True, False, True, True, True, True]
