@@ -84,6 +84,11 @@ def _typed_columns(frame: pd.DataFrame) -> dict:
 
 
 def _int64(values: pd.Series):
+    # Integers as they are: converting and rounding them changes nothing but costs.
+    if values.dtype == np.dtype("int64"):
+        return pd.arrays.IntegerArray(values.to_numpy(copy=True), np.zeros(len(values), bool))
+    if values.dtype == "Int64":
+        return values.array.copy()
     return pd.to_numeric(values, errors="coerce").round().astype("Int64").array
 
 

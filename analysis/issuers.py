@@ -311,7 +311,8 @@ def group_names(trace) -> dict:
     events = getattr(trace, "events", None)
     if isinstance(events, pd.DataFrame) and {"pg_name", "pg_desc"} <= set(events.columns):
         pgs, descs = events["pg_name"].to_numpy(), events["pg_desc"].to_numpy()
-        both = np.flatnonzero(pd.notna(pgs) & pd.notna(descs))
+        named = np.flatnonzero(pd.notna(pgs))
+        both = named[pd.notna(descs[named])]  # the descriptions looked at where named only
         for pg, desc in zip(pgs[both].tolist(), descs[both].tolist()):
             add(pg, desc)
     return names

@@ -224,3 +224,14 @@ def test_ops_outside_the_selected_steps_go():
     step, kept = comm_events._steps_kept(host_ts, spans[spans["step"] != 2], spans)
     assert step.tolist() == [1, 2, 3, pd.NA, pd.NA, pd.NA]
     assert kept.tolist() == [True, False, True, True, True, True]
+
+
+@pytest.mark.parametrize("values", [
+    pd.Series([3, -1, 7], dtype="int64"), pd.Series([3, None, 7], dtype="Int64"),
+    pd.Series([2.5, np.nan, 3.5]), pd.Series(["4", None, 5], dtype=object),
+])
+def test_int64_columns_are_the_rounded_integers(values):
+    expected = pd.to_numeric(values, errors="coerce").round().astype("Int64").array
+    found = communication._int64(values)
+    pd.testing.assert_extension_array_equal(found, expected)
+    assert found is not values.array  # a copy: the ops table owns its columns
