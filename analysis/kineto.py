@@ -12,12 +12,18 @@ import gzip
 import os
 import re
 import zlib
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 import numpy as np
 import pandas as pd
+
+try:  # ISA-L's inflate, about three times as fast as zlib's, where it is installed
+    from isal import igzip as _fast_gzip
+except ImportError:
+    _fast_gzip = None
 
 from analysis.events import HOST_OP_CATS, PROFILER_STEP_RE, STEP_COLUMNS
 from analysis.kineto_events import (
@@ -58,7 +64,8 @@ class ParsedTrace:
 
 
 # ---- reading a file in chunks -------------------------------------------------------------------
-READ_BYTES = 1 << 20
+# Pieces of 256 kB: 1 MB ones cost more in page faults (a fresh mapping per piece) than they save.
+READ_BYTES = 256 << 10
 CHUNK_BYTES = 2 << 20  # decoded events live for one chunk of JSON at a time
 CUT_WINDOW = 1 << 16  # where a cut between events is looked for first: the buffer's end
 _EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -121,10 +128,9 @@ def _pieces(path: Path, limit: int | None = None, why: str = ""):
         stored = path.stat().st_size
         if limit is not None and not gzipped and stored > limit:
             raise _too_large(path, f"{_megabytes(stored)} of JSON", limit, why)
-        opened = gzip.open(path, "rb") if gzipped else path.open("rb")
         read = 0
-        with opened as handle:
-            while piece := handle.read(READ_BYTES):
+        with closing(_gunzipped(path) if gzipped else _plain(path)) as pieces:
+            for piece in pieces:
                 read += len(piece)
                 if limit is not None and read > limit:
                     raise _too_large(path, f"more than {limit / _MB:g} MB of JSON once "
@@ -135,6 +141,33 @@ def _pieces(path: Path, limit: int | None = None, why: str = ""):
         raise TraceReadError(path, f"truncated or corrupt gzip ({exc})") from None
     except OSError as exc:
         raise TraceReadError(path, f"cannot read ({exc.strerror or exc})") from None
+
+
+def _plain(path: Path):
+    with path.open("rb") as handle:
+        while piece := handle.read(READ_BYTES):
+            yield piece
+
+
+def _gunzipped(path: Path):
+    """A gzip file's content, READ_BYTES at a time: by ISA-L where it is installed, and by the
+    standard library from its first failure on, so that a damaged file fails with the standard
+    library's error, after the same bytes."""
+    done = 0
+    if _fast_gzip is not None:
+        try:
+            with _fast_gzip.open(path, "rb") as handle:
+                while piece := handle.read(READ_BYTES):
+                    done += len(piece)
+                    yield piece
+            return
+        except Exception:  # the standard library reads on, and names the problem
+            pass
+    with gzip.open(path, "rb") as handle:
+        while done > 0 and (skipped := len(handle.read(min(done, READ_BYTES)))):
+            done -= skipped
+        while piece := handle.read(READ_BYTES):
+            yield piece
 
 
 def read_trace_bytes(path: Path, limit: int | None = None, why: str = "") -> bytes:

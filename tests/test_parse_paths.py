@@ -4,6 +4,7 @@ Events are decoded by a union tagged by "ph" that materialises little of the eve
 complete ("X") events; what it cannot take is decoded again by the general decoder.
 """
 
+import gzip
 import json
 
 import msgspec
@@ -161,3 +162,102 @@ def test_arguments_that_are_not_an_object_fail_either_way(tmp_path, monkeypatch,
         with pytest.raises(TraceReadError) as general:
             kineto.parse_trace(path, chunked=chunked)
     assert str(fast.value) == str(general.value)
+
+
+# ---- gzip: ISA-L where it is installed, the standard library from its first failure on ---------
+def two_member_gzip(tmp_path, damage: str):
+    """A trace gzipped as two members (as concatenated copies are), damaged as named."""
+    events = [{**COMPLETE, "name": f"kernel{i % 7}", "ts": i * 10, "dur": 5, "args": {"stream": 7}}
+              for i in range(600)]
+    text = trace_text(events).encode()
+    first, second = gzip.compress(text[:9000], mtime=0), gzip.compress(text[9000:], mtime=0)
+    data = bytearray(first + second)
+    if damage == "crc":
+        data[-6] ^= 0xFF
+    elif damage == "length":
+        data[len(first) - 2] ^= 1
+    elif damage == "deflate":
+        data[len(first) + len(second) // 2] ^= 0x55
+    elif damage == "magic":
+        data[len(first) + 1] ^= 1
+    elif damage == "truncated":
+        del data[len(first) + len(second) // 2:]
+    elif damage == "garbage":
+        data += b"\0\0xyz"
+    elif damage == "zeros":
+        data += b"\0\0\0"
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def parse_outcome(path):
+    try:
+        return kineto.parse_trace(path)
+    except TraceReadError as exc:
+        return str(exc)
+
+
+def assert_same_outcome(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, str):
+        assert a == b
+    else:
+        assert_same(a, b)
+
+
+DAMAGES = ["none", "crc", "length", "deflate", "magic", "truncated", "garbage", "zeros"]
+
+
+@pytest.mark.skipif(kineto._fast_gzip is None, reason="ISA-L (isal) is not installed")
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_isa_l_reads_what_the_standard_library_reads(tmp_path, monkeypatch, damage):
+    monkeypatch.setattr(kineto, "READ_BYTES", 1024)
+    path = two_member_gzip(tmp_path, damage)
+    fast = parse_outcome(path)
+    monkeypatch.setattr(kineto, "_fast_gzip", None)
+    assert_same_outcome(fast, parse_outcome(path))
+    if damage in ("none", "zeros"):
+        assert len(fast.events) == 600
+    else:
+        assert "truncated or corrupt gzip" in fast
+
+
+class _FailingGzip:
+    """A gzip reader that fails after `pieces` reads, as ISA-L would on what it cannot read."""
+
+    def __init__(self, pieces: int):
+        self.pieces = pieces
+
+    def open(self, path, mode):
+        reader, pieces = gzip.open(path, mode), self.pieces
+
+        class Reader:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                reader.close()
+
+            def read(self, size):
+                nonlocal pieces
+                if pieces == 0:
+                    raise ValueError("cannot read on")
+                pieces -= 1
+                return reader.read(size)
+
+        return Reader()
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("pieces", [0, 3])
+def test_the_standard_library_reads_on_where_the_fast_reader_fails(tmp_path, monkeypatch, damage,
+                                                                   pieces):
+    monkeypatch.setattr(kineto, "READ_BYTES", 1024)
+    path = two_member_gzip(tmp_path, damage)
+    monkeypatch.setattr(kineto, "_fast_gzip", None)
+    expected = parse_outcome(path)
+    monkeypatch.setattr(kineto, "_fast_gzip", _FailingGzip(pieces))
+    assert_same_outcome(parse_outcome(path), expected)
+    if damage in ("none", "zeros"):
+        assert b"".join(kineto._gunzipped(path)) == gzip.decompress(path.read_bytes())
