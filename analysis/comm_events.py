@@ -271,7 +271,7 @@ def _launches(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray, np.n
     # Only the launches of these kernels matter: the category test runs on those alone.
     launches = np.flatnonzero(np.isin(correlation, kernel_corr) & (correlation >= 0)
                               & ~np.asarray(is_gpu, dtype=bool))
-    launches = launches[_text_matches(events["cat"].take(launches), ("runtime", "driver"))]
+    launches = launches[_text_matches(events["cat"], ("runtime", "driver"), launches)]
     # The first launch of each correlation id, sorted by id for the lookup below.
     launch_corr, first = np.unique(correlation[launches], return_index=True)
     launches = launches[first]
@@ -328,14 +328,14 @@ def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=N
     }
 
 
-def _text_matches(column: pd.Series, parts) -> np.ndarray:
-    """Whether each value, as text, contains any of `parts`; decided once per category of a
-    categorical column."""
+def _text_matches(column: pd.Series, parts, rows: np.ndarray) -> np.ndarray:
+    """Whether each value at `rows`, as text, contains any of `parts`; decided once per category
+    of a categorical column."""
     if isinstance(column.dtype, pd.CategoricalDtype):
         wanted = [any(p in str(c) for p in parts) for c in column.cat.categories]
         # Code -1 (a missing value) picks the last entry: no match.
-        return np.array(wanted + [False])[column.cat.codes.to_numpy()]
-    text = column.astype(str)
+        return np.array(wanted + [False])[column.cat.codes.to_numpy()[rows]]
+    text = column.take(rows).astype(str)
     return np.asarray(np.logical_or.reduce([text.str.contains(p, regex=False) for p in parts]))
 
 

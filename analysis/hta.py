@@ -103,10 +103,19 @@ def hta_rank_summary(trace: RankTrace) -> dict:
 
 class _NameMasks:
     """Which events' names are device syncs, ProfilerSteps, compute kernels: each computed once
-    per rank, on first use, for both of its rows."""
+    per rank, on first use, for both of its rows; and the order of its events by start, which
+    its rows (computed with the same times) share."""
 
     def __init__(self, names: pd.Series, step_names: set[str]):
         self.names, self.step_names, self.found = names, step_names, {}
+        self.order = None
+
+    def by_start(self, ts: np.ndarray, among: np.ndarray) -> np.ndarray:
+        """The positions of `among` (the same on every call) in stable order of ts."""
+        if self.order is None:
+            positions = np.flatnonzero(among)
+            self.order = positions[np.argsort(ts[positions], kind="stable")]
+        return self.order
 
     def get(self, kind: str, among: np.ndarray) -> np.ndarray:
         """The mask `kind`; exact on the rows of `among` (compute: where it is first asked)."""
@@ -126,7 +135,7 @@ def _names_among(names: pd.Series, among: np.ndarray, wanted) -> np.ndarray:
     if not isinstance(names.dtype, pd.CategoricalDtype):
         return among & matches(names, wanted)
     codes = names.cat.codes.to_numpy()
-    categories = names.cat.categories
+    categories = names.cat.categories.to_numpy()  # an array: an Index looks each one up slowly
     hits = np.zeros(len(categories) + 1, dtype=bool)  # the last: missing names (code -1)
     for code in np.unique(codes[among]):
         if code >= 0:
@@ -156,6 +165,13 @@ def _launched_by(correlation: np.ndarray, host: np.ndarray, device: np.ndarray) 
     return launched[correlation - low]
 
 
+def _merged(ts: np.ndarray, end: np.ndarray, rows: np.ndarray, by_start: np.ndarray):
+    """intervals.hta_merged of the rows, given in their stable order by start (`by_start`, a
+    superset in that order): its own stable sort then finds them sorted, which costs little."""
+    ordered = by_start[rows[by_start]]
+    return intervals.hta_merged(ts[ordered], end[ordered])
+
+
 def _hta_rank(trace: RankTrace, ts: np.ndarray, end: np.ndarray, kept: np.ndarray,
               names: _NameMasks, filtering: bool) -> dict:
     row = {"rank": trace.rank, "idle_us": np.nan, "compute_us": np.nan,
@@ -179,10 +195,11 @@ def _hta_rank(trace: RankTrace, ts: np.ndarray, end: np.ndarray, kept: np.ndarra
     if not kernels.any():
         row["note"] = "no GPU kernels: HTA's temporal breakdown fails on such traces"
         return row
-    busy, first, last = intervals.hta_merged(ts[kernels], end[kernels])
+    by_start = names.by_start(ts, stream != -1)
+    busy, first, last = _merged(ts, end, kernels, by_start)
     # Evaluated on every event with a stream: exact for the kernels of either row.
     compute = kernels & names.get("compute", stream != -1)
-    compute_busy = intervals.hta_merged(ts[compute], end[compute])[0] if compute.any() else 0.0
+    compute_busy = _merged(ts, end, compute, by_start)[0] if compute.any() else 0.0
     kernel_time = last - first
     idle = kernel_time - busy
     row.update(idle_us=idle, compute_us=compute_busy,

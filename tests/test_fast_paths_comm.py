@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import comm_events, communication, hta, issuers, rank_summary
+from analysis import comm_events, communication, hta, intervals, issuers, rank_summary
 
 MS = 1_000_000  # ns
 
@@ -235,3 +235,16 @@ def test_int64_columns_are_the_rounded_integers(values):
     found = communication._int64(values)
     pd.testing.assert_extension_array_equal(found, expected)
     assert found is not values.array  # a copy: the ops table owns its columns
+
+
+def test_merged_kernels_in_the_shared_start_order_are_hta_merged():
+    # Ties in start, negative-length intervals (HTA's rounding), and two nested subsets.
+    ts = np.array([5.0, 1.0, 3.0, 1.0, 9.0, 3.0, 7.0, 2.0])
+    end = np.array([6.0, 4.0, 2.5, 2.0, 12.0, 8.0, 7.5, 2.0])
+    among = np.array([True, True, True, True, True, True, False, True])
+    masks = hta._NameMasks(pd.Series(["k"] * len(ts)), set())
+    by_start = masks.by_start(ts, among)
+    for rows in (among, among & (ts != 3.0), np.array([0, 0, 1, 1, 0, 1, 0, 0], dtype=bool)):
+        assert hta._merged(ts, end, rows, by_start) == intervals.hta_merged(ts[rows], end[rows])
+    # 1-4, 1-2, 2-2, 3-2.5, 3-8 and 5-6 join into 1-8 (7 us busy), 9-12 apart (3 us).
+    assert hta._merged(ts, end, among, by_start) == (10.0, 1.0, 12.0)
