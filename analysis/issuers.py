@@ -252,9 +252,10 @@ def _all_reduce_starts(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """Start times of the all-reduces among the host events `rows`: the op their name gives,
     else the one their collective argument gives."""
     positions = np.flatnonzero(rows)
-    names = events["name"].take(positions).astype(str).tolist()
-    collectives = (events["collective"].take(positions).tolist() if "collective" in events.columns
-                   else [None] * len(positions))
+    # A missing name names no op, whether as None or as NaN.
+    names = _texts_at(events["name"], positions)
+    collectives = (_taken(events["collective"], positions).tolist()
+                   if "collective" in events.columns else [None] * len(positions))
     op_of = functools.lru_cache(maxsize=None)(canonical_op)  # a trace repeats a few names
     is_reduce = np.array([(op_of(name) or canonical_op(collective)) == "all_reduce"
                           for name, collective in zip(names, collectives)], dtype=bool)
@@ -266,9 +267,7 @@ def _accumulation_of(forward_ts: np.ndarray, reduce_ts: np.ndarray, steps) -> st
     ends = np.append(starts[1:], np.inf)
     step_of = np.zeros(len(starts))
     if isinstance(steps, pd.DataFrame) and not steps.empty and "start_ns" in steps.columns:
-        spans = steps.sort_values("start_ns")
-        step_starts = spans["start_ns"].to_numpy(dtype="float64")
-        step_ends = spans["end_ns"].to_numpy(dtype="float64")
+        step_starts, step_ends = _spans_by_start(steps)
         step_of = np.searchsorted(step_starts, starts, side="right") - 1
         inside = step_of >= 0
         ends[inside] = np.minimum(ends[inside], step_ends[step_of[inside]])
@@ -281,8 +280,21 @@ def _accumulation_of(forward_ts: np.ndarray, reduce_ts: np.ndarray, steps) -> st
         # followed by a later forward counts.
         if (~reduced[:-1]).any():
             return NO_SYNC_USED
-    per_step = pd.Series(step_of).value_counts()
-    return ACCUMULATING_WITHOUT_NO_SYNC if (per_step > 1).any() else NO_ACCUMULATION
+    several_per_step = len(np.unique(step_of)) < len(step_of)
+    return ACCUMULATING_WITHOUT_NO_SYNC if several_per_step else NO_ACCUMULATION
+
+
+def _spans_by_start(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of the steps in steps.sort_values("start_ns")'s order, as float64: NumPy's
+    sort, the one pandas runs, where the starts are numbers without NaN."""
+    starts = steps["start_ns"]
+    numbers = isinstance(starts.dtype, np.dtype) and starts.dtype.kind in "iuf"
+    if numbers and not starts.isna().any():
+        order = starts.to_numpy().argsort(kind="quicksort")
+        return (starts.to_numpy(dtype="float64")[order],
+                steps["end_ns"].to_numpy(dtype="float64")[order])
+    spans = steps.sort_values("start_ns")
+    return spans["start_ns"].to_numpy(dtype="float64"), spans["end_ns"].to_numpy(dtype="float64")
 
 
 # ---- process group names -------------------------------------------------------------------------

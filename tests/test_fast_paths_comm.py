@@ -248,3 +248,15 @@ def test_merged_kernels_in_the_shared_start_order_are_hta_merged():
         assert hta._merged(ts, end, rows, by_start) == intervals.hta_merged(ts[rows], end[rows])
     # 1-4, 1-2, 2-2, 3-2.5, 3-8 and 5-6 join into 1-8 (7 us busy), 9-12 apart (3 us).
     assert hta._merged(ts, end, among, by_start) == (10.0, 1.0, 12.0)
+
+
+@pytest.mark.parametrize("starts", [[30, 10, 20, 10], [30.0, np.nan, 20.0, 10.0],
+                                    pd.array([30, None, 20, 10], dtype="Int64")])
+def test_step_spans_by_start_are_sort_values(starts):
+    steps = pd.DataFrame({"step": [3, 1, 2, 0], "start_ns": starts, "end_ns": [35, 15, 25, 12]})
+    spans = steps.sort_values("start_ns")
+    expected = (spans["start_ns"].to_numpy(dtype="float64"),
+                spans["end_ns"].to_numpy(dtype="float64"))
+    found = issuers._spans_by_start(steps)
+    np.testing.assert_array_equal(found[0], expected[0])
+    np.testing.assert_array_equal(found[1], expected[1])
