@@ -91,8 +91,8 @@ class _CompleteEvent(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     args: _Args | None = None
 
 
-# The Trace Event Format's other phases.
-_OTHER_PHASES = "B E i I C b n e s t f P N O D M V v R c ( )".split()
+# The Trace Event Format's other phases, the deprecated ones (I, S, T, p, F) included.
+_OTHER_PHASES = "B E i I C b n e S T p F s t f P N O D M V v R c ( )".split()
 _FastEvent = Union[(_CompleteEvent, *(
     msgspec.defstruct(f"_Phase{i}Event", [("ts", Any, None), ("args", _CheckedArgs | None, None)],
                       namespace={"ph": phase}, tag_field="ph", tag=phase, gc=False,

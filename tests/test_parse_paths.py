@@ -120,6 +120,22 @@ def test_a_float_ts_outside_complete_events_still_counts(tmp_path, monkeypatch):
     assert_same(fast, general)
 
 
+def test_every_phase_of_the_trace_event_format_takes_the_fast_decoder(tmp_path, monkeypatch):
+    phases = "B E X i I C b n e S T p F s t f P N O D M V v R c ( )".split()
+    events = [{"ph": ph, "name": f"e{i}", "cat": "kernel", "ts": i, "dur": 1, "pid": 0, "tid": 7,
+               "args": {"stream": 7, "id": i}} for i, ph in enumerate(phases)]
+    path = tmp_path / "t.json"
+    path.write_text(trace_text(events))
+    fallbacks = []
+    for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
+        monkeypatch.setattr(decoder, "general", _Counting(decoder.general, fallbacks))
+    fast = kineto.parse_trace(path)
+    assert not fallbacks
+    assert fast.events["name"].astype(str).tolist() == ["e2"]
+    fast_again, general = parse_both(path, monkeypatch)
+    assert_same(fast, general)
+
+
 @pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("odd, rows", [
     ('{"ph": 5, "name": "a", "ts": 1, "dur": 1}', 3),
