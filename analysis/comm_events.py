@@ -94,7 +94,9 @@ def _steps_kept(host_ts: pd.Series, steps, all_steps):
         return step, None
     # Ops issued in ProfilerSteps left out of the selection go; ops issued outside every step
     # (before the first, after the last) stay, with no step.
-    wanted = pd.to_numeric(steps["step"], errors="coerce").dropna().astype(int).to_numpy()
+    wanted = steps["step"]
+    wanted = (wanted.to_numpy() if wanted.dtype == np.dtype("int64")
+              else pd.to_numeric(wanted, errors="coerce").dropna().astype(int).to_numpy())
     return step, ~inside | np.isin(values, wanted)
 
 
@@ -238,7 +240,10 @@ def _list_at(column: pd.Series, rows: np.ndarray) -> list:
 
 
 def _flags(events: pd.DataFrame, column: str) -> np.ndarray:
-    return events[column].fillna(False).astype(bool).to_numpy()
+    values = events[column]
+    if values.dtype == np.dtype(bool):
+        return values.to_numpy()  # nothing missing, nothing to convert
+    return values.fillna(False).astype(bool).to_numpy()
 
 
 def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:

@@ -218,8 +218,10 @@ def test_sorted_positions_are_the_stable_sort_of_pandas(values, kept):
     assert comm_events._sorted_positions(sort_ts, kept).tolist() == expected.tolist()
 
 
-def test_ops_outside_the_selected_steps_go():
-    spans = pd.DataFrame({"step": [1, 2, 3], "start_ns": [0, 10, 20], "end_ns": [10, 20, 30]})
+@pytest.mark.parametrize("numbers", ["int64", "float64", "Int64"])
+def test_ops_outside_the_selected_steps_go(numbers):
+    spans = pd.DataFrame({"step": pd.array([1, 2, 3], dtype=numbers), "start_ns": [0, 10, 20],
+                          "end_ns": [10, 20, 30]})
     host_ts = pd.Series([5, 15, 25, 35, np.nan, -1])
     step, kept = comm_events._steps_kept(host_ts, spans[spans["step"] != 2], spans)
     assert step.tolist() == [1, 2, 3, pd.NA, pd.NA, pd.NA]
