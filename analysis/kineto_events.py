@@ -82,12 +82,13 @@ class _CheckedArgs(msgspec.Struct, gc=False):
 
 class _CompleteEvent(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     ph = "X"  # a class attribute, not a field: what KinetoEvent.ph would hold
-    name: Any = None
+    # In the order Kineto writes them: msgspec looks a key up from the field after the last found.
     cat: Any = None
-    ts: Any = None
-    dur: Any = None
+    name: Any = None
     pid: Any = None
     tid: Any = None
+    ts: Any = None
+    dur: Any = None
     args: _Args | None = None
 
 
