@@ -190,8 +190,11 @@ def _decode_in_chunks(path: Path, columns: EventColumns, limit: int) -> TraceDoc
 
 
 def _last_cut(buffer: bytearray, filled: int):
-    """The last place between two events in `buffer[:filled]`: near its end if possible."""
-    for start in (max(filled - CUT_WINDOW, 0), 0):
+    """The last place between two events in `buffer[:filled]`: near its end if possible.
+
+    Looked for in ever larger windows at the end (a few events, then CUT_WINDOW, then the whole
+    buffer): none in a window means the last one starts before it."""
+    for start in (max(filled - CUT_WINDOW // 16, 0), max(filled - CUT_WINDOW, 0), 0):
         cut = None
         for found in _BETWEEN_EVENTS_RE.finditer(buffer, start, filled):
             cut = found

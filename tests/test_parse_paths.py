@@ -277,3 +277,19 @@ def test_the_standard_library_reads_on_where_the_fast_reader_fails(tmp_path, mon
     assert_same_outcome(parse_outcome(path), expected)
     if damage in ("none", "zeros"):
         assert b"".join(kineto._gunzipped(path)) == gzip.decompress(path.read_bytes())
+
+
+# ---- where a chunk is cut ------------------------------------------------------------------------
+@pytest.mark.parametrize("window", [64, 1024, 1 << 16])
+def test_the_cut_is_the_last_place_between_two_events(monkeypatch, window):
+    # events of very different lengths, so that the last cut lies in each of the windows looked at
+    monkeypatch.setattr(kineto, "CUT_WINDOW", window)
+    events = [{"ph": "X", "name": "n" * (7 ** (i % 5)), "args": {"a": [{"b": i}, {"c": i}]}}
+              for i in range(40)]
+    buffer = bytearray(json.dumps(events).encode())
+    everywhere = [m.span() for m in kineto._BETWEEN_EVENTS_RE.finditer(buffer)]
+    assert len(everywhere) > 40  # the nested arguments hold some too
+    for filled in range(0, len(buffer) + 1, 97):
+        before = [span for span in everywhere if span[1] <= filled]
+        cut = kineto._last_cut(buffer, filled)
+        assert (cut.span() if cut else None) == (before[-1] if before else None)
