@@ -343,11 +343,11 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
         if not step_of:
             return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS})
         codes = names.cat.codes.to_numpy()
-        mask = np.isin(codes, list(step_of)) & events["cat"].isin(HOST_OP_CATS).to_numpy()
+        mask = np.isin(codes, list(step_of)) & _is_host_op(events["cat"])
         numbers = np.array([step_of[c] for c in codes[mask]], dtype=np.int64)
     else:
         matches = names.astype(str).str.extract(PROFILER_STEP_RE.pattern)[0]
-        mask = (matches.notna() & events["cat"].isin(HOST_OP_CATS)).to_numpy()
+        mask = matches.notna().to_numpy() & _is_host_op(events["cat"])
         numbers = matches[mask].astype(np.int64).to_numpy()
     start_ns = events["ts_ns"].to_numpy()[mask]
     end_ns = events["end_ns"].to_numpy()[mask]
@@ -360,3 +360,12 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     keep = order[first]
     return pd.DataFrame({"step": numbers[first], "start_ns": start_ns[keep],
                          "end_ns": end_ns[keep]})
+
+
+def _is_host_op(cats: pd.Series) -> np.ndarray:
+    """Whether each event's category is a host op's (HOST_OP_CATS)."""
+    if isinstance(cats.dtype, pd.CategoricalDtype):
+        # Once per category, not per event; a missing category (code -1) reads the last False.
+        of_category = [c in HOST_OP_CATS for c in cats.cat.categories] + [False]
+        return np.array(of_category, dtype=bool)[cats.cat.codes.to_numpy()]
+    return cats.isin(HOST_OP_CATS).to_numpy()

@@ -8,6 +8,7 @@ import gzip
 import json
 
 import msgspec
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -293,3 +294,26 @@ def test_the_cut_is_the_last_place_between_two_events(monkeypatch, window):
         before = [span for span in everywhere if span[1] <= filled]
         cut = kineto._last_cut(buffer, filled)
         assert (cut.span() if cut else None) == (before[-1] if before else None)
+
+
+# ---- ProfilerStep spans --------------------------------------------------------------------------
+@pytest.mark.parametrize("categorical_names", [True, False])
+@pytest.mark.parametrize("categorical_cats", [True, False])
+def test_profiler_steps_read_categorical_and_plain_columns_alike(categorical_names,
+                                                                  categorical_cats):
+    names = ["ProfilerStep#2", "ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3",
+             "ProfilerStep#4", "aten::mm", "ProfilerStep#2"]
+    cats = ["cpu_op", "user_annotation", "cpu_op", "gpu_user_annotation", None, "cpu_op",
+            "cpu_op"]
+    starts = np.array([100, 0, 100, 200, 300, 5, 90], dtype=np.int64)
+    ends = np.array([150, 90, 180, 290, 390, 9, 180], dtype=np.int64)
+    events = pd.DataFrame({
+        "name": pd.Categorical(names) if categorical_names else pd.Series(names, dtype=object),
+        "cat": pd.Categorical(cats) if categorical_cats else pd.Series(cats, dtype=object),
+        "ts_ns": starts, "end_ns": ends})
+    steps = kineto.profiler_steps(events)
+    # step 3 is on the GPU and step 4 has no category: neither is a host span; of step 2's
+    # three spans, the two longest end alike and the first in the file is kept
+    assert steps["step"].tolist() == [1, 2]
+    assert steps["start_ns"].tolist() == [0, 100]
+    assert steps["end_ns"].tolist() == [90, 180]
