@@ -4,6 +4,7 @@ only; the analysis is analysis.run's."""
 from __future__ import annotations
 
 import argparse
+import gc
 import re
 import sys
 from pathlib import Path
@@ -112,6 +113,9 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None) -> i
                                 scheduler=args.scheduler,
                                 # Only the HTML report draws from the events once reduced.
                                 keep_events=args.html is not None)
+            # What is loaded lives until this one-shot process ends: the cyclic collector would
+            # only rescan it (millions of objects at a thousand ranks) each time it runs.
+            gc.freeze()
             where = run_dir if run_dir is not None else Path(args.paths[0])
             report = analyse_run(loaded, name=where.name or str(where), path=str(where),
                                  steps_spec=args.steps, hta_compatible=args.hta_compatible,
