@@ -12,18 +12,12 @@ import gzip
 import os
 import re
 import zlib
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 import numpy as np
 import pandas as pd
-
-try:  # ISA-L's inflate, about three times as fast as zlib's, where it is installed
-    from isal import igzip as _fast_gzip
-except ImportError:
-    _fast_gzip = None
 
 from analysis.events import HOST_OP_CATS, PROFILER_STEP_RE, STEP_COLUMNS
 from analysis.kineto_events import (
@@ -128,9 +122,10 @@ def _pieces(path: Path, limit: int | None = None, why: str = ""):
         stored = path.stat().st_size
         if limit is not None and not gzipped and stored > limit:
             raise _too_large(path, f"{_megabytes(stored)} of JSON", limit, why)
+        opened = gzip.open(path, "rb") if gzipped else path.open("rb")
         read = 0
-        with closing(_gunzipped(path) if gzipped else _plain(path)) as pieces:
-            for piece in pieces:
+        with opened as handle:
+            while piece := handle.read(READ_BYTES):
                 read += len(piece)
                 if limit is not None and read > limit:
                     raise _too_large(path, f"more than {limit / _MB:g} MB of JSON once "
@@ -141,33 +136,6 @@ def _pieces(path: Path, limit: int | None = None, why: str = ""):
         raise TraceReadError(path, f"truncated or corrupt gzip ({exc})") from None
     except OSError as exc:
         raise TraceReadError(path, f"cannot read ({exc.strerror or exc})") from None
-
-
-def _plain(path: Path):
-    with path.open("rb") as handle:
-        while piece := handle.read(READ_BYTES):
-            yield piece
-
-
-def _gunzipped(path: Path):
-    """A gzip file's content, READ_BYTES at a time: by ISA-L where it is installed, and by the
-    standard library from its first failure on, so that a damaged file fails with the standard
-    library's error, after the same bytes."""
-    done = 0
-    if _fast_gzip is not None:
-        try:
-            with _fast_gzip.open(path, "rb") as handle:
-                while piece := handle.read(READ_BYTES):
-                    done += len(piece)
-                    yield piece
-            return
-        except Exception:  # the standard library reads on, and names the problem
-            pass
-    with gzip.open(path, "rb") as handle:
-        while done > 0 and (skipped := len(handle.read(min(done, READ_BYTES)))):
-            done -= skipped
-        while piece := handle.read(READ_BYTES):
-            yield piece
 
 
 def read_trace_bytes(path: Path, limit: int | None = None, why: str = "") -> bytes:

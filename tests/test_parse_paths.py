@@ -215,69 +215,17 @@ def parse_outcome(path):
         return str(exc)
 
 
-def assert_same_outcome(a, b):
-    assert type(a) is type(b)
-    if isinstance(a, str):
-        assert a == b
-    else:
-        assert_same(a, b)
-
-
 DAMAGES = ["none", "crc", "length", "deflate", "magic", "truncated", "garbage", "zeros"]
 
 
-@pytest.mark.skipif(kineto._fast_gzip is None, reason="ISA-L (isal) is not installed")
 @pytest.mark.parametrize("damage", DAMAGES)
-def test_isa_l_reads_what_the_standard_library_reads(tmp_path, monkeypatch, damage):
+def test_a_damaged_gzip_file_is_named_as_such(tmp_path, monkeypatch, damage):
     monkeypatch.setattr(kineto, "READ_BYTES", 1024)
-    path = two_member_gzip(tmp_path, damage)
-    fast = parse_outcome(path)
-    monkeypatch.setattr(kineto, "_fast_gzip", None)
-    assert_same_outcome(fast, parse_outcome(path))
+    outcome = parse_outcome(two_member_gzip(tmp_path, damage))
     if damage in ("none", "zeros"):
-        assert len(fast.events) == 600
+        assert len(outcome.events) == 600
     else:
-        assert "truncated or corrupt gzip" in fast
-
-
-class _FailingGzip:
-    """A gzip reader that fails after `pieces` reads, as ISA-L would on what it cannot read."""
-
-    def __init__(self, pieces: int):
-        self.pieces = pieces
-
-    def open(self, path, mode):
-        reader, pieces = gzip.open(path, mode), self.pieces
-
-        class Reader:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                reader.close()
-
-            def read(self, size):
-                nonlocal pieces
-                if pieces == 0:
-                    raise ValueError("cannot read on")
-                pieces -= 1
-                return reader.read(size)
-
-        return Reader()
-
-
-@pytest.mark.parametrize("damage", DAMAGES)
-@pytest.mark.parametrize("pieces", [0, 3])
-def test_the_standard_library_reads_on_where_the_fast_reader_fails(tmp_path, monkeypatch, damage,
-                                                                   pieces):
-    monkeypatch.setattr(kineto, "READ_BYTES", 1024)
-    path = two_member_gzip(tmp_path, damage)
-    monkeypatch.setattr(kineto, "_fast_gzip", None)
-    expected = parse_outcome(path)
-    monkeypatch.setattr(kineto, "_fast_gzip", _FailingGzip(pieces))
-    assert_same_outcome(parse_outcome(path), expected)
-    if damage in ("none", "zeros"):
-        assert b"".join(kineto._gunzipped(path)) == gzip.decompress(path.read_bytes())
+        assert "truncated or corrupt gzip" in outcome
 
 
 # ---- where a chunk is cut ------------------------------------------------------------------------
