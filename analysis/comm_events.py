@@ -24,6 +24,7 @@ from analysis.comm_names import (
     message_bytes,
 )
 from analysis.enclosing import innermost_among, thread_keys
+from analysis.frame_columns import flags, is_numpy_number, list_at, text_matches, texts, values_at
 from analysis.steps import WHOLE_TRACE_STEP
 
 REQUIRED_EVENT_COLUMNS = ("name", "cat", "ts_ns", "dur_ns", "pid", "tid", "is_gpu", "is_comm")
@@ -134,11 +135,11 @@ class _CommEvents:
         self.labels = events.index.to_numpy()[rows]
         self.present = [c for c in _ROW_COLUMNS if c in events.columns]
         # Column by column, from the rows: taking the rows of every column costs more.
-        self.values = {c: _list_at(events[c], rows) for c in self.present}
-        self.starts = _values_at(events["ts_ns"], rows, "int64")
-        self.durations = _values_at(events["dur_ns"], rows, "int64")
+        self.values = {c: list_at(events[c], rows) for c in self.present}
+        self.starts = values_at(events["ts_ns"], rows, "int64")
+        self.durations = values_at(events["dur_ns"], rows, "int64")
         correlation = events["correlation"] if "correlation" in events.columns else None
-        if correlation is not None and _is_numpy_number(correlation):
+        if correlation is not None and is_numpy_number(correlation):
             self.correlation = correlation.to_numpy()[rows].astype("float64")
         else:
             self.correlation = pd.to_numeric(col(self.frame, "correlation"),
@@ -173,7 +174,7 @@ _ROW_COLUMNS = _ARG_COLUMNS + ("name", "ts_ns", "pid", "tid")
 def _comm_events(events: pd.DataFrame):
     """(_CommEvents of the communication events, is_gpu of every event, positions of the
     kernels among them, positions of the host events), or None without any."""
-    is_comm, is_gpu = _flags(events, "is_comm"), _flags(events, "is_gpu")
+    is_comm, is_gpu = flags(events, "is_comm"), flags(events, "is_gpu")
     comm_rows = np.flatnonzero(is_comm)
     if not len(comm_rows):
         return None
@@ -211,41 +212,6 @@ def _with_ops(comm: _CommEvents, chosen: list[tuple[int, str]]) -> pd.DataFrame:
     return comm.frame.take([p for p, _ in chosen]).assign(op=_ops_series(comm, chosen))
 
 
-def _is_numpy_number(column: pd.Series) -> bool:
-    return isinstance(column.dtype, np.dtype) and column.dtype.kind in "iuf"
-
-
-def _values_at(column: pd.Series, rows: np.ndarray, dtype=None) -> np.ndarray:
-    """column.take(rows).to_numpy(dtype), without the Series where the column is a NumPy
-    array."""
-    if isinstance(column.dtype, np.dtype):
-        values = column.to_numpy()[rows]
-        return values if dtype is None else values.astype(dtype)
-    return column.take(rows).to_numpy(dtype)
-
-
-def _list_at(column: pd.Series, rows: np.ndarray) -> list:
-    """column.take(rows).tolist(), without the Series where the column is a NumPy array or a
-    categorical of objects (whose missing values pandas lists as NaN)."""
-    if isinstance(column.dtype, np.dtype):
-        return column.to_numpy()[rows].tolist()
-    if (isinstance(column.dtype, pd.CategoricalDtype)
-            and column.cat.categories.dtype == np.dtype(object)):
-        categories = column.cat.categories.to_numpy()
-        values = np.empty(len(categories) + 1, dtype=object)
-        values[:-1] = categories
-        values[-1] = np.nan  # code -1
-        return values[column.cat.codes.to_numpy()[rows]].tolist()
-    return column.take(rows).tolist()
-
-
-def _flags(events: pd.DataFrame, column: str) -> np.ndarray:
-    values = events[column]
-    if values.dtype == np.dtype(bool):
-        return values.to_numpy()  # nothing missing, nothing to convert
-    return values.fillna(False).astype(bool).to_numpy()
-
-
 def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:
     """Per communication kernel of `events` (indexed by its label): `host`, the label of the
     host op around its launch that names it (the innermost record_param_comms call with a
@@ -276,7 +242,7 @@ def _launches(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray, np.n
     # Only the launches of these kernels matter: the category test runs on those alone.
     launches = np.flatnonzero(np.isin(correlation, kernel_corr) & (correlation >= 0)
                               & ~np.asarray(is_gpu, dtype=bool))
-    launches = launches[_text_matches(events["cat"], ("runtime", "driver"), launches)]
+    launches = launches[text_matches(events["cat"], ("runtime", "driver"), launches)]
     # The first launch of each correlation id, sorted by id for the lookup below.
     launch_corr, first = np.unique(correlation[launches], return_index=True)
     launches = launches[first]
@@ -288,8 +254,8 @@ def _launches(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray, np.n
         found = np.zeros(len(kernel_corr), dtype=bool)
         rows_of = np.zeros(len(kernel_corr), dtype=np.int64)  # any row: `found` masks it
     launch_ts = np.where(found, events["ts_ns"].to_numpy("float64")[rows_of], np.nan)
-    launch_pid = np.where(found, _texts(events["pid"], rows_of), None)
-    launch_tid = np.where(found, _texts(events["tid"], rows_of), None)
+    launch_pid = np.where(found, texts(events["pid"], rows_of), None)
+    launch_tid = np.where(found, texts(events["tid"], rows_of), None)
     return launch_ts, launch_pid, launch_tid
 
 
@@ -331,17 +297,6 @@ def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=N
         "named": named,
         "sort_ts": host_ts if sort_ts is None else sort_ts,
     }
-
-
-def _text_matches(column: pd.Series, parts, rows: np.ndarray) -> np.ndarray:
-    """Whether each value at `rows`, as text, contains any of `parts`; decided once per category
-    of a categorical column."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        wanted = [any(p in str(c) for p in parts) for c in column.cat.categories]
-        # Code -1 (a missing value) picks the last entry: no match.
-        return np.array(wanted + [False])[column.cat.codes.to_numpy()[rows]]
-    text = column.take(rows).astype(str)
-    return np.asarray(np.logical_or.reduce([text.str.contains(p, regex=False) for p in parts]))
 
 
 def _col_value(row, name):
@@ -444,13 +399,6 @@ def _hint_row(hint, op, kernel, duration_us, issued_by, kernel_ts, world_size) -
     nelems = first_tensor_nelems(_col_value(hint, "input_dims"))
     return _row_from_args(hint, op, pg_source, duration_us, issued_by, sort_ts=kernel_ts,
                           dtype_source=dtype_source, nelems=nelems, world_size=world_size)
-
-
-def _texts(column: pd.Series, rows: np.ndarray) -> np.ndarray:
-    """str() of the column's values at the positions `rows`, as an object array."""
-    if not len(rows):
-        return np.zeros(0, dtype=object)
-    return np.array([str(v) for v in _list_at(column, rows)], dtype=object)
 
 
 def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
