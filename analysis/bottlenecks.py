@@ -17,11 +17,11 @@ import pandas as pd
 
 from analysis import issuers, pipeline_schedule, rank_summary
 from analysis.advice import IDLE_CAUSES, bubble_suggestion, exposed_suggestion, small_message_hint
-from analysis.breakdown import BREAKDOWN_NS_COLUMNS
 from analysis.communication import UNKNOWN_BUCKET, UNKNOWN_PG
 from analysis.crossrank import findings as cross_findings
 from analysis.idle_activity import idle_by_activity
 from analysis.ranks import work_ns
+from analysis.step_breakdown import BREAKDOWN_NS_COLUMNS
 from analysis.steps import format_ranges
 
 FINDING_COLUMNS = ["finding", "share_pct", "evidence", "suggestion", "ranks"]

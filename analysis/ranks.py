@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.breakdown import BREAKDOWN_NS_COLUMNS
+from analysis.step_breakdown import BREAKDOWN_NS_COLUMNS
 
 PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
 STEP_EXTRA_COLUMNS = [

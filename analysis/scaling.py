@@ -84,8 +84,8 @@ def load_run(path: Path, samples_per_step: float | None = None,
              ) -> tuple[dict, pd.DataFrame, list[str]]:
     """One run's row (`scaling_table.run_row` plus run, path, world_size, nnodes, stragglers),
     its transfer-based bandwidth table and its problems."""
-    from analysis.breakdown import breakdown_per_step, empty_breakdown
     from analysis.load import load_path
+    from analysis.step_breakdown import breakdown_per_step, empty_breakdown
 
     loaded = load_path(path, use_cache=use_cache)
     problems = list(loaded.problems)

@@ -19,7 +19,7 @@ import pandas as pd
 from analysis.crossrank.frames import P2P_OPS
 from analysis.records import read_jsonl, records_path
 from analysis.stop_p2p import diagnose_p2p
-from analysis.stop_text import clock_text, mbytes
+from analysis.stop_text import clock_text, mbytes, op_signature
 from analysis.stop_text import ranks_text as _ranks
 from tracer import schema
 
@@ -157,15 +157,13 @@ def needs_diagnosis(statuses: dict) -> bool:
     return any(s in BAD_ENDS for s in statuses.values())
 
 
-def _members(collectives: pd.DataFrame, pg: str, world_size: int) -> list[int]:
+def group_members(collectives: pd.DataFrame, pg, world_size: int) -> list[int]:
+    """The members of group `pg`: the whole world for a group as large as it (a size not known
+    counts as smaller), else the ranks that issued a collective on it."""
     rows = collectives[collectives["pg"] == pg]
-    if int(rows["pg_size"].max()) >= world_size:
+    if pd.to_numeric(rows["pg_size"], errors="coerce").max() >= world_size:
         return list(range(world_size))
     return sorted(int(r) for r in rows["rank"].unique())
-
-
-def _signature(row) -> str:
-    return f"{row['op']} {mbytes(row['bytes'])} {row['dtype']}"
 
 
 def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.DataFrame:
@@ -179,7 +177,7 @@ def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.Da
     rows = []
     for pg in sorted(collectives["pg"].unique(), key=str):
         group = collectives[collectives["pg"] == pg]
-        members = _members(collectives, pg, world_size)
+        members = group_members(collectives, pg, world_size)
         found = _first_parting(group, members)
         if found is None:
             continue
@@ -187,14 +185,14 @@ def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.Da
         issued = sorted(int(r) for r in at["rank"])
         missing = [r for r in members if r not in issued]
         first = at.iloc[0]
-        by_signature = at.assign(sig=at.apply(_signature, axis=1)).groupby("sig")["rank"]
+        byop_signature = at.assign(sig=at.apply(op_signature, axis=1)).groupby("sig")["rank"]
         signatures = "; ".join(f"{sig} on {_ranks(ranks)}" for sig, ranks in sorted(
-            by_signature, key=lambda item: min(item[1])))
-        counts = at.assign(sig=at.apply(_signature, axis=1))["sig"].value_counts()
+            byop_signature, key=lambda item: min(item[1])))
+        counts = at.assign(sig=at.apply(op_signature, axis=1))["sig"].value_counts()
         odd = []
         if kind == "mismatch" and len(counts) > 1 and counts.iloc[0] > counts.iloc[1]:
             majority = counts.index[0]
-            odd = sorted(int(r) for r, sig in zip(at["rank"], at.apply(_signature, axis=1))
+            odd = sorted(int(r) for r, sig in zip(at["rank"], at.apply(op_signature, axis=1))
                          if sig != majority)
         rows.append({
             "pg": pg, "kind": kind, "odd_ranks": odd, "position": position, "op": first["op"],
@@ -218,7 +216,7 @@ def _first_parting(group: pd.DataFrame, members: list[int]):
         issued = set(int(r) for r in at["rank"])
         if any(r not in issued for r in members):
             return "missing", int(position), at, last_done
-        if at.apply(_signature, axis=1).nunique() > 1:
+        if at.apply(op_signature, axis=1).nunique() > 1:
             return "mismatch", int(position), at, last_done
         if not at["completed"].all():
             return "not_completed", int(position), at, last_done

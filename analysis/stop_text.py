@@ -25,3 +25,8 @@ def ranks_text(ranks) -> str:
 def clock_text(t_ns) -> str:
     """Local wall-clock time of a host-clock nanosecond stamp."""
     return datetime.datetime.fromtimestamp(int(t_ns) / 1e9).strftime("%H:%M:%S")
+
+
+def op_signature(row) -> str:
+    """What the members must agree on at a position: op, size and dtype."""
+    return f"{row['op']} {mbytes(row['bytes'])} {row['dtype']}"

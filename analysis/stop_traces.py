@@ -18,7 +18,8 @@ import pandas as pd
 
 from analysis.comm_events import ops_from_events
 from analysis.crossrank.frames import P2P_OPS, UNKNOWN_PG
-from analysis.stop_text import mbytes, ranks_text
+from analysis.stop import group_members
+from analysis.stop_text import mbytes, op_signature, ranks_text
 
 TRACE_OP_COLUMNS = ["rank", "step", "pg", "pg_size", "op", "bytes", "dtype", "issue_ns"]
 COVERAGE_COLUMNS = ["rank", "step"]
@@ -56,17 +57,6 @@ def trace_ops(ranks) -> tuple[pd.DataFrame, pd.DataFrame]:
     return ops_frame, pd.DataFrame(coverage, columns=COVERAGE_COLUMNS).drop_duplicates()
 
 
-def _signature(row) -> str:
-    return f"{row['op']} {mbytes(row['bytes'])} {row['dtype']}"
-
-
-def _members(collectives: pd.DataFrame, pg, world_size: int) -> list[int]:
-    rows = collectives[collectives["pg"] == pg]
-    if pd.to_numeric(rows["pg_size"], errors="coerce").max() >= world_size:
-        return list(range(world_size))
-    return sorted(int(r) for r in rows["rank"].unique())
-
-
 def diagnose_traces(ops: pd.DataFrame, coverage: pd.DataFrame, world_size: int) -> dict | None:
     """Per process group, the first (step, position) in a step that two or more members'
     traces cover where some of them hold no collective (kind `missing`: their trace ends short)
@@ -79,7 +69,7 @@ def diagnose_traces(ops: pd.DataFrame, coverage: pd.DataFrame, world_size: int) 
     covered = coverage.groupby("step")["rank"].agg(lambda r: set(int(x) for x in r))
     rows = []
     for pg in sorted(collectives["pg"].dropna().unique(), key=str):
-        members = _members(collectives, pg, world_size)
+        members = group_members(collectives, pg, world_size)
         found = _first_parting(collectives[collectives["pg"] == pg], members, covered)
         if found is not None:
             rows.append({"pg": pg, **found})
@@ -100,7 +90,7 @@ def _first_parting(group: pd.DataFrame, members: list[int], covered: pd.Series) 
         for position, at in in_step.groupby("position", sort=True):
             at = at.drop_duplicates("rank").sort_values("rank")
             issued = [int(r) for r in at["rank"]]
-            signatures = at.apply(_signature, axis=1)
+            signatures = at.apply(op_signature, axis=1)
             if len(issued) < len(covering):
                 kind = "missing"
             elif signatures.nunique() > 1:
