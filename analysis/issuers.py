@@ -18,6 +18,7 @@ import pandas as pd
 
 from analysis.comm_names import canonical_op
 from analysis.events import distinct_names, matches
+from analysis.frame_columns import flags, values_at
 
 DDP = "ddp"
 FSDP1 = "fsdp1"
@@ -96,16 +97,16 @@ def _marker_spans(trace) -> list[tuple[str, np.ndarray, np.ndarray, list]]:
     events = getattr(trace, "events", None)
     if not _has_host_columns(events):
         return []
-    on_host = _flag(events, "is_gpu", negate=True)
+    on_host = ~flags(events, "is_gpu")
     found = []
     masks = _host_names_matching(events["name"], on_host, [p for _, p in _SPAN_MARKERS])
     for (issuer, _), mask in zip(_SPAN_MARKERS, masks):
         rows = np.flatnonzero(mask)
         if len(rows):
-            starts = _taken(events["ts_ns"], rows)
+            starts = values_at(events["ts_ns"], rows)
             threads = list(zip(_texts_at(events["pid"], rows), _texts_at(events["tid"], rows)))
             found.append((issuer, starts.astype("float64"),
-                          (starts + _taken(events["dur_ns"], rows)).astype("float64"), threads))
+                          (starts + values_at(events["dur_ns"], rows)).astype("float64"), threads))
     return found
 
 
@@ -128,13 +129,6 @@ def _host_names_matching(names: pd.Series, on_host: np.ndarray, patterns) -> lis
             hits[code] = pattern.search(name) is not None
         masks.append(on_host & hits[codes] if hits.any() else np.zeros(len(names), dtype=bool))
     return masks
-
-
-def _taken(column: pd.Series, rows: np.ndarray) -> np.ndarray:
-    """column.take(rows).to_numpy(), without the Series where the column is a NumPy array."""
-    if isinstance(column.dtype, np.dtype):
-        return column.to_numpy()[rows]
-    return column.take(rows).to_numpy()
 
 
 def _texts_at(column: pd.Series, rows: np.ndarray) -> list:
@@ -211,12 +205,12 @@ def ddp_accumulation(traces) -> str | None:
             continue
         if DDP_FORWARD not in distinct_names(events["name"]):
             continue  # told from the names alone: the usual case on a run without DDP
-        on_host = _flag(events, "is_gpu", negate=True)
+        on_host = ~flags(events, "is_gpu")
         is_forward = on_host & matches(events["name"], lambda n: n == DDP_FORWARD)
         if not is_forward.any():
             continue
         forward_ts = _float_values(events["ts_ns"], is_forward)
-        reduce_ts = np.sort(_all_reduce_starts(events, _flag(events, "is_comm") & on_host))
+        reduce_ts = np.sort(_all_reduce_starts(events, flags(events, "is_comm") & on_host))
         step_spans = getattr(trace, "all_steps", None)
         if not isinstance(step_spans, pd.DataFrame) or step_spans.empty:
             step_spans = getattr(trace, "steps", None)
@@ -233,14 +227,6 @@ def strongest_verdict(verdicts) -> str | None:
     return None
 
 
-def _flag(events: pd.DataFrame, column: str, negate: bool = False) -> np.ndarray:
-    """The column as booleans, missing as False (negated: True); a NumPy bool column as it is."""
-    values = events[column]
-    flags = (values.to_numpy() if values.dtype == np.dtype(bool)
-             else values.fillna(False).astype(bool).to_numpy())
-    return ~flags if negate else flags
-
-
 def _float_values(column: pd.Series, rows: np.ndarray) -> np.ndarray:
     """column[rows] as float64; a NumPy column is taken without pandas' selection."""
     if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iuf":
@@ -254,7 +240,7 @@ def _all_reduce_starts(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     positions = np.flatnonzero(rows)
     # A missing name names no op, whether as None or as NaN.
     names = _texts_at(events["name"], positions)
-    collectives = (_taken(events["collective"], positions).tolist()
+    collectives = (values_at(events["collective"], positions).tolist()
                    if "collective" in events.columns else [None] * len(positions))
     op_of = functools.lru_cache(maxsize=None)(canonical_op)  # a trace repeats a few names
     is_reduce = np.array([(op_of(name) or canonical_op(collective)) == "all_reduce"
