@@ -174,10 +174,14 @@ def test_distributed_wait_time_and_comm_ops(tensorboard, recorded_run):
         # end, which a busy machine makes happen, is filed under step "null".
         per_step = [wait[step][worker] for step in wait if step != "all" and worker in wait[step]]
         assert set(wait) - {"all", "null"} <= set(PROFILED_STEPS)
-        assert sum(transfer for transfer, _ in per_step) == pytest.approx(
-            rows[worker]["Data Transfer Time (us)"])
-        assert sum(transfer + sync for transfer, sync in per_step) == pytest.approx(
-            rows[worker]["Total Latency (us)"])
+        # The plugin merges the ops' time ranges step by step for these, and over all steps for
+        # the op table: ranges of two steps that overlap (gloo's thread still in an op when the
+        # next began, on a busy machine) count once there, so the steps can only sum to more.
+        transfer_total = sum(transfer for transfer, _ in per_step)
+        latency_total = sum(transfer + sync for transfer, sync in per_step)
+        assert transfer_total >= rows[worker]["Data Transfer Time (us)"] * (1 - 1e-6)
+        assert latency_total >= rows[worker]["Total Latency (us)"] * (1 - 1e-6)
+        assert latency_total >= transfer_total > 0
         assert min(sync for _, sync in per_step) >= 0
     # A CPU run has no device properties, and the plugin answers null.
     assert view["gpuinfo"] is None
