@@ -437,14 +437,9 @@ def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
     return rows
 
 
-def _steps_of(times_ns: np.ndarray, steps) -> pd.Series:
-    """The ProfilerStep whose [start, end) holds each time, NA outside every step."""
-    values, inside = _step_numbers(times_ns, steps)
-    return pd.Series(pd.arrays.IntegerArray(values, ~inside), index=range(len(times_ns)))
-
-
 def _step_numbers(times_ns: np.ndarray, steps) -> tuple[np.ndarray, np.ndarray]:
-    """_steps_of as (number, inside a step), the number 0 outside."""
+    """(the ProfilerStep whose [start, end) holds each time, whether it is inside one): the
+    number is 0 outside every step."""
     values = np.zeros(len(times_ns), dtype="int64")
     inside = np.zeros(len(times_ns), dtype=bool)
     if (isinstance(steps, pd.DataFrame) and not steps.empty and len(times_ns)

@@ -125,22 +125,8 @@ class _NameMasks:
             elif kind == "step":
                 self.found[kind] = matches(self.names, lambda n: n in self.step_names)
             else:
-                self.found[kind] = _names_among(self.names, among, _is_compute_kernel)
+                self.found[kind] = among & matches(self.names, _is_compute_kernel, among=among)
         return self.found[kind]
-
-
-def _names_among(names: pd.Series, among: np.ndarray, wanted) -> np.ndarray:
-    """wanted(name) on the rows of `among` (False elsewhere), once per distinct name there: the
-    three patterns of hta_is_compute cost more than the kernels when run on every name."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        return among & matches(names, wanted)
-    codes = names.cat.codes.to_numpy()
-    categories = names.cat.categories.to_numpy()  # an array: an Index looks each one up slowly
-    hits = np.zeros(len(categories) + 1, dtype=bool)  # the last: missing names (code -1)
-    for code in np.unique(codes[among]):
-        if code >= 0:
-            hits[code] = wanted(str(categories[code]))
-    return among & hits[codes]
 
 
 def _hta_rank_of(trace: RankTrace, origin: int, step_names: set[str], filtering: bool,

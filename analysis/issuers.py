@@ -99,36 +99,16 @@ def _marker_spans(trace) -> list[tuple[str, np.ndarray, np.ndarray, list]]:
         return []
     on_host = ~flags(events, "is_gpu")
     found = []
-    masks = _host_names_matching(events["name"], on_host, [p for _, p in _SPAN_MARKERS])
-    for (issuer, _), mask in zip(_SPAN_MARKERS, masks):
-        rows = np.flatnonzero(mask)
+    for issuer, pattern in _SPAN_MARKERS:
+        # Only the names of host events are searched: kernels' long template names never.
+        rows = np.flatnonzero(on_host & matches(
+            events["name"], lambda name, p=pattern: p.search(name) is not None, among=on_host))
         if len(rows):
             starts = values_at(events["ts_ns"], rows)
             threads = list(zip(_texts_at(events["pid"], rows), _texts_at(events["tid"], rows)))
             found.append((issuer, starts.astype("float64"),
                           (starts + values_at(events["dur_ns"], rows)).astype("float64"), threads))
     return found
-
-
-def _host_names_matching(names: pd.Series, on_host: np.ndarray, patterns) -> list[np.ndarray]:
-    """Per pattern: on_host & which names it finds. On a categorical column each category of a
-    host event is searched once (kernels' long template names never), and the rows are looked
-    at only for a pattern that some category matches (markers are rare)."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        return [on_host & matches(names, lambda name, p=p: p.search(name) is not None)
-                for p in patterns]
-    codes = names.cat.codes.to_numpy()
-    categories = names.cat.categories.to_numpy(dtype=object)
-    # Code -1 (a missing name) counts in the last entry, which never matches.
-    host_names = [(code, str(categories[code])) for code in
-                  np.flatnonzero(np.bincount(codes[on_host] + 1, minlength=1)[1:]).tolist()]
-    masks = []
-    for pattern in patterns:
-        hits = np.zeros(len(categories) + 1, dtype=bool)
-        for code, name in host_names:
-            hits[code] = pattern.search(name) is not None
-        masks.append(on_host & hits[codes] if hits.any() else np.zeros(len(names), dtype=bool))
-    return masks
 
 
 def _texts_at(column: pd.Series, rows: np.ndarray) -> list:

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from analysis.events import HOST_OP_CATS, PROFILER_STEP_RE, STEP_COLUMNS
+from analysis.events import HOST_OP_CATS, PROFILER_STEP_RE, STEP_COLUMNS, cat_is
 from analysis.kineto_events import (
     EVENTS_DECODER,
     TRACE_DECODER,
@@ -311,11 +311,11 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
         if not step_of:
             return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS})
         codes = names.cat.codes.to_numpy()
-        mask = np.isin(codes, list(step_of)) & _is_host_op(events["cat"])
+        mask = np.isin(codes, list(step_of)) & cat_is(events, HOST_OP_CATS)
         numbers = np.array([step_of[c] for c in codes[mask]], dtype=np.int64)
     else:
         matches = names.astype(str).str.extract(PROFILER_STEP_RE.pattern)[0]
-        mask = matches.notna().to_numpy() & _is_host_op(events["cat"])
+        mask = matches.notna().to_numpy() & cat_is(events, HOST_OP_CATS)
         numbers = matches[mask].astype(np.int64).to_numpy()
     start_ns = events["ts_ns"].to_numpy()[mask]
     end_ns = events["end_ns"].to_numpy()[mask]
@@ -329,11 +329,3 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"step": numbers[first], "start_ns": start_ns[keep],
                          "end_ns": end_ns[keep]})
 
-
-def _is_host_op(cats: pd.Series) -> np.ndarray:
-    """Whether each event's category is a host op's (HOST_OP_CATS)."""
-    if isinstance(cats.dtype, pd.CategoricalDtype):
-        # Once per category, not per event; a missing category (code -1) reads the last False.
-        of_category = [c in HOST_OP_CATS for c in cats.cat.categories] + [False]
-        return np.array(of_category, dtype=bool)[cats.cat.codes.to_numpy()]
-    return cats.isin(HOST_OP_CATS).to_numpy()

@@ -19,6 +19,7 @@ from analysis.events import (
     PROFILER_STEP_RE,
     STEP_COLUMNS,
     cat_is,
+    distinct_names,
     matches,
 )
 from analysis.load import RankTrace
@@ -69,7 +70,7 @@ def threads_of(events: pd.DataFrame, mask: np.ndarray) -> set[tuple[str, str]]:
         return {(str(p), str(t)) for p, t in zip(pid, tid)}
     # Distinct (pid, tid) code pairs first: a handful of threads, not one string pair per row.
     # Codes are shifted by one so that -1 (missing) reads "nan", as str() of the missing value.
-    pids, tids = ["nan"] + _texts(pid), ["nan"] + _texts(tid)
+    pids, tids = ["nan"] + distinct_names(pid), ["nan"] + distinct_names(tid)
     width = len(tids)
     pairs = np.unique((pid.cat.codes.to_numpy()[mask].astype(np.int64) + 1) * width
                       + tid.cat.codes.to_numpy()[mask] + 1)
@@ -78,10 +79,6 @@ def threads_of(events: pd.DataFrame, mask: np.ndarray) -> set[tuple[str, str]]:
 
 def _is_categorical(column: pd.Series) -> bool:
     return isinstance(column.dtype, pd.CategoricalDtype)
-
-
-def _texts(column: pd.Series) -> list[str]:
-    return [str(c) for c in column.cat.categories]
 
 
 def training_threads(events: pd.DataFrame) -> set[tuple[str, str]]:
@@ -125,7 +122,7 @@ def _on_thread_codes(pid: pd.Series, tid: pd.Series, threads: set[tuple[str, str
     integer per row. Distinct categories may share a text (7 and "7"): each code counts."""
     pid_codes, tid_codes = {}, {}
     for codes, column in ((pid_codes, pid), (tid_codes, tid)):
-        for code, text in enumerate(_texts(column)):
+        for code, text in enumerate(distinct_names(column)):
             codes.setdefault(text, []).append(code)
     row_pid = pid.array.codes.astype(np.intp)
     row_tid = tid.array.codes
