@@ -25,7 +25,7 @@ from analysis.comm_names import (
 )
 from analysis.enclosing import innermost_among, thread_keys
 from analysis.frame_columns import flags, is_numpy_number, list_at, text_matches, texts, values_at
-from analysis.steps import WHOLE_TRACE_STEP
+from analysis.steps import WHOLE_TRACE_STEP, step_at
 
 REQUIRED_EVENT_COLUMNS = ("name", "cat", "ts_ns", "dur_ns", "pid", "tid", "is_gpu", "is_comm")
 # The events' columns an op row is made from (_row_from_args).
@@ -445,10 +445,9 @@ def _step_numbers(times_ns: np.ndarray, steps) -> tuple[np.ndarray, np.ndarray]:
     if (isinstance(steps, pd.DataFrame) and not steps.empty and len(times_ns)
             and all(c in steps.columns for c in ("step", "start_ns", "end_ns"))):
         numbers, starts, ends = _step_spans(steps)
-        position = np.searchsorted(starts, times_ns, side="right") - 1
-        inside = (position >= 0) & ~np.isnan(times_ns)
-        inside[inside] = times_ns[inside] < ends[position[inside]]
-        values[inside] = numbers[position[inside]].astype("int64")
+        found = step_at(times_ns, starts, ends, numbers.astype("float64"))
+        inside = ~np.isnan(found)
+        values[inside] = found[inside].astype("int64")
     return values, inside
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 WHOLE_TRACE_STEP = -1  # the step number of the one window of a trace without ProfilerStep
@@ -17,6 +18,17 @@ WHOLE_TRACE_STEP = -1  # the step number of the one window of a trace without Pr
 SUSPECT_LONG = 1.5
 SUSPECT_SHORT = 0.5
 SUSPECT_MIN_OTHERS = 2
+
+
+def step_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+            numbers: np.ndarray) -> np.ndarray:
+    """The number of the step whose [start, end) holds each time, NaN outside every step (and
+    for a NaN time): steps given as arrays sorted by start."""
+    if not len(starts):
+        return np.full(len(times), np.nan)
+    where = np.searchsorted(starts, times, side="right") - 1
+    inside = (where >= 0) & (times < ends[np.clip(where, 0, None)])
+    return np.where(inside, numbers[np.clip(where, 0, None)], np.nan)
 
 
 def parse_step_spec(spec: str) -> list[int]:

@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from analysis import idle, ranks
-from analysis.crossrank.frames import _steps_at, _steps_by_rank
+from analysis.crossrank.frames import _steps_by_rank
 from analysis.output import WINDOW_NONE, WINDOW_STEPS, WINDOW_WHOLE_TRACE, steps_by_rank, window_of
+from analysis.steps import step_at
 
 
 # ---- idle_summary -------------------------------------------------------------------------------
@@ -241,7 +242,7 @@ CROSS_RANK_TIMES = [
 ]
 
 
-def test_steps_by_rank_equals_steps_at_rank_by_rank():
+def test_steps_by_rank_equals_step_at_rank_by_rank():
     rank, times, expected = (np.array(column) for column in zip(*CROSS_RANK_TIMES))
     found = _steps_by_rank(rank, times, CROSS_RANK_STEPS)
     np.testing.assert_array_equal(found, expected)
@@ -249,8 +250,16 @@ def test_steps_by_rank_equals_steps_at_rank_by_rank():
     for r in np.unique(rank):
         own = CROSS_RANK_STEPS[CROSS_RANK_STEPS["rank"] == r].sort_values("start_ns")
         if len(own):
-            one_by_one[rank == r] = _steps_at(times[rank == r], own["start_ns"].to_numpy(),
-                                              own["end_ns"].to_numpy(),
-                                              own["step"].to_numpy(dtype="float64"))
+            one_by_one[rank == r] = step_at(times[rank == r], own["start_ns"].to_numpy(),
+                                            own["end_ns"].to_numpy(),
+                                            own["step"].to_numpy(dtype="float64"))
     np.testing.assert_array_equal(found, one_by_one)
     assert np.isnan(_steps_by_rank(rank, times, CROSS_RANK_STEPS.iloc[:0])).all()
+
+
+def test_step_at_outside_every_step_and_without_steps():
+    starts, ends, numbers = np.array([0.0, 100.0]), np.array([50.0, 200.0]), np.array([3.0, 4.0])
+    found = step_at(np.array([0.0, 49.0, 50.0, 100.0, 199.0, 200.0, np.nan, -1.0]), starts, ends,
+                    numbers)
+    np.testing.assert_array_equal(found, [3.0, 3.0, np.nan, 4.0, 4.0, np.nan, np.nan, np.nan])
+    assert np.isnan(step_at(np.array([1.0, 2.0]), np.zeros(0), np.zeros(0), np.zeros(0))).all()

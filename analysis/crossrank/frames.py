@@ -18,6 +18,7 @@ import pandas as pd
 
 from analysis.comm_events import kernel_host_ops
 from analysis.communication import canonical_dtype, canonical_op, dtype_size, message_bytes
+from analysis.steps import step_at
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "pg_size", "op", "bytes", "dtype", "step", "issue_ns", "end_ns",
@@ -222,17 +223,8 @@ def _first_text(value):
     return parsed
 
 
-def _steps_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-              numbers: np.ndarray) -> np.ndarray:
-    """The step whose [start, end) holds each time, NaN outside every step: steps given as
-    arrays sorted by start."""
-    where = np.searchsorted(starts, times, side="right") - 1
-    inside = (where >= 0) & (times < ends[np.clip(where, 0, None)])
-    return np.where(inside, numbers[np.clip(where, 0, None)], np.nan)
-
-
 def _steps_by_rank(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
-    """_steps_at for times of several ranks, each in its own rank's steps (rank, step, start_ns,
+    """steps.step_at for times of several ranks, each in its own rank's steps (rank, step, start_ns,
     end_ns): grouped once, then one search per rank on arrays."""
     found = np.full(len(times), np.nan)
     if steps is None or steps.empty:
@@ -245,7 +237,7 @@ def _steps_by_rank(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame) ->
     for rank, rows in pd.Series(np.arange(len(ranks))).groupby(ranks).indices.items():
         own = own_steps.get(rank)
         if own is not None:
-            found[rows] = _steps_at(times[rows], starts[own], ends[own], numbers[own])
+            found[rows] = step_at(times[rows], starts[own], ends[own], numbers[own])
     return found
 
 
