@@ -68,7 +68,7 @@ def idle_gaps(trace: RankTrace) -> pd.DataFrame:
         # Only the busy intervals reaching into this window matter.
         lo = np.searchsorted(u_ends, start, side="right")
         hi = np.searchsorted(u_starts, end, side="left")
-        g_start, g_end = _uncovered(u_starts[lo:hi], u_ends[lo:hi], start, end)
+        g_start, g_end = intervals.gaps(u_starts[lo:hi], u_ends[lo:hi], start, end)
         rows_start.append(g_start)
         rows_end.append(g_end)
         rows_step.append(np.full(g_start.size, step, dtype=np.int64))
@@ -107,19 +107,6 @@ def idle_gaps(trace: RankTrace) -> pd.DataFrame:
         "rank": trace.rank, "step": np.concatenate(rows_step), "start_ns": gap_starts,
         "end_ns": gap_ends, "dur_ns": gap_len, "host_activity": activity,
     })
-
-
-def _uncovered(u_starts: np.ndarray, u_ends: np.ndarray, window_start: int, window_end: int
-               ) -> intervals.Intervals:
-    """intervals.gaps for intervals that are already a union (disjoint, sorted, apart): the
-    union it would compute again returns them as they are."""
-    u_starts = np.clip(u_starts, window_start, window_end)
-    u_ends = np.clip(u_ends, window_start, window_end)
-    keep = u_ends > u_starts
-    gap_starts = np.concatenate(([window_start], u_ends[keep]))
-    gap_ends = np.concatenate((u_starts[keep], [window_end]))
-    keep = gap_ends > gap_starts
-    return gap_starts[keep], gap_ends[keep]
 
 
 def _launching_ops(events: pd.DataFrame, launch_calls: np.ndarray) -> np.ndarray:

@@ -46,9 +46,10 @@ def total(starts, ends) -> int:
     return int((u_ends - u_starts).sum())
 
 
-def gaps(starts, ends, window_start: int, window_end: int) -> Intervals:
-    """The parts of [window_start, window_end) that no interval covers, in order."""
-    u_starts, u_ends = union(starts, ends)
+def gaps(u_starts, u_ends, window_start: int, window_end: int) -> Intervals:
+    """The parts of [window_start, window_end) that no interval covers, in order; the intervals
+    given as a union (disjoint, sorted and apart, as union() returns them), so that a caller
+    asking about many windows unites them once."""
     u_starts = np.clip(u_starts, window_start, window_end)
     u_ends = np.clip(u_ends, window_start, window_end)
     keep = u_ends > u_starts
