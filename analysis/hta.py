@@ -24,16 +24,17 @@ HTA_COLUMNS = ["rank", "idle_us", "compute_us", "non_compute_us", "kernel_time_u
 
 
 def hta_is_compute(name: str) -> bool:
-    return not (HTA_COMM_RE.match(name) or HTA_MEMORY_RE.match(name)
-                or HTA_NON_COMPUTE_RE.match(name))
-
-
-def _is_compute_kernel(name: str) -> bool:
-    """hta_is_compute, its patterns run only on names holding what one of them needs (most
-    kernels' long template names hold none)."""
+    """Whether HTA counts a kernel of this name as compute: its patterns, run only on names
+    holding what one of them needs (most kernels' long template names hold none)."""
     if not ("Sync" in name or "Memcpy" in name or name.startswith(("nccl", "Memset", "dma"))):
         return True
-    return hta_is_compute(name)
+    return _compute_by_patterns(name)
+
+
+def _compute_by_patterns(name: str) -> bool:
+    """HTA's rule itself: none of its communication, memory and non-compute patterns match."""
+    return not (HTA_COMM_RE.match(name) or HTA_MEMORY_RE.match(name)
+                or HTA_NON_COMPUTE_RE.match(name))
 
 
 def _hta_times(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -125,7 +126,7 @@ class _NameMasks:
             elif kind == "step":
                 self.found[kind] = matches(self.names, lambda n: n in self.step_names)
             else:
-                self.found[kind] = among & matches(self.names, _is_compute_kernel, among=among)
+                self.found[kind] = among & matches(self.names, hta_is_compute, among=among)
         return self.found[kind]
 
 

@@ -134,8 +134,8 @@ def test_device_events_launched_by_kept_host_events_are_np_isin(correlation):
     "first line\\nSync after a newline", "first line\nSync after a newline",
     "nccl\nKernel", "void at::native::vectorized_elementwise_kernel<4>(int)", "",
 ])
-def test_compute_kernels_are_hta_is_compute(name):
-    assert hta._is_compute_kernel(name) == hta.hta_is_compute(name)
+def test_hta_is_compute_is_hta_patterns_rule(name):
+    assert hta.hta_is_compute(name) == hta._compute_by_patterns(name)
 
 
 def comm_rank(with_kernels: bool) -> pd.DataFrame:
