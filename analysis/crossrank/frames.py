@@ -161,8 +161,7 @@ def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.D
     if "input_dims" in chosen.columns:
         in_nelems = in_nelems.where(in_nelems.notna(),
                                     _by_value(chosen["input_dims"], _nelems_of_dims))
-    nbytes = [message_bytes(o, i, n_out, dtype_size(d), g) for o, i, n_out, d, g in
-              zip(op, in_nelems, chosen["out_nelems"], dtype, group_size)]
+    nbytes = _message_sizes(op, in_nelems, chosen["out_nelems"], dtype, group_size)
     pg = _by_value(chosen["pg_name"], lambda v: UNKNOWN_PG if v is None or v != v else str(v))
     queue = np.where(kernel, chosen["stream"].astype(str).to_numpy(), pg.to_numpy())
     frame = pd.DataFrame({
@@ -176,13 +175,38 @@ def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.D
     return typed_ops(frame.sort_values(["rank", "issue_ns"], kind="stable"))
 
 
+def _message_sizes(*columns) -> list:
+    """message_bytes(op, in_nelems, out_nelems, dtype_size(dtype), group_size) per row, computed
+    once per distinct row: the same few messages repeat in every step."""
+    found = {}
+    sizes = []
+    for row in zip(*columns):
+        # Every float NaN means the same to message_bytes, but NaNs are not equal as keys.
+        key = tuple(_NAN_KEY if type(v) is float and v != v else v for v in row)
+        size = found.get(key)
+        if size is None:
+            op, in_nelems, out_nelems, dtype, group_size = row
+            size = found[key] = message_bytes(op, in_nelems, out_nelems, dtype_size(dtype),
+                                              group_size)
+        sizes.append(size)
+    return sizes
+
+
+_NAN_KEY = object()
+_PLAIN_TYPES = {str, int, float, type(None)}
+
+
 def _by_value(column: pd.Series, function) -> pd.Series:
     """function(value) per row, computed once per distinct value."""
     values = column.astype(object)
-    hashable = values.map(lambda v: v if isinstance(v, (str, int, float)) or v is None else
-                          str(v))
+    if set(map(type, values)) <= _PLAIN_TYPES:  # each value is its own key: no call per row
+        hashable = values.to_numpy()
+    else:
+        hashable = values.map(lambda v: v if isinstance(v, (str, int, float)) or v is None
+                              else str(v))
     results = {v: function(v) for v in pd.unique(hashable)}
-    return pd.Series([results[v] for v in hashable], index=column.index, dtype=object)
+    return pd.Series(list(map(results.__getitem__, hashable)), index=column.index,
+                     dtype=object)
 
 
 def _gloo_issue(gloo: pd.DataFrame, gloo_op: pd.Series, comm: pd.DataFrame) -> pd.Series:

@@ -84,26 +84,28 @@ def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFr
                              indicator=True)
     missing = present[present["_merge"] == "left_only"]
     sized = frame.assign(sized_bytes=frame["bytes"].where(~frame["op"].isin(SIZES_MAY_DIFFER)))
-    agg = sized.groupby(KEY).agg(ops=("op", "nunique"), sizes=("sized_bytes", "nunique"),
-                                 dtypes=("dtype", "nunique"), members=("rank", "size"),
-                                 traced=("rank", lambda r: set(r) <= trace_ranks))
+    # One row per key, in the order of ngroup's codes (both sorted by KEY).
+    grouped = sized.groupby(KEY, sort=True)
+    agg = grouped.agg(ops=("op", "nunique"), sizes=("sized_bytes", "nunique"),
+                      dtypes=("dtype", "nunique"), members=("rank", "size"))
+    codes = grouped.ngroup().to_numpy()
     differ = (agg["ops"] > 1) | (agg["sizes"] > 1) | (agg["dtypes"] > 1)
     missing_ranks = missing.groupby(KEY)["rank"].agg(lambda r: format_ranges(sorted(r)))
-    bad = agg.index[differ].union(missing_ranks.index)
-    frame = frame.merge(pd.DataFrame(index=bad).assign(bad=True), left_on=KEY,
-                        right_index=True, how="left")
-    good = frame["bad"].isna().to_numpy() & (frame.groupby(KEY)["rank"].transform("size") > 1)
-    frame = frame.drop(columns="bad")
-    codes = frame.groupby(KEY, sort=True).ngroup().to_numpy()
-    frame["instance"] = np.where(good, codes, -1)
-    if not len(bad):
+    bad_key = differ.to_numpy()
+    if len(missing_ranks):
+        bad_key = bad_key | agg.index.isin(missing_ranks.index)
+    good = ~bad_key[codes] & (agg["members"].to_numpy()[codes] > 1)
+    frame = frame.assign(instance=np.where(good, codes, -1))
+    if not bad_key.any():
         return frame, pd.DataFrame(columns=MISMATCH_COLUMNS)
+    bad = agg.index[differ].union(missing_ranks.index)
     table = pd.DataFrame(index=bad)
     table["ranks"] = _ranks_by_signature(frame[frame.set_index(KEY).index.isin(bad)])
     table["missing_ranks"] = missing_ranks.reindex(bad).astype(object).fillna("")
     different = differ.reindex(bad).fillna(False).to_numpy()
     some_missing = (table["missing_ranks"] != "").to_numpy()
-    from_traces = agg["traced"].reindex(bad).fillna(False).astype(bool).to_numpy()
+    traced = frame["rank"].isin(list(trace_ranks)).groupby([frame[k] for k in KEY]).all()
+    from_traces = traced.reindex(bad).fillna(False).astype(bool).to_numpy()
     table["problem"] = np.select(
         [different & some_missing & ~from_traces, different & ~from_traces, ~from_traces,
          different & some_missing, different],
@@ -116,6 +118,9 @@ def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFr
 
 
 def _match_p2p(frame: pd.DataFrame):
+    if frame.empty:  # most runs have no p2p op: none of the work below
+        return (frame.assign(instance=pd.Series(dtype="int64"), position=pd.Series(dtype="int64")),
+                pd.DataFrame(columns=MISMATCH_COLUMNS))
     frame = frame.copy()
     frame["instance"] = -1
     known = frame["peer"].notna()
