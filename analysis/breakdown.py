@@ -9,8 +9,12 @@ from __future__ import annotations
 
 
 def __getattr__(name: str):
+    if name.startswith("__"):
+        # The import system asks for __path__ and the like (`from analysis.breakdown import
+        # main`): those are not the breakdown's, and must not import it.
+        raise AttributeError(f"module 'analysis.breakdown' has no attribute {name!r}")
     # Imported on first use: this entry must start without pandas, which the command line
-    # imports only once it has parsed its arguments.
+    # imports only once its trace is being decoded (analysis.parse_ahead).
     from analysis import step_breakdown
 
     try:

@@ -10,21 +10,22 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from analysis.events import STEP_COLUMNS, TEXT_COLUMNS
-from analysis.kineto import ParsedTrace, parse_trace
+from analysis.kineto import max_trace_bytes
+from analysis.parsed_trace import ParsedTrace, parse_trace
+from analysis.runs import CACHE_DIR, cache_file  # noqa: F401  (CACHE_DIR re-exported)
 from tracer import schema
+
+if TYPE_CHECKING:
+    from analysis.parse_ahead import DecodeAhead
 
 # Bump when the events frame or the cache layout changes: old cache files are then ignored.
 CACHE_FORMAT = 3
-CACHE_DIR = ".ranktrace-cache"
-
-
-def _cache_path(path: Path) -> Path:
-    return path.parent / CACHE_DIR / (path.name + ".parquet")
 
 
 def _cache_key(path: Path) -> str:
@@ -35,7 +36,7 @@ def _cache_key(path: Path) -> str:
 def read_cache(path: Path) -> ParsedTrace | None:
     import pyarrow.parquet as pq
 
-    cached = _cache_path(path)
+    cached = cache_file(path)
     try:
         if not cached.is_file():
             return None
@@ -60,7 +61,7 @@ def write_cache(parsed: ParsedTrace) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    cached = _cache_path(parsed.path)
+    cached = cache_file(parsed.path)
     if not _writable(parsed.path.parent):
         return
     meta = {
@@ -91,14 +92,19 @@ def _writable(folder: Path) -> bool:
     return bool(mode & 0o222) and os.access(folder, os.W_OK)
 
 
-def read_trace(path: Path, use_cache: bool = True, max_bytes: int | None = None) -> ParsedTrace:
-    """parse_trace through the Parquet cache."""
+def read_trace(path: Path, use_cache: bool = True, max_bytes: int | None = None,
+               decoded_ahead: DecodeAhead | None = None) -> ParsedTrace:
+    """parse_trace through the Parquet cache; `decoded_ahead` may hold the file decoded
+    already (analysis.parse_ahead)."""
     path = Path(path)
     if use_cache:
         cached = read_cache(path)
         if cached is not None:
             return cached
-    parsed = parse_trace(path, max_bytes=max_bytes)
+    decoded = None
+    if decoded_ahead is not None:
+        decoded = decoded_ahead.take(path, max_trace_bytes() if max_bytes is None else max_bytes)
+    parsed = parse_trace(path, max_bytes=max_bytes, decoded=decoded)
     if use_cache:
         write_cache(parsed)
     return parsed

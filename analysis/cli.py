@@ -1,5 +1,8 @@
 """`python -m analysis.breakdown`: the command line (docs/analysis.md). Arguments and printing
-only; the analysis is analysis.run's."""
+only; the analysis is analysis.run's.
+
+Until a run's trace file is being decoded (analysis.parse_ahead), nothing here imports pandas.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +11,16 @@ import gc
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from analysis import output
-from analysis.load import SchedulerUnavailable, load_files, max_trace_bytes
-from analysis.progress import Progress
-from analysis.run import analyse_run
+from analysis import parse_ahead
+from analysis.kineto import max_trace_bytes
+from analysis.parallel import SchedulerUnavailable
 from analysis.runs import NothingToAnalyse, resolve_runs
-from analysis.steps import parse_step_spec
+from analysis.step_spec import parse_step_spec
+
+if TYPE_CHECKING:
+    from analysis.output import RunReport
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        max_trace_bytes()
+        max_bytes = max_trace_bytes()
     except ValueError as exc:
         parser.error(str(exc))
     steps = parse_step_spec(args.steps) if args.steps else None
@@ -96,14 +100,29 @@ def main(argv: list[str] | None = None) -> int:
     except NothingToAnalyse as exc:
         print(f"ranktrace: nothing analysed: {exc}", file=sys.stderr)
         return 1
+    ahead = parse_ahead.start([f for _, files in runs for f in files], max_bytes,
+                              use_cache=not args.no_cache, jobs=args.jobs,
+                              scheduler=args.scheduler)
     try:
-        return _analyse(args, runs, steps)
+        return _analyse(args, runs, steps, ahead)
     except SchedulerUnavailable as exc:
         print(f"ranktrace: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
-def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None) -> int:
+def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
+             ahead: parse_ahead.DecodeAhead | None) -> int:
+    # Imported here, while the trace is decoded beside them (analysis.parse_ahead).
+    import pandas as pd
+
+    from analysis import output
+    from analysis.load import load_files
+    from analysis.progress import Progress
+    from analysis.run import analyse_run
+
     reports = []
     for run_dir, files in runs:
         with Progress() as progress:
@@ -112,7 +131,7 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None) -> i
                                 comm_kernels=tuple(args.comm_kernel),
                                 scheduler=args.scheduler,
                                 # Only the HTML report draws from the events once reduced.
-                                keep_events=args.html is not None)
+                                keep_events=args.html is not None, decoded_ahead=ahead)
             # What is loaded lives until this one-shot process ends: the cyclic collector would
             # only rescan it (millions of objects at a thousand ranks) each time it runs.
             gc.freeze()
@@ -153,14 +172,14 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None) -> i
     return 0
 
 
-def _write_html(report: output.RunReport, target: Path) -> None:
+def _write_html(report: RunReport, target: Path) -> None:
     # Imported here: only --html needs the HTML report's modules.
     from analysis.html import write_html_report
 
     write_html_report(report, target)
 
 
-def _write(report: output.RunReport, option: str, target: Path, write) -> bool:
+def _write(report: RunReport, option: str, target: Path, write) -> bool:
     """write(report, target); an OSError becomes a problem of the run and an error line naming
     `target`."""
     try:

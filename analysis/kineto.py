@@ -1,8 +1,10 @@
-"""Reading one Kineto trace file (plain or gzipped JSON) into its events and ProfilerStep spans.
+"""Reading one Kineto trace file (plain or gzipped JSON) into the columns of its events.
 
-The file is decoded a few MB of JSON at a time (analysis.kineto_events builds the frame), so
-memory stays near the size of the resulting frame. A file that cannot be read raises
-TraceReadError naming the file and the problem. Nothing read is evaluated or unpickled.
+The file is decoded a few MB of JSON at a time (analysis.kineto_events builds the columns), so
+memory stays near the size of the resulting columns; analysis.parsed_trace makes the events
+frame of them. A file that cannot be read raises TraceReadError naming the file and the
+problem. Nothing read is evaluated or unpickled. This module does not import pandas: it runs
+before the command imports it (analysis.parse_ahead).
 """
 
 from __future__ import annotations
@@ -16,10 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
-import numpy as np
-import pandas as pd
 
-from analysis.events import HOST_OP_CATS, PROFILER_STEP_RE, STEP_COLUMNS, cat_is
 from analysis.kineto_events import (
     EVENTS_DECODER,
     TRACE_DECODER,
@@ -39,22 +38,17 @@ class TraceReadError(Exception):
 
 
 @dataclass
-class ParsedTrace:
-    """One Kineto file, before rank grouping and step selection."""
+class DecodedTrace:
+    """One Kineto file's events as columns (analysis.kineto_events), and what its
+    distributedInfo says."""
 
     path: Path
+    columns: EventColumns
     rank: int | None
     world_size: int | None
     backend: str | None
-    events: pd.DataFrame
-    steps: pd.DataFrame
-    float_timestamps: bool
-    problems: list[str]
     # distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, pg_size, ranks).
     process_groups: list[dict] = field(default_factory=list)
-    # (rank, problems of this file then, its RankTrace reduced and without events): what its
-    # worker computed (analysis.load._reduce).
-    reduced: tuple | None = None
 
 
 # ---- reading a file in chunks -------------------------------------------------------------------
@@ -249,9 +243,10 @@ def _decode_whole(path: Path, columns: EventColumns, limit: int, why: str) -> Tr
     return document
 
 
-def parse_trace(path: Path, chunked: bool = True, max_bytes: int | None = None) -> ParsedTrace:
-    """Decode one Kineto trace file. Raises TraceReadError naming the file when it can't, or
-    when its JSON is over `max_bytes` (default: max_trace_bytes()).
+def decode_trace(path: Path, chunked: bool = True, max_bytes: int | None = None
+                 ) -> DecodedTrace:
+    """Decode one Kineto trace file into columns. Raises TraceReadError naming the file when it
+    can't, or when its JSON is over `max_bytes` (default: max_trace_bytes()).
 
     `chunked=False` decodes the whole file at once (what a chunked read falls back to).
     """
@@ -262,13 +257,13 @@ def parse_trace(path: Path, chunked: bool = True, max_bytes: int | None = None) 
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _parse(path, chunked, max_bytes)
+        return _decode(path, chunked, max_bytes)
     finally:
         if collecting:
             gc.enable()
 
 
-def _parse(path: Path, chunked: bool, max_bytes: int) -> ParsedTrace:
+def _decode(path: Path, chunked: bool, max_bytes: int) -> DecodedTrace:
     columns = EventColumns()
     try:
         if not chunked:
@@ -280,15 +275,12 @@ def _parse(path: Path, chunked: bool, max_bytes: int) -> ParsedTrace:
                f"{max_bytes / _MB:g} MB, as it cannot be read a chunk at a time ({exc})")
         document = _decode_whole(path, columns, max_bytes // WHOLE_DECODE_SHARE, why)
     info = document.distributedInfo
-    rank = int_or_none(info.rank) if info is not None else None
-    world_size = int_or_none(info.world_size) if info is not None else None
-    backend = str(info.backend) if info is not None and info.backend is not None else None
-    groups = process_group_configs(info.pg_config) if info is not None else []
-    frame = columns.frame()
-    return ParsedTrace(path=path, rank=rank, world_size=world_size, backend=backend,
-                       events=frame, steps=profiler_steps(frame),
-                       float_timestamps=columns.float_timestamps,
-                       problems=columns.problems(path), process_groups=groups)
+    return DecodedTrace(
+        path=path, columns=columns,
+        rank=int_or_none(info.rank) if info is not None else None,
+        world_size=int_or_none(info.world_size) if info is not None else None,
+        backend=str(info.backend) if info is not None and info.backend is not None else None,
+        process_groups=process_group_configs(info.pg_config) if info is not None else [])
 
 
 def process_group_configs(config) -> list[dict]:
@@ -299,33 +291,3 @@ def process_group_configs(config) -> list[dict]:
     if not isinstance(config, list):
         return []
     return [dict(group) for group in config if isinstance(group, dict)]
-
-
-def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
-    """ProfilerStep#N spans on the host (not their GPU-side copies), one row per step number."""
-    names = events["name"]
-    categories = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
-    if categories is not None:
-        step_of = {i: int(m.group(1)) for i, c in enumerate(categories)
-                   if (m := PROFILER_STEP_RE.match(c))}
-        if not step_of:
-            return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS})
-        codes = names.cat.codes.to_numpy()
-        mask = np.isin(codes, list(step_of)) & cat_is(events, HOST_OP_CATS)
-        numbers = np.array([step_of[c] for c in codes[mask]], dtype=np.int64)
-    else:
-        matches = names.astype(str).str.extract(PROFILER_STEP_RE.pattern)[0]
-        mask = matches.notna().to_numpy() & cat_is(events, HOST_OP_CATS)
-        numbers = matches[mask].astype(np.int64).to_numpy()
-    start_ns = events["ts_ns"].to_numpy()[mask]
-    end_ns = events["end_ns"].to_numpy()[mask]
-    # Kineto writes each step once; keep the longest span should a file repeat one: by step,
-    # then latest end first (~end: descending without overflow), ties in file order.
-    order = np.lexsort((~end_ns, numbers))
-    numbers = numbers[order]
-    first = np.ones(len(numbers), dtype=bool)
-    first[1:] = numbers[1:] != numbers[:-1]
-    keep = order[first]
-    return pd.DataFrame({"step": numbers[first], "start_ns": start_ns[keep],
-                         "end_ns": end_ns[keep]})
-

@@ -1,8 +1,10 @@
-"""Decoding Kineto events into the events frame (analysis.events), a chunk of events at a time.
+"""Decoding Kineto events into numpy columns, a chunk of events at a time.
 
 A typed msgspec decoder materialises only the fields the analysis uses; `EventColumns` turns
-each decoded chunk into numpy columns at once, so that only one chunk of decoded events lives.
-Nothing read is evaluated or unpickled.
+each decoded chunk into numpy columns at once, so that only one chunk of decoded events lives
+(analysis.parsed_trace makes the events frame of them). Nothing read is evaluated or unpickled.
+This module does not import pandas: it runs before the command imports it
+(analysis.parse_ahead).
 """
 
 from __future__ import annotations
@@ -15,16 +17,12 @@ from typing import Any, Union
 
 import msgspec
 import numpy as np
-import pandas as pd
 
-from analysis.events import (
+from analysis.event_kinds import (
     COMM_KERNEL_RE,
-    EVENT_COLUMNS,
     GPU_CATS,
     HOST_COMM_RE,
     HOST_OP_CATS,
-    NUMBER_COLUMNS,
-    TEXT_COLUMNS,
     normal_cat,
 )
 
@@ -187,12 +185,22 @@ def _as_float(value) -> float:
         return math.nan
 
 
-class _Codes:
-    """Values -> int32 codes, shared by all chunks of a file; categories at the end."""
+def name_text(value) -> str:
+    """A decoded name (or pid, tid) as the events frame's text."""
+    return "" if value is None else str(value)
 
-    def __init__(self, text=None):
+
+def _place_text(place: tuple) -> tuple:
+    return place
+
+
+class ValueCodes:
+    """Values -> int32 codes, shared by all chunks of a file, in first-seen order;
+    `text(value)` is how the value reads as a category (analysis.parsed_trace)."""
+
+    def __init__(self, text=name_text):
         self.codes_of: dict = {}
-        self.text = text or (lambda v: "" if v is None else str(v))
+        self.text = text
 
     def add(self, values: list) -> np.ndarray:
         codes_of = self.codes_of
@@ -208,15 +216,6 @@ class _Codes:
                 return codes
         return np.fromiter((codes_of.setdefault(v, len(codes_of)) for v in values),
                            dtype=np.int32, count=n)
-
-    def categorical(self, codes: np.ndarray) -> pd.Categorical:
-        categories = [self.text(v) for v in self.codes_of]
-        unique = list(dict.fromkeys(categories))
-        if len(unique) != len(categories):  # e.g. 7 and "7", or "Kernel" and "kernel"
-            position = {c: i for i, c in enumerate(unique)}
-            remap = np.array([position[c] for c in categories], dtype=np.int32)
-            codes, categories = remap[codes], unique
-        return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
 
 
 # (comm kernel, host comm) of the names seen so far in this process: a worker reads many ranks
@@ -235,13 +234,19 @@ def _name_flags(name: str) -> tuple[bool, bool]:
     return flags
 
 
+def _place_flags(place: tuple) -> tuple[bool, bool]:
+    """(device work, host op) of a (cat, pid, tid) place."""
+    cat = normal_cat(place[0])
+    return cat in GPU_CATS, cat in HOST_OP_CATS
+
+
 class EventColumns:
     """The events frame, built chunk by chunk so that only one chunk of decoded events lives."""
 
     def __init__(self):
-        self.names = _Codes()
+        self.names = ValueCodes()
         # (cat, pid, tid) coded together: one dict lookup per event instead of three.
-        self.places = _Codes(lambda v: v)
+        self.places = ValueCodes(_place_text)
         self.parts: dict[str, list[np.ndarray]] = {c: [] for c in (
             "name", "place", "ts_ns", "dur_ns", "stream", "correlation", "is_gpu", "is_comm")}
         self.comm: list[tuple] = []  # (row, comm column values) of communication events
@@ -275,8 +280,7 @@ class EventColumns:
             if value is not None:
                 correlation[i] = value if type(value) is int else _hta_int(value)
         name_flags = self._lookup("name", self.names, _name_flags)
-        place_flags = self._lookup("place", self.places, lambda place: (
-            normal_cat(place[0]) in GPU_CATS, normal_cat(place[0]) in HOST_OP_CATS))
+        place_flags = self._lookup("place", self.places, _place_flags)
         is_gpu = place_flags[places, 0]
         is_host = place_flags[places, 1]
         is_comm = (is_gpu & name_flags[names, 0]) | (is_host & name_flags[names, 1])
@@ -292,7 +296,7 @@ class EventColumns:
             self.parts[column].append(values)
         self.rows += n
 
-    def _lookup(self, kind: str, codes: _Codes, flags_of) -> np.ndarray:
+    def _lookup(self, kind: str, codes: ValueCodes, flags_of) -> np.ndarray:
         """(code -> two flags) for every code so far, computed once per distinct value."""
         known = self._flags[kind]
         values = list(codes.codes_of)
@@ -305,38 +309,6 @@ class EventColumns:
         return [f"{path}: {count} events have a non-numeric '{field}'; {where[field]}"
                 for field, count in self.bad.items() if count]
 
-    def frame(self) -> pd.DataFrame:
-        def joined(column, dtype):
-            parts = self.parts[column]
-            return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-
-        n = self.rows
-        ts_ns, dur_ns = joined("ts_ns", np.int64), joined("dur_ns", np.int64)
-        text = {c: np.full(n, None, dtype=object) for c in TEXT_COLUMNS}
-        numbers = {c: np.full(n, math.nan) for c in NUMBER_COLUMNS}
-        for row, values in self.comm:
-            for column, value in zip(TEXT_COLUMNS + NUMBER_COLUMNS, values):
-                (text if column in text else numbers)[column][row] = value
-        places = list(self.places.codes_of)
-        place = joined("place", np.int32)
-        by_place = {}
-        for i, (column, codes) in enumerate((("cat", _Codes(normal_cat)), ("pid", _Codes()),
-                                             ("tid", _Codes()))):
-            of_place = codes.add([p[i] for p in places])
-            by_place[column] = codes.categorical(of_place[place] if n else of_place[:0])
-        columns = {
-            "name": self.names.categorical(joined("name", np.int32)),
-            "cat": by_place["cat"],
-            "ts_ns": ts_ns, "dur_ns": dur_ns, "end_ns": ts_ns + dur_ns,
-            "pid": by_place["pid"], "tid": by_place["tid"],
-            "stream": joined("stream", np.int64), "correlation": joined("correlation", np.int64),
-            "is_gpu": joined("is_gpu", bool), "is_comm": joined("is_comm", bool), **numbers,
-            # Mostly-None text stays a numpy object array: pandas would otherwise infer (and
-            # convert to) its string dtype, which costs more than the whole decode.
-            **{c: pd.Series(values, dtype=object, copy=False) for c, values in text.items()},
-        }
-        return pd.DataFrame({c: columns[c] for c in EVENT_COLUMNS}, copy=False)
-
 
 def _comm_values(args: _Args) -> tuple:
     """The comm columns (TEXT_COLUMNS then NUMBER_COLUMNS) of one event's arguments."""
@@ -345,7 +317,3 @@ def _comm_values(args: _Args) -> tuple:
             None if args.pg_desc is None else str(_comm_value(args.pg_desc)),
             _raw_text(args.input_dims), _raw_text(args.input_type),
             _as_float(args.in_nelems), _as_float(args.out_nelems), _as_float(args.group_size))
-
-
-def empty_events() -> pd.DataFrame:
-    return EventColumns().frame()

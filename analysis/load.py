@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -34,16 +35,14 @@ from analysis.events import (  # noqa: F401
     TEXT_COLUMNS,
     mark_comm_kernels,
 )
-from analysis.kineto import (  # noqa: F401
+from analysis.kineto import TraceReadError, max_trace_bytes, read_trace_bytes  # noqa: F401
+from analysis.parallel import SchedulerUnavailable, run_jobs  # noqa: F401
+from analysis.parsed_trace import (  # noqa: F401
     ParsedTrace,
-    TraceReadError,
-    max_trace_bytes,
+    empty_events,
     parse_trace,
     profiler_steps,
-    read_trace_bytes,
 )
-from analysis.kineto_events import empty_events
-from analysis.parallel import SchedulerUnavailable, run_jobs  # noqa: F401
 from analysis.records import (  # noqa: F401
     RECORD_FILES,
     RunRecords,
@@ -65,6 +64,9 @@ from analysis.runs import (  # noqa: F401
 )
 from analysis.steps import WHOLE_TRACE_STEP, format_ranges, parse_step_spec, select_steps  # noqa: F401
 from tracer import schema
+
+if TYPE_CHECKING:
+    from analysis.parse_ahead import DecodeAhead
 
 # progress(files parsed, files in all): told after each file.
 Progress = Callable[[int, int], None]
@@ -147,11 +149,12 @@ class RankReduction:
     drop_events: bool = False
 
 
-def _read_trace_job(args: tuple[str, bool, int, RankReduction | None]):
-    """Process-pool job: a ParsedTrace, or the error message (exceptions cross processes badly)."""
-    path, use_cache, max_bytes, reduction = args
+def _read_trace_job(args: tuple[str, bool, int, RankReduction | None, DecodeAhead | None]):
+    """Process-pool job: a ParsedTrace, or the error message (exceptions cross processes badly).
+    A DecodeAhead (analysis.parse_ahead) comes only with a job run in this process."""
+    path, use_cache, max_bytes, reduction, decoded_ahead = args
     try:
-        parsed = read_trace(Path(path), use_cache, max_bytes)
+        parsed = read_trace(Path(path), use_cache, max_bytes, decoded_ahead)
     except TraceReadError as exc:
         rank = file_rank(exc.path)
         return f"{exc.path}: rank {rank}: {exc.reason}" if rank is not None else str(exc)
@@ -181,17 +184,20 @@ def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, int, RankTrac
 
 def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
                progress: Progress | None, scheduler: str | None = None,
-               reduction: RankReduction | None = None) -> list:
+               reduction: RankReduction | None = None,
+               decoded_ahead: DecodeAhead | None = None) -> list:
     # Read here, not in the workers: a cluster's workers do not share this process's environment.
     max_bytes = max_trace_bytes()
     if not scheduler:
         return run_jobs(_read_trace_job,
-                        [(str(f), use_cache, max_bytes, reduction) for f in files],
+                        [(str(f), use_cache, max_bytes, reduction,
+                          decoded_ahead if len(files) == 1 else None) for f in files],
                         jobs=jobs, progress=progress)
     # Cluster workers have their own working folder: they get absolute paths, and the results
     # name each file as it was given here, as a local run does.
     given = {str(f.absolute()): str(f) for f in files}
-    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes, reduction) for path in given],
+    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes, reduction, None)
+                                          for path in given],
                        scheduler=scheduler, progress=progress)
     return [_named_as_given(result, absolute, shown)
             for result, (absolute, shown) in zip(results, given.items())]
@@ -228,7 +234,8 @@ def _merge_windows(parts: list[ParsedTrace]) -> ParsedTrace:
 def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] | None = None,
                hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
                progress: Progress | None = None, comm_kernels: tuple = (),
-               scheduler: str | None = None, keep_events: bool = True) -> LoadResult:
+               scheduler: str | None = None, keep_events: bool = True,
+               decoded_ahead: DecodeAhead | None = None) -> LoadResult:
     """Parse trace files (in parallel processes when several) into one RankTrace per rank.
 
     `keep_events=False`: each rank is reduced where it is parsed (analysis.rank_summary) and
@@ -240,6 +247,7 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
     SchedulerUnavailable when it cannot be used.
 
     `progress`, where given, is called after each file is parsed.
+    `decoded_ahead`: the one file of `files` being decoded already (analysis.parse_ahead).
     `comm_kernels`: regular expressions (str or compiled) naming more device kernels that count
     as communication, besides COMM_KERNEL_PATTERNS.
     """
@@ -251,7 +259,8 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
     reduction = RankReduction(steps, hta_compatible, tuple(comm_kernels), run_dir is not None,
                               drop_events=not keep_events)
     reread = (use_cache, tuple(comm_kernels), max_trace_bytes())
-    for result in _parse_all(files, use_cache, jobs, progress, scheduler, reduction):
+    for result in _parse_all(files, use_cache, jobs, progress, scheduler, reduction,
+                             decoded_ahead):
         if isinstance(result, str):
             problems.append(result)
         else:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-import pandas as pd
 
 from tracer import schema
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -64,6 +66,10 @@ def read_jsonl(path: Path, record_type, rank: int) -> tuple[list, list[str]]:
 
 
 def _records_frame(records: list, record_type, rank: int) -> pd.DataFrame:
+    # Imported here: the command lists a run's record files before it imports pandas
+    # (analysis.parse_ahead).
+    import pandas as pd
+
     columns = [f.name for f in msgspec.structs.fields(record_type)]
     rows = [msgspec.structs.asdict(r) for r in records]
     frame = pd.DataFrame(rows, columns=columns)

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.cache import CACHE_DIR
 from analysis.records import manifest_world_sizes, record_ranks
 from tracer import schema
 
 # Any Chrome/Kineto JSON trace: ours (schema.KINETO_TRACE_RE, a subset) or another tool's, such
 # as `sampled_rank-0.json.gz`; tracer.schema promises that nothing else in a run folder ends so.
 TRACE_SUFFIXES = (".json", ".json.gz")
+# The folder beside a trace that holds its Parquet cache (analysis.cache); never a run.
+CACHE_DIR = ".ranktrace-cache"
+
+
+def cache_file(trace: Path) -> Path:
+    """Where analysis.cache keeps the parsed events of `trace`."""
+    return trace.parent / CACHE_DIR / (trace.name + ".parquet")
 
 
 def is_trace_file(path: Path) -> bool:

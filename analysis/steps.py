@@ -6,10 +6,10 @@ are written in docs/definitions.md ("The analysis window: steps").
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
+
+from analysis.step_spec import format_ranges, parse_step_spec  # noqa: F401  (re-exported)
 
 WHOLE_TRACE_STEP = -1  # the step number of the one window of a trace without ProfilerStep
 
@@ -29,26 +29,6 @@ def step_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     where = np.searchsorted(starts, times, side="right") - 1
     inside = (where >= 0) & (times < ends[np.clip(where, 0, None)])
     return np.where(inside, numbers[np.clip(where, 0, None)], np.nan)
-
-
-def parse_step_spec(spec: str) -> list[int]:
-    """'3-5,7' -> [3, 4, 5, 7]. Raises ValueError with the offending part."""
-    chosen: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
-        if not match:
-            raise ValueError(f"--steps: {part!r} is not a step number or range like 3-5")
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) else first
-        if last < first:
-            raise ValueError(f"--steps: range {part!r} ends before it starts")
-        chosen.update(range(first, last + 1))
-    if not chosen:
-        raise ValueError(f"--steps: {spec!r} selects no step")
-    return sorted(chosen)
 
 
 def unfinished_steps(complete: pd.DataFrame, step_records: pd.DataFrame | None, where: str
@@ -115,14 +95,3 @@ def select_steps(steps: pd.DataFrame, wanted: list[int] | None, hta_compatible: 
             problems.append(f"{where}: {which} not in the trace (it has {have})")
         complete = complete[complete["step"].isin(wanted)]
     return complete.reset_index(drop=True), problems
-
-
-def format_ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    parts = []
-    for number in numbers:
-        if parts and number == parts[-1][1] + 1:
-            parts[-1][1] = number
-        else:
-            parts.append([number, number])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)

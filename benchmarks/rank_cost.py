@@ -29,19 +29,19 @@ REPO = Path(__file__).resolve().parents[1]
 _MEASURE = """
 import json, sys, time
 from pathlib import Path
-from analysis import kineto, load
+from analysis import kineto, load, parsed_trace
 files = sorted(Path(sys.argv[1]).glob("*.json.gz"))
 reduction = load.RankReduction(None, False, (), False, drop_events=True)
 limit = kineto.max_trace_bytes()
 for path in files:
-    load._read_trace_job((str(path), False, limit, reduction))
+    load._read_trace_job((str(path), False, limit, reduction, None))
 start = time.process_time()
 for path in files:
-    kineto.parse_trace(path)
+    parsed_trace.parse_trace(path)
 parse = (time.process_time() - start) / len(files) * 1000
 start = time.process_time()
 for path in files:
-    load._read_trace_job((str(path), False, limit, reduction))
+    load._read_trace_job((str(path), False, limit, reduction, None))
 job = (time.process_time() - start) / len(files) * 1000
 print(json.dumps({"parse_ms": parse, "job_ms": job}))
 """

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from test_load import gpu_trace, problems_with, write_run
 
-from analysis import kineto
+from analysis import kineto, parsed_trace
 from analysis.load import load_path
 from synthetic import TraceBuilder, trace_name
 
@@ -51,9 +51,9 @@ def test_chunked_decoding_gives_the_whole_file_result(tmp_path, small_chunks, la
         doc["distributedInfo"] = doc.pop("distributedInfo")  # now in the tail
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc, indent=None if layout == "one_line" else 1))
-    chunked = kineto.parse_trace(path)
+    chunked = parsed_trace.parse_trace(path)
     assert len(small_chunks) > 5  # it really was cut into chunks
-    same_trace(chunked, kineto.parse_trace(path, chunked=False))
+    same_trace(chunked, parsed_trace.parse_trace(path, chunked=False))
     assert chunked.rank == 3 and chunked.steps["step"].tolist() == list(range(1, 41))
 
 
@@ -71,9 +71,9 @@ def test_a_cut_inside_a_string_or_nested_args_falls_back_to_the_whole_file(tmp_p
     kernels[20]["args"]["nested"] = [{"a": 1}, {"b": 2}] * 300
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
-    parsed = kineto.parse_trace(path)
+    parsed = parsed_trace.parse_trace(path)
     assert whole == [path]  # the chunked read gave up and the file was decoded whole
-    same_trace(parsed, kineto.parse_trace(path, chunked=False))
+    same_trace(parsed, parsed_trace.parse_trace(path, chunked=False))
     long_name = ' weird }, { name "},{" ' * 300
     assert any(n.endswith(long_name) for n in parsed.events["name"].astype(str))
     assert parsed.steps["step"].tolist() == list(range(1, 41))
@@ -85,9 +85,9 @@ def test_an_event_longer_than_a_chunk_is_read_whole(tmp_path, small_chunks):
     kernel["name"] = "k" * 20000  # no place to cut for ten chunks
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
-    parsed = kineto.parse_trace(path)
+    parsed = parsed_trace.parse_trace(path)
     assert len(small_chunks) > 5
-    same_trace(parsed, kineto.parse_trace(path, chunked=False))
+    same_trace(parsed, parsed_trace.parse_trace(path, chunked=False))
     assert "k" * 20000 in set(parsed.events["name"].astype(str))
 
 
@@ -114,9 +114,9 @@ def test_chunks_decoded_in_place_keep_each_chunks_arguments_and_first_seen_order
         b.op(f"aten::step_{n}_op", t + 10, t + 20).op("aten::mm", t + 20, t + 30)
     path = tmp_path / "t.json"
     path.write_text(json.dumps(b.document()))
-    chunked = kineto.parse_trace(path)
+    chunked = parsed_trace.parse_trace(path)
     assert len(small_chunks) > 5
-    same_trace(chunked, kineto.parse_trace(path, chunked=False))
+    same_trace(chunked, parsed_trace.parse_trace(path, chunked=False))
     comm = chunked.events[chunked.events["name"] == "record_param_comms"]
     assert comm["input_dims"].tolist() == [f"[[{n}, {4 * n}]]" for n in range(1, 41)]
     assert comm["in_nelems"].tolist() == [4.0 * n * n for n in range(1, 41)]
@@ -131,7 +131,7 @@ def test_a_repeated_step_keeps_its_longest_span_and_steps_come_sorted(tmp_path):
     b.op("ProfilerStep#1", 100, 900, cat="gpu_user_annotation")  # the GPU-side copy: not a step
     path = tmp_path / "t.json"
     path.write_text(json.dumps(b.document()))
-    steps = kineto.parse_trace(path).steps
+    steps = parsed_trace.parse_trace(path).steps
     assert steps.to_dict("list") == {"step": [1, 2, 3], "start_ns": [90_000, 200_000, 300_000],
                                      "end_ns": [200_000, 260_000, 400_000]}
     assert list(steps.index) == [0, 1, 2] and (steps.dtypes == "int64").all()

@@ -9,7 +9,7 @@ from test_load import gpu_trace, problems_with, write_run
 from test_load_chunks import many_events_trace
 from test_load_chunks import small_chunks as small_chunks  # a fixture the tests below use
 
-from analysis import cli, kineto
+from analysis import cli, kineto, parsed_trace
 from analysis.load import load_path
 from synthetic import trace_name
 
@@ -54,10 +54,10 @@ def test_a_plain_trace_over_the_limit_is_refused_with_its_size(tmp_path):
     path.write_text(json.dumps(many_events_trace()))
     size = path.stat().st_size
     with pytest.raises(kineto.TraceReadError) as refused:
-        kineto.parse_trace(path, max_bytes=size - 1)
+        parsed_trace.parse_trace(path, max_bytes=size - 1)
     assert size < MB and f"{size / MB:.3g} MB of JSON" in str(refused.value)
     assert str(path) in str(refused.value)
-    assert len(kineto.parse_trace(path, max_bytes=size).steps) == 40
+    assert len(parsed_trace.parse_trace(path, max_bytes=size).steps) == 40
 
 
 @pytest.mark.usefixtures("small_chunks")
@@ -69,9 +69,9 @@ def test_a_trace_that_must_be_decoded_whole_has_a_quarter_of_the_limit(tmp_path)
     data = json.dumps(doc).encode()
     path.write_bytes(gzip.compress(data))
     with pytest.raises(kineto.TraceReadError) as refused:
-        kineto.parse_trace(path, max_bytes=2 * len(data))
+        parsed_trace.parse_trace(path, max_bytes=2 * len(data))
     assert "decoded whole" in str(refused.value) and "1/4 of" in str(refused.value)
-    assert len(kineto.parse_trace(path, max_bytes=4 * len(data)).steps) == 40
+    assert len(parsed_trace.parse_trace(path, max_bytes=4 * len(data)).steps) == 40
 
 
 @pytest.mark.parametrize("value", ["lots", "0", "-5", "inf"])

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import kineto, kineto_events
+from analysis import kineto, kineto_events, parsed_trace
 from analysis.kineto import TraceReadError
 
 COMPLETE = {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7}
@@ -68,12 +68,12 @@ def cut_small(monkeypatch):
 
 
 def parse_both(path, monkeypatch, chunked=True):
-    fast = kineto.parse_trace(path, chunked=chunked)
+    fast = parsed_trace.parse_trace(path, chunked=chunked)
     calls = []
     with monkeypatch.context() as patch:
         for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
             patch.setattr(decoder, "fast", _Refusing(calls))
-        general = kineto.parse_trace(path, chunked=chunked)
+        general = parsed_trace.parse_trace(path, chunked=chunked)
     assert calls  # the general decoder really was the one used
     return fast, general
 
@@ -130,7 +130,7 @@ def test_every_phase_of_the_trace_event_format_takes_the_fast_decoder(tmp_path, 
     fallbacks = []
     for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
         monkeypatch.setattr(decoder, "general", _Counting(decoder.general, fallbacks))
-    fast = kineto.parse_trace(path)
+    fast = parsed_trace.parse_trace(path)
     assert not fallbacks
     assert fast.events["name"].astype(str).tolist() == ["e2"]
     fast_again, general = parse_both(path, monkeypatch)
@@ -171,13 +171,13 @@ def test_arguments_that_are_not_an_object_fail_either_way(tmp_path, monkeypatch,
     path = tmp_path / "t.json"
     path.write_text(trace_text(events))
     with pytest.raises(TraceReadError) as fast:
-        kineto.parse_trace(path, chunked=chunked)
+        parsed_trace.parse_trace(path, chunked=chunked)
     assert "not a Kineto trace" in str(fast.value)
     with monkeypatch.context() as patch:
         for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
             patch.setattr(decoder, "fast", _Refusing([]))
         with pytest.raises(TraceReadError) as general:
-            kineto.parse_trace(path, chunked=chunked)
+            parsed_trace.parse_trace(path, chunked=chunked)
     assert str(fast.value) == str(general.value)
 
 
@@ -210,7 +210,7 @@ def two_member_gzip(tmp_path, damage: str):
 
 def parse_outcome(path):
     try:
-        return kineto.parse_trace(path)
+        return parsed_trace.parse_trace(path)
     except TraceReadError as exc:
         return str(exc)
 
@@ -259,7 +259,7 @@ def test_profiler_steps_read_categorical_and_plain_columns_alike(categorical_nam
         "name": pd.Categorical(names) if categorical_names else pd.Series(names, dtype=object),
         "cat": pd.Categorical(cats) if categorical_cats else pd.Series(cats, dtype=object),
         "ts_ns": starts, "end_ns": ends})
-    steps = kineto.profiler_steps(events)
+    steps = parsed_trace.profiler_steps(events)
     # step 3 is on the GPU and step 4 has no category: neither is a host span; of step 2's
     # three spans, the two longest end alike and the first in the file is kept
     assert steps["step"].tolist() == [1, 2]
