@@ -18,6 +18,8 @@ MISMATCH_COLUMNS = ["pg", "step", "position", "problem", "ranks", "missing_ranks
 KEY = ["pg", "step", "position"]
 # Each member of an all_to_all sends its own split sizes: its bytes may differ between members.
 SIZES_MAY_DIFFER = ("all_to_all",)
+# Beyond this many (group, rank, step) cells, missing members are found by merges instead.
+_MAX_MEMBERSHIP_CELLS = 20_000_000
 
 
 def group_members(ops: pd.DataFrame, world_size: int) -> pd.DataFrame:
@@ -75,14 +77,54 @@ def _ranks_by_signature(frame: pd.DataFrame) -> pd.Series:
     return text.groupby(KEY)["part"].agg("; ".join)
 
 
-def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame,
-                       trace_ranks: frozenset = frozenset()):
-    members = group_members(frame, world_size)
+def _missing_ranks(frame: pd.DataFrame, members: pd.DataFrame, coverage: pd.DataFrame
+                   ) -> pd.Series:
+    """Per key with a member that covers its step but did not issue it: those ranks ('0-2, 5')."""
     keys = frame[KEY].drop_duplicates()
     expected = keys.merge(members, on="pg").merge(coverage, on=["rank", "step"])
     present = expected.merge(frame[KEY + ["rank"]], on=KEY + ["rank"], how="left",
                              indicator=True)
     missing = present[present["_merge"] == "left_only"]
+    return missing.groupby(KEY)["rank"].agg(lambda r: format_ranges(sorted(r)))
+
+
+def _none_missing(frame: pd.DataFrame, codes: np.ndarray, members: pd.DataFrame,
+                  coverage: pd.DataFrame) -> bool:
+    """Whether every key (numbered by `codes`) was issued by all the members of its group that
+    cover its step, counted on arrays: the merges of _missing_ranks cost more than the matching
+    itself on a large run. False where it cannot tell cheaply (then _missing_ranks tells)."""
+    ranks = np.concatenate([frame["rank"].to_numpy(), members["rank"].to_numpy(),
+                            coverage["rank"].to_numpy()])
+    if not len(frame) or not np.issubdtype(ranks.dtype, np.integer) or ranks.min() < 0:
+        return False
+    pg, pgs = pd.factorize(np.concatenate([frame["pg"].to_numpy(object),
+                                           members["pg"].to_numpy(object)]))
+    step, steps = pd.factorize(np.concatenate([frame["step"].to_numpy(),
+                                               coverage["step"].to_numpy()]))
+    n_rank = int(ranks.max()) + 1
+    if (pg.min() < 0 or step.min() < 0
+            or len(pgs) * n_rank * len(steps) > _MAX_MEMBERSHIP_CELLS):
+        return False
+    rows = len(frame)
+    member_rank, covered_rank = np.split(ranks[rows:], [len(members)])
+    is_member = np.zeros((len(pgs), n_rank), dtype=np.int64)
+    is_member[pg[rows:], member_rank] = 1
+    covers = np.zeros((n_rank, len(steps)), dtype=np.int64)
+    covers[covered_rank, step[rows:]] = 1
+    expected = is_member @ covers  # per (group, step): its members that cover the step
+    row_pg, row_step, row_rank = pg[:rows], step[:rows], ranks[:rows]
+    # (key, rank) is unique: position counts a rank's ops on the group within the step.
+    issued = np.bincount(codes, weights=is_member[row_pg, row_rank]
+                         * covers[row_rank, row_step])
+    key_pg = np.zeros(len(issued), dtype=np.int64)
+    key_step = np.zeros(len(issued), dtype=np.int64)
+    key_pg[codes], key_step[codes] = row_pg, row_step
+    return bool(np.array_equal(issued, expected[key_pg, key_step]))
+
+
+def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame,
+                       trace_ranks: frozenset = frozenset()):
+    members = group_members(frame, world_size)
     sized = frame.assign(sized_bytes=frame["bytes"].where(~frame["op"].isin(SIZES_MAY_DIFFER)))
     # One row per key, in the order of ngroup's codes (both sorted by KEY).
     grouped = sized.groupby(KEY, sort=True)
@@ -90,14 +132,18 @@ def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFr
                       dtypes=("dtype", "nunique"), members=("rank", "size"))
     codes = grouped.ngroup().to_numpy()
     differ = (agg["ops"] > 1) | (agg["sizes"] > 1) | (agg["dtypes"] > 1)
-    missing_ranks = missing.groupby(KEY)["rank"].agg(lambda r: format_ranges(sorted(r)))
     bad_key = differ.to_numpy()
-    if len(missing_ranks):
-        bad_key = bad_key | agg.index.isin(missing_ranks.index)
+    missing_ranks = None
+    if not _none_missing(frame, codes, members, coverage):
+        missing_ranks = _missing_ranks(frame, members, coverage)
+        if len(missing_ranks):
+            bad_key = bad_key | agg.index.isin(missing_ranks.index)
     good = ~bad_key[codes] & (agg["members"].to_numpy()[codes] > 1)
     frame = frame.assign(instance=np.where(good, codes, -1))
     if not bad_key.any():
         return frame, pd.DataFrame(columns=MISMATCH_COLUMNS)
+    if missing_ranks is None:
+        missing_ranks = _missing_ranks(frame, members, coverage)
     bad = agg.index[differ].union(missing_ranks.index)
     table = pd.DataFrame(index=bad)
     table["ranks"] = _ranks_by_signature(frame[frame.set_index(KEY).index.isin(bad)])
