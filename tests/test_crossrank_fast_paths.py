@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis.crossrank.clock import clock_table, estimate_offsets
 from analysis.crossrank.frames import OP_COLUMNS, _by_value, _message_sizes, typed_ops
 from analysis.crossrank.matching import (
     MISMATCH_COLUMNS,
@@ -136,3 +137,17 @@ def test_message_sizes_once_per_distinct_message_keep_none_and_nan_apart():
     assert sizes[4] == 256 * 4 * 2.0  # all_gather without its output: input x group x 2 B
     assert math.isnan(sizes[5])
     assert _message_sizes([], [], [], [], []) == []
+
+
+def test_no_matched_synchronising_collective_leaves_the_clock_unestimated():
+    # a broadcast does not synchronise; an all_reduce issued on one rank only is not matched
+    rows = [op(0, 0, name="broadcast", size=2), op(1, 10, name="broadcast", size=2),
+            op(0, 20, size=2)]
+    matched, _ = match_ops(typed_ops(pd.DataFrame(rows)), 2, coverage([(0, 0)]))
+    estimate = estimate_offsets(matched)
+    assert estimate.empty and list(estimate.columns) == [
+        "rank", "offset_ns", "drift", "uncertainty_ns", "instances", "t0"]
+    sync = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])
+    table = clock_table(matched, sync, {0, 1})
+    assert table["source"].tolist() == ["reference", "none"]
+    assert table["offset_ns"].tolist() == [0, 0] and table.attrs["t0"] == 0

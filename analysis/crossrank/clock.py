@@ -132,9 +132,11 @@ def estimate_offsets(matched: pd.DataFrame, reference: int = 0) -> pd.DataFrame:
     Each pair (group's lowest rank, member) gets a robust fit; the offsets are chained from the
     reference over the pair with most instances first (breadth first).
     """
-    pairs = completion_pairs(matched)
     columns = ["rank", "offset_ns", "drift", "uncertainty_ns", "instances", "t0"]
-    if pairs.empty:
+    # No matched synchronising collective (one rank's trace): no pair, and no pandas work.
+    synchronising = (matched["instance"] >= 0) & matched["op"].isin(SYNCHRONISING_OPS)
+    pairs = completion_pairs(matched) if synchronising.any() else None
+    if pairs is None or pairs.empty:
         return pd.DataFrame(columns=columns)
     t0 = int(pairs["t_ns"].min())
     edges = {}
