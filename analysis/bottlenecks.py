@@ -101,7 +101,8 @@ def _analysed_steps(per_step: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=[*needed, "work_ns"])
     frame = per_step.reindex(columns=needed).copy()
     for column in needed:
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+        if str(frame[column].dtype) != "float64":  # converting float64 again costs, not changes
+            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     frame = frame.dropna(subset=["rank", "step", "step_ns"])
     frame = frame[frame["step_ns"] > 0]
     frame["work_ns"] = work_ns(frame)

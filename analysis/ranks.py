@@ -57,7 +57,8 @@ def _clean_per_step(per_step) -> pd.DataFrame:
     frame = per_step.reindex(columns=columns)
     frame = _keyed(frame.copy())
     for column in [*BREAKDOWN_NS_COLUMNS, "overlap_pct"]:
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+        if str(frame[column].dtype) != "float64":
+            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     return frame.reset_index(drop=True)
 
 
@@ -206,7 +207,8 @@ def _rank_resources(traces) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=columns)
     frame["rank"] = frame["rank"].astype("Int64")
     for column in columns[1:]:
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+        if str(frame[column].dtype) != "float64":
+            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     return frame
 
 
@@ -231,27 +233,38 @@ def per_step_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     frame = frame.reindex(columns=ordered)
     for column in STEP_EXTRA_COLUMNS:
         dtype = _dtype(column)
-        if dtype != "object":
+        if dtype != "object" and str(frame[column].dtype) != dtype:
             frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(dtype)
     return frame.sort_values(["step", "rank"], kind="stable").reset_index(drop=True)
 
 
 def _step_spread(frame: pd.DataFrame) -> pd.DataFrame:
-    rows = []
+    """Per step: the max, min and mean step_ns over its ranks, the slowest rank (the first of
+    equals; NA for a step of one rank) and imbalance_pct. Read as slices of numpy arrays sorted
+    by step (stable, so ties keep table order): pandas' per-group Series calls cost most of the
+    per-step table. Each value is what the Series reduction gives on the same values."""
+    columns = ["step", "ranks_max_step_ns", "ranks_min_step_ns", "ranks_mean_step_ns",
+               "slowest_rank", "imbalance_pct"]
     timed = frame.dropna(subset=["step", "rank", "step_ns"])
-    for step, group in timed.groupby("step", sort=True):
-        mean = group["step_ns"].mean()
-        slowest = group.loc[group["step_ns"].idxmax()]
+    steps = timed["step"].to_numpy(dtype="int64")
+    order = np.argsort(steps, kind="stable")
+    steps = steps[order]
+    step_ns = timed["step_ns"].to_numpy(dtype="float64")[order]
+    ranks = timed["rank"].to_numpy(dtype="int64")[order]
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if steps.size else steps
+    ends = np.r_[starts[1:], steps.size]
+    rows = []
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        values = step_ns[start:end]
+        mean = values.sum() / values.size
+        most = values.max()
         rows.append({
-            "step": step,
-            "ranks_max_step_ns": group["step_ns"].max(),
-            "ranks_min_step_ns": group["step_ns"].min(),
+            "step": steps[start], "ranks_max_step_ns": most, "ranks_min_step_ns": values.min(),
             "ranks_mean_step_ns": mean,
-            "slowest_rank": int(slowest["rank"]) if len(group) > 1 else pd.NA,
-            "imbalance_pct": (group["step_ns"].max() - mean) / mean * 100 if mean > 0 else np.nan,
+            "slowest_rank": int(ranks[start + int(values.argmax())]) if values.size > 1 else pd.NA,
+            "imbalance_pct": (most - mean) / mean * 100 if mean > 0 else np.nan,
         })
-    spread = pd.DataFrame(rows, columns=["step", "ranks_max_step_ns", "ranks_min_step_ns",
-                                         "ranks_mean_step_ns", "slowest_rank", "imbalance_pct"])
+    spread = pd.DataFrame(rows, columns=columns)
     spread["step"] = spread["step"].astype("Int64")
     return spread
 
@@ -349,7 +362,7 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     table = table.reindex(columns=PER_RANK_COLUMNS)
     for column in PER_RANK_COLUMNS:
         dtype = _dtype(column)
-        if dtype in ("Int64", "float64"):
+        if dtype in ("Int64", "float64") and str(table[column].dtype) != dtype:
             table[column] = pd.to_numeric(table[column], errors="coerce").astype(dtype)
     table["slowest"] = table["slowest"].fillna(False).astype(bool)
     table["steps"] = table["steps"].fillna(0).astype("Int64")
