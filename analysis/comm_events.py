@@ -8,6 +8,8 @@ was issued at, from which `analysis.issuers` tells who issued it.
 from __future__ import annotations
 
 import functools
+import operator
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -23,9 +25,19 @@ from analysis.comm_names import (
     first_tensor_nelems,
     message_bytes,
 )
-from analysis.enclosing import innermost_among, thread_keys
-from analysis.frame_columns import flags, is_numpy_number, list_at, text_matches, texts, values_at
-from analysis.steps import WHOLE_TRACE_STEP, step_at
+from analysis.enclosing import innermost_among, launches, thread_ids
+from analysis.enclosing import sorted_positions as _sorted_positions  # the names tests use
+from analysis.enclosing import steps_kept as _steps_kept
+from analysis.frame_columns import (
+    each_distinct,
+    flags,
+    is_numpy_number,
+    list_at,
+    texts,
+    value_or_none,
+    values_at,
+    values_or_none,
+)
 
 REQUIRED_EVENT_COLUMNS = ("name", "cat", "ts_ns", "dur_ns", "pid", "tid", "is_gpu", "is_comm")
 # The events' columns an op row is made from (_row_from_args).
@@ -43,10 +55,11 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
     """One row per op with the columns of communication.OPS_COLUMNS that a trace gives, plus
     host_ts, host_pid, host_tid (where it was issued) and named (a torch.distributed op names it);
     an empty frame when the trace has none."""
-    rows = _op_rows(events, world_size)
-    if not rows:
+    columns = _op_columns(events, world_size)
+    if columns is None:
         return pd.DataFrame()
-    frame = pd.DataFrame(rows)
+    # From rows, as pandas reads each column's type from its values that way.
+    frame = pd.DataFrame([dict(zip(columns, values)) for values in zip(*columns.values())])
     frame["rank"] = rank
     frame["origin"] = "trace"
     step, kept = _steps_kept(frame["host_ts"], steps, all_steps)
@@ -60,82 +73,62 @@ def op_columns(events: pd.DataFrame, steps, all_steps, world_size) -> dict | Non
     """ops_from_events' frame as {column: list of values, in the frame's order}, `step` as a
     Series or one number, without `rank` and `origin`; None when the trace has no op. For
     callers that convert every column anyway: building that frame costs more than its data."""
-    rows = _op_rows(events, world_size)
-    if not rows:
+    columns = _op_columns(events, world_size)
+    if columns is None:
         return None
-    step, kept = _steps_kept(pd.Series([row["host_ts"] for row in rows]), steps, all_steps)
-    positions = _sorted_positions(pd.Series([row["sort_ts"] for row in rows]), kept)
-    columns = {name: [rows[i][name] for i in positions] for name in rows[0] if name != "sort_ts"}
-    columns["step"] = step.take(positions) if isinstance(step, pd.Series) else step
-    return columns
+    step, kept = _steps_kept(pd.Series(columns["host_ts"]), steps, all_steps)
+    positions = _sorted_positions(pd.Series(columns["sort_ts"]), kept).tolist()
+    taken = {name: _taken(values, positions) for name, values in columns.items()
+             if name != "sort_ts"}
+    taken["step"] = step.take(positions) if isinstance(step, pd.Series) else step
+    return taken
 
 
-def _sorted_positions(sort_ts: pd.Series, kept) -> np.ndarray:
-    """The positions of the kept rows (all for None) in sort_values(kind="stable")'s order:
-    through NumPy's stable sort (NaN last, as pandas puts it) on numbers."""
-    if sort_ts.dtype.kind not in "iuf":
-        return (sort_ts[kept] if kept is not None else sort_ts).sort_values(
-            kind="stable").index.to_numpy()
-    positions = np.flatnonzero(kept) if kept is not None else np.arange(len(sort_ts))
-    return positions[np.argsort(sort_ts.to_numpy()[positions], kind="stable")]
+def _taken(values: list, positions: list) -> list:
+    """[values[i] for i in positions], in one call."""
+    if len(positions) < 2:
+        return [values[i] for i in positions]
+    return list(operator.itemgetter(*positions)(values))
 
 
-def _steps_kept(host_ts: pd.Series, steps, all_steps):
-    """(step of each op, which ops stay: None for all)."""
-    has_all = isinstance(all_steps, pd.DataFrame) and not all_steps.empty
-    has_selected = isinstance(steps, pd.DataFrame) and not steps.empty
-    if not (has_all or has_selected):
-        # A trace without ProfilerStep is analysed as one window, which the breakdown numbers
-        # -1 (analysis.steps.WHOLE_TRACE_STEP).
-        return WHOLE_TRACE_STEP, None
-    times_ns = host_ts.to_numpy(dtype="float64")
-    values, inside = _step_numbers(times_ns, all_steps if has_all else steps)
-    step = pd.Series(pd.arrays.IntegerArray(values, ~inside), index=range(len(times_ns)))
-    if not (has_all and has_selected):
-        return step, None
-    # Ops issued in ProfilerSteps left out of the selection go; ops issued outside every step
-    # (before the first, after the last) stay, with no step.
-    wanted = steps["step"]
-    wanted = (wanted.to_numpy() if wanted.dtype == np.dtype("int64")
-              else pd.to_numeric(wanted, errors="coerce").dropna().astype(int).to_numpy())
-    return step, ~inside | np.isin(values, wanted)
-
-
-def _op_rows(events: pd.DataFrame, world_size) -> list[dict]:
-    """The op rows (_row_from_args) of the events, kernels first, then gloo ops, then calls
-    whose execution the trace lacks."""
+def _op_columns(events: pd.DataFrame, world_size) -> dict | None:
+    """The ops of the events as {column of _row_from_args: values}: kernels first, then gloo
+    ops, then calls whose execution the trace lacks; None without any."""
     if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
-        return []
+        return None
     found = _comm_events(events)
     if found is None:
-        return []
+        return None
     comm, is_gpu, kernels, host = found
     calls, gloo, hints = _host_ops(comm, host)
-    rows: list[dict] = []
     used_calls: set = set()
-    rows += _kernel_ops(events, is_gpu, comm, kernels, calls, hints, used_calls, world_size)
-    if gloo:
+    columns = _kernel_ops(events, is_gpu, comm, kernels, calls, hints, used_calls, world_size)
+    rows: list[dict] = []
+    if len(gloo.positions):
         rows += _gloo_ops(_with_ops(comm, gloo), _with_ops(comm, calls), used_calls, world_size)
-    for position, op in calls:
+    for position, op in zip(calls.positions.tolist(), calls.ops):
         if comm.labels[position] not in used_calls:
             # Issued but its execution is not in the trace (outside the window, or a CPU-only
             # profile of a GPU run): the bytes are known, the time is not.
             call = comm.record(position, op)
             rows.append(_row_from_args(call, op, call, duration_us=float("nan"),
                                        issued_by=call))
-    return rows
+    if rows:
+        names = list(rows[0])
+        columns = {name: columns.get(name, []) + [row[name] for row in rows] for name in names}
+    return columns or None
 
 
 class _CommEvents:
-    """The communication events' columns as Python values, addressed by position: there are
-    few of them, and a pandas call per selection costs more than walking them."""
+    """The communication events' columns, addressed by position: as Python values (`column`),
+    or as arrays with None for a missing value (`present`), one column at a time."""
 
     def __init__(self, events: pd.DataFrame, rows: np.ndarray):
         self.events, self.rows = events, rows
         self.labels = events.index.to_numpy()[rows]
-        self.present = [c for c in _ROW_COLUMNS if c in events.columns]
-        # Column by column, from the rows: taking the rows of every column costs more.
-        self.values = {c: list_at(events[c], rows) for c in self.present}
+        self.known = [c for c in _ROW_COLUMNS if c in events.columns]
+        self._lists: dict[str, list] = {}
+        self._series: dict[str, pd.Series] = {}
         self.starts = values_at(events["ts_ns"], rows, "int64")
         self.durations = values_at(events["dur_ns"], rows, "int64")
         correlation = events["correlation"] if "correlation" in events.columns else None
@@ -150,21 +143,68 @@ class _CommEvents:
         """The events' rows, every column."""
         return self.events.take(self.rows)
 
+    def series(self, name: str) -> pd.Series:
+        """events[name], taken once."""
+        if name not in self._series:
+            self._series[name] = self.events[name]
+        return self._series[name]
+
+    def column(self, name: str) -> list:
+        """The column's values, as Python values."""
+        if name not in self._lists:
+            self._lists[name] = list_at(self.series(name), self.rows)
+        return self._lists[name]
+
+    def present(self, name: str, positions: np.ndarray) -> np.ndarray:
+        """The column's values at `positions`, None where missing or where there is no such
+        column (_col_value's reading)."""
+        if name not in self.events.columns:
+            return np.full(len(positions), None, dtype=object)
+        return values_or_none(self.series(name), self.rows[positions])
+
+    def texts(self, name: str, positions: np.ndarray) -> np.ndarray:  # str() of each value
+        return texts(self.series(name), self.rows[positions])
+
     def record(self, position, op=None) -> dict:
         """{column: value} of one event, with its op when it has one."""
-        row = {c: self.values[c][position] for c in self.present}
+        row = {c: self.column(c)[position] for c in self.known}
         if op is not None:
             row["op"] = op
         return row
 
-    def innermost(self, chosen: list[tuple[int, str]], pids, tids, times) -> np.ndarray:
-        """innermost_among the chosen events."""
-        positions = [position for position, _ in chosen]
+    def innermost(self, chosen: _Chosen, pids, tids, times) -> np.ndarray:
+        """innermost_among the chosen events, by their index label."""
+        positions = chosen.positions
+        if not len(positions) or not len(times):
+            return np.full(len(times), -1, dtype=np.int64)
+        thread, query_thread = thread_ids(self.texts("pid", positions),
+                                          self.texts("tid", positions), pids, tids)
         return innermost_among(
-            thread_keys([self.values["pid"][i] for i in positions],
-                         [self.values["tid"][i] for i in positions]),
-            self.starts[positions].astype("float64"), self.durations[positions].astype("float64"),
-            self.labels[positions], pids, tids, times)
+            thread, self.starts[positions].astype("float64"),
+            self.durations[positions].astype("float64"), self.labels[positions], query_thread,
+            times)
+
+
+class _Chosen(NamedTuple):
+    """Communication events (their positions) and the op of each."""
+    positions: np.ndarray
+    ops: np.ndarray
+
+    def at_labels(self, comm: _CommEvents, labels: np.ndarray) -> np.ndarray:
+        """The index, among these events, of the one with each label (-1 for a label below 0):
+        the last with it where several share a label, as a {label: event} lookup gives."""
+        found = np.full(len(labels), -1, dtype=np.int64)
+        wanted = np.flatnonzero(labels >= 0)
+        if not len(wanted):
+            return found
+        own = comm.labels[self.positions]
+        if pd.Index(own).is_unique and own.dtype.kind in "iu":
+            order = np.argsort(own, kind="stable")
+            found[wanted] = order[np.searchsorted(own[order], labels[wanted])]
+        else:
+            last = {label: i for i, label in enumerate(own.tolist())}
+            found[wanted] = [last[label] for label in labels[wanted].tolist()]
+        return found
 
 
 # An op row's columns (_row_from_args) and what the joins read.
@@ -183,33 +223,29 @@ def _comm_events(events: pd.DataFrame):
     return comm, is_gpu, np.flatnonzero(comm_on_gpu), np.flatnonzero(~comm_on_gpu)
 
 
-def _host_ops(comm: _CommEvents, host: np.ndarray):
-    """(calls, gloo ops, hints) among the host communication events at positions `host`, each
-    a list of (position, op): record_param_comms calls that name their collective, gloo:* ops,
-    and the nccl:*/c10d:: ops whose name gives the collective."""
-    op_of = functools.lru_cache(maxsize=None)(canonical_op)  # a trace repeats a few names
-    event_names = comm.values["name"]
-    collectives = comm.values.get("collective")
-    calls, gloo, hints = [], [], []
-    for position in host.tolist():
-        name = str(event_names[position])
-        if name == "record_param_comms":
-            call_op = op_of(collectives[position] if collectives is not None else None)
-            if call_op is not None:
-                calls.append((position, call_op))
-        elif (name_op := op_of(name)) is not None:
-            (gloo if name.startswith("gloo:") else hints).append((position, name_op))
-    return calls, gloo, hints
+def _host_ops(comm: _CommEvents, host: np.ndarray) -> tuple[_Chosen, _Chosen, _Chosen]:
+    """(calls, gloo ops, hints) among the host communication events at positions `host`:
+    record_param_comms calls that name their collective, gloo:* ops, and the nccl:*/c10d:: ops
+    whose name gives the collective."""
+    names = comm.texts("name", host)
+    name_op = each_distinct(names, canonical_op)
+    is_call = names == "record_param_comms"
+    call_op = each_distinct(comm.present("collective", host[is_call]), canonical_op)
+    is_gloo = each_distinct(names, lambda name: name.startswith("gloo:")).astype(bool)
+    has_op = ~is_call & pd.notna(name_op)
+    calls, gloo, hints = pd.notna(call_op), has_op & is_gloo, has_op & ~is_gloo
+    return (_Chosen(host[is_call][calls], call_op[calls]), _Chosen(host[gloo], name_op[gloo]),
+            _Chosen(host[hints], name_op[hints]))
 
 
-def _ops_series(comm: _CommEvents, chosen: list[tuple[int, str]]) -> pd.Series:
-    return pd.Series([op for _, op in chosen], index=comm.labels[[p for p, _ in chosen]],
-                     dtype=None if chosen else object)
+def _ops_series(comm: _CommEvents, chosen: _Chosen) -> pd.Series:
+    return pd.Series(chosen.ops.tolist(), index=comm.labels[chosen.positions],
+                     dtype=None if len(chosen.ops) else object)
 
 
-def _with_ops(comm: _CommEvents, chosen: list[tuple[int, str]]) -> pd.DataFrame:
+def _with_ops(comm: _CommEvents, chosen: _Chosen) -> pd.DataFrame:
     """The chosen events' rows, with their op in an `op` column."""
-    return comm.frame.take([p for p, _ in chosen]).assign(op=_ops_series(comm, chosen))
+    return comm.frame.take(chosen.positions).assign(op=_ops_series(comm, chosen))
 
 
 def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:
@@ -225,7 +261,7 @@ def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"host": pd.Series(dtype="int64"), "op": pd.Series(dtype=object)})
     comm, is_gpu, kernels, host_rows = found
     calls, _, hints = _host_ops(comm, host_rows)
-    launch_ts, launch_pid, launch_tid = _launches(events, is_gpu, comm.correlation[kernels])
+    launch_ts, launch_pid, launch_tid = launches(events, is_gpu, comm.correlation[kernels])
     call_of = comm.innermost(calls, launch_pid, launch_tid, launch_ts)
     hint_of = comm.innermost(hints, launch_pid, launch_tid, launch_ts)
     host = np.where(call_of >= 0, call_of, hint_of)
@@ -233,30 +269,6 @@ def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:
     ops = ops[~ops.index.duplicated()]
     op = ops.reindex(host).to_numpy() if len(ops) else np.full(len(host), None)
     return pd.DataFrame({"host": host, "op": op}, index=comm.frame.index[kernels])
-
-
-def _launches(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(time, pid, tid) of the runtime launch of each kernel, given by its correlation id
-    (NaN/None where not found): the first runtime or driver event with that id."""
-    correlation = pd.to_numeric(col(events, "correlation"), errors="coerce").to_numpy("float64")
-    # Only the launches of these kernels matter: the category test runs on those alone.
-    launches = np.flatnonzero(np.isin(correlation, kernel_corr) & (correlation >= 0)
-                              & ~np.asarray(is_gpu, dtype=bool))
-    launches = launches[text_matches(events["cat"], ("runtime", "driver"), launches)]
-    # The first launch of each correlation id, sorted by id for the lookup below.
-    launch_corr, first = np.unique(correlation[launches], return_index=True)
-    launches = launches[first]
-    if len(launch_corr):
-        at = np.minimum(np.searchsorted(launch_corr, kernel_corr), len(launch_corr) - 1)
-        found = launch_corr[at] == kernel_corr
-        rows_of = launches[at]
-    else:
-        found = np.zeros(len(kernel_corr), dtype=bool)
-        rows_of = np.zeros(len(kernel_corr), dtype=np.int64)  # any row: `found` masks it
-    launch_ts = np.where(found, events["ts_ns"].to_numpy("float64")[rows_of], np.nan)
-    launch_pid = np.where(found, texts(events["pid"], rows_of), None)
-    launch_tid = np.where(found, texts(events["tid"], rows_of), None)
-    return launch_ts, launch_pid, launch_tid
 
 
 def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=None,
@@ -300,40 +312,30 @@ def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=N
 
 
 def _col_value(row, name):
-    if row is None:
-        return None
-    value = row.get(name) if hasattr(row, "get") else None
-    if value is None:
-        return None
-    try:
-        if pd.isna(value):
-            return None
-    except (TypeError, ValueError):
-        pass
-    return value
+    """The row's (a dict or Series) value in `name`, None where it has none or it is missing."""
+    return value_or_none(row.get(name)) if row is not None and hasattr(row, "get") else None
 
 
-def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls, hints, used_calls: set,
-                world_size) -> list[dict]:
+def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls: _Chosen, hints: _Chosen,
+                used_calls: set, world_size) -> dict:
     """NCCL/RCCL kernels (positions `kernels` in `comm`), each joined to the record_param_comms
-    call that launched it.
+    call that launched it, as {column of _row_from_args: values} ({} without kernels).
 
     The join: kernel -> runtime launch with the same correlation id -> the innermost call on
     the launching thread whose span holds the launch. Bytes come from the call, time from the
     kernel(s); several kernels of one call are one op timed by the union of their spans. A
     kernel with no call takes its size from its own args, else from the innermost nccl:*/c10d::
     op around its launch ("In msg nelems", else "Input Dims" and "Input type", as on gloo).
+    Each column is computed for every op at once, as _row_from_args gives it row by row.
     """
     if not len(kernels):
-        return []
-    launch_ts, launch_pid, launch_tid = _launches(events, is_gpu, comm.correlation[kernels])
+        return {}
+    launch_ts, launch_pid, launch_tid = launches(events, is_gpu, comm.correlation[kernels])
     call_of = comm.innermost(calls, launch_pid, launch_tid, launch_ts)
     hint_of = comm.innermost(hints, launch_pid, launch_tid, launch_ts)
     keys = np.where(call_of >= 0, call_of, -1 - comm.labels[kernels].astype(np.int64))
     starts = comm.starts[kernels]
     ends = starts + comm.durations[kernels]
-    call_at = {comm.labels[position]: (position, op) for position, op in calls}
-    hint_at = {comm.labels[position]: (position, op) for position, op in hints}
 
     # One op per call, in the order of its first kernel; a kernel without a call is one op.
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
@@ -341,64 +343,139 @@ def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls, hints, used_c
     bounds = np.searchsorted(inverse[by_group], np.arange(len(first) + 1))
     groups = np.argsort(first, kind="stable")
     heads = by_group[bounds[groups]]
-    group_starts = np.minimum.reduceat(starts[by_group], bounds[:-1]) if len(first) else starts
-    sizes = np.diff(bounds)
-    rows = []
-    for group, head in zip(groups, heads):
-        first_kernel = comm.record(kernels[head])
-        first_kernel["name"] = str(first_kernel["name"])
-        if sizes[group] > 1:
-            members = by_group[bounds[group]:bounds[group + 1]]
-            duration_us = intervals.total(starts[members], ends[members]) / 1e3
-        else:
-            duration_us = int(ends[head] - starts[head]) / 1e3
-        kernel_ts = int(group_starts[group])
-        if call_of[head] >= 0:
-            call = comm.record(*call_at[call_of[head]])
-            used_calls.add(call_of[head])
-            # Newer kernels carry the group in their own args; older calls carry it only on the
-            # host.
-            pg_source = call if _col_value(call, "group_size") is not None else first_kernel
-            rows.append(_row_from_args(call, call["op"], pg_source, duration_us, call,
-                                       sort_ts=kernel_ts))
-            continue
-        members = by_group[bounds[group]:bounds[group + 1]]
+    kernel_ts = np.minimum.reduceat(starts[by_group], bounds[:-1])[groups]
+    duration_us = (ends[heads] - starts[heads]) / 1e3
+    launcher = heads.copy()  # the kernel whose launch issued the op, where no call did
+    for op_index in np.flatnonzero(np.diff(bounds)[groups] > 1):
+        members = by_group[bounds[groups[op_index]]:bounds[groups[op_index] + 1]]
+        duration_us[op_index] = intervals.total(starts[members], ends[members]) / 1e3
         launched = members[~np.isnan(launch_ts[members])]
-        issued_by = ({"ts_ns": launch_ts[launched[0]], "pid": launch_pid[launched[0]],
-                      "tid": launch_tid[launched[0]]} if len(launched) else
-                     {"ts_ns": kernel_ts, "pid": first_kernel["pid"], "tid": first_kernel["tid"]})
-        hint = comm.record(*hint_at[hint_of[head]]) if hint_of[head] >= 0 else None
-        op = (canonical_op(_col_value(first_kernel, "collective"))
-              or (hint["op"] if hint is not None else None)
-              or comm_kernel_op(first_kernel["name"]) or UNKNOWN_OP)
-        if hint is None or _has_counts(first_kernel):
-            rows.append(_row_from_args(first_kernel, op, first_kernel, duration_us, issued_by,
-                                       sort_ts=kernel_ts, named=hint is not None))
-        else:
-            rows.append(_hint_row(hint, op, first_kernel, duration_us, issued_by, kernel_ts,
-                                  world_size))
-    return rows
+        if len(launched):
+            launcher[op_index] = launched[0]
+
+    call = calls.at_labels(comm, call_of[heads])
+    hint = hints.at_labels(comm, np.where(call >= 0, -1, hint_of[heads]))
+    has_call, has_hint = call >= 0, hint >= 0
+    call_at = calls.positions[call[has_call]]
+    used_calls.update(comm.labels[call_at].tolist())
+    kernel_at = kernels[heads]
+    kernel_counted = ~(_missing(comm.present("in_nelems", kernel_at))
+                       & _missing(comm.present("out_nelems", kernel_at)))
+    # A kernel with no call: sized by its own args where it has counts or no hint, else by
+    # the hint.
+    by_hint = has_hint & ~kernel_counted
+    size_at = kernel_at.copy()
+    size_at[has_call] = call_at
+    size_at[by_hint] = hints.positions[hint[by_hint]]
+
+    op = np.full(len(heads), None, dtype=object)
+    op[has_call] = calls.ops[call[has_call]]
+    no_call = ~has_call
+    op[no_call] = each_distinct(comm.present("collective", kernel_at[no_call]), canonical_op)
+    named = np.full(len(heads), None, dtype=object)
+    named[has_hint] = hints.ops[hint[has_hint]]
+    unnamed = no_call & _missing(op)
+    op[unnamed] = named[unnamed]
+    unnamed &= _missing(op)
+    op[unnamed] = each_distinct(comm.texts("name", kernel_at[unnamed]), comm_kernel_op)
+    op[_missing(op)] = UNKNOWN_OP
+
+    columns = _sized_columns(comm, op, size_at, kernel_at, by_hint, world_size)
+    issued_ts, issued_pid, issued_tid = _issued(comm, launcher, kernel_at, has_call, size_at,
+                                                kernel_ts, launch_ts, launch_pid, launch_tid)
+    return {
+        "op": op.tolist(), **columns,  # source, pg, pg_desc, pg_size, dtype, bytes
+        "duration_us": duration_us.tolist(),
+        "host_ts": issued_ts,
+        "host_pid": issued_pid,
+        "host_tid": issued_tid,
+        "named": (has_call | has_hint).tolist(),
+        "sort_ts": kernel_ts.tolist(),
+    }
 
 
-def _has_counts(event) -> bool:
-    return (_col_value(event, "in_nelems") is not None
-            or _col_value(event, "out_nelems") is not None)
+def _missing(values: np.ndarray) -> np.ndarray:
+    # None is the only missing value that values_or_none leaves.
+    return pd.isna(values)
 
 
-def _hint_row(hint, op, kernel, duration_us, issued_by, kernel_ts, world_size) -> dict:
-    """A kernel sized by the nccl:*/c10d:: op around its launch: that op's message counts when it
-    has them, else its first input's "Input Dims" and "Input type"; without a group size the
-    trace's world size stands in (right only for the default group)."""
-    pg_source = hint if _col_value(hint, "group_size") is not None else kernel
-    if _has_counts(hint):
-        return _row_from_args(hint, op, pg_source, duration_us, issued_by, sort_ts=kernel_ts,
-                              world_size=world_size)
-    dtype_source = hint
-    if _col_value(hint, "comm_dtype") is None:
-        dtype_source = {"comm_dtype": first_input_type(_col_value(hint, "input_type"))}
-    nelems = first_tensor_nelems(_col_value(hint, "input_dims"))
-    return _row_from_args(hint, op, pg_source, duration_us, issued_by, sort_ts=kernel_ts,
-                          dtype_source=dtype_source, nelems=nelems, world_size=world_size)
+def _sized_columns(comm: _CommEvents, op, size_at, kernel_at, by_hint, world_size) -> dict:
+    """_row_from_args' source, pg, pg_desc, pg_size, dtype and bytes of each op: sized by the
+    event at `size_at`, its group taken from that event where it gives a group size, else from
+    the kernel at `kernel_at`; an op sized by its hint (`by_hint`) falls back on the trace's
+    world size, and on the hint's "Input Dims" and "Input type" where it has no counts."""
+    def both(name):
+        values = comm.present(name, np.concatenate([size_at, kernel_at]))
+        return values[:len(size_at)], values[len(size_at):]
+
+    size_group, kernel_group = both("group_size")
+    size_pg, kernel_pg = both("pg_name")
+    size_desc, kernel_desc = both("pg_desc")
+    in_nelems = comm.present("in_nelems", size_at)
+    out_nelems = comm.present("out_nelems", size_at)
+    dtype_text = comm.present("comm_dtype", size_at)
+
+    group_from_size = ~_missing(size_group)
+    group_size = np.where(group_from_size, size_group, kernel_group)
+    if world_size is not None:
+        group_size[by_hint & _missing(group_size)] = world_size
+    pg = np.where(group_from_size, size_pg, kernel_pg)
+    desc = np.where(group_from_size, size_desc, kernel_desc)
+    pg_missing = _missing(pg)
+    pg[pg_missing], desc[pg_missing] = size_pg[pg_missing], size_desc[pg_missing]
+
+    # A hint without message counts: its first input's "Input Dims" and "Input type".
+    dims = by_hint & _missing(in_nelems) & _missing(out_nelems)
+    in_nelems[dims] = each_distinct(comm.present("input_dims", size_at[dims]), first_tensor_nelems)
+    typed = dims & _missing(dtype_text)
+    dtype_text[typed] = each_distinct(comm.present("input_type", size_at[typed]),
+                                      first_input_type)
+    dtype = each_distinct(dtype_text, canonical_dtype)
+    nbytes = _message_bytes(op, in_nelems, out_nelems, [_DTYPE_SIZES.get(d) for d in dtype],
+                            group_size)
+    return {
+        "source": ["p2p" if o in ("send", "recv") else None for o in op],
+        "pg": each_distinct(pg, _text).tolist(),
+        "pg_desc": each_distinct(desc, _text).tolist(),
+        "pg_size": group_size.tolist(),
+        "dtype": dtype.tolist(),
+        "bytes": nbytes,
+    }
+
+
+def _message_bytes(*columns) -> list:
+    """message_bytes of each op, once per distinct set of arguments: it reads the counts as
+    numbers, so equal counts (1, 1.0) give equal bytes."""
+    rows = list(zip(*columns))
+    try:
+        known = dict.fromkeys(rows)
+    except TypeError:  # a value that cannot be hashed
+        return [message_bytes(*row) for row in rows]
+    for row in known:
+        known[row] = message_bytes(*row)
+    return [known[row] for row in rows]
+
+
+def _text(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _issued(comm: _CommEvents, launcher, kernel_at, has_call, size_at, kernel_ts, launch_ts,
+            launch_pid, launch_tid) -> tuple[list, list, list]:
+    """(host_ts, host_pid, host_tid) of each op: its call's, else its first kernel's launch,
+    else the kernel itself (its start, on the kernel's own pid and tid)."""
+    ts = np.empty(len(launcher), dtype=object)
+    ts[:] = kernel_ts.tolist()
+    pid = comm.texts("pid", kernel_at)
+    tid = comm.texts("tid", kernel_at)
+    launched = ~has_call & ~np.isnan(launch_ts[launcher])
+    at = launcher[launched]
+    ts[launched] = list(launch_ts[at])  # NumPy floats, as _launches gives them
+    pid[launched], tid[launched] = launch_pid[at], launch_tid[at]
+    call_at = size_at[has_call]
+    ts[has_call] = [comm.column("ts_ns")[p] for p in call_at.tolist()]
+    pid[has_call], tid[has_call] = comm.texts("pid", call_at), comm.texts("tid", call_at)
+    return ts.tolist(), pid.tolist(), tid.tolist()
 
 
 def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
@@ -435,32 +512,3 @@ def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
                                        dtype_source=dtype_source, nelems=nelems,
                                        world_size=world_size))
     return rows
-
-
-def _step_numbers(times_ns: np.ndarray, steps) -> tuple[np.ndarray, np.ndarray]:
-    """(the ProfilerStep whose [start, end) holds each time, whether it is inside one): the
-    number is 0 outside every step."""
-    values = np.zeros(len(times_ns), dtype="int64")
-    inside = np.zeros(len(times_ns), dtype=bool)
-    if (isinstance(steps, pd.DataFrame) and not steps.empty and len(times_ns)
-            and all(c in steps.columns for c in ("step", "start_ns", "end_ns"))):
-        numbers, starts, ends = _step_spans(steps)
-        found = step_at(times_ns, starts, ends, numbers.astype("float64"))
-        inside = ~np.isnan(found)
-        values[inside] = found[inside].astype("int64")
-    return values, inside
-
-
-def _step_spans(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(number, start, end) of the steps with all three known, by start: the order of
-    steps.dropna().sort_values("start_ns"), taken with NumPy where the columns are plain
-    numbers (pandas' calls cost more than a few steps)."""
-    arrays = [steps[c].to_numpy() for c in ("step", "start_ns", "end_ns")]
-    if all(a.dtype.kind in "iuf" for a in arrays):
-        known = ~np.logical_or.reduce([pd.isna(a) for a in arrays])
-        order = arrays[1][known].argsort(kind="quicksort")  # sort_values' default
-        numbers, starts, ends = (a[known][order] for a in arrays)
-    else:
-        ordered = steps.dropna(subset=["step", "start_ns", "end_ns"]).sort_values("start_ns")
-        numbers, starts, ends = (ordered[c].to_numpy() for c in ("step", "start_ns", "end_ns"))
-    return numbers, starts.astype("float64"), ends.astype("float64")
