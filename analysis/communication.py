@@ -233,13 +233,24 @@ def _ops_from_records(comms: pd.DataFrame, rank, trace) -> pd.DataFrame:
 
 
 def _with_bandwidths(columns: dict) -> dict:
-    pairs = [
-        _bandwidths(op, nbytes, None if pd.isna(size) else int(size), duration)
-        for op, nbytes, size, duration in zip(columns["op"], columns["bytes"].tolist(),
-                                              columns["pg_size"], columns["duration_us"].tolist())
-    ]
-    columns["algbw_gbps"] = np.array([p[0] for p in pairs], dtype="float64")
-    columns["busbw_gbps"] = np.array([p[1] for p in pairs], dtype="float64")
+    """The columns with algbw_gbps and busbw_gbps: _bandwidths of each op, by array (the same
+    float operations in the same order), with one bus factor per distinct (op, group size)."""
+    nbytes, duration_us = columns["bytes"], columns["duration_us"]
+    sizes = pd.array(columns["pg_size"], dtype="Int64")
+    known = np.isfinite(nbytes) & np.isfinite(duration_us)
+    rounded = np.round(np.where(known, nbytes, 0.0))  # int(round()) of a float, as a float
+    seconds = duration_us / 1e6
+    moving = known & (seconds > 0) & (rounded > 0)
+    algbw = np.where(known, 0.0, np.nan)
+    algbw[moving] = rounded[moving] / seconds[moving] / 1e9
+    grouped = known & ~sizes.isna() & (sizes.fillna(0).to_numpy("int64") >= 1)
+    pairs = list(zip(np.asarray(columns["op"], dtype=object)[grouped].tolist(),
+                     sizes[grouped].to_numpy("int64").tolist()))
+    factors = {pair: schema.bus_factor(*pair) for pair in dict.fromkeys(pairs)}
+    busbw = np.full(len(algbw), np.nan)
+    busbw[grouped] = algbw[grouped] * np.array([factors[p] for p in pairs], dtype="float64")
+    columns["algbw_gbps"] = algbw
+    columns["busbw_gbps"] = busbw
     return columns
 
 

@@ -176,3 +176,20 @@ def test_launches_are_the_first_runtime_or_driver_event_of_each_id():
     assert same(ts.tolist(), [300.0, 100.0, math.nan, math.nan, math.nan])
     assert pid.tolist() == ["100", "100", None, None, None]
     assert tid.tolist() == ["5", "3", None, None, None]
+
+
+# ---- communication -------------------------------------------------------------------------------
+def test_bandwidths_of_each_op_as_worked_out_by_hand():
+    columns = {
+        "op": np.array(["all_reduce", "barrier", "all_gather", "broadcast", "all_reduce", "send",
+                        "all_reduce"], dtype=object),
+        "bytes": np.array([8000.0, 0.0, np.nan, 1000.5, 100.0, 100.0, 2.5]),
+        "pg_size": pd.array([2, 4, 2, None, 0, 2, 4], dtype="Int64"),
+        "duration_us": np.array([2.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0]),
+    }
+    found = communication._with_bandwidths(columns)
+    # 8000 B in 2 us: 4 GB/s, x 2(n-1)/n = 1 on two ranks; a barrier moves nothing; 1000.5 B
+    # round to 1000 (half to even), 2.5 B to 2; no time or no size: no bandwidth of that kind.
+    assert same(found["algbw_gbps"].tolist(), [4.0, 0.0, math.nan, 1.0, 0.1, 0.0, 0.002])
+    assert same(found["busbw_gbps"].tolist(),
+                [4.0, 0.0, math.nan, math.nan, math.nan, 0.0, 0.002 * 1.5])
