@@ -267,18 +267,14 @@ class EventColumns:
         self.bad["dur"] += bad_dur
         names = self.names.add([e.name for e in events])
         places = self.places.add([(e.cat, e.pid, e.tid) for e in events])
-        stream = np.full(n, -1, dtype=np.int64)
-        correlation = np.full(n, -1, dtype=np.int64)
-        for i, e in enumerate(events):
-            args = e.args
-            if args is None:
-                continue
-            value = args.stream
-            if value is not None:
-                stream[i] = value if type(value) is int else _hta_int(value)
-            value = args.correlation
-            if value is not None:
-                correlation[i] = value if type(value) is int else _hta_int(value)
+        # A list each, then one array: item assignment into an array costs more per event.
+        arguments = [e.args for e in events]
+        stream = np.array([-1 if a is None or (v := a.stream) is None else
+                           v if type(v) is int else _hta_int(v) for a in arguments],
+                          dtype=np.int64)
+        correlation = np.array([-1 if a is None or (v := a.correlation) is None else
+                                v if type(v) is int else _hta_int(v) for a in arguments],
+                               dtype=np.int64)
         name_flags = self._lookup("name", self.names, _name_flags)
         place_flags = self._lookup("place", self.places, _place_flags)
         is_gpu = place_flags[places, 0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 
 # progress(items done, items in all): told after each item.
 Progress = Callable[[int, int], None]
@@ -32,6 +31,10 @@ def run_jobs(job: Callable, items: Sequence, jobs: int | None = None,
     jobs = jobs or min(len(items), os.cpu_count() or 1)
     results = []
     if len(items) > 1 and jobs > 1:
+        # Imported here: the command imports this module before it forks its decoder
+        # (analysis.parse_ahead), which should start as early as it can.
+        from concurrent.futures import ProcessPoolExecutor
+
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             for done, result in enumerate(pool.map(job, items), start=1):
                 results.append(result)

@@ -85,9 +85,18 @@ def events_frame(decoded: EventColumns) -> pd.DataFrame:
     ts_ns, dur_ns = joined("ts_ns", np.int64), joined("dur_ns", np.int64)
     text = {c: np.full(n, None, dtype=object) for c in TEXT_COLUMNS}
     numbers = {c: np.full(n, math.nan) for c in NUMBER_COLUMNS}
-    for row, values in decoded.comm:
-        for column, value in zip(TEXT_COLUMNS + NUMBER_COLUMNS, values):
-            (text if column in text else numbers)[column][row] = value
+    if decoded.comm:
+        rows = np.fromiter((row for row, _ in decoded.comm), dtype=np.intp,
+                           count=len(decoded.comm))
+        for column, values in zip(TEXT_COLUMNS + NUMBER_COLUMNS,
+                                  zip(*(values for _, values in decoded.comm))):
+            if column in text:
+                # Through an object array: a list of texts would be read as a string array.
+                as_objects = np.empty(len(values), dtype=object)
+                as_objects[:] = values
+                text[column][rows] = as_objects
+            else:
+                numbers[column][rows] = values
     places = list(decoded.places.codes_of)
     place = joined("place", np.int32)
     by_place = {}
