@@ -53,6 +53,9 @@ def _dtype(column: str) -> str:
 def _clean_per_step(per_step) -> pd.DataFrame:
     if not isinstance(per_step, pd.DataFrame) or per_step.empty:
         return _empty(PER_STEP_INPUT_COLUMNS)
+    plain = _plain_per_step(per_step)
+    if plain is not None:
+        return plain
     columns = list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns]))
     frame = per_step.reindex(columns=columns)
     frame = _keyed(frame.copy())
@@ -60,6 +63,34 @@ def _clean_per_step(per_step) -> pd.DataFrame:
         if str(frame[column].dtype) != "float64":
             frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     return frame.reset_index(drop=True)
+
+
+_FLOAT_INPUT_COLUMNS = (*BREAKDOWN_NS_COLUMNS, "overlap_pct")
+
+
+def _plain_per_step(per_step: pd.DataFrame) -> pd.DataFrame | None:
+    """_clean_per_step's frame built in one call where it is breakdown_per_step's own (int64
+    rank and step, integer or float64 times): the reindex, copy and per-column conversions cost
+    more than the table of a few steps. None for anything else. An int64 value converts to
+    the same float64, and rounds to itself, either way."""
+    if any(c not in per_step.columns for c in PER_STEP_INPUT_COLUMNS) \
+            or not per_step.columns.is_unique:
+        return None
+    dtypes = per_step.dtypes
+    if dtypes["rank"] != np.int64 or dtypes["step"] != np.int64 or any(
+            dtypes[c] not in (np.int64, np.float64) for c in _FLOAT_INPUT_COLUMNS):
+        return None
+    columns = list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns]))
+    data = {}
+    for column in columns:
+        values = per_step[column]
+        if column in ("rank", "step"):
+            data[column] = pd.array(values.to_numpy(), dtype="Int64")
+        elif column in _FLOAT_INPUT_COLUMNS:
+            data[column] = values.to_numpy(dtype="float64", copy=True)
+        else:
+            data[column] = values.array.copy()
+    return pd.DataFrame(data, index=pd.RangeIndex(len(per_step)))
 
 
 def work_ns(frame: pd.DataFrame) -> pd.Series:
@@ -180,8 +211,15 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _rank_resources(traces) -> pd.DataFrame:
     """Per rank, over every step the tracer recorded: memory peaks and mean utilisation."""
+    columns = ["rank", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
+               "peak_rss_bytes", "sm_util_pct", "cpu_process_pct", "peak_device_used_bytes",
+               "device_used_total_bytes"]
+    by_rank = _records_by_rank(traces)
+    if not by_rank:  # no tracer records (a plain Kineto trace): the typed empty frame at once
+        return pd.DataFrame({c: pd.Series(dtype="Int64" if c == "rank" else "float64")
+                             for c in columns}, index=pd.RangeIndex(0))
     rows = []
-    for rank, records in _records_by_rank(traces).items():
+    for rank, records in by_rank.items():
         steps = _step_records(rank, records)
         samples = _samples(records)
         row = {"rank": rank}
@@ -201,9 +239,6 @@ def _rank_resources(traces) -> pd.DataFrame:
         row["device_used_total_bytes"] = (samples["mem_total_bytes"].max() if len(samples)
                                           else np.nan)
         rows.append(row)
-    columns = ["rank", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
-               "peak_rss_bytes", "sm_util_pct", "cpu_process_pct", "peak_device_used_bytes",
-               "device_used_total_bytes"]
     frame = pd.DataFrame(rows, columns=columns)
     frame["rank"] = frame["rank"].astype("Int64")
     for column in columns[1:]:
