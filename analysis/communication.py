@@ -67,12 +67,12 @@ _FLOAT_COLUMNS = ("bytes", "duration_us", "algbw_gbps", "busbw_gbps")
 _NUMBER_COLUMNS = frozenset({"rank", "step", "pg_size", *_FLOAT_COLUMNS})
 
 
-def _typed_columns(frame: pd.DataFrame) -> dict:
-    """{column: array} of OPS_COLUMNS in their types: Int64 counts, float64 measures, object
-    text with None for missing."""
-    frame = frame.reindex(columns=OPS_COLUMNS)
+def _typed_columns(frame: pd.DataFrame, names: list = OPS_COLUMNS) -> dict:
+    """{column: array} of the columns `names` of OPS_COLUMNS in their types: Int64 counts,
+    float64 measures, object text with None for missing."""
+    frame = frame.reindex(columns=names)
     columns = {}
-    for column in OPS_COLUMNS:
+    for column in names:
         values = frame[column]
         if column in ("rank", "step", "pg_size"):
             columns[column] = _int64(values)
@@ -297,6 +297,11 @@ _COLLECTIVES_DTYPES = {
 }
 
 
+# The columns of the ops that collectives_table reads.
+_GROUPED_COLUMNS = ["rank", "step", "op", "issuer", "pg", "pg_desc", "pg_size", "bytes",
+                    "duration_us"]
+
+
 def collectives_table(ops: pd.DataFrame) -> pd.DataFrame:
     """Ops grouped by op, issuer, process group (with its size) and power-of-two message-size
     bucket.
@@ -313,56 +318,154 @@ def collectives_table(ops: pd.DataFrame) -> pd.DataFrame:
     """
     if not isinstance(ops, pd.DataFrame) or ops.empty or "op" not in ops.columns:
         return empty_collectives()
-    ops = _typed_ops(ops.copy())
-    ops = ops[ops["op"].notna()]
-    if ops.empty:
+    columns = _typed_columns(ops, _GROUPED_COLUMNS)
+    kept = pd.notna(columns["op"])
+    if not kept.any():
         return empty_collectives()
-    buckets = [size_bucket(b) for b in ops["bytes"]]
-    ops["size_bucket"] = [b[0] for b in buckets]
-    ops["bucket_min_bytes"] = [b[1] for b in buckets]
-    ops["pg"] = ops["pg"].map(lambda pg: UNKNOWN_PG if pg is None else pg)
-    ops["issuer"] = ops["issuer"].map(lambda i: issuers.UNKNOWN if i is None else i)
-    # A group named on any rank is named on all of them.
-    names = ops.dropna(subset=["pg_desc"]).drop_duplicates("pg").set_index("pg")["pg_desc"]
-    ops["pg_size_key"] = ops["pg_size"].astype("float64").fillna(-1.0)
-    ops["bucket_key"] = ops["bucket_min_bytes"].fillna(-1.0)
-    timed = ops["bytes"].notna() & ops["duration_us"].notna() & (ops["duration_us"] > 0)
-    ops["timed_bytes"] = ops["bytes"].where(timed, 0.0)
-    ops["timed_us"] = ops["duration_us"].where(timed, 0.0)
+    if not kept.all():
+        columns = {name: values[kept] for name, values in columns.items()}
+    op = columns["op"]
+    issuer = _filled(columns["issuer"], issuers.UNKNOWN)
+    pg = _filled(columns["pg"], UNKNOWN_PG)
+    nbytes, duration_us = columns["bytes"], columns["duration_us"]
+    labels, lows = _size_buckets(nbytes)
+    size_key = columns["pg_size"].to_numpy("float64", na_value=-1.0)
+    groups = _Groups([op, issuer, pg, size_key, np.where(np.isnan(lows), -1.0, lows)])
+    timed = ~np.isnan(nbytes) & ~np.isnan(duration_us) & (duration_us > 0)
+    timed_bytes = np.where(timed, nbytes, 0.0)
+    timed_us = np.where(timed, duration_us, 0.0)
+    has_bytes, has_time = ~np.isnan(nbytes), ~np.isnan(duration_us)
+    # Sums as Series.sum takes them: NumPy's sum of each group's values in frame order, NaN as 0.
+    bytes_sum = groups.sums(np.where(has_bytes, nbytes, 0.0))
+    us_sum = groups.sums(np.where(has_time, duration_us, 0.0))
+    timed_bytes_sum, timed_us_sum = groups.sums(timed_bytes), groups.sums(timed_us)
+    timed_count = groups.counts(has_time)
+    bytes_count = groups.counts(has_bytes)
+    rank, step = columns["rank"], columns["step"]
+    ranked = ~rank.isna()
+    rank_values = rank.to_numpy("int64", na_value=0)
+    ranks = groups.distinct(ranked, rank_values)
+    stepped = ranked & ~step.isna()
+    rank_steps = groups.distinct(stepped, rank_values, step.to_numpy("int64", na_value=0))
 
-    rows = []
-    for (op, issuer, pg, size_key, _), group in ops.groupby(
-            ["op", "issuer", "pg", "pg_size_key", "bucket_key"], sort=False, dropna=False):
-        pg_size = None if size_key < 0 else int(size_key)
-        algbw, busbw = _group_bandwidth(op, group["timed_bytes"].sum(), group["timed_us"].sum(),
-                                        pg_size)
-        timed_count = int(group["duration_us"].notna().sum())
-        total_us = float(group["duration_us"].sum(min_count=1)) if timed_count else float("nan")
-        slowest_rank, slowest_busbw = _slowest_rank(group, op, pg_size)
-        rank_steps = group.dropna(subset=["rank", "step"])[["rank", "step"]].drop_duplicates()
-        rows.append({
-            "op": op, "issuer": issuer, "pg": issuers.group_label(pg, names.get(pg)),
-            "pg_id": pg, "pg_size": pg_size,
-            "size_bucket": group["size_bucket"].iloc[0],
-            "bucket_min_bytes": group["bucket_min_bytes"].iloc[0],
-            "count": len(group),
-            "total_bytes": (float(group["bytes"].sum(min_count=1))
-                            if group["bytes"].notna().any() else float("nan")),
-            "total_us": total_us,
-            "mean_us": total_us / timed_count if timed_count else float("nan"),
-            "algbw_gbps": algbw, "busbw_gbps": busbw,
-            "ranks": int(group["rank"].dropna().nunique()),
-            "rank_steps": len(rank_steps),
-            "slowest_rank": slowest_rank, "slowest_rank_busbw_gbps": slowest_busbw,
-        })
-    table = pd.DataFrame(rows, columns=COLLECTIVES_COLUMNS)
-    for column, dtype in _COLLECTIVES_DTYPES.items():
-        table[column] = pd.to_numeric(table[column], errors="coerce").astype(dtype) \
-            if dtype != "int64" else table[column].astype("int64")
-    table = table.sort_values(["total_us", "op", "pg", "issuer", "bucket_min_bytes"],
-                              ascending=[False, True, True, True, True], na_position="last",
-                              kind="stable")
-    return table.reset_index(drop=True)
+    names = _first_names(pg, columns["pg_desc"])
+    first = groups.first
+    pg_sizes = [None if key < 0 else int(key) for key in size_key[first].tolist()]
+    group_ops, group_pgs = op[first].tolist(), pg[first].tolist()
+    slowest = _slowest_ranks(groups, ranks, ranked, rank_values, timed_bytes, timed_us,
+                             group_ops, pg_sizes)
+    bandwidths = [_group_bandwidth(*args) for args in zip(
+        group_ops, timed_bytes_sum.tolist(), timed_us_sum.tolist(), pg_sizes)]
+    total_us = np.where(timed_count > 0, us_sum, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_us = np.where(timed_count > 0, total_us / np.maximum(timed_count, 1), np.nan)
+    slowest_ranks = [None] * len(first)
+    slowest_busbw = np.full(len(first), np.nan)
+    for group, (found_rank, busbw) in slowest.items():
+        slowest_ranks[group], slowest_busbw[group] = found_rank, busbw
+    table = {
+        "op": group_ops, "issuer": issuer[first].tolist(),
+        "pg": [issuers.group_label(p, names.get(p)) for p in group_pgs], "pg_id": group_pgs,
+        "pg_size": pd.array(pg_sizes, dtype="Int64"),
+        "size_bucket": labels[first].tolist(),
+        "bucket_min_bytes": lows[first],
+        "count": groups.size.astype("int64"),
+        "total_bytes": np.where(bytes_count > 0, bytes_sum, np.nan),
+        "total_us": total_us, "mean_us": mean_us,
+        "algbw_gbps": np.array([b[0] for b in bandwidths], dtype="float64"),
+        "busbw_gbps": np.array([b[1] for b in bandwidths], dtype="float64"),
+        "ranks": ranks.astype("int64"), "rank_steps": rank_steps.astype("int64"),
+        "slowest_rank": pd.array(slowest_ranks, dtype="Int64"),
+        "slowest_rank_busbw_gbps": slowest_busbw,
+    }
+    order = _table_order(table)
+    if order is None:
+        return pd.DataFrame(table).sort_values(
+            ["total_us", "op", "pg", "issuer", "bucket_min_bytes"],
+            ascending=[False, True, True, True, True], na_position="last", kind="stable",
+        ).reset_index(drop=True)
+    return pd.DataFrame({name: [values[i] for i in order] if isinstance(values, list)
+                         else values[order] for name, values in table.items()})
+
+
+def _table_order(table: dict) -> np.ndarray | None:
+    """The rows' order in the table: total_us largest first, then op, pg, issuer and
+    bucket_min_bytes (missing numbers last; ties in the groups' order), as sort_values(kind=
+    "stable") gives it; None where a text column holds more than text, which only pandas
+    orders."""
+    texts = [table[name] for name in ("issuer", "pg", "op")]
+    if any(set(map(type, column)) != {str} for column in texts):
+        return None
+    total_us, low = table["total_us"], table["bucket_min_bytes"]
+    codes = [np.unique(np.array(column, dtype=object), return_inverse=True)[1]
+             for column in texts]
+    # np.lexsort: the last key first, each sort stable.
+    return np.lexsort([np.nan_to_num(low, nan=0.0), np.isnan(low), *codes,
+                       -np.nan_to_num(total_us, nan=0.0), np.isnan(total_us)])
+
+
+def _filled(values: np.ndarray, missing) -> np.ndarray:
+    """The object array with `missing` for None."""
+    filled = values.copy()
+    filled[pd.isna(values)] = missing
+    return filled
+
+
+def _size_buckets(nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(label, lower bound) of each size's size_bucket, computed once per distinct size."""
+    distinct, inverse = np.unique(nbytes, return_inverse=True)
+    buckets = [size_bucket(b) for b in distinct.tolist()]
+    labels = np.empty(len(buckets), dtype=object)
+    labels[:] = [b[0] for b in buckets]
+    return labels[inverse], np.array([b[1] for b in buckets], dtype="float64")[inverse]
+
+
+class _Groups:
+    """Rows grouped by equal keys (as groupby(sort=False) groups them), the groups numbered in
+    the order of their first row."""
+
+    def __init__(self, keys: list):
+        combined = np.zeros(len(keys[0]), dtype=np.int64)
+        for key in keys:
+            codes, uniques = pd.factorize(key)
+            combined = combined * len(uniques) + codes
+        _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        number = np.empty(len(order), dtype=np.int64)
+        number[order] = np.arange(len(order))
+        self.of = number[inverse]  # each row's group
+        self.first = first[order]  # each group's first row
+        self.rows = np.argsort(self.of, kind="stable")  # rows by group, in frame order in each
+        self.size = np.bincount(self.of, minlength=len(order))
+        self.bounds = np.concatenate([[0], np.cumsum(self.size)])
+
+    def sums(self, values: np.ndarray) -> np.ndarray:
+        by_group = values[self.rows]
+        return np.array([by_group[start:end].sum()
+                         for start, end in zip(self.bounds[:-1], self.bounds[1:])],
+                        dtype="float64")
+
+    def counts(self, mask: np.ndarray) -> np.ndarray:
+        return np.bincount(self.of[mask], minlength=len(self.first))
+
+    def distinct(self, mask: np.ndarray, *values: np.ndarray) -> np.ndarray:
+        """The number of distinct value tuples among each group's rows where `mask`."""
+        if not mask.any():
+            return np.zeros(len(self.first), dtype=np.int64)
+        combined, width = self.of[mask], 1
+        for value in values:
+            codes, uniques = pd.factorize(value[mask])
+            combined, width = combined * len(uniques) + codes, width * len(uniques)
+        return np.bincount(np.unique(combined) // width, minlength=len(self.first))
+
+
+def _first_names(pg: np.ndarray, desc: np.ndarray) -> dict:
+    """{pg: its first named row's pg_desc}: a group named on any rank is named on all of them."""
+    named = np.flatnonzero(pd.notna(desc))
+    names: dict = {}
+    for group, name in zip(pg[named].tolist(), desc[named].tolist()):
+        names.setdefault(group, name)
+    return names
 
 
 def _group_bandwidth(op, timed_bytes, timed_us, pg_size) -> tuple[float, float]:
@@ -371,15 +474,39 @@ def _group_bandwidth(op, timed_bytes, timed_us, pg_size) -> tuple[float, float]:
     return _bandwidths(op, timed_bytes, pg_size, timed_us)
 
 
-def _slowest_rank(group: pd.DataFrame, op, pg_size):
-    per_rank = group.dropna(subset=["rank"]).groupby("rank")[["timed_bytes", "timed_us"]].sum()
+def _slowest_ranks(groups: _Groups, ranks, ranked, rank_values, timed_bytes, timed_us,
+                   group_ops: list, pg_sizes: list) -> dict:
+    """{group: (rank, its busbw)} of the groups that more than one rank ran: the rank with the
+    lowest busbw among those with timed ops."""
+    rows = ranked & (ranks[groups.of] > 1)
+    if not rows.any():
+        return {}
+    rows = groups.rows[rows[groups.rows]]  # by group, in frame order in each
+    group_of, rank_of = groups.of[rows], rank_values[rows]
+    # Each group's sums per rank as its own groupby("rank").sum() took them: pandas adds the
+    # ranks of a group whose rows come in rank order by ufunc.reduceat, the others with
+    # compensated sums; one groupby of the groups of each kind takes the same path for each.
+    unordered = np.zeros(len(ranks), dtype=bool)
+    unordered[group_of[1:][(group_of[1:] == group_of[:-1]) & (rank_of[1:] < rank_of[:-1])]] = True
+    per_rank = pd.concat([
+        pd.DataFrame({"group": group_of[kind], "rank": rank_of[kind],
+                      "timed_bytes": timed_bytes[rows[kind]], "timed_us": timed_us[rows[kind]]}
+                     ).groupby(["group", "rank"]).sum()
+        for kind in (unordered[group_of], ~unordered[group_of]) if kind.any()])
     per_rank = per_rank[per_rank["timed_us"] > 0]
-    if len(per_rank) < 2:
-        return pd.NA, float("nan")
-    # The bus factor is the same for every rank of one group, so algbw ranks them as busbw would.
-    bandwidths = {
-        rank: _bandwidths(op, float(nbytes), pg_size, float(us))
-        for rank, nbytes, us in zip(per_rank.index, per_rank["timed_bytes"], per_rank["timed_us"])
-    }
-    rank = min(bandwidths, key=lambda r: (bandwidths[r][0], r))
-    return int(rank), float(bandwidths[rank][1])
+    found: dict = {}
+    members: dict = {}
+    for (group, rank), nbytes, us in zip(per_rank.index.tolist(),
+                                         per_rank["timed_bytes"].tolist(),
+                                         per_rank["timed_us"].tolist()):
+        members.setdefault(group, []).append((rank, nbytes, us))
+    for group, rows_of_group in members.items():
+        if len(rows_of_group) < 2:
+            continue
+        # The bus factor is the same for every rank of one group, so algbw ranks them as busbw
+        # would.
+        bandwidths = {rank: _bandwidths(group_ops[group], nbytes, pg_sizes[group], us)
+                      for rank, nbytes, us in rows_of_group}
+        rank = min(bandwidths, key=lambda r: (bandwidths[r][0], r))
+        found[group] = (int(rank), float(bandwidths[rank][1]))
+    return found
