@@ -25,11 +25,18 @@ from analysis.comm_names import (
     first_tensor_nelems,
     message_bytes,
 )
-from analysis.enclosing import innermost_among, launches, thread_ids
+from analysis.enclosing import (
+    innermost_among,
+    launch_rows,
+    launch_values,
+    row_thread_ids,
+    thread_ids,
+)
 from analysis.enclosing import sorted_positions as _sorted_positions  # the names tests use
 from analysis.enclosing import steps_kept as _steps_kept
 from analysis.frame_columns import (
     each_distinct,
+    each_text,
     flags,
     is_numpy_number,
     list_at,
@@ -172,17 +179,44 @@ class _CommEvents:
             row["op"] = op
         return row
 
-    def innermost(self, chosen: _Chosen, pids, tids, times) -> np.ndarray:
-        """innermost_among the chosen events, by their index label."""
+    def innermost(self, chosen: _Chosen, launch: _Launches) -> np.ndarray:
+        """innermost_among the chosen events, by their index label, of each launch."""
         positions = chosen.positions
-        if not len(positions) or not len(times):
-            return np.full(len(times), -1, dtype=np.int64)
-        thread, query_thread = thread_ids(self.texts("pid", positions),
-                                          self.texts("tid", positions), pids, tids)
+        if not len(positions) or not len(launch.ts):
+            return np.full(len(launch.ts), -1, dtype=np.int64)
+        # A launch not found has no time: no span holds it, whatever its thread.
+        threads = row_thread_ids(self.events, np.concatenate([self.rows[positions],
+                                                              launch.rows]))
+        if threads is not None:
+            thread, query_thread = threads[:len(positions)], threads[len(positions):]
+        else:
+            thread, query_thread = thread_ids(self.texts("pid", positions),
+                                              self.texts("tid", positions), launch.pid,
+                                              launch.tid)
         return innermost_among(
             thread, self.starts[positions].astype("float64"),
             self.durations[positions].astype("float64"), self.labels[positions], query_thread,
-            times)
+            launch.ts)
+
+    @property
+    def index(self) -> pd.Index:
+        """The events' labels, as self.frame.index."""
+        return self.events.index.take(self.rows)
+
+
+class _Launches(NamedTuple):
+    """The runtime launch of each kernel: its events row, whether found, its time, pid and
+    tid (NaN/None where not found)."""
+    rows: np.ndarray
+    found: np.ndarray
+    ts: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+
+
+def _launches(events, is_gpu, kernel_corr) -> _Launches:
+    rows, found = launch_rows(events, is_gpu, kernel_corr)
+    return _Launches(rows, found, *launch_values(events, rows, found))
 
 
 class _Chosen(NamedTuple):
@@ -227,11 +261,11 @@ def _host_ops(comm: _CommEvents, host: np.ndarray) -> tuple[_Chosen, _Chosen, _C
     """(calls, gloo ops, hints) among the host communication events at positions `host`:
     record_param_comms calls that name their collective, gloo:* ops, and the nccl:*/c10d:: ops
     whose name gives the collective."""
-    names = comm.texts("name", host)
-    name_op = each_distinct(names, canonical_op)
-    is_call = names == "record_param_comms"
+    names, rows = comm.series("name"), comm.rows[host]
+    name_op = each_text(names, rows, canonical_op)
+    is_call = each_text(names, rows, lambda name: name == "record_param_comms").astype(bool)
     call_op = each_distinct(comm.present("collective", host[is_call]), canonical_op)
-    is_gloo = each_distinct(names, lambda name: name.startswith("gloo:")).astype(bool)
+    is_gloo = each_text(names, rows, lambda name: name.startswith("gloo:")).astype(bool)
     has_op = ~is_call & pd.notna(name_op)
     calls, gloo, hints = pd.notna(call_op), has_op & is_gloo, has_op & ~is_gloo
     return (_Chosen(host[is_call][calls], call_op[calls]), _Chosen(host[gloo], name_op[gloo]),
@@ -261,14 +295,27 @@ def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"host": pd.Series(dtype="int64"), "op": pd.Series(dtype=object)})
     comm, is_gpu, kernels, host_rows = found
     calls, _, hints = _host_ops(comm, host_rows)
-    launch_ts, launch_pid, launch_tid = launches(events, is_gpu, comm.correlation[kernels])
-    call_of = comm.innermost(calls, launch_pid, launch_tid, launch_ts)
-    hint_of = comm.innermost(hints, launch_pid, launch_tid, launch_ts)
+    launch = _launches(events, is_gpu, comm.correlation[kernels])
+    call_of = comm.innermost(calls, launch)
+    hint_of = comm.innermost(hints, launch)
     host = np.where(call_of >= 0, call_of, hint_of)
-    ops = pd.concat([_ops_series(comm, calls), _ops_series(comm, hints)])
-    ops = ops[~ops.index.duplicated()]
-    op = ops.reindex(host).to_numpy() if len(ops) else np.full(len(host), None)
-    return pd.DataFrame({"host": host, "op": op}, index=comm.frame.index[kernels])
+    op = _ops_at(comm, (calls, hints), host)
+    return pd.DataFrame({"host": host, "op": op}, index=comm.index[kernels])
+
+
+def _ops_at(comm: _CommEvents, chosen: tuple, labels: np.ndarray) -> np.ndarray:
+    """The op of the chosen event with each label (the first of `chosen` that has it), NaN
+    where none has it; None for all where none was chosen."""
+    own = np.concatenate([comm.labels[c.positions] for c in chosen])
+    if not len(own):
+        return np.full(len(labels), None)
+    ops = np.concatenate([c.ops for c in chosen]).astype(object)
+    distinct, first = np.unique(own, return_index=True)
+    at = np.minimum(np.searchsorted(distinct, labels), len(distinct) - 1)
+    found = distinct[at] == labels
+    result = np.full(len(labels), np.nan, dtype=object)
+    result[found] = ops[first[at[found]]]
+    return result
 
 
 def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=None,
@@ -330,9 +377,10 @@ def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls: _Chosen, hint
     """
     if not len(kernels):
         return {}
-    launch_ts, launch_pid, launch_tid = launches(events, is_gpu, comm.correlation[kernels])
-    call_of = comm.innermost(calls, launch_pid, launch_tid, launch_ts)
-    hint_of = comm.innermost(hints, launch_pid, launch_tid, launch_ts)
+    launch = _launches(events, is_gpu, comm.correlation[kernels])
+    launch_ts, launch_pid, launch_tid = launch.ts, launch.pid, launch.tid
+    call_of = comm.innermost(calls, launch)
+    hint_of = comm.innermost(hints, launch)
     keys = np.where(call_of >= 0, call_of, -1 - comm.labels[kernels].astype(np.int64))
     starts = comm.starts[kernels]
     ends = starts + comm.durations[kernels]

@@ -8,7 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.frame_columns import each_distinct, object_array, text_matches, texts, values_at
+from analysis.frame_columns import (
+    category_matches,
+    each_distinct,
+    is_numpy_number,
+    object_array,
+    object_categories,
+    text_matches,
+    texts,
+    values_at,
+)
 from analysis.steps import WHOLE_TRACE_STEP, step_at
 
 # Queries innermost steps back through together before it walks the rest one by one.
@@ -93,31 +102,55 @@ def _innermost_on_thread(starts, ends, labels, positions, times) -> np.ndarray:
 
 
 # ---- the kernel's launch -------------------------------------------------------------------------
+_LAUNCH_CATEGORIES = ("runtime", "driver")
+
+
+def launch_rows(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray]:
+    """(the events row of each kernel's runtime launch, given by its correlation id, whether it
+    has one): the first runtime or driver event with that id."""
+    on_host = ~np.asarray(is_gpu, dtype=bool)
+    category = events["cat"]
+    by_category = isinstance(category.dtype, pd.CategoricalDtype)
+    if by_category:
+        # The category test on every event costs one lookup per event, and leaves few rows.
+        on_host &= category_matches(category, _LAUNCH_CATEGORIES)
+    rows = np.flatnonzero(on_host)
+    if "correlation" not in events.columns:
+        ids = np.full(len(rows), np.nan)
+    elif is_numpy_number(events["correlation"]):
+        ids = events["correlation"].to_numpy()[rows].astype("float64")
+    else:
+        ids = pd.to_numeric(events["correlation"], errors="coerce").to_numpy("float64")[rows]
+    # Only the launches of these kernels matter.
+    kernel_ids = np.unique(kernel_corr)
+    kept = ids >= 0
+    if len(kernel_ids):
+        kept &= kernel_ids[np.minimum(np.searchsorted(kernel_ids, ids),
+                                      len(kernel_ids) - 1)] == ids
+    else:
+        kept[:] = False
+    rows, ids = rows[kept], ids[kept]
+    if not by_category:
+        chosen = text_matches(category, _LAUNCH_CATEGORIES, rows)
+        rows, ids = rows[chosen], ids[chosen]
+    # The first launch of each correlation id, sorted by id for the lookup below.
+    launch_corr, first = np.unique(ids, return_index=True)
+    rows = rows[first]
+    if not len(launch_corr):
+        # Any row: `found` masks it.
+        return np.zeros(len(kernel_corr), dtype=np.int64), np.zeros(len(kernel_corr), bool)
+    at = np.minimum(np.searchsorted(launch_corr, kernel_corr), len(launch_corr) - 1)
+    return rows[at], launch_corr[at] == kernel_corr
+
+
 def launches(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(time, pid, tid) of the runtime launch of each kernel, given by its correlation id
     (NaN/None where not found): the first runtime or driver event with that id."""
-    correlation = (pd.to_numeric(events["correlation"], errors="coerce").to_numpy("float64")
-                   if "correlation" in events.columns else np.full(len(events), np.nan))
-    host = np.flatnonzero((correlation >= 0) & ~np.asarray(is_gpu, dtype=bool))
-    # Only the launches of these kernels matter: the category test runs on those alone.
-    kernel_ids = np.unique(kernel_corr)
-    if len(kernel_ids):
-        ids = correlation[host]
-        host = host[kernel_ids[np.minimum(np.searchsorted(kernel_ids, ids),
-                                          len(kernel_ids) - 1)] == ids]
-    else:
-        host = host[:0]
-    launches = host[text_matches(events["cat"], ("runtime", "driver"), host)]
-    # The first launch of each correlation id, sorted by id for the lookup below.
-    launch_corr, first = np.unique(correlation[launches], return_index=True)
-    launches = launches[first]
-    if len(launch_corr):
-        at = np.minimum(np.searchsorted(launch_corr, kernel_corr), len(launch_corr) - 1)
-        found = launch_corr[at] == kernel_corr
-        rows_of = launches[at]
-    else:
-        found = np.zeros(len(kernel_corr), dtype=bool)
-        rows_of = np.zeros(len(kernel_corr), dtype=np.int64)  # any row: `found` masks it
+    return launch_values(events, *launch_rows(events, is_gpu, kernel_corr))
+
+
+def launch_values(events, rows_of, found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time, pid, tid) of the launches at `rows_of` (launch_rows), NaN/None where not found."""
     times = events["ts_ns"]
     times = (values_at(times, rows_of, "float64") if isinstance(times.dtype, np.dtype)
              else times.to_numpy("float64")[rows_of])
@@ -125,6 +158,24 @@ def launches(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray, np.nd
     launch_pid = np.where(found, texts(events["pid"], rows_of), None)
     launch_tid = np.where(found, texts(events["tid"], rows_of), None)
     return launch_ts, launch_pid, launch_tid
+
+
+def row_thread_ids(events, rows: np.ndarray) -> np.ndarray | None:
+    """thread_ids of the events at `rows`, read from the categories of their pid and tid (an id
+    per printed category); None where either column is not a categorical of objects."""
+    pid, tid = events["pid"], events["tid"]
+    if not (object_categories(pid) and object_categories(tid)):
+        return None
+    pid_ids, tid_ids = _printed_ids(pid), _printed_ids(tid)
+    return (pid_ids[pid.cat.codes.to_numpy()[rows]].astype(np.int64)
+            * (int(tid_ids.max(initial=0)) + 1) + tid_ids[tid.cat.codes.to_numpy()[rows]])
+
+
+def _printed_ids(column: pd.Series) -> np.ndarray:
+    """An id per category, equal where they print alike; the last for code -1 (texts prints
+    a missing value as "nan")."""
+    printed = [str(c) for c in column.cat.categories] + ["nan"]
+    return pd.factorize(object_array(printed))[0]
 
 
 # ---- the step around each op ---------------------------------------------------------------------

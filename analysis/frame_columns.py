@@ -53,15 +53,35 @@ def text_matches(column: pd.Series, parts, rows: np.ndarray) -> np.ndarray:
     return np.asarray(np.logical_or.reduce([text.str.contains(p, regex=False) for p in parts]))
 
 
+def category_matches(column: pd.Series, parts) -> np.ndarray:
+    """text_matches of every value of a categorical column."""
+    wanted = [any(p in str(c) for p in parts) for c in column.cat.categories]
+    return np.array(wanted + [False])[column.cat.codes.to_numpy()]
+
+
 def texts(column: pd.Series, rows: np.ndarray) -> np.ndarray:
     """str() of the column's values at the positions `rows`, as an object array; once per
     category of a categorical of objects."""
     if not len(rows):
         return np.zeros(0, dtype=object)
-    if _object_categories(column):
+    if object_categories(column):
         categories = column.cat.categories.tolist() + [np.nan]  # code -1: list_at's NaN
         return object_array([str(c) for c in categories])[column.cat.codes.to_numpy()[rows]]
     return object_array([str(v) for v in list_at(column, rows)])
+
+
+def each_text(column: pd.Series, rows: np.ndarray, function) -> np.ndarray:
+    """each_distinct(texts(column, rows), function): once per category found at `rows` where
+    the column is a categorical of objects."""
+    if not (object_categories(column) and len(rows)):
+        return each_distinct(texts(column, rows), function)
+    codes = column.cat.codes.to_numpy()[rows]
+    used = np.unique(codes)
+    printed = column.cat.categories.to_numpy(dtype=object)
+    table = np.empty(len(printed) + 1, dtype=object)  # the last for code -1
+    table[used] = [function(str(printed[code]) if code >= 0 else "nan")
+                   for code in used.tolist()]
+    return table[codes]
 
 
 # infer_dtype's kinds of an object array holding only scalars (missing values aside).
@@ -81,7 +101,7 @@ def values_or_none(column: pd.Series, rows: np.ndarray) -> np.ndarray:
         result = values.astype(object)
         result[np.isnan(values)] = None
         return result
-    if _object_categories(column):
+    if object_categories(column):
         categories = column.cat.categories.tolist() + [None]  # code -1: missing
         return each_value(categories, value_or_none)[column.cat.codes.to_numpy()[rows]]
     if dtype == np.dtype(object):
@@ -156,6 +176,6 @@ def object_array(values: list) -> np.ndarray:
 _SCALAR_TYPES = _EXACT_TYPES | {float}
 
 
-def _object_categories(column: pd.Series) -> bool:
+def object_categories(column: pd.Series) -> bool:
     return (isinstance(column.dtype, pd.CategoricalDtype)
             and column.cat.categories.dtype == np.dtype(object))
