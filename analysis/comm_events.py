@@ -25,6 +25,7 @@ from analysis.comm_names import (
     first_tensor_nelems,
     message_bytes,
 )
+from analysis.comm_sizes import missing, sized_columns
 from analysis.enclosing import (
     innermost_among,
     launch_rows,
@@ -407,8 +408,8 @@ def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls: _Chosen, hint
     call_at = calls.positions[call[has_call]]
     used_calls.update(comm.labels[call_at].tolist())
     kernel_at = kernels[heads]
-    kernel_counted = ~(_missing(comm.present("in_nelems", kernel_at))
-                       & _missing(comm.present("out_nelems", kernel_at)))
+    kernel_counted = ~(missing(comm.present("in_nelems", kernel_at))
+                       & missing(comm.present("out_nelems", kernel_at)))
     # A kernel with no call: sized by its own args where it has counts or no hint, else by
     # the hint.
     by_hint = has_hint & ~kernel_counted
@@ -422,13 +423,13 @@ def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls: _Chosen, hint
     op[no_call] = each_distinct(comm.present("collective", kernel_at[no_call]), canonical_op)
     named = np.full(len(heads), None, dtype=object)
     named[has_hint] = hints.ops[hint[has_hint]]
-    unnamed = no_call & _missing(op)
+    unnamed = no_call & missing(op)
     op[unnamed] = named[unnamed]
-    unnamed &= _missing(op)
+    unnamed &= missing(op)
     op[unnamed] = each_distinct(comm.texts("name", kernel_at[unnamed]), comm_kernel_op)
-    op[_missing(op)] = UNKNOWN_OP
+    op[missing(op)] = UNKNOWN_OP
 
-    columns = _sized_columns(comm, op, size_at, kernel_at, by_hint, world_size)
+    columns = sized_columns(comm, op, size_at, kernel_at, by_hint, world_size)
     issued_ts, issued_pid, issued_tid = _issued(comm, launcher, kernel_at, has_call, size_at,
                                                 kernel_ts, launch_ts, launch_pid, launch_tid)
     return {
@@ -440,72 +441,6 @@ def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls: _Chosen, hint
         "named": (has_call | has_hint).tolist(),
         "sort_ts": kernel_ts.tolist(),
     }
-
-
-def _missing(values: np.ndarray) -> np.ndarray:
-    # None is the only missing value that values_or_none leaves.
-    return pd.isna(values)
-
-
-def _sized_columns(comm: _CommEvents, op, size_at, kernel_at, by_hint, world_size) -> dict:
-    """_row_from_args' source, pg, pg_desc, pg_size, dtype and bytes of each op: sized by the
-    event at `size_at`, its group taken from that event where it gives a group size, else from
-    the kernel at `kernel_at`; an op sized by its hint (`by_hint`) falls back on the trace's
-    world size, and on the hint's "Input Dims" and "Input type" where it has no counts."""
-    def both(name):
-        values = comm.present(name, np.concatenate([size_at, kernel_at]))
-        return values[:len(size_at)], values[len(size_at):]
-
-    size_group, kernel_group = both("group_size")
-    size_pg, kernel_pg = both("pg_name")
-    size_desc, kernel_desc = both("pg_desc")
-    in_nelems = comm.present("in_nelems", size_at)
-    out_nelems = comm.present("out_nelems", size_at)
-    dtype_text = comm.present("comm_dtype", size_at)
-
-    group_from_size = ~_missing(size_group)
-    group_size = np.where(group_from_size, size_group, kernel_group)
-    if world_size is not None:
-        group_size[by_hint & _missing(group_size)] = world_size
-    pg = np.where(group_from_size, size_pg, kernel_pg)
-    desc = np.where(group_from_size, size_desc, kernel_desc)
-    pg_missing = _missing(pg)
-    pg[pg_missing], desc[pg_missing] = size_pg[pg_missing], size_desc[pg_missing]
-
-    # A hint without message counts: its first input's "Input Dims" and "Input type".
-    dims = by_hint & _missing(in_nelems) & _missing(out_nelems)
-    in_nelems[dims] = each_distinct(comm.present("input_dims", size_at[dims]), first_tensor_nelems)
-    typed = dims & _missing(dtype_text)
-    dtype_text[typed] = each_distinct(comm.present("input_type", size_at[typed]),
-                                      first_input_type)
-    dtype = each_distinct(dtype_text, canonical_dtype)
-    nbytes = _message_bytes(op, in_nelems, out_nelems, [_DTYPE_SIZES.get(d) for d in dtype],
-                            group_size)
-    return {
-        "source": ["p2p" if o in ("send", "recv") else None for o in op],
-        "pg": each_distinct(pg, _text).tolist(),
-        "pg_desc": each_distinct(desc, _text).tolist(),
-        "pg_size": group_size.tolist(),
-        "dtype": dtype.tolist(),
-        "bytes": nbytes,
-    }
-
-
-def _message_bytes(*columns) -> list:
-    """message_bytes of each op, once per distinct set of arguments: it reads the counts as
-    numbers, so equal counts (1, 1.0) give equal bytes."""
-    rows = list(zip(*columns))
-    try:
-        known = dict.fromkeys(rows)
-    except TypeError:  # a value that cannot be hashed
-        return [message_bytes(*row) for row in rows]
-    for row in known:
-        known[row] = message_bytes(*row)
-    return [known[row] for row in rows]
-
-
-def _text(value) -> str | None:
-    return None if value is None else str(value)
 
 
 def _issued(comm: _CommEvents, launcher, kernel_at, has_call, size_at, kernel_ts, launch_ts,

@@ -23,12 +23,17 @@ from analysis.comm_names import (  # noqa: F401  (the names are part of this mod
     dtype_size,
     message_bytes,
 )
+from analysis.ops_table import (  # noqa: F401  (OPS_COLUMNS and empty_ops: this module's too)
+    OPS_COLUMNS,
+    empty_ops,
+)
+from analysis.ops_table import float64 as _float64
+from analysis.ops_table import frame_of as _frame_of
+from analysis.ops_table import int64 as _int64
+from analysis.ops_table import objects as _objects
+from analysis.ops_table import typed_columns as _typed_columns
 from tracer import schema
 
-OPS_COLUMNS = [
-    "rank", "step", "op", "source", "issuer", "pg", "pg_desc", "pg_size", "dtype", "bytes",
-    "duration_us", "algbw_gbps", "busbw_gbps", "origin",
-]
 COLLECTIVES_COLUMNS = [
     "op", "issuer", "pg", "pg_id", "pg_size", "size_bucket", "bucket_min_bytes", "count",
     "total_bytes", "total_us", "mean_us", "algbw_gbps", "busbw_gbps", "ranks", "rank_steps",
@@ -53,66 +58,6 @@ def _finite(value) -> bool:
         return value is not None and value is not pd.NA and math.isfinite(float(value))
     except (TypeError, ValueError):
         return False
-
-
-def empty_ops() -> pd.DataFrame:
-    return _typed_ops(pd.DataFrame({column: [] for column in OPS_COLUMNS}))
-
-
-def _typed_ops(frame: pd.DataFrame) -> pd.DataFrame:
-    return _frame_of(_typed_columns(frame))
-
-
-_FLOAT_COLUMNS = ("bytes", "duration_us", "algbw_gbps", "busbw_gbps")
-_NUMBER_COLUMNS = frozenset({"rank", "step", "pg_size", *_FLOAT_COLUMNS})
-
-
-def _typed_columns(frame: pd.DataFrame, names: list = OPS_COLUMNS) -> dict:
-    """{column: array} of the columns `names` of OPS_COLUMNS in their types: Int64 counts,
-    float64 measures, object text with None for missing."""
-    frame = frame.reindex(columns=names)
-    columns = {}
-    for column in names:
-        values = frame[column]
-        if column in ("rank", "step", "pg_size"):
-            columns[column] = _int64(values)
-        elif column in _FLOAT_COLUMNS:
-            columns[column] = _float64(values)
-        else:
-            columns[column] = _objects(values.to_numpy(dtype=object, copy=True))
-    return columns
-
-
-def _int64(values: pd.Series):
-    # Integers as they are: converting and rounding them changes nothing but costs.
-    if values.dtype == np.dtype("int64"):
-        return pd.arrays.IntegerArray(values.to_numpy(copy=True), np.zeros(len(values), bool))
-    if values.dtype == "Int64":
-        return values.array.copy()
-    return pd.to_numeric(values, errors="coerce").round().astype("Int64").array
-
-
-def _float64(values: pd.Series) -> np.ndarray:
-    return pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64")
-
-
-def _objects(values) -> np.ndarray:
-    """The values as an object array, None for every missing value."""
-    objects = np.empty(len(values), dtype=object)
-    objects[:] = values
-    objects[pd.isna(objects)] = None
-    return objects
-
-
-def _frame_of(columns: dict) -> pd.DataFrame:
-    # One Series per column on one shared index: pandas neither aligns them nor reads the text
-    # columns as its string dtype (they stay object, None for missing).
-    index = pd.RangeIndex(len(columns["op"]))
-    return pd.DataFrame({
-        column: pd.Series(values, index=index, copy=False,
-                          dtype=object if column not in _NUMBER_COLUMNS else None)
-        for column, values in columns.items()
-    }, index=index)
 
 
 # ---- comm_ops ------------------------------------------------------------------------------------
