@@ -26,6 +26,9 @@ def group_members(ops: pd.DataFrame, world_size: int) -> pd.DataFrame:
     """(pg, rank) of every member: the whole world for a group as large as it, else the ranks
     that issued anything on the group (a group is created on all ranks, used by its members)."""
     collectives = ops[~ops["op"].isin(P2P_OPS)]
+    quick = _members_on_arrays(collectives, world_size)
+    if quick is not None:
+        return quick
     seen = collectives[["pg", "rank"]].drop_duplicates()
     sizes = collectives.groupby("pg")["pg_size"].max()
     whole = sizes[sizes >= world_size].index
@@ -33,6 +36,42 @@ def group_members(ops: pd.DataFrame, world_size: int) -> pd.DataFrame:
                           "rank": np.tile(np.arange(world_size), len(whole))})
     members = pd.concat([seen[~seen["pg"].isin(whole)], world], ignore_index=True)
     return members.astype({"rank": "int64"}).reset_index(drop=True)
+
+
+def _text_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray] | None:
+    """(codes, sorted distinct values) of a column of text alone, as groupby sorts them; None
+    for any other column (NaN, numbers), which the pandas calls handle."""
+    codes, values = pd.factorize(column.to_numpy(object), sort=True)
+    if (codes < 0).any() or pd.api.types.infer_dtype(values, skipna=False) != "string":
+        return None
+    return codes, np.asarray(values, dtype=object)
+
+
+def _members_on_arrays(collectives: pd.DataFrame, world_size: int) -> pd.DataFrame | None:
+    """group_members' frame, row for row, from arrays: groupby and drop_duplicates cost more
+    than the matching on a large run. None where the pandas calls are needed (empty, groups not
+    named by text, ranks or sizes not integers)."""
+    rank, size = collectives["rank"].to_numpy(), collectives["pg_size"].to_numpy()
+    if (not len(collectives) or not np.issubdtype(rank.dtype, np.integer)
+            or not np.issubdtype(size.dtype, np.integer) or rank.min() < 0):
+        return None
+    found = _text_codes(collectives["pg"])
+    if found is None:
+        return None
+    pg, pgs = found
+    largest = np.full(len(pgs), np.iinfo(np.int64).min)
+    np.maximum.at(largest, pg, size)
+    is_whole = largest >= world_size
+    # First (group, rank) occurrences, in the order of the rows.
+    first = np.sort(np.unique(pg * (int(rank.max()) + 1) + rank, return_index=True)[1])
+    first = first[~is_whole[pg[first]]]
+    whole = pgs[is_whole]
+    # pandas would read text in an object array as its string dtype; group_members' is object.
+    return pd.DataFrame({
+        "pg": pd.Series(np.concatenate([pgs[pg[first]], np.repeat(whole, world_size)]),
+                        dtype=object),
+        "rank": np.concatenate([rank[first], np.tile(np.arange(world_size), len(whole))]
+                               ).astype("int64")})
 
 
 def match_ops(ops: pd.DataFrame, world_size: int, coverage: pd.DataFrame | None = None,
@@ -50,13 +89,19 @@ def match_ops(ops: pd.DataFrame, world_size: int, coverage: pd.DataFrame | None 
         coverage = ops[["rank", "step"]]
     coverage = coverage[["rank", "step"]].drop_duplicates()
     is_p2p = ops["op"].isin(P2P_OPS).to_numpy()
-    collectives, p2p = ops[~is_p2p].copy(), ops[is_p2p].copy()
-    collectives["position"] = collectives.groupby(["rank", "pg", "step"]).cumcount()
+    if is_p2p.any() or not len(ops):
+        collectives, p2p = ops[~is_p2p].copy(), ops[is_p2p].copy()
+    else:  # most runs have no p2p op: no split, none of the p2p work and no concatenation
+        collectives, p2p = ops, None
+    collectives["position"] = _positions(collectives)
     collectives, mismatches = _match_collectives(collectives, world_size, coverage, trace_ranks)
-    p2p, p2p_mismatches = _match_p2p(p2p)
-    first_p2p = int(collectives["instance"].max()) + 1 if len(collectives) else 0
-    p2p["instance"] = np.where(p2p["instance"] >= 0, p2p["instance"] + first_p2p, -1)
-    matched = pd.concat([collectives, p2p], ignore_index=True)
+    if p2p is None:
+        matched, p2p_mismatches = collectives, pd.DataFrame(columns=MISMATCH_COLUMNS)
+    else:
+        p2p, p2p_mismatches = _match_p2p(p2p)
+        first_p2p = int(collectives["instance"].max()) + 1 if len(collectives) else 0
+        p2p["instance"] = np.where(p2p["instance"] >= 0, p2p["instance"] + first_p2p, -1)
+        matched = pd.concat([collectives, p2p], ignore_index=True)
     matched["instance"] = matched["instance"].astype("int64")
     found = pd.concat([mismatches, p2p_mismatches], ignore_index=True)
     return matched, found.reindex(columns=MISMATCH_COLUMNS)
@@ -122,8 +167,72 @@ def _none_missing(frame: pd.DataFrame, codes: np.ndarray, members: pd.DataFrame,
     return bool(np.array_equal(issued, expected[key_pg, key_step]))
 
 
+def _positions(frame: pd.DataFrame):
+    """Each op's position among its rank's ops on its group within the step, in row order
+    (groupby(["rank", "pg", "step"]).cumcount()), counted on arrays where the keys allow."""
+    rank, step = frame["rank"].to_numpy(), frame["step"].to_numpy()
+    found = _text_codes(frame["pg"]) if _integers(rank, step) else None
+    if found is None:
+        return frame.groupby(["rank", "pg", "step"]).cumcount()
+    order = np.lexsort((step, found[0], rank))  # stable: row order within a group
+    starts = _group_starts(rank[order], found[0][order], step[order])
+    first_row = np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))
+    positions = np.empty(len(order), dtype=np.int64)
+    positions[order] = np.arange(len(order)) - first_row
+    return positions
+
+
+def _integers(*arrays) -> bool:
+    return bool(len(arrays[0])) and all(np.issubdtype(a.dtype, np.integer) for a in arrays)
+
+
+def _group_starts(*sorted_keys) -> np.ndarray:
+    """Where a new group starts among rows sorted by their keys."""
+    starts = np.zeros(len(sorted_keys[0]), dtype=bool)
+    starts[:1] = True
+    for key in sorted_keys:
+        starts[1:] |= key[1:] != key[:-1]
+    return starts
+
+
+def _distinct_per_group(codes: np.ndarray, groups: int, column: pd.Series) -> np.ndarray:
+    """groupby(codes)[column].nunique() on arrays: distinct values but NaN/None per group."""
+    values, distinct = pd.factorize(column.to_numpy())
+    known = values >= 0
+    pairs = np.unique(codes[known] * max(len(distinct), 1) + values[known])
+    return np.bincount(pairs // max(len(distinct), 1), minlength=groups)
+
+
+def _matched_on_arrays(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame
+                       ) -> pd.DataFrame | None:
+    """_match_collectives' frame where no position is a mismatch, found on arrays: the groupby
+    aggregations cost more than the matching on a large run. None where there is a mismatch or
+    the keys are not plain (the pandas calls then tell)."""
+    step, position = frame["step"].to_numpy(), frame["position"].to_numpy()
+    found = _text_codes(frame["pg"]) if _integers(step, position) else None
+    if found is None:
+        return None
+    pg = found[0]
+    # One code per key, numbered in the keys' sorted order, as groupby(KEY).ngroup() numbers.
+    order = np.lexsort((position, step, pg))
+    codes = np.empty(len(order), dtype=np.int64)
+    codes[order] = np.cumsum(_group_starts(pg[order], step[order], position[order])) - 1
+    groups = int(codes.max()) + 1
+    sized = frame["bytes"].where(~frame["op"].isin(SIZES_MAY_DIFFER))
+    if any((_distinct_per_group(codes, groups, column) > 1).any()
+           for column in (frame["op"], sized, frame["dtype"])):
+        return None
+    if not _none_missing(frame, codes, group_members(frame, world_size), coverage):
+        return None
+    good = np.bincount(codes, minlength=groups)[codes] > 1
+    return frame.assign(instance=np.where(good, codes, -1))
+
+
 def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame,
                        trace_ranks: frozenset = frozenset()):
+    quick = _matched_on_arrays(frame, world_size, coverage)
+    if quick is not None:
+        return quick, pd.DataFrame(columns=MISMATCH_COLUMNS)
     members = group_members(frame, world_size)
     sized = frame.assign(sized_bytes=frame["bytes"].where(~frame["op"].isin(SIZES_MAY_DIFFER)))
     # One row per key, in the order of ngroup's codes (both sorted by KEY).

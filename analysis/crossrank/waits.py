@@ -22,6 +22,11 @@ BANDWIDTH_COLUMNS = ["op", "pg", "pg_size", "size_bucket", "count", "transfer_us
 def op_waits(common: pd.DataFrame) -> pd.DataFrame:
     """Matched ops (times on the common clock) with arrival, last_arrival, wait_ns, transfer_ns,
     queued_ns and last_rank (the member that arrived last). Unmatched ops are left out."""
+    if not (common["instance"].to_numpy() >= 0).any() and _int64_times(common):
+        # No op matched (a lone rank's trace): none of the per-queue work below.
+        nothing = np.zeros(0, dtype="int64")
+        return common.iloc[:0].assign(**{column: nothing for column in _WAIT_COLUMNS}
+                                      ).reset_index(drop=True)
     ops = common.sort_values(["rank", "queue", "issue_ns"], kind="stable").copy()
     queues = ["rank", "queue"]
     latest_end = ops.assign(latest=ops.groupby(queues)["end_ns"].cummax())
@@ -46,6 +51,15 @@ def op_waits(common: pd.DataFrame) -> pd.DataFrame:
     ops["transfer_ns"] = np.maximum(end - np.maximum(last_arrival, arrival), 0)
     ops["queued_ns"] = ops["arrival_ns"] - ops["issue_ns"]
     return ops.reset_index(drop=True)
+
+
+# The columns op_waits adds, in its order.
+_WAIT_COLUMNS = ("arrival_ns", "last_arrival_ns", "last_rank", "wait_ns", "transfer_ns",
+                 "queued_ns")
+
+
+def _int64_times(ops: pd.DataFrame) -> bool:
+    return all(ops[column].dtype == np.int64 for column in ("issue_ns", "end_ns"))
 
 
 def union_per_group(keys: pd.DataFrame, starts, ends) -> pd.Series:
@@ -76,6 +90,8 @@ def rank_step_waits(waits: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
 
     Steps in `steps` (rank, step) without a matched op get zeros."""
     keys = waits[["rank", "step"]].astype("int64")
+    if keys.empty and steps is not None and len(steps):  # no matched op: zeros in every step
+        return _zero_waits(steps)
     arrival, end = waits["arrival_ns"].to_numpy("int64"), waits["end_ns"].to_numpy("int64")
     last_arrival = waits["last_arrival_ns"].to_numpy("int64")
     sums = pd.DataFrame({
@@ -93,6 +109,15 @@ def rank_step_waits(waits: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
         "queued_ms": sums["queued"] / 1e6, "ops": sums["ops"].astype("int64"),
     }).reset_index()
     return table[WAITS_COLUMNS].sort_values(["rank", "step"]).reset_index(drop=True)
+
+
+def _zero_waits(steps: pd.DataFrame) -> pd.DataFrame:
+    keys = (steps[["rank", "step"]].drop_duplicates().astype("int64")
+            .sort_values(["rank", "step"]))
+    zeros = np.zeros(len(keys))
+    return pd.DataFrame({"rank": keys["rank"].to_numpy(), "step": keys["step"].to_numpy(),
+                         "wait_for_peers_ms": zeros, "transfer_ms": zeros.copy(),
+                         "queued_ms": zeros.copy(), "ops": np.zeros(len(keys), dtype="int64")})
 
 
 def _bus_factors(op: pd.Series, size: pd.Series) -> np.ndarray:
