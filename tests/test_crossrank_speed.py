@@ -1,11 +1,18 @@
 """The cross-rank pass's array paths against hand-computed answers on small built frames: group
 members and positions counted on arrays, matching without groupby aggregations where nothing
-mismatches, and no per-queue work where nothing is matched (a lone rank's trace)."""
+mismatches, no per-queue work where nothing is matched (a lone rank's trace), and kernels
+named from their host ops by one array write per column."""
+
+import math
 
 import numpy as np
 import pandas as pd
+import pytest
+from test_comm_fast_paths import four_ops, text_kinds
+from test_communication import events_frame
 
-from analysis.crossrank.frames import OP_COLUMNS, typed_ops
+from analysis.comm_events import kernel_host_ops
+from analysis.crossrank.frames import OP_COLUMNS, _named_by_labels, named_kernels, typed_ops
 from analysis.crossrank.matching import _positions, group_members, match_ops
 from analysis.crossrank.waits import op_waits, rank_step_waits
 
@@ -75,3 +82,46 @@ def test_nothing_matched_gives_no_waits_and_zeros_per_step():
                                      "wait_for_peers_ms": [0.0] * 3, "transfer_ms": [0.0] * 3,
                                      "queued_ms": [0.0] * 3, "ops": [0, 0, 0]}
     assert table["ops"].dtype == "int64" and table["queued_ms"].dtype == "float64"
+
+
+# Labels 3, 23, ..., 93: the four kernels are 23, 53, 63 (no launch found) and 93.
+NAMED = {
+    "collective": [math.nan, "all_gather", math.nan, "all_reduce", math.nan, "send", "send"],
+    "in_nelems": [math.nan, math.nan, 1024.0, 256.0, math.nan, 100.0, 100.0],  # 53: its own
+    "comm_dtype": [math.nan, math.nan, "Float", "Half", math.nan, "Float", "Float"],
+    "group_size": [math.nan, math.nan, 2.0, 2.0, math.nan, math.nan, 2.0],  # 93: its own
+    "pg_name": [math.nan, "7", "0", "0", math.nan, "5", "9"],
+    "input_dims": ["[[2, 3], [5]]", "[[2, 3], [5]]"] + [math.nan] * 5,
+}
+
+
+def typed_values(column: pd.Series) -> list:
+    return [(type(v), "nan" if isinstance(v, float) and math.isnan(v) else v) for v in column]
+
+
+@pytest.mark.parametrize("kind", range(3))
+def test_kernels_take_their_host_op_s_name_and_the_arguments_they_lack(kind):
+    events = text_kinds(events_frame(four_ops()))[kind]
+    events.index = events.index * 10 + 3  # labels that are not positions
+    named = named_kernels(events)
+    assert named.index.tolist() == [3, 23, 33, 53, 63, 73, 93]
+    for column, expected in NAMED.items():
+        assert named[column].dtype == object, column
+        # a float64 column's values as Python floats, as column.astype(object) holds them
+        assert typed_values(named[column]) == typed_values(pd.Series(expected, dtype=object)), (
+            column)
+    assert list(named.columns) == list(events.columns)
+    by_labels = _named_by_labels(events[events["is_comm"]], kernel_host_ops(events)
+                                 .query("host >= 0"), events)
+    for column in named.columns:
+        assert typed_values(named[column]) == typed_values(by_labels[column]), column
+
+
+def test_kernels_get_a_collective_column_where_the_trace_has_none():
+    events = events_frame(four_ops()).drop(columns=["collective", "in_nelems"])
+    named = named_kernels(events)
+    assert list(named.columns) == list(events.columns) + ["collective"]
+    assert "in_nelems" not in named.columns
+    # 93: launched in a record_param_comms call that no longer names its op: not named
+    assert typed_values(named["collective"]) == typed_values(pd.Series(
+        [None, "all_gather", None, "all_reduce", None, None, None], dtype=object))

@@ -107,6 +107,44 @@ def named_kernels(events: pd.DataFrame) -> pd.DataFrame:
     hosts = hosts[(hosts["host"] >= 0) & hosts.index.isin(comm.index[unnamed])]
     if hosts.empty:
         return comm
+    if not (comm.index.is_unique and events.index.is_unique):
+        return _named_by_labels(comm, hosts, events)
+    # One array write per column: .loc writes by label cost several times the work.
+    rows = comm.index.get_indexer(hosts.index)
+    source = events.index.get_indexer(hosts["host"].to_numpy())
+    columns = {"collective": hosts["op"].to_numpy()}
+    for column in _HOST_ARGS:
+        if column in events.columns:
+            taken = _objects(events[column], source)
+            if column in comm.columns:
+                own = _objects(comm[column], rows)
+                taken = np.where(pd.isna(own), taken, own)
+            columns[column] = taken
+    named = {}
+    for column, values in columns.items():
+        # Object columns, as every written column has been: pandas would read an object array
+        # of text as its string dtype.
+        whole = (_objects(comm[column]) if column in comm.columns
+                 else np.full(len(comm), None, dtype=object))
+        whole[rows] = values
+        named[column] = pd.Series(whole, index=comm.index, dtype=object, copy=False)
+    return comm.assign(**named)
+
+
+def _objects(column: pd.Series, positions: np.ndarray | None = None) -> np.ndarray:
+    """The column's values (at `positions`, all for None) as a new object array, each as
+    column.astype(object) holds it (a float64 as a Python float)."""
+    if isinstance(column.dtype, np.dtype):
+        values = column.to_numpy()
+        return (values if positions is None else values[positions]).astype(object)
+    if positions is not None:
+        column = column.iloc[positions]
+    return column.astype(object).to_numpy().copy()
+
+
+def _named_by_labels(comm: pd.DataFrame, hosts: pd.DataFrame, events: pd.DataFrame
+                     ) -> pd.DataFrame:
+    """named_kernels' writes by label, for frames whose labels repeat."""
     comm = comm.copy()
     rows = hosts.index
     source = events.loc[hosts["host"].to_numpy()]
