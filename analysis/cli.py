@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis import parse_ahead
+from analysis.kineto import max_trace_bytes
 from analysis.parallel import SchedulerUnavailable
 from analysis.runs import NothingToAnalyse, resolve_runs
 from analysis.step_spec import parse_step_spec
-from analysis.trace_limit import max_trace_bytes
 
 if TYPE_CHECKING:
     from analysis.output import RunReport

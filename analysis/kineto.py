@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -25,8 +26,6 @@ from analysis.kineto_events import (
     TraceDocument,
     int_or_none,
 )
-from analysis.trace_limit import MAX_TRACE_ENV, MAX_TRACE_MB, max_trace_bytes  # noqa: F401
-from analysis.trace_limit import MB as _MB
 
 
 class TraceReadError(Exception):
@@ -61,9 +60,32 @@ _EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BETWEEN_EVENTS_RE = re.compile(rb"\}\s*,\s*\{")
 
 
+# The most JSON one trace file may hold (decompressed): a file read a chunk at a time takes about
+# 0.7 bytes of memory per byte of JSON, its events frame about 0.5 (docs/analysis.md, "Large runs
+# and Dask"). RANKTRACE_MAX_TRACE_MB overrides it.
+MAX_TRACE_MB = 2048
+MAX_TRACE_ENV = "RANKTRACE_MAX_TRACE_MB"
 # A file that defeats chunking is decoded whole, which takes about four times the memory: it may
 # hold only this share of the limit.
 WHOLE_DECODE_SHARE = 4
+_MB = 1 << 20
+
+
+def max_trace_bytes() -> int:
+    """The limit on one trace file's JSON, in bytes: RANKTRACE_MAX_TRACE_MB or MAX_TRACE_MB.
+
+    Raises ValueError naming the variable when it is not a positive number.
+    """
+    text = os.environ.get(MAX_TRACE_ENV, "").strip()
+    if not text:
+        return MAX_TRACE_MB * _MB
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = 0.0
+    if not megabytes > 0 or megabytes == float("inf"):
+        raise ValueError(f"{MAX_TRACE_ENV}={text!r}: not a positive number of MB")
+    return int(megabytes * _MB)
 
 
 def _megabytes(nbytes: int) -> str:

@@ -5,8 +5,6 @@ Importing pandas and the analysis takes the command about as long as decoding a 
 command forks a child before those imports (`start`); the child decodes the file with
 analysis.kineto.decode_trace, which needs neither, and hands the columns back through a pipe
 when the command gets to the file (`DecodeAhead.take`, called by analysis.cache.read_trace).
-The child is forked before numpy too, while this process has one thread: it imports the
-decoder itself, beside this process's own imports.
 The result, and any refusal of the file, is what decoding it in the command would give: a
 child that fails any other way just leaves the file to be decoded there. The pipe carries only
 what the child pickled; nothing read from a file is ever unpickled.
@@ -19,12 +17,9 @@ import pickle
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from analysis.kineto import DecodedTrace, TraceReadError, decode_trace
 from analysis.runs import cache_file
-
-if TYPE_CHECKING:
-    from analysis.kineto import DecodedTrace
 
 # Larger files are decoded where they are analysed: the child's columns would sit in memory
 # beside the command's own copy, and the imports are a small share of their time.
@@ -86,8 +81,6 @@ class DecodeAhead:
             return None
         kind, value = pickle.loads(data)
         if kind == "refused":
-            from analysis.kineto import TraceReadError  # imported by the command by now
-
             raise TraceReadError(path, value)
         return value if kind == "decoded" else None
 
@@ -114,23 +107,16 @@ def _decode_in_child(path: Path, max_bytes: int, write_fd: int) -> None:
     """The child's whole life: decode, answer, and leave without running any of the parent's
     exit handlers or flushing its buffers."""
     try:
-        data = pickle.dumps(_outcome(path, max_bytes), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            outcome = ("decoded", decode_trace(path, max_bytes=max_bytes))
+        except TraceReadError as exc:
+            outcome = ("refused", exc.reason)
+        except Exception:  # noqa: BLE001  (the command decodes it again, and reports it)
+            outcome = ("failed", None)
+        data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
         with os.fdopen(write_fd, "wb") as pipe:
             pipe.write(data)
     except BaseException:  # noqa: BLE001, S110  (an interrupted or orphaned child just ends)
         pass
     finally:
         os._exit(0)
-
-
-def _outcome(path: Path, max_bytes: int) -> tuple[str, object]:
-    """("decoded", DecodedTrace), ("refused", the TraceReadError's reason), or ("failed", None)
-    for any other failure, which leaves the file to the command."""
-    from analysis import kineto  # here: the child imports numpy, not the parent before forking
-
-    try:
-        return "decoded", kineto.decode_trace(path, max_bytes=max_bytes)
-    except kineto.TraceReadError as exc:
-        return "refused", exc.reason
-    except Exception:  # noqa: BLE001  (the command decodes it again, and reports it)
-        return "failed", None
