@@ -8,6 +8,9 @@ when the command gets to the file (`DecodeAhead.take`, called by analysis.cache.
 The result, and any refusal of the file, is what decoding it in the command would give: a
 child that fails any other way just leaves the file to be decoded there. The pipe carries only
 what the child pickled; nothing read from a file is ever unpickled.
+
+The command imports numpy and the decoder before it forks (importing this module does): a child
+that imported them itself, at the same time as the command's own imports, finished later.
 """
 
 from __future__ import annotations
