@@ -19,9 +19,8 @@ from analysis import issuers, pipeline_schedule, rank_summary
 from analysis.advice import IDLE_CAUSES, bubble_suggestion, exposed_suggestion, small_message_hint
 from analysis.communication import UNKNOWN_BUCKET, UNKNOWN_PG
 from analysis.crossrank import findings as cross_findings
+from analysis.finding_inputs import RankedGroups, analysed_steps, floats, series_sum
 from analysis.idle_activity import idle_by_activity
-from analysis.ranks import work_ns
-from analysis.step_breakdown import BREAKDOWN_NS_COLUMNS
 from analysis.steps import format_ranges
 
 FINDING_COLUMNS = ["finding", "share_pct", "evidence", "suggestion", "ranks"]
@@ -61,7 +60,7 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     per_rank = _frame(per_rank)
     collectives = _frame(collectives)
     idle_gaps = _frame(idle_gaps)
-    steps = _analysed_steps(per_step)
+    steps = analysed_steps(per_step)
     if steps.empty:
         return _empty()
     pipeline = is_pipeline_run(collectives, traces)
@@ -94,21 +93,6 @@ def _frame(value) -> pd.DataFrame:
     return value if isinstance(value, pd.DataFrame) else pd.DataFrame()
 
 
-def _analysed_steps(per_step: pd.DataFrame) -> pd.DataFrame:
-    """per_step rows with a positive step time, numeric columns, and work_ns."""
-    needed = ["rank", "step", *BREAKDOWN_NS_COLUMNS]
-    if per_step.empty or any(c not in per_step.columns for c in ("rank", "step", "step_ns")):
-        return pd.DataFrame(columns=[*needed, "work_ns"])
-    frame = per_step.reindex(columns=needed).copy()
-    for column in needed:
-        if str(frame[column].dtype) != "float64":  # converting float64 again costs, not changes
-            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    frame = frame.dropna(subset=["rank", "step", "step_ns"])
-    frame = frame[frame["step_ns"] > 0]
-    frame["work_ns"] = work_ns(frame)
-    return frame.reset_index(drop=True)
-
-
 def rank_list(ranks) -> str:
     """Ranks as ranges: [0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
     return format_ranges(sorted({int(r) for r in ranks if r is not None and not pd.isna(r)}))
@@ -136,19 +120,6 @@ def is_pipeline_run(collectives: pd.DataFrame, traces) -> bool:
 
 
 # ---- exposed communication ----------------------------------------------------------------------
-def _comm_time_shares(collectives: pd.DataFrame, exclude_ops=()) -> pd.DataFrame:
-    if collectives.empty or "total_us" not in collectives.columns:
-        return pd.DataFrame()
-    table = collectives[~collectives["op"].isin(exclude_ops)].copy()
-    table["total_us"] = pd.to_numeric(table["total_us"], errors="coerce")
-    table = table[table["total_us"] > 0]
-    total = table["total_us"].sum()
-    if total <= 0:
-        return pd.DataFrame()
-    table["time_share"] = table["total_us"] / total
-    return table.sort_values("total_us", ascending=False, kind="stable")
-
-
 def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipeline: bool,
                            accumulation: str | None = None, transfer_only: bool = False) -> list:
     """Share: summed exposed_comm_ns over summed step_ns. In pipeline runs the send/recv part of
@@ -157,36 +128,37 @@ def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipel
     With `transfer_only`, exposed_comm_ns already holds exposed transfer (waiting for peers is
     the "ranks wait for rank R" finding's, and no bucket size shortens it).
     """
-    if steps.empty or steps["exposed_comm_ns"].notna().sum() == 0:
+    if steps.empty or np.isnan(exposed_ns := floats(steps, "exposed_comm_ns")).all():
         return []
-    total_step = steps["step_ns"].sum()
-    exposed = steps["exposed_comm_ns"].fillna(0).sum()
-    ranked = _comm_time_shares(collectives, P2P_OPS if pipeline else ())
+    step_ns = floats(steps, "step_ns")
+    total_step = series_sum(step_ns)
+    exposed = series_sum(exposed_ns)
+    ranked = RankedGroups(collectives, P2P_OPS if pipeline else ())
     scale = 1.0
     if pipeline:
-        all_ops = _comm_time_shares(collectives)
+        all_ops = RankedGroups(collectives)
         if not all_ops.empty:
-            scale = (ranked["total_us"].sum() / all_ops["total_us"].sum()
-                     if not ranked.empty else 0.0)
+            scale = (ranked.total_us.sum() / all_ops.total_us.sum() if not ranked.empty
+                     else 0.0)
     share = exposed * scale / total_step * 100
     if share < MIN_SHARE_PCT:
         return []
     per_step_ns = exposed * scale / len(steps)
     what = "Transfer (waiting for peers left out)" if transfer_only else "Communication"
     evidence = (f"{what} not overlapped with compute takes {_ms(per_step_ns)} of a "
-                f"{_ms(steps['step_ns'].mean())} step on average ({share:.1f}% of step time"
-                f"{', send/recv excluded' if pipeline else ''}).")
+                f"{_ms(series_sum(step_ns) / np.count_nonzero(~np.isnan(step_ns)))} step on "
+                f"average ({share:.1f}% of step time{', send/recv excluded' if pipeline else ''}).")
     suggestion = "Overlap communication with compute."
     if not ranked.empty:
-        top = ranked.head(TOP_COLLECTIVES)
-        named = "; ".join(_collective_text(row) for row in top.to_dict("records"))
+        top = ranked.rows(TOP_COLLECTIVES)
+        named = "; ".join(_collective_text(row) for row in top)
         evidence += f" Top collectives by time: {named}."
-        issuer = _issuer(top.iloc[0])
-        suggestion = exposed_suggestion(top.iloc[0]["op"], issuer, accumulation)
-        small = ranked[pd.to_numeric(ranked["bucket_min_bytes"], errors="coerce") < (1 << 20)]
-        if small["time_share"].sum() > 0.5:
+        issuer = _issuer(top[0])
+        suggestion = exposed_suggestion(top[0]["op"], issuer, accumulation)
+        bucket = floats(collectives, "bucket_min_bytes")[ranked.positions]
+        if ranked.time_share[bucket < (1 << 20)].sum() > 0.5:
             suggestion += small_message_hint(issuer)
-    ranks = rank_list(steps.loc[steps["exposed_comm_ns"] > 0, "rank"])
+    ranks = rank_list(steps["rank"].to_numpy()[exposed_ns > 0])
     name = "exposed transfer" if transfer_only else "exposed communication"
     return [_finding(name, share, evidence, suggestion, ranks)]
 
@@ -275,6 +247,8 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
     """
     if steps.empty or steps["work_ns"].notna().sum() == 0:
         return []
+    if len(np.unique(steps["rank"].to_numpy())) < 2:
+        return []  # no step has two ranks (rank is float64 and never NaN in _analysed_steps)
     timed = steps.dropna(subset=["work_ns"])
     per_step = []
     for step, group in timed.groupby("step", sort=True):
@@ -380,6 +354,8 @@ def _low_bus_bandwidth(steps: pd.DataFrame, kind: str, collectives: pd.DataFrame
     needed = ("op", "pg_size", "bucket_min_bytes", "busbw_gbps", "total_us")
     if collectives.empty or steps.empty or any(c not in collectives.columns for c in needed):
         return []
+    if _no_large_message_groups(collectives):
+        return []
     floor = BUSBW_FLOOR_GBPS[kind]
     table = collectives.copy()
     for column in ("bucket_min_bytes", "busbw_gbps", "total_us"):
@@ -428,6 +404,17 @@ def _low_bus_bandwidth(steps: pd.DataFrame, kind: str, collectives: pd.DataFrame
     return [_finding("low bus bandwidth", share, evidence, suggestion, ranks)]
 
 
+def _no_large_message_groups(collectives: pd.DataFrame) -> bool:
+    """True where the numeric columns are float64 and no group passes the filter of large
+    messages, barrier left out (the finding is then empty): its frame work is left out."""
+    columns = ("bucket_min_bytes", "busbw_gbps", "total_us")
+    if any(collectives[c].dtype != np.float64 for c in columns):
+        return False
+    bucket, busbw, total_us = (collectives[c].to_numpy() for c in columns)
+    large = (bucket >= LARGE_MESSAGE_BYTES) & (busbw > 0) & (total_us > 0)
+    return not (large & (collectives["op"].to_numpy() != "barrier")).any()
+
+
 def _run_kind(per_rank: pd.DataFrame, traces) -> str:
     """"gpu" (NCCL expectations) or "cpu" (gloo): the traces' backend, else the breakdown's kind."""
     backends = {str(getattr(t, "backend", None) or "").lower() for t in traces or []} - {""}
@@ -449,7 +436,7 @@ def _memory_near_capacity(per_rank: pd.DataFrame) -> list:
     """Ranks whose peak reserved memory (or, without it, NVML's peak used) exceeds
     MEMORY_NEAR_CAPACITY_PCT of the device's memory.
     """
-    if per_rank.empty or "rank" not in per_rank.columns:
+    if per_rank.empty or "rank" not in per_rank.columns or _below_capacity(per_rank):
         return []
     table = per_rank.copy()
     reserved = pd.to_numeric(table.get("peak_reserved_pct"), errors="coerce") \
@@ -486,6 +473,19 @@ def _memory_near_capacity(per_rank: pd.DataFrame) -> list:
                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
     return [_finding("memory near capacity", float("nan"), evidence, suggestion,
                      rank_list(near["rank"]))]
+
+
+def _below_capacity(per_rank: pd.DataFrame) -> bool:
+    """True where the memory columns are float64 (or absent) and no rank is near capacity: the
+    finding's frame work is then left out; anything else is judged by it."""
+    used = np.full(len(per_rank), np.nan)
+    for column in ("device_used_pct", "peak_reserved_pct"):  # reserved, where known, first
+        if column in per_rank.columns:
+            if per_rank[column].dtype != np.float64:
+                return False
+            values = per_rank[column].to_numpy()
+            used = np.where(np.isnan(values), used, values)
+    return not (used > MEMORY_NEAR_CAPACITY_PCT).any()
 
 
 def _number(row, column):
