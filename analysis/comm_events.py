@@ -16,14 +16,9 @@ import pandas as pd
 
 from analysis import intervals
 from analysis.comm_names import (
-    _DTYPE_SIZES,
     UNKNOWN_OP,
-    canonical_dtype,
     canonical_op,
     comm_kernel_op,
-    first_input_type,
-    first_tensor_nelems,
-    message_bytes,
 )
 from analysis.comm_sizes import missing, sized_columns
 from analysis.enclosing import (
@@ -42,21 +37,15 @@ from analysis.frame_columns import (
     is_numpy_number,
     list_at,
     texts,
-    value_or_none,
     values_at,
     values_or_none,
 )
+from analysis.op_rows import _gloo_ops, _row_from_args, col
 
 REQUIRED_EVENT_COLUMNS = ("name", "cat", "ts_ns", "dur_ns", "pid", "tid", "is_gpu", "is_comm")
 # The events' columns an op row is made from (_row_from_args).
 _ARG_COLUMNS = ("collective", "group_size", "comm_dtype", "in_nelems", "out_nelems", "pg_name",
                 "pg_desc", "input_dims", "input_type")
-
-
-def col(frame: pd.DataFrame, name: str):
-    if name in frame.columns:
-        return frame[name]
-    return pd.Series([None] * len(frame), index=frame.index)
 
 
 def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) -> pd.DataFrame:
@@ -77,11 +66,13 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
     return frame.sort_values("sort_ts", kind="stable").drop(columns="sort_ts")
 
 
-def op_columns(events: pd.DataFrame, steps, all_steps, world_size) -> dict | None:
+def op_columns(events: pd.DataFrame, steps, all_steps, world_size,
+               join: KernelJoin | None = None) -> dict | None:
     """ops_from_events' frame as {column: list of values, in the frame's order}, `step` as a
     Series or one number, without `rank` and `origin`; None when the trace has no op. For
-    callers that convert every column anyway: building that frame costs more than its data."""
-    columns = _op_columns(events, world_size)
+    callers that convert every column anyway: building that frame costs more than its data.
+    `join`: the events' KernelJoin, where the caller has it."""
+    columns = _op_columns(events, world_size, join)
     if columns is None:
         return None
     step, kept = _steps_kept(pd.Series(columns["host_ts"]), steps, all_steps)
@@ -99,18 +90,19 @@ def _taken(values: list, positions: list) -> list:
     return list(operator.itemgetter(*positions)(values))
 
 
-def _op_columns(events: pd.DataFrame, world_size) -> dict | None:
+def _op_columns(events: pd.DataFrame, world_size, join: KernelJoin | None = None
+                ) -> dict | None:
     """The ops of the events as {column of _row_from_args: values}: kernels first, then gloo
     ops, then calls whose execution the trace lacks; None without any."""
     if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
         return None
-    found = _comm_events(events)
-    if found is None:
+    join = join if join is not None else KernelJoin(events)
+    if join.found is None:
         return None
-    comm, is_gpu, kernels, host = found
-    calls, gloo, hints = _host_ops(comm, host)
+    comm = join.comm
+    calls, gloo = join.calls, join.gloo
     used_calls: set = set()
-    columns = _kernel_ops(events, is_gpu, comm, kernels, calls, hints, used_calls, world_size)
+    columns = _kernel_ops(join, used_calls, world_size)
     rows: list[dict] = []
     if len(gloo.positions):
         rows += _gloo_ops(_with_ops(comm, gloo), _with_ops(comm, calls), used_calls, world_size)
@@ -283,25 +275,50 @@ def _with_ops(comm: _CommEvents, chosen: _Chosen) -> pd.DataFrame:
     return comm.frame.take(chosen.positions).assign(op=_ops_series(comm, chosen))
 
 
-def kernel_host_ops(events: pd.DataFrame) -> pd.DataFrame:
+class KernelJoin:
+    """The communication events of `events` (`found`: _comm_events' tuple, None without any)
+    and their host ops, and each kernel's launch and the call and hint around it, each
+    computed when first asked for: kernel_host_ops and the ops (op_columns) of one rank read
+    them from one join."""
+
+    def __init__(self, events: pd.DataFrame):
+        self.events = events
+        self.found = (None if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS)
+                      else _comm_events(events))
+        if self.found is not None:
+            self.comm, self.is_gpu, self.kernels, host_rows = self.found
+            self.calls, self.gloo, self.hints = _host_ops(self.comm, host_rows)
+
+    @functools.cached_property
+    def launch(self) -> _Launches:
+        return _launches(self.events, self.is_gpu, self.comm.correlation[self.kernels])
+
+    @functools.cached_property
+    def call_of(self) -> np.ndarray:
+        """The label of each kernel's innermost call around its launch, -1 for none."""
+        return self.comm.innermost(self.calls, self.launch)
+
+    @functools.cached_property
+    def hint_of(self) -> np.ndarray:
+        """The label of each kernel's innermost hint around its launch, -1 for none."""
+        return self.comm.innermost(self.hints, self.launch)
+
+
+def kernel_host_ops(events: pd.DataFrame, join: KernelJoin | None = None) -> pd.DataFrame:
     """Per communication kernel of `events` (indexed by its label): `host`, the label of the
     host op around its launch that names it (the innermost record_param_comms call with a
     collective name, else the innermost nccl:*/c10d:: op), -1 where none, and that op's `op`.
+    `join`: the events' KernelJoin, where the caller has it.
 
     The join is _kernel_ops': kernel -> runtime launch with the same correlation id -> the
     launching thread's op whose span holds the launch."""
-    found = (None if any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS)
-             else _comm_events(events))
-    if found is None:
+    join = join if join is not None else KernelJoin(events)
+    if join.found is None:
         return pd.DataFrame({"host": pd.Series(dtype="int64"), "op": pd.Series(dtype=object)})
-    comm, is_gpu, kernels, host_rows = found
-    calls, _, hints = _host_ops(comm, host_rows)
-    launch = _launches(events, is_gpu, comm.correlation[kernels])
-    call_of = comm.innermost(calls, launch)
-    hint_of = comm.innermost(hints, launch)
-    host = np.where(call_of >= 0, call_of, hint_of)
-    op = _ops_at(comm, (calls, hints), host)
-    return pd.DataFrame({"host": host, "op": op}, index=comm.index[kernels])
+    call_of = join.call_of
+    host = np.where(call_of >= 0, call_of, join.hint_of)
+    op = _ops_at(join.comm, (join.calls, join.hints), host)
+    return pd.DataFrame({"host": host, "op": op}, index=join.comm.index[join.kernels])
 
 
 def _ops_at(comm: _CommEvents, chosen: tuple, labels: np.ndarray) -> np.ndarray:
@@ -319,55 +336,10 @@ def _ops_at(comm: _CommEvents, chosen: tuple, labels: np.ndarray) -> np.ndarray:
     return result
 
 
-def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=None,
-                   sort_ts=None, dtype_source=None, nelems=None, world_size=None,
-                   named=True) -> dict:
-    """One op row; counts, dtype and group come from `size_source` (a trace event's comm args);
-    `issued_by` is the host event (or {ts_ns, pid, tid}) where it was issued."""
-    group_size = _col_value(pg_source, "group_size")
-    if group_size is None:
-        group_size = _col_value(size_source, "group_size")
-    if group_size is None and world_size is not None:
-        group_size = world_size
-    dtype = canonical_dtype(_col_value(dtype_source if dtype_source is not None else size_source,
-                                       "comm_dtype"))
-    if nelems is not None:
-        in_nelems, out_nelems = nelems, None
-    else:
-        in_nelems = _col_value(size_source, "in_nelems")
-        out_nelems = _col_value(size_source, "out_nelems")
-    nbytes = message_bytes(op, in_nelems, out_nelems, _DTYPE_SIZES.get(dtype), group_size)
-    pg = _col_value(pg_source, "pg_name")
-    desc = _col_value(pg_source, "pg_desc")
-    if pg is None:
-        pg, desc = _col_value(size_source, "pg_name"), _col_value(size_source, "pg_desc")
-    host_ts = issued_by["ts_ns"] if host_ts is None else host_ts
-    return {
-        "op": op,
-        "source": "p2p" if op in ("send", "recv") else None,
-        "pg": None if pg is None else str(pg),
-        "pg_desc": None if desc is None else str(desc),
-        "pg_size": group_size,
-        "dtype": dtype,
-        "bytes": nbytes,
-        "duration_us": duration_us,
-        "host_ts": host_ts,
-        "host_pid": str(issued_by["pid"]),
-        "host_tid": str(issued_by["tid"]),
-        "named": named,
-        "sort_ts": host_ts if sort_ts is None else sort_ts,
-    }
-
-
-def _col_value(row, name):
-    """The row's (a dict or Series) value in `name`, None where it has none or it is missing."""
-    return value_or_none(row.get(name)) if row is not None and hasattr(row, "get") else None
-
-
-def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls: _Chosen, hints: _Chosen,
-                used_calls: set, world_size) -> dict:
-    """NCCL/RCCL kernels (positions `kernels` in `comm`), each joined to the record_param_comms
-    call that launched it, as {column of _row_from_args: values} ({} without kernels).
+def _kernel_ops(join: KernelJoin, used_calls: set, world_size) -> dict:
+    """NCCL/RCCL kernels (`join.kernels`, positions in `join.comm`), each joined to the
+    record_param_comms call that launched it, as {column of _row_from_args: values} ({}
+    without kernels).
 
     The join: kernel -> runtime launch with the same correlation id -> the innermost call on
     the launching thread whose span holds the launch. Bytes come from the call, time from the
@@ -376,12 +348,12 @@ def _kernel_ops(events, is_gpu, comm: _CommEvents, kernels, calls: _Chosen, hint
     op around its launch ("In msg nelems", else "Input Dims" and "Input type", as on gloo).
     Each column is computed for every op at once, as _row_from_args gives it row by row.
     """
+    comm, kernels, calls, hints = join.comm, join.kernels, join.calls, join.hints
     if not len(kernels):
         return {}
-    launch = _launches(events, is_gpu, comm.correlation[kernels])
+    launch = join.launch
     launch_ts, launch_pid, launch_tid = launch.ts, launch.pid, launch.tid
-    call_of = comm.innermost(calls, launch)
-    hint_of = comm.innermost(hints, launch)
+    call_of, hint_of = join.call_of, join.hint_of
     keys = np.where(call_of >= 0, call_of, -1 - comm.labels[kernels].astype(np.int64))
     starts = comm.starts[kernels]
     ends = starts + comm.durations[kernels]
@@ -461,37 +433,3 @@ def _issued(comm: _CommEvents, launcher, kernel_at, has_call, size_at, kernel_ts
     return ts.tolist(), pid.tolist(), tid.tolist()
 
 
-def _gloo_ops(gloo, calls, used_calls: set, world_size) -> list[dict]:
-    """gloo:* ops, which run on gloo's worker threads and last as long as the op.
-
-    A gloo op is joined to the first unused record_param_comms call of the same op and element
-    count that started no later than it (the call names the group); without one, the op's
-    "Input Dims" give the element count and the trace's world size stands in for the group size.
-    """
-    rows = []
-    pending = calls.sort_values("ts_ns") if not calls.empty else calls
-    for _, op_event in gloo.sort_values("ts_ns").iterrows():
-        op = op_event["op"]
-        nelems = first_tensor_nelems(_col_value(op_event, "input_dims"))
-        dtype_source = op_event
-        if _col_value(op_event, "comm_dtype") is None:
-            first_type = first_input_type(_col_value(op_event, "input_type"))
-            dtype_source = {"comm_dtype": first_type}
-        call = None
-        if not pending.empty:
-            same = pending[(pending["op"] == op) & (pending["ts_ns"] <= op_event["ts_ns"])
-                           & ~pending.index.isin(list(used_calls))]
-            if nelems is not None and not same.empty:
-                same = same[pd.to_numeric(col(same, "in_nelems"), errors="coerce") == nelems]
-            if not same.empty:
-                call = same.iloc[0]
-        duration_us = float(op_event["dur_ns"]) / 1e3
-        if call is not None:
-            used_calls.add(call.name)
-            rows.append(_row_from_args(call, op, call, duration_us, call,
-                                       sort_ts=op_event["ts_ns"]))
-        else:
-            rows.append(_row_from_args(op_event, op, op_event, duration_us, op_event,
-                                       dtype_source=dtype_source, nelems=nelems,
-                                       world_size=world_size))
-    return rows

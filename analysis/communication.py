@@ -61,11 +61,12 @@ def _finite(value) -> bool:
 
 
 # ---- comm_ops ------------------------------------------------------------------------------------
-def comm_ops(trace) -> pd.DataFrame:
+def comm_ops(trace, join=None) -> pd.DataFrame:
     """One row per collective/p2p op on `trace`'s rank, columns OPS_COLUMNS.
 
     Uses the tracer's comm records when the run folder has any for this rank (they cover every
-    step); otherwise derives the ops from the trace's events. `issuer` says which code issued
+    step); otherwise derives the ops from the trace's events (`join`: their
+    comm_events.KernelJoin, where the caller has it). `issuer` says which code issued
     the op and `pg_desc` the group's name (analysis.issuers).
     """
     records = getattr(trace, "records", None)
@@ -82,7 +83,7 @@ def comm_ops(trace) -> pd.DataFrame:
                 frame = pd.concat([frame, buckets[frame.columns.intersection(buckets.columns)]],
                                   ignore_index=True)
     else:
-        columns = _trace_columns(trace, rank)
+        columns = _trace_columns(trace, rank, join)
         if columns is None:
             return empty_ops()
         return _frame_of(_with_bandwidths(columns))
@@ -116,7 +117,7 @@ def _ops_from_trace(trace, rank) -> pd.DataFrame:
     return frame
 
 
-def _trace_columns(trace, rank) -> dict | None:
+def _trace_columns(trace, rank, join=None) -> dict | None:
     """_typed_columns(_ops_from_trace(...)) with group names, built from the ops' values
     without the intermediate frames; None when the trace has no op."""
     events = getattr(trace, "events", None)
@@ -124,7 +125,7 @@ def _trace_columns(trace, rank) -> dict | None:
             c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
         return None
     ops = op_columns(events, getattr(trace, "steps", None), getattr(trace, "all_steps", None),
-                     getattr(trace, "world_size", None))
+                     getattr(trace, "world_size", None), join)
     if ops is None:
         return None
     index = pd.RangeIndex(len(ops["op"]))

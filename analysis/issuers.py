@@ -99,16 +99,40 @@ def _marker_spans(trace) -> list[tuple[str, np.ndarray, np.ndarray, list]]:
         return []
     on_host = ~flags(events, "is_gpu")
     found = []
-    for issuer, pattern in _SPAN_MARKERS:
-        # Only the names of host events are searched: kernels' long template names never.
-        rows = np.flatnonzero(on_host & matches(
-            events["name"], lambda name, p=pattern: p.search(name) is not None, among=on_host))
+    for issuer, is_marker in zip([issuer for issuer, _ in _SPAN_MARKERS],
+                                 _host_name_matches(events["name"], on_host)):
+        rows = np.flatnonzero(is_marker)
         if len(rows):
             starts = values_at(events["ts_ns"], rows)
             threads = list(zip(_texts_at(events["pid"], rows), _texts_at(events["tid"], rows)))
             found.append((issuer, starts.astype("float64"),
                           (starts + values_at(events["dur_ns"], rows)).astype("float64"), threads))
     return found
+
+
+def _host_name_matches(names: pd.Series, on_host: np.ndarray):
+    """Per _SPAN_MARKERS pattern, on_host & matches(names, pattern, among=on_host): the
+    categories that host events use found once for every pattern, a pattern that none of them
+    matches costing no pass over the rows."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        for _, pattern in _SPAN_MARKERS:
+            yield on_host & matches(names, lambda name, p=pattern: p.search(name) is not None,
+                                    among=on_host)
+        return
+    codes = names.array.codes
+    categories = names.array.categories
+    used = np.flatnonzero(np.bincount(codes[on_host].astype(np.intp) + 1,
+                                      minlength=len(categories) + 1)[1:])
+    texts = [str(categories[code]) for code in used.tolist()]
+    for _, pattern in _SPAN_MARKERS:
+        hits = [code for code, text in zip(used.tolist(), texts) if pattern.search(text)]
+        if not hits:
+            yield np.zeros(len(codes), dtype=bool)
+            continue
+        # A last False slot for code -1 (missing), which take() reads by wrapping around.
+        table = np.zeros(len(categories) + 1, dtype=bool)
+        table[hits] = True
+        yield on_host & table.take(codes)
 
 
 def _texts_at(column: pd.Series, rows: np.ndarray) -> list:
@@ -141,14 +165,26 @@ def issuers_of_ops(trace, op: np.ndarray, host_ts, host_pid, host_tid,
         take = inside & ~marked
         issuers[take] = issuer
         marked |= take
-    fallback = np.array([next((i for i in _RUN_LEVEL.get(o, ()) if i in seen), None)
-                         for o in op], dtype=object)
+    fallback = _each_op(op, lambda o: next((i for i in _RUN_LEVEL.get(o, ()) if i in seen),
+                                           None))
     # Unmarked: p2p is p2p; a framework the trace shows takes its ops; a torch.distributed op
     # (record_param_comms, gloo:, nccl:) is a c10d call; a bare kernel stays unknown.
     unmarked = np.where(np.isin(op, ["send", "recv"]), P2P,
                         np.where(pd.notna(fallback), fallback, np.where(named, C10D, UNKNOWN)))
     issuers[~marked] = unmarked[~marked]
     return issuers
+
+
+def _each_op(op: np.ndarray, function) -> np.ndarray:
+    """function(o) for each op, once per distinct op (None included)."""
+    try:
+        codes, distinct = pd.factorize(op)
+    except TypeError:  # a value that cannot be hashed
+        return np.array([function(o) for o in op], dtype=object)
+    results = np.empty(len(distinct) + 1, dtype=object)
+    for position, value in enumerate([*distinct.tolist(), None]):
+        results[position] = function(value)
+    return results[codes]
 
 
 def issuers_from_records(comms_source: pd.Series, ops: pd.Series, trace) -> pd.Series:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import communication, issuers
+from analysis import comm_events, communication, issuers
 from analysis.crossrank.frames import named_kernels
 from analysis.events import with_events
 from analysis.hta import hta_rank_summary
@@ -26,12 +26,13 @@ OP_EVENT_COLUMNS = ["name", "ts_ns", "end_ns", "stream", "is_gpu", "collective",
                     "input_type"]
 
 
-def _comm_events(trace) -> pd.DataFrame:
+def _comm_events(trace, hosts: pd.DataFrame | None = None) -> pd.DataFrame:
     """The rank's communication events as the cross-rank pass takes them: kernels named from
     their host ops (crossrank.frames.named_kernels), and only what ops_from_events reads: on a
     rank with communication kernels those kernels (they are its ops), else every event (gloo's
-    ops and the host calls that issued them)."""
-    comm = named_kernels(trace.events)
+    ops and the host calls that issued them). `hosts`: kernel_host_ops of the events, where
+    the caller has it."""
+    comm = named_kernels(trace.events, hosts)
     kernels = comm["is_gpu"].astype(bool)
     rows = np.flatnonzero(kernels.to_numpy()) if kernels.any() else None
     index = comm.index if rows is None else comm.index[rows]
@@ -72,13 +73,29 @@ def rank_tables(trace) -> dict:
     """The tables and summaries computed from one rank's events alone, by name. One that fails
     is left out: the analysis that needs it computes it again from the events, and reports the
     failure."""
+    builds = {**RANK_TABLES, **RANK_SUMMARIES}
+    join = _kernel_join(trace.events)
+    if join is not None:
+        # The kernels' host ops found once, for the ops and the cross-rank pass both.
+        builds["comm_ops"] = lambda trace: communication.comm_ops(trace, join)
+        builds["comm_events"] = lambda trace: _comm_events(
+            trace, comm_events.kernel_host_ops(trace.events, join))
     found = {}
-    for name, build in {**RANK_TABLES, **RANK_SUMMARIES}.items():
+    for name, build in builds.items():
         try:
             found[name] = build(trace)
         except Exception:  # noqa: S112  (computed again, and reported, by the analysis)
             continue
     return found
+
+
+def _kernel_join(events) -> comm_events.KernelJoin | None:
+    """The events' KernelJoin; None where it fails (each table that needs it then computes it
+    again, and fails where it did)."""
+    try:
+        return comm_events.KernelJoin(events)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def ddp_accumulation(traces) -> str | None:

@@ -17,7 +17,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.comm_events import kernel_host_ops
-from analysis.communication import canonical_dtype, canonical_op, dtype_size, message_bytes
+from analysis.communication import canonical_dtype, canonical_op
+from analysis.crossrank.distinct import by_value as _by_value
+from analysis.crossrank.distinct import distinct_message_sizes, float64_of
+from analysis.crossrank.distinct import message_sizes as _message_sizes
 from analysis.steps import step_at
 from tracer import schema
 
@@ -92,18 +95,19 @@ _HOST_ARGS = ("in_nelems", "out_nelems", "comm_dtype", "group_size", "pg_name", 
               "input_type")
 
 
-def named_kernels(events: pd.DataFrame) -> pd.DataFrame:
+def named_kernels(events: pd.DataFrame, hosts: pd.DataFrame | None = None) -> pd.DataFrame:
     """A trace's communication events with each NCCL/RCCL kernel that carries no collective
     name named by the host op around its launch (analysis.comm_events.kernel_host_ops), from
     which it also takes the message arguments it lacks: older traces name and size the op on
     the host only (`nccl:all_reduce` with its "Input Dims"), and their kernels' own names
-    (`ncclKernel_SendRecv_...` for every collective) do not say which op they run."""
+    (`ncclKernel_SendRecv_...` for every collective) do not say which op they run. `hosts`:
+    kernel_host_ops(events), where the caller has it."""
     comm = events[events["is_comm"].astype(bool)]
     is_kernel = comm["is_gpu"].astype(bool)
     unnamed = is_kernel & (comm["collective"].isna() if "collective" in comm.columns else True)
     if not unnamed.any():
         return comm
-    hosts = kernel_host_ops(events)
+    hosts = kernel_host_ops(events) if hosts is None else hosts
     hosts = hosts[(hosts["host"] >= 0) & hosts.index.isin(comm.index[unnamed])]
     if hosts.empty:
         return comm
@@ -199,52 +203,45 @@ def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.D
     if "input_dims" in chosen.columns:
         in_nelems = in_nelems.where(in_nelems.notna(),
                                     _by_value(chosen["input_dims"], _nelems_of_dims))
-    nbytes = _message_sizes(op, in_nelems, chosen["out_nelems"], dtype, group_size)
     pg = _by_value(chosen["pg_name"], lambda v: UNKNOWN_PG if v is None or v != v else str(v))
     queue = np.where(kernel, chosen["stream"].astype(str).to_numpy(), pg.to_numpy())
-    frame = pd.DataFrame({
-        "rank": chosen["rank"], "pg": pg, "pg_size": group_size.fillna(0), "op": op,
-        "bytes": nbytes, "dtype": dtype, "issue_ns": issue, "end_ns": chosen["end_ns"],
-        "peer": np.nan, "queue": queue,
-    })
-    frame["step"] = _steps_by_rank(frame["rank"].to_numpy(), frame["issue_ns"].to_numpy(),
-                                   steps)
-    frame = frame[frame["op"].notna() & frame["step"].notna()]
-    return typed_ops(frame.sort_values(["rank", "issue_ns"], kind="stable"))
+    step = _steps_by_rank(chosen["rank"].to_numpy(), issue.to_numpy(), steps)
+    if chosen["rank"].dtype != np.int64:
+        frame = pd.DataFrame({
+            "rank": chosen["rank"], "pg": pg, "pg_size": group_size.fillna(0), "op": op,
+            "bytes": _message_sizes(op, in_nelems, chosen["out_nelems"], dtype, group_size),
+            "dtype": dtype, "issue_ns": issue, "end_ns": chosen["end_ns"], "peer": np.nan,
+            "queue": queue, "step": step})
+        frame = frame[frame["op"].notna() & frame["step"].notna()]
+        return typed_ops(frame.sort_values(["rank", "issue_ns"], kind="stable"))
+    # typed_ops of the kept rows sorted by rank and issue, built from arrays at once: the
+    # columns mostly have their types already.
+    kept = np.flatnonzero(op.notna().to_numpy() & ~np.isnan(step))
+    ranks, issued = chosen["rank"].to_numpy(), issue.to_numpy()
+    order = kept[np.lexsort((issued[kept], ranks[kept]))]
+    sizes, inverse = distinct_message_sizes(op, in_nelems, chosen["out_nelems"], dtype,
+                                             group_size)
+    return pd.DataFrame({
+        "rank": ranks[order], "pg": _objects_at(pg, order),
+        "pg_size": _int64_at(group_size.fillna(0), order), "op": _objects_at(op, order),
+        "bytes": float64_of(sizes)[inverse[order]], "dtype": _objects_at(dtype, order),
+        "step": step[order].astype("int64"), "issue_ns": issued[order],
+        "end_ns": _int64_at(chosen["end_ns"], order), "peer": np.full(len(order), np.nan),
+        "queue": pd.Series(queue[order], dtype=object, copy=False)})
 
 
-def _message_sizes(*columns) -> list:
-    """message_bytes(op, in_nelems, out_nelems, dtype_size(dtype), group_size) per row, computed
-    once per distinct row: the same few messages repeat in every step."""
-    found = {}
-    sizes = []
-    for row in zip(*columns):
-        # Every float NaN means the same to message_bytes, but NaNs are not equal as keys.
-        key = tuple(_NAN_KEY if type(v) is float and v != v else v for v in row)
-        size = found.get(key)
-        if size is None:
-            op, in_nelems, out_nelems, dtype, group_size = row
-            size = found[key] = message_bytes(op, in_nelems, out_nelems, dtype_size(dtype),
-                                              group_size)
-        sizes.append(size)
-    return sizes
+def _objects_at(column: pd.Series, order: np.ndarray) -> pd.Series:
+    return pd.Series(column.to_numpy(dtype=object)[order], dtype=object, copy=False)
 
 
-_NAN_KEY = object()
-_PLAIN_TYPES = {str, int, float, type(None)}
-
-
-def _by_value(column: pd.Series, function) -> pd.Series:
-    """function(value) per row, computed once per distinct value."""
-    values = column.astype(object)
-    if set(map(type, values)) <= _PLAIN_TYPES:  # each value is its own key: no call per row
-        hashable = values.to_numpy()
-    else:
-        hashable = values.map(lambda v: v if isinstance(v, (str, int, float)) or v is None
-                              else str(v))
-    results = {v: function(v) for v in pd.unique(hashable)}
-    return pd.Series(list(map(results.__getitem__, hashable)), index=column.index,
-                     dtype=object)
+def _int64_at(column: pd.Series, order: np.ndarray) -> np.ndarray:
+    """typed_ops' int64 of the column's values at `order`."""
+    values = column.to_numpy()
+    if values.dtype == np.int64:
+        return values[order]
+    if values.dtype.kind == "f" and np.isfinite(values[order]).all():
+        return values[order].astype("int64")
+    return pd.to_numeric(column.iloc[order], errors="coerce").astype("int64").to_numpy()
 
 
 def _gloo_issue(gloo: pd.DataFrame, gloo_op: pd.Series, comm: pd.DataFrame) -> pd.Series:
