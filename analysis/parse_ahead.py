@@ -24,22 +24,25 @@ from pathlib import Path
 from analysis.kineto import DecodedTrace, TraceReadError, decode_trace
 from analysis.runs import cache_file
 
-# Larger files are decoded where they are analysed: the child's columns would sit in memory
-# beside the command's own copy, and the imports are a small share of their time.
-MAX_FILE_BYTES = 128 << 20
+# Larger files are decoded where they are analysed: the child's columns, pickled and sent, would
+# sit in memory twice beside the command's own copy, and the imports are a small share of their
+# time. A gzipped file counts as GZIP_RATIO times its size (Kineto's JSON compresses ~18:1).
+MAX_JSON_BYTES = 256 << 20
+GZIP_RATIO = 20
 
 
 def start(files: list[Path], max_bytes: int, use_cache: bool, jobs: int | None,
           scheduler: str | None) -> DecodeAhead | None:
     """A DecodeAhead of the one file in `files` when it pays: a local run (no scheduler) of one
-    trace file, not read from the cache, within MAX_FILE_BYTES, on a Linux machine with more
-    than one core that --jobs does not limit to one process; else None."""
+    trace file, not read from the cache, of at most MAX_JSON_BYTES of JSON, on a Linux machine
+    with more than one core that --jobs does not limit to one process; else None."""
     if (scheduler or len(files) != 1 or not sys.platform.startswith("linux")
             or not hasattr(os, "fork") or (jobs or os.cpu_count() or 1) < 2):
         return None
     path = files[0]
     try:
-        if path.stat().st_size > MAX_FILE_BYTES or (use_cache and cache_file(path).exists()):
+        json_bytes = path.stat().st_size * (GZIP_RATIO if path.name.endswith(".gz") else 1)
+        if json_bytes > MAX_JSON_BYTES or (use_cache and cache_file(path).exists()):
             return None
     except OSError:
         return None  # decoding it in the command says what is wrong with it

@@ -101,10 +101,19 @@ def test_it_starts_only_for_one_local_uncached_file(tmp_path, monkeypatch):
     cache_file(copy).write_bytes(b"")
     assert not started([copy], use_cache=True)  # the cache answers instead
     assert started([copy], use_cache=False)
-    monkeypatch.setattr(parse_ahead, "MAX_FILE_BYTES", NCCL.stat().st_size - 1)
-    assert not started([NCCL])
+    gzipped_json = NCCL.stat().st_size * parse_ahead.GZIP_RATIO
+    monkeypatch.setattr(parse_ahead, "MAX_JSON_BYTES", gzipped_json)
+    assert started([NCCL])
+    monkeypatch.setattr(parse_ahead, "MAX_JSON_BYTES", gzipped_json - 1)
+    assert not started([NCCL])  # too large once decompressed
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(gzip.decompress(NCCL.read_bytes()))
+    monkeypatch.setattr(parse_ahead, "MAX_JSON_BYTES", plain.stat().st_size)
+    assert started([plain])
+    monkeypatch.setattr(parse_ahead, "MAX_JSON_BYTES", plain.stat().st_size - 1)
+    assert not started([plain])
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    monkeypatch.setattr(parse_ahead, "MAX_FILE_BYTES", 1 << 30)
+    monkeypatch.setattr(parse_ahead, "MAX_JSON_BYTES", 1 << 30)
     assert not started([NCCL])
 
 
