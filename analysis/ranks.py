@@ -209,11 +209,14 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+_RANK_RESOURCE_COLUMNS = ["rank", "peak_allocated_bytes", "peak_reserved_bytes",
+                          "device_total_bytes", "peak_rss_bytes", "sm_util_pct",
+                          "cpu_process_pct", "peak_device_used_bytes", "device_used_total_bytes"]
+
+
 def _rank_resources(traces) -> pd.DataFrame:
     """Per rank, over every step the tracer recorded: memory peaks and mean utilisation."""
-    columns = ["rank", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
-               "peak_rss_bytes", "sm_util_pct", "cpu_process_pct", "peak_device_used_bytes",
-               "device_used_total_bytes"]
+    columns = _RANK_RESOURCE_COLUMNS
     by_rank = _records_by_rank(traces)
     if not by_rank:  # no tracer records (a plain Kineto trace): the typed empty frame at once
         return pd.DataFrame({c: pd.Series(dtype="Int64" if c == "rank" else "float64")
@@ -259,6 +262,8 @@ def per_step_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     frame = _clean_per_step(per_step)
     if frame.empty:
         return _empty(PER_STEP_COLUMNS)
+    if _without_resources(frame, traces):
+        return _bare_per_step_table(frame)
     frame["work_ns"] = work_ns(frame)
     resources = _step_resources(traces)
     frame = frame.merge(resources, on=["rank", "step"], how="left")
@@ -273,33 +278,106 @@ def per_step_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     return frame.sort_values(["step", "rank"], kind="stable").reset_index(drop=True)
 
 
-def _step_spread(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per step: the max, min and mean step_ns over its ranks, the slowest rank (the first of
-    equals; NA for a step of one rank) and imbalance_pct. Read as slices of numpy arrays sorted
-    by step (stable, so ties keep table order): pandas' per-group Series calls cost most of the
-    per-step table. Each value is what the Series reduction gives on the same values."""
-    columns = ["step", "ranks_max_step_ns", "ranks_min_step_ns", "ranks_mean_step_ns",
-               "slowest_rank", "imbalance_pct"]
-    timed = frame.dropna(subset=["step", "rank", "step_ns"])
-    steps = timed["step"].to_numpy(dtype="int64")
+# The columns per_step_table adds to the cleaned per-step frame after work_ns.
+_ADDED_STEP_COLUMNS = set(STEP_EXTRA_COLUMNS) - {"work_ns"}
+_STEP_RESOURCE_COLUMNS = ["peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
+                          "rss_bytes", "sm_util_pct", "cpu_process_pct", "util_samples"]
+_SPREAD_COLUMNS = ["ranks_max_step_ns", "ranks_min_step_ns", "ranks_mean_step_ns",
+                   "slowest_rank", "imbalance_pct"]
+
+
+def _without_resources(frame: pd.DataFrame, traces) -> bool:
+    """Whether per_step_table can skip its merges: no tracer records (every resource column
+    missing), rank and step known on every row, and none of the added columns already there
+    (the merges would suffix them)."""
+    return (not _records_by_rank(traces) and not _ADDED_STEP_COLUMNS & set(frame.columns)
+            and not frame["rank"].hasnans and not frame["step"].hasnans)
+
+
+def _bare_per_step_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """per_step_table without tracer records, from arrays: the resource columns missing, each
+    step's spread read by its rows' position among the steps, the rows ordered as the stable
+    sort by (step, rank) orders them. The merges, conversions and sort cost more than the
+    table of a few steps."""
+    steps = frame["step"].to_numpy(dtype="int64")
+    ranks = frame["rank"].to_numpy(dtype="int64")
+    step_ns = frame["step_ns"].to_numpy(dtype="float64")
+    order = np.lexsort((ranks, steps))
+    rows = len(frame)
+    data = {column: (values.to_numpy()[order] if isinstance(values.dtype, np.dtype)
+                     else values.array.take(order))
+            for column, values in frame.items()}
+    data["work_ns"] = _work_ns_values(frame)[order]
+    for column in _STEP_RESOURCE_COLUMNS:
+        data[column] = (pd.array([pd.NA] * rows, dtype="Int64") if column == "util_samples"
+                        else np.full(rows, np.nan))
+    timed = ~np.isnan(step_ns)
+    spread = _spread_arrays(steps[timed], ranks[timed], step_ns[timed])
+    position = np.searchsorted(spread["step"], steps[order])
+    found = position < spread["step"].size
+    found[found] = spread["step"][position[found]] == steps[order][found]
+    for column in _SPREAD_COLUMNS:
+        values = spread[column]
+        if column == "slowest_rank":
+            data[column] = pd.array(
+                [values[p] if hit else pd.NA for p, hit in zip(position.tolist(), found)],
+                dtype="Int64")
+        else:
+            data[column] = np.where(found, values[np.minimum(position, values.size - 1)]
+                                    if values.size else np.nan, np.nan)
+    ordered = [*PER_STEP_COLUMNS, *[c for c in frame.columns if c not in PER_STEP_COLUMNS]]
+    return pd.DataFrame({c: data[c] for c in ordered}, index=pd.RangeIndex(rows))
+
+
+def _work_ns_values(frame: pd.DataFrame) -> np.ndarray:
+    """work_ns(frame) of float64 columns as an array: the sum with NaN as 0, in column order
+    (as pandas sums a row), NaN where all three are missing."""
+    parts = [frame[c].to_numpy(dtype="float64") for c in ("compute_only_ns", "overlap_ns",
+                                                          "memcpy_ns")]
+    missing = [np.isnan(p) for p in parts]
+    total = np.where(missing[0], 0.0, parts[0])
+    for part, absent in zip(parts[1:], missing[1:]):
+        total = total + np.where(absent, 0.0, part)
+    return np.where(missing[0] & missing[1] & missing[2], np.nan, total)
+
+
+def _spread_arrays(steps: np.ndarray, ranks: np.ndarray, step_ns: np.ndarray) -> dict:
+    """Per distinct step, ascending: the max, min and mean step_ns over its ranks, the slowest
+    rank (the first of equals; NA for a step of one rank) and imbalance_pct. Read as slices of
+    arrays sorted by step (stable, so ties keep table order): pandas' per-group Series calls
+    cost most of the per-step table. Each value is what the Series reduction gives on the same
+    values."""
     order = np.argsort(steps, kind="stable")
-    steps = steps[order]
-    step_ns = timed["step_ns"].to_numpy(dtype="float64")[order]
-    ranks = timed["rank"].to_numpy(dtype="int64")[order]
+    steps, step_ns, ranks = steps[order], step_ns[order], ranks[order]
     starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if steps.size else steps
     ends = np.r_[starts[1:], steps.size]
-    rows = []
+    found = {c: [] for c in _SPREAD_COLUMNS}
     for start, end in zip(starts.tolist(), ends.tolist()):
         values = step_ns[start:end]
         mean = values.sum() / values.size
         most = values.max()
-        rows.append({
-            "step": steps[start], "ranks_max_step_ns": most, "ranks_min_step_ns": values.min(),
-            "ranks_mean_step_ns": mean,
-            "slowest_rank": int(ranks[start + int(values.argmax())]) if values.size > 1 else pd.NA,
-            "imbalance_pct": (most - mean) / mean * 100 if mean > 0 else np.nan,
-        })
-    spread = pd.DataFrame(rows, columns=columns)
+        found["ranks_max_step_ns"].append(most)
+        found["ranks_min_step_ns"].append(values.min())
+        found["ranks_mean_step_ns"].append(mean)
+        found["slowest_rank"].append(int(ranks[start + int(values.argmax())])
+                                     if values.size > 1 else pd.NA)
+        found["imbalance_pct"].append((most - mean) / mean * 100 if mean > 0 else np.nan)
+    result = {c: np.array(v, dtype=object if c == "slowest_rank" else "float64")
+              for c, v in found.items()}
+    result["step"] = steps[starts] if steps.size else steps
+    return result
+
+
+def _step_spread(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per step: the max, min and mean step_ns over its ranks, the slowest rank (the first of
+    equals; NA for a step of one rank) and imbalance_pct (_spread_arrays)."""
+    timed = frame.dropna(subset=["step", "rank", "step_ns"])
+    found = _spread_arrays(timed["step"].to_numpy(dtype="int64"),
+                           timed["rank"].to_numpy(dtype="int64"),
+                           timed["step_ns"].to_numpy(dtype="float64"))
+    columns = ["step", *_SPREAD_COLUMNS]
+    spread = (pd.DataFrame({c: found[c] for c in columns}) if found["step"].size
+              else pd.DataFrame([], columns=columns))
     spread["step"] = spread["step"].astype("Int64")
     return spread
 
@@ -372,11 +450,21 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     slower the rank's mean step is than the fastest rank's.
     """
     frame = _clean_per_step(per_step)
+    listed = [int(t.rank) for t in traces or [] if getattr(t, "rank", None) is not None]
+    if _rows_cover(frame, listed) and not _records_by_rank(traces):
+        # No tracer records, every listed rank has steps: the outer merge with the typed empty
+        # resources would only add their columns, missing, to rows already in rank order.
+        frame["work_ns"] = _work_ns_values(frame)
+        table = pd.DataFrame(_rank_step_rows(frame), columns=[
+            c for c in PER_RANK_COLUMNS if c not in _RANK_RESOURCE_COLUMNS or c == "rank"])
+        table["rank"] = table["rank"].astype("Int64")
+        for column in _RANK_RESOURCE_COLUMNS[1:]:
+            table[column] = np.nan
+        return _finished_per_rank(table, traces)
     resources = _rank_resources(traces)
     if frame.empty and resources.empty:
         return _empty(PER_RANK_COLUMNS)
     # A rank analysed but without steps (no trace, or no step marked) still gets its row.
-    listed = [int(t.rank) for t in traces or [] if getattr(t, "rank", None) is not None]
     missing = sorted(set(listed) - set(resources["rank"].dropna().astype(int)))
     if missing:
         resources = pd.concat([resources, pd.DataFrame({"rank": pd.array(missing, "Int64")})],
@@ -385,7 +473,20 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     table = pd.DataFrame(rows, columns=[c for c in PER_RANK_COLUMNS
                                         if c not in resources.columns or c == "rank"])
     table["rank"] = table["rank"].astype("Int64")
-    table = table.merge(resources, on="rank", how="outer")
+    return _finished_per_rank(table.merge(resources, on="rank", how="outer"), traces)
+
+
+def _rows_cover(frame: pd.DataFrame, listed: list[int]) -> bool:
+    """Whether the cleaned per-step frame has float64 times, a known rank on every row and
+    every listed rank among them."""
+    return (not frame.empty and not frame["rank"].hasnans
+            and all(frame[c].dtype == np.float64 for c in
+                    ("compute_only_ns", "overlap_ns", "memcpy_ns"))
+            and set(listed) <= set(frame["rank"].to_numpy(dtype="int64").tolist()))
+
+
+def _finished_per_rank(table: pd.DataFrame, traces) -> pd.DataFrame:
+    """per_rank_table's shares, slowdown, types and status on the rows joined to resources."""
     table["peak_reserved_pct"] = table["peak_reserved_bytes"] / table["device_total_bytes"] * 100
     table["device_used_pct"] = (table["peak_device_used_bytes"]
                                 / table["device_used_total_bytes"] * 100)
