@@ -288,6 +288,15 @@ def _steps_by_rank(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame) ->
     found = np.full(len(times), np.nan)
     if steps is None or steps.empty:
         return found
+    step_ranks = steps["rank"].to_numpy()
+    if (len(ranks) and step_ranks.dtype.kind in "iu" and ranks.dtype.kind in "iu"
+            and (step_ranks == step_ranks[0]).all() and (ranks == step_ranks[0]).all()):
+        # One rank, the usual case: no grouping. A stable sort of one rank's steps by start
+        # is sort_values' order.
+        order = np.argsort(steps["start_ns"].to_numpy(), kind="stable")
+        return step_at(times, steps["start_ns"].to_numpy()[order],
+                       steps["end_ns"].to_numpy()[order],
+                       steps["step"].to_numpy(dtype="float64")[order])
     ordered = steps.sort_values(["rank", "start_ns"], kind="stable")
     starts = ordered["start_ns"].to_numpy()
     ends = ordered["end_ns"].to_numpy()
