@@ -152,6 +152,11 @@ def _to_ns(values: list) -> tuple[np.ndarray, int]:
     denotes, with no further rounding. Non-numbers become 0.
     """
     try:
+        # One C-level pass for the usual list of ints (a bool among them reads as 0 or 1, as the
+        # float path below reads it too); anything else takes the checks below.
+        as_read = np.array(values)
+        if as_read.dtype == np.int64 and as_read.ndim == 1:
+            return as_read * 1000, 0
         if all(type(v) is int for v in values):
             return np.array(values, dtype=np.int64) * 1000, 0
         as_float = np.array(values, dtype=np.float64)
