@@ -1,8 +1,7 @@
 """Per-rank and per-step tables: the time breakdown with memory, utilisation and rank spread.
 
-Definitions in docs/report.md. Memory comes from the tracer's step records and utilisation from
-its device samples; both are on the host clock (`time.time_ns()`), so samples are joined to steps
-through the step records' start_ns/end_ns, never through trace timestamps.
+Definitions in docs/report.md. Memory and utilisation come from the tracer's records
+(analysis.rank_resources).
 """
 
 from __future__ import annotations
@@ -10,6 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.rank_resources import (
+    RANK_RESOURCE_COLUMNS,
+    keyed,
+    rank_resources,
+    records_by_rank,
+    step_resources,
+)
 from analysis.step_breakdown import BREAKDOWN_NS_COLUMNS
 
 PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
@@ -27,12 +33,6 @@ PER_RANK_COLUMNS = [
     "peak_rss_bytes", "sm_util_pct", "cpu_process_pct", "slowdown_vs_fastest_pct", "slowest",
     "status",
 ]
-_STEP_RECORD_COLUMNS = {
-    "cuda_peak_allocated_bytes": "peak_allocated_bytes",
-    "cuda_peak_reserved_bytes": "peak_reserved_bytes",
-    "cuda_total_bytes": "device_total_bytes",
-    "rss_bytes": "rss_bytes",
-}
 _INT_COLUMNS = ("rank", "step", "slowest_rank", "util_samples", "steps")
 
 
@@ -58,7 +58,7 @@ def _clean_per_step(per_step) -> pd.DataFrame:
         return plain
     columns = list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns]))
     frame = per_step.reindex(columns=columns)
-    frame = _keyed(frame.copy())
+    frame = keyed(frame.copy())
     for column in [*BREAKDOWN_NS_COLUMNS, "overlap_pct"]:
         if str(frame[column].dtype) != "float64":
             frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
@@ -99,157 +99,6 @@ def work_ns(frame: pd.DataFrame) -> pd.Series:
     return parts.sum(axis=1, min_count=1)
 
 
-# ---- the tracer's records, one set per rank -----------------------------------------------------
-def _records_by_rank(traces) -> dict:
-    """rank -> RunRecords; a rank with several trace files shares one set of records."""
-    by_rank: dict = {}
-    for trace in traces or []:
-        records = getattr(trace, "records", None)
-        if records is None:
-            continue
-        rank = getattr(trace, "rank", None)
-        if rank is None:
-            rank = _rank_from_records(records)
-        if rank is None or rank in by_rank:
-            continue
-        by_rank[int(rank)] = records
-    return by_rank
-
-
-def _rank_from_records(records):
-    for name in ("steps", "samples", "comms"):
-        frame = getattr(records, name, None)
-        if (isinstance(frame, pd.DataFrame) and "rank" in frame.columns
-                and frame["rank"].notna().any()):
-            return int(frame["rank"].dropna().iloc[0])
-    return None
-
-
-def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
-    if column not in frame.columns:
-        return pd.Series(np.nan, index=frame.index, dtype="float64")
-    return pd.to_numeric(frame[column], errors="coerce").astype("float64")
-
-
-def _step_records(rank: int, records) -> pd.DataFrame:
-    """rank, step, start_ns, end_ns and the memory columns of the tracer's step records."""
-    steps = getattr(records, "steps", None)
-    columns = ["rank", "step", "start_ns", "end_ns", *_STEP_RECORD_COLUMNS.values()]
-    if not isinstance(steps, pd.DataFrame) or steps.empty or "step" not in steps.columns:
-        return pd.DataFrame(columns=columns)
-    frame = pd.DataFrame({
-        "rank": rank,
-        "step": _numeric(steps, "step"),
-        "start_ns": _numeric(steps, "start_ns"),
-        "end_ns": _numeric(steps, "end_ns"),
-        **{ours: _numeric(steps, theirs) for theirs, ours in _STEP_RECORD_COLUMNS.items()},
-    })
-    frame = frame.dropna(subset=["step"])
-    # A restarted rank can record a step twice; its peaks are the larger of the two.
-    return frame.groupby(["rank", "step"], as_index=False).agg(
-        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"),
-        **{c: (c, "max") for c in _STEP_RECORD_COLUMNS.values()})
-
-
-def _samples(records) -> pd.DataFrame:
-    samples = getattr(records, "samples", None)
-    if not isinstance(samples, pd.DataFrame) or samples.empty or "t_ns" not in samples.columns:
-        return pd.DataFrame(columns=["t_ns", "sm_util_pct", "cpu_process_pct", "mem_used_bytes",
-                                     "mem_total_bytes"])
-    frame = pd.DataFrame({
-        "t_ns": _numeric(samples, "t_ns"),
-        "sm_util_pct": _numeric(samples, "sm_util_pct"),
-        "cpu_process_pct": _numeric(samples, "cpu_process_pct"),
-        "mem_used_bytes": _numeric(samples, "mem_used_bytes"),
-        "mem_total_bytes": _numeric(samples, "mem_total_bytes"),
-    })
-    return frame.dropna(subset=["t_ns"]).sort_values("t_ns", kind="stable").reset_index(drop=True)
-
-
-def _window_means(samples: pd.DataFrame, column: str, starts, ends
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Mean of `column` over the samples with start <= t_ns <= end, and how many there were."""
-    valid = samples[samples[column].notna()]
-    times = valid["t_ns"].to_numpy(dtype="float64")
-    values = valid[column].to_numpy(dtype="float64")
-    sums = np.concatenate([[0.0], np.cumsum(values)])
-    lo = np.searchsorted(times, starts, side="left")
-    hi = np.searchsorted(times, ends, side="right")
-    counts = (hi - lo).astype("int64")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(counts > 0, (sums[hi] - sums[lo]) / np.maximum(counts, 1), np.nan)
-    return means, counts
-
-
-def _step_resources(traces) -> pd.DataFrame:
-    """Per (rank, step) of the tracer's records: memory peaks and mean utilisation."""
-    frames = []
-    for rank, records in _records_by_rank(traces).items():
-        steps = _step_records(rank, records)
-        if steps.empty:
-            continue
-        samples = _samples(records)
-        starts = steps["start_ns"].to_numpy(dtype="float64")
-        ends = steps["end_ns"].to_numpy(dtype="float64")
-        sm, sm_count = _window_means(samples, "sm_util_pct", starts, ends)
-        cpu, cpu_count = _window_means(samples, "cpu_process_pct", starts, ends)
-        steps = steps.assign(sm_util_pct=sm, cpu_process_pct=cpu,
-                             util_samples=np.maximum(sm_count, cpu_count))
-        frames.append(steps)
-    columns = ["rank", "step", *_STEP_RECORD_COLUMNS.values(), "sm_util_pct", "cpu_process_pct",
-               "util_samples"]
-    if not frames:
-        return _keyed(pd.DataFrame(columns=columns))
-    return _keyed(pd.concat(frames, ignore_index=True)[columns])
-
-
-def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
-    for column in ("rank", "step"):
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").round().astype("Int64")
-    return frame
-
-
-_RANK_RESOURCE_COLUMNS = ["rank", "peak_allocated_bytes", "peak_reserved_bytes",
-                          "device_total_bytes", "peak_rss_bytes", "sm_util_pct",
-                          "cpu_process_pct", "peak_device_used_bytes", "device_used_total_bytes"]
-
-
-def _rank_resources(traces) -> pd.DataFrame:
-    """Per rank, over every step the tracer recorded: memory peaks and mean utilisation."""
-    columns = _RANK_RESOURCE_COLUMNS
-    by_rank = _records_by_rank(traces)
-    if not by_rank:  # no tracer records (a plain Kineto trace): the typed empty frame at once
-        return pd.DataFrame({c: pd.Series(dtype="Int64" if c == "rank" else "float64")
-                             for c in columns}, index=pd.RangeIndex(0))
-    rows = []
-    for rank, records in by_rank.items():
-        steps = _step_records(rank, records)
-        samples = _samples(records)
-        row = {"rank": rank}
-        for column in _STEP_RECORD_COLUMNS.values():
-            known = column in steps and steps[column].notna().any()
-            row[column] = steps[column].max() if known else np.nan
-        row["peak_rss_bytes"] = row.pop("rss_bytes")
-        in_steps = np.zeros(len(samples), dtype=bool)
-        if not steps.empty and not samples.empty:
-            times = samples["t_ns"].to_numpy(dtype="float64")
-            for start, end in zip(steps["start_ns"], steps["end_ns"]):
-                in_steps |= (times >= start) & (times <= end)
-        inside = samples[in_steps]
-        row["sm_util_pct"] = inside["sm_util_pct"].mean() if len(inside) else np.nan
-        row["cpu_process_pct"] = inside["cpu_process_pct"].mean() if len(inside) else np.nan
-        row["peak_device_used_bytes"] = samples["mem_used_bytes"].max() if len(samples) else np.nan
-        row["device_used_total_bytes"] = (samples["mem_total_bytes"].max() if len(samples)
-                                          else np.nan)
-        rows.append(row)
-    frame = pd.DataFrame(rows, columns=columns)
-    frame["rank"] = frame["rank"].astype("Int64")
-    for column in columns[1:]:
-        if str(frame[column].dtype) != "float64":
-            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    return frame
-
-
 # ---- tables ------------------------------------------------------------------------------------
 def per_step_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     """breakdown_per_step rows with memory, utilisation and the spread of this step across ranks.
@@ -265,7 +114,7 @@ def per_step_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     if _without_resources(frame, traces):
         return _bare_per_step_table(frame)
     frame["work_ns"] = work_ns(frame)
-    resources = _step_resources(traces)
+    resources = step_resources(traces)
     frame = frame.merge(resources, on=["rank", "step"], how="left")
     spread = _step_spread(frame)
     frame = frame.merge(spread, on="step", how="left")
@@ -290,7 +139,7 @@ def _without_resources(frame: pd.DataFrame, traces) -> bool:
     """Whether per_step_table can skip its merges: no tracer records (every resource column
     missing), rank and step known on every row, and none of the added columns already there
     (the merges would suffix them)."""
-    return (not _records_by_rank(traces) and not _ADDED_STEP_COLUMNS & set(frame.columns)
+    return (not records_by_rank(traces) and not _ADDED_STEP_COLUMNS & set(frame.columns)
             and not frame["rank"].hasnans and not frame["step"].hasnans)
 
 
@@ -451,17 +300,17 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     """
     frame = _clean_per_step(per_step)
     listed = [int(t.rank) for t in traces or [] if getattr(t, "rank", None) is not None]
-    if _rows_cover(frame, listed) and not _records_by_rank(traces):
+    if _rows_cover(frame, listed) and not records_by_rank(traces):
         # No tracer records, every listed rank has steps: the outer merge with the typed empty
         # resources would only add their columns, missing, to rows already in rank order.
         frame["work_ns"] = _work_ns_values(frame)
         table = pd.DataFrame(_rank_step_rows(frame), columns=[
-            c for c in PER_RANK_COLUMNS if c not in _RANK_RESOURCE_COLUMNS or c == "rank"])
+            c for c in PER_RANK_COLUMNS if c not in RANK_RESOURCE_COLUMNS or c == "rank"])
         table["rank"] = table["rank"].astype("Int64")
-        for column in _RANK_RESOURCE_COLUMNS[1:]:
+        for column in RANK_RESOURCE_COLUMNS[1:]:
             table[column] = np.nan
         return _finished_per_rank(table, traces)
-    resources = _rank_resources(traces)
+    resources = rank_resources(traces)
     if frame.empty and resources.empty:
         return _empty(PER_RANK_COLUMNS)
     # A rank analysed but without steps (no trace, or no step marked) still gets its row.

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         return 0
     ratio = (statistics.median(r[0] for r in runs["ranktrace"])
              / statistics.median(r[0] for r in runs["HTA"]))
-    print(f"ratio of the medians: {ratio:.2f}")
+    print(f"ratio of the medians: {ratio:.3f}")
     return 0
 
 

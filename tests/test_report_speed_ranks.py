@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import RankTrace
-from analysis.ranks import _clean_per_step, _rank_resources, per_rank_table, per_step_table
+from analysis.rank_resources import rank_resources as _rank_resources
+from analysis.ranks import _clean_per_step, per_rank_table, per_step_table
 from analysis.step_breakdown import BREAKDOWN_NS_COLUMNS
 
 MS = 1_000_000
