@@ -58,6 +58,19 @@ _WAIT_COLUMNS = ("arrival_ns", "last_arrival_ns", "last_rank", "wait_ns", "trans
                  "queued_ns")
 
 
+def no_waits(matched: pd.DataFrame) -> pd.DataFrame | None:
+    """op_bandwidth(op_waits(...)) of ops none of which matched, without the clock shift and
+    the per-op work: no row, the added columns typed as the full path types them. None where
+    an op matched or the times are not int64 (the full path then tells)."""
+    if (matched["instance"].to_numpy() >= 0).any() or not _int64_times(matched):
+        return None
+    nothing, no_bandwidth = np.zeros(0, dtype="int64"), np.zeros(0, dtype="float64")
+    return matched.iloc[:0].assign(
+        **{column: nothing for column in _WAIT_COLUMNS},
+        transfer_algbw_gbps=no_bandwidth, transfer_busbw_gbps=no_bandwidth.copy(),
+    ).reset_index(drop=True)
+
+
 def _int64_times(ops: pd.DataFrame) -> bool:
     return all(ops[column].dtype == np.int64 for column in ("issue_ns", "end_ns"))
 
@@ -112,12 +125,22 @@ def rank_step_waits(waits: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
 
 
 def _zero_waits(steps: pd.DataFrame) -> pd.DataFrame:
-    keys = (steps[["rank", "step"]].drop_duplicates().astype("int64")
-            .sort_values(["rank", "step"]))
-    zeros = np.zeros(len(keys))
-    return pd.DataFrame({"rank": keys["rank"].to_numpy(), "step": keys["step"].to_numpy(),
+    rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
+    if rank.dtype == np.int64 and step.dtype == np.int64:
+        # The distinct (rank, step) pairs in order, on arrays.
+        order = np.lexsort((step, rank))
+        rank, step = rank[order], step[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
+        rank, step = rank[first], step[first]
+    else:
+        keys = (steps[["rank", "step"]].drop_duplicates().astype("int64")
+                .sort_values(["rank", "step"]))
+        rank, step = keys["rank"].to_numpy(), keys["step"].to_numpy()
+    zeros = np.zeros(len(rank))
+    return pd.DataFrame({"rank": rank, "step": step,
                          "wait_for_peers_ms": zeros, "transfer_ms": zeros.copy(),
-                         "queued_ms": zeros.copy(), "ops": np.zeros(len(keys), dtype="int64")})
+                         "queued_ms": zeros.copy(), "ops": np.zeros(len(rank), dtype="int64")})
 
 
 def _bus_factors(op: pd.Series, size: pd.Series) -> np.ndarray:
