@@ -48,17 +48,20 @@ def _overlap_with(gap_starts, gap_ends, busy: intervals.Intervals) -> np.ndarray
     return covered(gap_ends) - covered(gap_starts)
 
 
-def idle_gaps(trace: RankTrace) -> pd.DataFrame:
+def idle_gaps(trace: RankTrace, kind_layers: tuple | None = None) -> pd.DataFrame:
     """One row per stretch of a step with no device activity (CPU traces: neither compute nor
     communication), with what the host was doing: data_loading, synchronisation, launch_bound
     (busy dispatching ops, it launched the next work only after the device had gone idle) or
-    other (docs/definitions.md, "Idle gaps")."""
+    other (docs/definitions.md, "Idle gaps"). `kind_layers`: (trace_kind, trace_layers) of
+    the trace, where the caller has them."""
     steps, starts, ends = window_bounds(trace)
     if steps.size == 0:
         return idle_gaps_empty()
-    kind = trace_kind(trace)
+    if kind_layers is None:
+        kind = trace_kind(trace)
+        kind_layers = kind, trace_layers(trace, kind)
+    kind, (active, _) = kind_layers
     events = trace.events
-    active, _ = trace_layers(trace, kind)
     # Idle is the time in no layer at all, for both kinds (on CPU, training-thread comm lies
     # within comm anywhere, so no state outside all layers is compute or communication).
     busy = (np.concatenate([s for s, _ in active]), np.concatenate([e for _, e in active]))

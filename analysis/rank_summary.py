@@ -18,7 +18,7 @@ from analysis.events import with_events
 from analysis.hta import hta_rank_summary
 from analysis.idle import idle_gaps
 from analysis.pipeline_schedule import rank_schedule
-from analysis.step_breakdown import breakdown_per_step
+from analysis.step_breakdown import breakdown_per_step, kind_and_layers
 
 # The columns of the communication events that crossrank.frames.ops_from_events reads.
 OP_EVENT_COLUMNS = ["name", "ts_ns", "end_ns", "stream", "is_gpu", "collective", "in_nelems",
@@ -74,6 +74,11 @@ def rank_tables(trace) -> dict:
     is left out: the analysis that needs it computes it again from the events, and reports the
     failure."""
     builds = {**RANK_TABLES, **RANK_SUMMARIES}
+    kind_layers = _kind_and_layers(trace)
+    if kind_layers is not None:
+        # The activity layers found once, for the per-step breakdown and the idle gaps both.
+        builds["per_step"] = lambda trace: breakdown_per_step(trace, kind_layers)
+        builds["idle_gaps"] = lambda trace: idle_gaps(trace, kind_layers)
     join = _kernel_join(trace.events)
     if join is not None:
         # The kernels' host ops found once, for the ops and the cross-rank pass both.
@@ -87,6 +92,15 @@ def rank_tables(trace) -> dict:
         except Exception:  # noqa: S112  (computed again, and reported, by the analysis)
             continue
     return found
+
+
+def _kind_and_layers(trace) -> tuple | None:
+    """step_breakdown.kind_and_layers of the trace; None where it fails (each table then
+    computes it again, and fails where it did)."""
+    try:
+        return kind_and_layers(trace)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _kernel_join(events) -> comm_events.KernelJoin | None:

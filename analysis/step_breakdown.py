@@ -46,15 +46,15 @@ def empty_breakdown() -> pd.DataFrame:
     return frame
 
 
-def breakdown_per_step(trace: RankTrace) -> pd.DataFrame:
+def breakdown_per_step(trace: RankTrace, kind_layers: tuple | None = None) -> pd.DataFrame:
     """One row per step: its time split into compute only, communication only, overlap,
     memory copy/set and idle (these five add up to step_ns exactly), plus exposed communication
-    and the share of communication hidden by compute."""
+    and the share of communication hidden by compute. `kind_layers`: (trace_kind,
+    trace_layers) of the trace, where the caller has them."""
     steps, starts, ends = window_bounds(trace)
     if steps.size == 0:
         return empty_breakdown()
-    kind = trace_kind(trace)
-    layers, category = trace_layers(trace, kind)
+    kind, (layers, category) = kind_layers or kind_and_layers(trace)
     by_state = intervals.state_durations(layers, starts, ends)
     parts = np.zeros((steps.size, len(PARTS)), dtype=np.int64)
     for state, part in enumerate(category):
@@ -67,6 +67,12 @@ def breakdown_per_step(trace: RankTrace) -> pd.DataFrame:
     columns["overlap_pct"] = overlap_pct(columns["overlap_ns"], comm_only)
     columns.update(kind=kind, start_ns=starts, end_ns=ends)
     return pd.DataFrame(columns)
+
+
+def kind_and_layers(trace: RankTrace) -> tuple:
+    """(trace_kind, trace_layers) of the trace: what breakdown_per_step and idle_gaps share."""
+    kind = trace_kind(trace)
+    return kind, trace_layers(trace, kind)
 
 
 def overlap_pct(overlap_ns, comm_only_ns):

@@ -39,3 +39,29 @@ def test_kind_keeps_its_dtype_and_a_missing_kind_reads_the_first_present():
     totals = rank_totals(_per_step([5, 5, 6], [None, "cpu", "gpu"]))
     assert totals["kind"].tolist() == ["cpu", "gpu"]
     assert totals["steps"].tolist() == [2, 1]
+
+
+def test_shared_layers_give_the_tables_computed_alone():
+    from types import SimpleNamespace
+
+    from analysis.idle import idle_gaps
+    from analysis.step_breakdown import breakdown_per_step, kind_and_layers
+    from analysis.steps import WHOLE_TRACE_STEP
+
+    events = pd.DataFrame({
+        "name": pd.Categorical(["k1", "nccl", "k2"]), "cat": pd.Categorical(["kernel"] * 3),
+        "ts_ns": np.array([0, 5, 30], dtype=np.int64), "end_ns": np.array([10, 20, 40]),
+        "dur_ns": np.array([10, 15, 10]), "is_gpu": [True] * 3, "is_comm": [False, True, False],
+        "pid": pd.Categorical(["1"] * 3), "tid": pd.Categorical(["7"] * 3),
+        "correlation": np.array([-1, -1, -1]), "stream": np.array([7, 7, 7])})
+    steps = pd.DataFrame({"step": [WHOLE_TRACE_STEP], "start_ns": [0], "end_ns": [40]})
+    trace = SimpleNamespace(events=events, steps=steps, all_steps=None, rank=0)
+    shared = kind_and_layers(trace)
+    per_step = breakdown_per_step(trace, shared)
+    pd.testing.assert_frame_equal(per_step, breakdown_per_step(trace), check_exact=True)
+    # compute 0-5 alone, overlap 5-10, comm 10-20 alone, idle 20-30, compute 30-40
+    assert per_step[["compute_only_ns", "overlap_ns", "comm_only_ns", "idle_ns"]].values.tolist() \
+        == [[15, 5, 10, 10]]
+    gaps = idle_gaps(trace, shared)
+    pd.testing.assert_frame_equal(gaps, idle_gaps(trace), check_exact=True)
+    assert gaps[["start_ns", "end_ns"]].values.tolist() == [[20, 30]]
