@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from analysis import parse_ahead
 from analysis.kineto import max_trace_bytes
 from analysis.parallel import SchedulerUnavailable
+from analysis.progress import Progress
 from analysis.runs import NothingToAnalyse, resolve_runs
 from analysis.step_spec import parse_step_spec
 
@@ -120,7 +121,6 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
 
     from analysis import output
     from analysis.load import load_files
-    from analysis.progress import Progress
     from analysis.run import analyse_run
 
     reports = []
