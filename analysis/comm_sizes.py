@@ -1,6 +1,7 @@
 """The message of each op that analysis.comm_events builds from a trace's kernels: its size,
 element type and process group, read from the event that sizes it (its call, its own args, or
-the nccl:*/c10d:: op around its launch), one column at a time."""
+the nccl:*/c10d:: op around its launch), one column at a time; and the bytes of any ops'
+messages, once per distinct message (the cross-rank ops' too)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.comm_names import (
-    _DTYPE_SIZES,
     canonical_dtype,
+    dtype_size,
     first_input_type,
     first_tensor_nelems,
     message_bytes,
@@ -55,8 +56,7 @@ def sized_columns(comm, op, size_at, kernel_at, by_hint, world_size) -> dict:
     dtype_text[typed] = each_distinct(comm.present("input_type", size_at[typed]),
                                       first_input_type)
     dtype = each_distinct(dtype_text, canonical_dtype)
-    nbytes = _message_bytes(op, in_nelems, out_nelems, [_DTYPE_SIZES.get(d) for d in dtype],
-                            group_size)
+    nbytes = message_sizes(op, in_nelems, out_nelems, dtype, group_size)
     return {
         "source": ["p2p" if o in ("send", "recv") else None for o in op],
         "pg": each_distinct(pg, _text).tolist(),
@@ -67,17 +67,66 @@ def sized_columns(comm, op, size_at, kernel_at, by_hint, world_size) -> dict:
     }
 
 
-def _message_bytes(*columns) -> list:
-    """message_bytes of each op, once per distinct set of arguments: it reads the counts as
-    numbers, so equal counts (1, 1.0) give equal bytes."""
-    rows = list(zip(*columns))
-    try:
-        known = dict.fromkeys(rows)
-    except TypeError:  # a value that cannot be hashed
-        return [message_bytes(*row) for row in rows]
-    for row in known:
-        known[row] = message_bytes(*row)
-    return [known[row] for row in rows]
+def message_sizes(*columns) -> list:
+    """message_bytes(op, in_nelems, out_nelems, dtype_size(dtype), group_size) per row, computed
+    once per distinct row: the same few messages repeat in every step."""
+    sizes, inverse = distinct_message_sizes(*columns)
+    return [sizes[i] for i in inverse.tolist()]
+
+
+def distinct_message_sizes(*columns) -> tuple[list, np.ndarray]:
+    """(the sizes of the distinct rows, each row's index among them), the rows keyed as a
+    {row: size} dict keys them (every float NaN alike)."""
+    found = _distinct_rows(columns)
+    if found is not None:
+        rows, inverse = found
+    else:
+        # Every float NaN means the same to message_bytes, but NaNs are not equal as keys.
+        keys = {}
+        rows, inverse = [], []
+        try:
+            for row in zip(*columns):
+                key = tuple(_NAN_KEY if type(v) is float and v != v else v for v in row)
+                if key not in keys:
+                    keys[key] = len(rows)
+                    rows.append(row)
+                inverse.append(keys[key])
+        except TypeError:  # a value that cannot be hashed: each row is its own
+            rows = list(zip(*columns))
+            inverse = range(len(rows))
+        inverse = np.array(inverse, dtype=np.int64)
+    sizes = [message_bytes(op, in_nelems, out_nelems, dtype_size(dtype), group_size)
+             for op, in_nelems, out_nelems, dtype, group_size in rows]
+    return sizes, inverse
+
+
+def _distinct_rows(columns) -> tuple[list, np.ndarray] | None:
+    """(first row of each distinct row, as Python values; each row's index among them) by
+    pandas' factorize, whose groups are a dict's where the only missing values are float NaN
+    in number columns and None (or float NaN) in object columns; None elsewhere."""
+    combined = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:
+        values = column.to_numpy() if isinstance(column, pd.Series) else np.asarray(column)
+        if values.dtype.kind not in "iufbO":
+            return None
+        codes, uniques = pd.factorize(values)
+        if values.dtype.kind == "O":
+            nulls = values[codes < 0]
+            if len(nulls) and not (all(v is None for v in nulls)
+                                   or all(type(v) is float for v in nulls)):
+                return None
+        combined = np.unique(combined * (len(uniques) + 1) + codes + 1, return_inverse=True)[1]
+    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # the distinct rows in order of first occurrence
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    values = [list(column) if not isinstance(column, (pd.Series, np.ndarray)) else
+              column.tolist() for column in columns]
+    rows = [tuple(v[i] for v in values) for i in first[order].tolist()]
+    return rows, rank[inverse]
+
+
+_NAN_KEY = object()
 
 
 def _text(value) -> str | None:

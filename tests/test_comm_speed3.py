@@ -12,7 +12,7 @@ import pandas as pd
 from test_comm_fast_paths import four_ops, same
 from test_communication import event, events_frame, make_trace
 
-from analysis import comm_events, communication, issuers, rank_summary
+from analysis import comm_events, comm_sizes, communication, issuers, rank_summary
 from analysis.crossrank import distinct
 from analysis.crossrank.frames import OP_COLUMNS, named_kernels, ops_from_events
 
@@ -120,19 +120,27 @@ def test_message_sizes_key_equal_numbers_alike_and_every_nan_alike():
         calls.append(row)
         return len(calls)
 
-    original = distinct.message_bytes
-    distinct.message_bytes = counted
+    original = comm_sizes.message_bytes
+    comm_sizes.message_bytes = counted
     try:
-        sizes = distinct.message_sizes(
+        sizes = comm_sizes.message_sizes(
             pd.Series(["all_reduce"] * 5, dtype=object),
             pd.Series([1.0, 1.0, np.nan, np.nan, 2.0]), np.array([np.nan] * 5),
             pd.Series(["Float", "Float", None, None, "Float"], dtype=object),
             np.array([2, 2, 2, 2, 2]))
     finally:
-        distinct.message_bytes = original
+        comm_sizes.message_bytes = original
     assert sizes == [1, 1, 2, 2, 3]
     assert [type(v) for v in calls[0]] == [str, float, float, int, int]  # dtype_size(Float)
 
+
+
+def test_message_sizes_of_unhashable_values_are_computed_row_by_row():
+    # An "In msg nelems" that is a JSON list cannot be a key: each row is sized on its own.
+    sizes = comm_sizes.message_sizes(["all_reduce", "all_reduce"], [[4], 8.0], [None, None],
+                                     ["float32", "float32"], [2, 2])
+    assert len(sizes) == 2 and math.isnan(sizes[0])  # a list is no count
+    assert sizes[1] == 32.0  # 8 float32 elements
 
 # ---- issuers' marker spans -----------------------------------------------------------------------
 def test_marker_spans_are_found_among_host_names_only():

@@ -17,10 +17,11 @@ import numpy as np
 import pandas as pd
 
 from analysis.comm_events import kernel_host_ops
+from analysis.comm_sizes import distinct_message_sizes
+from analysis.comm_sizes import message_sizes as _message_sizes
 from analysis.communication import canonical_dtype, canonical_op
 from analysis.crossrank.distinct import by_value as _by_value
-from analysis.crossrank.distinct import distinct_message_sizes, float64_of
-from analysis.crossrank.distinct import message_sizes as _message_sizes
+from analysis.crossrank.distinct import float64_of
 from analysis.steps import step_at
 from tracer import schema
 
