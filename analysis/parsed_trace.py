@@ -3,7 +3,6 @@ ProfilerStep spans, from the columns analysis.kineto decodes."""
 
 from __future__ import annotations
 
-import gc
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from analysis.events import (
     cat_is,
     normal_cat,
 )
-from analysis.kineto import DecodedTrace, decode_trace
+from analysis.kineto import DecodedTrace, decode_trace, gc_paused
 from analysis.kineto_events import EventColumns, ValueCodes
 
 
@@ -48,10 +47,7 @@ def parse_trace(path: Path, chunked: bool = True, max_bytes: int | None = None,
                 decoded: DecodedTrace | None = None) -> ParsedTrace:
     """Read one Kineto trace file (analysis.kineto.decode_trace, whose TraceReadError it
     raises), or take `decoded`, the same file decoded already (analysis.parse_ahead)."""
-    # Building the frame makes many objects and no reference cycles (see decode_trace).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         if decoded is None:
             decoded = decode_trace(path, chunked, max_bytes)
         frame = events_frame(decoded.columns)
@@ -60,9 +56,6 @@ def parse_trace(path: Path, chunked: bool = True, max_bytes: int | None = None,
                            float_timestamps=decoded.columns.float_timestamps,
                            problems=decoded.columns.problems(Path(path)),
                            process_groups=decoded.process_groups)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _categorical(codes: ValueCodes, of_row: np.ndarray) -> pd.Categorical:
