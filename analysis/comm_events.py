@@ -26,10 +26,10 @@ from analysis.enclosing import (
     launch_rows,
     launch_values,
     row_thread_ids,
+    sorted_positions,
+    steps_kept,
     thread_ids,
 )
-from analysis.enclosing import sorted_positions as _sorted_positions  # the names tests use
-from analysis.enclosing import steps_kept as _steps_kept
 from analysis.frame_columns import (
     each_distinct,
     each_text,
@@ -59,7 +59,7 @@ def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) ->
     frame = pd.DataFrame([dict(zip(columns, values)) for values in zip(*columns.values())])
     frame["rank"] = rank
     frame["origin"] = "trace"
-    step, kept = _steps_kept(frame["host_ts"], steps, all_steps)
+    step, kept = steps_kept(frame["host_ts"], steps, all_steps)
     frame["step"] = step
     if kept is not None:
         frame = frame[kept]
@@ -75,8 +75,8 @@ def op_columns(events: pd.DataFrame, steps, all_steps, world_size,
     columns = _op_columns(events, world_size, join)
     if columns is None:
         return None
-    step, kept = _steps_kept(pd.Series(columns["host_ts"]), steps, all_steps)
-    positions = _sorted_positions(pd.Series(columns["sort_ts"]), kept).tolist()
+    step, kept = steps_kept(pd.Series(columns["host_ts"]), steps, all_steps)
+    positions = sorted_positions(pd.Series(columns["sort_ts"]), kept).tolist()
     taken = {name: _taken(values, positions) for name, values in columns.items()
              if name != "sort_ts"}
     taken["step"] = step.take(positions) if isinstance(step, pd.Series) else step

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import comm_events, communication, hta, intervals, issuers, rank_summary
+from analysis import communication, enclosing, hta, intervals, issuers, rank_summary
 
 MS = 1_000_000  # ns
 
@@ -215,7 +215,7 @@ def test_sorted_positions_are_the_stable_sort_of_pandas(values, kept):
     sort_ts = pd.Series(values, dtype=object if "a" in values else None)
     kept = None if kept is None else np.array(kept)
     expected = (sort_ts[kept] if kept is not None else sort_ts).sort_values(kind="stable").index
-    assert comm_events._sorted_positions(sort_ts, kept).tolist() == expected.tolist()
+    assert enclosing.sorted_positions(sort_ts, kept).tolist() == expected.tolist()
 
 
 @pytest.mark.parametrize("numbers", ["int64", "float64", "Int64"])
@@ -223,7 +223,7 @@ def test_ops_outside_the_selected_steps_go(numbers):
     spans = pd.DataFrame({"step": pd.array([1, 2, 3], dtype=numbers), "start_ns": [0, 10, 20],
                           "end_ns": [10, 20, 30]})
     host_ts = pd.Series([5, 15, 25, 35, np.nan, -1])
-    step, kept = comm_events._steps_kept(host_ts, spans[spans["step"] != 2], spans)
+    step, kept = enclosing.steps_kept(host_ts, spans[spans["step"] != 2], spans)
     assert step.tolist() == [1, 2, 3, pd.NA, pd.NA, pd.NA]
     assert kept.tolist() == [True, False, True, True, True, True]
 
