@@ -1,32 +1,196 @@
-"""`python -m analysis.breakdown PATH`: the command line (analysis.cli, docs/analysis.md).
+"""`python -m analysis.breakdown`: the command line (docs/analysis.md). Arguments and printing
+only; the analysis is analysis.run's.
 
-The breakdown's functions live in analysis.step_breakdown; the names it exports (and re-exports
-from analysis.hta, .idle and .layers) are still reachable here, as `analysis.breakdown.NAME`, for
-the tests, benchmarks and notebooks that use them.
+Until a run's trace file is being decoded (analysis.ingest.parse_ahead), nothing here imports
+pandas.
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        # The import system asks for __path__ and the like (`from analysis.breakdown import
-        # main`): those are not the breakdown's, and must not import it.
-        raise AttributeError(f"module 'analysis.breakdown' has no attribute {name!r}")
-    # Imported on first use: this entry must start without pandas, which the command line
-    # imports only once its trace is being decoded (analysis.parse_ahead).
-    from analysis import step_breakdown
+from analysis.core.step_spec import parse_step_spec
+from analysis.ingest import parse_ahead
+from analysis.ingest.kineto import max_trace_bytes
+from analysis.ingest.parallel import SchedulerUnavailable
+from analysis.ingest.runs import NothingToAnalyse, resolve_runs
+from analysis.report.progress import Progress
 
+if TYPE_CHECKING:
+    from analysis.report.output import RunReport
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.breakdown",
+        description="Time breakdown, collectives and bottlenecks of a traced training run "
+                    "(docs/analysis.md).")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a run folder, a folder of runs (the newest is analysed), or "
+                             "Kineto trace files")
+    parser.add_argument("--run", metavar="NAME", help="the run to analyse in a folder of runs")
+    parser.add_argument("--all", action="store_true", help="analyse every run in a folder of runs")
+    parser.add_argument("--steps", metavar="SPEC", type=_step_spec,
+                        help="ProfilerStep numbers to analyse, e.g. 3-5,7 (default: all)")
+    parser.add_argument("--hta-compatible", action="store_true",
+                        help="select steps as HTA does: drop the last ProfilerStep")
+    parser.add_argument("--format", choices=("text", "json", "csv"), default="text",
+                        help="standard output: tables, one JSON document, or the per-step CSV")
+    parser.add_argument("--out", metavar="DIR", type=Path,
+                        help="also write every table as CSV into DIR")
+    parser.add_argument("--html", metavar="FILE", type=Path,
+                        help="also write the standalone HTML report to FILE (<run>-FILE per run "
+                             "with several runs)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit non-zero on any problem, not only when nothing was analysed")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="neither read nor write the .ranktrace-cache Parquet files")
+    parser.add_argument("--jobs", type=_at_least_one, metavar="N",
+                        help="processes for parsing trace files (default: one per core)")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="parse the trace files on the Dask cluster of this scheduler "
+                             "(tcp://host:8786), whose workers see them at the same paths")
+    parser.add_argument("--comm-kernel", action="append", default=[], metavar="REGEX",
+                        type=_regex,
+                        help="device kernels whose name matches REGEX (searched, case-"
+                             "sensitive) also count as communication; repeatable")
+    return parser
+
+
+def _step_spec(text: str) -> str:
+    """The --steps text, once parse_step_spec accepts it."""
     try:
-        return getattr(step_breakdown, name)
-    except AttributeError:
-        raise AttributeError(f"module 'analysis.breakdown' has no attribute {name!r}") from None
+        parse_step_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--steps: ")) from None
+    return text
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return number
+
+
+def _regex(text: str) -> re.Pattern:
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(
+            f"not a regular expression: {text!r} ({exc})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from analysis.cli import main as cli_main
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        max_bytes = max_trace_bytes()
+    except ValueError as exc:
+        parser.error(str(exc))
+    steps = parse_step_spec(args.steps) if args.steps else None
+    try:
+        runs = resolve_runs([Path(p) for p in args.paths], run=args.run, all_runs=args.all)
+    except NothingToAnalyse as exc:
+        print(f"ranktrace: nothing analysed: {exc}", file=sys.stderr)
+        return 1
+    ahead = parse_ahead.start([f for _, files in runs for f in files], max_bytes,
+                              use_cache=not args.no_cache, jobs=args.jobs,
+                              scheduler=args.scheduler)
+    try:
+        return _analyse(args, runs, steps, ahead)
+    except SchedulerUnavailable as exc:
+        print(f"ranktrace: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if ahead is not None:
+            ahead.close()
 
-    return cli_main(argv)
+
+def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
+             ahead: parse_ahead.DecodeAhead | None) -> int:
+    # Imported here, while the trace is decoded beside them (analysis.ingest.parse_ahead).
+    import pandas as pd
+
+    from analysis.ingest.load import load_files
+    from analysis.report import output
+    from analysis.run import analyse_run
+
+    reports = []
+    for run_dir, files in runs:
+        with Progress() as progress:
+            loaded = load_files(files, run_dir, steps=steps, hta_compatible=args.hta_compatible,
+                                use_cache=not args.no_cache, jobs=args.jobs, progress=progress,
+                                comm_kernels=tuple(args.comm_kernel),
+                                scheduler=args.scheduler,
+                                # Only the HTML report draws from the events once reduced.
+                                keep_events=args.html is not None, decoded_ahead=ahead)
+            # What is loaded lives until this one-shot process ends: the cyclic collector would
+            # only rescan it (millions of objects at a thousand ranks) each time it runs.
+            gc.freeze()
+            where = run_dir if run_dir is not None else Path(args.paths[0])
+            report = analyse_run(loaded, name=where.name or str(where), path=str(where),
+                                 steps_spec=args.steps, hta_compatible=args.hta_compatible,
+                                 progress=progress)
+        for problem in report.problems:
+            print(f"ranktrace: warning: {problem}", file=sys.stderr)
+        reports.append(report)
+        several = len(runs) > 1
+        if args.out is not None:
+            out_dir = args.out / report.name if several else args.out
+            _write(report, "--out", out_dir, output.write_csvs)
+        if args.html is not None:
+            target = (args.html.with_name(f"{report.name}-{args.html.name}") if several
+                      else args.html)
+            if _write(report, "--html", target, _write_html):
+                print(f"ranktrace: HTML report written to {target}", file=sys.stderr)
+
+    if args.format == "json":
+        print(output.dumps(output.json_document(reports)))
+    elif args.format == "csv":
+        tables = [r.step_table().assign(run=r.name) for r in reports]
+        pd.concat(tables, ignore_index=True).to_csv(sys.stdout, index=False)
+    else:
+        print("\n".join(output.text_report(r) for r in reports), end="")
+
+    analysed = any(not output.nothing_analysed(r) for r in reports)
+    if not analysed:
+        reasons = "; ".join(p for r in reports for p in r.problems) or "no step to analyse"
+        print(f"ranktrace: nothing analysed: {reasons}", file=sys.stderr)
+        return 1
+    if args.strict and any(r.problems for r in reports):
+        count = sum(len(r.problems) for r in reports)
+        print(f"ranktrace: --strict: {count} problem(s), see the warnings above", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write_html(report: RunReport, target: Path) -> None:
+    # Imported here: only --html needs the HTML report's modules.
+    from analysis.report.html import write_html_report
+
+    write_html_report(report, target)
+
+
+def _write(report: RunReport, option: str, target: Path, write) -> bool:
+    """write(report, target); an OSError becomes a problem of the run and an error line naming
+    `target`."""
+    try:
+        write(report, target)
+    except OSError as exc:
+        message = f"{option} {target}: cannot write ({exc.strerror or exc})"
+        report.problems.append(message)
+        print(f"ranktrace: error: {message}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -19,15 +19,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import bottlenecks, communication, crossrank, output, ranks, stop, stop_traces
+from analysis import crossrank
+from analysis.core.steps import parse_step_spec
 from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import wait_windows
-from analysis.hta import hta_temporal_breakdown
-from analysis.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
-from analysis.load import LoadResult, RankTrace, load_path
-from analysis.progress import Progress
-from analysis.step_breakdown import breakdown_per_step, empty_breakdown, rank_totals
-from analysis.steps import parse_step_spec
+from analysis.findings import bottlenecks, stop, stop_traces
+from analysis.ingest.load import LoadResult, RankTrace, load_path
+from analysis.rank import tables as ranks
+from analysis.rank.comm import ops as communication
+from analysis.rank.hta import hta_temporal_breakdown
+from analysis.rank.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
+from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown, rank_totals
+from analysis.report import output
+from analysis.report.progress import Progress
 from tracer import schema
 
 
@@ -41,9 +45,9 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
                 hta_compatible: bool = False, progress: Progress | None = None
                 ) -> output.RunReport:
     """All the tables for one loaded run: ours, then the communication, rank, cross-rank and
-    bottleneck analyses (analysis.communication, .ranks, .crossrank, .bottlenecks). A table that
+    bottleneck analyses (analysis.rank.comm.ops, .ranks, .crossrank, .bottlenecks). A table that
     fails becomes a problem naming it, and the rest is still reported. `progress` shows the
-    per-rank phases (analysis.progress)."""
+    per-rank phases (analysis.report.progress)."""
     problems = list(loaded.problems)
     traces = loaded.ranks
     over = progress.over if progress is not None else (lambda items, phase: items)
@@ -92,7 +96,7 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
 
 
 def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
-    """analysis.stop on a run that did not end well; a failure becomes a problem."""
+    """analysis.findings.stop on a run that did not end well; a failure becomes a problem."""
     statuses = {t.rank: t.status for t in loaded.ranks if t.rank is not None}
     if loaded.run_dir is None or not stop.needs_diagnosis(statuses):
         return

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import timeline_events as te
-from analysis.load import LoadResult, NothingToAnalyse, load_path, parse_step_spec
-from analysis.progress import Progress
+from analysis.ingest.load import LoadResult, NothingToAnalyse, load_path, parse_step_spec
+from analysis.report import timeline_events as te
+from analysis.report.progress import Progress
 from tracer import schema
 
 DEFAULT_NAME = "timeline.trace.gz"  # not *.json.gz: the run folder's loader would read it back
@@ -57,7 +57,7 @@ def gather(run: LoadResult) -> dict:
     plus the clock table and the problems met."""
     from analysis.crossrank import analyse
     from analysis.crossrank.frames import run_frames
-    from analysis.layers import training_threads
+    from analysis.rank.layers import training_threads
 
     frames = run_frames(run)
     problems = []
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _spec(steps: list[int]) -> str:
-    from analysis.load import format_ranges
+    from analysis.ingest.load import format_ranges
     return format_ranges(steps) if steps else "(none)"
 
 

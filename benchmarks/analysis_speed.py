@@ -53,14 +53,15 @@ def work_baseline(trace: Path) -> None:
 
 
 def prepare_ours():
-    from analysis import breakdown
-    from analysis.load import load_path
+    from analysis.ingest.load import load_path
+    from analysis.rank import step_breakdown as breakdown
+    from analysis.rank.hta import hta_temporal_breakdown
 
     def work(trace: Path, use_cache: bool = False) -> None:
         loaded = load_path(trace, use_cache=use_cache)
         for rank in loaded.ranks:
             breakdown.breakdown_per_step(rank)
-        breakdown.hta_temporal_breakdown(loaded.ranks)
+        hta_temporal_breakdown(loaded.ranks)
 
     return work
 

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from analysis.crossrank import cross_rank  # noqa: E402
-from analysis.load import load_path  # noqa: E402
+from analysis.ingest.load import load_path  # noqa: E402
 from analysis.run import analyse_run  # noqa: E402
 from tests.synthetic import TraceBuilder, trace_name  # noqa: E402
 

@@ -30,7 +30,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from analysis import diff_side, diff_stats  # noqa: E402
+from analysis.diff import side as diff_side  # noqa: E402
+from analysis.diff import stats as diff_stats  # noqa: E402
 
 
 def trace_run(out: Path, name: str, steps: int, extra: list[str]) -> Path:

@@ -1,5 +1,5 @@
 """What one rank costs a worker: the CPU time of parsing a trace, and of parsing and reducing it
-(analysis.load's per-rank job, as `python -m analysis.breakdown RUN` runs it in its workers).
+(analysis.ingest.load's per-rank job, as `python -m analysis.breakdown RUN` runs it in its workers).
 
     python benchmarks/rank_cost.py --trace FILE [--ranks 20] [--repeat 5] [--against CHECKOUT]
 
@@ -29,7 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 _MEASURE = """
 import json, sys, time
 from pathlib import Path
-from analysis import kineto, load, parsed_trace
+from analysis.ingest import kineto
+from analysis.ingest import load
+from analysis.ingest import parsed_trace
 files = sorted(Path(sys.argv[1]).glob("*.json.gz"))
 reduction = load.RankReduction(None, False, (), False, drop_events=True)
 limit = kineto.max_trace_bytes()

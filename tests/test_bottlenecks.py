@@ -1,4 +1,4 @@
-"""analysis.bottlenecks: each finding fires on inputs with a known share, and not below its
+"""analysis.findings.bottlenecks: each finding fires on inputs with a known share, and not below its
 threshold."""
 
 from __future__ import annotations
@@ -10,9 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.bottlenecks import FINDING_COLUMNS, find_bottlenecks, is_pipeline_run, rank_list
-from analysis.communication import COLLECTIVES_COLUMNS
-from analysis.load import RankTrace, RunRecords
+from analysis.findings.bottlenecks import (
+    FINDING_COLUMNS,
+    find_bottlenecks,
+    is_pipeline_run,
+    rank_list,
+)
+from analysis.ingest.load import RankTrace, RunRecords
+from analysis.rank.comm.ops import COLLECTIVES_COLUMNS
 from tracer import schema
 
 MS = 1_000_000

@@ -1,4 +1,4 @@
-"""Bottleneck advice that fits the code that issued the top collective (analysis.advice,
+"""Bottleneck advice that fits the code that issued the top collective (analysis.findings.advice,
 docs/report.md)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from test_bottlenecks import (
     trace,
 )
 
-from analysis.bottlenecks import find_bottlenecks
-from analysis.load import RankTrace
+from analysis.findings.bottlenecks import find_bottlenecks
+from analysis.ingest.load import RankTrace
 
 
 # ---- advice that fits what issued the op -----------------------------------------------------

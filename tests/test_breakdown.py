@@ -7,8 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import breakdown, intervals
-from analysis.load import WHOLE_TRACE_STEP, load_path
+from analysis.core import intervals
+from analysis.ingest.load import WHOLE_TRACE_STEP, load_path
+from analysis.rank import step_breakdown as breakdown
+from analysis.rank.hta import hta_is_compute, hta_temporal_breakdown
+from analysis.rank.idle import idle_gaps, idle_summary
+from analysis.rank.layers import PARTS, asynchronous_comm, training_threads
 from synthetic import TraceBuilder, trace_name
 
 US = 1000
@@ -22,11 +26,11 @@ def load_one(builder: TraceBuilder, tmp_path, name: str = "t"):
 
 
 def parts(row) -> dict:
-    return {k: int(row[k]) // US for k in ["step_ns", *breakdown.PARTS, "exposed_comm_ns"]}
+    return {k: int(row[k]) // US for k in ["step_ns", *PARTS, "exposed_comm_ns"]}
 
 
 def check_sums(per_step: pd.DataFrame):
-    assert (per_step[breakdown.PARTS].sum(axis=1) == per_step["step_ns"]).all()
+    assert (per_step[PARTS].sum(axis=1) == per_step["step_ns"]).all()
 
 
 # ---- intervals --------------------------------------------------------------------------------
@@ -189,13 +193,13 @@ def test_an_asynchronous_send_does_not_hide_the_compute_that_runs_meanwhile(tmp_
                           "overlap_ns": 1600, "memcpy_ns": 0, "idle_ns": 740,
                           "exposed_comm_ns": 10620}
     events = trace.events
-    asynchronous = breakdown.asynchronous_comm(events, breakdown.training_threads(events))
+    asynchronous = asynchronous_comm(events, training_threads(events))
     assert events.loc[asynchronous, "name"].tolist() == ["gloo:send"]
 
 
 def test_training_threads_are_the_ones_with_profiler_steps(tmp_path):
     trace, _ = load_one(cpu_trace(), tmp_path)
-    assert breakdown.training_threads(trace.events) == {("100", "1")}
+    assert training_threads(trace.events) == {("100", "1")}
 
 
 # ---- idle gaps ----------------------------------------------------------------------------------
@@ -212,12 +216,12 @@ def test_idle_gaps_are_classified_by_host_activity(tmp_path):
     b.compute(105, 120, launch_at=3)  # gap 100-105: queued work, though the host loads data
     b.compute(140, 150, launch_at=139)  # gap 120-140: launched late, host in no op: other
     trace, _ = load_one(b, tmp_path)
-    gaps = breakdown.idle_gaps(trace)
+    gaps = idle_gaps(trace)
     assert list(zip(gaps["start_ns"] // US, gaps["end_ns"] // US, gaps["host_activity"])) == [
         (10, 20, "other"), (30, 40, "launch_bound"), (50, 60, "synchronisation"),
         (70, 95, "data_loading"), (100, 105, "other"), (120, 140, "other")]
     assert gaps["dur_ns"].sum() == breakdown.breakdown_per_step(trace)["idle_ns"].sum()
-    summary = breakdown.idle_summary(gaps).set_index("host_activity")
+    summary = idle_summary(gaps).set_index("host_activity")
     assert summary.loc["data_loading", "total_ns"] == 25 * US
     assert summary.loc["other", "gaps"] == 3 and summary.loc["other", "total_ns"] == 35 * US
 
@@ -229,7 +233,7 @@ def test_cpu_idle_gaps_in_data_loading(tmp_path):
     b.op("aten::randn", 25, 30)  # an op inside data loading is compute
     b.op("aten::mm", 60, 100)
     trace, _ = load_one(b, tmp_path)
-    gaps = breakdown.idle_gaps(trace)
+    gaps = idle_gaps(trace)
     # a gap is data loading when at least half of it is: 20-25 all of it, 30-60 only a third
     assert list(zip(gaps["start_ns"] // US, gaps["end_ns"] // US, gaps["host_activity"])) == [
         (20, 25, "data_loading"), (30, 60, "other")]
@@ -251,7 +255,7 @@ def hta(builders, tmp_path, name="h"):
     for builder in builders:
         builder.write(tmp_path / name / trace_name(builder.rank))
     result = load_path(tmp_path / name, use_cache=False)
-    return breakdown.hta_temporal_breakdown(result.ranks).set_index("rank")
+    return hta_temporal_breakdown(result.ranks).set_index("rank")
 
 
 HTA_VALUES = ["idle_us", "compute_us", "non_compute_us", "kernel_time_us"]
@@ -311,22 +315,18 @@ def test_hta_columns_are_nan_with_a_note_where_hta_fails(tmp_path):
     ("void copyMemcpyish", False),
 ])
 def test_hta_kernel_classes(name, compute):
-    assert breakdown.hta_is_compute(name) is compute
+    assert hta_is_compute(name) is compute
 
 
 def test_the_command_line_entry_imports_without_pandas():
     # `python -m analysis.breakdown` imports analysis and analysis.breakdown before main() runs:
-    # neither may import pandas (docs/benchmarks.md, import time), yet the breakdown's names
-    # stay reachable from analysis.breakdown.
+    # neither may import pandas (docs/benchmarks.md, import time).
     import subprocess
     import sys
     from pathlib import Path
 
-    probe = ("import sys, analysis.breakdown as b; print('pandas' in sys.modules); "
-             "print(b.rank_totals.__module__, b.PARTS == b.step_windows.__globals__['PARTS'])")
+    probe = "import sys, analysis.breakdown; print('pandas' in sys.modules)"
     found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                            cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert found.returncode == 0, found.stderr
-    assert found.stdout.split("\n")[:2] == ["False", "analysis.step_breakdown True"]
-    with pytest.raises(AttributeError, match="analysis.breakdown.*no_such_name"):
-        breakdown.no_such_name  # noqa: B018
+    assert found.stdout.strip() == "False"

@@ -9,13 +9,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import breakdown, cli
+from analysis import breakdown as cli
+from analysis.rank.layers import PARTS
 from conftest import DATA, torchrun_env
 from synthetic import TraceBuilder, trace_name
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = DATA / "hta-0.5.0-reference.csv"
-PARTS = breakdown.PARTS
+PARTS = PARTS
 
 
 def run_cli(capsys, *argv):

@@ -12,7 +12,10 @@ import pandas as pd
 import pytest
 from test_communication import event, events_frame, make_trace
 
-from analysis import comm_events, communication, enclosing, frame_columns
+from analysis.core import frame_columns
+from analysis.rank.comm import enclosing
+from analysis.rank.comm import events as comm_events
+from analysis.rank.comm import ops as communication
 
 HOST = {"pid": "100", "tid": "1"}
 

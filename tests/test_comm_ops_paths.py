@@ -6,9 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis import communication, issuers
-from analysis.comm_events import ops_from_events
-from analysis.load import load_path
+from analysis.ingest.load import load_path
+from analysis.rank import issuers
+from analysis.rank.comm import ops as communication
+from analysis.rank.comm.events import ops_from_events
 from conftest import DATA
 
 TRACES = [

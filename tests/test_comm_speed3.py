@@ -12,9 +12,13 @@ import pandas as pd
 from test_comm_fast_paths import four_ops, same
 from test_communication import event, events_frame, make_trace
 
-from analysis import comm_events, comm_sizes, communication, issuers, rank_summary
 from analysis.crossrank import distinct
 from analysis.crossrank.frames import OP_COLUMNS, named_kernels, ops_from_events
+from analysis.rank import issuers
+from analysis.rank import summary as rank_summary
+from analysis.rank.comm import events as comm_events
+from analysis.rank.comm import ops as communication
+from analysis.rank.comm import sizes as comm_sizes
 
 
 # ---- one join per rank ---------------------------------------------------------------------------

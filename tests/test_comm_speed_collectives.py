@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.communication import COLLECTIVES_COLUMNS, OPS_COLUMNS, collectives_table
+from analysis.rank.comm.ops import COLLECTIVES_COLUMNS, OPS_COLUMNS, collectives_table
 from tracer import schema
 
 

@@ -1,4 +1,4 @@
-"""analysis.communication: op names, nccl-tests sizes, bandwidths, joins, the collectives table."""
+"""analysis.rank.comm.ops: op names, nccl-tests sizes, bandwidths, joins, the collectives table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.communication import (
+from analysis.ingest.load import EVENT_COLUMNS, RankTrace, RunRecords
+from analysis.rank.comm.ops import (
     COLLECTIVES_COLUMNS,
     OPS_COLUMNS,
     UNKNOWN_OP,
@@ -21,7 +22,6 @@ from analysis.communication import (
     message_bytes,
     size_bucket,
 )
-from analysis.load import EVENT_COLUMNS, RankTrace, RunRecords
 from tracer import schema
 
 

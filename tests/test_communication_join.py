@@ -1,4 +1,5 @@
-"""analysis.enclosing: the join of a launch to the innermost call around it, against a brute-force
+"""analysis.rank.comm.enclosing: the join of a launch to the innermost call around it, against a
+brute-force
 reading of its definition, on nested, overlapping and deeply stacked spans."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import enclosing
+from analysis.rank.comm import enclosing
 
 
 def _brute_force(candidates: pd.DataFrame, pids, tids, times) -> list[int]:

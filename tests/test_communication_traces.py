@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_communication import comm_records, event, events_frame, make_trace, records_with
 
-from analysis.communication import collectives_table, comm_ops
-from analysis.load import RankTrace, load_path
+from analysis.ingest.load import RankTrace, load_path
+from analysis.rank.comm.ops import collectives_table, comm_ops
 from conftest import DATA
 
 NCCL_TRACE = DATA / "hta" / "nccl_parser_config" / "nccl_data.json.gz"

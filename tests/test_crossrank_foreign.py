@@ -10,7 +10,7 @@ import pytest
 
 from analysis.crossrank import cross_rank, to_json
 from analysis.crossrank.frames import run_frames
-from analysis.load import load_path
+from analysis.ingest.load import load_path
 from conftest import DATA
 
 TRACES = DATA / "hta" / "trace_filter"

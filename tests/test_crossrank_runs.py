@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import output
 from analysis.crossrank import cross_rank, to_json
-from analysis.load import load_path
+from analysis.ingest.load import load_path
+from analysis.report import output
 from analysis.run import analyse_run
 
 pytestmark = pytest.mark.slow

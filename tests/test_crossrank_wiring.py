@@ -9,9 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import cli, crossrank
+from analysis import breakdown as cli
+from analysis import crossrank
 from analysis import run as run_module
-from analysis.load import load_path
+from analysis.ingest.load import load_path
 from analysis.run import analyse_run
 from synthetic import TraceBuilder, trace_name
 from tracer import schema

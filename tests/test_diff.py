@@ -5,8 +5,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import diff, diff_compare, diff_ops, diff_output, diff_stats
-from analysis.diff_compare import EVERY_RANK
+from analysis import diff
+from analysis.diff import compare as diff_compare
+from analysis.diff import ops as diff_ops
+from analysis.diff import output as diff_output
+from analysis.diff import stats as diff_stats
+from analysis.diff.compare import EVERY_RANK
 
 
 def _steps(values_by_rank: dict, run: int = 0) -> pd.DataFrame:

@@ -10,7 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import communication, enclosing, hta, intervals, issuers, rank_summary
+from analysis.core import intervals
+from analysis.rank import hta, issuers
+from analysis.rank import summary as rank_summary
+from analysis.rank.comm import enclosing
+from analysis.rank.comm import ops as communication
 
 MS = 1_000_000  # ns
 

@@ -5,8 +5,8 @@ and by pair numbers, and plain (non-categorical) columns."""
 import numpy as np
 import pandas as pd
 
-from analysis import layers
-from analysis.events import matches
+from analysis.core.events import matches
+from analysis.rank import layers
 
 
 def _names(values, categorical=True):

@@ -23,7 +23,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))  # conftest's DATA, when this file runs as a script
 
-from analysis.cli import main  # noqa: E402
+from analysis.breakdown import main  # noqa: E402
 from conftest import DATA  # noqa: E402
 
 GOLDEN = DATA / "golden"

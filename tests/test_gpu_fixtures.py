@@ -43,8 +43,11 @@ FOLDERS = fixture_folders()
 if not FOLDERS:
     pytest.skip(SKIP_REASON, allow_module_level=True)
 
-from analysis import breakdown  # noqa: E402  (after the skip: nothing to import for nothing)
-from analysis.load import load_path  # noqa: E402
+# after the skip: nothing to import for nothing
+from analysis.ingest.load import load_path  # noqa: E402
+from analysis.rank import step_breakdown as breakdown  # noqa: E402
+from analysis.rank.hta import hta_temporal_breakdown  # noqa: E402
+from analysis.rank.layers import PARTS  # noqa: E402
 
 
 def provenance() -> dict:
@@ -87,7 +90,7 @@ def test_breakdown_adds_up_on_gpu_traces(folder):
         per_step = breakdown.breakdown_per_step(trace)
         assert len(per_step) >= 1, f"{folder.name}: no step analysed ({result.problems})"
         assert (per_step["step_ns"] > 0).all()
-        diff = (per_step[breakdown.PARTS].sum(axis=1) - per_step["step_ns"]).abs()
+        diff = (per_step[PARTS].sum(axis=1) - per_step["step_ns"]).abs()
         assert (diff <= SUM_TOLERANCE_NS).all(), per_step
         assert set(per_step["kind"]) == {"gpu"}, per_step["kind"]
 
@@ -131,7 +134,7 @@ def test_cuda_memory_peaks_and_nvml_samples_are_recorded(folder):
 @folder_params
 def test_hta_compatible_columns(folder):
     result = loaded(folder)
-    hta = breakdown.hta_temporal_breakdown(result.ranks)
+    hta = hta_temporal_breakdown(result.ranks)
     assert len(hta) == len(result.ranks)
     for _, row in hta.iterrows():
         assert row["kernel_time_us"] > 0, row["note"]

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis import breakdown
-from analysis.load import load_path
+from analysis.ingest.load import load_path
+from analysis.rank import step_breakdown as breakdown
+from analysis.rank.hta import hta_temporal_breakdown
+from analysis.rank.layers import PARTS
 from conftest import DATA
 
 REFERENCE = DATA / "hta-0.5.0-reference.csv"
@@ -34,7 +36,7 @@ def trace_folders() -> dict[str, Path]:
 def analysed(name: str):
     # no cache: nothing may be written into tests/data
     result = load_path(trace_folders()[name], use_cache=False)
-    return result, breakdown.hta_temporal_breakdown(result.ranks)
+    return result, hta_temporal_breakdown(result.ranks)
 
 
 def row_id(row: dict) -> str:
@@ -80,7 +82,7 @@ def test_traces_hta_fails_on_are_still_analysed(row):
     for trace in result.ranks:
         per_step = breakdown.breakdown_per_step(trace)
         assert len(per_step) >= 1 and (per_step["step_ns"] > 0).all()
-        assert (per_step[breakdown.PARTS].sum(axis=1) == per_step["step_ns"]).all()
+        assert (per_step[PARTS].sum(axis=1) == per_step["step_ns"]).all()
         assert set(per_step["kind"]) == {"cpu"}
         # some time is spent computing or communicating: the breakdown found the work
         assert (per_step["compute_only_ns"] + per_step["comm_only_ns"]
@@ -106,7 +108,7 @@ def test_gpu_traces_parts_add_up_per_step():
         for trace in result.ranks:
             per_step = breakdown.breakdown_per_step(trace)
             assert not per_step.empty and set(per_step["kind"]) == {"gpu"}
-            assert (per_step[breakdown.PARTS].sum(axis=1) == per_step["step_ns"]).all()
+            assert (per_step[PARTS].sum(axis=1) == per_step["step_ns"]).all()
 
 
 def test_overlap_agrees_with_htas_comm_comp_overlap_where_the_window_is_the_same():

@@ -1,4 +1,5 @@
-"""The standalone HTML report (analysis.html): its numbers, its escaping, its size for 8 ranks x
+"""The standalone HTML report (analysis.report.html): its numbers, its escaping, its size for 8
+ranks x
 20 steps, and the page rendered in headless Chromium (skipped where Chromium is absent)."""
 
 import io
@@ -8,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.html import write_html_report
-from analysis.html.browser import dump_dom, find_chromium, screenshot
-from analysis.html.report import SECTIONS, chosen_steps, rank_bars
-from analysis.progress import Progress
+from analysis.report.html import write_html_report
+from analysis.report.html.browser import dump_dom, find_chromium, screenshot
+from analysis.report.html.report import SECTIONS, chosen_steps, rank_bars
+from analysis.report.progress import Progress
 from analysis.run import open_run
 from conftest import DATA
 from synthetic import TraceBuilder, trace_name

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.idle_activity import _on_arrays, _on_frames, idle_by_activity
+from analysis.rank.idle_activity import _on_arrays, _on_frames, idle_by_activity
 
 
 def _steps(keys):

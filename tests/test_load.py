@@ -7,8 +7,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import cache, load
-from analysis.load import EVENT_COLUMNS, NothingToAnalyse, load_path, parse_step_spec, resolve_runs
+from analysis.ingest import cache, load
+from analysis.ingest.load import (
+    EVENT_COLUMNS,
+    NothingToAnalyse,
+    load_path,
+    parse_step_spec,
+    resolve_runs,
+)
 from synthetic import TraceBuilder, trace_name
 from tracer import schema
 

@@ -1,5 +1,5 @@
 """Decoding a trace in chunks gives the whole-file result; cuts the chunked reader cannot make
-fall back to a whole-file decode (analysis.kineto)."""
+fall back to a whole-file decode (analysis.ingest.kineto)."""
 
 import json
 
@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from test_load import gpu_trace, problems_with, write_run
 
-from analysis import kineto, parsed_trace
-from analysis.load import load_path
+from analysis.ingest import kineto, parsed_trace
+from analysis.ingest.load import load_path
 from synthetic import TraceBuilder, trace_name
 
 

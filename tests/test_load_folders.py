@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from test_load import write_killed_rank
 
-from analysis.cli import main
-from analysis.load import NothingToAnalyse, load_path, resolve_runs
+from analysis.breakdown import main
+from analysis.ingest.load import NothingToAnalyse, load_path, resolve_runs
 from synthetic import TraceBuilder, trace_name
 from tracer import schema
 

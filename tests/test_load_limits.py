@@ -1,4 +1,5 @@
-"""The limit on one trace file's JSON (RANKTRACE_MAX_TRACE_MB, analysis.kineto): a file over it
+"""The limit on one trace file's JSON (RANKTRACE_MAX_TRACE_MB, analysis.ingest.kineto): a file over
+it
 is refused with its size, the limit and what to do; the other ranks are still analysed."""
 
 import gzip
@@ -9,8 +10,9 @@ from test_load import gpu_trace, problems_with, write_run
 from test_load_chunks import many_events_trace
 from test_load_chunks import small_chunks as small_chunks  # a fixture the tests below use
 
-from analysis import cli, kineto, parsed_trace
-from analysis.load import load_path
+from analysis import breakdown as cli
+from analysis.ingest import kineto, parsed_trace
+from analysis.ingest.load import load_path
 from synthetic import trace_name
 
 MB = 1 << 20

@@ -1,4 +1,5 @@
-"""analysis.parse_ahead: a run's one trace decoded in a forked child while the command imports
+"""analysis.ingest.parse_ahead: a run's one trace decoded in a forked child while the command
+imports
 pandas gives exactly what decoding it in the command gives, refusals included."""
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import parse_ahead, parsed_trace
-from analysis.kineto import TraceReadError, max_trace_bytes
-from analysis.runs import cache_file
+from analysis.ingest import parse_ahead, parsed_trace
+from analysis.ingest.kineto import TraceReadError, max_trace_bytes
+from analysis.ingest.runs import cache_file
 
 ROOT = Path(__file__).resolve().parents[1]
 NCCL = ROOT / "tests/data/hta/nccl_parser_config/nccl_data.json.gz"
@@ -124,7 +125,7 @@ def test_it_starts_only_for_one_local_uncached_file(tmp_path, monkeypatch):
 # child's columns were used, and its output.
 _PROBE = """
 import sys
-from analysis import parse_ahead
+from analysis.ingest import parse_ahead
 seen = {}
 init, take = parse_ahead.DecodeAhead.__init__, parse_ahead.DecodeAhead.take
 def probed_init(self, *args):

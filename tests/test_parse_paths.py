@@ -1,4 +1,4 @@
-"""The parser's fast paths give what its general paths give (analysis.kineto_events).
+"""The parser's fast paths give what its general paths give (analysis.ingest.kineto_events).
 
 Events are decoded by a union tagged by "ph" that materialises little of the events that are not
 complete ("X") events; what it cannot take is decoded again by the general decoder.
@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import kineto, kineto_events, parsed_trace
-from analysis.kineto import TraceReadError
+from analysis.ingest import kineto, kineto_events, parsed_trace
+from analysis.ingest.kineto import TraceReadError
 
 COMPLETE = {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7}
 

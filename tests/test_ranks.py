@@ -1,4 +1,4 @@
-"""analysis.ranks: per-step and per-rank tables with memory, utilisation and rank spread."""
+"""analysis.rank.tables: per-step and per-rank tables with memory, utilisation and rank spread."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.load import RankTrace, RunRecords
-from analysis.ranks import PER_RANK_COLUMNS, PER_STEP_COLUMNS, per_rank_table, per_step_table
+from analysis.ingest.load import RankTrace, RunRecords
+from analysis.rank.tables import PER_RANK_COLUMNS, PER_STEP_COLUMNS, per_rank_table, per_step_table
 
 MS = 1_000_000
 HOST_T0 = 1_700_000_000_000_000_000  # host clock (time.time_ns()), far from any trace timebase

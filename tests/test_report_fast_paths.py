@@ -1,6 +1,6 @@
 """The report's fast paths give what the pandas calls they replace give: the text tables
-(analysis.output._plain_text_grid against DataFrame.to_string) and the per-step spread across
-ranks (analysis.ranks._step_spread), on small built frames with hand-computed answers."""
+(analysis.report.output._plain_text_grid against DataFrame.to_string) and the per-step spread across
+ranks (analysis.rank.tables._step_spread), on small built frames with hand-computed answers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import output, ranks
+from analysis.rank import tables as ranks
+from analysis.report import output
 
 
 def _pandas_text(frame: pd.DataFrame) -> str:

@@ -1,4 +1,4 @@
-"""analysis.bottlenecks' array paths (the analysed steps, the ranked collective groups, the
+"""analysis.findings.bottlenecks' array paths (the analysed steps, the ranked collective groups, the
 early exits of the imbalance, bandwidth and memory findings) against hand-computed answers on
 small built frames."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import bottlenecks
-from analysis.bottlenecks import _exposed_communication, find_bottlenecks
-from analysis.finding_inputs import analysed_steps as _analysed_steps
-from analysis.step_breakdown import BREAKDOWN_NS_COLUMNS
+from analysis.findings import bottlenecks
+from analysis.findings.bottlenecks import _exposed_communication, find_bottlenecks
+from analysis.findings.inputs import analysed_steps as _analysed_steps
+from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS
 
 MS = 1_000_000
 MIB = 2**20

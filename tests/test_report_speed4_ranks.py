@@ -1,4 +1,4 @@
-"""analysis.ranks' array paths for runs without tracer records (no merges with the empty
+"""analysis.rank.tables' array paths for runs without tracer records (no merges with the empty
 resources): per-step spread, order and missing resources, and per-rank rows, checked against
 hand-computed answers."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.load import RankTrace
-from analysis.ranks import PER_RANK_COLUMNS, PER_STEP_COLUMNS, per_rank_table, per_step_table
-from analysis.step_breakdown import BREAKDOWN_NS_COLUMNS
+from analysis.ingest.load import RankTrace
+from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS
+from analysis.rank.tables import PER_RANK_COLUMNS, PER_STEP_COLUMNS, per_rank_table, per_step_table
 
 
 def trace(rank) -> RankTrace:

@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 
-from analysis.step_breakdown import BREAKDOWN_NS_COLUMNS, TOTALS_COLUMNS, rank_totals
+from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS, TOTALS_COLUMNS, rank_totals
 
 
 def _per_step(ranks, kinds, kind_dtype=object):
@@ -44,9 +44,9 @@ def test_kind_keeps_its_dtype_and_a_missing_kind_reads_the_first_present():
 def test_shared_layers_give_the_tables_computed_alone():
     from types import SimpleNamespace
 
-    from analysis.idle import idle_gaps
-    from analysis.step_breakdown import breakdown_per_step, kind_and_layers
-    from analysis.steps import WHOLE_TRACE_STEP
+    from analysis.core.steps import WHOLE_TRACE_STEP
+    from analysis.rank.idle import idle_gaps
+    from analysis.rank.step_breakdown import breakdown_per_step, kind_and_layers
 
     events = pd.DataFrame({
         "name": pd.Categorical(["k1", "nccl", "k2"]), "cat": pd.Categorical(["kernel"] * 3),

@@ -1,4 +1,4 @@
-"""analysis.ranks' shortcuts for breakdown_per_step's own frames and runs without tracer
+"""analysis.rank.tables' shortcuts for breakdown_per_step's own frames and runs without tracer
 records: the same tables as the general path, checked against hand-computed answers."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.load import RankTrace
-from analysis.rank_resources import rank_resources as _rank_resources
-from analysis.ranks import _clean_per_step, per_rank_table, per_step_table
-from analysis.step_breakdown import BREAKDOWN_NS_COLUMNS
+from analysis.ingest.load import RankTrace
+from analysis.rank.resources import rank_resources as _rank_resources
+from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS
+from analysis.rank.tables import _clean_per_step, per_rank_table, per_step_table
 
 MS = 1_000_000
 

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 
 import analysis
-from analysis import breakdown, cli, ranks
-from analysis.load import NothingToAnalyse
-from analysis.records import RECORD_FILES, record_ranks
+from analysis import breakdown as cli
+from analysis.ingest.load import NothingToAnalyse
+from analysis.ingest.records import RECORD_FILES, record_ranks
+from analysis.rank import step_breakdown as breakdown
+from analysis.rank import tables as ranks
+from analysis.rank.layers import PARTS
 from conftest import DATA
 from tracer import schema
 
@@ -24,7 +27,7 @@ def test_open_run_gives_the_tables_of_the_json_document(capsys):
     assert run.document() == printed
     steps = run.breakdown
     assert steps[["rank", "step"]].values.tolist() == [[0, 2], [0, 3], [1, 2], [1, 3]]
-    assert (steps[breakdown.PARTS].sum(axis=1) == steps["step_ns"]).all()
+    assert (steps[PARTS].sum(axis=1) == steps["step_ns"]).all()
     assert run.per_step["step_ns"].tolist() == [s["step_ns"] for s in printed["steps"]]
     assert run.totals["step_ns"].tolist() == [r["breakdown"]["step_ns"] for r in printed["ranks"]]
     # 10 comm records a rank, all steps; the findings are the document's
@@ -55,7 +58,7 @@ def test_open_run_selects_steps_and_names_what_is_missing():
 
 
 def test_one_list_of_breakdown_columns():
-    assert breakdown.BREAKDOWN_NS_COLUMNS == ["step_ns", *breakdown.PARTS, "exposed_comm_ns"]
+    assert breakdown.BREAKDOWN_NS_COLUMNS == ["step_ns", *PARTS, "exposed_comm_ns"]
     assert not hasattr(ranks, "BREAKDOWN_COLUMNS")  # one list: breakdown's
     assert breakdown.BREAKDOWN_COLUMNS[2:2 + len(breakdown.BREAKDOWN_NS_COLUMNS)] == \
         breakdown.BREAKDOWN_NS_COLUMNS

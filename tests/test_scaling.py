@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from analysis import scaling
-from analysis import scaling_table as st
-from analysis.scaling_svg import scaling_svg
+from analysis.scaling import table as st
+from analysis.scaling.svg import scaling_svg
 from tracer import sweep
 
 MS = 1_000_000

@@ -1,4 +1,4 @@
-"""The stop diagnosis (analysis.stop) on hand-built records whose answers are known."""
+"""The stop diagnosis (analysis.findings.stop) on hand-built records whose answers are known."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import inspect
 import msgspec
 import pandas as pd
 
-from analysis import open_run, output, stop
+from analysis import open_run
+from analysis.findings import stop
+from analysis.report import output
 from tracer import schema, stacks
 
 T0 = 1_800_000_000_000_000_000

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis import open_run, output
+from analysis import open_run
+from analysis.report import output
 from tracer import schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))

@@ -1,4 +1,5 @@
-"""The stop diagnosis from Kineto traces alone (analysis.stop_traces) on hand-built gloo traces
+"""The stop diagnosis from Kineto traces alone (analysis.findings.stop_traces) on hand-built gloo
+traces
 whose answers are known."""
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ import shutil
 
 import pandas as pd
 
-from analysis import open_run, output, stop_traces
-from analysis.load import load_path
+from analysis import open_run
+from analysis.findings import stop_traces
+from analysis.ingest.load import load_path
+from analysis.report import output
 from conftest import DATA
 from synthetic import TraceBuilder, trace_name
 

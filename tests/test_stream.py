@@ -1,15 +1,15 @@
-"""Per-rank tables and summaries computed where each file is parsed (analysis.load,
-analysis.rank_summary): the same as from the loaded run, for the same steps and communication
+"""Per-rank tables and summaries computed where each file is parsed (analysis.ingest.load,
+analysis.rank.summary): the same as from the loaded run, for the same steps and communication
 kernels; and a run whose events were dropped after loading reports what a run that kept them
 does."""
 
 import pandas as pd
 import pytest
 
-from analysis import output
-from analysis.hta import _hta_rank_of, hta_temporal_breakdown
-from analysis.load import load_path
-from analysis.rank_summary import RANK_SUMMARIES, RANK_TABLES
+from analysis.ingest.load import load_path
+from analysis.rank.hta import _hta_rank_of, hta_temporal_breakdown
+from analysis.rank.summary import RANK_SUMMARIES, RANK_TABLES
+from analysis.report import output
 from analysis.run import analyse_run
 from synthetic import TraceBuilder, trace_name
 

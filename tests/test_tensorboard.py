@@ -253,7 +253,7 @@ def test_our_cpu_breakdown_against_the_plugins_distributed_view(tensorboard, rec
       and record_param_comms) covers at least as much.
     """
     from analysis.breakdown import breakdown_per_step
-    from analysis.load import load_path
+    from analysis.ingest.load import load_path
 
     overlap = tb_view.distributed_view(tensorboard, RUN)["1"]["overlap"]["data"]
     traces = load_path(recorded_run, use_cache=False).ranks

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.load import load_path
+from analysis.ingest.load import load_path
+from analysis.report.timeline_events import assign_lanes
 from analysis.timeline import gather, main, window_steps
-from analysis.timeline_events import assign_lanes
 from conftest import DATA, torchrun_env
 
 REPO = Path(__file__).resolve().parents[1]

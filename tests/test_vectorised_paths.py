@@ -9,10 +9,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import idle, ranks
+from analysis.core.steps import step_at
 from analysis.crossrank.frames import _steps_by_rank
-from analysis.output import WINDOW_NONE, WINDOW_STEPS, WINDOW_WHOLE_TRACE, steps_by_rank, window_of
-from analysis.steps import step_at
+from analysis.rank import idle
+from analysis.rank import tables as ranks
+from analysis.report.output import (
+    WINDOW_NONE,
+    WINDOW_STEPS,
+    WINDOW_WHOLE_TRACE,
+    steps_by_rank,
+    window_of,
+)
 
 
 # ---- idle_summary -------------------------------------------------------------------------------

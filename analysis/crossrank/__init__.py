@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import pipeline_schedule
 from analysis.crossrank.clock import clock_table, to_common_clock
 from analysis.crossrank.culprit import STRAGGLER_COLUMNS, find_stragglers
 from analysis.crossrank.frames import run_frames
@@ -23,6 +22,7 @@ from analysis.crossrank.waits import (
     rank_step_waits,
     transfer_bandwidth,
 )
+from analysis.rank import pipeline_schedule
 
 
 def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, world_size: int,
@@ -79,7 +79,7 @@ def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None =
 
 
 def _records(frame: pd.DataFrame, columns: list) -> list:
-    from analysis.output import records
+    from analysis.report.output import records
     return records(frame[columns]) if len(frame) else []
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import intervals
+from analysis.core import intervals
 
 BLAME_COLUMNS = ["instance", "culprit", "caused_ns"]
 

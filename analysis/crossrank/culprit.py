@@ -15,9 +15,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis import intervals
-from analysis.communication import size_bucket
+from analysis.core import intervals
 from analysis.crossrank.blame import blame
+from analysis.rank.comm.ops import size_bucket
 
 STRAGGLER_COLUMNS = ["rank", "caused_wait_ms_per_step", "share_pct", "clean_steps",
                      "top_steps", "chance", "steady", "significant", "material", "fires",

@@ -1,6 +1,6 @@
 """Functions of the cross-rank ops' column values computed once per distinct value: the same
 few ops and groups repeat in every step of a trace. (Message sizes, once per distinct message:
-analysis.comm_sizes.message_sizes.)"""
+analysis.rank.comm.sizes.message_sizes.)"""
 
 from __future__ import annotations
 

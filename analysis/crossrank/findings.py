@@ -2,7 +2,7 @@
 rank R", exposed transfer (exposed communication without the waiting for peers), and the pipeline
 bubble per stage against the schedule's theory.
 
-Each function takes the analysed per-step rows of analysis.bottlenecks and the result of
+Each function takes the analysed per-step rows of analysis.findings.bottlenecks and the result of
 `analysis.crossrank.cross_rank`, and returns finding dicts (bottlenecks.FINDING_COLUMNS).
 """
 
@@ -19,7 +19,7 @@ def matched(result: dict | None) -> bool:
 
 
 def finding_row(name, share, evidence, suggestion, ranks) -> dict:
-    """One finding (analysis.bottlenecks.FINDING_COLUMNS)."""
+    """One finding (analysis.findings.bottlenecks.FINDING_COLUMNS)."""
     return {"finding": name, "share_pct": float(share), "evidence": evidence,
             "suggestion": suggestion, "ranks": ranks}
 

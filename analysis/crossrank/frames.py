@@ -1,4 +1,4 @@
-"""Adapters from a loaded run (analysis.load) to the plain frames the cross-rank pass reads.
+"""Adapters from a loaded run (analysis.ingest.load) to the plain frames the cross-rank pass reads.
 
 The cross-rank functions take one frame of ops (OP_COLUMNS, each rank's times on its own clock),
 one of steps (STEP_COLUMNS) and one of clock_sync offsets (SYNC_COLUMNS); this module is the only
@@ -16,13 +16,13 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from analysis.comm_events import kernel_host_ops
-from analysis.comm_sizes import distinct_message_sizes
-from analysis.comm_sizes import message_sizes as _message_sizes
-from analysis.communication import canonical_dtype, canonical_op
+from analysis.core.steps import step_at
 from analysis.crossrank.distinct import by_value as _by_value
 from analysis.crossrank.distinct import float64_of
-from analysis.steps import step_at
+from analysis.rank.comm.events import kernel_host_ops
+from analysis.rank.comm.ops import canonical_dtype, canonical_op
+from analysis.rank.comm.sizes import distinct_message_sizes
+from analysis.rank.comm.sizes import message_sizes as _message_sizes
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "pg_size", "op", "bytes", "dtype", "step", "issue_ns", "end_ns",
@@ -98,7 +98,7 @@ _HOST_ARGS = ("in_nelems", "out_nelems", "comm_dtype", "group_size", "pg_name", 
 
 def named_kernels(events: pd.DataFrame, hosts: pd.DataFrame | None = None) -> pd.DataFrame:
     """A trace's communication events with each NCCL/RCCL kernel that carries no collective
-    name named by the host op around its launch (analysis.comm_events.kernel_host_ops), from
+    name named by the host op around its launch (analysis.rank.comm.events.kernel_host_ops), from
     which it also takes the message arguments it lacks: older traces name and size the op on
     the host only (`nccl:all_reduce` with its "Input Dims"), and their kernels' own names
     (`ncclKernel_SendRecv_...` for every collective) do not say which op they run. `hosts`:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.steps import format_ranges
 from analysis.crossrank.frames import P2P_OPS
-from analysis.steps import format_ranges
 
 MISMATCH_COLUMNS = ["pg", "step", "position", "problem", "ranks", "missing_ranks"]
 KEY = ["pg", "step", "position"]

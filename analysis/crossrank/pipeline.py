@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import intervals
+from analysis.core import intervals
 from analysis.crossrank.blame import blame
 
 PIPELINE_COLUMNS = ["rank", "steps", "measured_bubble_pct", "theory_bubble_pct",

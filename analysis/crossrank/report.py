@@ -1,6 +1,7 @@
 """The cross-rank result as tables for the text report and the CSV files (docs/analysis.md).
 
-Pure: frames of `analysis.crossrank.cross_rank` in, display or CSV frames out; analysis.output
+Pure: frames of `analysis.crossrank.cross_rank` in, display or CSV frames out;
+analysis.report.output
 renders them.
 """
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.communication import size_bucket
 from analysis.crossrank.frames import P2P_OPS
+from analysis.rank.comm.ops import size_bucket
 from tracer import schema
 
 WAITS_COLUMNS = ["rank", "step", "wait_for_peers_ms", "transfer_ms", "queued_ms", "ops"]

@@ -1,0 +1,103 @@
+"""The events frame: reading its columns (docs/analysis.md describes each).
+
+One `RankTrace.events` frame per rank holds one row per complete (`"ph": "X"`) Kineto event
+with the columns of EVENT_COLUMNS. Its columns, the categories and the names that decide which
+events count as device work, host ops or communication are analysis.core.event_kinds', re-exported
+here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from analysis.core.event_kinds import (  # noqa: F401  (re-exported)
+    COMM_KERNEL_PATTERNS,
+    COMM_KERNEL_RE,
+    CPU_OP_CAT,
+    DATA_LOADING_RE,
+    EVENT_COLUMNS,
+    GPU_CATS,
+    HOST_COMM_RE,
+    HOST_OP_CATS,
+    HTA_COMM_RE,
+    HTA_DEVICE_SYNC_NAMES,
+    HTA_MEMORY_RE,
+    HTA_NON_COMPUTE_RE,
+    KERNEL_CAT,
+    LEGACY_CATS,
+    MEMORY_CATS,
+    NUMBER_COLUMNS,
+    PROFILER_STEP_RE,
+    PYTHON_CAT,
+    RUNTIME_CATS,
+    STEP_COLUMNS,
+    SYNC_RE,
+    TEXT_COLUMNS,
+    normal_cat,
+)
+
+
+# ---- reading the frame --------------------------------------------------------------------------
+def matches(column: pd.Series, wanted, among: np.ndarray | None = None) -> np.ndarray:
+    """wanted(str(value)) for each row, evaluated once per distinct value of a categorical.
+
+    With `among` (a row mask), only the rows where it holds are asked and the others read
+    False: a categorical's values that none of those rows holds are never evaluated (a
+    name pattern asked of host events skips the long kernel names)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        values = column.array  # the Categorical itself: no Series built for its codes
+        codes = values.codes
+        if among is None:
+            hits = [wanted(str(c)) for c in values.categories]
+        else:
+            categories = list(values.categories)
+            used = np.bincount(codes[among].astype(np.intp) + 1, minlength=len(categories) + 1)
+            hits = [False] * len(categories)
+            for code in np.flatnonzero(used[1:]).tolist():
+                hits[code] = wanted(str(categories[code]))
+        # One slot per category, and a last False that code -1 (missing) reads: take() wraps
+        # negative indices, and costs a third of fancy indexing with int8 codes.
+        return np.array(hits + [False], dtype=bool).take(codes)
+    found = column.astype(str).map(wanted).to_numpy(dtype=bool)
+    return found if among is None else found & among
+
+
+def cat_is(events: pd.DataFrame, cats) -> np.ndarray:
+    """Rows whose category is one of `cats`."""
+    return matches(events["cat"], lambda c: c in cats)
+
+
+def with_events(trace):
+    """The trace with its events frame: RankTrace.with_events() (which reads them again where
+    they were dropped after loading), or the object itself where it has no such method."""
+    reread = getattr(trace, "with_events", None)
+    return reread() if reread is not None else trace
+
+
+def distinct_names(names: pd.Series) -> list[str]:
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        return [str(c) for c in names.cat.categories]
+    return [str(c) for c in names.unique()]
+
+
+def mark_comm_kernels(events: pd.DataFrame, patterns) -> pd.DataFrame:
+    """`events` with the device kernels whose name matches any of `patterns` marked is_comm."""
+    if not patterns or events.empty:
+        return events
+    extra = re.compile("|".join(f"(?:{getattr(p, 'pattern', p)})" for p in patterns))
+    names = events["name"]
+    categories = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
+    if categories is not None:
+        hits = np.array([bool(extra.search(str(c))) for c in categories] + [False])
+        matched = hits[names.cat.codes.to_numpy()]  # code -1 (no name) reads the False at the end
+    else:
+        matched = names.astype(str).map(lambda n: bool(extra.search(n))).to_numpy(dtype=bool)
+    matched &= events["cat"].astype(str).to_numpy() == KERNEL_CAT
+    if not matched.any():
+        return events
+    events = events.copy()
+    events["is_comm"] = events["is_comm"].to_numpy() | matched
+    return events

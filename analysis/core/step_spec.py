@@ -1,0 +1,37 @@
+"""Step numbers as text: the --steps argument (`3-5,7`) and ranges in messages (`0-2, 5`).
+Without pandas: the command reads --steps before it imports it (analysis.ingest.parse_ahead)."""
+
+from __future__ import annotations
+
+import re
+
+
+def parse_step_spec(spec: str) -> list[int]:
+    """'3-5,7' -> [3, 4, 5, 7]. Raises ValueError with the offending part."""
+    chosen: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if not match:
+            raise ValueError(f"--steps: {part!r} is not a step number or range like 3-5")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        if last < first:
+            raise ValueError(f"--steps: range {part!r} ends before it starts")
+        chosen.update(range(first, last + 1))
+    if not chosen:
+        raise ValueError(f"--steps: {spec!r} selects no step")
+    return sorted(chosen)
+
+
+def format_ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    parts = []
+    for number in numbers:
+        if parts and number == parts[-1][1] + 1:
+            parts[-1][1] = number
+        else:
+            parts.append([number, number])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)

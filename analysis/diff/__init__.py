@@ -1,0 +1,96 @@
+"""`python -m analysis.diff A B`: what got faster or slower between two runs, where, and whether
+it is bigger than the noise (docs/diff.md). Arguments and printing only; the comparison is
+analysis.diff.compare's, its parts analysis.diff.side, diff_stats, diff_ops and diff_output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from analysis.breakdown import _at_least_one, _step_spec
+from analysis.core.steps import parse_step_spec
+from analysis.diff import compare as diff_compare
+from analysis.diff import output as diff_output
+from analysis.diff import stats as diff_stats
+from analysis.diff.side import load_side
+from analysis.ingest.runs import NothingToAnalyse
+
+
+def _not_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.diff",
+        description="Compare two runs: the step-time verdict with a bootstrap interval, then "
+                    "per-rank categories, operators and kernels, collectives, memory and "
+                    "findings (docs/diff.md).")
+    parser.add_argument("a", metavar="A", type=Path,
+                        help="the baseline: a run folder, or a folder of repeated runs")
+    parser.add_argument("b", metavar="B", type=Path, help="the run compared with A, likewise")
+    parser.add_argument("--format", choices=("text", "json", "csv"), default="text",
+                        help="standard output: tables, one JSON document, or one long CSV")
+    parser.add_argument("--html", metavar="FILE", type=Path,
+                        help="also write the comparison as a self-contained HTML page")
+    parser.add_argument("--steps", metavar="SPEC", type=_step_spec,
+                        help="step numbers compared in both runs, e.g. 3-5,7 (default: all)")
+    parser.add_argument("--seed", type=int, default=diff_stats.DEFAULT_SEED,
+                        help="seed of the bootstrap (default: %(default)s)")
+    parser.add_argument("--resamples", type=_at_least_one, default=diff_stats.DEFAULT_RESAMPLES,
+                        help="bootstrap resamples (default: %(default)s)")
+    parser.add_argument("--noise-floor-pct", type=_not_negative, metavar="P",
+                        default=diff_stats.DEFAULT_NOISE_FLOOR_PCT,
+                        help="the least run-to-run noise, in %%, assumed for a side of one run: "
+                             "a change within the floor is no significant change (default: "
+                             "%(default)s; docs/diff.md#the-run-to-run-noise-floor)")
+    parser.add_argument("--top", type=_at_least_one, default=diff_compare.TOP_OPS,
+                        help="operators and kernels shown, each (default: %(default)s)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="neither read nor write the .ranktrace-cache Parquet files")
+    parser.add_argument("--jobs", type=_at_least_one, metavar="N",
+                        help="processes for parsing trace files (default: one per core)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    steps = parse_step_spec(args.steps) if args.steps else None
+    sides = []
+    for label, path in (("A", args.a), ("B", args.b)):
+        try:
+            sides.append(load_side(path, steps, use_cache=not args.no_cache, jobs=args.jobs))
+        except NothingToAnalyse as exc:
+            print(f"ranktrace: nothing compared: {label}: {exc}", file=sys.stderr)
+            return 1
+    a, b = sides
+    result = diff_compare.compare(a, b, seed=args.seed, resamples=args.resamples, top=args.top,
+                                  noise_floor_pct=args.noise_floor_pct)
+    for problem in result["problems"]:
+        print(f"ranktrace: warning: {problem}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(diff_output.document(result, a, b, args.steps), indent=1,
+                         ensure_ascii=False))
+    elif args.format == "csv":
+        print(diff_output.csv_text(result), end="")
+    else:
+        print(diff_output.text_report(result, a, b), end="")
+    if args.html is not None:
+        try:
+            args.html.write_text(diff_output.html_page(result, a, b), encoding="utf-8")
+        except OSError as exc:
+            print(f"ranktrace: error: --html {args.html}: cannot write "
+                  f"({exc.strerror or exc})", file=sys.stderr)
+            return 1
+    if result["change"]["median_a_ms"] is None or result["change"]["median_b_ms"] is None:
+        print(f"ranktrace: nothing compared: {result['verdict']}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,3 @@
+from analysis.diff import main
+
+raise SystemExit(main())

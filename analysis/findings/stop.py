@@ -1,0 +1,304 @@
+"""The stop diagnosis of a run that did not end well (hung, failed, interrupted, crashed): per
+process group, the last position every member completed, the first position where members
+parted (some never issued it, or issued it differently), who waited there since when, which rank
+died, and where each rank's main thread was (docs/reliability.md, Stop diagnosis).
+
+`read_stop_inputs` reads the files; everything else is pure, DataFrame in, DataFrame out.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+from pathlib import Path
+
+import msgspec
+import pandas as pd
+
+from analysis.crossrank.frames import P2P_OPS
+from analysis.findings.stop_p2p import diagnose_p2p
+from analysis.findings.stop_text import clock_text, mbytes, op_signature
+from analysis.findings.stop_text import ranks_text as _ranks
+from analysis.ingest.records import read_jsonl, records_path
+from tracer import schema
+
+OP_COLUMNS = ["rank", "pg", "pg_size", "position", "op", "bytes", "dtype", "peer", "issue_ns",
+              "completed", "failed"]
+GROUP_COLUMNS = ["pg", "kind", "position", "op", "bytes", "dtype", "last_completed_position",
+                 "issued_ranks", "missing_ranks", "odd_ranks", "waiting_since_ns", "dead_ranks",
+                 "signatures", "text"]
+FRAME_COLUMNS = ["rank", "reason", "t_ns", "depth", "file", "line", "function", "code"]
+TOP_FRAMES = 3  # innermost frames of each rank's main thread shown
+NO_OPS_LINE = ("no rank has comms records (traced with --no-comms, or none written), so the "
+               "ops at the stop are unknown")
+BAD_ENDS = ("failed", "interrupted", schema.STATUS_NO_END)
+
+
+# ---- reading ------------------------------------------------------------------------------------
+def read_stop_inputs(run_dir: Path, ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame,
+                                                               list[str]]:
+    """(issue records, stack dumps' main-thread frames, problems) of `ranks` in `run_dir`."""
+    issued, frames, problems = [], [], []
+    for rank in ranks:
+        path = records_path(run_dir, schema.ISSUED_FILE, rank)
+        if path is not None:
+            found, bad = read_jsonl(path, schema.IssueRecord, rank)
+            problems += bad
+            issued += [{**msgspec.structs.asdict(r), "rank": rank} for r in found]
+        path = run_dir / schema.STACKS_FILE.format(rank=rank)
+        if path.is_file():
+            dumps, bad = read_jsonl(path, schema.StackDump, rank)
+            problems += bad
+            frames += dump_frames(dumps, rank)
+    issued_frame = pd.DataFrame(issued, columns=[f.name for f in msgspec.structs.fields(
+        schema.IssueRecord)] + ["rank"])
+    return issued_frame, pd.DataFrame(frames, columns=FRAME_COLUMNS), problems
+
+
+def dump_frames(dumps: list, rank: int) -> list[dict]:
+    """The main thread's innermost frames (depth 0 innermost) of `rank`'s first dump at a stop
+    (a collective's error, SIGTERM: the first is where it got stuck, later ones are on the way
+    out), else of its last SIGUSR1 dump."""
+    if not dumps:
+        return []
+    stops = [d for d in dumps if d.reason != "sigusr1"]
+    dump = stops[0] if stops else dumps[-1]
+    main = next((t for t in dump.threads if t.main), None)
+    if main is None:
+        return []
+    inner = list(reversed(main.frames))
+    shown = list(range(min(TOP_FRAMES, len(inner))))
+    if not any(is_script_frame(inner[d].file) for d in shown):
+        # Stuck inside a library (torch's backward): where the script called it, too.
+        shown += [next((d for d in range(len(shown), len(inner))
+                        if is_script_frame(inner[d].file)), None)]
+    return [{"rank": rank, "reason": dump.reason, "t_ns": dump.t_ns, "depth": d,
+             "file": inner[d].file, "line": inner[d].line, "function": inner[d].function,
+             "code": source_line(inner[d].file, inner[d].line, dump.t_ns)}
+            for d in shown if d is not None]
+
+
+def is_script_frame(path: str) -> bool:
+    """Not an installed package's, nor the interpreter's (frozen modules, the standard
+    library)."""
+    parts = Path(path).parts
+    in_stdlib = any(re.fullmatch(r"python\d+\.\d+", name) and parts[i - 1].startswith("lib")
+                    for i, name in enumerate(parts[1:-1], 1))
+    return not (path.startswith("<") or "site-packages" in parts or "dist-packages" in parts
+                or in_stdlib)
+
+
+def source_line(path: str, line: int, at_ns: int) -> str:
+    """The line of a frame where its file is readable here and unchanged since the dump (read
+    as text, never run); "" otherwise."""
+    try:
+        if os.stat(path).st_mtime_ns > at_ns:
+            return ""
+    except OSError:
+        return ""
+    return linecache.getline(path, line).strip()
+
+
+# ---- the ops each rank issued and completed -----------------------------------------------------
+def _with_positions(completed: pd.DataFrame) -> pd.DataFrame:
+    """Completion records of a rank written before issue records: positions counted as the
+    tracer counts them, in issue order."""
+    frame = completed.sort_values(["rank", "start_ns"], kind="stable").copy()
+    peer = frame["peer"].astype("float64").fillna(-1) if "peer" in frame else -1
+    frame["_key"] = frame["pg"].astype(str) + "|" + frame["op"].where(
+        frame["op"].isin(P2P_OPS), "") + "|" + pd.Series(peer, index=frame.index).astype(str)
+    counted = frame.groupby(["rank", "_key"]).cumcount()
+    if "position" in frame:
+        frame["position"] = frame["position"].fillna(counted)
+    else:
+        frame["position"] = counted
+    return frame.drop(columns="_key")
+
+
+def stop_ops(issued: pd.DataFrame, completed: pd.DataFrame) -> pd.DataFrame:
+    """One row per (rank, pg, op kind, peer, position): what was issued, and whether it
+    completed without error. Ranks without issue records are known by their completions."""
+    done = completed.copy()
+    if "failed" not in done:
+        done["failed"] = False
+    done["failed"] = done["failed"].fillna(False).astype(bool)
+    if not done.empty:
+        done = _with_positions(done)
+    done = done.rename(columns={"start_ns": "issue_ns"})
+    done = done.reindex(columns=OP_COLUMNS[:-2] + ["failed"])
+    done["completed"] = ~done["failed"]
+    key = ["rank", "pg", "op", "peer", "position"]
+    for frame in (done, issued):
+        # Typed alike even when empty (a rank with no op): merge refuses object vs float keys.
+        frame["rank"] = pd.to_numeric(frame["rank"]).astype("int64")
+        frame["pg"] = frame["pg"].astype(object)
+        frame["op"] = frame["op"].astype(object)
+        frame["peer"] = frame["peer"].astype("float64")
+        frame["position"] = frame["position"].astype("int64")
+    both = issued.reindex(columns=OP_COLUMNS[:-2]).merge(
+        done[key + ["completed", "failed"]], on=key, how="left")
+    both["completed"] = both["completed"].fillna(False).astype(bool)
+    both["failed"] = both["failed"].fillna(False).astype(bool)
+    # Completions with no issue record: a rank traced without them, or issue lines lost to a
+    # crash before they were flushed.
+    seen = both[key].drop_duplicates()
+    extra = done.merge(seen, on=key, how="left", indicator=True)
+    extra = extra[extra["_merge"] == "left_only"].drop(columns="_merge")
+    ops = pd.concat([f for f in (both, extra.reindex(columns=OP_COLUMNS)) if not f.empty]
+                    or [pd.DataFrame(columns=OP_COLUMNS)], ignore_index=True)
+    return ops.reindex(columns=OP_COLUMNS).sort_values(["pg", "position", "rank"],
+                                                       kind="stable").reset_index(drop=True)
+
+
+# ---- the diagnosis ------------------------------------------------------------------------------
+def needs_diagnosis(statuses: dict) -> bool:
+    """A run whose ranks did not all end "ok" (a rank without a manifest tells nothing)."""
+    return any(s in BAD_ENDS for s in statuses.values())
+
+
+def group_members(collectives: pd.DataFrame, pg, world_size: int) -> list[int]:
+    """The members of group `pg`: the whole world for a group as large as it (a size not known
+    counts as smaller), else the ranks that issued a collective on it."""
+    rows = collectives[collectives["pg"] == pg]
+    if pd.to_numeric(rows["pg_size"], errors="coerce").max() >= world_size:
+        return list(range(world_size))
+    return sorted(int(r) for r in rows["rank"].unique())
+
+
+def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.DataFrame:
+    """One row per process group whose collectives stopped short: where members parted, or
+    the position all issued and not all completed (GROUP_COLUMNS)."""
+    collectives = ops[~ops["op"].isin(P2P_OPS)].copy()
+    dead = sorted(r for r, s in statuses.items() if s == schema.STATUS_NO_END)
+    # A dead rank's completion records of its last second were never flushed (its issue
+    # records are written through): its missing completions prove nothing.
+    collectives.loc[collectives["rank"].isin(dead), "completed"] = True
+    rows = []
+    for pg in sorted(collectives["pg"].unique(), key=str):
+        group = collectives[collectives["pg"] == pg]
+        members = group_members(collectives, pg, world_size)
+        found = _first_parting(group, members)
+        if found is None:
+            continue
+        kind, position, at, last_done = found
+        issued = sorted(int(r) for r in at["rank"])
+        missing = [r for r in members if r not in issued]
+        first = at.iloc[0]
+        byop_signature = at.assign(sig=at.apply(op_signature, axis=1)).groupby("sig")["rank"]
+        signatures = "; ".join(f"{sig} on {_ranks(ranks)}" for sig, ranks in sorted(
+            byop_signature, key=lambda item: min(item[1])))
+        counts = at.assign(sig=at.apply(op_signature, axis=1))["sig"].value_counts()
+        odd = []
+        if kind == "mismatch" and len(counts) > 1 and counts.iloc[0] > counts.iloc[1]:
+            majority = counts.index[0]
+            odd = sorted(int(r) for r, sig in zip(at["rank"], at.apply(op_signature, axis=1))
+                         if sig != majority)
+        rows.append({
+            "pg": pg, "kind": kind, "odd_ranks": odd, "position": position, "op": first["op"],
+            "bytes": first["bytes"], "dtype": first["dtype"], "last_completed_position": last_done,
+            "issued_ranks": issued, "missing_ranks": missing,
+            "waiting_since_ns": int(at["issue_ns"].min()),
+            "dead_ranks": [r for r in dead if r in members], "signatures": signatures,
+        })
+    frame = pd.DataFrame(rows, columns=GROUP_COLUMNS)
+    frame["text"] = [group_text(row) for row in frame.to_dict("records")]
+    return frame
+
+
+def _first_parting(group: pd.DataFrame, members: list[int]):
+    """(kind, position, that position's rows, last position every member completed) at the
+    first position of `group` where the members parted or did not all complete; None if every
+    position issued was completed by every member."""
+    last_done = -1
+    for position, at in group.groupby("position", sort=True):
+        at = at.drop_duplicates("rank")
+        issued = set(int(r) for r in at["rank"])
+        if any(r not in issued for r in members):
+            return "missing", int(position), at, last_done
+        if at.apply(op_signature, axis=1).nunique() > 1:
+            return "mismatch", int(position), at, last_done
+        if not at["completed"].all():
+            return "not_completed", int(position), at, last_done
+        last_done = int(position)
+    return None
+
+
+def group_text(row: dict) -> str:
+    what = (f"{row['op']} #{row['position']} on group {row['pg']} "
+            f"({mbytes(row['bytes'])} {row['dtype']})")
+    since = clock_text(row["waiting_since_ns"])
+    last = (f"#{row['last_completed_position']}" if row["last_completed_position"] >= 0
+            else "none")
+    if row["kind"] == "missing":
+        text = (f"{_ranks(row['missing_ranks'])} never issued {what}, which "
+                f"{_ranks(row['issued_ranks'])} waited in from {since}")
+    elif row["kind"] == "mismatch" and row["odd_ranks"]:
+        text = (f"{_ranks(row['odd_ranks'])} issued {row['op']} #{row['position']} on group "
+                f"{row['pg']} unlike the others: {row['signatures']} (from {since})")
+    elif row["kind"] == "mismatch":
+        text = (f"ranks issued {row['op']} #{row['position']} on group {row['pg']} differently: "
+                f"{row['signatures']} (from {since})")
+    else:
+        text = f"{what} was issued by every member from {since} and never completed"
+    if row["dead_ranks"]:
+        text += f"; {_ranks(row['dead_ranks'])} died (no run_end)"
+    return text + f"; last position every member completed: {last}"
+
+
+def rank_text(rank: int, status: str | None, frames: pd.DataFrame,
+              exception: str | None = None) -> str:
+    """'rank 1 (interrupted) was in before_forward at workloads/common.py:205, called from ...'."""
+    own = frames[frames["rank"] == rank].sort_values("depth")
+    where = "no stack dump"
+    if not own.empty:
+        where, depth = "was in ", 0
+        for f in own.to_dict("records"):
+            if f["depth"] > 0:
+                where += ", called from " if f["depth"] == depth + 1 else ", ... called from "
+            where += f"{f['function']} at {_short(f['file'])}:{f['line']}"
+            where += f" (`{f['code']}`)" if f.get("code") else ""
+            depth = f["depth"]
+        where += f" ({own.iloc[0]['reason']})"
+    raised = ""
+    if exception:
+        raised = f"; the script raised {exception.strip().splitlines()[0]}"
+    return f"rank {rank} ({status or 'no manifest'}) {where}{raised}"
+
+
+def _short(path: str) -> str:
+    """A path from the folder the run was started in where it lies under it."""
+    parts = Path(path).parts
+    for anchor in ("workloads", "site-packages"):
+        if anchor in parts:
+            return "/".join(parts[parts.index(anchor) + (anchor == "site-packages"):])
+    return path
+
+
+def stop_diagnosis(ops: pd.DataFrame, frames: pd.DataFrame, statuses: dict,
+                   world_size: int, exceptions: dict | None = None) -> dict | None:
+    """The whole diagnosis, None for a run every rank ended "ok": `groups` (diagnose_groups),
+    `ranks` (status, top frames and run_end's exception of each rank) and `lines` (the
+    plain-text report)."""
+    exceptions = exceptions or {}
+    if not needs_diagnosis(statuses):
+        return None
+    dead = sorted(r for r, s in statuses.items() if s == schema.STATUS_NO_END)
+    p2p = diagnose_p2p(ops, dead, GROUP_COLUMNS)
+    groups = diagnose_groups(ops, statuses, world_size)
+    groups = pd.concat([f for f in (groups, p2p) if not f.empty] or [p2p], ignore_index=True)
+    ranks = []
+    for rank in sorted(statuses):
+        own = frames[frames["rank"] == rank].sort_values("depth")
+        ranks.append({"rank": int(rank), "status": statuses[rank],
+                      "frames": own[["file", "line", "function", "code"]].to_dict("records"),
+                      "exception": exceptions.get(rank),
+                      "text": rank_text(rank, statuses[rank], frames, exceptions.get(rank))})
+    if ops.empty:
+        # Nothing recorded (--no-comms, or records lost): nothing to say about the ops.
+        fallback = NO_OPS_LINE
+    else:
+        fallback = ("every collective and send/recv issued was completed by every rank it "
+                    "involved; the stop came outside them")
+    lines = list(groups["text"]) or [fallback]
+    return {"groups": groups, "ranks": ranks, "lines": lines + [r["text"] for r in ranks]}

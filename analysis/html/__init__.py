@@ -1,4 +1,0 @@
-"""The standalone HTML report of an analysed run (docs/viewing.md): one file, every script and
-style inline, no network; `write_html_report(report, path)` writes it."""
-
-from analysis.html.report import build_html, html_table, write_html_report  # noqa: F401

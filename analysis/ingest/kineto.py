@@ -1,0 +1,302 @@
+"""Reading one Kineto trace file (plain or gzipped JSON) into the columns of its events.
+
+The file is decoded a few MB of JSON at a time (analysis.ingest.kineto_events builds the columns),
+so
+memory stays near the size of the resulting columns; analysis.ingest.parsed_trace makes the events
+frame of them. A file that cannot be read raises TraceReadError naming the file and the
+problem. Nothing read is evaluated or unpickled. This module does not import pandas: it runs
+before the command imports it (analysis.ingest.parse_ahead).
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import os
+import re
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from analysis.ingest.kineto_events import (
+    EVENTS_DECODER,
+    TRACE_DECODER,
+    EventColumns,
+    TraceDocument,
+    int_or_none,
+)
+
+
+class TraceReadError(Exception):
+    """A trace that cannot be analysed; the message names the file and the problem."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
+
+
+@dataclass
+class DecodedTrace:
+    """One Kineto file's events as columns (analysis.ingest.kineto_events), and what its
+    distributedInfo says."""
+
+    path: Path
+    columns: EventColumns
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    # distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, pg_size, ranks).
+    process_groups: list[dict] = field(default_factory=list)
+
+
+# ---- reading a file in chunks -------------------------------------------------------------------
+# Pieces of 256 kB: 1 MB ones cost more in page faults (a fresh mapping per piece) than they save.
+READ_BYTES = 256 << 10
+CHUNK_BYTES = 2 << 20  # decoded events live for one chunk of JSON at a time
+CUT_WINDOW = 1 << 16  # where a cut between events is looked for first: the buffer's end
+_EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BETWEEN_EVENTS_RE = re.compile(rb"\}\s*,\s*\{")
+
+
+# The most JSON one trace file may hold (decompressed): a file read a chunk at a time takes about
+# 0.7 bytes of memory per byte of JSON, its events frame about 0.5 (docs/analysis.md, "Large runs
+# and Dask"). RANKTRACE_MAX_TRACE_MB overrides it.
+MAX_TRACE_MB = 2048
+MAX_TRACE_ENV = "RANKTRACE_MAX_TRACE_MB"
+# A file that defeats chunking is decoded whole, which takes about four times the memory: it may
+# hold only this share of the limit.
+WHOLE_DECODE_SHARE = 4
+_MB = 1 << 20
+
+
+def max_trace_bytes() -> int:
+    """The limit on one trace file's JSON, in bytes: RANKTRACE_MAX_TRACE_MB or MAX_TRACE_MB.
+
+    Raises ValueError naming the variable when it is not a positive number.
+    """
+    text = os.environ.get(MAX_TRACE_ENV, "").strip()
+    if not text:
+        return MAX_TRACE_MB * _MB
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = 0.0
+    if not megabytes > 0 or megabytes == float("inf"):
+        raise ValueError(f"{MAX_TRACE_ENV}={text!r}: not a positive number of MB")
+    return int(megabytes * _MB)
+
+
+def _megabytes(nbytes: int) -> str:
+    return f"{nbytes / _MB:.1f} MB" if nbytes >= _MB else f"{nbytes / _MB:.3g} MB"
+
+
+def _too_large(path: Path, size: str, limit: int, why: str = "") -> TraceReadError:
+    return TraceReadError(
+        path, f"too large to analyse: {size}, over the limit of {limit / _MB:g} MB"
+              f"{why} ({MAX_TRACE_ENV}). Re-record with a shorter profiler window (fewer "
+              f"active steps in torch.profiler's schedule, docs/tracer.md), or, where this "
+              f"machine has about 2 GB of memory per GB of JSON, raise {MAX_TRACE_ENV}")
+
+
+class _NotChunkable(Exception):
+    """The file's layout defeats chunking; decode it whole (which also names any real error)."""
+
+
+def _pieces(path: Path, limit: int | None = None, why: str = ""):
+    """The file's (decompressed) bytes, READ_BYTES at a time; TraceReadError once there are
+    more than `limit` of them (a plain file is refused before anything is read)."""
+    try:
+        with path.open("rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        if not gzipped and path.name.endswith(".gz"):
+            raise TraceReadError(path, "not gzip (the name ends in .gz but the file does not "
+                                       "start with gzip's magic bytes)")
+        stored = path.stat().st_size
+        if limit is not None and not gzipped and stored > limit:
+            raise _too_large(path, f"{_megabytes(stored)} of JSON", limit, why)
+        opened = gzip.open(path, "rb") if gzipped else path.open("rb")
+        read = 0
+        with opened as handle:
+            while piece := handle.read(READ_BYTES):
+                read += len(piece)
+                if limit is not None and read > limit:
+                    raise _too_large(path, f"more than {limit / _MB:g} MB of JSON once "
+                                           f"decompressed ({_megabytes(stored)} gzipped)",
+                                     limit, why)
+                yield piece
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise TraceReadError(path, f"truncated or corrupt gzip ({exc})") from None
+    except OSError as exc:
+        raise TraceReadError(path, f"cannot read ({exc.strerror or exc})") from None
+
+
+def read_trace_bytes(path: Path, limit: int | None = None, why: str = "") -> bytes:
+    return b"".join(_pieces(path, limit, why))
+
+
+def _decode_in_chunks(path: Path, columns: EventColumns, limit: int) -> TraceDocument:
+    """Feed traceEvents to `columns` a few MB at a time; returns the rest of the document.
+
+    The events array is cut only between two events (a `}` then `,` then `{`); a cut that lands
+    anywhere else (inside a string, or in nested arguments) makes a chunk that is not a valid
+    JSON array of events, so it cannot go unnoticed: _NotChunkable is raised and the caller
+    decodes the file whole instead.
+    """
+    pieces = _pieces(path, limit)
+    try:
+        return _feed_chunks(pieces, columns)
+    finally:
+        pieces.close()
+
+
+def _last_cut(buffer: bytearray, filled: int):
+    """The last place between two events in `buffer[:filled]`: near its end if possible.
+
+    Looked for in ever larger windows at the end (a few events, then CUT_WINDOW, then the whole
+    buffer): none in a window means the last one starts before it."""
+    for start in (max(filled - CUT_WINDOW // 16, 0), max(filled - CUT_WINDOW, 0), 0):
+        cut = None
+        for found in _BETWEEN_EVENTS_RE.finditer(buffer, start, filled):
+            cut = found
+        if cut is not None or start == 0:
+            return cut
+    return None
+
+
+def _feed_chunks(pieces, columns: EventColumns) -> TraceDocument:
+    buffer = bytearray()
+    found = None
+    for piece in pieces:
+        buffer += piece
+        found = _EVENTS_KEY_RE.search(buffer)
+        if found:
+            break
+        if len(buffer) > 4 * CHUNK_BYTES:
+            raise _NotChunkable("traceEvents not near the start")
+    if found is None:
+        raise _NotChunkable("no traceEvents key")
+    head = bytes(buffer[:found.start()]) + b'"traceEvents":[]}'
+    # One buffer for the whole file, filled up to `filled` and decoded where it lies: no copy of
+    # a chunk, and no fresh memory per chunk. Its first byte is the one before the next event,
+    # overwritten with "[" (the array's own "[" now, a separator byte later).
+    rest = buffer[found.end() - 1:]
+    filled = len(rest)
+    buffer = bytearray(max(CHUNK_BYTES + READ_BYTES, filled))
+    buffer[:filled] = rest
+    del rest
+    wanted = CHUNK_BYTES
+    while True:
+        while filled < wanted and (piece := next(pieces, None)) is not None:
+            end = filled + len(piece)
+            if end > len(buffer):
+                buffer.extend(bytes(end - len(buffer)))
+            buffer[filled:end] = piece
+            filled = end
+        if filled < wanted:  # the file is read to its end: the rest is the tail
+            break
+        cut = _last_cut(buffer, filled)
+        if cut is None:  # one event longer than the buffer: read on
+            wanted = filled + CHUNK_BYTES
+            continue
+        wanted = CHUNK_BYTES
+        # "]" over the separator byte after the last event of the chunk.
+        close = cut.start() + 1
+        buffer[close] = ord("]")
+        try:
+            events = EVENTS_DECODER.decode(memoryview(buffer)[:close + 1])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise _NotChunkable(str(exc)) from None
+        # Raw arguments point into the buffer: the events go before it is written again.
+        columns.add(events)
+        del events
+        start = cut.end() - 2
+        buffer[:filled - start] = buffer[start:filled]
+        filled -= start
+        buffer[0] = ord("[")
+    try:
+        tail = TRACE_DECODER.decode(b'{"traceEvents":' + memoryview(buffer)[:filled])
+        document = TRACE_DECODER.decode(head)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _NotChunkable(str(exc)) from None
+    del buffer
+    columns.add(tail.traceEvents or [])
+    if document.distributedInfo is None:
+        document.distributedInfo = tail.distributedInfo
+    return document
+
+
+def _decode_whole(path: Path, columns: EventColumns, limit: int, why: str) -> TraceDocument:
+    data = read_trace_bytes(path, limit, why)
+    try:
+        document = TRACE_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise TraceReadError(path, f"not a Kineto trace ({exc})") from None
+    except msgspec.DecodeError as exc:
+        raise TraceReadError(path, f"invalid JSON ({exc})") from None
+    del data
+    if document.traceEvents is None:
+        raise TraceReadError(path, "no 'traceEvents' list; not a Kineto/Chrome trace")
+    columns.add(document.traceEvents)
+    document.traceEvents = None
+    return document
+
+
+def decode_trace(path: Path, chunked: bool = True, max_bytes: int | None = None
+                 ) -> DecodedTrace:
+    """Decode one Kineto trace file into columns. Raises TraceReadError naming the file when it
+    can't, or when its JSON is over `max_bytes` (default: max_trace_bytes()).
+
+    `chunked=False` decodes the whole file at once (what a chunked read falls back to).
+    """
+    path = Path(path)
+    max_bytes = max_trace_bytes() if max_bytes is None else max_bytes
+    with gc_paused():
+        return _decode(path, chunked, max_bytes)
+
+
+@contextmanager
+def gc_paused():
+    """The cyclic garbage collector off for the block, as it was after it. Decoding (and the
+    events frame built of it) makes hundreds of thousands of short-lived objects and no reference
+    cycles: the collector would only rescan them, over and over (10-30% of parse time)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _decode(path: Path, chunked: bool, max_bytes: int) -> DecodedTrace:
+    columns = EventColumns()
+    try:
+        if not chunked:
+            raise _NotChunkable("asked for a whole-file decode")
+        document = _decode_in_chunks(path, columns, max_bytes)
+    except _NotChunkable as exc:
+        columns = EventColumns()
+        why = (f" for a file decoded whole, 1/{WHOLE_DECODE_SHARE} of "
+               f"{max_bytes / _MB:g} MB, as it cannot be read a chunk at a time ({exc})")
+        document = _decode_whole(path, columns, max_bytes // WHOLE_DECODE_SHARE, why)
+    info = document.distributedInfo
+    return DecodedTrace(
+        path=path, columns=columns,
+        rank=int_or_none(info.rank) if info is not None else None,
+        world_size=int_or_none(info.world_size) if info is not None else None,
+        backend=str(info.backend) if info is not None and info.backend is not None else None,
+        process_groups=process_group_configs(info.pg_config) if info is not None else [])
+
+
+def process_group_configs(config) -> list[dict]:
+    """distributedInfo.pg_config as a list of dicts (torch writes a list; a dict keyed by group
+    is read as its values); anything else is no group."""
+    if isinstance(config, dict):
+        config = list(config.values())
+    if not isinstance(config, list):
+        return []
+    return [dict(group) for group in config if isinstance(group, dict)]

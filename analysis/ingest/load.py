@@ -1,0 +1,455 @@
+"""Loading a run: its trace files parsed, grouped into one RankTrace per rank, with the tracer's
+records and the selected steps.
+
+The pieces live in modules of their own: the events frame's contract (analysis.core.events), Kineto
+decoding (analysis.ingest.kineto, analysis.ingest.kineto_events), the Parquet cache
+(analysis.ingest.cache), which
+files a PATH names (analysis.ingest.runs), the tracer's records (analysis.ingest.records) and step
+selection
+(analysis.core.steps). A file that cannot be read becomes a problem naming the file (and rank, where
+known) and the rest is still loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from analysis.core.events import (  # noqa: F401
+    COMM_KERNEL_PATTERNS,
+    COMM_KERNEL_RE,
+    EVENT_COLUMNS,
+    GPU_CATS,
+    HOST_COMM_RE,
+    HOST_OP_CATS,
+    MEMORY_CATS,
+    NUMBER_COLUMNS,
+    PROFILER_STEP_RE,
+    STEP_COLUMNS,
+    TEXT_COLUMNS,
+    mark_comm_kernels,
+)
+from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges, parse_step_spec, select_steps  # noqa: F401
+
+# Re-exported: the names other modules and notebooks import from analysis.ingest.load.
+from analysis.ingest.cache import CACHE_DIR, CACHE_FORMAT, read_trace  # noqa: F401
+from analysis.ingest.kineto import TraceReadError, max_trace_bytes, read_trace_bytes  # noqa: F401
+from analysis.ingest.parallel import SchedulerUnavailable, run_jobs  # noqa: F401
+from analysis.ingest.parsed_trace import (  # noqa: F401
+    ParsedTrace,
+    empty_events,
+    parse_trace,
+    profiler_steps,
+)
+from analysis.ingest.records import (  # noqa: F401
+    RECORD_FILES,
+    RunRecords,
+    read_jsonl,
+    read_records,
+    record_ranks,
+    records_path,
+    run_status,
+)
+from analysis.ingest.runs import (  # noqa: F401
+    NothingToAnalyse,
+    file_rank,
+    find_runs,
+    is_run_dir,
+    is_trace_file,
+    kineto_worker,
+    resolve_runs,
+    trace_files,
+)
+from tracer import schema
+
+if TYPE_CHECKING:
+    from analysis.ingest.parse_ahead import DecodeAhead
+
+# progress(files parsed, files in all): told after each file.
+Progress = Callable[[int, int], None]
+
+
+# ---- data model (described in docs/analysis.md) -------------------------------------------------
+@dataclass
+class RankTrace:
+    rank: int | None
+    world_size: int | None
+    path: Path
+    events: pd.DataFrame
+    steps: pd.DataFrame  # the selected ProfilerStep spans
+    records: RunRecords | None
+    problems: list[str]
+    # Whether any timestamp in the file was written as a float: HTA rounds such traces to whole
+    # microseconds, and the HTA-compatible columns must do the same.
+    float_timestamps: bool = False
+    # Every ProfilerStep span in the trace, before --steps selection.
+    all_steps: pd.DataFrame | None = None
+    # More files of the same rank (further profiler windows); their events are in `events`.
+    extra_paths: list[Path] = field(default_factory=list)
+    backend: str | None = None
+    # False for a rank known only from the tracer's records (killed before its trace was written).
+    has_trace: bool = True
+    # How the rank's run ended, from its manifest: ok, failed, interrupted or crashed (no run_end).
+    status: str | None = None
+    # The trace's distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, ...).
+    process_groups: list[dict] = field(default_factory=list)
+    # {name: table or summary}: what was computed of this rank where its file was parsed
+    # (analysis.rank.summary); `events` is None when the events were dropped afterwards.
+    reduced: dict = field(default_factory=dict)
+    # How to read the events again once dropped: (use the Parquet cache, communication kernel
+    # patterns, the largest trace in bytes).
+    reread: tuple = (True, (), None)
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else "rank ?"
+
+    @property
+    def event_count(self) -> int:
+        """Complete events in the rank's trace(s), whether or not they are still held."""
+        if self.events is not None:
+            return len(self.events)
+        return int(self.reduced.get("event_count", 0))
+
+    def with_events(self) -> RankTrace:
+        """This rank with its events frame: itself, or, when its events were dropped after
+        loading, a copy with them read again from its file(s) (not kept: the caller holds
+        them only as long as it needs them)."""
+        if self.events is not None:
+            return self
+        use_cache, comm_kernels, max_bytes = self.reread
+        parts = [read_trace(path, use_cache, max_bytes) for path in [self.path, *self.extra_paths]]
+        merged = _merge_windows(parts) if len(parts) > 1 else parts[0]
+        return dataclasses.replace(self, events=mark_comm_kernels(merged.events, comm_kernels))
+
+
+@dataclass
+class LoadResult:
+    ranks: list[RankTrace]
+    problems: list[str]
+    run_dir: Path | None
+    world_size: int | None = None
+    files: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RankReduction:
+    """What a worker needs to build its file's RankTrace as load_files would, and compute the
+    per-rank tables and summaries there (analysis.rank.summary) while the events are at hand."""
+
+    steps: list[int] | None
+    hta_compatible: bool
+    comm_kernels: tuple
+    with_records: bool  # a run folder was given: the records beside the trace are read
+    # Drop the events once reduced: the command's text and JSON reports need only the
+    # reductions; notebooks, the HTML report and the timeline keep them.
+    drop_events: bool = False
+
+
+def _read_trace_job(args: tuple[str, bool, int, RankReduction | None, DecodeAhead | None]):
+    """Process-pool job: a ParsedTrace, or the error message (exceptions cross processes badly).
+    A DecodeAhead (analysis.ingest.parse_ahead) comes only with a job run in this process."""
+    path, use_cache, max_bytes, reduction, decoded_ahead = args
+    try:
+        parsed = read_trace(Path(path), use_cache, max_bytes, decoded_ahead)
+    except TraceReadError as exc:
+        rank = file_rank(exc.path)
+        return f"{exc.path}: rank {rank}: {exc.reason}" if rank is not None else str(exc)
+    if reduction is not None:
+        parsed.reduced = _reduce(parsed, reduction)
+        if reduction.drop_events and parsed.reduced is not None:
+            parsed.events = None
+    return parsed
+
+
+def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, int, RankTrace] | None:
+    """(rank, problems of the parsed file, its RankTrace without events, reduced) as load_files
+    will give the rank, when the file names one: the command takes it when the file turns out to
+    be its rank's only one, without reading the records or selecting the steps again."""
+    rank = parsed.rank if parsed.rank is not None else file_rank(parsed.path)
+    if rank is None:
+        return None  # unranked: only the whole run tells which rank it is analysed as
+    # Imported here: analysis.rank.summary imports this module.
+    from analysis.rank.summary import rank_tables
+
+    trace = _rank_trace(parsed, rank, [], parsed.path.parent if how.with_records else None,
+                        how.steps, how.hta_compatible, how.comm_kernels)
+    trace.reduced = rank_tables(trace)
+    trace.events = None  # the parsed file's own travel back, when they are kept
+    return rank, len(parsed.problems), trace
+
+
+def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
+               progress: Progress | None, scheduler: str | None = None,
+               reduction: RankReduction | None = None,
+               decoded_ahead: DecodeAhead | None = None) -> list:
+    # Read here, not in the workers: a cluster's workers do not share this process's environment.
+    max_bytes = max_trace_bytes()
+    if not scheduler:
+        return run_jobs(_read_trace_job,
+                        [(str(f), use_cache, max_bytes, reduction,
+                          decoded_ahead if len(files) == 1 else None) for f in files],
+                        jobs=jobs, progress=progress)
+    # Cluster workers have their own working folder: they get absolute paths, and the results
+    # name each file as it was given here, as a local run does.
+    given = {str(f.absolute()): str(f) for f in files}
+    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes, reduction, None)
+                                          for path in given],
+                       scheduler=scheduler, progress=progress)
+    return [_named_as_given(result, absolute, shown)
+            for result, (absolute, shown) in zip(results, given.items())]
+
+
+def _named_as_given(result, absolute: str, shown: str):
+    if absolute == shown:
+        return result
+    if isinstance(result, str):
+        return result.replace(absolute, shown)
+    named = [result] + ([result.reduced[2]] if result.reduced is not None else [])
+    for found in named:
+        found.path = Path(shown)
+        found.problems = [problem.replace(absolute, shown) for problem in found.problems]
+    return result
+
+
+def _merge_windows(parts: list[ParsedTrace]) -> ParsedTrace:
+    """Several profiler windows of one rank (one file each) as one trace."""
+    parts = sorted(parts, key=lambda p: int(p.steps["start_ns"].min()) if len(p.steps)
+                   else int(p.events["ts_ns"].min()) if len(p.events) else 0)
+    first = parts[0]
+    events = pd.concat([p.events for p in parts], ignore_index=True)
+    events["name"] = events["name"].astype("category")
+    steps = (pd.concat([p.steps for p in parts], ignore_index=True)
+             .sort_values("step", kind="stable").drop_duplicates("step").reset_index(drop=True))
+    return ParsedTrace(path=first.path, rank=first.rank, world_size=first.world_size,
+                       backend=first.backend, events=events, steps=steps,
+                       float_timestamps=any(p.float_timestamps for p in parts),
+                       problems=[m for p in parts for m in p.problems],
+                       process_groups=first.process_groups)
+
+
+def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] | None = None,
+               hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
+               progress: Progress | None = None, comm_kernels: tuple = (),
+               scheduler: str | None = None, keep_events: bool = True,
+               decoded_ahead: DecodeAhead | None = None) -> LoadResult:
+    """Parse trace files (in parallel processes when several) into one RankTrace per rank.
+
+    `keep_events=False`: each rank is reduced where it is parsed (analysis.rank.summary) and
+    its events frame is dropped (`RankTrace.events` is None; `with_events()` reads it again),
+    so that memory holds O(ranks x steps + collectives), not every event of every rank.
+
+    `scheduler`: the address of a Dask scheduler whose workers parse the files instead
+    (analysis.ingest.parallel); they must see the files at the same paths. Raises
+    SchedulerUnavailable when it cannot be used.
+
+    `progress`, where given, is called after each file is parsed.
+    `decoded_ahead`: the one file of `files` being decoded already (analysis.ingest.parse_ahead).
+    `comm_kernels`: regular expressions (str or compiled) naming more device kernels that count
+    as communication, besides COMM_KERNEL_PATTERNS.
+    """
+    problems: list[str] = []
+    where = run_dir if run_dir is not None else (files[0].parent if files else Path("."))
+    if not files and run_dir is None:
+        return LoadResult([], [f"{where}: no Kineto trace files"], run_dir)
+    parsed: list[ParsedTrace] = []
+    reduction = RankReduction(steps, hta_compatible, tuple(comm_kernels), run_dir is not None,
+                              drop_events=not keep_events)
+    reread = (use_cache, tuple(comm_kernels), max_trace_bytes())
+    for result in _parse_all(files, use_cache, jobs, progress, scheduler, reduction,
+                             decoded_ahead):
+        if isinstance(result, str):
+            problems.append(result)
+        else:
+            parsed.append(result)
+
+    # Ranks: distributedInfo first, else a ranktrace file name (rank{R}.<span>...).
+    by_rank: dict = {}
+    unranked: list[ParsedTrace] = []
+    for trace in parsed:
+        named = file_rank(trace.path)
+        if trace.rank is None and named is not None:
+            trace.rank = named
+        elif trace.rank is not None and named is not None and named != trace.rank:
+            trace.problems.append(f"{trace.path}: distributedInfo says rank {trace.rank} but the "
+                                  f"file name says rank {named}; using {trace.rank}")
+        if trace.rank is None:
+            unranked.append(trace)
+        else:
+            by_rank.setdefault(trace.rank, []).append(trace)
+    for trace in unranked:
+        if len(parsed) == 1:
+            # Alone, it is rank 0 whatever it was (HTA assumes the same).
+            trace.problems.append(f"{trace.path}: no rank in distributedInfo; analysed as "
+                                  f"rank 0, the only trace")
+            trace.rank = 0
+            by_rank.setdefault(0, []).append(trace)
+        else:
+            trace.problems.append(f"{trace.path}: no rank in distributedInfo; analysed as an "
+                                  f"unranked trace (shown as rank ?)")
+            by_rank.setdefault(("unranked", str(trace.path)), []).append(trace)
+
+    ranks: list[RankTrace] = []
+    for key, group in by_rank.items():
+        group = sorted(group, key=lambda t: t.path.name)
+        kept = [group[0]]
+        worker = kineto_worker(group[0].path)
+        for other in group[1:]:
+            if worker is not None and worker == kineto_worker(other.path):
+                kept.append(other)  # another profiler window of the same process
+            else:
+                problems.append(f"duplicate rank {key}: {group[0].path} and {other.path} both "
+                                f"say rank {key}; analysing {group[0].path} only")
+        rank = key if isinstance(key, int) else None
+        first = kept[0]
+        if len(kept) == 1 and first.reduced is not None and first.reduced[0] == rank:
+            _, known, reduced = first.reduced
+            # Problems told of the file here (e.g. a rank that its name contradicts) join those
+            # the worker found.
+            reduced.problems = first.problems + reduced.problems[known:]
+            if keep_events:
+                reduced.events = mark_comm_kernels(first.events, comm_kernels)
+            reduced.reread = reread
+            ranks.append(reduced)
+            continue
+        # The worker's reduction was of another rank or of one window only: the events it
+        # dropped are read again, and the rank is reduced here.
+        kept = [_with_events(k, reread) for k in kept]
+        trace = _merge_windows(kept) if len(kept) > 1 else kept[0]
+        # Records lie beside the trace: several run folders (one per node) form one run.
+        records_dir = trace.path.parent if run_dir is not None else None
+        ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], records_dir, steps,
+                                 hta_compatible, comm_kernels))
+        ranks[-1].reread = reread
+        if not keep_events:
+            from analysis.rank.summary import rank_tables  # imports this module
+            ranks[-1].reduced = rank_tables(ranks[-1])
+            ranks[-1].events = None
+
+    ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, str(r.path)))
+    world_size = max((r.world_size for r in ranks if r.world_size), default=None)
+    if run_dir is not None:
+        found = {r.rank for r in ranks}
+        for folder in _record_folders(run_dir, files):
+            for rank in sorted(record_ranks(folder) - found):
+                ranks.append(_records_only_rank(folder, rank))
+                found.add(rank)
+        ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0,
+                                  str(r.path)))
+        problems += _unmarked_steps(run_dir, ranks)
+        for r in ranks:
+            for record in r.records.manifest if r.records is not None else []:
+                if isinstance(record, schema.RunStart):
+                    world_size = max(world_size or 0, record.world_size)
+    if world_size:
+        found = {r.rank for r in ranks if r.rank is not None}
+        missing = sorted(set(range(world_size)) - found)
+        if missing and found:
+            which = f"ranks {format_ranges(missing)} of world size {world_size} have" \
+                if len(missing) > 1 else f"rank {missing[0]} of world size {world_size} has"
+            problems.append(f"{where}: {which} no trace here ({len(found)} of {world_size} "
+                            f"ranks analysed)")
+    for r in ranks:
+        problems += r.problems
+    if not ranks and not problems:
+        problems.append(f"{where}: no Kineto trace files")
+    return LoadResult(ranks=ranks, problems=problems, run_dir=run_dir, world_size=world_size,
+                      files=list(files))
+
+
+def _with_events(parsed: ParsedTrace, reread: tuple) -> ParsedTrace:
+    if parsed.events is not None:
+        return parsed
+    use_cache, _, max_bytes = reread
+    return dataclasses.replace(parsed, events=read_trace(parsed.path, use_cache,
+                                                         max_bytes).events)
+
+
+def _record_folders(run_dir: Path, files: list[Path]) -> list[Path]:
+    """The run folder, then every other folder that holds one of the run's trace files."""
+    return list(dict.fromkeys([run_dir] + [f.parent for f in files]))
+
+
+def _rank_trace(trace: ParsedTrace, rank, extra: list[Path], run_dir: Path | None,
+                steps: list[int] | None, hta_compatible: bool, comm_kernels=()) -> RankTrace:
+    problems = list(trace.problems)
+    where = f"{trace.path}: rank {rank if rank is not None else '?'}"
+    records = None
+    if run_dir is not None and rank is not None:
+        records, found = read_records(run_dir, rank)
+        problems += found
+    if trace.steps.empty:
+        problems.append(f"{where}: no ProfilerStep in the trace; the whole trace span is "
+                        f"analysed as one window (step -1)")
+        selected = trace.steps
+    else:
+        selected, found = select_steps(trace.steps, steps, hta_compatible, where,
+                                       records.steps if records is not None else None)
+        problems += found
+    events = (mark_comm_kernels(trace.events, comm_kernels) if trace.events is not None
+              else None)
+    return RankTrace(rank=rank, world_size=trace.world_size, path=trace.path,
+                     events=events, steps=selected, records=records, problems=problems,
+                     float_timestamps=trace.float_timestamps, all_steps=trace.steps,
+                     extra_paths=extra, backend=trace.backend,
+                     process_groups=trace.process_groups,
+                     status=run_status(records.manifest) if records is not None else None)
+
+
+def _records_only_rank(run_dir: Path, rank: int) -> RankTrace:
+    """A rank with the tracer's records but no readable trace (killed before writing it)."""
+    records, problems = read_records(run_dir, rank)
+    path = next((found for pattern in RECORD_FILES
+                 if (found := records_path(run_dir, pattern, rank)) is not None), run_dir)
+    status = run_status(records.manifest) if records is not None else None
+    world_size = None
+    if records is not None:
+        starts = [r for r in records.manifest if isinstance(r, schema.RunStart)]
+        world_size = starts[-1].world_size if starts else None
+        problems.append(
+            f"{run_dir}: rank {rank}: no readable Kineto trace (run status: "
+            f"{status or 'unknown, no manifest'}); its records are still "
+            f"analysed: {len(records.steps)} step records, {len(records.comms)} comm ops")
+    else:
+        problems.append(f"{run_dir}: rank {rank}: no readable Kineto trace and no readable "
+                        f"records")
+    empty = pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS})
+    return RankTrace(rank=rank, world_size=world_size, path=path, events=empty_events(),
+                     steps=empty, records=records, problems=problems, all_steps=empty,
+                     has_trace=False, status=status)
+
+
+def _unmarked_steps(run_dir: Path, ranks: list[RankTrace]) -> list[str]:
+    """The one problem of a run whose tracer records hold comm ops but no step."""
+    unmarked = [r.rank for r in ranks if r.records is not None and r.records.steps.empty
+                and not r.records.comms.empty and (r.all_steps is None or r.all_steps.empty)]
+    if not unmarked:
+        return []
+    return [f"{run_dir}: ranks {format_ranges(unmarked)}: no steps were marked (no torch.optim "
+            f"optimizer stepped), so there is no per-step breakdown; the comm records are "
+            f"analysed over the whole run. To mark steps, call tracer.step() at the end of each "
+            f"step, see docs/tracer.md"]
+
+
+def load_path(path, steps=None, *, run: str | None = None,
+              hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
+              progress: Progress | None = None, comm_kernels: tuple = (),
+              scheduler: str | None = None, keep_events: bool = True) -> LoadResult:
+    """Load the run that `path` names (a run folder, a folder of runs: the newest, a trace file);
+    `keep_events` as in load_files.
+
+    Raises NothingToAnalyse when `path` holds no trace at all.
+    """
+    if isinstance(steps, str):
+        steps = parse_step_spec(steps)
+    paths = [Path(p) for p in (path if isinstance(path, (list, tuple)) else [path])]
+    (run_dir, files), = resolve_runs(paths, run=run)
+    return load_files(files, run_dir, steps=steps, hta_compatible=hta_compatible,
+                      use_cache=use_cache, jobs=jobs, progress=progress,
+                      comm_kernels=comm_kernels, scheduler=scheduler, keep_events=keep_events)

@@ -1,0 +1,144 @@
+"""One Kineto trace file as the analysis takes it: its events frame (analysis.core.events) and its
+ProfilerStep spans, from the columns analysis.ingest.kineto decodes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.core.events import (
+    EVENT_COLUMNS,
+    HOST_OP_CATS,
+    NUMBER_COLUMNS,
+    PROFILER_STEP_RE,
+    STEP_COLUMNS,
+    TEXT_COLUMNS,
+    cat_is,
+    normal_cat,
+)
+from analysis.ingest.kineto import DecodedTrace, decode_trace, gc_paused
+from analysis.ingest.kineto_events import EventColumns, ValueCodes
+
+
+@dataclass
+class ParsedTrace:
+    """One Kineto file, before rank grouping and step selection."""
+
+    path: Path
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    events: pd.DataFrame
+    steps: pd.DataFrame
+    float_timestamps: bool
+    problems: list[str]
+    # distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, pg_size, ranks).
+    process_groups: list[dict] = field(default_factory=list)
+    # (rank, problems of this file then, its RankTrace reduced and without events): what its
+    # worker computed (analysis.ingest.load._reduce).
+    reduced: tuple | None = None
+
+
+def parse_trace(path: Path, chunked: bool = True, max_bytes: int | None = None,
+                decoded: DecodedTrace | None = None) -> ParsedTrace:
+    """Read one Kineto trace file (analysis.ingest.kineto.decode_trace, whose TraceReadError it
+    raises), or take `decoded`, the same file decoded already (analysis.ingest.parse_ahead)."""
+    with gc_paused():
+        if decoded is None:
+            decoded = decode_trace(path, chunked, max_bytes)
+        frame = events_frame(decoded.columns)
+        return ParsedTrace(path=Path(path), rank=decoded.rank, world_size=decoded.world_size,
+                           backend=decoded.backend, events=frame, steps=profiler_steps(frame),
+                           float_timestamps=decoded.columns.float_timestamps,
+                           problems=decoded.columns.problems(Path(path)),
+                           process_groups=decoded.process_groups)
+
+
+def _categorical(codes: ValueCodes, of_row: np.ndarray) -> pd.Categorical:
+    categories = [codes.text(v) for v in codes.codes_of]
+    unique = list(dict.fromkeys(categories))
+    if len(unique) != len(categories):  # e.g. 7 and "7", or "Kernel" and "kernel"
+        position = {c: i for i, c in enumerate(unique)}
+        remap = np.array([position[c] for c in categories], dtype=np.int32)
+        of_row, categories = remap[of_row], unique
+    return pd.Categorical.from_codes(of_row, categories=pd.Index(categories, dtype=object))
+
+
+def events_frame(decoded: EventColumns) -> pd.DataFrame:
+    """The events frame (analysis.core.events.EVENT_COLUMNS) of a file's decoded columns."""
+    def joined(column, dtype):
+        parts = decoded.parts[column]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+    n = decoded.rows
+    ts_ns, dur_ns = joined("ts_ns", np.int64), joined("dur_ns", np.int64)
+    # numpy fills an empty object array with None, at a quarter of np.full's cost.
+    text = {c: np.empty(n, dtype=object) for c in TEXT_COLUMNS}
+    numbers = {c: np.full(n, math.nan) for c in NUMBER_COLUMNS}
+    if decoded.comm:
+        count = len(decoded.comm)
+        rows = np.fromiter((row for row, _ in decoded.comm), dtype=np.intp, count=count)
+        for column, values in zip(TEXT_COLUMNS + NUMBER_COLUMNS,
+                                  zip(*(values for _, values in decoded.comm))):
+            if column in text:
+                # As objects: a list of texts would be read as a string array.
+                text[column][rows] = np.fromiter(values, dtype=object, count=count)
+            else:
+                numbers[column][rows] = values
+    places = list(decoded.places.codes_of)
+    place = joined("place", np.int32)
+    by_place = {}
+    for i, (column, codes) in enumerate((("cat", ValueCodes(normal_cat)), ("pid", ValueCodes()),
+                                         ("tid", ValueCodes()))):
+        of_place = codes.add([p[i] for p in places])
+        by_place[column] = _categorical(codes, of_place[place] if n else of_place[:0])
+    columns = {
+        "name": _categorical(decoded.names, joined("name", np.int32)),
+        "cat": by_place["cat"],
+        "ts_ns": ts_ns, "dur_ns": dur_ns, "end_ns": ts_ns + dur_ns,
+        "pid": by_place["pid"], "tid": by_place["tid"],
+        "stream": joined("stream", np.int64), "correlation": joined("correlation", np.int64),
+        "is_gpu": joined("is_gpu", bool), "is_comm": joined("is_comm", bool), **numbers,
+        # Mostly-None text stays a numpy object array: pandas would otherwise infer (and
+        # convert to) its string dtype, which costs more than the whole decode.
+        **{c: pd.Series(values, dtype=object, copy=False) for c, values in text.items()},
+    }
+    return pd.DataFrame({c: columns[c] for c in EVENT_COLUMNS}, copy=False)
+
+
+def empty_events() -> pd.DataFrame:
+    return events_frame(EventColumns())
+
+
+def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
+    """ProfilerStep#N spans on the host (not their GPU-side copies), one row per step number."""
+    names = events["name"]
+    categories = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
+    if categories is not None:
+        step_of = {i: int(m.group(1)) for i, c in enumerate(categories)
+                   if (m := PROFILER_STEP_RE.match(c))}
+        if not step_of:
+            return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS})
+        codes = names.cat.codes.to_numpy()
+        mask = np.isin(codes, list(step_of)) & cat_is(events, HOST_OP_CATS)
+        numbers = np.array([step_of[c] for c in codes[mask]], dtype=np.int64)
+    else:
+        matches = names.astype(str).str.extract(PROFILER_STEP_RE.pattern)[0]
+        mask = matches.notna().to_numpy() & cat_is(events, HOST_OP_CATS)
+        numbers = matches[mask].astype(np.int64).to_numpy()
+    start_ns = events["ts_ns"].to_numpy()[mask]
+    end_ns = events["end_ns"].to_numpy()[mask]
+    # Kineto writes each step once; keep the longest span should a file repeat one: by step,
+    # then latest end first (~end: descending without overflow), ties in file order.
+    order = np.lexsort((~end_ns, numbers))
+    numbers = numbers[order]
+    first = np.ones(len(numbers), dtype=bool)
+    first[1:] = numbers[1:] != numbers[:-1]
+    keep = order[first]
+    return pd.DataFrame({"step": numbers[first], "start_ns": start_ns[keep],
+                         "end_ns": end_ns[keep]})
+

@@ -1,0 +1,121 @@
+"""Where each step's time goes, per rank: compute, communication, their overlap, copies, idle.
+
+Pure functions from a RankTrace (analysis.ingest.load) to DataFrames; every definition used here is
+written once in docs/definitions.md. The moments of a step are classified by analysis.rank.layers,
+idle gaps by analysis.rank.idle and the HTA-compatible columns by analysis.rank.hta (their
+functions are
+re-exported here). `python -m analysis.breakdown PATH` is the command line (analysis.breakdown); it
+reaches these names lazily, so that it starts without pandas.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.core import intervals
+from analysis.ingest.load import RankTrace
+from analysis.rank.layers import PARTS, trace_kind, trace_layers, window_bounds
+
+# The time columns of a step (or a rank's steps): its length, the five PARTS that add up to it,
+# and exposed communication. analysis.rank.tables and analysis.findings.bottlenecks use the same
+# list.
+BREAKDOWN_NS_COLUMNS = ["step_ns", *PARTS, "exposed_comm_ns"]
+# breakdown_per_step's frame.
+BREAKDOWN_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind",
+                     "start_ns", "end_ns"]
+# rank_totals' frame.
+TOTALS_COLUMNS = ["rank", "steps", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
+
+
+def empty_breakdown() -> pd.DataFrame:
+    frame = pd.DataFrame({c: pd.Series(dtype="int64") for c in BREAKDOWN_COLUMNS})
+    frame["rank"] = frame["rank"].astype(object)
+    frame["overlap_pct"] = frame["overlap_pct"].astype("float64")
+    frame["kind"] = frame["kind"].astype(object)
+    return frame
+
+
+def breakdown_per_step(trace: RankTrace, kind_layers: tuple | None = None) -> pd.DataFrame:
+    """One row per step: its time split into compute only, communication only, overlap,
+    memory copy/set and idle (these five add up to step_ns exactly), plus exposed communication
+    and the share of communication hidden by compute. `kind_layers`: (trace_kind,
+    trace_layers) of the trace, where the caller has them."""
+    steps, starts, ends = window_bounds(trace)
+    if steps.size == 0:
+        return empty_breakdown()
+    kind, (layers, category) = kind_layers or kind_and_layers(trace)
+    by_state = intervals.state_durations(layers, starts, ends)
+    parts = np.zeros((steps.size, len(PARTS)), dtype=np.int64)
+    for state, part in enumerate(category):
+        parts[:, part] += by_state[:, state]
+    # One frame built in BREAKDOWN_COLUMNS' order: inserting column by column costs more.
+    columns = {"rank": trace.rank, "step": steps, "step_ns": ends - starts}
+    columns.update(zip(PARTS, parts.T))
+    comm_only = columns["comm_only_ns"]
+    columns["exposed_comm_ns"] = comm_only
+    columns["overlap_pct"] = overlap_pct(columns["overlap_ns"], comm_only)
+    columns.update(kind=kind, start_ns=starts, end_ns=ends)
+    return pd.DataFrame(columns)
+
+
+def kind_and_layers(trace: RankTrace) -> tuple:
+    """(trace_kind, trace_layers) of the trace: what breakdown_per_step and idle_gaps share."""
+    kind = trace_kind(trace)
+    return kind, trace_layers(trace, kind)
+
+
+def overlap_pct(overlap_ns, comm_only_ns):
+    """Percentage of communication time during which compute also ran (NaN without comm)."""
+    overlap_ns = np.asarray(overlap_ns, dtype=np.float64)
+    comm = overlap_ns + np.asarray(comm_only_ns, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(comm > 0, 100.0 * overlap_ns / np.where(comm > 0, comm, 1.0), np.nan)
+
+
+def rank_totals(per_step: pd.DataFrame) -> pd.DataFrame:
+    """The per-step breakdown summed over each rank's steps (overlap_pct from the sums)."""
+    if per_step.empty:
+        return empty_breakdown().drop(columns=["step", "start_ns", "end_ns"]).assign(steps=0)
+    on_arrays = _totals_on_arrays(per_step)
+    if on_arrays is not None:
+        return on_arrays
+    key = per_step["rank"].astype(object).where(per_step["rank"].notna(), "?")
+    grouped = per_step.groupby(key, sort=False)
+    totals = grouped[BREAKDOWN_NS_COLUMNS].sum().astype("int64")
+    totals["steps"] = grouped.size()
+    totals["kind"] = grouped["kind"].first()
+    totals["overlap_pct"] = overlap_pct(totals["overlap_ns"], totals["comm_only_ns"])
+    totals = totals.reset_index(drop=True)
+    totals.insert(0, "rank", grouped["rank"].first().to_numpy())
+    return totals[TOTALS_COLUMNS]
+
+
+def _totals_on_arrays(per_step: pd.DataFrame) -> pd.DataFrame | None:
+    """rank_totals' frame from arrays where ranks are integers and every row has a kind (so
+    that groupby's first kind is the first row's): a groupby costs milliseconds on a few rows.
+    None otherwise."""
+    rank = per_step["rank"]
+    if not (isinstance(rank.dtype, np.dtype) and rank.dtype.kind in "iu"):
+        return None
+    kind = per_step["kind"]
+    if kind.isna().any():
+        return None
+    ranks = rank.to_numpy()
+    _, first, inverse = np.unique(ranks, return_index=True, return_inverse=True)
+    # Groups in order of first appearance, as groupby(sort=False) gives them.
+    appearance = np.argsort(first, kind="stable")
+    group = np.empty_like(appearance)
+    group[appearance] = np.arange(appearance.size)
+    group = group[inverse]
+    by_group = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[by_group], np.arange(appearance.size))
+    first_rows = first[appearance]
+    columns = {"rank": ranks[first_rows],
+               "steps": np.bincount(group, minlength=appearance.size).astype(np.int64)}
+    for column in BREAKDOWN_NS_COLUMNS:
+        values = per_step[column].to_numpy(np.int64)[by_group]
+        columns[column] = np.add.reduceat(values, bounds)
+    columns["overlap_pct"] = overlap_pct(columns["overlap_ns"], columns["comm_only_ns"])
+    columns["kind"] = kind.array.take(first_rows)
+    return pd.DataFrame(columns)

@@ -1,0 +1,121 @@
+"""What the command keeps of one rank once its events are dropped (docs/analysis.md, "Large runs
+and Dask"): its per-rank tables and the few summaries that the run-wide analyses need.
+
+`rank_tables(trace)` runs where the rank's file is parsed (a local worker process or a Dask
+worker); every run-wide analysis takes these results instead of the events where a rank has
+them, and reads the events again (`RankTrace.with_events()`) only where it does not, so that the
+result is the same whichever way the rank was loaded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.core.events import with_events
+from analysis.crossrank.frames import named_kernels
+from analysis.rank import issuers
+from analysis.rank.comm import events as comm_events
+from analysis.rank.comm import ops as communication
+from analysis.rank.hta import hta_rank_summary
+from analysis.rank.idle import idle_gaps
+from analysis.rank.pipeline_schedule import rank_schedule
+from analysis.rank.step_breakdown import breakdown_per_step, kind_and_layers
+
+# The columns of the communication events that crossrank.frames.ops_from_events reads.
+OP_EVENT_COLUMNS = ["name", "ts_ns", "end_ns", "stream", "is_gpu", "collective", "in_nelems",
+                    "out_nelems", "comm_dtype", "group_size", "pg_name", "input_dims",
+                    "input_type"]
+
+
+def _comm_events(trace, hosts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The rank's communication events as the cross-rank pass takes them: kernels named from
+    their host ops (crossrank.frames.named_kernels), and only what ops_from_events reads: on a
+    rank with communication kernels those kernels (they are its ops), else every event (gloo's
+    ops and the host calls that issued them). `hosts`: kernel_host_ops of the events, where
+    the caller has it."""
+    comm = named_kernels(trace.events, hosts)
+    kernels = comm["is_gpu"].astype(bool)
+    rows = np.flatnonzero(kernels.to_numpy()) if kernels.any() else None
+    index = comm.index if rows is None else comm.index[rows]
+    # Built column by column: selecting the rows and columns of the frame, then converting its
+    # categoricals, costs several times more for the few rows kept.
+    return pd.DataFrame({column: _plain_column(comm[column], rows, index)
+                         for column in OP_EVENT_COLUMNS if column in comm.columns}, index=index)
+
+
+def _plain_column(column: pd.Series, rows, index) -> pd.Series:
+    """The column's values at `rows` (all for None) on `index`, a categorical as objects: a
+    thousand ranks' categoricals, each with its own categories, cost more to concatenate than
+    their few rows."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        column = column.astype(object)
+    if rows is None:
+        return column
+    if isinstance(column.dtype, np.dtype):
+        # dtype given: pandas would read text in an object array as its string dtype.
+        return pd.Series(column.to_numpy()[rows], index=index, dtype=column.dtype, copy=False)
+    return pd.Series(column.array.take(rows), index=index, copy=False)
+
+
+# The per-rank tables: concatenated over ranks by analysis.run.
+RANK_TABLES = {"per_step": breakdown_per_step, "idle_gaps": idle_gaps,
+               "comm_ops": communication.comm_ops}
+# The per-rank summaries: combined across ranks by the analysis that needs each.
+RANK_SUMMARIES = {
+    "hta": hta_rank_summary,  # analysis.rank.hta.hta_temporal_breakdown
+    "pipeline_schedule": rank_schedule,  # analysis.rank.pipeline_schedule.detect
+    "ddp_accumulation": lambda trace: issuers.ddp_accumulation([trace]),  # ddp_accumulation
+    "comm_events": _comm_events,  # analysis.crossrank.frames.run_frames
+    "event_count": lambda trace: len(trace.events),
+}
+
+
+def rank_tables(trace) -> dict:
+    """The tables and summaries computed from one rank's events alone, by name. One that fails
+    is left out: the analysis that needs it computes it again from the events, and reports the
+    failure."""
+    builds = {**RANK_TABLES, **RANK_SUMMARIES}
+    kind_layers = _kind_and_layers(trace)
+    if kind_layers is not None:
+        # The activity layers found once, for the per-step breakdown and the idle gaps both.
+        builds["per_step"] = lambda trace: breakdown_per_step(trace, kind_layers)
+        builds["idle_gaps"] = lambda trace: idle_gaps(trace, kind_layers)
+    join = _kernel_join(trace.events)
+    if join is not None:
+        # The kernels' host ops found once, for the ops and the cross-rank pass both.
+        builds["comm_ops"] = lambda trace: communication.comm_ops(trace, join)
+        builds["comm_events"] = lambda trace: _comm_events(
+            trace, comm_events.kernel_host_ops(trace.events, join))
+    found = {}
+    for name, build in builds.items():
+        try:
+            found[name] = build(trace)
+        except Exception:  # noqa: S112  (computed again, and reported, by the analysis)
+            continue
+    return found
+
+
+def _kind_and_layers(trace) -> tuple | None:
+    """step_breakdown.kind_and_layers of the trace; None where it fails (each table then
+    computes it again, and fails where it did)."""
+    try:
+        return kind_and_layers(trace)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _kernel_join(events) -> comm_events.KernelJoin | None:
+    """The events' KernelJoin; None where it fails (each table that needs it then computes it
+    again, and fails where it did)."""
+    try:
+        return comm_events.KernelJoin(events)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def ddp_accumulation(traces) -> str | None:
+    """issuers.ddp_accumulation over the run, from each rank's own verdict."""
+    return issuers.strongest_verdict([
+        trace.reduced["ddp_accumulation"] if "ddp_accumulation" in getattr(trace, "reduced", {})
+        else issuers.ddp_accumulation([with_events(trace)]) for trace in traces or []])

@@ -1,0 +1,274 @@
+"""Building the standalone HTML report from an analysed run's tables (docs/viewing.md).
+
+`build_html(...)` takes plain DataFrames and the loaded ranks and returns the page; the helpers
+that shape the numbers (`rank_bars`, `chosen_steps`, `gantt_rows`) are pure. Every text that
+comes from a trace or a file name is escaped.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from analysis.core import intervals
+from analysis.crossrank.report import with_transfer_bandwidth
+from analysis.report.html import svg
+from analysis.report.html.assets import SCRIPT, STYLE
+from analysis.report.html.svg import esc
+
+MS = 1e6
+SECTIONS = {"header": "Run", "findings": "Findings", "ranks": "Where each rank's step time goes",
+            "heatmap": "Step time per rank and step", "gantt": "Chosen steps, per rank",
+            "collectives": "Collectives", "samples": "Device samples and memory",
+            "commands": "Look further"}
+BAR_PARTS_CROSS = ["compute", "overlap", "transfer", "waiting", "memcpy", "idle"]
+BAR_PARTS_PLAIN = ["compute", "overlap", "comm", "memcpy", "idle"]
+LONGEST_OPS = 10
+
+
+def rank_bars(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> pd.DataFrame:
+    """Per rank, mean ms per step of each bar part. With cross-rank waits, the communication that
+    no compute hides is split into waiting for peers (at most that rank-step's wait) and transfer
+    (the rest); the parts add up to the mean step."""
+    frame = per_step.copy()
+    comm = frame["comm_only_ns"].astype("float64")
+    if waits is not None and len(waits):
+        wait = frame[["rank", "step"]].merge(waits[["rank", "step", "wait_for_peers_ms"]],
+                                             on=["rank", "step"], how="left")
+        waiting = np.minimum(wait["wait_for_peers_ms"].fillna(0).to_numpy() * MS, comm)
+        frame["waiting"], frame["transfer"] = waiting, comm - waiting
+    else:
+        frame["comm"] = comm
+    frame["compute"], frame["overlap"] = frame["compute_only_ns"], frame["overlap_ns"]
+    frame["memcpy"], frame["idle"] = frame["memcpy_ns"], frame["idle_ns"]
+    parts = BAR_PARTS_CROSS if "waiting" in frame.columns else BAR_PARTS_PLAIN
+    means = frame.groupby("rank")[parts].mean() / MS
+    return means.reset_index()
+
+
+def chosen_steps(per_step: pd.DataFrame) -> dict:
+    """{"slowest": step, "median": step, "fastest": step} by the mean step time over ranks;
+    a step that is both the median and an extreme is shown once, as the extreme."""
+    mean = per_step.groupby("step")["step_ns"].mean().sort_values(kind="stable")
+    if mean.empty:
+        return {}
+    slowest, fastest = int(mean.index[-1]), int(mean.index[0])
+    median = int(mean.index[(len(mean) - 1) // 2])
+    picks = {"slowest": slowest}
+    if median not in (slowest, fastest):
+        picks["median"] = median
+    if fastest != slowest:
+        picks["fastest"] = fastest
+    return picks
+
+
+def gantt_rows(ranks: list, step: int) -> tuple[list, float]:
+    """Per rank, compute / comm / memcpy bars of one step, in ms from the rank's step start."""
+    from analysis.rank.layers import trace_kind, trace_layers
+
+    rows, span = [], 0.0
+    for trace in ranks:
+        steps = trace.steps[trace.steps["step"] == step] if len(trace.steps) else trace.steps
+        if trace.rank is None or steps.empty or trace.events.empty:
+            continue
+        start, end = int(steps["start_ns"].iloc[0]), int(steps["end_ns"].iloc[0])
+        kind = trace_kind(trace)
+        layers, _ = trace_layers(trace, kind)
+        wanted = ({"compute": 0, "comm": 1, "memcpy": 2} if kind == "gpu"
+                  else {"compute": 0, "comm": 2})
+        bars = []
+        for category, index in wanted.items():
+            starts, ends = intervals.union(*layers[index])
+            starts, ends = np.clip(starts, start, end), np.clip(ends, start, end)
+            for s, e in zip(starts[ends > starts].tolist(), ends[ends > starts].tolist()):
+                bars.append((category, (s - start) / MS, (e - start) / MS,
+                             f"rank {trace.rank} {category} {(e - s) / MS:.3f} ms"))
+        rows.append((f"rank {trace.rank}", bars))
+        span = max(span, (end - start) / MS)
+    return rows, span
+
+
+def longest_ops(ranks: list, step: int) -> pd.DataFrame:
+    """The longest events of one step over all ranks: rank, name, category, ms."""
+    parts = []
+    for trace in ranks:
+        steps = trace.steps[trace.steps["step"] == step] if len(trace.steps) else trace.steps
+        if trace.rank is None or steps.empty or trace.events.empty:
+            continue
+        start, end = int(steps["start_ns"].iloc[0]), int(steps["end_ns"].iloc[0])
+        events = trace.events
+        inside = events[(events["ts_ns"] >= start) & (events["end_ns"] <= end)
+                        & ~events["name"].astype(str).str.startswith("ProfilerStep#")]
+        top = inside.nlargest(LONGEST_OPS, "dur_ns")
+        parts.append(pd.DataFrame({"rank": trace.rank, "name": top["name"].astype(str),
+                                   "cat": top["cat"].astype(str), "ms": top["dur_ns"] / MS}))
+    if not parts:
+        return pd.DataFrame(columns=["rank", "name", "cat", "ms"])
+    return pd.concat(parts).nlargest(LONGEST_OPS, "ms")
+
+
+def html_table(frame: pd.DataFrame | None, columns: dict, sortable: bool = True) -> str:
+    """An HTML table of `columns` {column: (heading, format)}, every text escaped. A format is a
+    format spec (".1f"), a function of the value, or None for text; a str value is always text
+    (left-aligned), a missing number prints as "-" and sorts first."""
+    if frame is None or frame.empty:
+        return '<p class="none">none</p>'
+    present = {c: spec for c, spec in columns.items() if c in frame.columns}
+    head = "".join(f'<th class="{"text" if f is None else "num"}">{esc(h)}</th>'
+                   for h, f in present.values())
+    body = []
+    for row in frame[list(present)].itertuples(index=False):
+        cells = []
+        for value, (_, fmt) in zip(row, present.values()):
+            if fmt is None or isinstance(value, str):
+                cells.append(f'<td class="text">{esc("" if value is None else value)}</td>')
+            elif value is None or (isinstance(value, float) and value != value):
+                cells.append('<td data-v="-1e300">-</td>')
+            else:
+                shown = fmt(value) if callable(fmt) else format(value, fmt)
+                cells.append(f'<td data-v="{esc(value)}">{esc(shown)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    cls = ' class="sortable"' if sortable else ""
+    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _section(key: str, content: str) -> str:
+    return f'<section id="{key}"><h2>{esc(SECTIONS[key])}</h2>{content}</section>'
+
+
+def _findings(findings: pd.DataFrame | None) -> str:
+    if findings is None or findings.empty:
+        return '<p class="none">no finding passed its threshold</p>'
+    worst = findings.sort_values("share_pct", ascending=False, na_position="last")
+    return html_table(worst, {"finding": ("finding", None), "share_pct": ("share %", ".1f"),
+                          "ranks": ("ranks", None), "evidence": ("evidence", None),
+                          "suggestion": ("suggestion", None)})
+
+
+def _collectives(collectives: pd.DataFrame | None, cross: dict | None) -> str:
+    if collectives is None or collectives.empty:
+        return '<p class="none">no collective or p2p op</p>'
+    table = collectives
+    if "transfer_busbw_gbps" not in table.columns:
+        table = with_transfer_bandwidth(table, cross)
+    return html_table(table, {
+        "op": ("op", None), "issuer": ("issuer", None), "pg": ("group", None),
+        "pg_size": ("size", "d"),
+        "size_bucket": ("message size", None), "count": ("count", "d"),
+        "total_bytes": ("bytes", ".0f"), "mean_us": ("mean µs", ".1f"),
+        "transfer_busbw_gbps": ("busbw GB/s (transfer)", ".3f"),
+        "busbw_gbps": ("busbw GB/s (duration)", ".3f"),
+        "slowest_rank": ("slowest rank", ".0f")})
+
+
+def _samples(ranks: list) -> str:
+    """CPU/GPU utilisation and memory over time, per rank (seconds from the first sample)."""
+    util, memory = [], []
+    firsts = [int(t.records.samples["t_ns"].min()) for t in ranks
+              if t.records is not None and len(t.records.samples)]
+    if not firsts:
+        return '<p class="none">no device samples</p>'
+    t0 = min(firsts)
+    for trace in ranks:
+        samples = trace.records.samples if trace.records is not None else None
+        if samples is None or samples.empty:
+            continue
+        xs = ((samples["t_ns"] - t0) / 1e9).tolist()
+        field = "sm_util_pct" if samples.get("sm_util_pct") is not None and \
+            samples["sm_util_pct"].notna().any() else "cpu_process_pct"
+        if field in samples:
+            util.append((f"rank {trace.rank} {field}", xs,
+                         pd.to_numeric(samples[field], errors="coerce").tolist()))
+        field = "mem_used_bytes" if "mem_used_bytes" in samples and \
+            samples["mem_used_bytes"].notna().any() else "rss_bytes"
+        if field in samples:
+            memory.append((f"rank {trace.rank} {field[:-6]}", xs,
+                           (pd.to_numeric(samples[field], errors="coerce") / 2**20).tolist()))
+    return (svg.lines(util, "s", "%") + svg.lines(memory, "s", "MiB"))
+
+
+def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
+               per_rank: pd.DataFrame | None, collectives: pd.DataFrame | None,
+               findings: pd.DataFrame | None, ranks: list, problems: list,
+               cross: dict | None = None) -> str:
+    """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None."""
+    waits = cross.get("waits") if cross else None
+    steps = sorted(int(s) for s in per_step["step"].unique()) if len(per_step) else []
+    header = (f"<p><b>{esc(name)}</b> &mdash; <code>{esc(path)}</code><br>"
+              f"world size {esc(world_size if world_size else '?')}, "
+              f"{len([t for t in ranks if t.rank is not None])} ranks analysed, "
+              f"steps {esc(', '.join(map(str, steps)) or 'none')}</p>")
+    if problems:
+        items = "".join(f"<li>{esc(p)}</li>" for p in problems)
+        header += f"<details><summary>{len(problems)} problem(s)</summary><ul>{items}</ul>" \
+                  f"</details>"
+    body = [_section("header", header), _section("findings", _findings(findings))]
+    if len(per_step):
+        bars = rank_bars(per_step, waits)
+        parts = [c for c in bars.columns if c != "rank"]
+        body.append(_section("ranks", svg.stacked_bars(
+            [f"rank {int(r)}" for r in bars["rank"]], parts, bars[parts].to_numpy().tolist(),
+            "ms per step (mean)") + html_table(per_rank, {
+                "rank": ("rank", "d"), "steps": ("steps", "d"),
+                "mean_step_ns": ("mean step ns", ".0f"), "idle_pct": ("idle %", ".1f"),
+                "exposed_comm_pct": ("exposed comm %", ".1f"), "status": ("status", None)})))
+        grid = per_step.pivot_table(index="rank", columns="step", values="step_ns") / MS
+        body.append(_section("heatmap", svg.heat_map(
+            [f"rank {int(r)}" for r in grid.index], [str(int(c)) for c in grid.columns],
+            grid.to_numpy().tolist(), "ms")))
+        parts_html = []
+        for label, step in chosen_steps(per_step).items():
+            rows, span = gantt_rows(ranks, step)
+            parts_html.append(f"<h3>{label} step: {step}</h3>"
+                              + (svg.gantt(rows, span, "ms from the rank's step start")
+                                 if rows else '<p class="none">no trace events</p>'))
+        slowest = chosen_steps(per_step).get("slowest")
+        if slowest is not None:
+            parts_html.append(f"<h3>longest events of step {slowest}</h3>" + html_table(
+                longest_ops(ranks, slowest), {"rank": ("rank", "d"), "name": ("name", None),
+                                              "cat": ("category", None), "ms": ("ms", ".3f")}))
+        body.append(_section("gantt", "<p>Wheel to zoom, drag to pan, double-click to reset."
+                                      "</p>" + "".join(parts_html)))
+    else:
+        for key in ("ranks", "heatmap", "gantt"):
+            body.append(_section(key, '<p class="none">no step was analysed</p>'))
+    body.append(_section("collectives", _collectives(collectives, cross)))
+    body.append(_section("samples", _samples(ranks)))
+    body.append(_section("commands", (
+        f"<p>Every rank on one clock, with flows from the last arriver of each collective:</p>"
+        f"<pre>python -m analysis.timeline {esc(path)}</pre><p>then open "
+        f"<code>timeline.trace.gz</code> in https://ui.perfetto.dev or chrome://tracing. "
+        f"TensorBoard (scalars and the profiler plugin):</p>"
+        f"<pre>tensorboard --logdir {esc(str(Path(path).parent))} --host 127.0.0.1</pre>")))
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>ranktrace: {esc(name)}</title><style>{STYLE}</style></head><body>"
+            f"<h1>ranktrace report: {esc(name)}</h1><pre id=\"js-errors\"></pre>"
+            + "".join(body) + f"<script>{SCRIPT}</script></body></html>")
+
+
+def write_html_report(report, path, cross: dict | None = None) -> dict:
+    """Write the page for an analysed run (output.RunReport) to `path`, with the run's own
+    cross-rank result, else `cross`, else the pass run here (unless it already failed for this
+    run). Returns {"path", "bytes", "seconds"}."""
+    started = time.monotonic()
+    problems = list(report.problems)
+    cross = report.cross_rank if report.cross_rank is not None else cross
+    if cross is None and "cross_rank" not in report.unavailable:
+        from analysis.crossrank import cross_rank
+        try:
+            cross = cross_rank(SimpleNamespace(ranks=report.ranks,
+                                               world_size=report.world_size))
+        except Exception as exc:  # the report is still useful with comm not split
+            problems.append(f"cross-rank analysis failed ({type(exc).__name__}: {exc}); "
+                            f"communication is not split into transfer and waiting")
+    tables = report.tables
+    page = build_html(report.name, report.path, report.world_size, report.step_table(),
+                      tables.get("per_rank"), tables.get("collectives"),
+                      tables.get("bottlenecks"), report.ranks, problems, cross)
+    data = page.encode("utf-8")
+    Path(path).write_bytes(data)
+    return {"path": Path(path), "bytes": len(data), "seconds": time.monotonic() - started}

@@ -1,0 +1,420 @@
+"""Turning an analysed run into terminal tables, the JSON document, or CSV files.
+
+The JSON document's layout is described in docs/analysis.md; DOCUMENT_VERSION changes whenever
+a field is renamed or removed (adding fields does not).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import crossrank
+from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges
+from analysis.crossrank import report as cross_report
+from analysis.report.text_tables import TEXT_MAX_ROWS  # noqa: F401 (the report's limit)
+from analysis.report.text_tables import plain_text_grid as _plain_text_grid  # noqa: F401
+from analysis.report.text_tables import printable as _printable  # noqa: F401
+from analysis.report.text_tables import text_table as _table
+from tracer import schema
+
+DOCUMENT_VERSION = 1
+MS = 1e6  # ns per ms
+
+
+@dataclass
+class RunReport:
+    """Everything computed for one run; the tables are plain DataFrames."""
+
+    name: str
+    path: str
+    files: list[str]
+    world_size: int | None
+    steps_spec: str | None
+    hta_compatible: bool
+    problems: list[str]
+    ranks: list  # RankTrace, as loaded
+    per_step: pd.DataFrame  # breakdown_per_step of every rank
+    totals: pd.DataFrame  # rank_totals(per_step)
+    hta: pd.DataFrame  # hta_temporal_breakdown
+    idle: pd.DataFrame  # idle_summary(idle gaps)
+    idle_gaps: pd.DataFrame
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # the other analyses' tables
+    unavailable: dict[str, str] = field(default_factory=dict)  # table -> why it is missing
+    cross_rank: dict | None = None  # analysis.crossrank.cross_rank's frames; None if it failed
+    # analysis.findings.stop.stop_diagnosis; None for a run that ended well
+    stop: dict | None = None
+
+    def step_table(self) -> pd.DataFrame:
+        """The per-step table: analysis.rank.tables' fuller one where it was built, else ours."""
+        return self.tables.get("per_step", self.per_step)
+
+
+# ---- values --------------------------------------------------------------------------------------
+def plain(value):
+    """A JSON-ready Python value: numpy scalars unwrapped, NaN/NA -> None."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        return None if math.isnan(value) or math.isinf(value) else float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    if frame is None or frame.empty:
+        return []
+    if not frame.columns.is_unique:
+        return [{str(k): plain(v) for k, v in row.items()}
+                for row in frame.astype(object).to_dict("records")]
+    keys = [str(k) for k in frame.columns]
+    columns = [_plain_column(column) for _, column in frame.items()]
+    return [dict(zip(keys, row)) for row in zip(*columns)]
+
+
+def _plain_column(column: pd.Series) -> list:
+    """plain() of every value; numpy number columns converted whole (tables of many ranks)."""
+    dtype = column.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
+        return column.to_numpy().tolist()
+    if isinstance(dtype, np.dtype) and dtype.kind == "f":
+        return [None if math.isnan(v) or math.isinf(v) else v
+                for v in column.to_numpy().tolist()]
+    return [plain(v) for v in column.astype(object)]
+
+
+# ---- JSON ---------------------------------------------------------------------------------------
+HTA_KEYS = ("idle_us", "compute_us", "non_compute_us", "kernel_time_us")
+
+
+def run_document(report: RunReport) -> dict:
+    hta_by_rank = {plain(r["rank"]): r for r in records(report.hta)}
+    totals_by_rank = {plain(r["rank"]): r for r in records(report.totals)}
+    per_rank = {plain(r["rank"]): r for r in records(report.tables.get("per_rank"))}
+    steps_of = steps_by_rank(report.per_step)
+    ranks = []
+    for trace in report.ranks:
+        totals = dict(totals_by_rank.get(trace.rank, {}))
+        totals.pop("rank", None)
+        hta = hta_by_rank.get(trace.rank, {})
+        ranks.append({
+            "rank": trace.rank,
+            "file": str(trace.path),
+            "more_files": [str(p) for p in trace.extra_paths],
+            "world_size": trace.world_size,
+            "window": window_of(steps_of.get(trace.rank, [])),
+            "steps_analysed": steps_of.get(trace.rank, []),
+            "has_trace": trace.has_trace,
+            "status": trace.status,
+            "breakdown": totals,
+            "hta_compatible": {**{k: hta.get(k) for k in HTA_KEYS},
+                               "note": hta.get("note") or None},
+            "summary": {k: v for k, v in per_rank.get(trace.rank, {}).items() if k != "rank"},
+        })
+    return {
+        "schema_version": DOCUMENT_VERSION,
+        "trace_schema_version": schema.SCHEMA_VERSION,
+        "run": {"name": report.name, "path": report.path, "files": report.files,
+                "world_size": report.world_size, "ranks_analysed": len(report.ranks)},
+        "selection": {"steps": report.steps_spec or "all",
+                      "hta_compatible": report.hta_compatible},
+        "problems": list(report.problems),
+        "ranks": ranks,
+        "steps": records(report.step_table()),
+        "idle": records(report.idle),
+        "collectives": records(report.tables.get("collectives")),
+        "bottlenecks": records(report.tables.get("bottlenecks")),
+        "cross_rank": (crossrank.to_json(report.cross_rank)
+                       if report.cross_rank is not None else None),
+        "unavailable": dict(report.unavailable),
+        "stop_diagnosis": (None if report.stop is None else {
+            "groups": records(report.stop["groups"]), "ranks": plain(report.stop["ranks"]),
+            "lines": report.stop["lines"]}),
+    }
+
+
+WINDOW_STEPS, WINDOW_WHOLE_TRACE, WINDOW_NONE = "steps", "whole trace", "none"
+
+
+def steps_by_rank(per_step: pd.DataFrame) -> dict:
+    """rank -> the step numbers of its rows in the breakdown, in table order ([-1] for a trace
+    analysed whole); rows without a rank are under None. Built once: a lookup per rank, not a
+    scan of the table per rank."""
+    by_rank: dict = {}
+    if per_step.empty:
+        return by_rank
+    for rank, step in zip(per_step["rank"].astype(object), per_step["step"].astype(object)):
+        by_rank.setdefault(None if pd.isna(rank) else rank, []).append(int(step))
+    return by_rank
+
+
+def window_of(steps: list[int]) -> str:
+    """What a rank with these analysed steps was analysed over: its steps, its whole trace (no
+    ProfilerStep), or none."""
+    if not steps:
+        return WINDOW_NONE
+    return WINDOW_WHOLE_TRACE if steps == [WHOLE_TRACE_STEP] else WINDOW_STEPS
+
+
+def json_document(reports: list[RunReport]) -> dict:
+    """One run's document, or {"schema_version", "runs": [...]} for several (--all)."""
+    if len(reports) == 1:
+        return run_document(reports[0])
+    return {"schema_version": DOCUMENT_VERSION, "runs": [run_document(r) for r in reports]}
+
+
+def dumps(document: dict) -> str:
+    return json.dumps(document, indent=2, allow_nan=False)
+
+
+# ---- CSV ----------------------------------------------------------------------------------------
+def csv_tables(report: RunReport) -> dict[str, pd.DataFrame]:
+    """File stem -> table written by --out."""
+    tables = {
+        "per_step": report.step_table(),
+        "rank_totals": report.totals,
+        "hta_compatible": report.hta,
+        "idle": report.idle,
+        "idle_gaps": report.idle_gaps,
+    }
+    for name in ("per_rank", "comm_ops", "collectives", "bottlenecks"):
+        if name in report.tables:
+            tables[name] = report.tables[name]
+    if report.cross_rank is not None:
+        tables.update(cross_report.csv_tables(report.cross_rank))
+    return tables
+
+
+def write_csvs(report: RunReport, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, table in csv_tables(report).items():
+        path = out_dir / f"{stem}.csv"
+        table.to_csv(path, index=False)
+        written.append(path)
+    return written
+
+
+# ---- text ---------------------------------------------------------------------------------------
+def _ms(value) -> str:
+    value = plain(value)
+    return "-" if value is None else f"{value / MS:,.2f}"
+
+
+def _pct(value) -> str:
+    value = plain(value)
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def _us(value) -> str:
+    value = plain(value)
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _rank(value) -> str:
+    value = plain(value)
+    return "?" if value is None else str(value)
+
+
+def _share(part, whole) -> str:
+    part, whole = plain(part), plain(whole)
+    if part is None or not whole:
+        return "-"
+    return f"{part / whole * 100:.1f}%"
+
+
+def breakdown_text(totals: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for row in records(totals):
+        whole = row["step_ns"]
+        rows.append({
+            "rank": _rank(row["rank"]), "kind": row["kind"], "steps": row["steps"],
+            "mean step ms": _ms(whole / row["steps"] if row["steps"] else None),
+            "total ms": _ms(whole),
+            "compute": _share(row["compute_only_ns"], whole),
+            "comm": _share(row["comm_only_ns"], whole),
+            "overlap": _share(row["overlap_ns"], whole),
+            "memcpy": _share(row["memcpy_ns"], whole),
+            "idle": _share(row["idle_ns"], whole),
+            "exposed comm ms (total)": _ms(row["exposed_comm_ns"]),
+            "comm hidden": _pct(row["overlap_pct"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def per_step_text(per_step: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for row in records(per_step):
+        rows.append({
+            "rank": _rank(row["rank"]), "step": row["step"], "step ms": _ms(row["step_ns"]),
+            "compute": _ms(row["compute_only_ns"]), "comm": _ms(row["comm_only_ns"]),
+            "overlap": _ms(row["overlap_ns"]), "memcpy": _ms(row["memcpy_ns"]),
+            "idle": _ms(row["idle_ns"]), "hidden": _pct(row["overlap_pct"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def hta_text(hta: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for row in records(hta):
+        rows.append({
+            "rank": _rank(row["rank"]), "idle us": _us(row["idle_us"]),
+            "compute us": _us(row["compute_us"]), "non-compute us": _us(row["non_compute_us"]),
+            "kernel time us": _us(row["kernel_time_us"]), "note": row["note"] or "",
+        })
+    return pd.DataFrame(rows)
+
+
+def idle_text(idle: pd.DataFrame, totals: pd.DataFrame) -> pd.DataFrame:
+    step_ns = {plain(r["rank"]): r["step_ns"] for r in records(totals)}
+    rows = []
+    for row in records(idle):
+        rows.append({
+            "rank": _rank(row["rank"]), "host was": row["host_activity"], "gaps": row["gaps"],
+            "idle ms": _ms(row["total_ns"]),
+            "of step time": _share(row["total_ns"], step_ns.get(row["rank"])),
+        })
+    return pd.DataFrame(rows)
+
+
+def _optional(frame: pd.DataFrame | None, columns: list[str]) -> pd.DataFrame:
+    if frame is None or frame.empty:
+        return pd.DataFrame()
+    return frame[[c for c in columns if c in frame.columns]]
+
+
+COLLECTIVES_TEXT = {
+    "op": "op", "issuer": "issuer", "pg": "pg", "size_bucket": "size", "count": "count",
+    "transfer_busbw_gbps": "busbw GB/s", "transfer_algbw_gbps": "algbw GB/s",
+    "total_us": "total us", "mean_us": "mean us", "busbw_gbps": "busbw by duration",
+    "algbw_gbps": "algbw by duration", "ranks": "ranks",
+}
+
+
+def collectives_text(collectives: pd.DataFrame) -> pd.DataFrame:
+    """The collectives table as printed: the transfer-based bandwidth first."""
+    shown = _optional(collectives, list(COLLECTIVES_TEXT))
+    return shown.round(2).rename(columns=COLLECTIVES_TEXT)
+
+
+def cross_rank_text(result: dict) -> str:
+    """The Cross-rank section: clock, stragglers, waits, mismatches, pipeline."""
+    parts = ["Cross-rank (docs/cross-rank.md)"]
+    for title, frame in cross_report.text_tables(result):
+        if frame.empty and "Pipeline" in title:
+            continue
+        parts.append(_table(frame.round(3), "  " + title))
+    return "\n".join(parts)
+
+
+def window_text(report: RunReport) -> str:
+    """What the breakdown covers, as the report's heading says it."""
+    if report.steps_spec:
+        steps = "selected steps " + report.steps_spec
+    else:
+        steps = "every complete, finished step"
+    if report.hta_compatible:
+        steps += ", last step dropped (HTA-compatible)"
+    steps_of = steps_by_rank(report.per_step)
+    whole = [t.rank for t in report.ranks
+             if window_of(steps_of.get(t.rank, [])) == WINDOW_WHOLE_TRACE]
+    if not whole:
+        return steps
+    whole_text = "the whole trace as one window (no ProfilerStep)"
+    if len(whole) == len(report.ranks):
+        return whole_text
+    ranks = ", ".join(_rank(r) for r in whole)
+    return f"{steps}; {whole_text} on rank(s) {ranks}"
+
+
+def nothing_analysed(report: RunReport) -> bool:
+    """No breakdown row and no collective: nothing to show but the reasons."""
+    collectives = report.tables.get("collectives")
+    return report.per_step.empty and (collectives is None or collectives.empty)
+
+
+def _status_line(report: RunReport) -> str | None:
+    ended = {}
+    for trace in report.ranks:
+        if trace.status and trace.status != "ok":
+            ended.setdefault(trace.status, []).append(trace.rank)
+    if not ended:
+        return None
+    parts = [f"rank(s) {format_ranges(sorted(r for r in ranks if r is not None))} {status}"
+             for status, ranks in sorted(ended.items())]
+    return "run ended badly: " + "; ".join(parts) + " (see the warnings)"
+
+
+def text_report(report: RunReport) -> str:
+    kinds = sorted(set(report.totals["kind"])) if not report.totals.empty else []
+    ranks = ", ".join(_rank(t.rank) for t in report.ranks) or "none"
+    world = f" of world size {report.world_size}" if report.world_size else ""
+    title = f"ranktrace analysis of {report.name}  ({report.path})"
+    if nothing_analysed(report):
+        return f"{title}\nnothing could be analysed: no step and no collective (the reasons " \
+               f"are in the warnings on stderr)\n"
+    lines = [title, f"ranks {ranks}{world}; {'/'.join(kinds) or 'no'} trace; "
+                    f"window: {window_text(report)}"]
+    status = _status_line(report)
+    if status:
+        lines.append(status)
+    lines.append("")
+    if report.stop is not None:
+        lines += ["Stop diagnosis"] + [f"  {line}" for line in report.stop["lines"]] + [""]
+    if report.per_step.empty:
+        lines.append("No step was analysed: no time breakdown (the warnings say why).\n")
+    else:
+        lines += [
+            _table(breakdown_text(report.totals), "Time breakdown per rank (share of step time)",
+                   "  compute/comm = alone; overlap = both at once; comm hidden = overlap / all "
+                   "comm"),
+            _table(per_step_text(report.step_table()), "Per step (ms)"),
+            _table(hta_text(report.hta), "HTA-compatible temporal breakdown (HTA's window: last "
+                   "ProfilerStep dropped)"),
+            _table(idle_text(report.idle, report.totals), "Idle time by what the host was doing"),
+        ]
+    if "collectives" in report.tables:
+        lines.append(_table(collectives_text(report.tables["collectives"]), "Collectives",
+                            "  busbw GB/s: bytes over transfer time (waiting for peers left "
+                            "out; docs/cross-rank.md); busbw by duration counts the whole op"))
+    per_rank = _optional(report.tables.get("per_rank"),
+                         ["rank", "steps", "mean_step_ns", "max_step_ns", "idle_pct",
+                          "exposed_comm_pct", "peak_allocated_bytes", "peak_rss_bytes",
+                          "sm_util_pct", "cpu_process_pct", "slowdown_vs_fastest_pct", "status"])
+    if "per_rank" in report.tables:
+        shown = per_rank.copy()
+        for column in ("mean_step_ns", "max_step_ns"):
+            if column in shown:
+                shown[column] = shown[column].map(_ms)
+        shown = shown.rename(columns={"mean_step_ns": "mean step ms", "max_step_ns": "max step ms"})
+        lines.append(_table(shown.round(1), "Ranks"))
+    bottlenecks = report.tables.get("bottlenecks")
+    if bottlenecks is not None and not report.per_step.empty:
+        lines.append("Bottlenecks")
+        if bottlenecks.empty:
+            lines.append("  none found\n")
+        for row in records(bottlenecks):
+            share = _pct(row.get("share_pct"))
+            lines.append(f"  [{share}] {row.get('finding')} (ranks {row.get('ranks')})")
+            lines.append(f"      {row.get('evidence')}")
+            lines.append(f"      -> {row.get('suggestion')}")
+        lines.append("")
+    if report.cross_rank is not None:
+        lines.append(cross_rank_text(report.cross_rank))
+    for name, why in report.unavailable.items():
+        lines.append(f"{name}: not available ({why})")
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,276 @@
+"""The scaling study: runs of one workload at several world sizes, compared (docs/scaling.md).
+
+    python -m analysis.scaling RUN [RUN ...] [--mode strong|weak] [--format text|json|csv]
+
+A RUN is a run folder or a folder holding run folders (a sweep of `python -m tracer.sweep`).
+`load_run` turns one run into a row of plain figures and its bandwidth table; the numbers are
+computed by the pure functions of `analysis.scaling.table`; only `main` prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir
+from analysis.report.output import plain, records
+from analysis.scaling import table as st
+from tracer import schema
+
+DOCUMENT_VERSION = 1
+MIB = 1 << 20
+
+
+@dataclass
+class Study:
+    """Every table of a scaling study, and what could not be read."""
+
+    runs: pd.DataFrame
+    table: pd.DataFrame
+    attribution: pd.DataFrame
+    bandwidth: pd.DataFrame
+    mode: dict
+    problems: list[str] = field(default_factory=list)
+
+
+def run_folders(paths: list[Path]) -> list[Path]:
+    """Each PATH that is a run folder, and every run folder inside each one that is not."""
+    folders = []
+    for path in paths:
+        if not path.is_dir():
+            raise NothingToAnalyse(f"{path}: no such folder")
+        found = [path] if is_run_dir(path) else find_runs(path)
+        if not found:
+            raise NothingToAnalyse(f"{path}: neither a run folder nor a folder of runs")
+        folders += found
+    return folders
+
+
+def _manifest_starts(ranks: list) -> list:
+    return [r for t in ranks if t.records is not None for r in t.records.manifest
+            if isinstance(r, schema.RunStart)]
+
+
+def _frame(ranks: list, name: str) -> pd.DataFrame:
+    frames = [getattr(t.records, name) for t in ranks
+              if t.records is not None and len(getattr(t.records, name))]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _cross_rank_parts(loaded, per_step: pd.DataFrame, problems: list[str], where: str):
+    """(shares of the profiled steps, bandwidth table, straggler ranks) of one run."""
+    from analysis.crossrank import cross_rank
+    from analysis.report.html.report import rank_bars
+
+    waits, bandwidth, stragglers = None, pd.DataFrame(), []
+    try:
+        result = cross_rank(loaded)
+        waits, bandwidth = result["waits"], result["bandwidth"]
+        fired = result["stragglers"]
+        stragglers = [int(r) for r in fired.loc[fired["fires"].astype(bool), "rank"]]
+    except Exception as exc:  # the per-rank breakdown still gives the parts, without waits
+        problems.append(f"{where}: cross-rank analysis failed: {type(exc).__name__}: {exc}")
+    shares = st.part_shares(rank_bars(per_step, waits)) if len(per_step) else None
+    return shares, bandwidth, stragglers
+
+
+def load_run(path: Path, samples_per_step: float | None = None,
+             warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True
+             ) -> tuple[dict, pd.DataFrame, list[str]]:
+    """One run's row (`scaling_table.run_row` plus run, path, world_size, nnodes, stragglers),
+    its transfer-based bandwidth table and its problems."""
+    from analysis.ingest.load import load_path
+    from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown
+
+    loaded = load_path(path, use_cache=use_cache)
+    problems = list(loaded.problems)
+    steps = _frame(loaded.ranks, "steps")
+    samples = _frame(loaded.ranks, "samples")
+    starts = _manifest_starts(loaded.ranks)
+    if samples_per_step is None:
+        configured = [s.config.get("samples_per_step") for s in starts
+                      if isinstance(s.config, dict)]
+        samples_per_step = next((v for v in configured if isinstance(v, (int, float)) and v > 0),
+                                None)
+    world_size = loaded.world_size or max((s.world_size for s in starts), default=None)
+    if world_size is None:
+        world_size = len({t.rank for t in loaded.ranks if t.rank is not None}) or None
+    nnodes = len({s.host for s in starts}) or 1
+    if steps.empty:
+        problems.append(f"{path}: no step records (rank*.steps.jsonl): the run has no step time "
+                        f"to compare; trace it with python -m tracer.record")
+    per_step = pd.concat([breakdown_per_step(t) for t in loaded.ranks] or [empty_breakdown()],
+                         ignore_index=True)
+    shares, bandwidth, stragglers = _cross_rank_parts(loaded, per_step, problems, str(path))
+    if shares is None and not steps.empty:
+        problems.append(f"{path}: no profiled step in its Kineto traces: step time and "
+                        f"throughput only, no parts")
+    cpu = (float(samples["cpu_system_pct"].median())
+           if "cpu_system_pct" in samples.columns and samples["cpu_system_pct"].notna().any()
+           else float("nan"))
+    row = st.run_row(steps, shares, samples_per_step, warmup_steps, cpu) if not steps.empty \
+        else {"step_ms": float("nan")}
+    row.update(run=path.name, path=str(path), world_size=world_size, nnodes=nnodes,
+               stragglers=",".join(map(str, stragglers)))
+    bandwidth = bandwidth.assign(run=path.name, world_size=world_size, nnodes=nnodes)
+    return row, bandwidth, problems
+
+
+def study(paths: list[Path], mode: str | None = None, samples_per_step: float | None = None,
+          warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True) -> Study:
+    """Load every run that `paths` name and compare them."""
+    rows, bandwidths, problems = [], [], []
+    for folder in run_folders(paths):
+        try:
+            row, bandwidth, found = load_run(folder, samples_per_step, warmup_steps, use_cache)
+        except NothingToAnalyse as exc:
+            problems.append(f"{folder}: {exc}")
+            continue
+        problems += found
+        if row.get("world_size") is None:
+            problems.append(f"{folder}: world size unknown (no manifest, no distributedInfo); "
+                            f"left out")
+            continue
+        rows.append(row)
+        bandwidths.append(bandwidth)
+    runs = pd.DataFrame(rows)
+    if runs.empty or runs["step_ms"].isna().all():
+        raise NothingToAnalyse("no run with step records to compare")
+    table, mode_info = st.scaling_table(runs, mode)
+    if mode_info["note"]:
+        problems.append(mode_info["note"])
+    bandwidth = _bandwidth_table(pd.concat(bandwidths, ignore_index=True))
+    return Study(runs=runs, table=table, attribution=st.attribution(table),
+                 bandwidth=bandwidth, mode=mode_info, problems=problems)
+
+
+def _bandwidth_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Transfer-based busbw per world size, op and size bucket: the mean over repeats."""
+    if frame.empty or "transfer_busbw_gbps" not in frame.columns:
+        return pd.DataFrame(columns=["world_size", "nnodes", "op", "size_bucket", "count",
+                                     "transfer_busbw_gbps"])
+    grouped = frame.groupby(["world_size", "nnodes", "op", "size_bucket"], sort=True)
+    return grouped.agg(count=("count", "sum"),
+                       transfer_busbw_gbps=("transfer_busbw_gbps", "mean")).reset_index()
+
+
+# ---- output ----------------------------------------------------------------------------------
+TEXT_COLUMNS = [("world_size", "ranks", "{:.0f}"), ("nnodes", "nodes", "{:.0f}"),
+                ("runs", "runs", "{:.0f}"), ("step_ms", "step ms", "{:.2f}"),
+                ("steps_per_s", "steps/s", "{:.2f}"), ("samples_per_s", "samples/s", "{:.1f}"),
+                ("speedup", "speedup", "{:.2f}"), ("efficiency_pct", "eff %", "{:.1f}"),
+                ("compute_pct", "compute %", "{:.1f}"), ("transfer_pct", "transfer %", "{:.1f}"),
+                ("waiting_pct", "waiting %", "{:.1f}"), ("idle_pct", "idle %", "{:.1f}"),
+                ("comm_share_pct", "comm %", "{:.1f}"), ("peak_memory_mib", "peak MiB", "{:.0f}"),
+                ("host_cpu_pct", "host cpu %", "{:.0f}")]
+
+
+def _cell(value, form: str) -> str:
+    value = plain(value)
+    return "-" if value is None else form.format(value)
+
+
+def text_report(result: Study) -> str:
+    table = result.table.assign(peak_memory_mib=result.table["peak_memory_bytes"] / MIB)
+    mode = result.mode
+    how = ("from the recorded global batch" if mode["by_samples"]
+           else "assumed" if mode["note"] else "given")
+    lines = [f"Scaling study: {len(result.runs)} runs, {mode['mode']} scaling ({how}); "
+             f"baseline {int(table['world_size'].iloc[0])} rank(s)", ""]
+    header = [label for _, label, _ in TEXT_COLUMNS]
+    body = [[_cell(row[c], form) for c, _, form in TEXT_COLUMNS] for _, row in table.iterrows()]
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
+    lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in body]
+    spread = table[table["runs"] > 1]
+    for _, row in spread.iterrows():
+        lines.append(f"  {int(row['world_size'])} ranks: step {row['step_ms_min']:.2f}-"
+                     f"{row['step_ms_max']:.2f} ms over {int(row['runs'])} repeats")
+    lines += ["", "Where the efficiency goes (efficiency points lost against the baseline):"]
+    if result.attribution.empty:
+        lines.append("  (no parts: the runs need Kineto traces of a few steps)")
+    for (world, nnodes), causes in result.attribution.groupby(["world_size", "nnodes"]):
+        row = table[(table["world_size"] == world) & (table["nnodes"] == nnodes)].iloc[0]
+        lines.append(f"  {world} ranks on {nnodes} node(s): efficiency "
+                     f"{row['efficiency_pct']:.1f}% ({100 - row['efficiency_pct']:.1f} points "
+                     f"lost, {row['step_ms'] - row['ideal_step_ms']:+.2f} ms per step)")
+        stragglers = result.runs.loc[result.runs["world_size"] == world, "stragglers"]
+        named = sorted({r for s in stragglers.dropna() for r in str(s).split(",") if r})
+        for _, cause in causes.sort_values("lost_pct_points", ascending=False).iterrows():
+            lines.append(f"    {cause['cause']:<18} {cause['lost_pct_points']:+6.1f} points "
+                         f"({cause['lost_ms']:+.2f} ms)")
+        for _, cause in st.main_causes(causes).iterrows():
+            extra = (f" (ranks wait for rank {', '.join(named)})"
+                     if cause["cause"] == "waiting for peers" and named else "")
+            lines.append(f"    -> {cause['cause']}{extra}: {cause['suggestion']}")
+    if not result.bandwidth.empty:
+        lines += ["", "Transfer-based busbw (GB/s) per collective and size:"]
+        for _, row in result.bandwidth.iterrows():
+            lines.append(f"  {int(row['world_size'])} ranks  {row['op']:<14} "
+                         f"{row['size_bucket']:<14} {int(row['count']):>6} ops  "
+                         f"{row['transfer_busbw_gbps']:.3f}")
+    return "\n".join(lines)
+
+
+def document(result: Study) -> dict:
+    return {"schema_version": DOCUMENT_VERSION, "mode": result.mode["mode"],
+            "mode_from_samples": result.mode["by_samples"], "problems": result.problems,
+            "runs": records(result.runs), "world_sizes": records(result.table),
+            "attribution": records(result.attribution), "bandwidth": records(result.bandwidth)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.scaling",
+        description="Compare runs of one workload at several world sizes: step time, "
+                    "throughput, speedup, efficiency and where the lost efficiency went "
+                    "(docs/scaling.md).")
+    parser.add_argument("paths", nargs="+", type=Path, metavar="RUN",
+                        help="a run folder, or a folder of runs (a sweep)")
+    parser.add_argument("--mode", choices=["strong", "weak"],
+                        help="strong: the same global batch at every world size; weak: a "
+                             "global batch growing with it (default: from the recorded "
+                             "samples per step, else strong)")
+    parser.add_argument("--format", choices=["text", "json", "csv"], default="text")
+    parser.add_argument("--samples-per-step", type=float, metavar="N",
+                        help="global batch per step, for runs that did not record it")
+    parser.add_argument("--warmup-steps", type=int, default=st.DEFAULT_WARMUP_STEPS,
+                        metavar="N", help="first steps left out of the step time")
+    parser.add_argument("--svg", type=Path, metavar="FILE",
+                        help="also write the efficiency plot with a stacked bar per world size")
+    parser.add_argument("--html", type=Path, metavar="FILE",
+                        help="also write a self-contained page with the plot and the report")
+    parser.add_argument("--no-cache", action="store_true", help="do not use the Parquet cache")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        result = study(args.paths, args.mode, args.samples_per_step, args.warmup_steps,
+                       use_cache=not args.no_cache)
+    except NothingToAnalyse as exc:
+        print(f"ranktrace: error: {exc}", file=sys.stderr)
+        return 1
+    for problem in result.problems:
+        print(f"ranktrace: warning: {problem}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(document(result), indent=1))
+    elif args.format == "csv":
+        print(result.table.to_csv(index=False), end="")
+    else:
+        print(text_report(result))
+    if args.svg is not None:
+        from analysis.scaling.svg import scaling_svg
+        args.svg.write_text(scaling_svg(result.table))
+    if args.html is not None:
+        from analysis.scaling.svg import scaling_page
+        title = "ranktrace scaling study: " + ", ".join(str(p) for p in args.paths)
+        args.html.write_text(scaling_page(title, result.table, text_report(result)))
+        print(f"ranktrace: wrote {args.html}", file=sys.stderr)
+    return 0

@@ -1,0 +1,3 @@
+from analysis.scaling import main
+
+raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""The scaling study's plot as one inline SVG: parallel efficiency against world size above, and
+below it a stacked bar per world size of where the mean step's time goes (docs/scaling.md).
+
+Built with analysis.report.html.svg's line plot and stacked bars, so it matches the HTML report and
+escapes every text it shows.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from analysis.report.html import svg
+
+# Bar parts: the scaling table's columns and the HTML palette's names for them.
+BAR_PARTS = {"compute_ms": "compute", "copies_ms": "memcpy", "transfer_ms": "transfer",
+             "waiting_ms": "waiting", "idle_ms": "idle"}
+WIDTH = 760
+_SIZE = re.compile(r'^<svg class="chart" viewBox="0 0 (\d+) (\d+)"')
+
+
+def _height(chart: str) -> int:
+    match = _SIZE.match(chart)
+    return int(match.group(2)) if match else 0
+
+
+def scaling_svg(table: pd.DataFrame) -> str:
+    """`table`: `scaling_table.scaling_table`'s rows. Returns one <svg> element."""
+    labels = [f"{int(w)} ranks" + (f", {int(n)} nodes" if n > 1 else "")
+              for w, n in zip(table["world_size"], table["nnodes"])]
+    efficiency = svg.lines([("efficiency %", [float(w) for w in table["world_size"]],
+                             [float(e) for e in table["efficiency_pct"]])],
+                           "world size (ranks)", "parallel efficiency %", width=WIDTH)
+    if not efficiency.startswith("<svg"):  # no efficiency to draw: the bars alone
+        efficiency = ""
+    parts = table[list(BAR_PARTS)].fillna(0.0)
+    bars = svg.stacked_bars(labels, list(BAR_PARTS.values()),
+                            parts.to_numpy(dtype="float64").tolist(), "ms per step", width=WIDTH)
+    top, bottom = _height(efficiency), _height(bars)
+    height = top + bottom + 10
+    return (f'<svg class="chart scaling" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" '
+            f'height="{height}" role="img" xmlns="http://www.w3.org/2000/svg">'
+            f'<title>{svg.esc("parallel efficiency and step time parts per world size")}</title>'
+            f'<svg y="0" width="{WIDTH}" height="{top}">{efficiency}</svg>'
+            f'<svg y="{top + 10}" width="{WIDTH}" height="{bottom}">{bars}</svg></svg>')
+
+
+def scaling_page(title: str, table: pd.DataFrame, report_text: str) -> str:
+    """One self-contained HTML page (inline style and script, no network): the plot, then the
+    text report, every name escaped; the HTML report's own style and script."""
+    from analysis.report.html.assets import SCRIPT, STYLE
+
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{svg.esc(title)}</title><style>{STYLE}</style></head><body>"
+            f"<h1>{svg.esc(title)}</h1><pre id=\"js-errors\"></pre>"
+            f"<section id=\"scaling\"><h2>Efficiency and where the step time goes</h2>"
+            f"{scaling_svg(table)}</section>"
+            f"<section id=\"report\"><h2>Report</h2><pre>{svg.esc(report_text)}</pre></section>"
+            f"<script>{SCRIPT}</script></body></html>")

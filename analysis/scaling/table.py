@@ -1,0 +1,215 @@
+"""The scaling study's numbers: one row per run, one row per world size, and where the lost
+efficiency went (docs/scaling.md defines every formula used here).
+
+Pure functions from DataFrames to DataFrames; `analysis.scaling` loads the runs and prints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+MS = 1e6  # ns per ms
+# The parts that add up to a step, in ms per step (docs/scaling.md, "Parts of a step").
+PARTS = ["compute_ms", "copies_ms", "transfer_ms", "waiting_ms", "idle_ms"]
+# Communication that compute hid; it is inside compute_ms, so not one of the PARTS.
+HIDDEN = "hidden_comm_ms"
+DEFAULT_WARMUP_STEPS = 2
+# Relative tolerance when recorded global batches are compared across world sizes.
+BATCH_TOLERANCE = 0.01
+CAUSES = ["compute", "more communication", "less overlap", "waiting for peers", "idle", "copies"]
+SUGGESTIONS = {
+    "compute": "per-rank compute did not shrink with the world size: the per-rank batch is too "
+               "small to keep a device busy, or ranks share cores or a device; grow the per-rank "
+               "batch (weak scaling) or give each rank its own cores or device",
+    "more communication": "more time moving data: send fewer bytes (bf16 gradients, "
+                          "gradient compression, FSDP/ZeRO trade-offs) or use a faster "
+                          "interconnect; compare busbw with the link's",
+    "less overlap": "less communication hidden under compute: start it earlier (DDP "
+                    "bucket_cap_mb, asynchronous collectives) and remove sync points",
+    "waiting for peers": "ranks wait for a late peer: balance work and data loading across "
+                         "ranks; see the straggler named by the cross-rank analysis",
+    "idle": "the host left the device idle: data loading (DataLoader workers, pinned memory), "
+            "launch overhead (torch.compile, CUDA graphs) or synchronisation",
+    "copies": "host-device copies: pin memory, copy with non_blocking, keep data on the device",
+}
+SATURATED_CPU_PCT = 90.0
+CPU_SUGGESTION = ("the host's CPUs were {pct:.0f}% busy: the ranks compete for cores "
+                  "(more ranks than cores oversubscribe the host); run fewer ranks per host")
+
+
+def timed_steps(steps: pd.DataFrame, warmup_steps: int = DEFAULT_WARMUP_STEPS
+                ) -> tuple[pd.DataFrame, str]:
+    """The step records that give a run's step time, and which they are: steps numbered from
+    `warmup_steps` on that the profiler did not record; if there are none, every step from
+    `warmup_steps` on."""
+    if steps.empty:
+        return steps, "none"
+    later = steps[steps["step"] >= warmup_steps]
+    profiled = (later["in_profiler_window"].fillna(False).astype(bool)
+                if "in_profiler_window" in later.columns else False)
+    unprofiled = later[~profiled] if not isinstance(profiled, bool) else later
+    if len(unprofiled):
+        return unprofiled, "unprofiled"
+    return later, "all (every step was profiled)"
+
+
+def _peak_memory(steps: pd.DataFrame) -> tuple[float, str | None]:
+    """The largest per-step peak of any rank: CUDA allocated bytes where recorded, else RSS."""
+    for column, kind in (("cuda_peak_allocated_bytes", "cuda_allocated"), ("rss_bytes", "rss")):
+        if column in steps.columns and steps[column].notna().any():
+            return float(steps[column].max()), kind
+    return float("nan"), None
+
+
+def run_row(steps: pd.DataFrame, shares: dict | None, samples_per_step: float | None = None,
+            warmup_steps: int = DEFAULT_WARMUP_STEPS, host_cpu_pct: float = float("nan")
+            ) -> dict:
+    """One run's figures from its ranks' step records (rank, step, start_ns, end_ns,
+    in_profiler_window, memory columns, `samples` where recorded) and the shares of its
+    profiled steps' time (`part_shares`; None without a trace).
+
+    `samples_per_step` is the global batch to use where the records have none."""
+    timed, which = timed_steps(steps, warmup_steps)
+    durations = (timed["end_ns"] - timed["start_ns"]).astype("float64")
+    step_ms = float(durations.mean() / MS) if len(timed) else float("nan")
+    samples = float("nan")
+    if "samples" in timed.columns and timed["samples"].notna().any():
+        samples = float(timed["samples"].dropna().mean())
+    elif samples_per_step is not None:
+        samples = float(samples_per_step)
+    peak, memory_kind = _peak_memory(steps)
+    row = {"steps_timed": int(timed["step"].nunique()) if len(timed) else 0,
+           "steps_which": which, "step_ms": step_ms, "samples_per_step": samples,
+           "peak_memory_bytes": peak, "memory_kind": memory_kind, "host_cpu_pct": host_cpu_pct}
+    for part in [*PARTS, HIDDEN]:
+        row[part] = shares[part] * step_ms if shares else float("nan")
+    return row
+
+
+def part_shares(bars: pd.DataFrame) -> dict | None:
+    """Each part's share of the profiled steps' time, from the per-rank mean ms per step of
+    `analysis.report.html.report.rank_bars` (compute, overlap, transfer and waiting or comm, memcpy,
+    idle): the mean over ranks of each part over the mean over ranks of their sum."""
+    if bars is None or bars.empty:
+        return None
+    mean = bars.drop(columns="rank").mean()
+    waiting = float(mean.get("waiting", 0.0))
+    transfer = float(mean["transfer"] if "transfer" in mean.index else mean.get("comm", 0.0))
+    overlap = float(mean.get("overlap", 0.0))
+    parts = {"compute_ms": float(mean.get("compute", 0.0)) + overlap,
+             "copies_ms": float(mean.get("memcpy", 0.0)), "transfer_ms": transfer,
+             "waiting_ms": waiting, "idle_ms": float(mean.get("idle", 0.0)), HIDDEN: overlap}
+    total = sum(parts[p] for p in PARTS)
+    if not total > 0:
+        return None
+    return {name: value / total for name, value in parts.items()}
+
+
+def detect_mode(table: pd.DataFrame, given: str | None) -> tuple[str, bool, str | None]:
+    """(mode, whether throughput in samples is used, a note or None).
+
+    With a recorded global batch on every world size: strong when it stays the same, weak when it
+    grows with the world size, "mixed" otherwise; the speedup then comes from samples/s whatever
+    the mode. Without: `given`, else strong, with a note."""
+    samples = table["samples_per_step"]
+    if len(table) and samples.notna().all() and (samples > 0).all():
+        base = table.iloc[0]
+        ratio = samples / base["samples_per_step"]
+        growth = table["world_size"] / base["world_size"]
+        if np.allclose(ratio, 1.0, rtol=BATCH_TOLERANCE):
+            detected = "strong"
+        elif np.allclose(ratio, growth, rtol=BATCH_TOLERANCE):
+            detected = "weak"
+        else:
+            detected = "mixed"
+        note = None
+        if given is not None and given != detected:
+            note = (f"--mode {given} given, but the recorded global batch says {detected}; "
+                    f"speedups come from the recorded samples/s")
+        return detected, True, note
+    if given is not None:
+        return given, False, None
+    return "strong", False, ("no global batch recorded: assuming strong scaling (the same global "
+                             "batch at every world size); pass --mode weak if it grows with the "
+                             "world size")
+
+
+def scaling_table(runs: pd.DataFrame, mode: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """One row per (nnodes, world size), the repeats averaged, with throughput, speedup and
+    efficiency against the smallest world size; and {"mode", "by_samples", "note"}.
+
+    `runs`: one row per run (`run_row` plus run, world_size, nnodes)."""
+    runs = runs[runs["step_ms"].notna() & (runs["step_ms"] > 0)]
+    keys = ["world_size", "nnodes"]
+    grouped = runs.groupby(keys, sort=True)
+    table = grouped[["step_ms", "samples_per_step", *PARTS, HIDDEN, "host_cpu_pct"]].mean()
+    table["step_ms_min"] = grouped["step_ms"].min()
+    table["step_ms_max"] = grouped["step_ms"].max()
+    table["runs"] = grouped.size()
+    table["peak_memory_bytes"] = grouped["peak_memory_bytes"].max()
+    table = table.reset_index().sort_values(keys, kind="stable").reset_index(drop=True)
+    used, by_samples, note = detect_mode(table, mode)
+    if table.empty:
+        return table, {"mode": used, "by_samples": by_samples, "note": note}
+    base = table.iloc[0]
+    growth = table["world_size"] / base["world_size"]
+    if by_samples:
+        work = table["samples_per_step"] / base["samples_per_step"]
+    else:
+        work = growth if used == "weak" else pd.Series(1.0, index=table.index)
+    # k: the step time an ideal scaling would give, as a fraction of the smallest run's.
+    table["ideal_step_ms"] = base["step_ms"] * work / growth
+    table["steps_per_s"] = 1e3 / table["step_ms"]
+    table["samples_per_s"] = table["samples_per_step"] * table["steps_per_s"]
+    table["speedup"] = work * base["step_ms"] / table["step_ms"]
+    table["efficiency_pct"] = 100.0 * table["ideal_step_ms"] / table["step_ms"]
+    parts = table[PARTS]
+    table["comm_share_pct"] = 100.0 * (table["transfer_ms"] + table["waiting_ms"]) / parts.sum(
+        axis=1)
+    for part in PARTS:
+        table[part.replace("_ms", "_pct")] = 100.0 * table[part] / parts.sum(axis=1)
+    return table, {"mode": used, "by_samples": by_samples, "note": note}
+
+
+def _cause_ms(row: pd.Series) -> dict:
+    """A world size's parts regrouped by cause: exposed transfer is split into all the
+    communication (exposed and hidden) and, negatively, what overlap hid."""
+    return {"compute": row["compute_ms"],
+            "more communication": row["transfer_ms"] + row[HIDDEN],
+            "less overlap": -row[HIDDEN],
+            "waiting for peers": row["waiting_ms"], "idle": row["idle_ms"],
+            "copies": row["copies_ms"]}
+
+
+def attribution(table: pd.DataFrame) -> pd.DataFrame:
+    """Per world size above the smallest and cause: the ms per step the cause added over the
+    ideal (`lost_ms` = cause_N - k * cause_smallest, k = ideal_step_ms / smallest step_ms) and
+    the efficiency points it cost (`lost_pct_points` = 100 * lost_ms / step_ms). Over the causes,
+    lost_ms adds up to step_ms - ideal_step_ms and the points to 100 - efficiency_pct."""
+    columns = ["world_size", "nnodes", "cause", "lost_ms", "lost_pct_points", "suggestion"]
+    if len(table) < 2 or table[PARTS].isna().any().any():
+        return pd.DataFrame(columns=columns)
+    base = table.iloc[0]
+    base_causes = _cause_ms(base)
+    rows = []
+    for _, row in table.iloc[1:].iterrows():
+        k = row["ideal_step_ms"] / base["step_ms"]
+        for cause, value in _cause_ms(row).items():
+            lost = value - k * base_causes[cause]
+            suggestion = SUGGESTIONS[cause]
+            if cause == "compute" and row["host_cpu_pct"] >= SATURATED_CPU_PCT:
+                suggestion = CPU_SUGGESTION.format(pct=row["host_cpu_pct"]) + "; " + suggestion
+            rows.append({"world_size": int(row["world_size"]), "nnodes": int(row["nnodes"]),
+                         "cause": cause, "lost_ms": lost,
+                         "lost_pct_points": 100.0 * lost / row["step_ms"],
+                         "suggestion": suggestion})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def main_causes(attributed: pd.DataFrame, min_points: float = 5.0) -> pd.DataFrame:
+    """Per world size, the causes that cost at least `min_points` efficiency points, largest
+    first."""
+    kept = attributed[attributed["lost_pct_points"] >= min_points]
+    return kept.sort_values(["world_size", "nnodes", "lost_pct_points"],
+                            ascending=[True, True, False], kind="stable").reset_index(drop=True)
