@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.core.step_spec import parse_step_spec
+from analysis.core.step_spec import at_least_one, parse_step_spec, steps_argument
 from analysis.ingest import parse_ahead
 from analysis.ingest.kineto import max_trace_bytes
 from analysis.ingest.parallel import SchedulerUnavailable
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
                              "Kineto trace files")
     parser.add_argument("--run", metavar="NAME", help="the run to analyse in a folder of runs")
     parser.add_argument("--all", action="store_true", help="analyse every run in a folder of runs")
-    parser.add_argument("--steps", metavar="SPEC", type=_step_spec,
+    parser.add_argument("--steps", metavar="SPEC", type=steps_argument,
                         help="ProfilerStep numbers to analyse, e.g. 3-5,7 (default: all)")
     parser.add_argument("--hta-compatible", action="store_true",
                         help="select steps as HTA does: drop the last ProfilerStep")
@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="exit non-zero on any problem, not only when nothing was analysed")
     parser.add_argument("--no-cache", action="store_true",
                         help="neither read nor write the .ranktrace-cache Parquet files")
-    parser.add_argument("--jobs", type=_at_least_one, metavar="N",
+    parser.add_argument("--jobs", type=at_least_one, metavar="N",
                         help="processes for parsing trace files (default: one per core)")
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="parse the trace files on the Dask cluster of this scheduler "
@@ -60,25 +60,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="device kernels whose name matches REGEX (searched, case-"
                              "sensitive) also count as communication; repeatable")
     return parser
-
-
-def _step_spec(text: str) -> str:
-    """The --steps text, once parse_step_spec accepts it."""
-    try:
-        parse_step_spec(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--steps: ")) from None
-    return text
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return number
 
 
 def _regex(text: str) -> re.Pattern:
@@ -121,6 +102,7 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
     import pandas as pd
 
     from analysis.ingest.load import load_files
+    from analysis.rank.summary import rank_tables
     from analysis.report import output
     from analysis.run import analyse_run
 
@@ -132,7 +114,8 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
                                 comm_kernels=tuple(args.comm_kernel),
                                 scheduler=args.scheduler,
                                 # Only the HTML report draws from the events once reduced.
-                                keep_events=args.html is not None, decoded_ahead=ahead)
+                                keep_events=args.html is not None, reduce_rank=rank_tables,
+                                decoded_ahead=ahead)
             # What is loaded lives until this one-shot process ends: the cyclic collector would
             # only rescan it (millions of objects at a thousand ranks) each time it runs.
             gc.freeze()

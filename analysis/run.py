@@ -30,6 +30,7 @@ from analysis.rank.comm import ops as communication
 from analysis.rank.hta import hta_temporal_breakdown
 from analysis.rank.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
 from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown, rank_totals
+from analysis.rank.summary import rank_tables
 from analysis.report import output
 from analysis.report.progress import Progress
 from tracer import schema
@@ -208,7 +209,7 @@ def open_run(path, steps: str | None = None, *, run: str | None = None,
     NothingToAnalyse when `path` holds no trace, ValueError for a bad `steps`."""
     loaded = load_path(path, steps, run=run, hta_compatible=hta_compatible,
                        use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels,
-                       keep_events=keep_events)
+                       keep_events=keep_events, reduce_rank=rank_tables)
     where = loaded.run_dir if loaded.run_dir is not None else Path(
         path[0] if isinstance(path, (list, tuple)) else path)
     return Run(loaded, name=where.name or str(where), path=str(where), steps_spec=steps,

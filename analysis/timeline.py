@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.ingest.load import LoadResult, NothingToAnalyse, load_path, parse_step_spec
+from analysis.rank.summary import rank_tables
 from analysis.report import timeline_events as te
 from analysis.report.progress import Progress
 from tracer import schema
@@ -277,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-mb must be positive")
     try:
         with Progress() as progress:
-            run = load_path(args.run, chosen, use_cache=not args.no_cache, progress=progress)
+            run = load_path(args.run, chosen, use_cache=not args.no_cache, progress=progress,
+                            reduce_rank=rank_tables)
     except NothingToAnalyse as exc:
         print(f"ranktrace: nothing to draw: {exc}", file=sys.stderr)
         return 1

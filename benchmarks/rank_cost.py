@@ -33,7 +33,8 @@ from analysis.ingest import kineto
 from analysis.ingest import load
 from analysis.ingest import parsed_trace
 files = sorted(Path(sys.argv[1]).glob("*.json.gz"))
-reduction = load.RankReduction(None, False, (), False, drop_events=True)
+from analysis.rank.summary import rank_tables
+reduction = load.RankReduction(rank_tables, None, False, (), False, drop_events=True)
 limit = kineto.max_trace_bytes()
 for path in files:
     load._read_trace_job((str(path), False, limit, reduction, None))

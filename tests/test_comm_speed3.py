@@ -13,12 +13,13 @@ from test_comm_fast_paths import four_ops, same
 from test_communication import event, events_frame, make_trace
 
 from analysis.crossrank import distinct
-from analysis.crossrank.frames import OP_COLUMNS, named_kernels, ops_from_events
+from analysis.crossrank.frames import OP_COLUMNS, ops_from_events
 from analysis.rank import issuers
 from analysis.rank import summary as rank_summary
 from analysis.rank.comm import events as comm_events
 from analysis.rank.comm import ops as communication
 from analysis.rank.comm import sizes as comm_sizes
+from analysis.rank.comm.kernel_names import named_kernels
 
 
 # ---- one join per rank ---------------------------------------------------------------------------

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 from test_crossrank_synthetic import MS, NO_SYNC, frame, op, steps_frame
 
-from analysis.crossrank import analyse, to_json
+from analysis.crossrank import analyse
+from analysis.report.output import cross_rank_json
 
 STEPS = 10
 SYNCED = pd.DataFrame({"rank": [1, 2], "offset_ns": [0, 0], "uncertainty_ns": [1_000, 1_000]})
@@ -30,7 +31,7 @@ def test_a_wait_caused_by_a_rank_that_was_itself_waiting_is_charged_to_the_root(
     # Rank 0 waits 12 ms for rank 1, 10 of which rank 1 spent waiting for rank 2.
     assert table.loc[2, "caused_wait_ms_per_step"] == pytest.approx(20.0)
     assert table.loc[1, "caused_wait_ms_per_step"] == pytest.approx(2.0)
-    assert [s["rank"] for s in to_json(result)["stragglers"]] == [2]
+    assert [s["rank"] for s in cross_rank_json(result)["stragglers"]] == [2]
 
 
 def _pipeline_chain_run():
@@ -90,7 +91,7 @@ def test_a_late_last_stage_is_named_although_each_transfer_is_long():
                      op(stage - 1, t, sent + 4 * MS, step=s, name="recv", peer=stage)]
     synced = pd.DataFrame({"rank": [1, 2, 3], "offset_ns": 0, "uncertainty_ns": 1_000})
     result = analyse(frame(rows), steps_frame(range(4), range(STEPS)), synced, 4)
-    assert [s["rank"] for s in to_json(result)["stragglers"]] == [3]
+    assert [s["rank"] for s in cross_rank_json(result)["stragglers"]] == [3]
     table = result["stragglers"].set_index("rank")
     assert table.loc[3, "caused_wait_ms_per_step"] == pytest.approx(30.0)
     assert table.loc[3, "material"]

@@ -8,9 +8,10 @@ import shutil
 
 import pytest
 
-from analysis.crossrank import cross_rank, to_json
+from analysis.crossrank import cross_rank
 from analysis.crossrank.frames import run_frames
 from analysis.ingest.load import load_path
+from analysis.report.output import cross_rank_json
 from conftest import DATA
 
 TRACES = DATA / "hta" / "trace_filter"
@@ -68,7 +69,7 @@ def test_a_rank_shifted_by_80_ms_is_put_back_and_names_the_same_culprit(original
     assert clock.loc[1, "source"] == "collectives"
     assert abs(clock.loc[1, "offset_ns"] - SHIFT_US * 1000) < MS
     assert clock.loc[1, "offset_ns"] - before == SHIFT_US * 1000
-    assert to_json(shifted)["stragglers"] == to_json(original)["stragglers"]
+    assert cross_rank_json(shifted)["stragglers"] == cross_rank_json(original)["stragglers"]
     columns = ["rank", "caused_wait_ms_per_step", "fires", "too_few_steps"]
     assert shifted["stragglers"][columns].equals(original["stragglers"][columns])
     assert shifted["waits"].equals(original["waits"])

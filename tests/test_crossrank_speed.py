@@ -11,10 +11,11 @@ import pytest
 from test_comm_fast_paths import four_ops, text_kinds
 from test_communication import events_frame
 
-from analysis.crossrank.frames import OP_COLUMNS, _named_by_labels, named_kernels, typed_ops
+from analysis.crossrank.frames import OP_COLUMNS, typed_ops
 from analysis.crossrank.matching import _positions, group_members, match_ops
 from analysis.crossrank.waits import op_waits, rank_step_waits
 from analysis.rank.comm.events import kernel_host_ops
+from analysis.rank.comm.kernel_names import _named_by_labels, named_kernels
 
 
 def op(rank, issue, step=0, pg="0", size=3, name="all_reduce", nbytes=4096.0, dtype="float32"):

@@ -5,12 +5,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.crossrank import analyse, to_json
+from analysis.crossrank import analyse
 from analysis.crossrank.clock import clock_table, estimate_offsets, to_common_clock
 from analysis.crossrank.frames import typed_ops
 from analysis.crossrank.matching import match_ops
 from analysis.crossrank.pipeline import theory_bubble_pct
 from analysis.crossrank.waits import op_waits, transfer_bandwidth, union_per_group
+from analysis.report.output import cross_rank_json
 
 MS = 1_000_000
 NO_SYNC = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])
@@ -293,7 +294,7 @@ def _steady_late_run(late_rank, late_ns, steps=10, ranks=4):
 def test_a_rank_late_every_step_is_named_with_its_caused_wait():
     ops = _steady_late_run(3, 20 * MS)
     result = analyse(ops, steps_frame(range(4), range(10)), NO_SYNC, 4)
-    stragglers = to_json(result)["stragglers"]
+    stragglers = cross_rank_json(result)["stragglers"]
     assert [s["rank"] for s in stragglers] == [3]
     assert stragglers[0]["caused_wait_ms_per_step"] == pytest.approx(60.0)  # 3 ranks x 20 ms
     assert stragglers[0]["share_pct"] == pytest.approx(15.0)  # 600 ms of 4 x 1000 ms
@@ -312,7 +313,7 @@ def test_jitter_without_a_steady_culprit_names_no_straggler():
             rows.append(op(r, arrive, s * 100 * MS + 6 * MS, step=s, size=4))
     result = analyse(frame(rows), steps_frame(range(4), range(12)), NO_SYNC, 4)
     assert result["stragglers"]["fires"].sum() == 0
-    assert to_json(result)["stragglers"] == []
+    assert cross_rank_json(result)["stragglers"] == []
 
 
 def test_a_small_steady_delay_below_the_share_threshold_names_no_straggler():
@@ -345,7 +346,7 @@ def test_the_culprit_survives_an_unsynchronised_clock():
     result = analyse(ops, steps_frame(range(4), range(10)), NO_SYNC, 4)
     clock = result["clock"].set_index("rank")
     assert abs(clock.loc[2, "offset_ns"] - 80 * MS) < MS
-    assert [s["rank"] for s in to_json(result)["stragglers"]] == [2]
+    assert [s["rank"] for s in cross_rank_json(result)["stragglers"]] == [2]
 
 
 # ---- pipeline ------------------------------------------------------------------------------------
@@ -369,7 +370,7 @@ def test_pipeline_bubble_split_and_theory():
     assert table.loc[1, "idle_pct"] == pytest.approx(24.0)
     assert table.loc[0, "theory_bubble_pct"] == pytest.approx(20.0)  # (2-1)/(4+2-1)
     assert table["holds_back"].tolist() == [True, False]
-    assert to_json(result)["pipeline"][1] == {
+    assert cross_rank_json(result)["pipeline"][1] == {
         "rank": 1, "measured_bubble_pct": pytest.approx(40.0), "theory_bubble_pct": 20.0,
         "recv_wait_pct": pytest.approx(12.0)}
 
@@ -381,7 +382,7 @@ def test_theory_bubble_interleaved():
 
 def test_json_has_the_documented_keys():
     result = analyse(_steady_late_run(3, 20 * MS), steps_frame(range(4), range(10)), NO_SYNC, 4)
-    document = to_json(result)
+    document = cross_rank_json(result)
     assert set(document) == {"clock", "stragglers", "waits", "mismatches", "pipeline"}
     assert set(document["clock"][0]) >= {"rank", "offset_ns", "uncertainty_ns", "source"}
     assert set(document["waits"][0]) == {"rank", "step", "wait_for_peers_ms", "transfer_ms"}
@@ -413,7 +414,7 @@ def test_three_steps_of_noise_name_no_straggler():
     # [0, 1.5, 2] ms against rank 0, whose lower quartile is half its median. Three steps are
     # no evidence: a fair draw gives one rank two of three.
     result = _two_bucket_run([(1, 0.5), (0, 1.5), (0, 2.0)], 3)
-    assert to_json(result)["stragglers"] == []
+    assert cross_rank_json(result)["stragglers"] == []
     row = result["stragglers"].set_index("rank").loc[0]
     assert row["share_pct"] == pytest.approx(100 * 7 / 120)
     assert row["clean_steps"] == 2 and not row["fires"]
@@ -427,7 +428,7 @@ def test_steps_after_the_tracers_own_work_are_left_out():
     gaps = {0: 10, 2: 10, 3: 10, 7: 10, 11: 10, 12: 10, 5: 1}
     late = [(1, 10.0) if gaps.get(s) == 10 else (0, 4.0) for s in range(17)]
     result = _two_bucket_run(late, 17, gaps)
-    assert [s["rank"] for s in to_json(result)["stragglers"]] == [0]
+    assert [s["rank"] for s in cross_rank_json(result)["stragglers"]] == [0]
     row = result["stragglers"].set_index("rank").loc[0]
     assert (row["clean_steps"], row["top_steps"]) == (11, 11)
     assert row["chance"] == pytest.approx(0.5 ** 11)
@@ -437,7 +438,7 @@ def test_a_rank_main_culprit_in_9_of_10_steps_of_two_is_not_named():
     # Chance gives one of two ranks 9 or more of 10 steps with probability 11/1024 each.
     late = [(1, 4.0) if s == 5 else (0, 4.0) for s in range(11)]  # step 0 left out
     result = _two_bucket_run(late, 11)
-    assert to_json(result)["stragglers"] == []
+    assert cross_rank_json(result)["stragglers"] == []
     row = result["stragglers"].set_index("rank").loc[0]
     assert row["top_steps"] == 9 and row["chance"] == pytest.approx(11 / 1024)
     assert row["steady"] and row["material"] and not row["significant"] and not row["fires"]
@@ -483,7 +484,7 @@ def test_a_rank_late_in_every_one_of_too_few_steps_gets_a_note_not_a_name():
     from analysis.crossrank.culprit import steps_needed
     from analysis.crossrank.findings import too_few_steps
     result = _two_bucket_run([(1, 25.0)] * 4, 4)
-    assert to_json(result)["stragglers"] == []
+    assert cross_rank_json(result)["stragglers"] == []
     row = result["stragglers"].set_index("rank").loc[1]
     assert (row["clean_steps"], row["top_steps"], row["too_few_steps"]) == (3, 3, True)
     assert steps_needed(2) == 10 and steps_needed(4) == 5

@@ -13,6 +13,7 @@ from analysis import breakdown as cli
 from analysis import crossrank
 from analysis import run as run_module
 from analysis.ingest.load import load_path
+from analysis.report.output import cross_rank_json
 from analysis.run import analyse_run
 from synthetic import TraceBuilder, trace_name
 from tracer import schema
@@ -167,4 +168,4 @@ def test_the_notebook_front_exposes_the_cross_rank_frames(tmp_path):
     run = run_module.open_run(late_rank_run(tmp_path / "run"), use_cache=False)
     assert set(run.cross_rank) >= {"clock", "ops", "waits", "bandwidth", "stragglers",
                                    "mismatches", "pipeline"}
-    assert run.document()["cross_rank"] == crossrank.to_json(run.cross_rank)
+    assert run.document()["cross_rank"] == cross_rank_json(run.cross_rank)

@@ -8,7 +8,7 @@ import pytest
 
 from analysis.ingest.load import load_path
 from analysis.rank.hta import _hta_rank_of, hta_temporal_breakdown
-from analysis.rank.summary import RANK_SUMMARIES, RANK_TABLES
+from analysis.rank.summary import RANK_SUMMARIES, RANK_TABLES, rank_tables
 from analysis.report import output
 from analysis.run import analyse_run
 from synthetic import TraceBuilder, trace_name
@@ -37,7 +37,8 @@ def write_run(folder, builders):
 
 def test_worker_tables_are_those_of_the_loaded_rank_with_its_steps_and_kernels(tmp_path):
     run = write_run(tmp_path / "run", [rank_trace(0), rank_trace(1)])
-    loaded = load_path(run, "2-3", use_cache=False, jobs=2, comm_kernels=("my_exchange",))
+    loaded = load_path(run, "2-3", use_cache=False, jobs=2, comm_kernels=("my_exchange",),
+                       reduce_rank=rank_tables)
     for trace in loaded.ranks:
         assert set(trace.reduced) == set(TABLES) | set(RANK_SUMMARIES)
         for name, build in TABLES.items():
@@ -86,7 +87,7 @@ def _document(loaded, run) -> str:
 def test_a_run_whose_events_were_dropped_reports_the_same(tmp_path, jobs):
     run = write_run(tmp_path / "run", [rank_trace(0), rank_trace(1, steps=(1, 2, 3))])
     kept = load_path(run, use_cache=False, jobs=jobs)
-    dropped = load_path(run, use_cache=False, jobs=jobs, keep_events=False)
+    dropped = load_path(run, use_cache=False, jobs=jobs, keep_events=False, reduce_rank=rank_tables)
     assert all(t.events is None and t.event_count > 0 for t in dropped.ranks)
     assert _document(dropped, run) == _document(kept, run)
     # The events are read again on demand, as they were loaded.
@@ -100,7 +101,7 @@ def test_several_windows_of_a_rank_are_merged_and_then_dropped(tmp_path):
     rank_trace(0, steps=(1, 2)).write(run / trace_name(0, span=111))
     rank_trace(0, steps=(5, 6)).write(run / trace_name(0, span=222))
     kept = load_path(run, use_cache=False, jobs=2)
-    dropped = load_path(run, use_cache=False, jobs=2, keep_events=False)
+    dropped = load_path(run, use_cache=False, jobs=2, keep_events=False, reduce_rank=rank_tables)
     trace, = dropped.ranks
     assert trace.events is None and trace.reduced["per_step"]["step"].tolist() == [1, 2, 5, 6]
     assert _document(dropped, run) == _document(kept, run)
@@ -118,7 +119,7 @@ def test_hta_columns_of_sub_microsecond_durations_do_not_depend_on_dropping(tmp_
         b.kernel("volta_sgemm", start + 10, start + 10.1).nccl(start + 20, start + 90.7)
         b.kernel("volta_sgemm", start + 110, start + 110.9)
         b.write(run / trace_name(rank))
-    dropped = load_path(run, use_cache=False, jobs=2, keep_events=False)
+    dropped = load_path(run, use_cache=False, jobs=2, keep_events=False, reduce_rank=rank_tables)
     assert not any(t.reduced["hta"]["exact"] for t in dropped.ranks)
     table = hta_temporal_breakdown(dropped.ranks)
     # HTA's rows on float64 times from the run's earliest start (rank 0's first step, 1000 us),

@@ -4,6 +4,7 @@ Without pandas: the command reads --steps before it imports it (analysis.ingest.
 from __future__ import annotations
 
 import re
+from argparse import ArgumentTypeError
 
 
 def parse_step_spec(spec: str) -> list[int]:
@@ -35,3 +36,23 @@ def format_ranges(numbers: list[int]) -> str:
         else:
             parts.append([number, number])
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def steps_argument(text: str) -> str:
+    """The --steps text, once parse_step_spec accepts it."""
+    try:
+        parse_step_spec(text)
+    except ValueError as exc:
+        raise ArgumentTypeError(str(exc).removeprefix("--steps: ")) from None
+    return text
+
+
+def at_least_one(text: str) -> int:
+    """A whole-number argument of at least 1 (--jobs, --top)."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return number

@@ -1,8 +1,8 @@
 """Cross-rank truth: every collective and p2p op matched across ranks on one clock, waiting split
 from transfer, the rank that made the others wait, and pipeline bubbles (docs/cross-rank.md).
 
-`analyse(...)` is pure (frames in, frames out); `cross_rank(run)` adapts a LoadResult to it, and
-`to_json(result)` gives the document's `cross_rank` object.
+`analyse(...)` is pure (frames in, frames out); `cross_rank(run)` adapts a LoadResult to it.
+The JSON document's `cross_rank` object is the report's (analysis.report.output).
 """
 
 from __future__ import annotations
@@ -76,24 +76,3 @@ def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None =
                      trace_ranks=frames["trace_ranks"])
     result["kineto_shift_ns"] = frames["kineto_shift"]
     return result
-
-
-def _records(frame: pd.DataFrame, columns: list) -> list:
-    from analysis.report.output import records
-    return records(frame[columns]) if len(frame) else []
-
-
-def to_json(result: dict) -> dict:
-    """The `cross_rank` object of the JSON document (docs/cross-rank.md)."""
-    stragglers = result["stragglers"]
-    return {
-        "clock": _records(result["clock"], ["rank", "offset_ns", "uncertainty_ns", "source",
-                                            "drift_ns_per_s", "disagreement_ns"]),
-        "stragglers": _records(stragglers[stragglers["fires"].astype(bool)],
-                               ["rank", "caused_wait_ms_per_step", "share_pct", "collectives",
-                                "evidence"]),
-        "waits": _records(result["waits"], ["rank", "step", "wait_for_peers_ms", "transfer_ms"]),
-        "mismatches": _records(result["mismatches"], list(result["mismatches"].columns)),
-        "pipeline": _records(result["pipeline"], ["rank", "measured_bubble_pct",
-                                                  "theory_bubble_pct", "recv_wait_pct"]),
-    }

@@ -9,8 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from analysis.breakdown import _at_least_one, _step_spec
-from analysis.core.steps import parse_step_spec
+from analysis.core.step_spec import at_least_one, parse_step_spec, steps_argument
 from analysis.diff import compare as diff_compare
 from analysis.diff import output as diff_output
 from analysis.diff import stats as diff_stats
@@ -41,22 +40,22 @@ def _parser() -> argparse.ArgumentParser:
                         help="standard output: tables, one JSON document, or one long CSV")
     parser.add_argument("--html", metavar="FILE", type=Path,
                         help="also write the comparison as a self-contained HTML page")
-    parser.add_argument("--steps", metavar="SPEC", type=_step_spec,
+    parser.add_argument("--steps", metavar="SPEC", type=steps_argument,
                         help="step numbers compared in both runs, e.g. 3-5,7 (default: all)")
     parser.add_argument("--seed", type=int, default=diff_stats.DEFAULT_SEED,
                         help="seed of the bootstrap (default: %(default)s)")
-    parser.add_argument("--resamples", type=_at_least_one, default=diff_stats.DEFAULT_RESAMPLES,
+    parser.add_argument("--resamples", type=at_least_one, default=diff_stats.DEFAULT_RESAMPLES,
                         help="bootstrap resamples (default: %(default)s)")
     parser.add_argument("--noise-floor-pct", type=_not_negative, metavar="P",
                         default=diff_stats.DEFAULT_NOISE_FLOOR_PCT,
                         help="the least run-to-run noise, in %%, assumed for a side of one run: "
                              "a change within the floor is no significant change (default: "
                              "%(default)s; docs/diff.md#the-run-to-run-noise-floor)")
-    parser.add_argument("--top", type=_at_least_one, default=diff_compare.TOP_OPS,
+    parser.add_argument("--top", type=at_least_one, default=diff_compare.TOP_OPS,
                         help="operators and kernels shown, each (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true",
                         help="neither read nor write the .ranktrace-cache Parquet files")
-    parser.add_argument("--jobs", type=_at_least_one, metavar="N",
+    parser.add_argument("--jobs", type=at_least_one, metavar="N",
                         help="processes for parsing trace files (default: one per core)")
     return parser
 

@@ -16,6 +16,7 @@ from analysis.ingest.load import load_files
 from analysis.ingest.runs import resolve_runs
 from analysis.rank import pipeline_schedule
 from analysis.rank.comm.ops import size_bucket
+from analysis.rank.summary import rank_tables
 from analysis.report.html.report import rank_bars
 from analysis.run import Run
 from tracer import schema
@@ -43,7 +44,8 @@ def load_side(path: Path, steps: list[int] | None, use_cache: bool = True,
     configuration. Raises analysis.ingest.runs.NothingToAnalyse when `path` holds no trace."""
     side = Side(path=str(path), runs=[], steps=steps)
     for run_dir, files in resolve_runs([path], all_runs=True):
-        loaded = load_files(files, run_dir, steps=steps, use_cache=use_cache, jobs=jobs)
+        loaded = load_files(files, run_dir, steps=steps, use_cache=use_cache, jobs=jobs,
+                            reduce_rank=rank_tables)
         where = run_dir if run_dir is not None else path
         run = Run(loaded, name=where.name or str(where), path=str(where))
         side.runs.append(run)

@@ -141,8 +141,10 @@ class LoadResult:
 @dataclass(frozen=True)
 class RankReduction:
     """What a worker needs to build its file's RankTrace as load_files would, and compute the
-    per-rank tables and summaries there (analysis.rank.summary) while the events are at hand."""
+    per-rank tables and summaries there (`tables`, given by the caller: the rank floor's
+    rank_tables) while the events are at hand."""
 
+    tables: Callable[[RankTrace], dict]
     steps: list[int] | None
     hta_compatible: bool
     comm_kernels: tuple
@@ -175,12 +177,9 @@ def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, int, RankTrac
     rank = parsed.rank if parsed.rank is not None else file_rank(parsed.path)
     if rank is None:
         return None  # unranked: only the whole run tells which rank it is analysed as
-    # Imported here: analysis.rank.summary imports this module.
-    from analysis.rank.summary import rank_tables
-
     trace = _rank_trace(parsed, rank, [], parsed.path.parent if how.with_records else None,
                         how.steps, how.hta_compatible, how.comm_kernels)
-    trace.reduced = rank_tables(trace)
+    trace.reduced = how.tables(trace)
     trace.events = None  # the parsed file's own travel back, when they are kept
     return rank, len(parsed.problems), trace
 
@@ -238,12 +237,16 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
                hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
                progress: Progress | None = None, comm_kernels: tuple = (),
                scheduler: str | None = None, keep_events: bool = True,
+               reduce_rank: Callable[[RankTrace], dict] | None = None,
                decoded_ahead: DecodeAhead | None = None) -> LoadResult:
     """Parse trace files (in parallel processes when several) into one RankTrace per rank.
 
-    `keep_events=False`: each rank is reduced where it is parsed (analysis.rank.summary) and
-    its events frame is dropped (`RankTrace.events` is None; `with_events()` reads it again),
-    so that memory holds O(ranks x steps + collectives), not every event of every rank.
+    `reduce_rank`: the per-rank tables and summaries of a RankTrace (the rank floor's
+    rank_tables), computed where each file is parsed while its events are at hand; without it
+    every table is computed later from the events. `keep_events=False` (which needs
+    `reduce_rank`): each rank's events frame is dropped once reduced (`RankTrace.events` is None;
+    `with_events()` reads it again), so that memory holds O(ranks x steps + collectives), not
+    every event of every rank.
 
     `scheduler`: the address of a Dask scheduler whose workers parse the files instead
     (analysis.ingest.parallel); they must see the files at the same paths. Raises
@@ -258,9 +261,12 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
     where = run_dir if run_dir is not None else (files[0].parent if files else Path("."))
     if not files and run_dir is None:
         return LoadResult([], [f"{where}: no Kineto trace files"], run_dir)
+    if not keep_events and reduce_rank is None:
+        raise ValueError("keep_events=False needs reduce_rank: what to keep of each rank")
     parsed: list[ParsedTrace] = []
-    reduction = RankReduction(steps, hta_compatible, tuple(comm_kernels), run_dir is not None,
-                              drop_events=not keep_events)
+    reduction = None if reduce_rank is None else RankReduction(
+        reduce_rank, steps, hta_compatible, tuple(comm_kernels), run_dir is not None,
+        drop_events=not keep_events)
     reread = (use_cache, tuple(comm_kernels), max_trace_bytes())
     for result in _parse_all(files, use_cache, jobs, progress, scheduler, reduction,
                              decoded_ahead):
@@ -328,8 +334,7 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
                                  hta_compatible, comm_kernels))
         ranks[-1].reread = reread
         if not keep_events:
-            from analysis.rank.summary import rank_tables  # imports this module
-            ranks[-1].reduced = rank_tables(ranks[-1])
+            ranks[-1].reduced = reduce_rank(ranks[-1])
             ranks[-1].events = None
 
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, str(r.path)))
@@ -440,9 +445,10 @@ def _unmarked_steps(run_dir: Path, ranks: list[RankTrace]) -> list[str]:
 def load_path(path, steps=None, *, run: str | None = None,
               hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
               progress: Progress | None = None, comm_kernels: tuple = (),
-              scheduler: str | None = None, keep_events: bool = True) -> LoadResult:
+              scheduler: str | None = None, keep_events: bool = True,
+              reduce_rank: Callable[[RankTrace], dict] | None = None) -> LoadResult:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, a trace file);
-    `keep_events` as in load_files.
+    `keep_events` and `reduce_rank` as in load_files.
 
     Raises NothingToAnalyse when `path` holds no trace at all.
     """
@@ -452,4 +458,5 @@ def load_path(path, steps=None, *, run: str | None = None,
     (run_dir, files), = resolve_runs(paths, run=run)
     return load_files(files, run_dir, steps=steps, hta_compatible=hta_compatible,
                       use_cache=use_cache, jobs=jobs, progress=progress,
-                      comm_kernels=comm_kernels, scheduler=scheduler, keep_events=keep_events)
+                      comm_kernels=comm_kernels, scheduler=scheduler, keep_events=keep_events,
+                      reduce_rank=reduce_rank)

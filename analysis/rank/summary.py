@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.events import with_events
-from analysis.crossrank.frames import named_kernels
 from analysis.rank import issuers
 from analysis.rank.comm import events as comm_events
 from analysis.rank.comm import ops as communication
+from analysis.rank.comm.kernel_names import named_kernels
 from analysis.rank.hta import hta_rank_summary
 from analysis.rank.idle import idle_gaps
 from analysis.rank.pipeline_schedule import rank_schedule
@@ -30,7 +30,7 @@ OP_EVENT_COLUMNS = ["name", "ts_ns", "end_ns", "stream", "is_gpu", "collective",
 
 def _comm_events(trace, hosts: pd.DataFrame | None = None) -> pd.DataFrame:
     """The rank's communication events as the cross-rank pass takes them: kernels named from
-    their host ops (crossrank.frames.named_kernels), and only what ops_from_events reads: on a
+    their host ops (analysis.rank.comm.kernel_names), and only what ops_from_events reads: on a
     rank with communication kernels those kernels (they are its ops), else every event (gloo's
     ops and the host calls that issued them). `hosts`: kernel_host_ops of the events, where
     the caller has it."""

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import crossrank
 from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges
 from analysis.crossrank import report as cross_report
 from analysis.report.text_tables import TEXT_MAX_ROWS  # noqa: F401 (the report's limit)
@@ -138,7 +137,7 @@ def run_document(report: RunReport) -> dict:
         "idle": records(report.idle),
         "collectives": records(report.tables.get("collectives")),
         "bottlenecks": records(report.tables.get("bottlenecks")),
-        "cross_rank": (crossrank.to_json(report.cross_rank)
+        "cross_rank": (cross_rank_json(report.cross_rank)
                        if report.cross_rank is not None else None),
         "unavailable": dict(report.unavailable),
         "stop_diagnosis": (None if report.stop is None else {
@@ -418,3 +417,23 @@ def text_report(report: RunReport) -> str:
     for name, why in report.unavailable.items():
         lines.append(f"{name}: not available ({why})")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _records_of(frame: pd.DataFrame, columns: list) -> list:
+    return records(frame[columns]) if len(frame) else []
+
+
+def cross_rank_json(result: dict) -> dict:
+    """The `cross_rank` object of the JSON document (docs/cross-rank.md)."""
+    stragglers = result["stragglers"]
+    return {
+        "clock": _records_of(result["clock"], ["rank", "offset_ns", "uncertainty_ns", "source",
+                                            "drift_ns_per_s", "disagreement_ns"]),
+        "stragglers": _records_of(stragglers[stragglers["fires"].astype(bool)],
+                               ["rank", "caused_wait_ms_per_step", "share_pct", "collectives",
+                                "evidence"]),
+        "waits": _records_of(result["waits"], ["rank", "step", "wait_for_peers_ms", "transfer_ms"]),
+        "mismatches": _records_of(result["mismatches"], list(result["mismatches"].columns)),
+        "pipeline": _records_of(result["pipeline"], ["rank", "measured_bubble_pct",
+                                                  "theory_bubble_pct", "recv_wait_pct"]),
+    }

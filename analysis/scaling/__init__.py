@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir
+from analysis.rank.summary import rank_tables
 from analysis.report.output import plain, records
 from analysis.scaling import table as st
 from tracer import schema
@@ -87,7 +88,7 @@ def load_run(path: Path, samples_per_step: float | None = None,
     from analysis.ingest.load import load_path
     from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown
 
-    loaded = load_path(path, use_cache=use_cache)
+    loaded = load_path(path, use_cache=use_cache, reduce_rank=rank_tables)
     problems = list(loaded.problems)
     steps = _frame(loaded.ranks, "steps")
     samples = _frame(loaded.ranks, "samples")
