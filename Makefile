@@ -47,6 +47,7 @@ test-fast: install-dev
 
 lint: install-dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean-traces:
 	find traces -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
