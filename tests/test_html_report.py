@@ -9,9 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.crossrank.report import rank_bars
 from analysis.report.html import write_html_report
 from analysis.report.html.browser import dump_dom, find_chromium, screenshot
-from analysis.report.html.report import SECTIONS, chosen_steps, rank_bars
+from analysis.report.html.report import SECTIONS, chosen_steps
 from analysis.report.progress import Progress
 from analysis.run import open_run
 from conftest import DATA

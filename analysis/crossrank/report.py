@@ -1,8 +1,7 @@
 """The cross-rank result as tables for the text report and the CSV files (docs/analysis.md).
 
-Pure: frames of `analysis.crossrank.cross_rank` in, display or CSV frames out;
-analysis.report.output
-renders them.
+Pure: frames of `analysis.crossrank.cross_rank` in, display or CSV frames out; the report
+writers render them.
 """
 
 from __future__ import annotations
@@ -11,6 +10,9 @@ import numpy as np
 import pandas as pd
 
 MS = 1e6
+# The parts of a rank's bar in the reports: with the cross-rank waits, and without them.
+BAR_PARTS_CROSS = ["compute", "overlap", "transfer", "waiting", "memcpy", "idle"]
+BAR_PARTS_PLAIN = ["compute", "overlap", "comm", "memcpy", "idle"]
 
 
 def _nothing(frame) -> bool:
@@ -107,3 +109,23 @@ def with_transfer_bandwidth(collectives: pd.DataFrame, cross: dict | None) -> pd
         keyed, on=["op", "pg_id", "pg_size", "size_bucket"], how="left")
     merged["pg_size"] = table["pg_size"].array  # its own dtype (nullable Int64 included)
     return merged
+
+
+def rank_bars(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> pd.DataFrame:
+    """Per rank, mean ms per step of each bar part. With cross-rank waits, the communication that
+    no compute hides is split into waiting for peers (at most that rank-step's wait) and transfer
+    (the rest); the parts add up to the mean step."""
+    frame = per_step.copy()
+    comm = frame["comm_only_ns"].astype("float64")
+    if waits is not None and len(waits):
+        wait = frame[["rank", "step"]].merge(waits[["rank", "step", "wait_for_peers_ms"]],
+                                             on=["rank", "step"], how="left")
+        waiting = np.minimum(wait["wait_for_peers_ms"].fillna(0).to_numpy() * MS, comm)
+        frame["waiting"], frame["transfer"] = waiting, comm - waiting
+    else:
+        frame["comm"] = comm
+    frame["compute"], frame["overlap"] = frame["compute_only_ns"], frame["overlap_ns"]
+    frame["memcpy"], frame["idle"] = frame["memcpy_ns"], frame["idle_ns"]
+    parts = BAR_PARTS_CROSS if "waiting" in frame.columns else BAR_PARTS_PLAIN
+    means = frame.groupby("rank")[parts].mean() / MS
+    return means.reset_index()

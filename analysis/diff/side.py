@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import crossrank
+from analysis.crossrank.report import rank_bars
 from analysis.diff import ops as diff_ops
 from analysis.findings import bottlenecks
 from analysis.ingest.load import load_files
@@ -17,7 +18,6 @@ from analysis.ingest.runs import resolve_runs
 from analysis.rank import pipeline_schedule
 from analysis.rank.comm.ops import size_bucket
 from analysis.rank.summary import rank_tables
-from analysis.report.html.report import rank_bars
 from analysis.run import Run
 from tracer import schema
 
@@ -97,7 +97,7 @@ def step_times(side: Side) -> pd.DataFrame:
 def categories(side: Side) -> pd.DataFrame:
     """rank, steps and the mean ms per step of each category, over the side's runs (weighted
     by their steps). Transfer and waiting split the exposed communication where the cross-rank
-    pass has waits (analysis.report.html.report.rank_bars); `comm` is the unsplit part."""
+    pass has waits (analysis.crossrank.report.rank_bars); `comm` is the unsplit part."""
     frames = []
     for run, cross in zip(side.runs, side.cross):
         per_step = run.breakdown

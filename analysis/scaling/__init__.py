@@ -66,7 +66,7 @@ def _frame(ranks: list, name: str) -> pd.DataFrame:
 def _cross_rank_parts(loaded, per_step: pd.DataFrame, problems: list[str], where: str):
     """(shares of the profiled steps, bandwidth table, straggler ranks) of one run."""
     from analysis.crossrank import cross_rank
-    from analysis.report.html.report import rank_bars
+    from analysis.crossrank.report import rank_bars
 
     waits, bandwidth, stragglers = None, pd.DataFrame(), []
     try:

@@ -89,7 +89,7 @@ def run_row(steps: pd.DataFrame, shares: dict | None, samples_per_step: float | 
 
 def part_shares(bars: pd.DataFrame) -> dict | None:
     """Each part's share of the profiled steps' time, from the per-rank mean ms per step of
-    `analysis.report.html.report.rank_bars` (compute, overlap, transfer and waiting or comm, memcpy,
+    `analysis.crossrank.report.rank_bars` (compute, overlap, transfer and waiting or comm, memcpy,
     idle): the mean over ranks of each part over the mean over ranks of their sum."""
     if bars is None or bars.empty:
         return None

@@ -1,21 +1,23 @@
 """Building the standalone HTML report from an analysed run's tables (docs/viewing.md).
 
-`build_html(...)` takes plain DataFrames and the loaded ranks and returns the page; the helpers
-that shape the numbers (`rank_bars`, `chosen_steps`, `gantt_rows`) are pure. Every text that
-comes from a trace or a file name is escaped.
+`build_html(...)` takes plain DataFrames, the loaded ranks and the cross-rank result and returns
+the page; the helpers that pick what to draw (`chosen_steps`, `gantt_rows`) are pure. Every
+text that comes from a trace or a file name is escaped.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
-from analysis.crossrank.report import with_transfer_bandwidth
+from analysis.crossrank.report import (
+    rank_bars,
+    with_transfer_bandwidth,
+)
 from analysis.report.html import svg
 from analysis.report.html.assets import SCRIPT, STYLE
 from analysis.report.html.svg import esc
@@ -25,29 +27,7 @@ SECTIONS = {"header": "Run", "findings": "Findings", "ranks": "Where each rank's
             "heatmap": "Step time per rank and step", "gantt": "Chosen steps, per rank",
             "collectives": "Collectives", "samples": "Device samples and memory",
             "commands": "Look further"}
-BAR_PARTS_CROSS = ["compute", "overlap", "transfer", "waiting", "memcpy", "idle"]
-BAR_PARTS_PLAIN = ["compute", "overlap", "comm", "memcpy", "idle"]
 LONGEST_OPS = 10
-
-
-def rank_bars(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> pd.DataFrame:
-    """Per rank, mean ms per step of each bar part. With cross-rank waits, the communication that
-    no compute hides is split into waiting for peers (at most that rank-step's wait) and transfer
-    (the rest); the parts add up to the mean step."""
-    frame = per_step.copy()
-    comm = frame["comm_only_ns"].astype("float64")
-    if waits is not None and len(waits):
-        wait = frame[["rank", "step"]].merge(waits[["rank", "step", "wait_for_peers_ms"]],
-                                             on=["rank", "step"], how="left")
-        waiting = np.minimum(wait["wait_for_peers_ms"].fillna(0).to_numpy() * MS, comm)
-        frame["waiting"], frame["transfer"] = waiting, comm - waiting
-    else:
-        frame["comm"] = comm
-    frame["compute"], frame["overlap"] = frame["compute_only_ns"], frame["overlap_ns"]
-    frame["memcpy"], frame["idle"] = frame["memcpy_ns"], frame["idle_ns"]
-    parts = BAR_PARTS_CROSS if "waiting" in frame.columns else BAR_PARTS_PLAIN
-    means = frame.groupby("rank")[parts].mean() / MS
-    return means.reset_index()
 
 
 def chosen_steps(per_step: pd.DataFrame) -> dict:
@@ -250,21 +230,13 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
             + "".join(body) + f"<script>{SCRIPT}</script></body></html>")
 
 
-def write_html_report(report, path, cross: dict | None = None) -> dict:
+def write_html_report(report, path) -> dict:
     """Write the page for an analysed run (output.RunReport) to `path`, with the run's own
-    cross-rank result, else `cross`, else the pass run here (unless it already failed for this
-    run). Returns {"path", "bytes", "seconds"}."""
+    cross-rank result (none where the pass failed, which report.problems says). Returns
+    {"path", "bytes", "seconds"}."""
     started = time.monotonic()
     problems = list(report.problems)
-    cross = report.cross_rank if report.cross_rank is not None else cross
-    if cross is None and "cross_rank" not in report.unavailable:
-        from analysis.crossrank import cross_rank
-        try:
-            cross = cross_rank(SimpleNamespace(ranks=report.ranks,
-                                               world_size=report.world_size))
-        except Exception as exc:  # the report is still useful with comm not split
-            problems.append(f"cross-rank analysis failed ({type(exc).__name__}: {exc}); "
-                            f"communication is not split into transfer and waiting")
+    cross = report.cross_rank
     tables = report.tables
     page = build_html(report.name, report.path, report.world_size, report.step_table(),
                       tables.get("per_rank"), tables.get("collectives"),
