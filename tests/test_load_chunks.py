@@ -27,7 +27,6 @@ def small_chunks(monkeypatch):
     """Cut files into ~2 kB chunks, and count the chunks decoded."""
     monkeypatch.setattr(kineto, "READ_BYTES", 512)
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 2048)
-    monkeypatch.setattr(kineto, "CUT_WINDOW", 256)
     chunks = []
 
     class Counting:

@@ -85,3 +85,48 @@ def test_a_bad_limit_is_a_usage_error_naming_the_variable(tmp_path, monkeypatch,
     assert exited.value.code == 2
     assert f"RANKTRACE_MAX_TRACE_MB='{value}': not a positive number of MB" in \
         capsys.readouterr().err
+
+
+def _event(ts: int) -> bytes:
+    return json.dumps({"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": ts, "dur": 2,
+                       "pid": 1, "tid": 1}).encode()
+
+
+def test_white_space_padding_between_events_is_read_in_linear_time(tmp_path):
+    # 64 MB of spaces on both sides of each comma: the reader once rescanned the growing buffer
+    # for a cut on every read (100 MB took 16.6 s); read linearly it takes well under a second.
+    import time
+
+    pad = b" " * (32 * MB)
+    events = [_event(ts) for ts in (10, 20, 30)]
+    padded = tmp_path / "padded.json"
+    padded.write_bytes(b'{"traceEvents":[' + (pad + b"," + pad).join(events) + b"]}")
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(b'{"traceEvents":[' + b",".join(events) + b"]}")
+    started = time.perf_counter()
+    read = parsed_trace.parse_trace(padded)
+    seconds = time.perf_counter() - started
+    assert read.events["ts_ns"].tolist() == parsed_trace.parse_trace(plain).events["ts_ns"].tolist()
+    assert read.events["ts_ns"].tolist() == [10_000, 20_000, 30_000]
+    assert seconds < 5, f"64 MB of padding took {seconds:.1f} s"
+
+
+def test_a_gzip_bomb_in_one_string_is_refused_once_a_quarter_of_the_limit_is_read(tmp_path):
+    # 128 MB of one string (a few hundred kB gzipped) under a 32 MB limit: no place to cut it, so
+    # it is refused as soon as a file decoded whole could not hold it, not after the whole file.
+    import time
+
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb") as handle:
+        handle.write(b'{"traceEvents":[{"ph":"X","name":"')
+        for _ in range(32):
+            handle.write(b"a" * (4 * MB))
+        handle.write(b'","ts":1,"dur":1}]}')
+    started = time.perf_counter()
+    with pytest.raises(kineto.TraceReadError) as refused:
+        kineto.decode_trace(bomb, max_bytes=32 * MB)
+    seconds = time.perf_counter() - started
+    assert "too large to analyse: more than 8.2 MB of JSON with no place between two events" \
+        in refused.value.reason
+    assert "over the limit of 32 MB, of which one event may hold 1/4" in refused.value.reason
+    assert seconds < 5, f"refused after {seconds:.1f} s"

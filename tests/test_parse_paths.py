@@ -6,6 +6,7 @@ complete ("X") events; what it cannot take is decoded again by the general decod
 
 import gzip
 import json
+import re
 
 import msgspec
 import numpy as np
@@ -64,7 +65,6 @@ def cut_small(monkeypatch):
     """Cut the events into chunks of a few events, each decoded on its own."""
     monkeypatch.setattr(kineto, "READ_BYTES", 64)
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 256)
-    monkeypatch.setattr(kineto, "CUT_WINDOW", 128)
 
 
 def parse_both(path, monkeypatch, chunked=True):
@@ -229,19 +229,25 @@ def test_a_damaged_gzip_file_is_named_as_such(tmp_path, monkeypatch, damage):
 
 
 # ---- where a chunk is cut ------------------------------------------------------------------------
-@pytest.mark.parametrize("window", [64, 1024, 1 << 16])
-def test_the_cut_is_the_last_place_between_two_events(monkeypatch, window):
-    # events of very different lengths, so that the last cut lies in each of the windows looked at
-    monkeypatch.setattr(kineto, "CUT_WINDOW", window)
-    events = [{"ph": "X", "name": "n" * (7 ** (i % 5)), "args": {"a": [{"b": i}, {"c": i}]}}
-              for i in range(40)]
-    buffer = bytearray(json.dumps(events).encode())
-    everywhere = [m.span() for m in kineto._BETWEEN_EVENTS_RE.finditer(buffer)]
+BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
+
+
+@pytest.mark.parametrize("padding", [b"", b" ", b"\n  \t", b" " * 300])
+def test_the_cut_is_the_last_place_between_two_events(padding):
+    # events of very different lengths, nested arguments that hold "},{" too, and white space
+    # between the events of every length the backward reads step through
+    events = [json.dumps({"ph": "X", "name": "n" * (7 ** (i % 5)),
+                          "args": {"a": [{"b": i}, {"c": i}]}}).encode() for i in range(40)]
+    buffer = bytearray(b"[" + (padding + b"," + padding).join(events) + b"]")
+    everywhere = [(m.start(), m.end() - 1) for m in BETWEEN_EVENTS.finditer(buffer)]
     assert len(everywhere) > 40  # the nested arguments hold some too
     for filled in range(0, len(buffer) + 1, 97):
-        before = [span for span in everywhere if span[1] <= filled]
-        cut = kineto._last_cut(buffer, filled)
-        assert (cut.span() if cut else None) == (before[-1] if before else None)
+        before = [span for span in everywhere if span[1] < filled]
+        assert kineto._last_cut(buffer, filled) == (before[-1] if before else None)
+        # looking only from `searched` on finds the same cut where it lies after it
+        searched = filled // 2
+        after = [span for span in before if span[1] >= searched]
+        assert kineto._last_cut(buffer, filled, searched) == (after[-1] if after else None)
 
 
 # ---- ProfilerStep spans --------------------------------------------------------------------------

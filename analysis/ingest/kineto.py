@@ -57,9 +57,9 @@ class DecodedTrace:
 # Pieces of 256 kB: 1 MB ones cost more in page faults (a fresh mapping per piece) than they save.
 READ_BYTES = 256 << 10
 CHUNK_BYTES = 2 << 20  # decoded events live for one chunk of JSON at a time
-CUT_WINDOW = 1 << 16  # where a cut between events is looked for first: the buffer's end
 _EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
-_BETWEEN_EVENTS_RE = re.compile(rb"\}\s*,\s*\{")
+# White space as JSON may have it between events (and as `\s` matches it in a bytes pattern).
+_WHITESPACE = b" \t\n\r\f\v"
 
 
 # The most JSON one trace file may hold (decompressed): a file read a chunk at a time takes about
@@ -106,6 +106,15 @@ class _NotChunkable(Exception):
     """The file's layout defeats chunking; decode it whole (which also names any real error)."""
 
 
+class _EventTooLong(Exception):
+    """More JSON than a file decoded whole may hold without one place to cut it: whether it is
+    one event or not, it could only be decoded whole, and is refused at once."""
+
+    def __init__(self, read: int, total: int):
+        super().__init__(read)
+        self.read, self.total = read, total
+
+
 def _pieces(path: Path, limit: int | None = None, why: str = ""):
     """The file's (decompressed) bytes, READ_BYTES at a time; TraceReadError once there are
     more than `limit` of them (a plain file is refused before anything is read)."""
@@ -147,28 +156,53 @@ def _decode_in_chunks(path: Path, columns: EventColumns, limit: int) -> TraceDoc
     decodes the file whole instead.
     """
     pieces = _pieces(path, limit)
+    longest = limit // WHOLE_DECODE_SHARE
     try:
-        return _feed_chunks(pieces, columns)
+        return _feed_chunks(pieces, columns, longest)
+    except _EventTooLong as exc:
+        raise _too_large(path, f"more than {_megabytes(exc.read)} of JSON with no place "
+                               f"between two events, after {_megabytes(exc.total)} read", limit,
+                         f", of which one event may hold 1/{WHOLE_DECODE_SHARE}") from None
     finally:
         pieces.close()
 
 
-def _last_cut(buffer: bytearray, filled: int):
-    """The last place between two events in `buffer[:filled]`: near its end if possible.
+def _last_cut(buffer: bytearray, filled: int, searched: int = 0) -> tuple[int, int] | None:
+    """(where its "}" is, where its "{" is) of the last place between two events in
+    `buffer[:filled]`: a "}", then ",", then "{", with white space between them or not.
 
-    Looked for in ever larger windows at the end (a few events, then CUT_WINDOW, then the whole
-    buffer): none in a window means the last one starts before it."""
-    for start in (max(filled - CUT_WINDOW // 16, 0), max(filled - CUT_WINDOW, 0), 0):
-        cut = None
-        for found in _BETWEEN_EVENTS_RE.finditer(buffer, start, filled):
-            cut = found
-        if cut is not None or start == 0:
-            return cut
+    Only an "{" at or after `searched` is looked at: the caller has looked at those before it
+    already. Each "{" is looked at once and each run of white space read at most twice, so that
+    the time over a whole file stays linear in its size, however long an event is or however
+    much white space pads the events."""
+    opening = filled
+    while (opening := buffer.rfind(b"{", searched, opening)) >= 0:
+        comma = _last_non_space(buffer, opening)
+        if comma < 0 or buffer[comma] != 0x2C:  # ","
+            continue
+        brace = _last_non_space(buffer, comma)
+        if brace >= 0 and buffer[brace] == 0x7D:  # "}"
+            return brace, opening
     return None
 
 
-def _feed_chunks(pieces, columns: EventColumns) -> TraceDocument:
+def _last_non_space(buffer: bytearray, end: int) -> int:
+    """The position of the last byte before `end` that is not white space; -1 if none. Read
+    backwards in ever longer pieces, by bytes.rstrip: linear in the white space, in C."""
+    length = 64
+    while True:
+        start = max(end - length, 0)
+        kept = len(bytes(buffer[start:end]).rstrip(_WHITESPACE))
+        if kept:
+            return start + kept - 1
+        if start == 0:
+            return -1
+        end, length = start, length * 4
+
+
+def _feed_chunks(pieces, columns: EventColumns, longest: int) -> TraceDocument:
     buffer = bytearray()
+    total = 0
     found = None
     for piece in pieces:
         buffer += piece
@@ -189,6 +223,7 @@ def _feed_chunks(pieces, columns: EventColumns) -> TraceDocument:
     buffer[:filled] = rest
     del rest
     wanted = CHUNK_BYTES
+    searched = 0  # no cut starts with an "{" before this: looked at already
     while True:
         while filled < wanted and (piece := next(pieces, None)) is not None:
             end = filled + len(piece)
@@ -198,13 +233,17 @@ def _feed_chunks(pieces, columns: EventColumns) -> TraceDocument:
             filled = end
         if filled < wanted:  # the file is read to its end: the rest is the tail
             break
-        cut = _last_cut(buffer, filled)
+        cut = _last_cut(buffer, filled, searched)
         if cut is None:  # one event longer than the buffer: read on
+            if filled > longest:
+                raise _EventTooLong(filled, total + filled)
+            searched = filled
             wanted = filled + CHUNK_BYTES
             continue
         wanted = CHUNK_BYTES
-        # "]" over the separator byte after the last event of the chunk.
-        close = cut.start() + 1
+        brace, opening = cut
+        # "]" over the byte after the last event of the chunk.
+        close = brace + 1
         buffer[close] = ord("]")
         try:
             events = EVENTS_DECODER.decode(memoryview(buffer)[:close + 1])
@@ -213,10 +252,13 @@ def _feed_chunks(pieces, columns: EventColumns) -> TraceDocument:
         # Raw arguments point into the buffer: the events go before it is written again.
         columns.add(events)
         del events
-        start = cut.end() - 2
+        start = opening - 1
+        total += start
         buffer[:filled - start] = buffer[start:filled]
         filled -= start
         buffer[0] = ord("[")
+        # The cut was the last one: no "{" after it starts another.
+        searched = filled
     try:
         tail = TRACE_DECODER.decode(b'{"traceEvents":' + memoryview(buffer)[:filled])
         document = TRACE_DECODER.decode(head)
