@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.core.step_spec import at_least_one, parse_step_spec, steps_argument
+from analysis.core.terminal import terminal_safe
 from analysis.ingest import parse_ahead
 from analysis.ingest.kineto import max_trace_bytes
 from analysis.ingest.parallel import SchedulerUnavailable
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = resolve_runs([Path(p) for p in args.paths], run=args.run, all_runs=args.all)
     except NothingToAnalyse as exc:
-        print(f"ranktrace: nothing analysed: {exc}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: nothing analysed: {exc}"), file=sys.stderr)
         return 1
     ahead = parse_ahead.start([f for _, files in runs for f in files], max_bytes,
                               use_cache=not args.no_cache, jobs=args.jobs,
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _analyse(args, runs, steps, ahead)
     except SchedulerUnavailable as exc:
-        print(f"ranktrace: error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: error: {exc}"), file=sys.stderr)
         return 1
     finally:
         if ahead is not None:
@@ -124,7 +125,7 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
                                  steps_spec=args.steps, hta_compatible=args.hta_compatible,
                                  progress=progress)
         for problem in report.problems:
-            print(f"ranktrace: warning: {problem}", file=sys.stderr)
+            print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
         reports.append(report)
         several = len(runs) > 1
         if args.out is not None:
@@ -134,24 +135,25 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
             target = (args.html.with_name(f"{report.name}-{args.html.name}") if several
                       else args.html)
             if _write(report, "--html", target, _write_html):
-                print(f"ranktrace: HTML report written to {target}", file=sys.stderr)
+                print(terminal_safe(f"ranktrace: HTML report written to {target}"), file=sys.stderr)
 
     if args.format == "json":
-        print(output.dumps(output.json_document(reports)))
+        print(terminal_safe(output.dumps(output.json_document(reports))))
     elif args.format == "csv":
         tables = [r.step_table().assign(run=r.name) for r in reports]
         pd.concat(tables, ignore_index=True).to_csv(sys.stdout, index=False)
     else:
-        print("\n".join(output.text_report(r) for r in reports), end="")
+        print(terminal_safe("\n".join(output.text_report(r) for r in reports)), end="")
 
     analysed = any(not output.nothing_analysed(r) for r in reports)
     if not analysed:
         reasons = "; ".join(p for r in reports for p in r.problems) or "no step to analyse"
-        print(f"ranktrace: nothing analysed: {reasons}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: nothing analysed: {reasons}"), file=sys.stderr)
         return 1
     if args.strict and any(r.problems for r in reports):
         count = sum(len(r.problems) for r in reports)
-        print(f"ranktrace: --strict: {count} problem(s), see the warnings above", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: --strict: {count} problem(s), see the warnings above"),
+              file=sys.stderr)
         return 1
     return 0
 
@@ -171,7 +173,7 @@ def _write(report: RunReport, option: str, target: Path, write) -> bool:
     except OSError as exc:
         message = f"{option} {target}: cannot write ({exc.strerror or exc})"
         report.problems.append(message)
-        print(f"ranktrace: error: {message}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: error: {message}"), file=sys.stderr)
         return False
     return True
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.core.terminal import terminal_safe
 from analysis.ingest.load import LoadResult, NothingToAnalyse, load_path, parse_step_spec
 from analysis.rank.summary import rank_tables
 from analysis.report import timeline_events as te
@@ -281,13 +282,13 @@ def main(argv: list[str] | None = None) -> int:
             run = load_path(args.run, chosen, use_cache=not args.no_cache, progress=progress,
                             reduce_rank=rank_tables)
     except NothingToAnalyse as exc:
-        print(f"ranktrace: nothing to draw: {exc}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: nothing to draw: {exc}"), file=sys.stderr)
         return 1
     gathered = gather(run)
     for problem in run.problems + gathered["problems"]:
-        print(f"ranktrace: warning: {problem}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
     if not gathered["ranks"]:
-        print(f"ranktrace: nothing to draw: {args.run}: no rank", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: nothing to draw: {args.run}: no rank"), file=sys.stderr)
         return 1
     folder = run.run_dir if run.run_dir is not None else args.run
     out = args.output or (folder if folder.is_dir() else folder.parent) / DEFAULT_NAME
@@ -295,13 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asked, kept, size = write_timeline(gathered, steps, out, args.max_mb * MB)
     except OSError as exc:
-        print(f"ranktrace: error: {out}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: error: {out}: cannot write ({exc.strerror or exc})"),
+              file=sys.stderr)
         return 1
     if kept != asked:
-        print(f"ranktrace: the timeline of steps {_spec(asked)} would pass --max-mb "
-              f"{args.max_mb:g}; cut to steps {_spec(kept)}", file=sys.stderr)
-    print(f"ranktrace: wrote {out} ({size / MB:.1f} MB, {len(gathered['ranks'])} ranks); open "
-          f"it in https://ui.perfetto.dev or chrome://tracing", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: the timeline of steps {_spec(asked)} would pass --max-mb "
+              f"{args.max_mb:g}; cut to steps {_spec(kept)}"), file=sys.stderr)
+    print(terminal_safe(f"ranktrace: wrote {out} ({size / MB:.1f} MB, {len(gathered['ranks'])} "
+                        f"ranks); open it in https://ui.perfetto.dev or chrome://tracing"),
+          file=sys.stderr)
     return 0
 
 

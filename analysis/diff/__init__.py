@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from analysis.core.step_spec import at_least_one, parse_step_spec, steps_argument
+from analysis.core.terminal import terminal_safe
 from analysis.diff import compare as diff_compare
 from analysis.diff import output as diff_output
 from analysis.diff import stats as diff_stats
@@ -68,28 +69,28 @@ def main(argv: list[str] | None = None) -> int:
         try:
             sides.append(load_side(path, steps, use_cache=not args.no_cache, jobs=args.jobs))
         except NothingToAnalyse as exc:
-            print(f"ranktrace: nothing compared: {label}: {exc}", file=sys.stderr)
+            print(terminal_safe(f"ranktrace: nothing compared: {label}: {exc}"), file=sys.stderr)
             return 1
     a, b = sides
     result = diff_compare.compare(a, b, seed=args.seed, resamples=args.resamples, top=args.top,
                                   noise_floor_pct=args.noise_floor_pct)
     for problem in result["problems"]:
-        print(f"ranktrace: warning: {problem}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
     if args.format == "json":
-        print(json.dumps(diff_output.document(result, a, b, args.steps), indent=1,
-                         ensure_ascii=False))
+        print(terminal_safe(json.dumps(diff_output.document(result, a, b, args.steps), indent=1,
+                         ensure_ascii=False)))
     elif args.format == "csv":
-        print(diff_output.csv_text(result), end="")
+        print(terminal_safe(diff_output.csv_text(result)), end="")
     else:
-        print(diff_output.text_report(result, a, b), end="")
+        print(terminal_safe(diff_output.text_report(result, a, b)), end="")
     if args.html is not None:
         try:
             args.html.write_text(diff_output.html_page(result, a, b), encoding="utf-8")
         except OSError as exc:
-            print(f"ranktrace: error: --html {args.html}: cannot write "
-                  f"({exc.strerror or exc})", file=sys.stderr)
+            print(terminal_safe(f"ranktrace: error: --html {args.html}: cannot write "
+                  f"({exc.strerror or exc})"), file=sys.stderr)
             return 1
     if result["change"]["median_a_ms"] is None or result["change"]["median_b_ms"] is None:
-        print(f"ranktrace: nothing compared: {result['verdict']}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: nothing compared: {result['verdict']}"), file=sys.stderr)
         return 1
     return 0

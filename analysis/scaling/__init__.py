@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.core.terminal import terminal_safe
 from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir
 from analysis.rank.summary import rank_tables
 from analysis.report.output import plain, records
@@ -256,16 +257,16 @@ def main(argv: list[str] | None = None) -> int:
         result = study(args.paths, args.mode, args.samples_per_step, args.warmup_steps,
                        use_cache=not args.no_cache)
     except NothingToAnalyse as exc:
-        print(f"ranktrace: error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: error: {exc}"), file=sys.stderr)
         return 1
     for problem in result.problems:
-        print(f"ranktrace: warning: {problem}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
     if args.format == "json":
-        print(json.dumps(document(result), indent=1))
+        print(terminal_safe(json.dumps(document(result), indent=1)))
     elif args.format == "csv":
-        print(result.table.to_csv(index=False), end="")
+        print(terminal_safe(result.table.to_csv(index=False)), end="")
     else:
-        print(text_report(result))
+        print(terminal_safe(text_report(result)))
     if args.svg is not None:
         from analysis.scaling.svg import scaling_svg
         args.svg.write_text(scaling_svg(result.table))
@@ -273,5 +274,5 @@ def main(argv: list[str] | None = None) -> int:
         from analysis.scaling.svg import scaling_page
         title = "ranktrace scaling study: " + ", ".join(str(p) for p in args.paths)
         args.html.write_text(scaling_page(title, result.table, text_report(result)))
-        print(f"ranktrace: wrote {args.html}", file=sys.stderr)
+        print(terminal_safe(f"ranktrace: wrote {args.html}"), file=sys.stderr)
     return 0
