@@ -22,6 +22,11 @@ CLOCK_TIMEOUT_S = 30.0
 CLOCK_KEY_PREFIX = "ranktrace/clock"
 
 
+def open_clock_sync(setup):
+    """The registry's factory of the clock sync (a tracer.registry.PartSetup)."""
+    return setup.build(ClockSync, setup.write_manifest, setup.launch.attempt)
+
+
 class ClockSync(Part):
     """Wraps init_process_group (start) and writes a ClockSync record after each call."""
 
@@ -37,6 +42,12 @@ class ClockSync(Part):
 
     def start(self) -> None:
         self._patches = wrap_init_process_group(self.after_init_process_group)
+
+    def on_script_end(self, clean: bool, on_main: bool) -> None:
+        self.close()
+
+    def run_end_fields(self) -> dict:
+        return {"backend": self.backend, "world_size": self.world_size}
 
     def close(self) -> None:
         restore(self._patches)

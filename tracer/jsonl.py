@@ -13,7 +13,7 @@ import collections
 from tracer import schema
 from tracer.buffered import BufferedFile, RecordBudget
 
-__all__ = ["CommsWriter", "JsonlWriter", "RecordBudget", "SamplesWriter"]
+__all__ = ["CommsWriter", "JsonlWriter", "RecordBudget", "SamplesWriter", "StepsWriter"]
 
 
 class JsonlWriter(BufferedFile):
@@ -36,6 +36,18 @@ class JsonlWriter(BufferedFile):
             self.records += 1
 
 
+class StepsWriter(JsonlWriter):
+    """The steps file's writer: every finished step record, as the session hands it on."""
+
+    def on_step_record(self, record, notes: dict) -> None:
+        self.write(record)
+
+
+def open_steps_file(setup):
+    """The registry's factory of the steps file (a tracer.registry.PartSetup)."""
+    return setup.open_writer(schema.STEPS_FILE, StepsWriter)
+
+
 class CommsWriter(JsonlWriter):
     """The comms file's writer; also totals each step's bytes and op time for its algbw."""
 
@@ -51,6 +63,12 @@ class CommsWriter(JsonlWriter):
         else:
             totals[0] += record.bytes
             totals[1] += record.duration_us
+
+    def on_step_record(self, record, notes: dict) -> None:
+        # Taken at every step, scalars or not, so that the totals of old steps never pile up.
+        algbw = self.take_algbw(record.step)
+        if algbw is not None:
+            notes["comm_algbw_gbps"] = algbw
 
     def take_algbw(self, step: int) -> float | None:
         """GB/s of the ops of `step` written so far: their bytes over their summed durations.
@@ -77,3 +95,6 @@ class SamplesWriter(JsonlWriter):
         step = self.current_step()
         super().write(record, step)
         self.pending.append((record, step))
+
+    def pending_samples(self) -> collections.deque:
+        return self.pending

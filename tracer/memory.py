@@ -62,6 +62,17 @@ def _rss_reader():
         return None
 
 
+def open_step_memory(setup):
+    """The registry's factory of the per-step memory figures (a tracer.registry.PartSetup)."""
+    return setup.build(StepMemory)
+
+
+def open_snapshots(setup):
+    """The registry's factory of the memory snapshots (a tracer.registry.PartSetup)."""
+    return setup.build(MemorySnapshots, setup.run_dir, setup.rank,
+                       setup.config.memory_snapshot, setup.current_step)
+
+
 class StepMemory(Part):
     """Peak CUDA memory over each step (peaks are reset at every step end) and process RSS.
 
@@ -77,6 +88,12 @@ class StepMemory(Part):
         self.cuda = _torch_cuda() if cuda is None else cuda
         self._rss = _rss_reader() if process is None else _PsutilRss(process)
         self._total_bytes: dict[int, int] = {}
+
+    def step_fields(self) -> dict:
+        return self.take()
+
+    def pass_fields(self) -> dict:
+        return {"rss_bytes": self.rss()}
 
     def take(self) -> dict:
         """The CUDA fields of the step that just ended ({} before the script uses CUDA);
@@ -132,6 +149,14 @@ class MemorySnapshots(Part):
         if self.record_history:
             self.cuda._lazy_call(self._start_history)
         self.cuda._lazy_call(self._attach_observer)
+
+    def after_last_records(self, on_main: bool) -> None:
+        if on_main:  # the SIGTERM watcher leaves CUDA alone
+            self.finish()
+
+    @property
+    def keeps_run(self) -> bool:
+        return self.bytes_written > 0
 
     def _start_history(self) -> None:
         try:

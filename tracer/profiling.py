@@ -18,15 +18,30 @@ import shutil
 import time
 import warnings
 
-from tracer import schema
+from tracer import log, schema
 from tracer.config import TracerConfig
 from tracer.part import Part
 
 GZIP_LEVEL = 6  # torch's own default (9) takes about twice as long for a few percent less
+# Above this many active steps a window's events held in memory until export grow RSS by
+# hundreds of MB (docs/tracer.md, Record sizes and memory): said once, at start.
+ACTIVE_STEPS_WARNING = 100
+
+
+def open_profiler(setup):
+    """The registry's factory of the profiler driver (a tracer.registry.PartSetup)."""
+    c = setup.config
+    driver = setup.build(ProfilerDriver, c, setup.run_dir, setup.rank, setup.use_cuda)
+    if c.active > ACTIVE_STEPS_WARNING and setup.rank == 0:
+        log.say(f"--active {c.active} keeps every event of {c.active} steps in memory "
+                f"until each window ends; memory grows with each active step "
+                f"(docs/tracer.md, Record sizes and memory)", "profiler")
+    return driver
 
 
 class ProfilerDriver(Part):
     name = "profiler"
+    main_thread_only = True  # torch.profiler is not safe to stop from another thread
 
     def __init__(self, config: TracerConfig, run_dir: str, rank: int, use_cuda: bool):
         self.config = config
@@ -114,6 +129,22 @@ class ProfilerDriver(Part):
         except Exception as exc:
             self.fail(f"profiler step failed ({type(exc).__name__}: {exc}); profiler is off")
             self._shut_down()
+
+    def step_fields(self) -> dict:
+        return {"in_profiler_window": self.recording}
+
+    def on_step(self) -> None:
+        self.step()
+
+    def on_script_end(self, clean: bool, on_main: bool) -> None:
+        if on_main:
+            self.close()
+        elif self.recording:
+            self.fail("the open profiler window was lost: the main thread was blocked when "
+                      "SIGTERM came")
+
+    def run_end_fields(self) -> dict:
+        return {"windows": self.windows}
 
     def close(self) -> None:
         self.stop()

@@ -34,6 +34,7 @@ import threading
 import time
 
 from tracer import schema
+from tracer.jsonl import SamplesWriter
 from tracer.part import Part
 
 _UNSUPPORTED_CODES = {3, 4, 13}  # NVML_ERROR_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND
@@ -106,6 +107,18 @@ def sustained_lag_pct(asked: float, taken: int) -> float | None:
         return None
     missed = max(0.0, round(100.0 * (1.0 - taken / asked), 1))
     return missed if missed >= schema.SAMPLER_LAG_MIN_MISSED_PCT else None
+
+
+def open_sampler(setup):
+    """The registry's factory of the samples file and the sampler that writes it (a
+    tracer.registry.PartSetup)."""
+    writer = setup.open_writer(schema.SAMPLES_FILE, SamplesWriter, setup.current_step)
+    if writer is None:
+        return None
+    import torch
+
+    device = (setup.launch.local_rank % torch.cuda.device_count()) if setup.use_cuda else None
+    return setup.build(DeviceSampler, writer, setup.config.sample_hz, device)
 
 
 class DeviceSampler(Part):
@@ -314,6 +327,15 @@ class DeviceSampler(Part):
             return
         self._thread = threading.Thread(target=self._run, name="ranktrace-sampler", daemon=True)
         self._thread.start()
+
+    def run_start_fields(self) -> dict:
+        return {"sampler_source": self.source, "sampler_reason": self.reason}
+
+    def on_script_end(self, clean: bool, on_main: bool) -> None:
+        self.close()
+
+    def run_end_fields(self) -> dict:
+        return {"samples": self.samples, "samples_missed_pct": self.missed_pct}
 
     def close(self) -> None:
         self.stop()

@@ -72,6 +72,11 @@ def _frame(data: bytes) -> bytes:
             + struct.pack("<I", masked_crc32c(data)))
 
 
+def open_scalars(setup):
+    """The registry's factory of the scalars writer (a tracer.registry.PartSetup)."""
+    return setup.build(ScalarsWriter, setup.run_dir, setup.rank, budget=setup.budget)
+
+
 class ScalarsWriter(BufferedFile):
     name = "scalars"
     off_what = "TensorBoard scalars are off"
@@ -99,6 +104,12 @@ class ScalarsWriter(BufferedFile):
             self.flush()
         except Exception as exc:  # never let the tracer's scalars stop the training
             self._fail(exc)
+
+    def on_step_record(self, record: StepRecord, notes: dict) -> None:
+        self.add_step(record, notes.get("comm_algbw_gbps"))
+
+    def on_sample(self, sample: DeviceSample, step: int) -> None:
+        self.add_sample(sample, step)
 
     def add_step(self, record: StepRecord, comm_algbw_gbps: float | None) -> None:
         """Step time (ms), peak memory and RSS (MiB), comm ops, volume (MB) and algbw (GB/s)."""

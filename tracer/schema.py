@@ -263,6 +263,11 @@ class TracerError(msgspec.Struct, tag="error", tag_field="kind", omit_defaults=T
     message: str
 
 
+# The counts every run_end carries, 0 when the part that counts them was off (as defaults,
+# omit_defaults would leave them out).
+RUN_END_COUNTS = {"windows": 0, "samples": 0, "comm_ops": 0}
+
+
 class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True):
     rank: int
     end_ns: int

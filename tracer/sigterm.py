@@ -42,7 +42,8 @@ class SigtermHandling:
 
     def __init__(self, session):
         """`session`: what SIGTERM ends, through `opened`, `flush_files()` and
-        `end_by_sigterm(on_main)`, and whose stacks it dumps (`run_dir`, `rank`, `comms`)."""
+        `end_by_sigterm(on_main)`, and whose stacks it dumps (`run_dir`, `rank`, and the ops
+        of `in_use("comms")`)."""
         self.session = session
         self.received = False  # SIGTERM came, whoever handled it
         self.pending = False
@@ -213,7 +214,7 @@ class SigtermHandling:
         run_dir = getattr(session, "run_dir", None)
         if not session.opened or run_dir is None:
             return
-        comms = getattr(session, "comms", None)
+        comms = session.in_use("comms")
         try:
             pending = comms.timing.not_completed() if comms is not None else []
         except Exception:

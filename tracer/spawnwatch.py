@@ -21,9 +21,21 @@ import sys
 import types
 from collections.abc import Callable
 
+from tracer.log import say
 from tracer.part import Part
 
 _MODULES = ("torch.multiprocessing.spawn", "torch.multiprocessing")
+
+
+def open_spawn_watch(setup):
+    """The registry's factory of the spawn watch (a tracer.registry.PartSetup)."""
+    return setup.build(SpawnWatch, _say_untraced)
+
+
+def _say_untraced(nprocs: int, start_method: str) -> None:
+    say(f"torch.multiprocessing started {nprocs} process(es) (start method {start_method}); "
+        f"they are not traced, only this process is: launch the ranks with torchrun -m "
+        f"tracer.record to trace each one")
 
 
 class SpawnWatch(Part):
@@ -52,6 +64,12 @@ class SpawnWatch(Part):
             if module is not None and getattr(module, "start_processes", None) is original:
                 module.start_processes = start_processes
                 self._patches.append((module, original))
+
+    def on_script_end(self, clean: bool, on_main: bool) -> None:
+        self.close()
+
+    def run_end_fields(self) -> dict:
+        return {"untraced_processes": self.processes}
 
     def close(self) -> None:
         for module, original in reversed(self._patches):

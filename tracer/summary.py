@@ -42,11 +42,12 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def recorded_anything(run_end: schema.RunEnd, snapshots: int) -> bool:
+def recorded_anything(run_end: schema.RunEnd, parts_keep_it: bool) -> bool:
     """Whether a run left anything to analyse. A script that only printed its --help, failed its
     own argument parsing or could not be compiled leaves none: its files would only make the
-    analysis pick it instead of the last real run."""
-    return bool(run_end.steps or run_end.windows or run_end.comm_ops or snapshots
+    analysis pick it instead of the last real run. `parts_keep_it`: a part wrote something that
+    alone is worth keeping (a memory snapshot)."""
+    return bool(run_end.steps or run_end.windows or run_end.comm_ops or parts_keep_it
                 or run_end.untraced_processes)
 
 

@@ -121,11 +121,18 @@ def torchrun_command(launch: dict, args, sweep_dir: Path, tracer_words: list[str
                       launch["name"], *tracer_words, *script]
 
 
+def _child_env() -> dict:
+    """The environment of the launches and of the report, whose `-m tracer.record` and
+    `-m analysis.scaling` import from this checkout wherever the sweep was started."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def run_launch(command: list[str], log: Path, timeout: float | None) -> tuple[int, float]:
     """Run one launch with its output in `log`; (exit code, seconds). A timeout is exit 124."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])  # so that `-m tracer.record` imports
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env = _child_env()
     started = time.monotonic()
     with log.open("w") as out:
         try:
@@ -134,6 +141,27 @@ def run_launch(command: list[str], log: Path, timeout: float | None) -> tuple[in
         except subprocess.TimeoutExpired:
             code = 124
     return code, time.monotonic() - started
+
+
+def run_scaling_report(argv: list[str]) -> int:
+    """`python -m analysis.scaling ARGV` on this sweep's stdout and stderr; its exit code.
+
+    A process of its own, so that the tracer imports nothing of the analysis (the contract
+    in pyproject.toml)."""
+    command = [sys.executable, "-m", "analysis.scaling", *argv]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        code = subprocess.run(command, env=_child_env()).returncode
+    except OSError as exc:
+        code, why = 1, f"could not start ({exc.strerror or exc})"
+    else:
+        why = f"exited with {code}" if code > 0 else f"was killed by signal {-code}"
+    if code == 0:
+        return 0
+    print(f"ranktrace sweep: the scaling report (python {' '.join(command[1:])}) {why}",
+          file=sys.stderr)
+    return code if code > 0 else 1
 
 
 def analysis_argv(args, sweep_dir: Path) -> list[str]:
@@ -186,8 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ranktrace sweep: every launch failed; see the logs in {sweep_dir}",
               file=sys.stderr)
         return 1
-    from analysis.scaling import main as scaling_main
-    code = scaling_main(analysis_argv(args, sweep_dir))
+    code = run_scaling_report(analysis_argv(args, sweep_dir))
     if failed:
         print(f"ranktrace sweep: {len(failed)} launch(es) failed ({', '.join(failed)}); the "
               f"report leaves out what they did not write", file=sys.stderr)

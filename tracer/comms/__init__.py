@@ -6,6 +6,6 @@ functions, the one wrapper skeleton), `timing` (pending ops, CUDA events, future
 `c10d` (torch.distributed functions), `functional` (functional collectives), `ddp` (DDP comm
 hooks)."""
 
-from tracer.comms.recorder import CommsRecorder
+from tracer.comms.recorder import CommsRecorder, open_comms
 
-__all__ = ["CommsRecorder"]
+__all__ = ["CommsRecorder", "open_comms"]

@@ -14,6 +14,7 @@ from tracer.comms.ddp import DdpHooks
 from tracer.comms.functional import FunctionalHooks
 from tracer.comms.patching import Patches
 from tracer.comms.timing import Timing
+from tracer.jsonl import CommsWriter
 from tracer.log import say
 from tracer.part import Part
 
@@ -67,6 +68,17 @@ class IssuesFile:
             self._fail(f"closing {self.path}", exc)
 
 
+def open_comms(setup):
+    """The registry's factory of the comms file and the recorder that writes it (a
+    tracer.registry.PartSetup)."""
+    writer = setup.open_writer(schema.COMMS_FILE, CommsWriter)
+    if writer is None:
+        return None
+    c = setup.config
+    return setup.build(CommsRecorder, writer, setup.current_step, setup.use_cuda,
+                       ddp_bucket_hook=c.ddp_bucket_hook, issue_records=not c.no_issue_records)
+
+
 class CommsRecorder(Part):
     """The comms part: `start` installs the hooks, `close` removes them."""
 
@@ -93,6 +105,7 @@ class CommsRecorder(Part):
         self.c10d = C10dHooks(self)
         self.functional = FunctionalHooks(self)
         self.ddp = DdpHooks(self, bool(ddp_bucket_hook))
+        self._at_last_step = (0, 0)  # (ops, bytes) at the last step end
 
     @property
     def ops(self) -> int:
@@ -113,6 +126,29 @@ class CommsRecorder(Part):
 
     def start(self) -> None:
         self.install()
+
+    def step_fields(self) -> dict:
+        # Ops are counted when issued, so a step gets all of its own ops even when their timing
+        # (CUDA events) is only resolved at a later drain.
+        ops, nbytes = self.timing.ops, self.timing.bytes
+        last_ops, last_bytes = self._at_last_step
+        self._at_last_step = (ops, nbytes)
+        return {"comm_ops": ops - last_ops, "comm_bytes": nbytes - last_bytes}
+
+    def on_worker_pass(self) -> None:
+        self.drain(False)
+
+    def run_start_fields(self) -> dict:
+        return {"ddp_buckets": self.ddp_buckets}
+
+    def on_script_end(self, clean: bool, on_main: bool) -> None:
+        # Waiting for ops in flight could hang when a peer died; only a clean end waits.
+        self.drain(clean)
+        if not self.failed:
+            self.close()
+
+    def run_end_fields(self) -> dict:
+        return {"comm_ops": self.ops}
 
     def close(self) -> None:
         self.uninstall()
