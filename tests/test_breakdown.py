@@ -250,6 +250,78 @@ def test_rank_totals_sum_steps_and_recompute_overlap_share(tmp_path):
     assert totals["overlap_pct"] == 25.0
 
 
+def _totals_input(ranks, kinds, rank_dtype="int64", kind_dtype=object) -> pd.DataFrame:
+    """breakdown_per_step rows: row i (from 1) has i * 10**k ns in the k-th time column."""
+    rows = len(ranks)
+    frame = pd.DataFrame({"rank": pd.Series(ranks, dtype=rank_dtype), "step": np.arange(rows)})
+    for offset, column in enumerate(breakdown.BREAKDOWN_NS_COLUMNS):
+        frame[column] = (np.arange(rows, dtype=np.int64) + 1) * 10 ** offset
+    frame["overlap_pct"] = 0.0
+    frame["kind"] = pd.Series(kinds, dtype=kind_dtype)
+    frame["start_ns"] = 0
+    frame["end_ns"] = 1
+    return frame
+
+
+def test_rank_totals_in_order_of_first_appearance_with_their_sums():
+    totals = breakdown.rank_totals(_totals_input([3, 1, 3, 2, 1],
+                                                 ["gpu", "cpu", "cpu", "gpu", "gpu"]))
+    assert list(totals.columns) == breakdown.TOTALS_COLUMNS
+    assert totals["rank"].tolist() == [3, 1, 2]
+    assert totals["steps"].tolist() == [2, 2, 1]
+    # rows (1-based) of rank 3: 1 and 3; of rank 1: 2 and 5; of rank 2: 4
+    assert totals["step_ns"].tolist() == [4, 7, 4]
+    assert totals["compute_only_ns"].tolist() == [40, 70, 40]
+    assert totals["kind"].tolist() == ["gpu", "cpu", "gpu"]  # each rank's first
+    # comm_only 100 * n and overlap 1000 * n: 1000 / 1100 of the communication is hidden
+    assert totals["overlap_pct"].tolist() == [100.0 * 1000 / 1100] * 3
+    assert [str(d) for d in totals.dtypes[:-1]] == ["int64"] * 9 + ["float64"]
+    assert isinstance(totals.index, pd.RangeIndex) and totals.index.tolist() == [0, 1, 2]
+
+
+def test_rank_totals_kind_keeps_its_dtype_and_a_missing_kind_reads_the_first_present():
+    totals = breakdown.rank_totals(_totals_input([0, 0], ["gpu", "gpu"], kind_dtype="str"))
+    assert totals["kind"].dtype == pd.Series(["gpu"], dtype="str").dtype
+    totals = breakdown.rank_totals(_totals_input([5, 5, 6, 7], [None, "cpu", "gpu", None]))
+    assert totals["kind"].tolist()[:2] == ["cpu", "gpu"] and pd.isna(totals["kind"].iloc[2])
+    assert totals["steps"].tolist() == [2, 1, 1]
+
+
+def test_rank_totals_rows_without_a_rank_are_summed_as_one():
+    totals = breakdown.rank_totals(_totals_input([0, None, 1, None], ["gpu"] * 4,
+                                                 rank_dtype=object))
+    assert totals["rank"].tolist() == [0, None, 1]
+    assert totals["steps"].tolist() == [1, 2, 1]
+    assert totals["step_ns"].tolist() == [1, 2 + 4, 3]
+
+
+def test_rank_totals_of_no_step_is_an_empty_frame():
+    totals = breakdown.rank_totals(breakdown.empty_breakdown())
+    assert totals.empty and set(totals.columns) == set(breakdown.TOTALS_COLUMNS)
+
+
+def test_shared_layers_give_the_tables_computed_alone():
+    from types import SimpleNamespace
+
+    events = pd.DataFrame({
+        "name": pd.Categorical(["k1", "nccl", "k2"]), "cat": pd.Categorical(["kernel"] * 3),
+        "ts_ns": np.array([0, 5, 30], dtype=np.int64), "end_ns": np.array([10, 20, 40]),
+        "dur_ns": np.array([10, 15, 10]), "is_gpu": [True] * 3, "is_comm": [False, True, False],
+        "pid": pd.Categorical(["1"] * 3), "tid": pd.Categorical(["7"] * 3),
+        "correlation": np.array([-1, -1, -1]), "stream": np.array([7, 7, 7])})
+    steps = pd.DataFrame({"step": [WHOLE_TRACE_STEP], "start_ns": [0], "end_ns": [40]})
+    trace = SimpleNamespace(events=events, steps=steps, all_steps=None, rank=0)
+    shared = breakdown.kind_and_layers(trace)
+    per_step = breakdown.breakdown_per_step(trace, shared)
+    pd.testing.assert_frame_equal(per_step, breakdown.breakdown_per_step(trace), check_exact=True)
+    # compute 0-5 alone, overlap 5-10, comm 10-20 alone, idle 20-30, compute 30-40
+    assert per_step[["compute_only_ns", "overlap_ns", "comm_only_ns", "idle_ns"]].values.tolist() \
+        == [[15, 5, 10, 10]]
+    gaps = idle_gaps(trace, shared)
+    pd.testing.assert_frame_equal(gaps, idle_gaps(trace), check_exact=True)
+    assert gaps[["start_ns", "end_ns"]].values.tolist() == [[20, 30]]
+
+
 # ---- HTA-compatible columns (answers checked against HTA 0.5.0 itself) ---------------------------
 def hta(builders, tmp_path, name="h"):
     for builder in builders:

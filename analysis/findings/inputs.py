@@ -1,8 +1,7 @@
 """The step and collectives tables as the bottleneck findings read them
-(analysis.findings.bottlenecks):
-the analysed steps, a few rows of a one-rank run's step table, are built and read as arrays, as
-pandas' fixed cost per call exceeds the work on them. Every value is the one pandas' own path
-gives (its sums: NaN as 0, by numpy, in the same order).
+(analysis.findings.bottlenecks): the analysed steps, a few rows of a one-rank run's step table,
+are built and read as arrays, as pandas' fixed cost per call exceeds the work on them. Every
+value is the one pandas' own calls give (its sums: NaN as 0, by numpy, in the same order).
 """
 
 from __future__ import annotations
@@ -15,44 +14,18 @@ from analysis.rank.tables import work_ns
 
 
 def analysed_steps(per_step: pd.DataFrame) -> pd.DataFrame:
-    """per_step rows with a positive step time, numeric columns, and work_ns."""
+    """per_step rows with a rank, a step and a positive step time: those columns and the other
+    breakdown times as float64 (an absent one missing throughout, text read as numbers), and
+    work_ns."""
     needed = ["rank", "step", *BREAKDOWN_NS_COLUMNS]
     if per_step.empty or any(c not in per_step.columns for c in ("rank", "step", "step_ns")):
         return pd.DataFrame(columns=[*needed, "work_ns"])
-    plain = _plain_steps(per_step, needed)
-    if plain is not None:
-        return plain
-    frame = per_step.reindex(columns=needed).copy()
-    for column in needed:
-        if str(frame[column].dtype) != "float64":  # converting float64 again costs, not changes
-            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    frame = frame.dropna(subset=["rank", "step", "step_ns"])
-    frame = frame[frame["step_ns"] > 0]
-    frame["work_ns"] = work_ns(frame)
-    return frame.reset_index(drop=True)
-
-
-def _plain_steps(per_step: pd.DataFrame, needed: list) -> pd.DataFrame | None:
-    """_analysed_steps' frame built from arrays where every needed column is there and numeric
-    (int64, Int64 or float64: to_numeric keeps their values, as float64 they are the same), the
-    reindex, copy, per-column conversions and filters costing more than the table of a few
-    steps. work_ns as work_ns() sums it: NaN as 0, left to right, NaN where all three are."""
-    if not per_step.columns.is_unique or any(c not in per_step.columns for c in needed):
-        return None
-    dtypes = per_step.dtypes
-    if any(dtypes[c] not in (np.float64, np.int64) and dtypes[c] != "Int64" for c in needed):
-        return None
-    values = {c: per_step[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in needed}
+    values = {c: floats(per_step, c) if c in per_step.columns else np.full(len(per_step), np.nan)
+              for c in needed}
     keep = ~np.isnan(values["rank"]) & ~np.isnan(values["step"]) & (values["step_ns"] > 0)
-    data = {c: v[keep] for c, v in values.items()}
-    parts = [data[c] for c in ("compute_only_ns", "overlap_ns", "memcpy_ns")]
-    missing = [np.isnan(p) for p in parts]
-    work = np.where(missing[0], 0.0, parts[0])
-    for part, gone in zip(parts[1:], missing[1:]):
-        work = work + np.where(gone, 0.0, part)
-    work[missing[0] & missing[1] & missing[2]] = np.nan
-    data["work_ns"] = work
-    return pd.DataFrame(data, index=pd.RangeIndex(int(keep.sum())))
+    steps = {c: v[keep] for c, v in values.items()}
+    steps["work_ns"] = work_ns(steps)
+    return pd.DataFrame(steps, index=pd.RangeIndex(int(keep.sum())))
 
 
 def series_sum(values: np.ndarray):
@@ -62,9 +35,10 @@ def series_sum(values: np.ndarray):
 
 
 def floats(frame: pd.DataFrame, column: str) -> np.ndarray:
-    """A column's values as float64, as pd.to_numeric(errors="coerce") reads them."""
+    """A column's values as float64, as pd.to_numeric(errors="coerce") reads them (a column of
+    numbers as it is: the conversion would not change it)."""
     values = frame[column]
-    if values.dtype != np.float64:
+    if not pd.api.types.is_numeric_dtype(values.dtype):
         values = pd.to_numeric(values, errors="coerce")
     return values.to_numpy(dtype=np.float64, na_value=np.nan)
 

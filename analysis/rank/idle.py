@@ -175,59 +175,39 @@ def label_peer_waits(gaps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         waited = _overlap_with(starts, ends, (own["start_ns"].to_numpy(np.int64),
                                               own["end_ns"].to_numpy(np.int64)))
         waiting[rows[2 * waited >= ends - starts]] = True
-    if isinstance(labels.dtype, pd.StringDtype):
-        # Relabelled where it lies: a round trip through Python strings costs more.
-        labelled["host_activity"] = labels.where(~waiting, WAITING_FOR_PEERS)
-    else:
-        activity = labels.to_numpy(dtype=object).copy()
-        activity[waiting] = WAITING_FOR_PEERS
-        labelled["host_activity"] = activity
+    labelled["host_activity"] = labels.where(~waiting, WAITING_FOR_PEERS)
     return labelled
 
 
 def idle_summary(gaps: pd.DataFrame) -> pd.DataFrame:
-    """Idle time per rank and host activity: gaps, total_ns."""
+    """Idle time per rank and host activity: gaps, total_ns; ranks in order (those without a
+    rank last, as one), activities in order within each, gaps without an activity left out.
+
+    Counted into one slot per (rank, activity) code: a groupby over the millions of gaps of a
+    thousand ranks costs most of a second. Integer durations are summed as integers (exact)."""
     if gaps.empty:
         return pd.DataFrame({"rank": [], "host_activity": [], "gaps": [], "total_ns": []})
-    counted = _counted_summary(gaps)
-    if counted is not None:
-        return counted
-    key = gaps["rank"].astype(object).where(gaps["rank"].notna(), "?")
-    summary = (gaps.assign(_rank=key).groupby(["_rank", "host_activity"], sort=True)
-               .agg(gaps=("dur_ns", "size"), total_ns=("dur_ns", "sum")).reset_index())
-    summary["rank"] = summary["_rank"].where(summary["_rank"] != "?", None)
-    return summary[["rank", "host_activity", "gaps", "total_ns"]]
-
-
-def _is_integer(column: pd.Series) -> bool:
-    return isinstance(column.dtype, np.dtype) and column.dtype.kind in "iu"
-
-
-def _counted_summary(gaps: pd.DataFrame) -> pd.DataFrame | None:
-    """idle_summary's table by counting into one slot per (rank, activity): a groupby over
-    millions of gaps (a thousand ranks) costs most of a second. None where the slots would not
-    fit (ranks without a number, far-apart ranks) or the sums could lose a nanosecond."""
-    if not (_is_integer(gaps["rank"]) and _is_integer(gaps["dur_ns"])):
-        return None
-    ranks = gaps["rank"].to_numpy(dtype=np.int64)
-    durations = gaps["dur_ns"].to_numpy(dtype=np.int64)
+    rank_codes, _ = pd.factorize(pd.to_numeric(gaps["rank"], errors="coerce"), sort=True,
+                                 use_na_sentinel=False)
     codes, labels = pd.factorize(gaps["host_activity"], sort=True)
-    low, high = int(ranks.min()), int(ranks.max())
-    slots = (high - low + 1) * max(len(labels), 1)
-    # Float sums of integers are exact while every partial sum stays below 2**53.
-    if slots > 4 * len(gaps) + 1024 or np.abs(durations).sum(dtype=np.float64) >= 2.0 ** 53:
-        return None
-    slot = (ranks - low) * len(labels) + codes
-    if (codes < 0).any():  # groupby leaves out gaps without an activity
-        slot, durations = slot[codes >= 0], durations[codes >= 0]
+    kinds = max(len(labels), 1)
+    slots = (int(rank_codes.max()) + 1) * kinds
+    slot = rank_codes.astype(np.int64) * kinds + codes
+    durations = pd.to_numeric(gaps["dur_ns"], errors="coerce").to_numpy()
+    counted = codes >= 0  # as a groupby leaves out a missing key
+    slot, durations, rows = slot[counted], durations[counted], np.flatnonzero(counted)
     counts = np.bincount(slot, minlength=slots)
-    totals = np.bincount(slot, weights=durations, minlength=slots)
+    totals = np.zeros(slots, dtype=durations.dtype)
+    np.add.at(totals, slot, durations)
     used = np.flatnonzero(counts)
+    # Each rank as its rows hold it (an integer stays one), read at any of its slot's gaps.
+    held_at = np.zeros(slots, dtype=np.intp)
+    held_at[slot] = rows
     return pd.DataFrame({
-        "rank": used // len(labels) + low,
-        "host_activity": labels.take(used % len(labels)),
+        "rank": gaps["rank"].array.take(held_at[used]),
+        "host_activity": labels.take(used % kinds),
         "gaps": counts[used].astype(np.int64),
-        "total_ns": totals[used].astype(np.int64),
+        "total_ns": totals[used],
     })
 
 

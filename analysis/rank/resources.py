@@ -117,9 +117,16 @@ def step_resources(traces) -> pd.DataFrame:
         frames.append(steps)
     columns = ["rank", "step", *_STEP_RECORD_COLUMNS.values(), "sm_util_pct", "cpu_process_pct",
                "util_samples"]
-    if not frames:
-        return keyed(pd.DataFrame(columns=columns))
+    if not frames:  # no step records (a plain Kineto trace): the typed empty frame at once
+        return _typed_empty(columns, keys=("rank", "step"))
     return keyed(pd.concat(frames, ignore_index=True)[columns])
+
+
+def _typed_empty(columns: list[str], keys: tuple[str, ...]) -> pd.DataFrame:
+    """No rows: `keys` Int64, the other columns float64 (built from arrays: a Series per column
+    costs more than the tables of a few steps)."""
+    return pd.DataFrame({c: pd.array([], dtype="Int64") if c in keys else np.zeros(0)
+                         for c in columns})
 
 
 def keyed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -138,8 +145,7 @@ def rank_resources(traces) -> pd.DataFrame:
     columns = RANK_RESOURCE_COLUMNS
     by_rank = records_by_rank(traces)
     if not by_rank:  # no tracer records (a plain Kineto trace): the typed empty frame at once
-        return pd.DataFrame({c: pd.Series(dtype="Int64" if c == "rank" else "float64")
-                             for c in columns}, index=pd.RangeIndex(0))
+        return _typed_empty(columns, keys=("rank",))
     rows = []
     for rank, records in by_rank.items():
         steps = _step_records(rank, records)

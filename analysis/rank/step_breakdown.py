@@ -74,48 +74,31 @@ def overlap_pct(overlap_ns, comm_only_ns):
 
 
 def rank_totals(per_step: pd.DataFrame) -> pd.DataFrame:
-    """The per-step breakdown summed over each rank's steps (overlap_pct from the sums)."""
+    """The per-step breakdown summed over each rank's steps (overlap_pct from the sums): ranks in
+    order of first appearance, rows without a rank together as one; each rank's first known
+    kind. Summed on arrays: a groupby costs milliseconds on the few rows of a run."""
     if per_step.empty:
         return empty_breakdown().drop(columns=["step", "start_ns", "end_ns"]).assign(steps=0)
-    on_arrays = _totals_on_arrays(per_step)
-    if on_arrays is not None:
-        return on_arrays
-    key = per_step["rank"].astype(object).where(per_step["rank"].notna(), "?")
-    grouped = per_step.groupby(key, sort=False)
-    totals = grouped[BREAKDOWN_NS_COLUMNS].sum().astype("int64")
-    totals["steps"] = grouped.size()
-    totals["kind"] = grouped["kind"].first()
-    totals["overlap_pct"] = overlap_pct(totals["overlap_ns"], totals["comm_only_ns"])
-    totals = totals.reset_index(drop=True)
-    totals.insert(0, "rank", grouped["rank"].first().to_numpy())
-    return totals[TOTALS_COLUMNS]
-
-
-def _totals_on_arrays(per_step: pd.DataFrame) -> pd.DataFrame | None:
-    """rank_totals' frame from arrays where ranks are integers and every row has a kind (so
-    that groupby's first kind is the first row's): a groupby costs milliseconds on a few rows.
-    None otherwise."""
-    rank = per_step["rank"]
-    if not (isinstance(rank.dtype, np.dtype) and rank.dtype.kind in "iu"):
-        return None
-    kind = per_step["kind"]
-    if kind.isna().any():
-        return None
-    ranks = rank.to_numpy()
-    _, first, inverse = np.unique(ranks, return_index=True, return_inverse=True)
-    # Groups in order of first appearance, as groupby(sort=False) gives them.
-    appearance = np.argsort(first, kind="stable")
-    group = np.empty_like(appearance)
-    group[appearance] = np.arange(appearance.size)
-    group = group[inverse]
+    group, _ = pd.factorize(per_step["rank"], use_na_sentinel=False)
+    groups = int(group.max()) + 1
     by_group = np.argsort(group, kind="stable")
-    bounds = np.searchsorted(group[by_group], np.arange(appearance.size))
-    first_rows = first[appearance]
-    columns = {"rank": ranks[first_rows],
-               "steps": np.bincount(group, minlength=appearance.size).astype(np.int64)}
+    bounds = np.searchsorted(group[by_group], np.arange(groups))
+    columns = {"rank": per_step["rank"].array.take(by_group[bounds]),
+               "steps": np.bincount(group, minlength=groups).astype(np.int64)}
     for column in BREAKDOWN_NS_COLUMNS:
-        values = per_step[column].to_numpy(np.int64)[by_group]
-        columns[column] = np.add.reduceat(values, bounds)
+        values = per_step[column].to_numpy()
+        if values.dtype.kind == "f":
+            values = np.where(np.isnan(values), 0.0, values)  # as a sum leaves NaN out
+        columns[column] = np.add.reduceat(values[by_group], bounds).astype(np.int64)
     columns["overlap_pct"] = overlap_pct(columns["overlap_ns"], columns["comm_only_ns"])
-    columns["kind"] = kind.array.take(first_rows)
+    columns["kind"] = _first_known(per_step["kind"], group, groups)
     return pd.DataFrame(columns)
+
+
+def _first_known(kind: pd.Series, group: np.ndarray, groups: int):
+    """Each group's first kind that is not missing (missing where it has none)."""
+    known = np.flatnonzero(kind.notna().to_numpy())
+    found, first = np.unique(group[known], return_index=True)
+    rows = np.full(groups, -1, dtype=np.intp)
+    rows[found] = known[first]
+    return kind.array.take(rows, allow_fill=True)

@@ -9,13 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.rank.resources import (
-    RANK_RESOURCE_COLUMNS,
-    keyed,
-    rank_resources,
-    records_by_rank,
-    step_resources,
-)
+from analysis.rank.resources import RANK_RESOURCE_COLUMNS, rank_resources, step_resources
 from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS
 
 PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
@@ -50,53 +44,57 @@ def _dtype(column: str) -> str:
     return "float64"
 
 
-def _clean_per_step(per_step) -> pd.DataFrame:
-    if not isinstance(per_step, pd.DataFrame) or per_step.empty:
-        return _empty(PER_STEP_INPUT_COLUMNS)
-    plain = _plain_per_step(per_step)
-    if plain is not None:
-        return plain
-    columns = list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns]))
-    frame = per_step.reindex(columns=columns)
-    frame = keyed(frame.copy())
-    for column in [*BREAKDOWN_NS_COLUMNS, "overlap_pct"]:
-        if str(frame[column].dtype) != "float64":
-            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    return frame.reset_index(drop=True)
-
-
 _FLOAT_INPUT_COLUMNS = (*BREAKDOWN_NS_COLUMNS, "overlap_pct")
 
 
-def _plain_per_step(per_step: pd.DataFrame) -> pd.DataFrame | None:
-    """_clean_per_step's frame built in one call where it is breakdown_per_step's own (int64
-    rank and step, integer or float64 times): the reindex, copy and per-column conversions cost
-    more than the table of a few steps. None for anything else. An int64 value converts to
-    the same float64, and rounds to itself, either way."""
-    if any(c not in per_step.columns for c in PER_STEP_INPUT_COLUMNS) \
-            or not per_step.columns.is_unique:
-        return None
-    dtypes = per_step.dtypes
-    if dtypes["rank"] != np.int64 or dtypes["step"] != np.int64 or any(
-            dtypes[c] not in (np.int64, np.float64) for c in _FLOAT_INPUT_COLUMNS):
-        return None
-    columns = list(dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns]))
+def _clean_per_step(per_step) -> pd.DataFrame:
+    """`per_step` with every input column (an absent one missing throughout), rank and step as
+    Int64, the times and overlap_pct as float64 and the other columns as they are, on a fresh
+    RangeIndex; built once from the columns (a reindex, copy and per-column assignment cost more
+    than the table of a few steps)."""
+    if not isinstance(per_step, pd.DataFrame) or per_step.empty:
+        return _empty(PER_STEP_INPUT_COLUMNS)
     data = {}
-    for column in columns:
-        values = per_step[column]
+    for column in dict.fromkeys([*PER_STEP_INPUT_COLUMNS, *per_step.columns]):
+        values = (per_step[column] if column in per_step.columns
+                  else pd.Series(np.nan, index=per_step.index))
         if column in ("rank", "step"):
-            data[column] = pd.array(values.to_numpy(), dtype="Int64")
+            data[column] = _whole_numbers(values)
         elif column in _FLOAT_INPUT_COLUMNS:
-            data[column] = values.to_numpy(dtype="float64", copy=True)
+            data[column] = _floats(values)
         else:
             data[column] = values.array.copy()
     return pd.DataFrame(data, index=pd.RangeIndex(len(per_step)))
 
 
-def work_ns(frame: pd.DataFrame) -> pd.Series:
-    """Time the device did work of its own: compute alone, compute under comm, and copies."""
-    parts = frame[["compute_only_ns", "overlap_ns", "memcpy_ns"]]
-    return parts.sum(axis=1, min_count=1)
+# Numbers are read as pandas reads them (to_numeric: text that is none becomes missing); a
+# column of numbers is taken as it is, the conversion (that would not change it) costing more
+# than the table of a few steps.
+def _whole_numbers(values: pd.Series):
+    """The values as Int64, rounded."""
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind in "iu":
+        return pd.array(values.to_numpy(), dtype="Int64")
+    return pd.to_numeric(values, errors="coerce").round().astype("Int64").array
+
+
+def _floats(values: pd.Series) -> np.ndarray:
+    """The values as a new float64 array, NaN where missing."""
+    if not pd.api.types.is_numeric_dtype(values.dtype):
+        values = pd.to_numeric(values, errors="coerce")
+    return values.to_numpy(dtype="float64", na_value=np.nan, copy=True)
+
+
+def work_ns(frame) -> np.ndarray:
+    """Time the device did work of its own: compute alone, compute under comm, and copies, of
+    each row of `frame` (a frame, or its columns by name); a missing part counts as 0, summed
+    left to right (as pandas sums a row), NaN where all three are missing."""
+    parts = [np.asarray(frame[c], dtype="float64")
+             for c in ("compute_only_ns", "overlap_ns", "memcpy_ns")]
+    missing = [np.isnan(p) for p in parts]
+    total = np.where(missing[0], 0.0, parts[0])
+    for part, absent in zip(parts[1:], missing[1:]):
+        total = total + np.where(absent, 0.0, part)
+    return np.where(missing[0] & missing[1] & missing[2], np.nan, total)
 
 
 # ---- tables ------------------------------------------------------------------------------------
@@ -106,88 +104,80 @@ def per_step_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     work_ns = compute_only + overlap + memcpy. Memory peaks and utilisation are those of the
     tracer's record of the same (rank, step). ranks_*_step_ns, slowest_rank and imbalance_pct
     describe the step across all ranks that have it: imbalance_pct = (max - mean) / mean * 100
-    of step_ns.
+    of step_ns. Rows by step, then rank (missing ones last, ties in table order).
+
+    Built from arrays, each added column read by position: merges and a sort cost more than the
+    table of a few steps.
     """
     frame = _clean_per_step(per_step)
     if frame.empty:
         return _empty(PER_STEP_COLUMNS)
-    if _without_resources(frame, traces):
-        return _bare_per_step_table(frame)
-    frame["work_ns"] = work_ns(frame)
+    order = _step_then_rank(frame)
+    columns = {column: (values.to_numpy()[order] if isinstance(values.dtype, np.dtype)
+                        else values.array.take(order)) for column, values in frame.items()}
+    columns["work_ns"] = work_ns(frame)[order]
     resources = step_resources(traces)
-    frame = frame.merge(resources, on=["rank", "step"], how="left")
-    spread = _step_spread(frame)
-    frame = frame.merge(spread, on="step", how="left")
+    found = _record_rows(frame, resources)[order]
+    for column in _STEP_RESOURCE_COLUMNS:
+        # Position -1 (no record of the rank's step) reads the NaN appended last.
+        columns[column] = np.append(resources[column].to_numpy(dtype="float64", na_value=np.nan),
+                                    np.nan)[found]
+    columns["util_samples"] = pd.array(columns["util_samples"], dtype="Int64")
+    columns.update(_spread_at(frame, order))
     ordered = [*PER_STEP_COLUMNS, *[c for c in frame.columns if c not in PER_STEP_COLUMNS]]
-    frame = frame.reindex(columns=ordered)
-    for column in STEP_EXTRA_COLUMNS:
-        dtype = _dtype(column)
-        if dtype != "object" and str(frame[column].dtype) != dtype:
-            frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(dtype)
-    return frame.sort_values(["step", "rank"], kind="stable").reset_index(drop=True)
+    return pd.DataFrame({c: columns[c] for c in ordered}, index=pd.RangeIndex(len(frame)))
 
 
-# The columns per_step_table adds to the cleaned per-step frame after work_ns.
-_ADDED_STEP_COLUMNS = set(STEP_EXTRA_COLUMNS) - {"work_ns"}
 _STEP_RESOURCE_COLUMNS = ["peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
                           "rss_bytes", "sm_util_pct", "cpu_process_pct", "util_samples"]
 _SPREAD_COLUMNS = ["ranks_max_step_ns", "ranks_min_step_ns", "ranks_mean_step_ns",
                    "slowest_rank", "imbalance_pct"]
 
 
-def _without_resources(frame: pd.DataFrame, traces) -> bool:
-    """Whether per_step_table can skip its merges: no tracer records (every resource column
-    missing), rank and step known on every row, and none of the added columns already there
-    (the merges would suffix them)."""
-    return (not records_by_rank(traces) and not _ADDED_STEP_COLUMNS & set(frame.columns)
-            and not frame["rank"].hasnans and not frame["step"].hasnans)
+def _record_rows(frame: pd.DataFrame, records: pd.DataFrame) -> np.ndarray:
+    """Each row's position among the records (distinct (rank, step) pairs, none missing) of its
+    rank and step, -1 for none: each pair as one number, looked up by hashing."""
+    ranks, steps = ([t[c].to_numpy(dtype="float64", na_value=np.nan) for t in (records, frame)]
+                    for c in ("rank", "step"))
+    every_step = np.concatenate(steps)
+    low = np.nanmin(every_step) if np.isfinite(every_step).any() else 0.0
+    width = np.nanmax(every_step) - low + 1 if np.isfinite(every_step).any() else 1.0
+    # Ranks and steps are integers far below 2**53: the pair numbers are exact floats; a
+    # missing rank or step gives NaN, found nowhere.
+    keys = [rank * width + (step - low) for rank, step in zip(ranks, steps)]
+    return pd.Index(keys[0]).get_indexer(keys[1])
 
 
-def _bare_per_step_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """per_step_table without tracer records, from arrays: the resource columns missing, each
-    step's spread read by its rows' position among the steps, the rows ordered as the stable
-    sort by (step, rank) orders them. The merges, conversions and sort cost more than the
-    table of a few steps."""
-    steps = frame["step"].to_numpy(dtype="int64")
-    ranks = frame["rank"].to_numpy(dtype="int64")
-    step_ns = frame["step_ns"].to_numpy(dtype="float64")
-    order = np.lexsort((ranks, steps))
-    rows = len(frame)
-    data = {column: (values.to_numpy()[order] if isinstance(values.dtype, np.dtype)
-                     else values.array.take(order))
-            for column, values in frame.items()}
-    data["work_ns"] = _work_ns_values(frame)[order]
-    for column in _STEP_RESOURCE_COLUMNS:
-        data[column] = (pd.array([pd.NA] * rows, dtype="Int64") if column == "util_samples"
-                        else np.full(rows, np.nan))
-    timed = ~np.isnan(step_ns)
+def _step_then_rank(frame: pd.DataFrame) -> np.ndarray:
+    """The rows' positions ordered as a stable sort by step, then rank, missing values last."""
+    keys = []
+    for column in ("rank", "step"):  # np.lexsort sorts by its last key first, stably
+        values = frame[column]
+        keys += [values.to_numpy(dtype="int64", na_value=0), values.isna().to_numpy()]
+    return np.lexsort(keys)
+
+
+def _spread_at(frame: pd.DataFrame, order: np.ndarray) -> dict:
+    """The spread columns (_spread_arrays, over the rows with rank, step and step_ns known) of
+    each row's step, for the rows at `order`: missing for a step without such rows."""
+    steps = frame["step"].to_numpy(dtype="int64", na_value=0)
+    ranks = frame["rank"].to_numpy(dtype="int64", na_value=0)
+    step_ns = frame["step_ns"].to_numpy()
+    known = frame["step"].notna().to_numpy()
+    timed = known & frame["rank"].notna().to_numpy() & ~np.isnan(step_ns)
     spread = _spread_arrays(steps[timed], ranks[timed], step_ns[timed])
-    position = np.searchsorted(spread["step"], steps[order])
-    found = position < spread["step"].size
-    found[found] = spread["step"][position[found]] == steps[order][found]
+    wanted = steps[order]
+    position = np.searchsorted(spread["step"], wanted)
+    hit = known[order] & (position < spread["step"].size)
+    hit[hit] = spread["step"][position[hit]] == wanted[hit]
+    at = np.where(hit, position, -1)  # -1: the missing value appended last
+    found = {}
     for column in _SPREAD_COLUMNS:
-        values = spread[column]
         if column == "slowest_rank":
-            data[column] = pd.array(
-                [values[p] if hit else pd.NA for p, hit in zip(position.tolist(), found)],
-                dtype="Int64")
+            found[column] = pd.array(spread[column], dtype="Int64").take(at, allow_fill=True)
         else:
-            data[column] = np.where(found, values[np.minimum(position, values.size - 1)]
-                                    if values.size else np.nan, np.nan)
-    ordered = [*PER_STEP_COLUMNS, *[c for c in frame.columns if c not in PER_STEP_COLUMNS]]
-    return pd.DataFrame({c: data[c] for c in ordered}, index=pd.RangeIndex(rows))
-
-
-def _work_ns_values(frame: pd.DataFrame) -> np.ndarray:
-    """work_ns(frame) of float64 columns as an array: the sum with NaN as 0, in column order
-    (as pandas sums a row), NaN where all three are missing."""
-    parts = [frame[c].to_numpy(dtype="float64") for c in ("compute_only_ns", "overlap_ns",
-                                                          "memcpy_ns")]
-    missing = [np.isnan(p) for p in parts]
-    total = np.where(missing[0], 0.0, parts[0])
-    for part, absent in zip(parts[1:], missing[1:]):
-        total = total + np.where(absent, 0.0, part)
-    return np.where(missing[0] & missing[1] & missing[2], np.nan, total)
+            found[column] = np.append(spread[column], np.nan)[at]
+    return found
 
 
 def _spread_arrays(steps: np.ndarray, ranks: np.ndarray, step_ns: np.ndarray) -> dict:
@@ -215,20 +205,6 @@ def _spread_arrays(steps: np.ndarray, ranks: np.ndarray, step_ns: np.ndarray) ->
               for c, v in found.items()}
     result["step"] = steps[starts] if steps.size else steps
     return result
-
-
-def _step_spread(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per step: the max, min and mean step_ns over its ranks, the slowest rank (the first of
-    equals; NA for a step of one rank) and imbalance_pct (_spread_arrays)."""
-    timed = frame.dropna(subset=["step", "rank", "step_ns"])
-    found = _spread_arrays(timed["step"].to_numpy(dtype="int64"),
-                           timed["rank"].to_numpy(dtype="int64"),
-                           timed["step_ns"].to_numpy(dtype="float64"))
-    columns = ["step", *_SPREAD_COLUMNS]
-    spread = (pd.DataFrame({c: found[c] for c in columns}) if found["step"].size
-              else pd.DataFrame([], columns=columns))
-    spread["step"] = spread["step"].astype("Int64")
-    return spread
 
 
 def _nan_mean(values: np.ndarray) -> float:
@@ -296,42 +272,27 @@ def _mode(values: np.ndarray):
 def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     """One row per rank: step-time statistics and breakdown means over the analysed steps,
     memory peaks and mean utilisation over all the steps the tracer recorded, and how much
-    slower the rank's mean step is than the fastest rank's.
+    slower the rank's mean step is than the fastest rank's. A rank analysed but without steps
+    (no trace, or no step marked) still gets its row.
     """
     frame = _clean_per_step(per_step)
-    listed = [int(t.rank) for t in traces or [] if getattr(t, "rank", None) is not None]
-    if _rows_cover(frame, listed) and not records_by_rank(traces):
-        # No tracer records, every listed rank has steps: the outer merge with the typed empty
-        # resources would only add their columns, missing, to rows already in rank order.
-        frame["work_ns"] = _work_ns_values(frame)
-        table = pd.DataFrame(_rank_step_rows(frame), columns=[
-            c for c in PER_RANK_COLUMNS if c not in RANK_RESOURCE_COLUMNS or c == "rank"])
-        table["rank"] = table["rank"].astype("Int64")
-        for column in RANK_RESOURCE_COLUMNS[1:]:
-            table[column] = np.nan
-        return _finished_per_rank(table, traces)
     resources = rank_resources(traces)
     if frame.empty and resources.empty:
         return _empty(PER_RANK_COLUMNS)
-    # A rank analysed but without steps (no trace, or no step marked) still gets its row.
-    missing = sorted(set(listed) - set(resources["rank"].dropna().astype(int)))
-    if missing:
-        resources = pd.concat([resources, pd.DataFrame({"rank": pd.array(missing, "Int64")})],
-                              ignore_index=True)
-    rows = _rank_step_rows(frame.assign(work_ns=work_ns(frame)))
-    table = pd.DataFrame(rows, columns=[c for c in PER_RANK_COLUMNS
-                                        if c not in resources.columns or c == "rank"])
-    table["rank"] = table["rank"].astype("Int64")
-    return _finished_per_rank(table.merge(resources, on="rank", how="outer"), traces)
+    frame["work_ns"] = work_ns(frame)
+    stepped = {row["rank"]: row for row in _rank_step_rows(frame)}
+    recorded = {int(row["rank"]): row for row in resources.to_dict("records")}
+    listed = [int(t.rank) for t in traces or [] if getattr(t, "rank", None) is not None]
+    table = pd.DataFrame([{**recorded.get(rank, {}), **stepped.get(rank, {}), "rank": rank}
+                          for rank in sorted({*stepped, *recorded, *listed})],
+                         columns=[*_STEP_ROW_COLUMNS, *RANK_RESOURCE_COLUMNS[1:]])
+    if table["kind"].dtype == np.float64:  # no rank has steps: no kind was given
+        table["kind"] = table["kind"].astype(object)
+    return _finished_per_rank(table, traces)
 
 
-def _rows_cover(frame: pd.DataFrame, listed: list[int]) -> bool:
-    """Whether the cleaned per-step frame has float64 times, a known rank on every row and
-    every listed rank among them."""
-    return (not frame.empty and not frame["rank"].hasnans
-            and all(frame[c].dtype == np.float64 for c in
-                    ("compute_only_ns", "overlap_ns", "memcpy_ns"))
-            and set(listed) <= set(frame["rank"].to_numpy(dtype="int64").tolist()))
+# The columns of _rank_step_rows' rows.
+_STEP_ROW_COLUMNS = [c for c in PER_RANK_COLUMNS if c not in RANK_RESOURCE_COLUMNS or c == "rank"]
 
 
 def _finished_per_rank(table: pd.DataFrame, traces) -> pd.DataFrame:

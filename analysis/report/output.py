@@ -17,8 +17,6 @@ import pandas as pd
 from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges
 from analysis.crossrank import report as cross_report
 from analysis.report.text_tables import TEXT_MAX_ROWS  # noqa: F401 (the report's limit)
-from analysis.report.text_tables import plain_text_grid as _plain_text_grid  # noqa: F401
-from analysis.report.text_tables import printable as _printable  # noqa: F401
 from analysis.report.text_tables import text_table as _table
 from tracer import schema
 

@@ -1,6 +1,7 @@
-"""The fast paths of the events helpers against their general paths, on hand-built frames with
-known answers: categorical columns asked only among some rows, thread lookups by a code table
-and by pair numbers, and plain (non-categorical) columns."""
+"""Selecting events by name and by thread (analysis.core.events.matches,
+analysis.rank.layers.on_threads), on hand-built frames with known answers: categorical columns
+asked only among some rows, categoricals with many categories, and plain (non-categorical)
+columns."""
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,7 @@ def _names(values, categorical=True):
     return column
 
 
-def test_matches_among_asks_only_the_rows_given_and_agrees_with_every_path():
+def test_matches_among_asks_only_the_rows_given():
     values = ["aten::mm", None, "ncclKernel_AllReduce", "aten::mm", "DataLoader#next"]
     among = np.array([True, True, False, True, True])
     asked = []
@@ -51,7 +52,7 @@ def _thread_frame(pid_categories):
     return pd.DataFrame({"pid": pid, "tid": tid})
 
 
-def test_on_threads_code_table_and_pair_numbers_agree_with_the_plain_path():
+def test_on_threads_of_small_and_large_categoricals_and_plain_columns():
     wanted = {("1", "7"), ("2", "7"), ("3", "9")}
     expected = [True, False, True, False, False, True]
     small = _thread_frame(["1", "2", "3"])  # a code table of 4 x 4 flags
