@@ -252,7 +252,7 @@ def test_our_cpu_breakdown_against_the_plugins_distributed_view(tensorboard, rec
     - its communication is the gloo:* ranges alone, so ours (which adds the host-side c10d ops
       and record_param_comms) covers at least as much.
     """
-    from analysis.breakdown import breakdown_per_step
+    from analysis.rank.step_breakdown import breakdown_per_step
     from analysis.ingest.load import load_path
 
     overlap = tb_view.distributed_view(tensorboard, RUN)["1"]["overlap"]["data"]
