@@ -252,8 +252,8 @@ def test_our_cpu_breakdown_against_the_plugins_distributed_view(tensorboard, rec
     - its communication is the gloo:* ranges alone, so ours (which adds the host-side c10d ops
       and record_param_comms) covers at least as much.
     """
-    from analysis.rank.step_breakdown import breakdown_per_step
     from analysis.ingest.load import load_path
+    from analysis.rank.step_breakdown import breakdown_per_step
 
     overlap = tb_view.distributed_view(tensorboard, RUN)["1"]["overlap"]["data"]
     traces = load_path(recorded_run, use_cache=False).ranks
