@@ -1,11 +1,14 @@
 """analysis.rank.comm.enclosing: the join of a launch to the innermost call around it, against a
-brute-force
-reading of its definition, on nested, overlapping and deeply stacked spans."""
+brute-force reading of its definition, on nested, overlapping and deeply stacked spans; the
+threads the joins compare and each kernel's runtime launch."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
+from comm_events import event, events_frame, same
 
 from analysis.rank.comm import enclosing
 
@@ -65,3 +68,28 @@ def test_innermost_walks_back_past_many_short_spans_to_a_long_outer_one():
     labels = candidates.index.to_numpy()
     assert found.tolist() == [labels[0], labels[-1], labels[1], -1]
     assert found.tolist() == _brute_force(candidates, ["100"] * 4, ["1"] * 4, times)
+
+
+def test_thread_ids_are_equal_where_pid_and_tid_print_alike():
+    threads, queries = enclosing.thread_ids([1, "1", "2"], ["5", 5, "5"],
+                                            ["1", "2", None, "1"], [5, "5", None, "6"])
+    assert threads[0] == threads[1] != threads[2]
+    assert queries[0] == threads[0] and queries[1] == threads[2]
+    assert queries[2] not in threads and queries[3] not in threads
+
+
+def test_launches_are_the_first_runtime_or_driver_event_of_each_id():
+    rows = [
+        event("cudaLaunchKernel", "cuda_runtime", 100, 5, correlation=1, tid="3"),
+        event("cudaLaunchKernel", "cuda_runtime", 200, 5, correlation=1, tid="4"),
+        event("cuLaunchKernel", "cuda_driver", 300, 5, correlation=2, tid="5"),
+        event("aten::mm", "cpu_op", 400, 5, correlation=3),  # not a launch
+        event("other_kernel", "kernel", 450, 5, correlation=4, is_gpu=True),
+        event("ncclKernel", "kernel", 500, 5, correlation=1, is_gpu=True, is_comm=True),
+    ]
+    events = events_frame(rows)
+    is_gpu = events["is_gpu"].to_numpy()
+    ts, pid, tid = enclosing.launches(events, is_gpu, np.array([2.0, 1.0, 3.0, 4.0, np.nan]))
+    assert same(ts.tolist(), [300.0, 100.0, math.nan, math.nan, math.nan])
+    assert pid.tolist() == ["100", "100", None, None, None]
+    assert tid.tolist() == ["5", "3", None, None, None]

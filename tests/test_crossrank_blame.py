@@ -3,7 +3,7 @@ answers are known exactly (docs/cross-rank.md, "Culprit and victims" and "Pipeli
 
 import pandas as pd
 import pytest
-from test_crossrank_synthetic import MS, NO_SYNC, frame, op, steps_frame
+from crossrank_ops import MS, NO_SYNC, frame, op, steps_frame
 
 from analysis.crossrank import analyse
 from analysis.report.output import cross_rank_json

@@ -1,37 +1,16 @@
 """Cross-rank matching, clock, waits, culprit and pipeline on hand-built op frames whose answers
 are known exactly (docs/cross-rank.md)."""
 
-import numpy as np
 import pandas as pd
 import pytest
+from crossrank_ops import MS, NO_SYNC, frame, op, steps_frame
 
 from analysis.crossrank import analyse
 from analysis.crossrank.clock import clock_table, estimate_offsets, to_common_clock
-from analysis.crossrank.frames import typed_ops
 from analysis.crossrank.matching import match_ops
 from analysis.crossrank.pipeline import theory_bubble_pct
-from analysis.crossrank.waits import op_waits, transfer_bandwidth, union_per_group
+from analysis.crossrank.waits import op_waits, transfer_bandwidth
 from analysis.report.output import cross_rank_json
-
-MS = 1_000_000
-NO_SYNC = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])
-
-
-def op(rank, issue, end, step=0, name="all_reduce", pg="0", size=2, nbytes=4096,
-       dtype="float32", peer=None, queue=None):
-    return {"rank": rank, "pg": pg, "pg_size": size, "op": name, "bytes": nbytes,
-            "dtype": dtype, "step": step, "issue_ns": int(issue), "end_ns": int(end),
-            "peer": np.nan if peer is None else peer,
-            "queue": queue or (pg if peer is None else f"{pg}:{name}:{peer}")}
-
-
-def frame(rows):
-    return typed_ops(pd.DataFrame(rows))
-
-
-def steps_frame(ranks, steps, step_ns=100 * MS):
-    return pd.DataFrame([{"rank": r, "step": s, "start_ns": s * step_ns,
-                          "end_ns": (s + 1) * step_ns} for r in ranks for s in steps])
 
 
 # ---- matching ------------------------------------------------------------------------------------
@@ -255,15 +234,6 @@ def test_per_step_waits_count_overlapping_waits_once():
     assert waits.loc[1, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [0.0, 2.0]
     assert waits.loc[3, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [11.0, 2.0]
     assert waits.loc[2, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [0.0, 2.0]
-
-
-def test_the_union_keeps_nanoseconds_at_epoch_times():
-    # Two intervals 31 ns apart at an epoch time (float64 steps by 256 ns there) stay apart.
-    epoch = 1_796_044_278_676_900_428
-    keys = pd.DataFrame({"rank": [1, 1, 0, 0, 0], "step": [4, 4, 1, 1, 1]})
-    union = union_per_group(keys, [epoch, epoch + 5_002_735, 0, 5, 20],
-                            [epoch + 5_002_704, epoch + 7_407_482, 10, 12, 25])
-    assert union.to_dict() == {(0, 1): 17, (1, 4): 5_002_704 + 2_404_747}
 
 
 def test_transfer_based_bandwidth_uses_the_bus_factor():

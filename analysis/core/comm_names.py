@@ -14,6 +14,10 @@ import re
 # SendRecv kernel, which serves send, recv and all_to_all alike, launched without
 # record_param_comms): its time still counts as communication.
 UNKNOWN_OP = "other"
+# The point-to-point ops: matched by (group, src, dst), not by a group's order.
+P2P_OPS = ("send", "recv")
+# The group of an op that names none (gloo's CPU ops, kernels without a group).
+UNKNOWN_PG = "unknown"
 
 # ---- names ---------------------------------------------------------------------------------------
 # Torch spells one collective many ways: record_param_comms' "Collective name" (allreduce,

@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.core.comm_names import P2P_OPS
 from analysis.crossrank.clock import clock_table, to_common_clock
-from analysis.crossrank.culprit import STRAGGLER_COLUMNS, find_stragglers
+from analysis.crossrank.culprit import find_stragglers
 from analysis.crossrank.frames import run_frames
 from analysis.crossrank.matching import match_ops
-from analysis.crossrank.pipeline import PIPELINE_COLUMNS, pipeline_bubbles
-from analysis.crossrank.waits import (
-    BANDWIDTH_COLUMNS,
-    no_waits,
-    op_bandwidth,
-    op_waits,
-    rank_step_waits,
-    transfer_bandwidth,
-)
+from analysis.crossrank.pipeline import pipeline_bubbles
+from analysis.crossrank.waits import op_bandwidth, op_waits, rank_step_waits, transfer_bandwidth
 from analysis.rank import pipeline_schedule
 
 
@@ -35,15 +29,6 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
     matched, mismatches = match_ops(ops, world_size, coverage, trace_ranks)
     ranks = set(ops["rank"]) | set(steps["rank"]) | {reference}
     clock = clock_table(matched, clock_sync, ranks, reference)
-    waits = no_waits(matched)
-    if waits is not None:
-        # No op matched (a lone rank's trace): every table below is empty or zero.
-        return {
-            "clock": clock, "ops": waits, "waits": rank_step_waits(waits, steps),
-            "bandwidth": pd.DataFrame(columns=BANDWIDTH_COLUMNS),
-            "stragglers": pd.DataFrame(columns=STRAGGLER_COLUMNS), "mismatches": mismatches,
-            "pipeline": pd.DataFrame(columns=PIPELINE_COLUMNS),
-        }
     common = to_common_clock(matched, clock)
     waits = op_bandwidth(op_waits(common))
     return {
@@ -66,7 +51,7 @@ def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None =
     if steps is not None:  # --steps: the selected steps only
         for name in ("ops", "steps"):
             frames[name] = frames[name][frames[name]["step"].isin(steps)].reset_index(drop=True)
-    has_p2p = frames["ops"]["op"].isin(["send", "recv"]).any()
+    has_p2p = frames["ops"]["op"].isin(P2P_OPS).any()
     if has_p2p and (microbatches is None or virtual_stages is None):
         schedule = pipeline_schedule.detect(run.ranks)
         microbatches = microbatches or schedule.microbatches

@@ -16,24 +16,22 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG
 from analysis.core.steps import step_at
 from analysis.crossrank.distinct import by_value as _by_value
 from analysis.crossrank.distinct import float64_of
 from analysis.rank.comm.kernel_names import named_kernels
 from analysis.rank.comm.ops import canonical_dtype, canonical_op
 from analysis.rank.comm.sizes import distinct_message_sizes
-from analysis.rank.comm.sizes import message_sizes as _message_sizes
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "pg_size", "op", "bytes", "dtype", "step", "issue_ns", "end_ns",
               "peer", "queue"]
 STEP_COLUMNS = ["rank", "step", "start_ns", "end_ns"]
 SYNC_COLUMNS = ["rank", "offset_ns", "uncertainty_ns"]
-P2P_OPS = ("send", "recv")
 # The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast and
 # bucket rebuild): its waits are start-up, not training, so records are analysed from step 1.
 FIRST_RECORD_STEP = 1
-UNKNOWN_PG = "unknown"
 
 
 def empty_ops() -> pd.DataFrame:
@@ -130,14 +128,6 @@ def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.D
     pg = _by_value(chosen["pg_name"], lambda v: UNKNOWN_PG if v is None or v != v else str(v))
     queue = np.where(kernel, chosen["stream"].astype(str).to_numpy(), pg.to_numpy())
     step = _steps_by_rank(chosen["rank"].to_numpy(), issue.to_numpy(), steps)
-    if chosen["rank"].dtype != np.int64:
-        frame = pd.DataFrame({
-            "rank": chosen["rank"], "pg": pg, "pg_size": group_size.fillna(0), "op": op,
-            "bytes": _message_sizes(op, in_nelems, chosen["out_nelems"], dtype, group_size),
-            "dtype": dtype, "issue_ns": issue, "end_ns": chosen["end_ns"], "peer": np.nan,
-            "queue": queue, "step": step})
-        frame = frame[frame["op"].notna() & frame["step"].notna()]
-        return typed_ops(frame.sort_values(["rank", "issue_ns"], kind="stable"))
     # typed_ops of the kept rows sorted by rank and issue, built from arrays at once: the
     # columns mostly have their types already.
     kept = np.flatnonzero(op.notna().to_numpy() & ~np.isnan(step))
@@ -159,13 +149,8 @@ def _objects_at(column: pd.Series, order: np.ndarray) -> pd.Series:
 
 
 def _int64_at(column: pd.Series, order: np.ndarray) -> np.ndarray:
-    """typed_ops' int64 of the column's values at `order`."""
-    values = column.to_numpy()
-    if values.dtype == np.int64:
-        return values[order]
-    if values.dtype.kind == "f" and np.isfinite(values[order]).all():
-        return values[order].astype("int64")
-    return pd.to_numeric(column.iloc[order], errors="coerce").astype("int64").to_numpy()
+    """typed_ops' int64 of the column's values at `order` (numbers, or objects holding them)."""
+    return pd.to_numeric(column.to_numpy()[order], errors="coerce").astype("int64")
 
 
 def _gloo_issue(gloo: pd.DataFrame, gloo_op: pd.Series, comm: pd.DataFrame) -> pd.Series:
@@ -207,29 +192,19 @@ def _first_text(value):
 
 
 def _steps_by_rank(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
-    """steps.step_at for times of several ranks, each in its own rank's steps (rank, step, start_ns,
-    end_ns): grouped once, then one search per rank on arrays."""
+    """steps.step_at for times of several ranks, each in its own rank's steps (rank, step,
+    start_ns, end_ns): steps and times sorted by rank once, then one search per rank."""
     found = np.full(len(times), np.nan)
-    if steps is None or steps.empty:
-        return found
-    step_ranks = steps["rank"].to_numpy()
-    if (len(ranks) and step_ranks.dtype.kind in "iu" and ranks.dtype.kind in "iu"
-            and (step_ranks == step_ranks[0]).all() and (ranks == step_ranks[0]).all()):
-        # One rank, the usual case: no grouping. A stable sort of one rank's steps by start
-        # is sort_values' order.
-        order = np.argsort(steps["start_ns"].to_numpy(), kind="stable")
-        return step_at(times, steps["start_ns"].to_numpy()[order],
-                       steps["end_ns"].to_numpy()[order],
-                       steps["step"].to_numpy(dtype="float64")[order])
-    ordered = steps.sort_values(["rank", "start_ns"], kind="stable")
-    starts = ordered["start_ns"].to_numpy()
-    ends = ordered["end_ns"].to_numpy()
-    numbers = ordered["step"].to_numpy(dtype="float64")
-    own_steps = pd.Series(np.arange(len(ordered))).groupby(ordered["rank"].to_numpy()).indices
-    for rank, rows in pd.Series(np.arange(len(ranks))).groupby(ranks).indices.items():
-        own = own_steps.get(rank)
-        if own is not None:
-            found[rows] = step_at(times[rows], starts[own], ends[own], numbers[own])
+    step_rank, starts = steps["rank"].to_numpy(), steps["start_ns"].to_numpy()
+    by_start = np.lexsort((starts, step_rank))
+    step_rank, starts = step_rank[by_start], starts[by_start]
+    ends = steps["end_ns"].to_numpy()[by_start]
+    numbers = steps["step"].to_numpy("float64")[by_start]
+    by_rank = np.argsort(ranks, kind="stable")
+    distinct, first = np.unique(ranks[by_rank], return_index=True)
+    for rank, rows in zip(distinct.tolist(), np.split(by_rank, first[1:])):
+        own = slice(np.searchsorted(step_rank, rank), np.searchsorted(step_rank, rank, "right"))
+        found[rows] = step_at(times[rows], starts[own], ends[own], numbers[own])
     return found
 
 

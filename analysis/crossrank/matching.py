@@ -3,7 +3,8 @@
 Collectives are matched by their position in the group's order within a step (every member
 issues a group's collectives in the same order); p2p by (group, src, dst, step, order).
 A position where members disagree on op, size or dtype, or where a member never issued it, is a
-mismatch (docs/cross-rank.md). Everything here is vectorised: groupby, merge, cumcount.
+mismatch (docs/cross-rank.md). Positions, instances and mismatches are found on arrays of codes;
+pandas writes the texts of the few mismatches.
 """
 
 from __future__ import annotations
@@ -11,67 +12,52 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.comm_names import P2P_OPS
 from analysis.core.steps import format_ranges
-from analysis.crossrank.frames import P2P_OPS
+from analysis.crossrank.grouped import group_starts
 
 MISMATCH_COLUMNS = ["pg", "step", "position", "problem", "ranks", "missing_ranks"]
 KEY = ["pg", "step", "position"]
 # Each member of an all_to_all sends its own split sizes: its bytes may differ between members.
 SIZES_MAY_DIFFER = ("all_to_all",)
-# Beyond this many (group, rank, step) cells, missing members are found by merges instead.
-_MAX_MEMBERSHIP_CELLS = 20_000_000
 
 
 def group_members(ops: pd.DataFrame, world_size: int) -> pd.DataFrame:
     """(pg, rank) of every member: the whole world for a group as large as it, else the ranks
-    that issued anything on the group (a group is created on all ranks, used by its members)."""
+    that issued anything on the group (a group is created on all ranks, used by its members).
+    The issuing members come first, in the order of their first op, then the whole-world
+    groups' members in the groups' order."""
     collectives = ops[~ops["op"].isin(P2P_OPS)]
-    quick = _members_on_arrays(collectives, world_size)
-    if quick is not None:
-        return quick
-    seen = collectives[["pg", "rank"]].drop_duplicates()
-    sizes = collectives.groupby("pg")["pg_size"].max()
-    whole = sizes[sizes >= world_size].index
-    world = pd.DataFrame({"pg": np.repeat(whole.to_numpy(), world_size),
-                          "rank": np.tile(np.arange(world_size), len(whole))})
-    members = pd.concat([seen[~seen["pg"].isin(whole)], world], ignore_index=True)
-    return members.astype({"rank": "int64"}).reset_index(drop=True)
+    pg, pgs = _codes(collectives["pg"])
+    member_pg, member_rank = _members(pg, collectives["rank"].to_numpy(),
+                                      collectives["pg_size"].to_numpy(), len(pgs), world_size)
+    # Object text, as the ops hold it: pandas would read an object array of text as its
+    # string dtype.
+    return pd.DataFrame({"pg": pd.Series(pgs[member_pg], dtype=object),
+                         "rank": member_rank.astype("int64")})
 
 
-def _text_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray] | None:
-    """(codes, sorted distinct values) of a column of text alone, as groupby sorts them; None
-    for any other column (NaN, numbers), which the pandas calls handle."""
-    codes, values = pd.factorize(column.to_numpy(object), sort=True)
-    if (codes < 0).any() or pd.api.types.infer_dtype(values, skipna=False) != "string":
-        return None
+def _codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's code, the distinct values sorted as groupby sorts them) of a column of text
+    (object or categorical); a missing value is one more value, sorted last."""
+    codes, values = pd.factorize(column.to_numpy(object), sort=True, use_na_sentinel=False)
     return codes, np.asarray(values, dtype=object)
 
 
-def _members_on_arrays(collectives: pd.DataFrame, world_size: int) -> pd.DataFrame | None:
-    """group_members' frame, row for row, from arrays: groupby and drop_duplicates cost more
-    than the matching on a large run. None where the pandas calls are needed (empty, groups not
-    named by text, ranks or sizes not integers)."""
-    rank, size = collectives["rank"].to_numpy(), collectives["pg_size"].to_numpy()
-    if (not len(collectives) or not np.issubdtype(rank.dtype, np.integer)
-            or not np.issubdtype(size.dtype, np.integer) or rank.min() < 0):
-        return None
-    found = _text_codes(collectives["pg"])
-    if found is None:
-        return None
-    pg, pgs = found
-    largest = np.full(len(pgs), np.iinfo(np.int64).min)
+def _members(pg: np.ndarray, rank: np.ndarray, size: np.ndarray, groups: int,
+             world_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """group_members as (group code, rank) arrays, from each collective's group code, rank and
+    group size."""
+    largest = np.full(groups, np.iinfo(np.int64).min)
     np.maximum.at(largest, pg, size)
     is_whole = largest >= world_size
-    # First (group, rank) occurrences, in the order of the rows.
-    first = np.sort(np.unique(pg * (int(rank.max()) + 1) + rank, return_index=True)[1])
+    # The first row of each (group, rank), in row order: lexsort is stable.
+    order = np.lexsort((rank, pg))
+    first = np.sort(order[group_starts(pg[order], rank[order])])
     first = first[~is_whole[pg[first]]]
-    whole = pgs[is_whole]
-    # pandas would read text in an object array as its string dtype; group_members' is object.
-    return pd.DataFrame({
-        "pg": pd.Series(np.concatenate([pgs[pg[first]], np.repeat(whole, world_size)]),
-                        dtype=object),
-        "rank": np.concatenate([rank[first], np.tile(np.arange(world_size), len(whole))]
-                               ).astype("int64")})
+    whole = np.flatnonzero(is_whole)
+    return (np.concatenate([pg[first], np.repeat(whole, world_size)]),
+            np.concatenate([rank[first], np.tile(np.arange(world_size), len(whole))]))
 
 
 def match_ops(ops: pd.DataFrame, world_size: int, coverage: pd.DataFrame | None = None,
@@ -89,19 +75,13 @@ def match_ops(ops: pd.DataFrame, world_size: int, coverage: pd.DataFrame | None 
         coverage = ops[["rank", "step"]]
     coverage = coverage[["rank", "step"]].drop_duplicates()
     is_p2p = ops["op"].isin(P2P_OPS).to_numpy()
-    if is_p2p.any() or not len(ops):
-        collectives, p2p = ops[~is_p2p].copy(), ops[is_p2p].copy()
-    else:  # most runs have no p2p op: no split, none of the p2p work and no concatenation
-        collectives, p2p = ops, None
-    collectives["position"] = _positions(collectives)
+    collectives = ops[~is_p2p]
+    collectives = collectives.assign(position=_positions(collectives))
     collectives, mismatches = _match_collectives(collectives, world_size, coverage, trace_ranks)
-    if p2p is None:
-        matched, p2p_mismatches = collectives, pd.DataFrame(columns=MISMATCH_COLUMNS)
-    else:
-        p2p, p2p_mismatches = _match_p2p(p2p)
-        first_p2p = int(collectives["instance"].max()) + 1 if len(collectives) else 0
-        p2p["instance"] = np.where(p2p["instance"] >= 0, p2p["instance"] + first_p2p, -1)
-        matched = pd.concat([collectives, p2p], ignore_index=True)
+    p2p, p2p_mismatches = _match_p2p(ops[is_p2p])
+    first_p2p = int(collectives["instance"].max()) + 1 if len(collectives) else 0
+    p2p["instance"] = np.where(p2p["instance"] >= 0, p2p["instance"] + first_p2p, -1)
+    matched = pd.concat([collectives, p2p], ignore_index=True)
     matched["instance"] = matched["instance"].astype("int64")
     found = pd.concat([mismatches, p2p_mismatches], ignore_index=True)
     return matched, found.reindex(columns=MISMATCH_COLUMNS)
@@ -133,66 +113,16 @@ def _missing_ranks(frame: pd.DataFrame, members: pd.DataFrame, coverage: pd.Data
     return missing.groupby(KEY)["rank"].agg(lambda r: format_ranges(sorted(r)))
 
 
-def _none_missing(frame: pd.DataFrame, codes: np.ndarray, members: pd.DataFrame,
-                  coverage: pd.DataFrame) -> bool:
-    """Whether every key (numbered by `codes`) was issued by all the members of its group that
-    cover its step, counted on arrays: the merges of _missing_ranks cost more than the matching
-    itself on a large run. False where it cannot tell cheaply (then _missing_ranks tells)."""
-    ranks = np.concatenate([frame["rank"].to_numpy(), members["rank"].to_numpy(),
-                            coverage["rank"].to_numpy()])
-    if not len(frame) or not np.issubdtype(ranks.dtype, np.integer) or ranks.min() < 0:
-        return False
-    pg, pgs = pd.factorize(np.concatenate([frame["pg"].to_numpy(object),
-                                           members["pg"].to_numpy(object)]))
-    step, steps = pd.factorize(np.concatenate([frame["step"].to_numpy(),
-                                               coverage["step"].to_numpy()]))
-    n_rank = int(ranks.max()) + 1
-    if (pg.min() < 0 or step.min() < 0
-            or len(pgs) * n_rank * len(steps) > _MAX_MEMBERSHIP_CELLS):
-        return False
-    rows = len(frame)
-    member_rank, covered_rank = np.split(ranks[rows:], [len(members)])
-    is_member = np.zeros((len(pgs), n_rank), dtype=np.int64)
-    is_member[pg[rows:], member_rank] = 1
-    covers = np.zeros((n_rank, len(steps)), dtype=np.int64)
-    covers[covered_rank, step[rows:]] = 1
-    expected = is_member @ covers  # per (group, step): its members that cover the step
-    row_pg, row_step, row_rank = pg[:rows], step[:rows], ranks[:rows]
-    # (key, rank) is unique: position counts a rank's ops on the group within the step.
-    issued = np.bincount(codes, weights=is_member[row_pg, row_rank]
-                         * covers[row_rank, row_step])
-    key_pg = np.zeros(len(issued), dtype=np.int64)
-    key_step = np.zeros(len(issued), dtype=np.int64)
-    key_pg[codes], key_step[codes] = row_pg, row_step
-    return bool(np.array_equal(issued, expected[key_pg, key_step]))
-
-
-def _positions(frame: pd.DataFrame):
+def _positions(frame: pd.DataFrame) -> np.ndarray:
     """Each op's position among its rank's ops on its group within the step, in row order
-    (groupby(["rank", "pg", "step"]).cumcount()), counted on arrays where the keys allow."""
-    rank, step = frame["rank"].to_numpy(), frame["step"].to_numpy()
-    found = _text_codes(frame["pg"]) if _integers(rank, step) else None
-    if found is None:
-        return frame.groupby(["rank", "pg", "step"]).cumcount()
-    order = np.lexsort((step, found[0], rank))  # stable: row order within a group
-    starts = _group_starts(rank[order], found[0][order], step[order])
+    (groupby(["rank", "pg", "step"]).cumcount())."""
+    rank, step, pg = frame["rank"].to_numpy(), frame["step"].to_numpy(), _codes(frame["pg"])[0]
+    order = np.lexsort((step, pg, rank))  # stable: row order within a group
+    starts = group_starts(rank[order], pg[order], step[order])
     first_row = np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))
     positions = np.empty(len(order), dtype=np.int64)
     positions[order] = np.arange(len(order)) - first_row
     return positions
-
-
-def _integers(*arrays) -> bool:
-    return bool(len(arrays[0])) and all(np.issubdtype(a.dtype, np.integer) for a in arrays)
-
-
-def _group_starts(*sorted_keys) -> np.ndarray:
-    """Where a new group starts among rows sorted by their keys."""
-    starts = np.zeros(len(sorted_keys[0]), dtype=bool)
-    starts[:1] = True
-    for key in sorted_keys:
-        starts[1:] |= key[1:] != key[:-1]
-    return starts
 
 
 def _distinct_per_group(codes: np.ndarray, groups: int, column: pd.Series) -> np.ndarray:
@@ -203,67 +133,82 @@ def _distinct_per_group(codes: np.ndarray, groups: int, column: pd.Series) -> np
     return np.bincount(pairs // max(len(distinct), 1), minlength=groups)
 
 
-def _matched_on_arrays(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame
-                       ) -> pd.DataFrame | None:
-    """_match_collectives' frame where no position is a mismatch, found on arrays: the groupby
-    aggregations cost more than the matching on a large run. None where there is a mismatch or
-    the keys are not plain (the pandas calls then tell)."""
-    step, position = frame["step"].to_numpy(), frame["position"].to_numpy()
-    found = _text_codes(frame["pg"]) if _integers(step, position) else None
-    if found is None:
-        return None
-    pg = found[0]
-    # One code per key, numbered in the keys' sorted order, as groupby(KEY).ngroup() numbers.
-    order = np.lexsort((position, step, pg))
-    codes = np.empty(len(order), dtype=np.int64)
-    codes[order] = np.cumsum(_group_starts(pg[order], step[order], position[order])) - 1
-    groups = int(codes.max()) + 1
-    sized = frame["bytes"].where(~frame["op"].isin(SIZES_MAY_DIFFER))
-    if any((_distinct_per_group(codes, groups, column) > 1).any()
-           for column in (frame["op"], sized, frame["dtype"])):
-        return None
-    if not _none_missing(frame, codes, group_members(frame, world_size), coverage):
-        return None
-    good = np.bincount(codes, minlength=groups)[codes] > 1
-    return frame.assign(instance=np.where(good, codes, -1))
+def _dense(*columns) -> tuple[int, list[np.ndarray]]:
+    """(the number of distinct values, each value's code among them) of the columns' values
+    together."""
+    codes, distinct = pd.factorize(np.concatenate(columns))
+    return len(distinct), np.split(codes, np.cumsum([len(c) for c in columns])[:-1])
+
+
+def _some_missing(frame: pd.DataFrame, pg: np.ndarray, codes: np.ndarray, groups: int,
+                  members: tuple[np.ndarray, np.ndarray], coverage: pd.DataFrame) -> np.ndarray:
+    """Per key (numbered by `codes`): whether a member of its group that covers its step did
+    not issue it. Counted on arrays, never per (group, rank, step) cell: a run of a thousand
+    ranks has millions of them."""
+    member_pg, member_rank = members
+    n_rank, (row_rank, member_rank, covered_rank) = _dense(
+        frame["rank"].to_numpy(), member_rank, coverage["rank"].to_numpy())
+    n_step, (row_step, covered_step) = _dense(frame["step"].to_numpy(),
+                                              coverage["step"].to_numpy())
+    # Per member and each step its rank covers: (group, step) pairs, one per member expected.
+    by_rank = np.argsort(covered_rank, kind="stable")
+    covers = np.bincount(covered_rank, minlength=n_rank)
+    first_cover = np.cumsum(covers) - covers
+    repeats = covers[member_rank]
+    offsets = np.arange(repeats.sum()) - np.repeat(np.cumsum(repeats) - repeats, repeats)
+    expected_step = covered_step[by_rank][np.repeat(first_cover[member_rank], repeats) + offsets]
+    expected = np.sort(np.repeat(member_pg, repeats) * n_step + expected_step)
+    # Per key: its rows whose rank is a member of the group and covers the step; a rank issues
+    # a key once (its position counts its own ops), so these are distinct members.
+    is_member = np.isin(pg * n_rank + row_rank, member_pg * n_rank + member_rank)
+    is_covered = np.isin(row_rank * n_step + row_step, covered_rank * n_step + covered_step)
+    issued = np.bincount(codes, weights=is_member & is_covered, minlength=groups)
+    key_cell = np.zeros(groups, dtype=np.int64)
+    key_cell[codes] = pg * n_step + row_step
+    wanted = (np.searchsorted(expected, key_cell, side="right")
+              - np.searchsorted(expected, key_cell, side="left"))
+    return issued < wanted
 
 
 def _match_collectives(frame: pd.DataFrame, world_size: int, coverage: pd.DataFrame,
                        trace_ranks: frozenset = frozenset()):
-    quick = _matched_on_arrays(frame, world_size, coverage)
-    if quick is not None:
-        return quick, pd.DataFrame(columns=MISMATCH_COLUMNS)
-    members = group_members(frame, world_size)
-    sized = frame.assign(sized_bytes=frame["bytes"].where(~frame["op"].isin(SIZES_MAY_DIFFER)))
-    # One row per key, in the order of ngroup's codes (both sorted by KEY).
-    grouped = sized.groupby(KEY, sort=True)
-    agg = grouped.agg(ops=("op", "nunique"), sizes=("sized_bytes", "nunique"),
-                      dtypes=("dtype", "nunique"), members=("rank", "size"))
-    codes = grouped.ngroup().to_numpy()
-    differ = (agg["ops"] > 1) | (agg["sizes"] > 1) | (agg["dtypes"] > 1)
-    bad_key = differ.to_numpy()
-    missing_ranks = None
-    if not _none_missing(frame, codes, members, coverage):
-        missing_ranks = _missing_ranks(frame, members, coverage)
-        if len(missing_ranks):
-            bad_key = bad_key | agg.index.isin(missing_ranks.index)
-    good = ~bad_key[codes] & (agg["members"].to_numpy()[codes] > 1)
+    pg, pgs = _codes(frame["pg"])
+    step, position = frame["step"].to_numpy(), frame["position"].to_numpy()
+    # One code per key, numbered in the keys' sorted order, as groupby(KEY).ngroup() numbers.
+    order = np.lexsort((position, step, pg))
+    codes = np.empty(len(order), dtype=np.int64)
+    codes[order] = np.cumsum(group_starts(pg[order], step[order], position[order])) - 1
+    groups = int(codes.max(initial=-1)) + 1
+    sized = frame["bytes"].where(~frame["op"].isin(SIZES_MAY_DIFFER))
+    differ = np.zeros(groups, dtype=bool)
+    for column in (frame["op"], sized, frame["dtype"]):
+        differ |= _distinct_per_group(codes, groups, column) > 1
+    members = _members(pg, frame["rank"].to_numpy(), frame["pg_size"].to_numpy(), len(pgs),
+                       world_size)
+    some_missing = _some_missing(frame, pg, codes, groups, members, coverage)
+    bad_key = differ | some_missing
+    good = ~bad_key[codes] & (np.bincount(codes, minlength=groups)[codes] > 1)
     frame = frame.assign(instance=np.where(good, codes, -1))
     if not bad_key.any():
         return frame, pd.DataFrame(columns=MISMATCH_COLUMNS)
-    if missing_ranks is None:
-        missing_ranks = _missing_ranks(frame, members, coverage)
-    bad = agg.index[differ].union(missing_ranks.index)
-    table = pd.DataFrame(index=bad)
-    table["ranks"] = _ranks_by_signature(frame[frame.set_index(KEY).index.isin(bad)])
-    table["missing_ranks"] = missing_ranks.reindex(bad).astype(object).fillna("")
-    different = differ.reindex(bad).fillna(False).to_numpy()
-    some_missing = (table["missing_ranks"] != "").to_numpy()
-    traced = frame["rank"].isin(list(trace_ranks)).groupby([frame[k] for k in KEY]).all()
-    from_traces = traced.reindex(bad).fillna(False).astype(bool).to_numpy()
+    bad = np.flatnonzero(bad_key)
+    row_of_key = np.empty(groups, dtype=np.int64)
+    row_of_key[codes] = np.arange(len(codes))
+    at = row_of_key[bad]
+    table = pd.DataFrame(index=pd.MultiIndex.from_arrays(
+        [pd.Index(pgs[pg[at]], dtype=object), step[at], position[at]], names=KEY))
+    table["ranks"] = _ranks_by_signature(frame[bad_key[codes]])
+    member_frame = pd.DataFrame({"pg": pd.Series(pgs[members[0]], dtype=object),
+                                 "rank": members[1]})
+    missing_ranks = _missing_ranks(frame[some_missing[codes]], member_frame, coverage)
+    table["missing_ranks"] = missing_ranks.reindex(table.index).astype(object).fillna("")
+    different = differ[bad]
+    missing = some_missing[bad]
+    untraced = ~frame["rank"].isin(list(trace_ranks)).to_numpy()
+    from_traces = np.bincount(codes, weights=untraced, minlength=groups)[bad] == 0
     table["problem"] = np.select(
-        [different & some_missing & ~from_traces, different & ~from_traces, ~from_traces,
-         different & some_missing, different],
+        [different & missing & ~from_traces, different & ~from_traces, ~from_traces,
+         different & missing, different],
         ["members disagree and some never issued it", "members disagree on op, size or dtype",
          "some members never issued it",
          "the traces disagree and some lack it (dropped events, or a real mismatch)",

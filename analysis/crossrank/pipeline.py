@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
+from analysis.core.comm_names import P2P_OPS
 from analysis.crossrank.blame import blame
 
 PIPELINE_COLUMNS = ["rank", "steps", "measured_bubble_pct", "theory_bubble_pct",
@@ -49,7 +50,7 @@ def pipeline_bubbles(waits: pd.DataFrame, work: pd.DataFrame, microbatches: int 
                      virtual_stages: int = 1) -> pd.DataFrame:
     """Per stage (rank with matched p2p ops): bubble split and theory; `work` has rank, step,
     step_ns, work_ns (the breakdown's per-step frame). Empty when the run has no p2p."""
-    p2p = waits[waits["op"].isin(["send", "recv"])]
+    p2p = waits[waits["op"].isin(P2P_OPS)]
     if p2p.empty or work is None or work.empty:
         return pd.DataFrame(columns=PIPELINE_COLUMNS)
     stages = sorted(p2p["rank"].unique())

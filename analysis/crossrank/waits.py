@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.crossrank.frames import P2P_OPS
+from analysis.core.comm_names import P2P_OPS
+from analysis.crossrank.grouped import cummax_by_group, group_starts, union_lengths
 from analysis.rank.comm.ops import size_bucket
 from tracer import schema
 
@@ -21,80 +22,36 @@ BANDWIDTH_COLUMNS = ["op", "pg", "pg_size", "size_bucket", "count", "transfer_us
 
 def op_waits(common: pd.DataFrame) -> pd.DataFrame:
     """Matched ops (times on the common clock) with arrival, last_arrival, wait_ns, transfer_ns,
-    queued_ns and last_rank (the member that arrived last). Unmatched ops are left out."""
-    if not (common["instance"].to_numpy() >= 0).any() and _int64_times(common):
-        # No op matched (a lone rank's trace): none of the per-queue work below.
-        nothing = np.zeros(0, dtype="int64")
-        return common.iloc[:0].assign(**{column: nothing for column in _WAIT_COLUMNS}
-                                      ).reset_index(drop=True)
-    ops = common.sort_values(["rank", "queue", "issue_ns"], kind="stable").copy()
-    queues = ["rank", "queue"]
-    latest_end = ops.assign(latest=ops.groupby(queues)["end_ns"].cummax())
-    previous_end = latest_end.groupby(queues)["latest"].shift(1)
-    issue = ops["issue_ns"].to_numpy()
+    queued_ns and last_rank (the member that arrived last), in the order of rank, queue and
+    issue. Unmatched ops are left out."""
+    rank, issue, end = (common[c].to_numpy() for c in ("rank", "issue_ns", "end_ns"))
+    queue = pd.factorize(common["queue"].to_numpy(object), sort=True, use_na_sentinel=False)[0]
+    order = np.lexsort((issue, queue, rank))  # stable, as sort_values(kind="stable")
+    rank, issue, end, queue = rank[order], issue[order], end[order], queue[order]
+    first_on_queue = group_starts(rank, queue)
+    previous = np.empty(len(order), dtype=np.int64)
+    previous[1:] = cummax_by_group(end, first_on_queue)[:-1]
     # P2p ops on one link are not run one after another like a group's collectives; and gloo
     # stamps a send's end only when the schedule waits on it, so a previous send's late end
     # would make the next send look late.
-    previous_end = previous_end.where(~ops["op"].isin(P2P_OPS))
+    previous[first_on_queue | common["op"].isin(P2P_OPS).to_numpy()[order]] = np.iinfo("int64").min
     # An op cannot arrive after it ended: where the queue is not strictly serial (an earlier
     # op's end stamped late), the previous end is capped at this op's own end.
-    previous = previous_end.fillna(np.iinfo("int64").min).to_numpy(dtype="int64")
-    ops["arrival_ns"] = np.maximum(issue, np.minimum(previous, ops["end_ns"].to_numpy()))
-    ops = ops[ops["instance"] >= 0]
-    by_instance = ops.groupby("instance")["arrival_ns"]
-    ops["last_arrival_ns"] = by_instance.transform("max")
-    last = ops.loc[by_instance.idxmax(), ["instance", "rank"]].set_index("instance")["rank"]
-    ops["last_rank"] = ops["instance"].map(last).astype("int64")
-    arrival, end = ops["arrival_ns"].to_numpy(), ops["end_ns"].to_numpy()
-    last_arrival = ops["last_arrival_ns"].to_numpy()
-    ops["wait_ns"] = np.clip(last_arrival - arrival, 0, np.maximum(end - arrival, 0))
-    ops["transfer_ns"] = np.maximum(end - np.maximum(last_arrival, arrival), 0)
-    ops["queued_ns"] = ops["arrival_ns"] - ops["issue_ns"]
-    return ops.reset_index(drop=True)
-
-
-# The columns op_waits adds, in its order.
-_WAIT_COLUMNS = ("arrival_ns", "last_arrival_ns", "last_rank", "wait_ns", "transfer_ns",
-                 "queued_ns")
-
-
-def no_waits(matched: pd.DataFrame) -> pd.DataFrame | None:
-    """op_bandwidth(op_waits(...)) of ops none of which matched, without the clock shift and
-    the per-op work: no row, the added columns typed as the full path types them. None where
-    an op matched or the times are not int64 (the full path then tells)."""
-    if (matched["instance"].to_numpy() >= 0).any() or not _int64_times(matched):
-        return None
-    nothing, no_bandwidth = np.zeros(0, dtype="int64"), np.zeros(0, dtype="float64")
-    return matched.iloc[:0].assign(
-        **{column: nothing for column in _WAIT_COLUMNS},
-        transfer_algbw_gbps=no_bandwidth, transfer_busbw_gbps=no_bandwidth.copy(),
+    arrival = np.maximum(issue, np.minimum(previous, end))
+    matched = common["instance"].to_numpy()[order] >= 0
+    rank, issue, end, arrival = rank[matched], issue[matched], end[matched], arrival[matched]
+    instance = common["instance"].to_numpy()[order][matched]
+    # Per instance, the member that arrived last: the first of the latest arrivals.
+    by_lateness = np.lexsort((-arrival, instance))
+    last_of = by_lateness[group_starts(instance[by_lateness])]
+    _, of_instance = np.unique(instance, return_inverse=True)
+    last_arrival, last_rank = arrival[last_of][of_instance], rank[last_of][of_instance]
+    return common.take(order[matched]).assign(
+        arrival_ns=arrival, last_arrival_ns=last_arrival, last_rank=last_rank.astype("int64"),
+        wait_ns=np.clip(last_arrival - arrival, 0, np.maximum(end - arrival, 0)),
+        transfer_ns=np.maximum(end - np.maximum(last_arrival, arrival), 0),
+        queued_ns=arrival - issue,
     ).reset_index(drop=True)
-
-
-def _int64_times(ops: pd.DataFrame) -> bool:
-    return all(ops[column].dtype == np.int64 for column in ("issue_ns", "end_ns"))
-
-
-def union_per_group(keys: pd.DataFrame, starts, ends) -> pd.Series:
-    """Per distinct row of `keys`: the length of the union of its intervals [start, end)
-    (empty ones ignored), indexed by the keys; time covered by several intervals counts once."""
-    columns = list(keys.columns)
-    frame = keys.assign(start_=np.asarray(starts, dtype="int64"),
-                        end_=np.asarray(ends, dtype="int64"))
-    frame = frame[frame["end_"] > frame["start_"]].sort_values(columns + ["start_"],
-                                                               kind="stable")
-    if frame.empty:
-        return pd.Series(dtype="int64", index=pd.MultiIndex.from_frame(keys.iloc[:0]))
-    group = frame.groupby(columns, sort=False).ngroup().to_numpy()
-    covered_until = frame.groupby(columns, sort=False)["end_"].cummax().to_numpy("int64")
-    # A new piece of the union starts at a group's first interval and where an interval begins
-    # after all earlier ones of its group ended (in int64: float64 steps by 256 ns at epoch ns).
-    new_piece = np.ones(len(frame), dtype=bool)
-    new_piece[1:] = (group[1:] != group[:-1]) | (frame["start_"].to_numpy()[1:]
-                                                 > covered_until[:-1])
-    pieces = frame.assign(piece=np.cumsum(new_piece)).groupby(columns + ["piece"], sort=False)
-    lengths = (pieces["end_"].max() - pieces["start_"].min()).rename("ns").reset_index()
-    return lengths.groupby(columns)["ns"].sum()
 
 
 def rank_step_waits(waits: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -102,45 +59,24 @@ def rank_step_waits(waits: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
     union of the rank's intervals in the step, so overlapping ops count once) and matched ops.
 
     Steps in `steps` (rank, step) without a matched op get zeros."""
-    keys = waits[["rank", "step"]].astype("int64")
-    if keys.empty and steps is not None and len(steps):  # no matched op: zeros in every step
-        return _zero_waits(steps)
+    pairs = [waits[["rank", "step"]]] + ([steps[["rank", "step"]]] if steps is not None else [])
+    rank, step = (np.concatenate([p[c].to_numpy("int64") for p in pairs]) for c in ("rank", "step"))
+    order = np.lexsort((step, rank))
+    first = group_starts(rank[order], step[order])
+    group = np.empty(len(order), dtype=np.int64)
+    group[order] = np.cumsum(first) - 1
+    groups, of_op = int(first.sum()), group[:len(waits)]
     arrival, end = waits["arrival_ns"].to_numpy("int64"), waits["end_ns"].to_numpy("int64")
     last_arrival = waits["last_arrival_ns"].to_numpy("int64")
-    sums = pd.DataFrame({
-        "wait": union_per_group(keys, arrival, arrival + waits["wait_ns"].to_numpy("int64")),
-        "transfer": union_per_group(keys, np.maximum(last_arrival, arrival), end),
-        "queued": union_per_group(keys, waits["issue_ns"].to_numpy("int64"), arrival),
-        "ops": keys.groupby(["rank", "step"]).size(),
-    }).fillna(0)
-    if steps is not None and len(steps):
-        index = pd.MultiIndex.from_frame(steps[["rank", "step"]].drop_duplicates()
-                                         .astype("int64"))
-        sums = sums.reindex(sums.index.union(index), fill_value=0)
-    table = pd.DataFrame({
-        "wait_for_peers_ms": sums["wait"] / 1e6, "transfer_ms": sums["transfer"] / 1e6,
-        "queued_ms": sums["queued"] / 1e6, "ops": sums["ops"].astype("int64"),
-    }).reset_index()
-    return table[WAITS_COLUMNS].sort_values(["rank", "step"]).reset_index(drop=True)
-
-
-def _zero_waits(steps: pd.DataFrame) -> pd.DataFrame:
-    rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
-    if rank.dtype == np.int64 and step.dtype == np.int64:
-        # The distinct (rank, step) pairs in order, on arrays.
-        order = np.lexsort((step, rank))
-        rank, step = rank[order], step[order]
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
-        rank, step = rank[first], step[first]
-    else:
-        keys = (steps[["rank", "step"]].drop_duplicates().astype("int64")
-                .sort_values(["rank", "step"]))
-        rank, step = keys["rank"].to_numpy(), keys["step"].to_numpy()
-    zeros = np.zeros(len(rank))
-    return pd.DataFrame({"rank": rank, "step": step,
-                         "wait_for_peers_ms": zeros, "transfer_ms": zeros.copy(),
-                         "queued_ms": zeros.copy(), "ops": np.zeros(len(rank), dtype="int64")})
+    wait_end = arrival + waits["wait_ns"].to_numpy("int64")
+    return pd.DataFrame({
+        "rank": rank[order][first], "step": step[order][first],
+        "wait_for_peers_ms": union_lengths(of_op, groups, arrival, wait_end) / 1e6,
+        "transfer_ms": union_lengths(of_op, groups, np.maximum(last_arrival, arrival), end) / 1e6,
+        "queued_ms": union_lengths(of_op, groups, waits["issue_ns"].to_numpy("int64"),
+                                   arrival) / 1e6,
+        "ops": np.bincount(of_op, minlength=groups).astype("int64"),
+    })
 
 
 def _bus_factors(op: pd.Series, size: pd.Series) -> np.ndarray:

@@ -15,6 +15,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from analysis.core.comm_names import P2P_OPS
 from analysis.core.steps import format_ranges
 from analysis.crossrank import findings as cross_findings
 from analysis.findings.advice import (
@@ -43,7 +44,6 @@ PEER_BUSBW_FRACTION = 0.5  # below half the best same-size group of the same op 
 MEMORY_NEAR_CAPACITY_PCT = 90.0
 FRAGMENTATION_PCT = 10.0  # reserved - allocated above this share of the device: fragmentation
 TOP_COLLECTIVES = 3
-P2P_OPS = ("send", "recv")
 
 def _empty() -> pd.DataFrame:
     return pd.DataFrame({

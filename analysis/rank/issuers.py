@@ -16,7 +16,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from analysis.core.comm_names import canonical_op
+from analysis.core.comm_names import P2P_OPS, canonical_op
 from analysis.core.events import distinct_names, matches
 from analysis.core.frame_columns import flags, values_at
 
@@ -143,18 +143,10 @@ def _texts_at(column: pd.Series, rows: np.ndarray) -> list:
     return column.take(rows).astype(str).tolist()
 
 
-def issuers_from_trace(trace, ops: pd.DataFrame) -> pd.Series:
-    """The issuer of each trace-derived op (columns op, host_ts, host_pid, host_tid, named)."""
-    return pd.Series(issuers_of_ops(trace, ops["op"].to_numpy(dtype=object), ops["host_ts"],
-                                    ops["host_pid"].astype(str), ops["host_tid"].astype(str),
-                                    ops["named"].fillna(False).astype(bool).to_numpy()),
-                     index=ops.index, dtype=object)
-
-
 def issuers_of_ops(trace, op: np.ndarray, host_ts, host_pid, host_tid,
                    named: np.ndarray) -> np.ndarray:
-    """issuers_from_trace on the ops' columns: op and named as arrays, host_pid and host_tid
-    as text."""
+    """The issuer of each op of the trace's events, from its op, where it was issued (host_ts,
+    and host_pid and host_tid as text) and whether a torch.distributed op names it."""
     issuers = np.full(len(op), UNKNOWN, dtype=object)
     seen = set()
     marked = np.zeros(len(op), dtype=bool)
@@ -169,7 +161,7 @@ def issuers_of_ops(trace, op: np.ndarray, host_ts, host_pid, host_tid,
                                            None))
     # Unmarked: p2p is p2p; a framework the trace shows takes its ops; a torch.distributed op
     # (record_param_comms, gloo:, nccl:) is a c10d call; a bare kernel stays unknown.
-    unmarked = np.where(np.isin(op, ["send", "recv"]), P2P,
+    unmarked = np.where(np.isin(op, P2P_OPS), P2P,
                         np.where(pd.notna(fallback), fallback, np.where(named, C10D, UNKNOWN)))
     issuers[~marked] = unmarked[~marked]
     return issuers
@@ -244,10 +236,8 @@ def strongest_verdict(verdicts) -> str | None:
 
 
 def _float_values(column: pd.Series, rows: np.ndarray) -> np.ndarray:
-    """column[rows] as float64; a NumPy column is taken without pandas' selection."""
-    if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iuf":
-        return column.to_numpy()[rows].astype("float64")
-    return column[rows].to_numpy(dtype="float64")
+    """column[rows] (a mask) as float64, taken without pandas' selection."""
+    return column.to_numpy()[rows].astype("float64")
 
 
 def _all_reduce_starts(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -287,16 +277,10 @@ def _accumulation_of(forward_ts: np.ndarray, reduce_ts: np.ndarray, steps) -> st
 
 
 def _spans_by_start(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of the steps in steps.sort_values("start_ns")'s order, as float64: NumPy's
-    sort, the one pandas runs, where the starts are numbers without NaN."""
-    starts = steps["start_ns"]
-    numbers = isinstance(starts.dtype, np.dtype) and starts.dtype.kind in "iuf"
-    if numbers and not starts.isna().any():
-        order = starts.to_numpy().argsort(kind="quicksort")
-        return (starts.to_numpy(dtype="float64")[order],
-                steps["end_ns"].to_numpy(dtype="float64")[order])
-    spans = steps.sort_values("start_ns")
-    return spans["start_ns"].to_numpy(dtype="float64"), spans["end_ns"].to_numpy(dtype="float64")
+    """(start, end) of the steps in steps.sort_values("start_ns")'s order, as float64."""
+    starts = steps["start_ns"].to_numpy("float64", na_value=np.nan)
+    order = starts.argsort(kind="quicksort")  # sort_values' default; NaN last, as there
+    return starts[order], steps["end_ns"].to_numpy("float64", na_value=np.nan)[order]
 
 
 # ---- process group names -------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import pandas as pd
 from analysis.core.frame_columns import (
     category_matches,
     each_distinct,
-    is_numpy_number,
     object_array,
     object_categories,
     text_matches,
@@ -116,12 +115,8 @@ def launch_rows(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray]:
         # The category test on every event costs one lookup per event, and leaves few rows.
         on_host &= category_matches(category, _LAUNCH_CATEGORIES)
     rows = np.flatnonzero(on_host)
-    if "correlation" not in events.columns:
-        ids = np.full(len(rows), np.nan)
-    elif is_numpy_number(events["correlation"]):
-        ids = events["correlation"].to_numpy()[rows].astype("float64")
-    else:
-        ids = pd.to_numeric(events["correlation"], errors="coerce").to_numpy("float64")[rows]
+    ids = (values_at(events["correlation"], rows, "float64") if "correlation" in events.columns
+           else np.full(len(rows), np.nan))
     # Only the launches of these kernels matter.
     kernel_ids = np.unique(kernel_corr)
     kept = ids >= 0
@@ -152,10 +147,7 @@ def launches(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def launch_values(events, rows_of, found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(time, pid, tid) of the launches at `rows_of` (launch_rows), NaN/None where not found."""
-    times = events["ts_ns"]
-    times = (values_at(times, rows_of, "float64") if isinstance(times.dtype, np.dtype)
-             else times.to_numpy("float64")[rows_of])
-    launch_ts = np.where(found, times, np.nan)
+    launch_ts = np.where(found, values_at(events["ts_ns"], rows_of, "float64"), np.nan)
     launch_pid = np.where(found, texts(events["pid"], rows_of), None)
     launch_tid = np.where(found, texts(events["tid"], rows_of), None)
     return launch_ts, launch_pid, launch_tid
@@ -181,11 +173,8 @@ def _printed_ids(column: pd.Series) -> np.ndarray:
 
 # ---- the step around each op ---------------------------------------------------------------------
 def sorted_positions(sort_ts: pd.Series, kept) -> np.ndarray:
-    """The positions of the kept rows (all for None) in sort_values(kind="stable")'s order:
-    through NumPy's stable sort (NaN last, as pandas puts it) on numbers."""
-    if sort_ts.dtype.kind not in "iuf":
-        return (sort_ts[kept] if kept is not None else sort_ts).sort_values(
-            kind="stable").index.to_numpy()
+    """The positions of the kept rows (all for None) ordered by their times (numbers), ties in
+    row order and NaN last, as sort_values(kind="stable") orders them."""
     positions = np.flatnonzero(kept) if kept is not None else np.arange(len(sort_ts))
     return positions[np.argsort(sort_ts.to_numpy()[positions], kind="stable")]
 
@@ -205,10 +194,7 @@ def steps_kept(host_ts: pd.Series, steps, all_steps):
         return step, None
     # Ops issued in ProfilerSteps left out of the selection go; ops issued outside every step
     # (before the first, after the last) stay, with no step.
-    wanted = steps["step"]
-    wanted = (wanted.to_numpy() if wanted.dtype == np.dtype("int64")
-              else pd.to_numeric(wanted, errors="coerce").dropna().astype(int).to_numpy())
-    return step, ~inside | np.isin(values, wanted)
+    return step, ~inside | np.isin(values, steps["step"].to_numpy())
 
 
 def _step_numbers(times_ns: np.ndarray, steps) -> tuple[np.ndarray, np.ndarray]:
@@ -219,7 +205,7 @@ def _step_numbers(times_ns: np.ndarray, steps) -> tuple[np.ndarray, np.ndarray]:
     if (isinstance(steps, pd.DataFrame) and not steps.empty and len(times_ns)
             and all(c in steps.columns for c in ("step", "start_ns", "end_ns"))):
         numbers, starts, ends = _step_spans(steps)
-        found = step_at(times_ns, starts, ends, numbers.astype("float64"))
+        found = step_at(times_ns, starts, ends, numbers)
         inside = ~np.isnan(found)
         values[inside] = found[inside].astype("int64")
     return values, inside
@@ -227,14 +213,9 @@ def _step_numbers(times_ns: np.ndarray, steps) -> tuple[np.ndarray, np.ndarray]:
 
 def _step_spans(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(number, start, end) of the steps with all three known, by start: the order of
-    steps.dropna().sort_values("start_ns"), taken with NumPy where the columns are plain
-    numbers (pandas' calls cost more than a few steps)."""
-    arrays = [steps[c].to_numpy() for c in ("step", "start_ns", "end_ns")]
-    if all(a.dtype.kind in "iuf" for a in arrays):
-        known = ~np.logical_or.reduce([pd.isna(a) for a in arrays])
-        order = arrays[1][known].argsort(kind="quicksort")  # sort_values' default
-        numbers, starts, ends = (a[known][order] for a in arrays)
-    else:
-        ordered = steps.dropna(subset=["step", "start_ns", "end_ns"]).sort_values("start_ns")
-        numbers, starts, ends = (ordered[c].to_numpy() for c in ("step", "start_ns", "end_ns"))
-    return numbers, starts.astype("float64"), ends.astype("float64")
+    steps.dropna().sort_values("start_ns"), as float64."""
+    numbers, starts, ends = (steps[c].to_numpy("float64", na_value=np.nan)
+                             for c in ("step", "start_ns", "end_ns"))
+    known = ~(np.isnan(numbers) | np.isnan(starts) | np.isnan(ends))
+    order = starts[known].argsort(kind="quicksort")  # sort_values' default
+    return numbers[known][order], starts[known][order], ends[known][order]

@@ -24,7 +24,6 @@ from analysis.core.frame_columns import (
     each_distinct,
     each_text,
     flags,
-    is_numpy_number,
     list_at,
     texts,
     values_at,
@@ -39,7 +38,7 @@ from analysis.rank.comm.enclosing import (
     steps_kept,
     thread_ids,
 )
-from analysis.rank.comm.op_rows import _gloo_ops, _row_from_args, col
+from analysis.rank.comm.op_rows import _gloo_ops, _row_from_args
 from analysis.rank.comm.sizes import missing, sized_columns
 
 REQUIRED_EVENT_COLUMNS = ("name", "cat", "ts_ns", "dur_ns", "pid", "tid", "is_gpu", "is_comm")
@@ -49,29 +48,24 @@ _ARG_COLUMNS = ("collective", "group_size", "comm_dtype", "in_nelems", "out_nele
 
 
 def ops_from_events(events: pd.DataFrame, steps, all_steps, rank, world_size) -> pd.DataFrame:
-    """One row per op with the columns of communication.OPS_COLUMNS that a trace gives, plus
-    host_ts, host_pid, host_tid (where it was issued) and named (a torch.distributed op names it);
-    an empty frame when the trace has none."""
-    columns = _op_columns(events, world_size)
+    """op_columns' ops as a frame, with the trace's `rank` and `origin` "trace"; an empty frame
+    when the trace has none."""
+    columns = op_columns(events, steps, all_steps, world_size)
     if columns is None:
         return pd.DataFrame()
-    # From rows, as pandas reads each column's type from its values that way.
-    frame = pd.DataFrame([dict(zip(columns, values)) for values in zip(*columns.values())])
-    frame["rank"] = rank
-    frame["origin"] = "trace"
-    step, kept = steps_kept(frame["host_ts"], steps, all_steps)
-    frame["step"] = step
-    if kept is not None:
-        frame = frame[kept]
-    return frame.sort_values("sort_ts", kind="stable").drop(columns="sort_ts")
+    step = columns.pop("step")
+    frame = pd.DataFrame(columns)
+    frame["step"] = step.array if isinstance(step, pd.Series) else step
+    return frame.assign(rank=rank, origin="trace")
 
 
 def op_columns(events: pd.DataFrame, steps, all_steps, world_size,
                join: KernelJoin | None = None) -> dict | None:
-    """ops_from_events' frame as {column: list of values, in the frame's order}, `step` as a
-    Series or one number, without `rank` and `origin`; None when the trace has no op. For
-    callers that convert every column anyway: building that frame costs more than its data.
-    `join`: the events' KernelJoin, where the caller has it."""
+    """One op per row as {column: list of values}: the columns of communication.OPS_COLUMNS
+    that a trace gives, plus host_ts, host_pid, host_tid (where it was issued) and named (a
+    torch.distributed op names it), `step` as a Series or one number (a trace without
+    ProfilerStep); in the order the ops ran, those issued in steps outside `steps` left out.
+    None when the trace has no op. `join`: the events' KernelJoin, where the caller has it."""
     columns = _op_columns(events, world_size, join)
     if columns is None:
         return None
@@ -131,12 +125,8 @@ class _CommEvents:
         self._series: dict[str, pd.Series] = {}
         self.starts = values_at(events["ts_ns"], rows, "int64")
         self.durations = values_at(events["dur_ns"], rows, "int64")
-        correlation = events["correlation"] if "correlation" in events.columns else None
-        if correlation is not None and is_numpy_number(correlation):
-            self.correlation = correlation.to_numpy()[rows].astype("float64")
-        else:
-            self.correlation = pd.to_numeric(col(self.frame, "correlation"),
-                                             errors="coerce").to_numpy("float64")
+        self.correlation = (values_at(events["correlation"], rows, "float64")
+                            if "correlation" in events.columns else np.full(len(rows), np.nan))
 
     @functools.cached_property
     def frame(self) -> pd.DataFrame:
@@ -224,13 +214,9 @@ class _Chosen(NamedTuple):
         wanted = np.flatnonzero(labels >= 0)
         if not len(wanted):
             return found
-        own = comm.labels[self.positions]
-        if pd.Index(own).is_unique and own.dtype.kind in "iu":
-            order = np.argsort(own, kind="stable")
-            found[wanted] = order[np.searchsorted(own[order], labels[wanted])]
-        else:
-            last = {label: i for i, label in enumerate(own.tolist())}
-            found[wanted] = [last[label] for label in labels[wanted].tolist()]
+        own = comm.labels[self.positions]  # unique: the trace reader numbers its events
+        order = np.argsort(own, kind="stable")
+        found[wanted] = order[np.searchsorted(own[order], labels[wanted])]
         return found
 
 

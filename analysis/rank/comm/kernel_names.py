@@ -29,9 +29,8 @@ def named_kernels(events: pd.DataFrame, hosts: pd.DataFrame | None = None) -> pd
     hosts = hosts[(hosts["host"] >= 0) & hosts.index.isin(comm.index[unnamed])]
     if hosts.empty:
         return comm
-    if not (comm.index.is_unique and events.index.is_unique):
-        return _named_by_labels(comm, hosts, events)
-    # One array write per column: .loc writes by label cost several times the work.
+    # Labels are unique (the trace reader numbers its events): one array write per column,
+    # where .loc writes by label would cost several times the work.
     rows = comm.index.get_indexer(hosts.index)
     source = events.index.get_indexer(hosts["host"].to_numpy())
     columns = {"collective": hosts["op"].to_numpy()}
@@ -62,24 +61,3 @@ def _objects(column: pd.Series, positions: np.ndarray | None = None) -> np.ndarr
     if positions is not None:
         column = column.iloc[positions]
     return column.astype(object).to_numpy().copy()
-
-
-def _named_by_labels(comm: pd.DataFrame, hosts: pd.DataFrame, events: pd.DataFrame
-                     ) -> pd.DataFrame:
-    """named_kernels' writes by label, for frames whose labels repeat."""
-    comm = comm.copy()
-    rows = hosts.index
-    source = events.loc[hosts["host"].to_numpy()]
-    if "collective" not in comm.columns:
-        comm["collective"] = None
-    comm["collective"] = comm["collective"].astype(object)
-    comm.loc[rows, "collective"] = hosts["op"].to_numpy()
-    for column in _HOST_ARGS:
-        if column not in source.columns:
-            continue
-        if column not in comm.columns:
-            comm[column] = None
-        comm[column] = comm[column].astype(object)
-        own = comm.loc[rows, column]
-        comm.loc[rows, column] = own.where(own.notna(), source[column].to_numpy()).to_numpy()
-    return comm

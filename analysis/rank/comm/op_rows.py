@@ -8,6 +8,7 @@ import pandas as pd
 
 from analysis.core.comm_names import (
     _DTYPE_SIZES,
+    P2P_OPS,
     canonical_dtype,
     first_input_type,
     first_tensor_nelems,
@@ -48,7 +49,7 @@ def _row_from_args(size_source, op, pg_source, duration_us, issued_by, host_ts=N
     host_ts = issued_by["ts_ns"] if host_ts is None else host_ts
     return {
         "op": op,
-        "source": "p2p" if op in ("send", "recv") else None,
+        "source": "p2p" if op in P2P_OPS else None,
         "pg": None if pg is None else str(pg),
         "pg_desc": None if desc is None else str(desc),
         "pg_size": group_size,

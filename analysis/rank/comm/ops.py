@@ -15,14 +15,15 @@ import pandas as pd
 
 from analysis.core.comm_names import (  # noqa: F401  (the names are part of this module's interface)
     UNKNOWN_OP,
+    UNKNOWN_PG,
     canonical_dtype,
     canonical_op,
     dtype_size,
     message_bytes,
 )
 from analysis.rank import issuers
-from analysis.rank.comm.events import REQUIRED_EVENT_COLUMNS, op_columns, ops_from_events
-from analysis.rank.comm.events import col as _col
+from analysis.rank.comm.events import REQUIRED_EVENT_COLUMNS, op_columns
+from analysis.rank.comm.op_rows import col as _col
 from analysis.rank.comm.ops_table import (  # noqa: F401  (OPS_COLUMNS and empty_ops: this module's too)
     OPS_COLUMNS,
     empty_ops,
@@ -39,7 +40,6 @@ COLLECTIVES_COLUMNS = [
     "total_bytes", "total_us", "mean_us", "algbw_gbps", "busbw_gbps", "ranks", "rank_steps",
     "slowest_rank", "slowest_rank_busbw_gbps",
 ]
-UNKNOWN_PG = "unknown"
 UNKNOWN_BUCKET = "unknown"
 
 
@@ -74,10 +74,12 @@ def comm_ops(trace, join=None) -> pd.DataFrame:
     rank = getattr(trace, "rank", None)
     if isinstance(comms, pd.DataFrame) and len(comms):
         frame = _ops_from_records(comms, rank, trace)
-        if _ddp_buckets_in_windows_only(records):
+        traced = (_trace_columns(trace, rank, join) if _ddp_buckets_in_windows_only(records)
+                  else None)
+        if traced is not None:
             # The records lack DDP's bucket all-reduces (no comm hook): take them from the
             # profiler windows' events, where the trace shows them (docs/report.md).
-            traced = _ops_from_trace(trace, rank)
+            traced = _frame_of(traced)
             buckets = traced[(traced["issuer"] == "ddp") & (traced["op"] == "all_reduce")]
             if len(buckets):
                 frame = pd.concat([frame, buckets[frame.columns.intersection(buckets.columns)]],
@@ -103,23 +105,9 @@ def _ddp_buckets_in_windows_only(records) -> bool:
                for r in (getattr(records, "manifest", None) or []))
 
 
-def _ops_from_trace(trace, rank) -> pd.DataFrame:
-    events = getattr(trace, "events", None)
-    if not isinstance(events, pd.DataFrame) or events.empty or any(
-            c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
-        return empty_ops()
-    frame = ops_from_events(events, getattr(trace, "steps", None),
-                            getattr(trace, "all_steps", None), rank,
-                            getattr(trace, "world_size", None))
-    if frame.empty:
-        return empty_ops()
-    frame["issuer"] = issuers.issuers_from_trace(trace, frame.reset_index(drop=True)).to_numpy()
-    return frame
-
-
 def _trace_columns(trace, rank, join=None) -> dict | None:
-    """_typed_columns(_ops_from_trace(...)) with group names, built from the ops' values
-    without the intermediate frames; None when the trace has no op."""
+    """The ops of the trace's events (comm_events.op_columns) with their issuers and group
+    names, as typed columns (ops_table.typed_columns' types); None when the trace has no op."""
     events = getattr(trace, "events", None)
     if not isinstance(events, pd.DataFrame) or events.empty or any(
             c not in events.columns for c in REQUIRED_EVENT_COLUMNS):
@@ -326,23 +314,16 @@ def collectives_table(ops: pd.DataFrame) -> pd.DataFrame:
         "slowest_rank_busbw_gbps": slowest_busbw,
     }
     order = _table_order(table)
-    if order is None:
-        return pd.DataFrame(table).sort_values(
-            ["total_us", "op", "pg", "issuer", "bucket_min_bytes"],
-            ascending=[False, True, True, True, True], na_position="last", kind="stable",
-        ).reset_index(drop=True)
     return pd.DataFrame({name: [values[i] for i in order] if isinstance(values, list)
                          else values[order] for name, values in table.items()})
 
 
-def _table_order(table: dict) -> np.ndarray | None:
+def _table_order(table: dict) -> np.ndarray:
     """The rows' order in the table: total_us largest first, then op, pg, issuer and
     bucket_min_bytes (missing numbers last; ties in the groups' order), as sort_values(kind=
-    "stable") gives it; None where a text column holds more than text, which only pandas
-    orders."""
+    "stable") gives it. The text columns hold text only: ops without an op are left out, and
+    a missing issuer or group is named unknown."""
     texts = [table[name] for name in ("issuer", "pg", "op")]
-    if any(set(map(type, column)) != {str} for column in texts):
-        return None
     total_us, low = table["total_us"], table["bucket_min_bytes"]
     codes = [np.unique(np.array(column, dtype=object), return_inverse=True)[1]
              for column in texts]

@@ -9,13 +9,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import (
+    P2P_OPS,
     canonical_dtype,
     dtype_size,
     first_input_type,
     first_tensor_nelems,
     message_bytes,
 )
-from analysis.core.frame_columns import each_distinct
+from analysis.core.frame_columns import each_distinct, object_array
 
 
 def missing(values: np.ndarray) -> np.ndarray:
@@ -58,7 +59,7 @@ def sized_columns(comm, op, size_at, kernel_at, by_hint, world_size) -> dict:
     dtype = each_distinct(dtype_text, canonical_dtype)
     nbytes = message_sizes(op, in_nelems, out_nelems, dtype, group_size)
     return {
-        "source": ["p2p" if o in ("send", "recv") else None for o in op],
+        "source": ["p2p" if o in P2P_OPS else None for o in op],
         "pg": each_distinct(pg, _text).tolist(),
         "pg_desc": each_distinct(desc, _text).tolist(),
         "pg_size": group_size.tolist(),
@@ -76,57 +77,46 @@ def message_sizes(*columns) -> list:
 
 def distinct_message_sizes(*columns) -> tuple[list, np.ndarray]:
     """(the sizes of the distinct rows, each row's index among them), the rows keyed as a
-    {row: size} dict keys them (every float NaN alike)."""
-    found = _distinct_rows(columns)
-    if found is not None:
-        rows, inverse = found
-    else:
-        # Every float NaN means the same to message_bytes, but NaNs are not equal as keys.
-        keys = {}
-        rows, inverse = [], []
-        try:
-            for row in zip(*columns):
-                key = tuple(_NAN_KEY if type(v) is float and v != v else v for v in row)
-                if key not in keys:
-                    keys[key] = len(rows)
-                    rows.append(row)
-                inverse.append(keys[key])
-        except TypeError:  # a value that cannot be hashed: each row is its own
-            rows = list(zip(*columns))
-            inverse = range(len(rows))
-        inverse = np.array(inverse, dtype=np.int64)
+    {row: size} dict would key them: every NaN alike, None apart from NaN (message_bytes reads
+    a missing output count as None and as NaN differently), and a value that cannot be a key
+    (a list) making its row a row of its own."""
+    rows, inverse = _distinct_rows(columns)
     sizes = [message_bytes(op, in_nelems, out_nelems, dtype_size(dtype), group_size)
              for op, in_nelems, out_nelems, dtype, group_size in rows]
     return sizes, inverse
 
 
-def _distinct_rows(columns) -> tuple[list, np.ndarray] | None:
-    """(first row of each distinct row, as Python values; each row's index among them) by
-    pandas' factorize, whose groups are a dict's where the only missing values are float NaN
-    in number columns and None (or float NaN) in object columns; None elsewhere."""
+def _distinct_rows(columns) -> tuple[list, np.ndarray]:
+    """(first row of each distinct row, as Python values; each row's index among them)."""
     combined = np.zeros(len(columns[0]), dtype=np.int64)
+    values = []
     for column in columns:
-        values = column.to_numpy() if isinstance(column, pd.Series) else np.asarray(column)
-        if values.dtype.kind not in "iufbO":
-            return None
-        codes, uniques = pd.factorize(values)
-        if values.dtype.kind == "O":
-            nulls = values[codes < 0]
-            if len(nulls) and not (all(v is None for v in nulls)
-                                   or all(type(v) is float for v in nulls)):
-                return None
-        combined = np.unique(combined * (len(uniques) + 1) + codes + 1, return_inverse=True)[1]
+        values.append(column.tolist() if isinstance(column, (pd.Series, np.ndarray))
+                      else list(column))
+        array = column.to_numpy() if isinstance(column, pd.Series) else column
+        if not (isinstance(array, np.ndarray) and array.dtype.kind in "iufb"):
+            array = object_array(values[-1])
+        combined = np.unique(combined * (len(array) + 2) + _value_codes(array),
+                             return_inverse=True)[1]
     _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")  # the distinct rows in order of first occurrence
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
-    values = [list(column) if not isinstance(column, (pd.Series, np.ndarray)) else
-              column.tolist() for column in columns]
     rows = [tuple(v[i] for v in values) for i in first[order].tolist()]
     return rows, rank[inverse]
 
 
-_NAN_KEY = object()
+def _value_codes(array: np.ndarray) -> np.ndarray:
+    """A code per row, equal where the values are (every NaN alike, None apart), below
+    len(array) + 2; each row its own where a value cannot be a key."""
+    try:
+        codes, uniques = pd.factorize(array)
+    except TypeError:  # a value that cannot be hashed
+        return np.arange(len(array))
+    nulls = np.flatnonzero(codes < 0)
+    is_none = np.equal(array[nulls], None).astype(bool) if array.dtype == object else False
+    codes[nulls] = len(uniques) + is_none
+    return codes
 
 
 def _text(value) -> str | None:

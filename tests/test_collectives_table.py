@@ -1,5 +1,6 @@
-"""collectives_table's array paths (groups numbered once, sums and counts per group by array,
-the rows ordered without pandas) against answers worked out by hand on small frames."""
+"""The collectives table (analysis.rank.comm.ops.collectives_table): ops grouped by op, issuer,
+group and size bucket, their sums, counts, distinct ranks and steps, the slowest rank and the
+rows' order, against answers worked out by hand on small frames."""
 
 import math
 
@@ -40,13 +41,6 @@ def test_ties_in_total_time_are_ordered_by_op_group_issuer_and_bucket_then_first
         ("a", "1", "c10d", "8-16 B", 2), ("b", "0", "c10d", "8-16 B", 2),
         ("z", "0", "c10d", "8-16 B", 2)]
     assert math.isnan(table["total_us"].iloc[-1]) and math.isnan(table["mean_us"].iloc[-1])
-
-
-def test_ops_that_are_not_text_are_ordered_as_pandas_orders_them():
-    ops = ops_frame([{"op": op, "bytes": 8.0, "duration_us": us}
-                     for op, us in ((3, 1.0), (1, 1.0), (2, 2.0))])
-    table = collectives_table(ops)
-    assert table["op"].tolist() == [2, 1, 3]
 
 
 def test_counts_sums_and_distinct_ranks_and_steps_skip_missing_values():

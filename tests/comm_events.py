@@ -1,0 +1,145 @@
+"""Small ranks with communication built by hand for the tests: events rows, their frame as the
+trace reader types it, a rank's trace around them, and the text column kinds a loaded trace
+may hold (pandas' strings, objects, categoricals of objects or of pandas' strings)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from analysis.core.event_kinds import EVENT_COLUMNS
+from analysis.ingest.load import RankTrace
+from analysis.ingest.records import RunRecords
+
+MS = 1_000_000  # ns
+
+
+def event(name, cat, ts_ns, dur_ns, *, tid="1", correlation=-1, is_gpu=False, is_comm=False,
+          **args) -> dict:
+    row = {
+        "name": name, "cat": cat, "ts_ns": ts_ns, "dur_ns": dur_ns, "end_ns": ts_ns + dur_ns,
+        "pid": "100" if not is_gpu else "0", "tid": tid, "stream": 7 if is_gpu else -1,
+        "correlation": correlation, "is_gpu": is_gpu, "is_comm": is_comm, "collective": None,
+        "in_nelems": np.nan, "out_nelems": np.nan, "comm_dtype": None, "group_size": np.nan,
+        "pg_name": None, "input_dims": None, "input_type": None,
+    }
+    row.update(args)
+    return row
+
+
+def events_frame(rows) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=EVENT_COLUMNS)
+    for column in ("ts_ns", "dur_ns", "end_ns", "stream", "correlation"):
+        frame[column] = frame[column].astype("int64")
+    for column in ("in_nelems", "out_nelems", "group_size"):
+        frame[column] = frame[column].astype("float64")
+    return frame
+
+
+def steps_frame(spans) -> pd.DataFrame:
+    return pd.DataFrame({"step": [s for s, _, _ in spans], "start_ns": [a for _, a, _ in spans],
+                         "end_ns": [b for _, _, b in spans]}).astype("int64")
+
+
+def make_trace(events=None, steps=None, records=None, rank=0, world_size=2) -> RankTrace:
+    return RankTrace(rank=rank, world_size=world_size, path=Path("rank0.1.pt.trace.json.gz"),
+                     events=events if events is not None else events_frame([]),
+                     steps=steps if steps is not None else steps_frame([]),
+                     records=records, problems=[])
+
+
+def records_with(comms: pd.DataFrame, manifest=()) -> RunRecords:
+    return RunRecords(comms=comms, samples=pd.DataFrame(), steps=pd.DataFrame(),
+                      manifest=list(manifest))
+
+
+def comm_records(rows) -> pd.DataFrame:
+    base = {"source": "ddp", "pg": "0", "dtype": "float32", "start_ns": 0, "end_ns": 0,
+            "timing": "cuda_event", "algbw_gbps": 0.0, "busbw_gbps": 0.0, "rank": 1}
+    return pd.DataFrame([{**base, **row} for row in rows])
+
+
+def four_ops() -> list[dict]:
+    """Four kernels, each sized another way (the comments say how)."""
+    return [
+        # K1: its hint has no counts: "Input Dims" [2, 3] of BFloat16 (2 bytes), all_gather over
+        # the world size (4): 6 x 4 x 2 = 48 bytes; the group's name from the kernel.
+        event("nccl:all_gather", "user_annotation", 1_000, 500, is_comm=True,
+              input_dims="[[2, 3], [5]]", input_type='["c10::BFloat16", "float"]'),
+        event("cudaLaunchKernel", "cuda_runtime", 1_100, 10, correlation=1),
+        event("ncclDevKernel_AllGather_RING_LL", "kernel", 5_000, 1_000, correlation=1,
+              is_gpu=True, is_comm=True, pg_name="7"),
+        # K2: has counts of its own (256 Half), so the hint only names it; no group size.
+        event("c10d::allreduce_", "cpu_op", 2_000, 500, is_comm=True, in_nelems=1024,
+              comm_dtype="Float", group_size=2, pg_name="0"),
+        event("cudaLaunchKernel", "cuda_runtime", 2_100, 10, correlation=2),
+        event("ncclKernel_AllReduce_RING_LL_Sum_float", "kernel", 7_000, 2_000, correlation=2,
+              is_gpu=True, is_comm=True, in_nelems=256, comm_dtype="Half"),
+        # K3: no launch in the trace, no name that gives its op: issued at its own start.
+        event("ncclDevKernel_SendRecv", "kernel", 9_000, 500, correlation=99, tid="7",
+              is_gpu=True, is_comm=True),
+        # K4: launched inside a send call without a group size: the kernel's group.
+        event("record_param_comms", "cpu_op", 3_000, 800, is_comm=True, collective="send",
+              in_nelems=100, comm_dtype="Float", pg_name="5"),
+        event("cudaLaunchKernel", "cuda_runtime", 3_100, 10, correlation=4),
+        event("ncclDevKernel_SendRecv", "kernel", 11_000, 1_000, correlation=4, is_gpu=True,
+              is_comm=True, group_size=2, pg_name="9", pg_desc="kernel_pg"),
+    ]
+
+
+def text_kinds(frame: pd.DataFrame) -> list[pd.DataFrame]:
+    """The frame with its text columns as pandas' strings, objects, and categoricals."""
+    text = ["name", "cat", "pid", "tid", "collective", "comm_dtype", "pg_name", "pg_desc",
+            "input_dims", "input_type"]
+    as_objects = frame.astype({c: object for c in text})
+    as_categories = frame.astype({c: pd.CategoricalDtype(pd.Index(
+        frame[c].dropna().unique(), dtype=object)) for c in ("name", "cat", "pid", "tid")})
+    return [frame, as_objects, as_categories]
+
+
+def same(found: list, expected: list) -> bool:
+    """Equal values of equal types, NaN equal to NaN."""
+    def key(v):
+        return (type(v), "nan" if isinstance(v, float) and math.isnan(v) else v)
+    return [key(v) for v in found] == [key(v) for v in expected]
+
+
+# ---- minimal events: a host op or a kernel per row -----------------------------------------------
+def host_event(name, ts_ms, dur_ms, *, collective=None) -> dict:
+    return {"name": name, "cat": "cpu_op", "ts_ns": int(ts_ms * MS), "dur_ns": int(dur_ms * MS),
+            "pid": "1", "tid": "1", "is_gpu": False,
+            "is_comm": name in ("record_param_comms", "nccl:all_reduce"),
+            "collective": collective}
+
+
+def kernel(name, ts_ms, dur_ms) -> dict:
+    return {"name": name, "cat": "kernel", "ts_ns": int(ts_ms * MS), "dur_ns": int(dur_ms * MS),
+            "pid": "0", "tid": "7", "is_gpu": True, "is_comm": name.startswith("nccl"),
+            "collective": None}
+
+
+def as_categories(events: pd.DataFrame, categories=object) -> pd.DataFrame:
+    """Categorical names, categories, pids and tids (of objects, as the trace reader gives
+    them, or of pandas' strings, as a re-read cache may) and NumPy flags."""
+    text = ("name", "cat", "pid", "tid")
+    return events.astype({
+        **{c: pd.CategoricalDtype(pd.Index(events[c].dropna().unique(), dtype=categories))
+           for c in text},
+        "is_gpu": bool, "is_comm": bool})
+
+
+def column_kinds(events: pd.DataFrame) -> list[pd.DataFrame]:
+    """The events with their text as categoricals of objects, as objects, and as categoricals
+    of pandas' strings."""
+    as_objects = events.astype({"name": object, "cat": object, "pid": object, "tid": object,
+                                "is_gpu": bool, "is_comm": bool})
+    return [as_categories(events), as_objects, as_categories(events, categories="str")]
+
+
+def rank_of(events: pd.DataFrame, steps=None) -> SimpleNamespace:
+    spans = None if steps is None else pd.DataFrame(steps, columns=["step", "start_ns", "end_ns"])
+    return SimpleNamespace(rank=0, events=events, steps=spans, all_steps=spans)
