@@ -1,154 +1,30 @@
-"""Helpers shared by tests/test_record.py and tests/test_faults.py: launching scripts with and
-without the tracer, and reading what the tracer wrote."""
+"""The tracer tests' launcher and readers under their older names (tests/test_config.py and
+tests/test_tracer_parts.py import them from here): the launching is tests/helpers/launch.py,
+the readers tests/helpers/tracer_files.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
-
-from tracer import schema
-
-REPO = Path(__file__).resolve().parents[2]
-TINY = "tests/scripts/tiny_train.py"  # relative on purpose: argv[0] must come through as typed
-DDP = "workloads/ddp.py"
-
-# Kineto's own log lines ("USDT:2026-01-01 12:00:00 ... profiler_start"): torch.profiler prints
-# them whoever drives it.
-_KINETO_LOG = re.compile(r"^(USDT|STAGE|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d ")
-SUMMARY_RE = re.compile(
-    r"^ranktrace: rank(?P<rank>\d+) (?P<status>\w+) steps=(?P<steps>\d+) windows=(?P<windows>\d+) "
-    r"samples=(?P<samples>\d+)(?: samples_missed=(?P<samples_missed>[\d.]+)%)? "
-    r"comm_ops=(?P<comm_ops>\d+) bytes_written=(?P<bytes>[\d.]+ [kMG]?B) "
-    r"errors=(?P<errors>\d+) -> (?P<run_dir>.+)$", re.M)
+from helpers import launch as _launch
+from helpers.launch import DDP, REPO, TINY  # noqa: F401
+from helpers.tracer_files import *  # noqa: F401,F403
+from helpers.tracer_files import SUMMARY_RE  # noqa: F401
 
 
 def clean_env(**extra: str) -> dict:
-    """The test process's environment without launcher and tracer variables, CPU only."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                        "LOCAL_WORLD_SIZE", "GROUP_RANK")
-           and not k.startswith(("RANKTRACE_", "TORCHELASTIC_"))}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.update(extra)
-    return env
+    return _launch.torchrun_env(**extra)
 
 
 def command(tracer_args, script, script_args, nproc: int | None = None,
             torchrun_args=()) -> list[str]:
-    """The command line: traced when tracer_args is not None, under torchrun when nproc is set."""
-    tracer_args = None if tracer_args is None else [str(a) for a in tracer_args]
-    if nproc is None:
-        head = [sys.executable] + (["-m", "tracer.record", *tracer_args]
-                                   if tracer_args is not None else [])
-    else:
-        head = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={nproc}", *torchrun_args]
-        head += ["-m", "tracer.record", *tracer_args] if tracer_args is not None else []
-    return head + [script] + [str(a) for a in script_args]
+    return _launch.command(script, script_args, nproc=nproc, tracer=tracer_args,
+                           torchrun=torchrun_args)
 
 
 def run(tracer_args, script, script_args=(), nproc=None, env=None, timeout=120,
-        torchrun_args=(), **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(command(tracer_args, script, script_args, nproc, torchrun_args),
-                          cwd=REPO, env=env or clean_env(), capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+        torchrun_args=(), **kwargs):
+    return _launch.launch(script, *script_args, nproc=nproc, tracer=tracer_args,
+                          torchrun=torchrun_args, env=env, timeout=timeout, **kwargs)
 
 
-def start(tracer_args, script, script_args=(), env=None, nproc=None) -> subprocess.Popen:
-    return subprocess.Popen(command(tracer_args, script, script_args, nproc), cwd=REPO,
-                            env=env or clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def script_stderr(stderr: str) -> str:
-    """stderr without the tracer's lines and Kineto's log lines: what the script printed."""
-    return "".join(line for line in stderr.splitlines(keepends=True)
-                   if not line.startswith("ranktrace:") and not _KINETO_LOG.match(line))
-
-
-def summaries(stderr: str) -> dict[int, dict]:
-    return {int(m["rank"]): m.groupdict() for m in SUMMARY_RE.finditer(stderr)}
-
-
-def run_dirs(out: Path) -> list[Path]:
-    return sorted(p for p in Path(out).iterdir() if p.is_dir())
-
-
-def only_run_dir(out: Path) -> Path:
-    dirs = run_dirs(out)
-    assert len(dirs) == 1, dirs
-    return dirs[0]
-
-
-def jsonl_path(run_dir: Path, pattern: str, rank: int) -> Path:
-    """The finished file, or its .tmp if the rank never finished it."""
-    path = Path(run_dir) / pattern.format(rank=rank)
-    if path.exists():
-        return path
-    return path.with_name(path.name + schema.TEMP_SUFFIX)
-
-
-def read_jsonl(path: Path, record_type=None) -> list:
-    """Every complete line; a last line cut off mid-write (killed process) is left out."""
-    data = Path(path).read_bytes()
-    lines = data.split(b"\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line:
-            continue
-        if i == len(lines) - 1:  # no newline after it: it may be partial
-            try:
-                json.loads(line)
-            except ValueError:
-                break
-        records.append(
-            schema.decoder(record_type).decode(line) if record_type else json.loads(line)
-        )
-    return records
-
-
-def manifest(run_dir: Path, rank: int) -> list:
-    return read_jsonl(jsonl_path(run_dir, schema.MANIFEST_FILE, rank), schema.ManifestRecord)
-
-
-def of_kind(records, kind) -> list:
-    return [r for r in records if isinstance(r, kind)]
-
-
-def run_end(run_dir: Path, rank: int) -> schema.RunEnd:
-    ends = of_kind(manifest(run_dir, rank), schema.RunEnd)
-    assert len(ends) == 1, ends
-    return ends[0]
-
-
-def steps(run_dir: Path, rank: int) -> list[schema.StepRecord]:
-    return read_jsonl(jsonl_path(run_dir, schema.STEPS_FILE, rank), schema.StepRecord)
-
-
-def traces(run_dir: Path, rank: int) -> list[Path]:
-    found = []
-    for p in sorted(Path(run_dir).iterdir()):
-        m = schema.KINETO_TRACE_RE.match(p.name)
-        if m and m["worker"] == schema.worker_name(rank):
-            found.append(p)
-    return found
-
-
-def load_trace(path: Path) -> dict:
-    import gzip
-
-    with gzip.open(path, "rt") as f:
-        return json.load(f)
-
-
-def temp_files(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in Path(run_dir).iterdir() if p.name.endswith(schema.TEMP_SUFFIX))
-
-
-def losses(path: Path) -> list[str]:
-    """repr() of each loss, as tiny_train.py writes them: compared as text, so bit for bit."""
-    return Path(path).read_text().splitlines()
+def start(tracer_args, script, script_args=(), env=None, nproc=None):
+    return _launch.popen(script, *script_args, nproc=nproc, tracer=tracer_args, env=env)

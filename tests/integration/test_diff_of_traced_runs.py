@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, REPO
+from helpers.launch import DATA, REPO
 
 pytestmark = pytest.mark.slow
 STEPS = "12"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL = ["--hidden", "16", "--layers", "2", "--batch-size", "8", "--steps", "2", "--seed", "0",
          "--lr", "0.1"]
 WORKLOADS = {  # name -> (script, extra flags, ranks (None: one process), files --save writes)

@@ -19,7 +19,7 @@ from tracer.config import TracerConfig
 from tracer.rundir import LaunchInfo, RunDirError, create_unique, resolve_run_dir
 from tracer.summary import NO_STEPS_HINT, summary_lines
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
 
 DDP_STEPS = 20

@@ -19,10 +19,10 @@ import pytest
 
 from analysis import open_run
 from analysis.crossrank.culprit import steps_needed
-from conftest import torchrun_env
+from helpers.launch import torchrun_env
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--hidden", "64", "--batch-size", "8"]
 # Steps 0-1 skipped (start-up, DDP's bucket rebuild), 2 warm-up, then ACTIVE steps traced.
 ACTIVE = 20

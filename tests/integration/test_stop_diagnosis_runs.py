@@ -14,7 +14,7 @@ from analysis import open_run
 from analysis.report import output
 from tracer import schema
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
 
 pytestmark = pytest.mark.slow

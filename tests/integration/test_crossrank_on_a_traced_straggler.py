@@ -23,7 +23,7 @@ from analysis.report.output import cross_rank_json
 from analysis.run import analyse_run
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "straggle_ddp.py"
 DELAY_MS = 60  # long against the scheduling noise of a shared 2-core CPU
 SHIFT_NS = 80_000_000

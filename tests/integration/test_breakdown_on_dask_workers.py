@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from conftest import DATA, REPO
+from helpers.launch import DATA, REPO
 
 pytestmark = pytest.mark.slow
 

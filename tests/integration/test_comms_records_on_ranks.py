@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from comms_ranks import finish_recorder, run_ranks, scenario_result, start_recorder  # noqa: E402  (tests/scripts is not a package)
 
 F32 = 4  # bytes per float32 element

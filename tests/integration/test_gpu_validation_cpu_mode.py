@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA
+from helpers.launch import DATA
 from scripts.gpu_validation import preflight as preflight_module
 from scripts.gpu_validation.analysis_checks import check_hta_columns, check_hta_match, run_analysis
 from scripts.gpu_validation.cli import guarded, main
@@ -46,7 +46,7 @@ from scripts.gpu_validation.run_checks import (
 from scripts.gpu_validation.run_folder import trace_summary
 from scripts.gpu_validation.runner import Budget, BudgetExhausted, Completed, Runner, base_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "scripts" / "gpu_validation"
 GPU_TRACE = (DATA / "kineto" / "resnet50_num_workers_0"
              / "worker0.1623143089861.pt.trace.json.gz")

@@ -21,7 +21,7 @@ from tracer import schema
 from tracer.scalars import ScalarsWriter
 from tracer.schema import StepRecord
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("tb_profiler_view",
                                                REPO / "benchmarks" / "tb_profiler_view.py")
 tb_view = importlib.util.module_from_spec(_spec)

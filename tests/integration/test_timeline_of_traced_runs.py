@@ -17,9 +17,9 @@ import pytest
 from analysis.ingest.load import load_path
 from analysis.report.timeline_events import assign_lanes
 from analysis.timeline import gather, main, window_steps
-from conftest import DATA, torchrun_env
+from helpers.launch import DATA, torchrun_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EPS_US = 0.002  # ts and dur are written to the nanosecond, each rounded once
 GPU_TRACES = ["hta/trace_filter", "hta/nccl_parser_config", "hta/ns_resolution_trace",
               "hta/amd_trace", "kineto/resnet50_num_workers_0"]

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from tracer.comms import CommsRecorder
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from comms_ranks import StepCounter, ToyNet  # noqa: E402  (tests/scripts is not a package)
 
 
@@ -396,8 +396,8 @@ def rank_error(folder, traced: bool) -> list[str]:
     import subprocess
     import sys
     from pathlib import Path
-    repo = Path(__file__).resolve().parents[1]
-    from conftest import torchrun_env
+    repo = Path(__file__).resolve().parents[2]
+    from helpers.launch import torchrun_env
     env = torchrun_env()
     # --monitor-interval 5: torchrun would otherwise stop rank 0 before it prints its error.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -20,7 +20,7 @@ from tracer import scalars as scalars_mod
 from tracer import schema
 from tracer.jsonl import RecordBudget
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
 
 FAST = ["--no-profiler", "--no-sampler", "--no-comms"]

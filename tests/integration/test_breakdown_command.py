@@ -11,10 +11,10 @@ import pytest
 
 from analysis import breakdown as cli
 from analysis.rank.layers import PARTS
-from conftest import DATA, torchrun_env
+from helpers.launch import DATA, torchrun_env
 from synthetic import TraceBuilder, trace_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REFERENCE = DATA / "hta-0.5.0-reference.csv"
 PARTS = PARTS
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import torchrun_env
+from helpers.launch import torchrun_env
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Short runs: profiler window on steps 5-6 (skip 3, wait 1, warm-up 1, active 2), 10 steps.
 TRACER = ["--skip-first", "3", "--active", "2"]
 WARMUP_STEPS = 2  # analysis.scaling's default: steps 0 and 1 are left out

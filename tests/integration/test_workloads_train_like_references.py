@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from conftest import REPO
+from helpers.launch import REPO
+from helpers.launch import launch as launch_script
 from workloads.common import SyntheticDataset, build_model
 
 HIDDEN, LAYERS, SEED, LR = 32, 2, 3, 0.1
@@ -62,6 +63,17 @@ def assert_params_close(actual: dict, model: torch.nn.Module):
 
 def load(path):
     return torch.load(path, weights_only=True)
+
+
+@pytest.fixture
+def launch():
+    """launch(script, *args, nproc=2): torchrun over nproc ranks; nproc=None: runpy, one process."""
+
+    def run(script: str, *args, nproc: int | None = 2, timeout: float = 120):
+        return launch_script(f"workloads/{script}", *args, nproc=nproc,
+                             count_steps=nproc is None, timeout=timeout)
+
+    return run
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])

@@ -1,0 +1,191 @@
+"""The runs the integration tests read, each recorded once per session and shared by every test
+that asserts on it (tests/integration/conftest.py's `shared_runs`): a table of named runs, each
+with its command, as torchtitan's integration_tests/features.py keeps one.
+
+A run is only shared where every user's assertions hold on the same command; a test whose run is
+its own (a fault, a signal, a sweep) starts it itself. Users must not write into a shared run's
+folder: a test that writes beside the traces (an analysis cache) works on a copy
+(run_copies.copy_run).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from helpers.launch import DDP, launch, torchrun_env
+
+PIPELINE = "workloads/pipeline.py"
+MODEL_PARALLEL = "workloads/model_parallel.py"
+
+# ---- the cross-rank runs: small models, so that an injected host delay dominates each step -----
+# One DDP gradient bucket, about 1 ms of compute per step.
+SMALL = ("--hidden", "64", "--batch-size", "8")
+# Steps 0-1 skipped (start-up, DDP's bucket rebuild), 2 warm-up, then ACTIVE steps traced.
+ACTIVE = 20
+WINDOW = ("--skip-first", "2", "--wait", "0", "--warmup", "1", "--active", str(ACTIVE))
+STEPS = ACTIVE + 4
+DDP_DELAY_MS = 25
+# The tracer's default profiler window: 3 steps traced after 7.
+DEFAULT_WINDOW = ("--skip-first", "5", "--wait", "1", "--warmup", "1", "--active", "3")
+EVEN_RUNS = 5  # DDP runs without delay, each a separate sample of the scheduling noise
+
+# ---- the tracer end to end ----------------------------------------------------------------------
+DDP_STEPS = 20
+
+# ---- the diffs of runs ----------------------------------------------------------------------------
+DIFF_STEPS = "12"
+# The runs whose step times are compared: enough steps that a burst of other work on the machine
+# moves their medians less, and that the interval sees drifts within a run.
+DIFF_TIMED_STEPS = "30"
+DIFF_DELAY_MS = 20
+# Every DDP bucket in the comm records, so that every step's wait is split from transfer; ten
+# profiled steps, so that one step of a rank held up by other work on the machine does not decide
+# the mean waiting.
+DIFF_BUCKETS = ("--ddp-bucket-hook", "--active", "10")
+# The ops come from the traces here (--no-comms, shapes recorded for their sizes): with
+# --bucket-cap-mb set, the tracer's comm records hold no DDP all-reduce.
+DIFF_FROM_TRACE = ("--no-comms", "--record-shapes")
+
+# ---- the workloads untraced, tiny: each a reference for the workload tests and the untraced
+# side of the traced-training identity ----------------------------------------------------------
+TINY_MODEL = ("--hidden", "16", "--layers", "2", "--batch-size", "8", "--steps", "2",
+              "--seed", "0", "--lr", "0.1")
+TINY_WORKLOADS = {  # name -> (script, extra flags, ranks (None: one process), files --save writes)
+    "dp": ("workloads/dp.py", (), None, ("out.pt",)),
+    "ddp": (DDP, ("--pg-timeout-s", "60"), 2, ("out.pt",)),
+    "model_parallel": (MODEL_PARALLEL, ("--pg-timeout-s", "60"), 2,
+                       ("out.rank0.pt", "out.rank1.pt")),
+    "pipeline": (PIPELINE, ("--pg-timeout-s", "60", "--microbatches", "2"), 2,
+                 ("out.rank0.pt", "out.rank1.pt")),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """`script` with `args` on `nproc` ranks under torchrun (None: one process); traced with the
+    tracer options `tracer` (None: untraced), to which --out and --run-name are added; `save`:
+    the workload's --save to out.pt in the run's folder; `env`: (name, value) pairs on top of
+    torchrun_env."""
+
+    script: str
+    args: tuple = ()
+    nproc: int | None = 2
+    tracer: tuple | None = None
+    save: bool = False
+    env: tuple = ()
+    timeout: float = 600
+    users: str = field(default="", compare=False)
+
+
+RUNS: dict[str, Run] = {
+    # The tracer's default window on DDP's default model, every bucket in the comm records and
+    # operator shapes in the traces (TensorBoard's plugin sizes comm ops from them).
+    "ddp-bucket-hook": Run(DDP, ("--steps", str(DDP_STEPS)),
+                           tracer=("--ddp-bucket-hook", "--record-shapes"), save=True,
+                           users="test_tracer_end_to_end (test_ddp_*), test_tensorboard_view"),
+    # Rank 1 late by a busy loop before every forward pass; DDP's buckets only in the window.
+    "ddp-late-window": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1", "--straggle",
+                                 f"1:{DDP_DELAY_MS}"), tracer=WINDOW,
+                           users="test_crossrank_names_stragglers (profiler_window), "
+                                 "test_breakdown_command (a real traced run), "
+                                 "test_timeline_of_traced_runs (ddp)"),
+    "ddp-late-hook": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1", "--straggle",
+                               f"1:{DDP_DELAY_MS}"), tracer=(*WINDOW, "--ddp-bucket-hook"),
+                         users="test_crossrank_names_stragglers (bucket_hook)"),
+    **{f"ddp-even-{n}": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1"),
+                            tracer=WINDOW, users="test_crossrank_names_stragglers (no delay)")
+       for n in range(EVEN_RUNS)},
+    # The pipeline's own model, outside a long profiler window: with four ranks on two cores and
+    # a tiny model, the stages' run time is the scheduler's, not the schedule's.
+    "pipeline-4-late": Run(PIPELINE, ("--steps", str(STEPS), "--straggle", "2:15"), nproc=4,
+                           tracer=DEFAULT_WINDOW,
+                           users="test_crossrank_names_stragglers (pipeline), "
+                                 "test_timeline_of_traced_runs (pipeline)"),
+    # Two ranks: a burst of contention on the other rank can hide the delay for several steps in
+    # a row, so 40 steps (their comm records; the window as by default).
+    "tp-late": Run(MODEL_PARALLEL, (*SMALL, "--layers", "1", "--straggle", "0:20", "--steps",
+                                    "40"), tracer=DEFAULT_WINDOW,
+                   users="test_crossrank_names_stragglers (tensor parallel)"),
+    # A 60 ms busy loop on rank 1 of a plain DDP loop; 16 steps traced after 2 skipped and 1
+    # warm-up step: two ranks need 10 clean steps or more before either can be named.
+    "ddp-straggle-60": Run("tests/scripts/straggle_ddp.py", ("--steps", "20", "--straggle",
+                                                             "1:60"),
+                           tracer=("--skip-first", "2", "--wait", "0", "--warmup", "1",
+                                   "--active", "16"),
+                           users="test_crossrank_on_a_traced_straggler"),
+    "diff-base": Run(DDP, ("--steps", DIFF_TIMED_STEPS), tracer=DIFF_BUCKETS,
+                     users="test_diff_of_traced_runs"),
+    "diff-again": Run(DDP, ("--steps", DIFF_TIMED_STEPS), tracer=DIFF_BUCKETS,
+                      users="test_diff_of_traced_runs"),
+    "diff-late": Run(DDP, ("--steps", DIFF_TIMED_STEPS, "--straggle", f"1:{DIFF_DELAY_MS}"),
+                     tracer=DIFF_BUCKETS, users="test_diff_of_traced_runs"),
+    "diff-cap25": Run(DDP, ("--steps", DIFF_STEPS, "--bucket-cap-mb", "25"),
+                      tracer=DIFF_FROM_TRACE, users="test_diff_of_traced_runs"),
+    "diff-cap1": Run(DDP, ("--steps", DIFF_STEPS, "--bucket-cap-mb", "1"),
+                     tracer=DIFF_FROM_TRACE, users="test_diff_of_traced_runs"),
+    "diff-pp2": Run(PIPELINE, ("--steps", DIFF_STEPS, "--microbatches", "2"), tracer=(),
+                    users="test_diff_of_traced_runs"),
+    "diff-pp8": Run(PIPELINE, ("--steps", DIFF_STEPS, "--microbatches", "8"), tracer=(),
+                    users="test_diff_of_traced_runs"),
+    **{f"{name}-tiny": Run(script, (*TINY_MODEL, *flags), nproc=nproc, save=True,
+                           users="test_workloads_train_like_references, "
+                                 "test_traced_training_bit_identical (untraced, eager)")
+       for name, (script, flags, nproc, _) in TINY_WORKLOADS.items()},
+}
+
+
+@dataclass
+class Recorded:
+    """A finished run: its folder, the process's result, the run folder the tracer wrote
+    (traced runs), the file --save wrote, and the 1-minute load average as it ended."""
+
+    name: str
+    folder: Path
+    result: subprocess.CompletedProcess
+    load_at_end: float
+
+    @property
+    def run_dir(self) -> Path:
+        return self.folder / "traces" / self.name
+
+    @property
+    def saved(self) -> Path:
+        return self.folder / "out.pt"
+
+
+def record(name: str, folder: Path) -> Recorded:
+    spec = RUNS[name]
+    folder.mkdir(parents=True)
+    tracer = None if spec.tracer is None else (
+        "--out", folder / "traces", "--run-name", name, *spec.tracer)
+    args = (*spec.args, *(("--save", folder / "out.pt") if spec.save else ()))
+    result = launch(spec.script, *args, nproc=spec.nproc, tracer=tracer,
+                    env=torchrun_env(**dict(spec.env)), timeout=spec.timeout)
+    assert result.returncode == 0, (f"shared run {name}: exit {result.returncode}\n"
+                                    f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    return Recorded(name, folder, result, os.getloadavg()[0])
+
+
+class SharedRuns:
+    """`shared_runs[name]`: the run recorded on first use and kept for the session; a run that
+    failed fails every test that asks for it, with its own message, and is not started again."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._done: dict[str, Recorded | str] = {}
+
+    def __getitem__(self, name: str) -> Recorded:
+        if name not in self._done:
+            try:
+                self._done[name] = record(name, self.root / name)
+            except (AssertionError, subprocess.TimeoutExpired) as failure:
+                self._done[name] = str(failure)
+        done = self._done[name]
+        if isinstance(done, str):
+            pytest.fail(done, pytrace=False)
+        return done
