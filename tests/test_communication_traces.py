@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_communication import comm_records, event, events_frame, make_trace, records_with
+from comm_events import comm_records, event, events_frame, make_trace, records_with
 
 from analysis.ingest.load import RankTrace, load_path
 from analysis.rank.comm.ops import collectives_table, comm_ops
