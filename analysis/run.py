@@ -20,11 +20,12 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import crossrank
+from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.steps import parse_step_spec
 from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import wait_windows
 from analysis.findings import bottlenecks, stop, stop_traces
-from analysis.ingest.load import LoadResult, RankTrace, load_path
+from analysis.ingest.load import load_path
 from analysis.rank import tables as ranks
 from analysis.rank.comm import ops as communication
 from analysis.rank.hta import hta_temporal_breakdown
@@ -98,7 +99,7 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
 
 def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
     """analysis.findings.stop on a run that did not end well; a failure becomes a problem."""
-    statuses = {t.rank: t.status for t in loaded.ranks if t.rank is not None}
+    statuses = {t.rank: t.status for t in loaded.ranks if t.rank != UNKNOWN_RANK}
     if loaded.run_dir is None or not stop.needs_diagnosis(statuses):
         return
     try:

@@ -19,8 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.core.model import UNKNOWN_RANK, LoadResult
+from analysis.core.steps import format_ranges, parse_step_spec
 from analysis.core.terminal import terminal_safe
-from analysis.ingest.load import LoadResult, NothingToAnalyse, load_path, parse_step_spec
+from analysis.ingest.load import load_path
+from analysis.ingest.runs import NothingToAnalyse
 from analysis.rank.summary import rank_tables
 from analysis.report import timeline_events as te
 from analysis.report.progress import Progress
@@ -73,7 +76,7 @@ def gather(run: LoadResult) -> dict:
         clock, ops = _sync_clock(frames["clock_sync"]), None
     ranks = {}
     for trace in run.ranks:
-        if trace.rank is None:
+        if trace.rank == UNKNOWN_RANK:
             continue
         to_common = _offset_of(clock, trace.rank)
         events = frames["events"].get(trace.rank)
@@ -309,7 +312,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _spec(steps: list[int]) -> str:
-    from analysis.ingest.load import format_ranges
     return format_ranges(steps) if steps else "(none)"
 
 

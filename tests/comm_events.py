@@ -1,6 +1,6 @@
 """Small ranks with communication built by hand for the tests: events rows, their frame as the
-trace reader types it, a rank's trace around them, and the text column kinds a loaded trace
-may hold (pandas' strings, objects, categoricals of objects or of pandas' strings)."""
+trace reader types it (analysis.core.frames), a rank's trace around them, and other kinds of
+text column (pandas' strings, objects, categoricals of objects or of pandas' strings)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from analysis.core import frames
 from analysis.core.event_kinds import EVENT_COLUMNS
-from analysis.ingest.load import RankTrace
-from analysis.ingest.records import RunRecords
+from analysis.core.model import RankTrace, RunRecords
 
 MS = 1_000_000  # ns
 
@@ -32,17 +32,15 @@ def event(name, cat, ts_ns, dur_ns, *, tid="1", correlation=-1, is_gpu=False, is
 
 
 def events_frame(rows) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=EVENT_COLUMNS)
-    for column in ("ts_ns", "dur_ns", "end_ns", "stream", "correlation"):
-        frame[column] = frame[column].astype("int64")
-    for column in ("in_nelems", "out_nelems", "group_size"):
-        frame[column] = frame[column].astype("float64")
-    return frame
+    """The events frame of `rows` as the parser types it (analysis.core.frames); a column no row
+    has takes its default."""
+    present = [c for c in EVENT_COLUMNS if not rows or any(c in row for row in rows)]
+    return frames.events_frame({c: [row.get(c) for row in rows] for c in present})
 
 
 def steps_frame(spans) -> pd.DataFrame:
-    return pd.DataFrame({"step": [s for s, _, _ in spans], "start_ns": [a for _, a, _ in spans],
-                         "end_ns": [b for _, _, b in spans]}).astype("int64")
+    return frames.steps_frame([s for s, _, _ in spans], [a for _, a, _ in spans],
+                              [b for _, _, b in spans])
 
 
 def make_trace(events=None, steps=None, records=None, rank=0, world_size=2) -> RankTrace:
@@ -92,7 +90,8 @@ def four_ops() -> list[dict]:
 
 
 def text_kinds(frame: pd.DataFrame) -> list[pd.DataFrame]:
-    """The frame with its text columns as pandas' strings, objects, and categoricals."""
+    """The frame as the parser makes it, with its text columns as objects, and with
+    categoricals of its own categories."""
     text = ["name", "cat", "pid", "tid", "collective", "comm_dtype", "pg_name", "pg_desc",
             "input_dims", "input_type"]
     as_objects = frame.astype({c: object for c in text})
@@ -124,7 +123,7 @@ def kernel(name, ts_ms, dur_ms) -> dict:
 
 def as_categories(events: pd.DataFrame, categories=object) -> pd.DataFrame:
     """Categorical names, categories, pids and tids (of objects, as the trace reader gives
-    them, or of pandas' strings, as a re-read cache may) and NumPy flags."""
+    them, or of pandas' strings) and NumPy flags."""
     text = ("name", "cat", "pid", "tid")
     return events.astype({
         **{c: pd.CategoricalDtype(pd.Index(events[c].dropna().unique(), dtype=categories))

@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.core.frames import empty_events, steps_frame
+from analysis.core.model import RankTrace, RunRecords
 from analysis.findings import bottlenecks
 from analysis.findings.bottlenecks import (
     FINDING_COLUMNS,
@@ -18,7 +20,6 @@ from analysis.findings.bottlenecks import (
     rank_list,
 )
 from analysis.findings.inputs import analysed_steps
-from analysis.ingest.load import RankTrace, RunRecords
 from analysis.rank.comm.ops import COLLECTIVES_COLUMNS
 from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS
 from tracer import schema
@@ -72,7 +73,7 @@ def trace(rank, backend="nccl", script=None) -> RankTrace:
     records = RunRecords(comms=pd.DataFrame(), samples=pd.DataFrame(), steps=pd.DataFrame(),
                          manifest=manifest)
     return RankTrace(rank=rank, world_size=2, path=Path(f"rank{rank}.1.pt.trace.json.gz"),
-                     events=pd.DataFrame(), steps=pd.DataFrame(), records=records, problems=[],
+                     events=empty_events(), steps=steps_frame(), records=records, problems=[],
                      backend=backend)
 
 

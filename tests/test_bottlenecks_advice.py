@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from comm_events import events_frame, steps_frame
 from test_bottlenecks import (
     MIB,
     MS,
@@ -21,8 +22,8 @@ from test_bottlenecks import (
     trace,
 )
 
+from analysis.core.model import RankTrace
 from analysis.findings.bottlenecks import find_bottlenecks
-from analysis.ingest.load import RankTrace
 
 
 # ---- advice that fits what issued the op -----------------------------------------------------
@@ -35,9 +36,9 @@ def host_event(name, ts_us, dur_us, *, tid="1", collective=None) -> dict:
 
 def traced(rank, rows, steps=None) -> RankTrace:
     base = trace(rank, "gloo")
-    base.events = pd.DataFrame(rows)
+    base.events = events_frame(rows)
     if steps is not None:
-        base.all_steps = base.steps = pd.DataFrame(steps, columns=["step", "start_ns", "end_ns"])
+        base.all_steps = base.steps = steps_frame(steps)
     return base
 
 

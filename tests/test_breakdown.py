@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from analysis.core import intervals
-from analysis.ingest.load import WHOLE_TRACE_STEP, load_path
+from analysis.core.steps import WHOLE_TRACE_STEP
+from analysis.ingest.load import load_path
 from analysis.rank import step_breakdown as breakdown
 from analysis.rank.hta import hta_is_compute, hta_temporal_breakdown
 from analysis.rank.idle import idle_gaps, idle_summary

@@ -21,14 +21,15 @@ from comm_events import (
 from analysis.rank import summary as rank_summary
 from analysis.rank.comm.kernel_names import named_kernels
 
-# Labels 3, 23, ..., 93: the four kernels are 23, 53, 63 (no launch found) and 93.
+# Labels 3, 23, ..., 93: the four kernels are 23, 53, 63 (no launch found) and 93. A text
+# argument an event lacks is None, as the parser gives it.
 NAMED = {
-    "collective": [math.nan, "all_gather", math.nan, "all_reduce", math.nan, "send", "send"],
+    "collective": [None, "all_gather", None, "all_reduce", None, "send", "send"],
     "in_nelems": [math.nan, math.nan, 1024.0, 256.0, math.nan, 100.0, 100.0],  # 53: its own
-    "comm_dtype": [math.nan, math.nan, "Float", "Half", math.nan, "Float", "Float"],
+    "comm_dtype": [None, None, "Float", "Half", None, "Float", "Float"],
     "group_size": [math.nan, math.nan, 2.0, 2.0, math.nan, math.nan, 2.0],  # 93: its own
-    "pg_name": [math.nan, "7", "0", "0", math.nan, "5", "9"],
-    "input_dims": ["[[2, 3], [5]]", "[[2, 3], [5]]"] + [math.nan] * 5,
+    "pg_name": [None, "7", "0", "0", None, "5", "9"],
+    "input_dims": ["[[2, 3], [5]]", "[[2, 3], [5]]"] + [None] * 5,
 }
 
 

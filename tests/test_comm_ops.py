@@ -249,9 +249,9 @@ def test_a_shared_join_gives_what_each_caller_finds_alone():
     pd.testing.assert_frame_equal(tables["comm_ops"], shared, check_exact=True)
     pd.testing.assert_frame_equal(tables["comm_events"], rank_summary._comm_events(trace),
                                   check_exact=True)
-    # K3 has no host op: it keeps its own collective, missing (the reader's NaN)
+    # K3 has no host op: it keeps its own collective, missing (None, as the parser gives it)
     assert same(tables["comm_events"]["collective"].tolist(),
-                ["all_gather", "all_reduce", math.nan, "send"])
+                ["all_gather", "all_reduce", None, "send"])
 
 
 def test_rank_tables_without_events_columns_still_build_what_they_can():

@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.ingest.load import EVENT_COLUMNS, RankTrace, RunRecords
+from analysis.core import frames
+from analysis.core.event_kinds import EVENT_COLUMNS
+from analysis.core.model import RankTrace, RunRecords
 from analysis.rank.comm.ops import (
     COLLECTIVES_COLUMNS,
     OPS_COLUMNS,
@@ -39,17 +41,15 @@ def event(name, cat, ts_ns, dur_ns, *, tid="1", correlation=-1, is_gpu=False, is
 
 
 def events_frame(rows) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=EVENT_COLUMNS)
-    for column in ("ts_ns", "dur_ns", "end_ns", "stream", "correlation"):
-        frame[column] = frame[column].astype("int64")
-    for column in ("in_nelems", "out_nelems", "group_size"):
-        frame[column] = frame[column].astype("float64")
-    return frame
+    """The events frame of `rows` as the parser types it (analysis.core.frames); a column no row
+    has takes its default."""
+    present = [c for c in EVENT_COLUMNS if not rows or any(c in row for row in rows)]
+    return frames.events_frame({c: [row.get(c) for row in rows] for c in present})
 
 
 def steps_frame(spans) -> pd.DataFrame:
-    return pd.DataFrame({"step": [s for s, _, _ in spans], "start_ns": [a for _, a, _ in spans],
-                         "end_ns": [b for _, _, b in spans]}).astype("int64")
+    return frames.steps_frame([s for s, _, _ in spans], [a for _, a, _ in spans],
+                              [b for _, _, b in spans])
 
 
 def make_trace(events=None, steps=None, records=None, rank=0, world_size=2) -> RankTrace:

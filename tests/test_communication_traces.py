@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from comm_events import comm_records, event, events_frame, make_trace, records_with
 
-from analysis.ingest.load import RankTrace, load_path
+from analysis.core.model import RankTrace
+from analysis.ingest.load import load_path
 from analysis.rank.comm.ops import collectives_table, comm_ops
 from conftest import DATA
 

@@ -4,6 +4,7 @@ bootstrap."""
 import numpy as np
 import pandas as pd
 import pytest
+from comm_events import events_frame, steps_frame
 
 from analysis import diff
 from analysis.diff import compare as diff_compare
@@ -249,17 +250,15 @@ def test_findings_new_gone_changed_unchanged():
 
 # ---- operators of a trace -----------------------------------------------------------------------
 def _trace(events: list, steps=((0, 1000),)):
-    frame = pd.DataFrame(events, columns=["name", "cat", "ts_ns", "dur_ns", "tid",
-                                          "correlation", "is_gpu"])
-    frame = frame.assign(end_ns=frame["ts_ns"] + frame["dur_ns"], pid="1")
-    frame["tid"] = frame["tid"].astype(str)
+    columns = ["name", "cat", "ts_ns", "dur_ns", "tid", "correlation", "is_gpu"]
+    frame = events_frame([{**dict(zip(columns, event)), "pid": "1"} for event in events])
 
     class Trace:
         pass
 
     trace = Trace()
     trace.events = frame
-    trace.steps = pd.DataFrame(steps, columns=["start_ns", "end_ns"])
+    trace.steps = steps_frame([(i, start, end) for i, (start, end) in enumerate(steps)])
     return trace
 
 

@@ -7,14 +7,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.core.event_kinds import EVENT_COLUMNS
+from analysis.core.model import UNKNOWN_RANK
+from analysis.core.steps import parse_step_spec
 from analysis.ingest import cache, load
-from analysis.ingest.load import (
-    EVENT_COLUMNS,
-    NothingToAnalyse,
-    load_path,
-    parse_step_spec,
-    resolve_runs,
-)
+from analysis.ingest.load import load_path
+from analysis.ingest.runs import CACHE_DIR, NothingToAnalyse, resolve_runs
 from synthetic import TraceBuilder, trace_name
 from tracer import schema
 
@@ -132,7 +130,7 @@ def test_several_traces_without_rank_are_each_analysed_unranked(tmp_path):
     for name in ("x.json", "y.json"):
         TraceBuilder(distributed_info=False).step(1, 0, 10).write(tmp_path / "run" / name)
     result = load_path(tmp_path / "run", use_cache=False)
-    assert [t.rank for t in result.ranks] == [None, None]
+    assert [t.rank for t in result.ranks] == [UNKNOWN_RANK, UNKNOWN_RANK]
     assert len(problems_with(result, "no rank in distributedInfo")) == 2
 
 
@@ -363,7 +361,7 @@ def test_read_only_trace_folder_gets_no_cache_even_for_root(tmp_path):
     try:
         result = load_path(run)
         assert [t.rank for t in result.ranks] == [0] and result.problems == []
-        assert not (run / load.CACHE_DIR).exists()
+        assert not (run / CACHE_DIR).exists()
     finally:
         run.chmod(0o755)
 

@@ -7,7 +7,8 @@ import pytest
 from test_load import write_killed_rank
 
 from analysis.breakdown import main
-from analysis.ingest.load import NothingToAnalyse, load_path, resolve_runs
+from analysis.ingest.load import load_path
+from analysis.ingest.runs import NothingToAnalyse, resolve_runs
 from synthetic import TraceBuilder, trace_name
 from tracer import schema
 

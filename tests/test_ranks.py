@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.ingest.load import RankTrace, RunRecords
+from analysis.core.frames import empty_events
+from analysis.core.model import RankTrace, RunRecords
 from analysis.rank.resources import rank_resources, step_resources
 from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS
 from analysis.rank.tables import PER_RANK_COLUMNS, PER_STEP_COLUMNS, per_rank_table, per_step_table
@@ -33,7 +34,7 @@ def make_trace(rank, records=None) -> RankTrace:
     steps = pd.DataFrame({"step": [0, 1, 2], "start_ns": [0, 100 * MS, 200 * MS],
                           "end_ns": [100 * MS, 200 * MS, 300 * MS]})
     return RankTrace(rank=rank, world_size=2, path=Path(f"rank{rank}.1.pt.trace.json.gz"),
-                     events=pd.DataFrame(), steps=steps, records=records, problems=[])
+                     events=empty_events(), steps=steps, records=records, problems=[])
 
 
 def step_records(rank, rows) -> pd.DataFrame:

@@ -8,8 +8,8 @@ import pytest
 
 import analysis
 from analysis import breakdown as cli
-from analysis.ingest.load import NothingToAnalyse
 from analysis.ingest.records import RECORD_FILES, record_ranks
+from analysis.ingest.runs import NothingToAnalyse
 from analysis.rank import step_breakdown as breakdown
 from analysis.rank import tables as ranks
 from analysis.rank.layers import PARTS

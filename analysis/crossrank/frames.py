@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG
+from analysis.core.model import UNKNOWN_RANK
 from analysis.core.steps import step_at
 from analysis.crossrank.distinct import by_value as _by_value
 from analysis.crossrank.distinct import float64_of
@@ -279,7 +280,7 @@ def run_frames(run) -> dict:
     trace_ranks = set()
     shifts = {}
     for trace in run.ranks:
-        if trace.rank is None:
+        if trace.rank == UNKNOWN_RANK:
             continue
         records = trace.records
         record_steps = records.steps if records is not None else None
@@ -329,7 +330,7 @@ def run_frames(run) -> dict:
     sync = pd.DataFrame(syncs, columns=SYNC_COLUMNS).drop_duplicates("rank", keep="last")
     step_frame = (_stacked(steps, ("start_ns", "end_ns"))[STEP_COLUMNS] if steps
                   else pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS}))
-    world = run.world_size or (max((t.rank for t in run.ranks if t.rank is not None),
+    world = run.world_size or (max((t.rank for t in run.ranks if t.rank != UNKNOWN_RANK),
                                    default=-1) + 1)
     return {"ops": pd.concat(ops, ignore_index=True) if ops else empty_ops(),
             "steps": step_frame, "clock_sync": sync, "events": RankEvents(events),

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import crossrank
+from analysis.core.model import UNKNOWN_RANK
 from analysis.crossrank.report import rank_bars
 from analysis.diff import ops as diff_ops
 from analysis.findings import bottlenecks
@@ -233,7 +234,7 @@ def pipeline(side: Side) -> pd.DataFrame:
 def layout(side: Side) -> dict:
     """world_size, ranks, kind ("pipeline" or "data/tensor parallel"), stages of the first run."""
     run = side.runs[0]
-    ranks = sorted(int(t.rank) for t in run.ranks if t.rank is not None)
+    ranks = sorted(int(t.rank) for t in run.ranks if t.rank != UNKNOWN_RANK)
     collective_table = run.collectives if run.collectives is not None else pd.DataFrame()
     is_pipeline = bottlenecks.is_pipeline_run(collective_table, run.ranks)
     stages = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.core.model import UNKNOWN_RANK
 from analysis.crossrank.frames import P2P_OPS, UNKNOWN_PG
 from analysis.findings.stop import group_members
 from analysis.findings.stop_text import mbytes, op_signature, ranks_text
@@ -31,12 +32,12 @@ CAVEAT = ("from Kineto traces alone: each covers only its profiler window, so a 
 
 
 def trace_ops(ranks) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(collectives, coverage) of loaded ranks (analysis.ingest.load.RankTrace) from their traces:
+    """(collectives, coverage) of loaded ranks (analysis.core.model.RankTrace) from their traces:
     every collective in every window, the step it was issued in, and the steps each trace
     covers. A trace without ProfilerStep is one window, numbered as analysis.core.steps does."""
     ops, coverage = [], []
     for trace in ranks:
-        if trace.rank is None or not trace.has_trace:
+        if trace.rank == UNKNOWN_RANK or not trace.has_trace:
             continue
         every = trace.all_steps if trace.all_steps is not None else trace.steps
         # Events dropped after loading are read again, a rank at a time (RankTrace.with_events).

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from analysis.core.events import STEP_COLUMNS, TEXT_COLUMNS
+from analysis.core.frames import check_events, contract_categories, steps_frame
 from analysis.ingest.kineto import max_trace_bytes
 from analysis.ingest.parsed_trace import ParsedTrace, parse_trace
 from analysis.ingest.runs import CACHE_DIR, cache_file  # noqa: F401  (CACHE_DIR re-exported)
@@ -59,9 +59,11 @@ def read_cache(path: Path) -> ParsedTrace | None:
         for column in TEXT_COLUMNS:  # back to the object dtype with None that parsing gives
             values = events[column].astype(object)
             events[column] = values.where(values.notna(), None)
+        # Parquet gives str categories back: objects again, as parsing gives them.
+        events = check_events(contract_categories(events))
     except Exception:  # a stale, foreign or half-written cache file: parse the trace instead
         return None
-    steps = pd.DataFrame({c: np.array(meta["steps"][c], dtype=np.int64) for c in STEP_COLUMNS})
+    steps = steps_frame(*(np.array(meta["steps"][c], dtype=np.int64) for c in STEP_COLUMNS))
     return ParsedTrace(path=path, rank=meta["rank"], world_size=meta["world_size"],
                        backend=meta["backend"], events=events, steps=steps,
                        float_timestamps=meta["float_timestamps"], problems=meta["problems"],

@@ -1,71 +1,40 @@
 """Loading a run: its trace files parsed, grouped into one RankTrace per rank, with the tracer's
 records and the selected steps.
 
-The pieces live in modules of their own: the events frame's contract (analysis.core.events), Kineto
-decoding (analysis.ingest.kineto, analysis.ingest.kineto_events), the Parquet cache
-(analysis.ingest.cache), which
-files a PATH names (analysis.ingest.runs), the tracer's records (analysis.ingest.records) and step
-selection
-(analysis.core.steps). A file that cannot be read becomes a problem naming the file (and rank, where
-known) and the rest is still loaded.
+The pieces live in modules of their own: the data model (analysis.core.model), the frame contract
+(analysis.core.frames), Kineto decoding (analysis.ingest.kineto, analysis.ingest.kineto_events),
+the Parquet cache (analysis.ingest.cache), which files a PATH names (analysis.ingest.runs), the
+tracer's records (analysis.ingest.records) and step selection (analysis.core.steps). A file that
+cannot be read becomes a problem naming the file (and rank, where known) and the rest is still
+loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 
-from analysis.core.events import (  # noqa: F401
-    COMM_KERNEL_PATTERNS,
-    COMM_KERNEL_RE,
-    EVENT_COLUMNS,
-    GPU_CATS,
-    HOST_COMM_RE,
-    HOST_OP_CATS,
-    MEMORY_CATS,
-    NUMBER_COLUMNS,
-    PROFILER_STEP_RE,
-    STEP_COLUMNS,
-    TEXT_COLUMNS,
-    mark_comm_kernels,
-)
-from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges, parse_step_spec, select_steps  # noqa: F401
-
-# Re-exported: the names other modules and notebooks import from analysis.ingest.load.
-from analysis.ingest.cache import CACHE_DIR, CACHE_FORMAT, read_trace  # noqa: F401
-from analysis.ingest.kineto import TraceReadError, max_trace_bytes, read_trace_bytes  # noqa: F401
-from analysis.ingest.parallel import SchedulerUnavailable, run_jobs  # noqa: F401
-from analysis.ingest.parsed_trace import (  # noqa: F401
-    ParsedTrace,
-    empty_events,
-    parse_trace,
-    profiler_steps,
-)
-from analysis.ingest.records import (  # noqa: F401
+from analysis.core.events import mark_comm_kernels
+from analysis.core.frames import check_events, contract_categories, empty_events, steps_frame
+from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
+from analysis.core.steps import format_ranges, parse_step_spec, select_steps
+from analysis.ingest.cache import read_trace
+from analysis.ingest.kineto import TraceReadError, max_trace_bytes
+from analysis.ingest.parallel import run_jobs
+from analysis.ingest.parsed_trace import ParsedTrace
+from analysis.ingest.records import (
     RECORD_FILES,
-    RunRecords,
-    read_jsonl,
     read_records,
     record_ranks,
     records_path,
     run_status,
 )
-from analysis.ingest.runs import (  # noqa: F401
-    NothingToAnalyse,
-    file_rank,
-    find_runs,
-    is_run_dir,
-    is_trace_file,
-    kineto_worker,
-    resolve_runs,
-    trace_files,
-)
+from analysis.ingest.runs import file_rank, kineto_worker, resolve_runs
 from tracer import schema
 
 if TYPE_CHECKING:
@@ -75,67 +44,21 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]
 
 
-# ---- data model (described in docs/analysis.md) -------------------------------------------------
-@dataclass
-class RankTrace:
-    rank: int | None
-    world_size: int | None
-    path: Path
-    events: pd.DataFrame
-    steps: pd.DataFrame  # the selected ProfilerStep spans
-    records: RunRecords | None
-    problems: list[str]
-    # Whether any timestamp in the file was written as a float: HTA rounds such traces to whole
-    # microseconds, and the HTA-compatible columns must do the same.
-    float_timestamps: bool = False
-    # Every ProfilerStep span in the trace, before --steps selection.
-    all_steps: pd.DataFrame | None = None
-    # More files of the same rank (further profiler windows); their events are in `events`.
-    extra_paths: list[Path] = field(default_factory=list)
-    backend: str | None = None
-    # False for a rank known only from the tracer's records (killed before its trace was written).
-    has_trace: bool = True
-    # How the rank's run ended, from its manifest: ok, failed, interrupted or crashed (no run_end).
-    status: str | None = None
-    # The trace's distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, ...).
-    process_groups: list[dict] = field(default_factory=list)
-    # {name: table or summary}: what was computed of this rank where its file was parsed
-    # (analysis.rank.summary); `events` is None when the events were dropped afterwards.
-    reduced: dict = field(default_factory=dict)
-    # How to read the events again once dropped: (use the Parquet cache, communication kernel
-    # patterns, the largest trace in bytes).
-    reread: tuple = (True, (), None)
+@dataclass(frozen=True)
+class EventsReader:
+    """A RankTrace's read_events: its file(s) read again as they were loaded (through the
+    Parquet cache or not, under the same size limit), with the same communication kernels
+    marked."""
 
-    @property
-    def label(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else "rank ?"
+    use_cache: bool
+    comm_kernels: tuple
+    max_bytes: int | None
 
-    @property
-    def event_count(self) -> int:
-        """Complete events in the rank's trace(s), whether or not they are still held."""
-        if self.events is not None:
-            return len(self.events)
-        return int(self.reduced.get("event_count", 0))
-
-    def with_events(self) -> RankTrace:
-        """This rank with its events frame: itself, or, when its events were dropped after
-        loading, a copy with them read again from its file(s) (not kept: the caller holds
-        them only as long as it needs them)."""
-        if self.events is not None:
-            return self
-        use_cache, comm_kernels, max_bytes = self.reread
-        parts = [read_trace(path, use_cache, max_bytes) for path in [self.path, *self.extra_paths]]
+    def __call__(self, trace: RankTrace) -> pd.DataFrame:
+        parts = [read_trace(path, self.use_cache, self.max_bytes)
+                 for path in [trace.path, *trace.extra_paths]]
         merged = _merge_windows(parts) if len(parts) > 1 else parts[0]
-        return dataclasses.replace(self, events=mark_comm_kernels(merged.events, comm_kernels))
-
-
-@dataclass
-class LoadResult:
-    ranks: list[RankTrace]
-    problems: list[str]
-    run_dir: Path | None
-    world_size: int | None = None
-    files: list[Path] = field(default_factory=list)
+        return mark_comm_kernels(merged.events, self.comm_kernels)
 
 
 @dataclass(frozen=True)
@@ -222,8 +145,8 @@ def _merge_windows(parts: list[ParsedTrace]) -> ParsedTrace:
     parts = sorted(parts, key=lambda p: int(p.steps["start_ns"].min()) if len(p.steps)
                    else int(p.events["ts_ns"].min()) if len(p.events) else 0)
     first = parts[0]
-    events = pd.concat([p.events for p in parts], ignore_index=True)
-    events["name"] = events["name"].astype("category")
+    events = check_events(contract_categories(pd.concat([p.events for p in parts],
+                                                        ignore_index=True)))
     steps = (pd.concat([p.steps for p in parts], ignore_index=True)
              .sort_values("step", kind="stable").drop_duplicates("step").reset_index(drop=True))
     return ParsedTrace(path=first.path, rank=first.rank, world_size=first.world_size,
@@ -267,7 +190,7 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
     reduction = None if reduce_rank is None else RankReduction(
         reduce_rank, steps, hta_compatible, tuple(comm_kernels), run_dir is not None,
         drop_events=not keep_events)
-    reread = (use_cache, tuple(comm_kernels), max_trace_bytes())
+    reader = EventsReader(use_cache, tuple(comm_kernels), max_trace_bytes())
     for result in _parse_all(files, use_cache, jobs, progress, scheduler, reduction,
                              decoded_ahead):
         if isinstance(result, str):
@@ -312,7 +235,7 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
             else:
                 problems.append(f"duplicate rank {key}: {group[0].path} and {other.path} both "
                                 f"say rank {key}; analysing {group[0].path} only")
-        rank = key if isinstance(key, int) else None
+        rank = key if isinstance(key, int) else UNKNOWN_RANK
         first = kept[0]
         if len(kept) == 1 and first.reduced is not None and first.reduced[0] == rank:
             _, known, reduced = first.reduced
@@ -321,23 +244,23 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
             reduced.problems = first.problems + reduced.problems[known:]
             if keep_events:
                 reduced.events = mark_comm_kernels(first.events, comm_kernels)
-            reduced.reread = reread
+            reduced.read_events = reader
             ranks.append(reduced)
             continue
         # The worker's reduction was of another rank or of one window only: the events it
         # dropped are read again, and the rank is reduced here.
-        kept = [_with_events(k, reread) for k in kept]
+        kept = [_with_events(k, reader) for k in kept]
         trace = _merge_windows(kept) if len(kept) > 1 else kept[0]
         # Records lie beside the trace: several run folders (one per node) form one run.
         records_dir = trace.path.parent if run_dir is not None else None
         ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], records_dir, steps,
                                  hta_compatible, comm_kernels))
-        ranks[-1].reread = reread
+        ranks[-1].read_events = reader
         if not keep_events:
             ranks[-1].reduced = reduce_rank(ranks[-1])
             ranks[-1].events = None
 
-    ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, str(r.path)))
+    ranks.sort(key=lambda r: (r.rank == UNKNOWN_RANK, r.rank, str(r.path)))
     world_size = max((r.world_size for r in ranks if r.world_size), default=None)
     if run_dir is not None:
         found = {r.rank for r in ranks}
@@ -345,15 +268,14 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
             for rank in sorted(record_ranks(folder) - found):
                 ranks.append(_records_only_rank(folder, rank))
                 found.add(rank)
-        ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0,
-                                  str(r.path)))
+        ranks.sort(key=lambda r: (r.rank == UNKNOWN_RANK, r.rank, str(r.path)))
         problems += _unmarked_steps(run_dir, ranks)
         for r in ranks:
             for record in r.records.manifest if r.records is not None else []:
                 if isinstance(record, schema.RunStart):
                     world_size = max(world_size or 0, record.world_size)
     if world_size:
-        found = {r.rank for r in ranks if r.rank is not None}
+        found = {r.rank for r in ranks if r.rank != UNKNOWN_RANK}
         missing = sorted(set(range(world_size)) - found)
         if missing and found:
             which = f"ranks {format_ranges(missing)} of world size {world_size} have" \
@@ -368,12 +290,11 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
                       files=list(files))
 
 
-def _with_events(parsed: ParsedTrace, reread: tuple) -> ParsedTrace:
+def _with_events(parsed: ParsedTrace, reader: EventsReader) -> ParsedTrace:
     if parsed.events is not None:
         return parsed
-    use_cache, _, max_bytes = reread
-    return dataclasses.replace(parsed, events=read_trace(parsed.path, use_cache,
-                                                         max_bytes).events)
+    return dataclasses.replace(parsed, events=read_trace(parsed.path, reader.use_cache,
+                                                         reader.max_bytes).events)
 
 
 def _record_folders(run_dir: Path, files: list[Path]) -> list[Path]:
@@ -384,9 +305,9 @@ def _record_folders(run_dir: Path, files: list[Path]) -> list[Path]:
 def _rank_trace(trace: ParsedTrace, rank, extra: list[Path], run_dir: Path | None,
                 steps: list[int] | None, hta_compatible: bool, comm_kernels=()) -> RankTrace:
     problems = list(trace.problems)
-    where = f"{trace.path}: rank {rank if rank is not None else '?'}"
+    where = f"{trace.path}: rank {rank if rank != UNKNOWN_RANK else '?'}"
     records = None
-    if run_dir is not None and rank is not None:
+    if run_dir is not None and rank != UNKNOWN_RANK:
         records, found = read_records(run_dir, rank)
         problems += found
     if trace.steps.empty:
@@ -424,7 +345,7 @@ def _records_only_rank(run_dir: Path, rank: int) -> RankTrace:
     else:
         problems.append(f"{run_dir}: rank {rank}: no readable Kineto trace and no readable "
                         f"records")
-    empty = pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS})
+    empty = steps_frame()
     return RankTrace(rank=rank, world_size=world_size, path=path, events=empty_events(),
                      steps=empty, records=records, problems=problems, all_steps=empty,
                      has_trace=False, status=status)

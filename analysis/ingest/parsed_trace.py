@@ -11,15 +11,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.events import (
-    EVENT_COLUMNS,
     HOST_OP_CATS,
     NUMBER_COLUMNS,
     PROFILER_STEP_RE,
-    STEP_COLUMNS,
     TEXT_COLUMNS,
     cat_is,
     normal_cat,
 )
+from analysis.core.frames import events_frame, steps_frame
 from analysis.ingest.kineto import DecodedTrace, decode_trace, gc_paused
 from analysis.ingest.kineto_events import EventColumns, ValueCodes
 
@@ -50,7 +49,7 @@ def parse_trace(path: Path, chunked: bool = True, max_bytes: int | None = None,
     with gc_paused():
         if decoded is None:
             decoded = decode_trace(path, chunked, max_bytes)
-        frame = events_frame(decoded.columns)
+        frame = decoded_events(decoded.columns)
         return ParsedTrace(path=Path(path), rank=decoded.rank, world_size=decoded.world_size,
                            backend=decoded.backend, events=frame, steps=profiler_steps(frame),
                            float_timestamps=decoded.columns.float_timestamps,
@@ -68,8 +67,8 @@ def _categorical(codes: ValueCodes, of_row: np.ndarray) -> pd.Categorical:
     return pd.Categorical.from_codes(of_row, categories=pd.Index(categories, dtype=object))
 
 
-def events_frame(decoded: EventColumns) -> pd.DataFrame:
-    """The events frame (analysis.core.events.EVENT_COLUMNS) of a file's decoded columns."""
+def decoded_events(decoded: EventColumns) -> pd.DataFrame:
+    """The events frame (analysis.core.frames) of a file's decoded columns."""
     def joined(column, dtype):
         parts = decoded.parts[column]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
@@ -102,16 +101,9 @@ def events_frame(decoded: EventColumns) -> pd.DataFrame:
         "ts_ns": ts_ns, "dur_ns": dur_ns, "end_ns": ts_ns + dur_ns,
         "pid": by_place["pid"], "tid": by_place["tid"],
         "stream": joined("stream", np.int64), "correlation": joined("correlation", np.int64),
-        "is_gpu": joined("is_gpu", bool), "is_comm": joined("is_comm", bool), **numbers,
-        # Mostly-None text stays a numpy object array: pandas would otherwise infer (and
-        # convert to) its string dtype, which costs more than the whole decode.
-        **{c: pd.Series(values, dtype=object, copy=False) for c, values in text.items()},
+        "is_gpu": joined("is_gpu", bool), "is_comm": joined("is_comm", bool), **numbers, **text,
     }
-    return pd.DataFrame({c: columns[c] for c in EVENT_COLUMNS}, copy=False)
-
-
-def empty_events() -> pd.DataFrame:
-    return events_frame(EventColumns())
+    return events_frame(columns)
 
 
 def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
@@ -122,7 +114,7 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
         step_of = {i: int(m.group(1)) for i, c in enumerate(categories)
                    if (m := PROFILER_STEP_RE.match(c))}
         if not step_of:
-            return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS})
+            return steps_frame()
         codes = names.cat.codes.to_numpy()
         mask = np.isin(codes, list(step_of)) & cat_is(events, HOST_OP_CATS)
         numbers = np.array([step_of[c] for c in codes[mask]], dtype=np.int64)
@@ -139,6 +131,5 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     first = np.ones(len(numbers), dtype=bool)
     first[1:] = numbers[1:] != numbers[:-1]
     keep = order[first]
-    return pd.DataFrame({"step": numbers[first], "start_ns": start_ns[keep],
-                         "end_ns": end_ns[keep]})
+    return steps_frame(numbers[first], start_ns[keep], end_ns[keep])
 

@@ -8,24 +8,16 @@ the rank and the line. Nothing read is evaluated or unpickled.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from analysis.core.model import RunRecords
 from tracer import schema
 
 if TYPE_CHECKING:
     import pandas as pd
-
-
-@dataclass
-class RunRecords:
-    comms: pd.DataFrame
-    samples: pd.DataFrame
-    steps: pd.DataFrame
-    manifest: list
 
 
 # Every record file of a rank, the manifest first (tracer.schema names them).

@@ -18,7 +18,7 @@ from analysis.core.events import (
     distinct_names,
     matches,
 )
-from analysis.ingest.load import RankTrace
+from analysis.core.model import RankTrace, known_rank
 
 HTA_COLUMNS = ["rank", "idle_us", "compute_us", "non_compute_us", "kernel_time_us", "note"]
 
@@ -161,7 +161,7 @@ def _merged(ts: np.ndarray, end: np.ndarray, rows: np.ndarray, by_start: np.ndar
 
 def _hta_rank(trace: RankTrace, ts: np.ndarray, end: np.ndarray, kept: np.ndarray,
               names: _NameMasks, filtering: bool) -> dict:
-    row = {"rank": trace.rank, "idle_us": np.nan, "compute_us": np.nan,
+    row = {"rank": known_rank(trace), "idle_us": np.nan, "compute_us": np.nan,
            "non_compute_us": np.nan, "kernel_time_us": np.nan, "note": ""}
     events = trace.events
     stream = events["stream"].to_numpy()

@@ -17,7 +17,7 @@ from analysis.core.events import (
     cat_is,
     matches,
 )
-from analysis.ingest.load import RankTrace
+from analysis.core.model import RankTrace, known_rank
 from analysis.rank.layers import (
     on_threads,
     pair,
@@ -114,7 +114,7 @@ def idle_gaps(trace: RankTrace, kind_layers: tuple | None = None) -> pd.DataFram
     activity[host_caused & (2 * loading_share >= gap_len)] = "data_loading"
     # Built in IDLE_GAP_COLUMNS' order: selecting them again would copy the frame.
     return pd.DataFrame({
-        "rank": trace.rank, "step": np.concatenate(rows_step), "start_ns": gap_starts,
+        "rank": known_rank(trace), "step": np.concatenate(rows_step), "start_ns": gap_starts,
         "end_ns": gap_ends, "dur_ns": gap_len, "host_activity": activity,
     })
 

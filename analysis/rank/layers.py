@@ -22,8 +22,8 @@ from analysis.core.events import (
     distinct_names,
     matches,
 )
+from analysis.core.model import RankTrace
 from analysis.core.steps import WHOLE_TRACE_STEP
-from analysis.ingest.load import RankTrace
 
 # The parts of a step's time, in the order of the state -> part tables below.
 PARTS = ["compute_only_ns", "comm_only_ns", "overlap_ns", "memcpy_ns", "idle_ns"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from analysis.core.events import distinct_names, with_events
+from analysis.core.model import known_rank
 from analysis.rank.issuers import host_events
 
 _ACTION_RE = re.compile(r"^PP:\(?(\d+)(F|B|I|W)(\d+)?")
@@ -72,7 +73,7 @@ def rank_schedule(trace) -> PipelineSchedule:
         schedule.kind = "gpipe" if names.str.match(_GPIPE_RE).any() else None
         return schedule
     stages = parsed[0].astype(int)
-    schedule.stages_by_rank[getattr(trace, "rank", None)] = set(stages.unique().tolist())
+    schedule.stages_by_rank[known_rank(trace)] = set(stages.unique().tolist())
     schedule.split_backward = bool(parsed[1].isin(["I", "W"]).any())
     micro = pd.to_numeric(parsed[2], errors="coerce").dropna()
     if len(micro):

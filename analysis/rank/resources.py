@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.model import known_rank
+
 _STEP_RECORD_COLUMNS = {
     "cuda_peak_allocated_bytes": "peak_allocated_bytes",
     "cuda_peak_reserved_bytes": "peak_reserved_bytes",
@@ -26,7 +28,7 @@ def records_by_rank(traces) -> dict:
         records = getattr(trace, "records", None)
         if records is None:
             continue
-        rank = getattr(trace, "rank", None)
+        rank = known_rank(trace)
         if rank is None:
             rank = _rank_from_records(records)
         if rank is None or rank in by_rank:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
-from analysis.ingest.load import RankTrace
+from analysis.core.model import RankTrace, known_rank
 from analysis.rank.layers import PARTS, trace_kind, trace_layers, window_bounds
 
 # The time columns of a step (or a rank's steps): its length, the five PARTS that add up to it,
@@ -50,7 +50,7 @@ def breakdown_per_step(trace: RankTrace, kind_layers: tuple | None = None) -> pd
     for state, part in enumerate(category):
         parts[:, part] += by_state[:, state]
     # One frame built in BREAKDOWN_COLUMNS' order: inserting column by column costs more.
-    columns = {"rank": trace.rank, "step": steps, "step_ns": ends - starts}
+    columns = {"rank": known_rank(trace), "step": steps, "step_ns": ends - starts}
     columns.update(zip(PARTS, parts.T))
     comm_only = columns["comm_only_ns"]
     columns["exposed_comm_ns"] = comm_only

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.model import known_rank
 from analysis.rank.resources import RANK_RESOURCE_COLUMNS, rank_resources, step_resources
 from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS
 
@@ -282,7 +283,7 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     frame["work_ns"] = work_ns(frame)
     stepped = {row["rank"]: row for row in _rank_step_rows(frame)}
     recorded = {int(row["rank"]): row for row in resources.to_dict("records")}
-    listed = [int(t.rank) for t in traces or [] if getattr(t, "rank", None) is not None]
+    listed = [int(t.rank) for t in traces or [] if known_rank(t) is not None]
     table = pd.DataFrame([{**recorded.get(rank, {}), **stepped.get(rank, {}), "rank": rank}
                           for rank in sorted({*stepped, *recorded, *listed})],
                          columns=[*_STEP_ROW_COLUMNS, *RANK_RESOURCE_COLUMNS[1:]])
@@ -313,7 +314,7 @@ def _finished_per_rank(table: pd.DataFrame, traces) -> pd.DataFrame:
     table["slowest"] = table["slowest"].fillna(False).astype(bool)
     table["steps"] = table["steps"].fillna(0).astype("Int64")
     status = {int(t.rank): t.status for t in traces or []
-              if getattr(t, "rank", None) is not None and getattr(t, "status", None)}
+              if known_rank(t) is not None and getattr(t, "status", None)}
     table["status"] = pd.Series([status.get(int(r)) if not pd.isna(r) else None
                                  for r in table["rank"]], index=table.index, dtype=object)
     return table.sort_values("rank", kind="stable").reset_index(drop=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.core.model import known_rank
 from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges
 from analysis.crossrank import report as cross_report
 from analysis.report.text_tables import TEXT_MAX_ROWS  # noqa: F401 (the report's limit)
@@ -105,22 +106,23 @@ def run_document(report: RunReport) -> dict:
     steps_of = steps_by_rank(report.per_step)
     ranks = []
     for trace in report.ranks:
-        totals = dict(totals_by_rank.get(trace.rank, {}))
+        rank = known_rank(trace)
+        totals = dict(totals_by_rank.get(rank, {}))
         totals.pop("rank", None)
-        hta = hta_by_rank.get(trace.rank, {})
+        hta = hta_by_rank.get(rank, {})
         ranks.append({
-            "rank": trace.rank,
+            "rank": rank,
             "file": str(trace.path),
             "more_files": [str(p) for p in trace.extra_paths],
             "world_size": trace.world_size,
-            "window": window_of(steps_of.get(trace.rank, [])),
-            "steps_analysed": steps_of.get(trace.rank, []),
+            "window": window_of(steps_of.get(rank, [])),
+            "steps_analysed": steps_of.get(rank, []),
             "has_trace": trace.has_trace,
             "status": trace.status,
             "breakdown": totals,
             "hta_compatible": {**{k: hta.get(k) for k in HTA_KEYS},
                                "note": hta.get("note") or None},
-            "summary": {k: v for k, v in per_rank.get(trace.rank, {}).items() if k != "rank"},
+            "summary": {k: v for k, v in per_rank.get(rank, {}).items() if k != "rank"},
         })
     return {
         "schema_version": DOCUMENT_VERSION,
@@ -327,8 +329,8 @@ def window_text(report: RunReport) -> str:
     if report.hta_compatible:
         steps += ", last step dropped (HTA-compatible)"
     steps_of = steps_by_rank(report.per_step)
-    whole = [t.rank for t in report.ranks
-             if window_of(steps_of.get(t.rank, [])) == WINDOW_WHOLE_TRACE]
+    whole = [known_rank(t) for t in report.ranks
+             if window_of(steps_of.get(known_rank(t), [])) == WINDOW_WHOLE_TRACE]
     if not whole:
         return steps
     whole_text = "the whole trace as one window (no ProfilerStep)"
@@ -348,7 +350,7 @@ def _status_line(report: RunReport) -> str | None:
     ended = {}
     for trace in report.ranks:
         if trace.status and trace.status != "ok":
-            ended.setdefault(trace.status, []).append(trace.rank)
+            ended.setdefault(trace.status, []).append(known_rank(trace))
     if not ended:
         return None
     parts = [f"rank(s) {format_ranges(sorted(r for r in ranks if r is not None))} {status}"
@@ -358,7 +360,7 @@ def _status_line(report: RunReport) -> str | None:
 
 def text_report(report: RunReport) -> str:
     kinds = sorted(set(report.totals["kind"])) if not report.totals.empty else []
-    ranks = ", ".join(_rank(t.rank) for t in report.ranks) or "none"
+    ranks = ", ".join(_rank(known_rank(t)) for t in report.ranks) or "none"
     world = f" of world size {report.world_size}" if report.world_size else ""
     title = f"ranktrace analysis of {report.name}  ({report.path})"
     if nothing_analysed(report):

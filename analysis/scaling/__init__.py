@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.core.model import UNKNOWN_RANK
 from analysis.core.terminal import terminal_safe
 from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir
 from analysis.rank.summary import rank_tables
@@ -101,7 +102,7 @@ def load_run(path: Path, samples_per_step: float | None = None,
                                 None)
     world_size = loaded.world_size or max((s.world_size for s in starts), default=None)
     if world_size is None:
-        world_size = len({t.rank for t in loaded.ranks if t.rank is not None}) or None
+        world_size = len({t.rank for t in loaded.ranks if t.rank != UNKNOWN_RANK}) or None
     nnodes = len({s.host for s in starts}) or 1
     if steps.empty:
         problems.append(f"{path}: no step records (rank*.steps.jsonl): the run has no step time "

@@ -21,6 +21,7 @@ from analysis.core.comm_names import (  # noqa: F401  (the names are part of thi
     dtype_size,
     message_bytes,
 )
+from analysis.core.model import known_rank
 from analysis.rank import issuers
 from analysis.rank.comm.events import REQUIRED_EVENT_COLUMNS, op_columns
 from analysis.rank.comm.op_rows import col as _col
@@ -71,7 +72,7 @@ def comm_ops(trace, join=None) -> pd.DataFrame:
     """
     records = getattr(trace, "records", None)
     comms = getattr(records, "comms", None) if records is not None else None
-    rank = getattr(trace, "rank", None)
+    rank = known_rank(trace)
     if isinstance(comms, pd.DataFrame) and len(comms):
         frame = _ops_from_records(comms, rank, trace)
         traced = (_trace_columns(trace, rank, join) if _ddp_buckets_in_windows_only(records)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
+from analysis.core.model import UNKNOWN_RANK
 from analysis.crossrank.report import (
     rank_bars,
     with_transfer_bandwidth,
@@ -53,7 +54,7 @@ def gantt_rows(ranks: list, step: int) -> tuple[list, float]:
     rows, span = [], 0.0
     for trace in ranks:
         steps = trace.steps[trace.steps["step"] == step] if len(trace.steps) else trace.steps
-        if trace.rank is None or steps.empty or trace.events.empty:
+        if trace.rank == UNKNOWN_RANK or steps.empty or trace.events.empty:
             continue
         start, end = int(steps["start_ns"].iloc[0]), int(steps["end_ns"].iloc[0])
         kind = trace_kind(trace)
@@ -77,7 +78,7 @@ def longest_ops(ranks: list, step: int) -> pd.DataFrame:
     parts = []
     for trace in ranks:
         steps = trace.steps[trace.steps["step"] == step] if len(trace.steps) else trace.steps
-        if trace.rank is None or steps.empty or trace.events.empty:
+        if trace.rank == UNKNOWN_RANK or steps.empty or trace.events.empty:
             continue
         start, end = int(steps["start_ns"].iloc[0]), int(steps["end_ns"].iloc[0])
         events = trace.events
@@ -180,7 +181,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
     steps = sorted(int(s) for s in per_step["step"].unique()) if len(per_step) else []
     header = (f"<p><b>{esc(name)}</b> &mdash; <code>{esc(path)}</code><br>"
               f"world size {esc(world_size if world_size else '?')}, "
-              f"{len([t for t in ranks if t.rank is not None])} ranks analysed, "
+              f"{len([t for t in ranks if t.rank != UNKNOWN_RANK])} ranks analysed, "
               f"steps {esc(', '.join(map(str, steps)) or 'none')}</p>")
     if problems:
         items = "".join(f"<li>{esc(p)}</li>" for p in problems)
