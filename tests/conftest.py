@@ -1,16 +1,13 @@
-"""What every test module may use: the test data folder, the `slow` marks, a 1-rank process
-group, and the integration tests' shared runs. Launching scripts: tests/helpers/launch.py.
-
-(tests/integration/ has no conftest.py of its own: a second module named conftest would make
-`from conftest import DATA` in the modules here ambiguous.)"""
+"""What every test may use: the `slow` mark of everything under tests/integration/, a 1-rank
+process group, and the integration tests' shared runs. The suite mirrors the package:
+tests/unit/<stage>/ for each floor of analysis/ and for the tracer, tests/integration/ for
+traced runs, tests/golden/ for the stored documents; shared builders and the one launcher are
+in tests/helpers/ (imported as `helpers.*`; no test module imports another)."""
 
 from pathlib import Path
 
 import pytest
 
-# REPO and DATA (real traces recorded by other projects, and HTA's numbers on them:
-# tests/data/README.md) are also importable from here, for the modules outside tests/integration.
-from helpers.launch import DATA, REPO  # noqa: F401
 from helpers.runs import SharedRuns
 
 # Every test under tests/integration/ starts torchrun, the tracer or other Python processes: all

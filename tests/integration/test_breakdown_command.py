@@ -12,7 +12,7 @@ import pytest
 from analysis import breakdown as cli
 from analysis.rank.layers import PARTS
 from helpers.launch import DATA, torchrun_env
-from synthetic import TraceBuilder, trace_name
+from helpers.synthetic import TraceBuilder, trace_name
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = DATA / "hta-0.5.0-reference.csv"

@@ -1,0 +1,132 @@
+"""Per-rank tables and summaries computed where each file is parsed (analysis.ingest.load,
+analysis.rank.summary): the same as from the loaded run, for the same steps and communication
+kernels; and a run whose events were dropped after loading reports what a run that kept them
+does."""
+
+import pandas as pd
+import pytest
+
+from analysis.ingest.load import load_path
+from analysis.rank.hta import _hta_rank_of, hta_temporal_breakdown
+from analysis.rank.summary import RANK_SUMMARIES, RANK_TABLES, rank_tables
+from analysis.report import output
+from analysis.run import analyse_run
+from helpers.synthetic import TraceBuilder, trace_name
+
+US = 1000
+TABLES = RANK_TABLES
+
+
+def rank_trace(rank: int, steps=(1, 2, 3, 4)) -> TraceBuilder:
+    b = TraceBuilder(rank=rank, world_size=2)
+    for n in steps:
+        start = (n - 1) * 100
+        (b.step(n, start, start + 100).compute(start + 10, start + 40)
+         .nccl(start + 30, start + 60).kernel("my_exchange", start + 70, start + 80, stream=30))
+    b.op("record_param_comms", 5, 6, args={
+        "Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024,
+        "dtype": "Float", "Group size": 2, "Process Group Name": "0"})
+    return b
+
+
+def write_run(folder, builders):
+    for b in builders:
+        b.write(folder / trace_name(b.rank))
+    return folder
+
+
+def test_worker_tables_are_those_of_the_loaded_rank_with_its_steps_and_kernels(tmp_path):
+    run = write_run(tmp_path / "run", [rank_trace(0), rank_trace(1)])
+    loaded = load_path(run, "2-3", use_cache=False, jobs=2, comm_kernels=("my_exchange",),
+                       reduce_rank=rank_tables)
+    for trace in loaded.ranks:
+        assert set(trace.reduced) == set(TABLES) | set(RANK_SUMMARIES)
+        for name, build in TABLES.items():
+            pd.testing.assert_frame_equal(trace.reduced[name], build(trace))
+        pd.testing.assert_frame_equal(trace.reduced["comm_events"],
+                                      RANK_SUMMARIES["comm_events"](trace))
+        assert trace.reduced["event_count"] == len(trace.events) > 0
+        for name in ("hta", "pipeline_schedule", "ddp_accumulation"):
+            assert trace.reduced[name] == RANK_SUMMARIES[name](trace)
+        per_step = trace.reduced["per_step"]
+        assert per_step["step"].tolist() == [2, 3]
+        # The custom kernel (70-80 us of each step) is communication only, as is 40-60 us.
+        assert (per_step["comm_only_ns"] == 30 * US).all()
+
+
+def test_the_report_is_the_same_with_or_without_the_worker_tables(tmp_path):
+    run = write_run(tmp_path / "run", [rank_trace(0), rank_trace(1)])
+    streamed = load_path(run, use_cache=False, jobs=2)
+    computed = load_path(run, use_cache=False, jobs=2)
+    for trace in computed.ranks:
+        trace.reduced = {}
+    documents = [output.run_document(analyse_run(loaded, "run", str(run)))
+                 for loaded in (streamed, computed)]
+    assert output.dumps(documents[0]) == output.dumps(documents[1])
+    # A run with steps and collectives, not two empty documents.
+    assert [r["steps_analysed"] for r in documents[0]["ranks"]] == [[1, 2, 3, 4]] * 2
+    assert documents[0]["collectives"]
+
+
+def test_a_rank_of_several_profiler_windows_gets_its_tables_from_the_merged_trace(tmp_path):
+    run = tmp_path / "run"
+    rank_trace(0, steps=(1, 2)).write(run / trace_name(0, span=111))
+    rank_trace(0, steps=(5, 6)).write(run / trace_name(0, span=222))
+    loaded = load_path(run, use_cache=False, jobs=2)
+    trace, = loaded.ranks
+    assert trace.reduced == {}  # each worker saw one window only
+    report = analyse_run(loaded, "run", str(run))
+    assert report.per_step["step"].tolist() == [1, 2, 5, 6]
+
+
+def _document(loaded, run) -> str:
+    return output.dumps(output.run_document(analyse_run(loaded, "run", str(run))))
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_run_whose_events_were_dropped_reports_the_same(tmp_path, jobs):
+    run = write_run(tmp_path / "run", [rank_trace(0), rank_trace(1, steps=(1, 2, 3))])
+    kept = load_path(run, use_cache=False, jobs=jobs)
+    dropped = load_path(run, use_cache=False, jobs=jobs, keep_events=False, reduce_rank=rank_tables)
+    assert all(t.events is None and t.event_count > 0 for t in dropped.ranks)
+    assert _document(dropped, run) == _document(kept, run)
+    # The events are read again on demand, as they were loaded.
+    for held, gone in zip(kept.ranks, dropped.ranks):
+        pd.testing.assert_frame_equal(gone.with_events().events, held.events)
+        assert gone.events is None
+
+
+def test_several_windows_of_a_rank_are_merged_and_then_dropped(tmp_path):
+    run = tmp_path / "run"
+    rank_trace(0, steps=(1, 2)).write(run / trace_name(0, span=111))
+    rank_trace(0, steps=(5, 6)).write(run / trace_name(0, span=222))
+    kept = load_path(run, use_cache=False, jobs=2)
+    dropped = load_path(run, use_cache=False, jobs=2, keep_events=False, reduce_rank=rank_tables)
+    trace, = dropped.ranks
+    assert trace.events is None and trace.reduced["per_step"]["step"].tolist() == [1, 2, 5, 6]
+    assert _document(dropped, run) == _document(kept, run)
+    pd.testing.assert_frame_equal(trace.with_events().events, kept.ranks[0].events)
+
+
+def test_hta_columns_of_sub_microsecond_durations_do_not_depend_on_dropping(tmp_path):
+    # Whole-microsecond starts with fractional durations: HTA's float sums depend on the run's
+    # earliest start, which a worker cannot know; such a rank is computed again from its events.
+    run = tmp_path / "run"
+    for rank, offset in ((0, 0), (1, 3_000_001)):
+        b = TraceBuilder(rank=rank, world_size=2)
+        start = 1000 + offset
+        b.step(1, start, start + 100).step(2, start + 100, start + 200)
+        b.kernel("volta_sgemm", start + 10, start + 10.1).nccl(start + 20, start + 90.7)
+        b.kernel("volta_sgemm", start + 110, start + 110.9)
+        b.write(run / trace_name(rank))
+    dropped = load_path(run, use_cache=False, jobs=2, keep_events=False, reduce_rank=rank_tables)
+    assert not any(t.reduced["hta"]["exact"] for t in dropped.ranks)
+    table = hta_temporal_breakdown(dropped.ranks)
+    # HTA's rows on float64 times from the run's earliest start (rank 0's first step, 1000 us),
+    # as a run whose events are all held computes them.
+    kept = load_path(run, use_cache=False, jobs=1)
+    names = {"ProfilerStep#1", "ProfilerStep#2"}
+    expected = [_hta_rank_of(t, 1000, names, True) for t in kept.ranks]
+    assert table.to_dict("records") == expected
+    # Rank 1's row from its own earliest start (the worker's) differs: the test tells them apart.
+    assert dropped.ranks[1].reduced["hta"]["rows"][True] != expected[1]

@@ -1,0 +1,100 @@
+"""Who issued each communication op and what DDP's forwards say about gradient accumulation
+(analysis.rank.issuers), against answers worked out by hand on small built ranks with the text
+column kinds a loaded trace may hold."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.rank import issuers
+from helpers.comm_events import (
+    MS,
+    column_kinds,
+    event,
+    events_frame,
+    host_event,
+    kernel,
+    make_trace,
+    rank_of,
+)
+
+
+def ddp_rank(forwards_reduced: list[bool]) -> pd.DataFrame:
+    """DDP forwards 10 ms apart, each followed by a gradient all-reduce (named by the call's
+    collective, or by the op's own name) or not, and an unrelated kernel."""
+    rows = []
+    for i, reduced in enumerate(forwards_reduced):
+        rows.append(host_event("DistributedDataParallel.forward", i * 10, 3))
+        if reduced:
+            rows.append(host_event("record_param_comms", i * 10 + 6, 0.1, collective="allreduce")
+                        if i % 2 else host_event("nccl:all_reduce", i * 10 + 6, 0.1))
+        rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", i * 10 + 7, 1))
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(("reduced", "steps", "verdict"), [
+    ([True, True, True, True], 1, issuers.ACCUMULATING_WITHOUT_NO_SYNC),
+    ([False, False, False, True], 1, issuers.NO_SYNC_USED),
+    ([True, True, True, False], 1, issuers.ACCUMULATING_WITHOUT_NO_SYNC),  # last one cut off
+    ([True, True], 2, issuers.NO_ACCUMULATION),
+    ([False, False], 1, None),
+])
+def test_ddp_forwards_tell_gradient_accumulation(reduced, steps, verdict):
+    events = ddp_rank(reduced)
+    span = len(reduced) * 10 // steps
+    step_spans = [(s, s * span * MS, (s + 1) * span * MS) for s in range(steps)]
+    for columns in column_kinds(events):
+        assert issuers.ddp_accumulation([rank_of(columns, step_spans)]) == verdict
+
+
+def test_issuers_of_ops_by_the_spans_around_them_and_the_frameworks_the_trace_shows():
+    events = pd.DataFrame([
+        host_event("FSDP::all_gather", 0, 10),
+        host_event("DistributedDataParallel.forward", 20, 10),
+        host_event("aten::mm", 40, 5),
+        kernel("ncclKernel_AllGather_RING_LL_Sum_float", 5, 1),
+        # A marker's name on the device is no marker, even on the host thread's ids.
+        {**kernel("FullyShardedDataParallel._pre_forward", 60, 5), "pid": "1", "tid": "1"},
+    ])
+    op = np.array(["all_gather", "all_reduce", "all_reduce", "send", "broadcast", "broadcast",
+                   "all_gather", "all_to_all"], dtype=object)
+    host_ts = np.array([5, 25, 42, 50, 61, 62, 5, 2], dtype="float64") * MS
+    host_tid = ["1", "1", "1", "1", "1", "1", "2", "1"]
+    named = np.array([True, True, True, True, True, False, True, True])
+    expected = ["fsdp2", "ddp", "ddp", "p2p", "c10d", "unknown", "fsdp2", "fsdp2"]
+    for columns in column_kinds(events):
+        found = issuers.issuers_of_ops(rank_of(columns), op, host_ts, ["1"] * len(op), host_tid,
+                                       named)
+        assert found.tolist() == expected
+
+
+def test_marker_spans_are_found_among_host_names_only():
+    rows = [event("FSDP::all_gather", "user_annotation", 0, 100),
+            event("FSDP::all_gather", "gpu_user_annotation", 0, 100, is_gpu=True),
+            event("DistributedDataParallel.forward", "user_annotation", 200, 100, tid="2"),
+            event("aten::mm", "cpu_op", 10, 5)]
+    for names in (object, "category"):
+        events = events_frame(rows).astype({"name": names})
+        spans = issuers._marker_spans(make_trace(events))
+        assert [(issuer, starts.tolist(), ends.tolist(), threads)
+                for issuer, starts, ends, threads in spans] == [
+            ("fsdp2", [0.0], [100.0], [("100", "1")]),
+            ("ddp", [200.0], [300.0], [("100", "2")])]
+
+
+def test_issuers_of_ops_fall_back_once_per_op():
+    events = events_frame([event("FullyShardedDataParallel.forward", "cpu_op", 0, 10)])
+    op = np.array(["all_gather", None, "all_reduce", "send", "all_gather"], dtype=object)
+    found = issuers.issuers_of_ops(make_trace(events), op, [50] * 5, ["100"] * 5, ["1"] * 5,
+                                   np.array([True, True, False, True, False]))
+    assert found.tolist() == ["fsdp1", "c10d", "unknown", "p2p", "fsdp1"]
+
+
+def test_step_spans_are_taken_by_start_with_unknown_starts_last():
+    steps = pd.DataFrame({"step": [3, 1, 2, 0], "start_ns": [30, 10, 20, 5],
+                          "end_ns": [35, 15, 25, 12]})
+    starts, ends = issuers._spans_by_start(steps)
+    assert starts.tolist() == [5.0, 10.0, 20.0, 30.0] and ends.tolist() == [12.0, 15.0, 25.0, 35.0]
+    starts, ends = issuers._spans_by_start(steps.assign(start_ns=[30.0, np.nan, 20.0, 10.0]))
+    assert starts.tolist()[:3] == [10.0, 20.0, 30.0] and np.isnan(starts[3])
+    assert ends.tolist() == [12.0, 25.0, 35.0, 15.0]

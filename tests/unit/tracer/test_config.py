@@ -1,0 +1,102 @@
+"""The tracer's options: the command line, the environment, and their help against
+docs/tracer.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+
+import pytest
+
+from helpers.launch import REPO
+from tracer import config as config_mod
+from tracer.config import ConfigError, TracerConfig
+
+sys.path.insert(0, str(REPO / "tests" / "scripts"))
+import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
+
+
+# ---- options --------------------------------------------------------------------------------
+def test_options_before_the_script_are_ours_and_the_rest_the_scripts():
+    config, script, args = config_mod.resolve(
+        ["--active", "2", "--record-shapes", "--out=/x", "train.py", "--active", "9", "-v"], {})
+    assert (script, args) == ("train.py", ["--active", "9", "-v"])
+    assert config.active == 2 and config.record_shapes is True and config.out == "/x"
+    assert config.warmup == TracerConfig().warmup
+
+
+@pytest.mark.parametrize("argv,script,args", [
+    (["train.py", "--", "-x"], "train.py", ["--", "-x"]),  # the script's own `--` stays
+    (["--", "train.py", "--help"], "train.py", ["--help"]),  # ours ends the tracer's options
+    (["--samples-per-step", "64", "train.py", "-h"], "train.py", ["-h"]),
+])
+def test_everything_after_the_script_reaches_it_untouched(argv, script, args):
+    assert config_mod.resolve(argv, {})[1:] == (script, args)
+
+
+def test_samples_per_step_comes_from_the_command_line_or_the_environment():
+    config, *_ = config_mod.resolve(["s.py"], {"RANKTRACE_SAMPLES_PER_STEP": "256"})
+    assert config.samples_per_step == 256
+    config, *_ = config_mod.resolve(["--samples-per-step", "32", "s.py"],
+                                    {"RANKTRACE_SAMPLES_PER_STEP": "256"})
+    assert config.samples_per_step == 32
+    assert config_mod.resolve(["s.py"], {})[0].samples_per_step == 0
+
+
+def test_environment_sets_options_and_the_command_line_wins():
+    env = {"RANKTRACE_SAMPLE_HZ": "2.5", "RANKTRACE_ACTIVE": "4", "RANKTRACE_NO_COMMS": "yes",
+           "OTHER": "ignored"}
+    config, *_ = config_mod.resolve(["--active", "6", "s.py"], env)
+    assert (config.sample_hz, config.active, config.no_comms) == (2.5, 6, True)
+
+
+@pytest.mark.parametrize("argv,env,message", [
+    (["--activ", "2", "s.py"], {}, "unrecognized arguments: --activ"),
+    (["s.py"], {"RANKTRACE_ACTIV": "2"}, "unknown environment variable RANKTRACE_ACTIV"),
+    (["--active", "0", "s.py"], {}, "--active must be >= 1"),
+    (["--sample-hz", "-1", "s.py"], {}, "--sample-hz must be in"),
+    (["--wait", "x", "s.py"], {}, "--wait must be an integer, got 'x'"),
+    (["--samples-per-step", "-8", "s.py"], {}, "--samples-per-step must be >= 0"),
+    (["s.py"], {"RANKTRACE_NO_PROFILER": "maybe"}, "RANKTRACE_NO_PROFILER must be one of"),
+    (["--run-name", "a/b", "s.py"], {}, "--run-name must be a plain folder name"),
+    (["--record-shapes=1", "s.py"], {}, "--record-shapes: ignored explicit argument '1'"),
+    (["--active"], {}, "--active: expected one argument"),
+    (["--max-record-mb", "-1", "s.py"], {}, "--max-record-mb must be >= 0"),
+    (["--active", "2"], {}, "no script given"),
+])
+def test_bad_options_are_errors_that_name_them(argv, env, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_mod.resolve(argv, env)
+
+
+def _documented_options() -> dict[str, tuple[str, str]]:
+    """docs/tracer.md's options table: option -> (environment variable, meaning)."""
+    doc = (h.REPO / "docs" / "tracer.md").read_text()
+    rows = re.findall(r"^\| `(--[a-z-]+)[^`]*` \| `(RANKTRACE_[A-Z_]+)` \| [^|]+ \| (.+) \|$",
+                      doc, re.M)
+    return {option: (env, meaning) for option, env, meaning in rows}
+
+
+def test_help_text_and_docs_table_list_the_same_options():
+    helps = config_mod.field_help()
+    documented = _documented_options()
+    # argparse wraps lines (and breaks words at hyphens): compare without any white space.
+    shown = "".join(config_mod.build_parser().format_help().split())
+    fields = dataclasses.fields(TracerConfig)
+    assert sorted(documented) == sorted(config_mod.option_name(f.name) for f in fields)
+    for f in fields:
+        option, help_line = config_mod.option_name(f.name), helps[f.name]
+        assert help_line, f"{f.name} has no line in TracerConfig's docstring"
+        assert documented[option][0] == config_mod.env_name(f.name)
+        assert option in shown and "".join(help_line.split()) in shown, f"{option} not in --help"
+
+
+def test_help_and_bad_option_exit_before_running_anything(tmp_path):
+    shown = h.run(["--help"], h.TINY, ["--losses", tmp_path / "l"])
+    assert shown.returncode == 0 and "--skip-first" in shown.stdout
+    assert not (tmp_path / "l").exists()
+    bad = h.run(["--no-such-option"], h.TINY, ["--losses", tmp_path / "l"])
+    assert bad.returncode == 2
+    assert "ranktrace: error: unrecognized arguments: --no-such-option" in bad.stderr
+    assert not (tmp_path / "l").exists()
