@@ -1,5 +1,5 @@
-"""`python -m analysis.breakdown`: the command line (docs/analysis.md). Arguments and printing
-only; the analysis is analysis.run's.
+"""`python -m analysis.breakdown`: the command line (docs/analysis.md). Arguments and printing only;
+the analysis is analysis.run's.
 
 Until a run's trace file is being decoded (analysis.ingest.parse_ahead), nothing here imports
 pandas.

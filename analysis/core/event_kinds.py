@@ -1,10 +1,10 @@
 """The events frame's columns, the Kineto categories and the event names the analysis knows.
 
 Which events count as device work, host ops, communication, data loading or synchronisation is
-decided here, by category and name, and nowhere else; docs/definitions.md gives the reasons.
-This module imports neither numpy nor pandas: the trace decoder (analysis.ingest.kineto_events) runs
-before the command imports them (analysis.ingest.parse_ahead). analysis.core.events re-exports
-every name.
+decided here, by category and name, and nowhere else; docs/definitions.md gives the reasons. This
+module imports neither numpy nor pandas: the trace decoder (analysis.ingest.kineto_events) runs
+before the command imports them (analysis.ingest.parse_ahead). analysis.core.events re-exports every
+name.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Which ProfilerStep spans make the analysis window: --steps, HTA's selection, unfinished steps.
 
 Pure functions on the steps frame (`step, start_ns, end_ns`) that analysis.ingest.load builds; the
-rules
-are written in docs/definitions.md ("The analysis window: steps").
+rules are written in docs/definitions.md ("The analysis window: steps").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The stop diagnosis of point-to-point ops: a send and its recv are the k-th send from rank S to
-rank D and the k-th recv by D from S on one group (their IssueRecord positions, counted per
-group, op and peer); per (group, S, D) the first k where one side never posted its op, the two
-disagree on size or dtype, or neither completed (docs/reliability.md, Definitions).
+rank D and the k-th recv by D from S on one group (their IssueRecord positions, counted per group,
+op and peer); per (group, S, D) the first k where one side never posted its op, the two disagree on
+size or dtype, or neither completed (docs/reliability.md, Definitions).
 
 Pure: DataFrame in, DataFrame out, rows in analysis.findings.stop's GROUP_COLUMNS plus `src` and
 `dst`.

@@ -1,11 +1,10 @@
 """Reading one Kineto trace file (plain or gzipped JSON) into the columns of its events.
 
 The file is decoded a few MB of JSON at a time (analysis.ingest.kineto_events builds the columns),
-so
-memory stays near the size of the resulting columns; analysis.ingest.parsed_trace makes the events
-frame of them. A file that cannot be read raises TraceReadError naming the file and the
-problem. Nothing read is evaluated or unpickled. This module does not import pandas: it runs
-before the command imports it (analysis.ingest.parse_ahead).
+so memory stays near the size of the resulting columns; analysis.ingest.parsed_trace makes the
+events frame of them. A file that cannot be read raises TraceReadError naming the file and the
+problem. Nothing read is evaluated or unpickled. This module does not import pandas: it runs before
+the command imports it (analysis.ingest.parse_ahead).
 """
 
 from __future__ import annotations

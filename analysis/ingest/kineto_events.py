@@ -1,10 +1,9 @@
 """Decoding Kineto events into numpy columns, a chunk of events at a time.
 
-A typed msgspec decoder materialises only the fields the analysis uses; `EventColumns` turns
-each decoded chunk into numpy columns at once, so that only one chunk of decoded events lives
+A typed msgspec decoder materialises only the fields the analysis uses; `EventColumns` turns each
+decoded chunk into numpy columns at once, so that only one chunk of decoded events lives
 (analysis.ingest.parsed_trace makes the events frame of them). Nothing read is evaluated or
-unpickled.
-This module does not import pandas: it runs before the command imports it
+unpickled. This module does not import pandas: it runs before the command imports it
 (analysis.ingest.parse_ahead).
 """
 

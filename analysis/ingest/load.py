@@ -2,11 +2,10 @@
 records and the selected steps.
 
 The pieces live in modules of their own: the data model (analysis.core.model), the frame contract
-(analysis.core.frames), Kineto decoding (analysis.ingest.kineto, analysis.ingest.kineto_events),
-the Parquet cache (analysis.ingest.cache), which files a PATH names (analysis.ingest.runs), the
-tracer's records (analysis.ingest.records) and step selection (analysis.core.steps). A file that
-cannot be read becomes a problem naming the file (and rank, where known) and the rest is still
-loaded.
+(analysis.core.frames), Kineto decoding (analysis.ingest.kineto, analysis.ingest.kineto_events), the
+Parquet cache (analysis.ingest.cache), which files a PATH names (analysis.ingest.runs), the tracer's
+records (analysis.ingest.records) and step selection (analysis.core.steps). A file that cannot be
+read becomes a problem naming the file (and rank, where known) and the rest is still loaded.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Where each step's time goes, per rank: compute, communication, their overlap, copies, idle.
 
-Pure functions from a RankTrace (analysis.ingest.load) to DataFrames; every definition used here is
-written once in docs/definitions.md. The moments of a step are classified by analysis.rank.layers,
-idle gaps by analysis.rank.idle and the HTA-compatible columns by analysis.rank.hta (their
-functions are
-re-exported here). `python -m analysis.breakdown PATH` is the command line (analysis.breakdown); it
-reaches these names lazily, so that it starts without pandas.
+Pure functions from a RankTrace to DataFrames; every definition used here is written once in
+docs/definitions.md. The moments of a step are classified by analysis.rank.layers, idle gaps by
+analysis.rank.idle and the HTA-compatible columns by analysis.rank.hta.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The spans around a communication op (analysis.rank.comm.events): the innermost enclosing span,
-for
-each (thread, time) the latest-starting span on that thread that holds the time, which joins a
+for each (thread, time) the latest-starting span on that thread that holds the time, which joins a
 kernel (through its runtime launch) or a gloo op to the host call that issued it; and the
 ProfilerStep that holds the time each op was issued at."""
 
