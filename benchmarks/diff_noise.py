@@ -4,14 +4,15 @@
                                               [-- WORKLOAD ARGS...]
     .venv/bin/python benchmarks/diff_noise.py --analyse RUN RUN...
 
-Traces `workloads/ddp.py` (2 ranks, gloo on CPU, `--ddp-bucket-hook`, as tests/test_diff_runs.py
-does) `--runs` times in a row with the same command, then prints, per run, the median step time
-(every rank and step pooled, the steps `python -m analysis.diff` compares), how far apart two
-run medians are (larger / smaller - 1, over every pair), and over every ordered pair (A, B) how
-often the block bootstrap interval alone excludes 0 and how often the verdict, run-to-run noise
-floor applied, calls the change significant: it should not, the runs are of one command
-(docs/benchmarks.md#run-to-run-noise-of-one-command).
+Traces `workloads/ddp.py` (2 ranks, gloo on CPU, `--ddp-bucket-hook`, as
+tests/integration/test_diff_of_traced_runs.py does) `--runs` times in a row with the same command,
+then prints, per run, the median step time (every rank and step pooled, the steps `python -m
+analysis.diff` compares), how far apart two run medians are (larger / smaller - 1, over every pair),
+and over every ordered pair (A, B) how often the block bootstrap interval alone excludes 0 and how
+often the verdict, run-to-run noise floor applied, calls the change significant: it should not, the
+runs are of one command (docs/benchmarks.md#run-to-run-noise-of-one-command).
 """
+
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ pytorch_profiler plugin to load it, prints the plugin's per-worker Computation /
 Communication / Other split (the "Computation/Communication Overview" chart), its Data Transfer /
 Synchronizing split and its communication ops table, and stops TensorBoard. The numbers are the
 plugin's, in microseconds; `docs/viewing.md` says how the plugin computes them, so they can be
-compared with our own analysis. tests/test_tensorboard.py uses `TensorBoard` and
+compared with our own analysis. tests/integration/test_tensorboard_view.py uses `TensorBoard` and
 `distributed_view` from here.
 """
 

@@ -17,14 +17,14 @@ tracer's overhead, and writes into OUTDIR:
     results.json   every check: name, status (passed/failed/skipped), passed, figure, detail
     results.md     the same, readable, failing checks first
     fixtures.tar   gpu/<workload>/ run folders (traces + records) and gpu/provenance.jsonl:
-                   the test fixtures for tests/test_gpu_fixtures.py (--install-fixtures)
+                   the test fixtures for tests/unit/rank/test_gpu_fixtures.py (--install-fixtures)
     logs.tar.gz    every subprocess's output, the analysis documents, the overhead timings
 
 Four files, one level deep, easy to copy off the GPU machine.
 
-`--cpu` runs the same flow without a GPU (gloo, psutil) and marks every GPU-only check
-"skipped: no GPU (--cpu)"; this is how tests/test_gpu_validation.py exercises it. The whole run
-keeps within --budget seconds (every subprocess has a timeout cut to what is left); the exit
+`--cpu` runs the same flow without a GPU (gloo, psutil) and marks every GPU-only check "skipped: no
+GPU (--cpu)"; this is how tests/integration/test_gpu_validation_cpu_mode.py exercises it. The whole
+run keeps within --budget seconds (every subprocess has a timeout cut to what is left); the exit
 status is 0 only when no check failed. See docs/gpu-validation.md.
 
 The package imports only the standard library; everything else runs in subprocesses, so that a

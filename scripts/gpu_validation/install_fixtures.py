@@ -49,5 +49,5 @@ def install_fixtures(tar_path: Path, dest: Path, allow_cpu: bool) -> int:
     folders = sorted(p.name for p in dest.iterdir() if p.is_dir())
     print(f"installed {count} files into {dest}: {', '.join(folders)} (made "
           f"{provenance.get('created')} on {provenance.get('device_name') or 'no GPU'}); run "
-          f"`python -m pytest tests/test_gpu_fixtures.py`, then commit {dest}")
+          f"`python -m pytest tests/unit/rank/test_gpu_fixtures.py`, then commit {dest}")
     return 0
