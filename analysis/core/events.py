@@ -42,27 +42,25 @@ from analysis.core.event_kinds import (  # noqa: F401  (re-exported)
 
 # ---- reading the frame --------------------------------------------------------------------------
 def matches(column: pd.Series, wanted, among: np.ndarray | None = None) -> np.ndarray:
-    """wanted(str(value)) for each row, evaluated once per distinct value of a categorical.
+    """wanted(str(value)) for each row of a categorical column (analysis.core.frames), evaluated
+    once per category.
 
     With `among` (a row mask), only the rows where it holds are asked and the others read
-    False: a categorical's values that none of those rows holds are never evaluated (a
-    name pattern asked of host events skips the long kernel names)."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        values = column.array  # the Categorical itself: no Series built for its codes
-        codes = values.codes
-        if among is None:
-            hits = [wanted(str(c)) for c in values.categories]
-        else:
-            categories = list(values.categories)
-            used = np.bincount(codes[among].astype(np.intp) + 1, minlength=len(categories) + 1)
-            hits = [False] * len(categories)
-            for code in np.flatnonzero(used[1:]).tolist():
-                hits[code] = wanted(str(categories[code]))
-        # One slot per category, and a last False that code -1 (missing) reads: take() wraps
-        # negative indices, and costs a third of fancy indexing with int8 codes.
-        return np.array(hits + [False], dtype=bool).take(codes)
-    found = column.astype(str).map(wanted).to_numpy(dtype=bool)
-    return found if among is None else found & among
+    False: the categories that none of those rows holds are never evaluated (a name pattern
+    asked of host events skips the long kernel names)."""
+    values = column.array  # the Categorical itself: no Series built for its codes
+    codes = values.codes
+    if among is None:
+        hits = [wanted(str(c)) for c in values.categories]
+    else:
+        categories = list(values.categories)
+        used = np.bincount(codes[among].astype(np.intp) + 1, minlength=len(categories) + 1)
+        hits = [False] * len(categories)
+        for code in np.flatnonzero(used[1:]).tolist():
+            hits[code] = wanted(str(categories[code]))
+    # One slot per category, and a last False that code -1 (missing) reads: take() wraps
+    # negative indices, and costs a third of fancy indexing with int8 codes.
+    return np.array(hits + [False], dtype=bool).take(codes)
 
 
 def cat_is(events: pd.DataFrame, cats) -> np.ndarray:
@@ -78,9 +76,8 @@ def with_events(trace):
 
 
 def distinct_names(names: pd.Series) -> list[str]:
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        return [str(c) for c in names.cat.categories]
-    return [str(c) for c in names.unique()]
+    """The categories of a categorical column, as text."""
+    return [str(c) for c in names.array.categories]
 
 
 def mark_comm_kernels(events: pd.DataFrame, patterns) -> pd.DataFrame:
@@ -88,14 +85,8 @@ def mark_comm_kernels(events: pd.DataFrame, patterns) -> pd.DataFrame:
     if not patterns or events.empty:
         return events
     extra = re.compile("|".join(f"(?:{getattr(p, 'pattern', p)})" for p in patterns))
-    names = events["name"]
-    categories = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
-    if categories is not None:
-        hits = np.array([bool(extra.search(str(c))) for c in categories] + [False])
-        matched = hits[names.cat.codes.to_numpy()]  # code -1 (no name) reads the False at the end
-    else:
-        matched = names.astype(str).map(lambda n: bool(extra.search(n))).to_numpy(dtype=bool)
-    matched &= events["cat"].astype(str).to_numpy() == KERNEL_CAT
+    matched = (matches(events["name"], lambda name: bool(extra.search(name)))
+               & cat_is(events, {KERNEL_CAT}))
     if not matched.any():
         return events
     events = events.copy()

@@ -1,5 +1,6 @@
-"""Reading a frame's columns at given rows as plain arrays and lists, without the Series that
-pandas would build on the way: per rank, those calls cost more than the few rows they read."""
+"""Reading the events frame's columns (analysis.core.frames: NumPy arrays, and categoricals for
+name, cat, pid and tid) at given rows as plain arrays and lists, without the Series that pandas
+would build on the way: per rank, those calls cost more than the few rows they read."""
 
 from __future__ import annotations
 
@@ -7,74 +8,47 @@ import numpy as np
 import pandas as pd
 
 
-def is_numpy_number(column: pd.Series) -> bool:
-    return isinstance(column.dtype, np.dtype) and column.dtype.kind in "iuf"
-
-
 def values_at(column: pd.Series, rows: np.ndarray, dtype=None) -> np.ndarray:
-    """column.take(rows).to_numpy(dtype), without the Series where the column is a NumPy
-    array."""
-    if isinstance(column.dtype, np.dtype):
-        values = column.to_numpy()[rows]
-        return values if dtype is None else values.astype(dtype)
-    return column.take(rows).to_numpy(dtype)
+    """column.take(rows).to_numpy(dtype), without the Series."""
+    values = column.to_numpy()[rows]
+    return values if dtype is None else values.astype(dtype)
 
 
 def list_at(column: pd.Series, rows: np.ndarray) -> list:
-    """column.take(rows).tolist(), without the Series where the column is a NumPy array or a
-    categorical of objects (whose missing values pandas lists as NaN)."""
+    """column.take(rows).tolist(), without the Series: a NumPy column's values, or a categorical's
+    (NaN for code -1, as pandas lists a missing value)."""
     if isinstance(column.dtype, np.dtype):
         return column.to_numpy()[rows].tolist()
-    if (isinstance(column.dtype, pd.CategoricalDtype)
-            and column.cat.categories.dtype == np.dtype(object)):
-        categories = column.cat.categories.to_numpy()
-        values = np.empty(len(categories) + 1, dtype=object)
-        values[:-1] = categories
-        values[-1] = np.nan  # code -1
-        return values[column.cat.codes.to_numpy()[rows]].tolist()
-    return column.take(rows).tolist()
+    categories = column.cat.categories.to_numpy()
+    values = np.empty(len(categories) + 1, dtype=object)
+    values[:-1] = categories
+    values[-1] = np.nan  # code -1
+    return values[column.cat.codes.to_numpy()[rows]].tolist()
 
 
 def flags(events: pd.DataFrame, column: str) -> np.ndarray:
-    values = events[column]
-    if values.dtype == np.dtype(bool):
-        return values.to_numpy()  # nothing missing, nothing to convert
-    return values.fillna(False).astype(bool).to_numpy()
-
-
-def text_matches(column: pd.Series, parts, rows: np.ndarray) -> np.ndarray:
-    """Whether each value at `rows`, as text, contains any of `parts`; decided once per category
-    of a categorical column."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        wanted = [any(p in str(c) for p in parts) for c in column.cat.categories]
-        # Code -1 (a missing value) picks the last entry: no match.
-        return np.array(wanted + [False])[column.cat.codes.to_numpy()[rows]]
-    text = column.take(rows).astype(str)
-    return np.asarray(np.logical_or.reduce([text.str.contains(p, regex=False) for p in parts]))
+    """A bool column (is_gpu, is_comm) as its array."""
+    return events[column].to_numpy()
 
 
 def category_matches(column: pd.Series, parts) -> np.ndarray:
-    """text_matches of every value of a categorical column."""
+    """Whether each value of a categorical column, as text, contains any of `parts`; decided
+    once per category."""
     wanted = [any(p in str(c) for p in parts) for c in column.cat.categories]
+    # Code -1 (a missing value) picks the last entry: no match.
     return np.array(wanted + [False])[column.cat.codes.to_numpy()]
 
 
 def texts(column: pd.Series, rows: np.ndarray) -> np.ndarray:
-    """str() of the column's values at the positions `rows`, as an object array; once per
-    category of a categorical of objects."""
-    if not len(rows):
-        return np.zeros(0, dtype=object)
-    if object_categories(column):
-        categories = column.cat.categories.tolist() + [np.nan]  # code -1: list_at's NaN
-        return object_array([str(c) for c in categories])[column.cat.codes.to_numpy()[rows]]
-    return object_array([str(v) for v in list_at(column, rows)])
+    """str() of a categorical column's values at the positions `rows`, as an object array; once
+    per category (code -1 prints "nan", as str() of list_at's NaN)."""
+    categories = column.cat.categories.tolist() + [np.nan]
+    return object_array([str(c) for c in categories])[column.cat.codes.to_numpy()[rows]]
 
 
 def each_text(column: pd.Series, rows: np.ndarray, function) -> np.ndarray:
-    """each_distinct(texts(column, rows), function): once per category found at `rows` where
-    the column is a categorical of objects."""
-    if not (object_categories(column) and len(rows)):
-        return each_distinct(texts(column, rows), function)
+    """function(text) of a categorical column's values at `rows` (texts(column, rows)), as an
+    object array: once per category found there."""
     codes = column.cat.codes.to_numpy()[rows]
     used = np.unique(codes)
     printed = column.cat.categories.to_numpy(dtype=object)
@@ -84,33 +58,13 @@ def each_text(column: pd.Series, rows: np.ndarray, function) -> np.ndarray:
     return table[codes]
 
 
-# infer_dtype's kinds of an object array holding only scalars (missing values aside).
-_SCALAR_KINDS = frozenset({"string", "floating", "integer", "mixed-integer-float", "boolean",
-                           "empty"})
-
-
 def values_or_none(column: pd.Series, rows: np.ndarray) -> np.ndarray:
-    """list_at(column, rows) as an object array, with None for every missing value (each value
-    v for which `pd.isna(v)` is true); by array, or once per category, where the values are
-    plain scalars."""
-    dtype = column.dtype
-    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
-        return column.to_numpy()[rows].astype(object)
-    if isinstance(dtype, np.dtype) and dtype.kind == "f":
-        values = column.to_numpy()[rows]
-        result = values.astype(object)
-        result[np.isnan(values)] = None
-        return result
-    if object_categories(column):
-        categories = column.cat.categories.tolist() + [None]  # code -1: missing
-        return each_value(categories, value_or_none)[column.cat.codes.to_numpy()[rows]]
-    if dtype == np.dtype(object):
-        values = column.to_numpy()[rows]
-        if pd.api.types.infer_dtype(values, skipna=True) in _SCALAR_KINDS:
-            result = values.copy()
-            result[pd.isna(values)] = None
-            return result
-    return each_value(list_at(column, rows), value_or_none)
+    """The values of a NumPy column (the events' arguments: objects, float64) at `rows`, as an
+    object array with None for every missing value (each v for which `pd.isna(v)` is true)."""
+    values = column.to_numpy()[rows]
+    result = values.astype(object)
+    result[pd.isna(values)] = None
+    return result
 
 
 def value_or_none(value):
@@ -175,7 +129,3 @@ def object_array(values: list) -> np.ndarray:
 
 _SCALAR_TYPES = _EXACT_TYPES | {float}
 
-
-def object_categories(column: pd.Series) -> bool:
-    return (isinstance(column.dtype, pd.CategoricalDtype)
-            and column.cat.categories.dtype == np.dtype(object))

@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pandas as pd
 
-from analysis.crossrank.frames import P2P_OPS
+from analysis.core.comm_names import P2P_OPS
 from analysis.findings.stop_p2p import diagnose_p2p
 from analysis.findings.stop_text import clock_text, mbytes, op_signature
 from analysis.findings.stop_text import ranks_text as _ranks

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.crossrank.frames import P2P_OPS
+from analysis.core.comm_names import P2P_OPS
 from analysis.findings.stop_text import clock_text, mbytes, ranks_text
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG
 from analysis.core.model import UNKNOWN_RANK
-from analysis.crossrank.frames import P2P_OPS, UNKNOWN_PG
 from analysis.findings.stop import group_members
 from analysis.findings.stop_text import mbytes, op_signature, ranks_text
 from analysis.rank.comm.events import ops_from_events

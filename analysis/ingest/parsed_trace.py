@@ -108,20 +108,14 @@ def decoded_events(decoded: EventColumns) -> pd.DataFrame:
 
 def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     """ProfilerStep#N spans on the host (not their GPU-side copies), one row per step number."""
-    names = events["name"]
-    categories = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
-    if categories is not None:
-        step_of = {i: int(m.group(1)) for i, c in enumerate(categories)
-                   if (m := PROFILER_STEP_RE.match(c))}
-        if not step_of:
-            return steps_frame()
-        codes = names.cat.codes.to_numpy()
-        mask = np.isin(codes, list(step_of)) & cat_is(events, HOST_OP_CATS)
-        numbers = np.array([step_of[c] for c in codes[mask]], dtype=np.int64)
-    else:
-        matches = names.astype(str).str.extract(PROFILER_STEP_RE.pattern)[0]
-        mask = matches.notna().to_numpy() & cat_is(events, HOST_OP_CATS)
-        numbers = matches[mask].astype(np.int64).to_numpy()
+    names = events["name"].array
+    step_of = {i: int(m.group(1)) for i, c in enumerate(names.categories)
+               if (m := PROFILER_STEP_RE.match(c))}
+    if not step_of:
+        return steps_frame()
+    codes = names.codes
+    mask = np.isin(codes, list(step_of)) & cat_is(events, HOST_OP_CATS)
+    numbers = np.array([step_of[c] for c in codes[mask]], dtype=np.int64)
     start_ns = events["ts_ns"].to_numpy()[mask]
     end_ns = events["end_ns"].to_numpy()[mask]
     # Kineto writes each step once; keep the longest span should a file repeat one: by step,

@@ -114,11 +114,6 @@ def _host_name_matches(names: pd.Series, on_host: np.ndarray):
     """Per _SPAN_MARKERS pattern, on_host & matches(names, pattern, among=on_host): the
     categories that host events use found once for every pattern, a pattern that none of them
     matches costing no pass over the rows."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        for _, pattern in _SPAN_MARKERS:
-            yield on_host & matches(names, lambda name, p=pattern: p.search(name) is not None,
-                                    among=on_host)
-        return
     codes = names.array.codes
     categories = names.array.categories
     used = np.flatnonzero(np.bincount(codes[on_host].astype(np.intp) + 1,
@@ -136,11 +131,10 @@ def _host_name_matches(names: pd.Series, on_host: np.ndarray):
 
 
 def _texts_at(column: pd.Series, rows: np.ndarray) -> list:
-    """The values at `rows` as text, a missing one not as text (it names no thread)."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        texts = np.array([str(c) for c in column.cat.categories] + [None], dtype=object)
-        return texts[column.cat.codes.to_numpy()[rows]].tolist()
-    return column.take(rows).astype(str).tolist()
+    """The values of a categorical column at `rows` as text, a missing one not as text (it
+    names no thread)."""
+    texts = np.array([str(c) for c in column.cat.categories] + [None], dtype=object)
+    return texts[column.cat.codes.to_numpy()[rows]].tolist()
 
 
 def issuers_of_ops(trace, op: np.ndarray, host_ts, host_pid, host_tid,

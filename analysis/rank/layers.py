@@ -65,9 +65,6 @@ def pair(events: pd.DataFrame, mask: np.ndarray | None = None) -> intervals.Inte
 def threads_of(events: pd.DataFrame, mask: np.ndarray) -> set[tuple[str, str]]:
     """(pid, tid) of the events where `mask` holds."""
     pid, tid = events["pid"], events["tid"]
-    if not (_is_categorical(pid) and _is_categorical(tid)):
-        pid, tid = pid.to_numpy()[mask], tid.to_numpy()[mask]
-        return {(str(p), str(t)) for p, t in zip(pid, tid)}
     # Distinct (pid, tid) code pairs first: a handful of threads, not one string pair per row.
     # Codes are shifted by one so that -1 (missing) reads "nan", as str() of the missing value.
     pids, tids = ["nan"] + distinct_names(pid), ["nan"] + distinct_names(tid)
@@ -75,10 +72,6 @@ def threads_of(events: pd.DataFrame, mask: np.ndarray) -> set[tuple[str, str]]:
     pairs = np.unique((pid.cat.codes.to_numpy()[mask].astype(np.int64) + 1) * width
                       + tid.cat.codes.to_numpy()[mask] + 1)
     return {(pids[pair // width], tids[pair % width]) for pair in pairs.tolist()}
-
-
-def _is_categorical(column: pd.Series) -> bool:
-    return isinstance(column.dtype, pd.CategoricalDtype)
 
 
 def training_threads(events: pd.DataFrame) -> set[tuple[str, str]]:
@@ -100,47 +93,33 @@ def training_threads(events: pd.DataFrame) -> set[tuple[str, str]]:
 
 
 def on_threads(events: pd.DataFrame, threads: set[tuple[str, str]]) -> np.ndarray:
+    """Whether each event is on one of `threads` ((pid, tid) as text). Distinct categories may
+    share a text (7 and "7"): each code counts."""
     if not threads:
         return np.zeros(len(events), dtype=bool)
-    pid, tid = events["pid"], events["tid"]
-    if _is_categorical(pid) and _is_categorical(tid):
-        return _on_thread_codes(pid, tid, threads)
-    pids = {p for p, _ in threads}
-    tids = {t for _, t in threads}
-    candidate = (matches(events["pid"], lambda p: p in pids)
-                 & matches(events["tid"], lambda t: t in tids))
-    rows = np.flatnonzero(candidate)
-    pid, tid = events["pid"].to_numpy()[rows], events["tid"].to_numpy()[rows]
-    on = np.zeros(len(events), dtype=bool)
-    on[rows] = [(str(p), str(t)) in threads for p, t in zip(pid, tid)]
-    return on
-
-
-def _on_thread_codes(pid: pd.Series, tid: pd.Series, threads: set[tuple[str, str]]
-                     ) -> np.ndarray:
-    """on_threads for categorical pid and tid: the wanted (pid, tid) code pairs, compared as one
-    integer per row. Distinct categories may share a text (7 and "7"): each code counts."""
-    pid_codes, tid_codes = {}, {}
-    for codes, column in ((pid_codes, pid), (tid_codes, tid)):
-        for code, text in enumerate(distinct_names(column)):
-            codes.setdefault(text, []).append(code)
-    row_pid = pid.array.codes.astype(np.intp)
-    row_tid = tid.array.codes
-    width = len(tid.cat.categories) + 1
-    slots = (len(pid.cat.categories) + 1) * width
-    if slots > 4 * row_pid.size + 1024:  # a table larger than the frame: compare pair numbers
-        wanted = [p * width + t for pid_text, tid_text in threads
-                  for p in pid_codes.get(pid_text, ()) for t in tid_codes.get(tid_text, ())]
-        return np.isin((row_pid + 1) * width + row_tid + 1,
-                       np.array(wanted, dtype=np.intp) + width + 1)
-    # One flag per (pid code + 1, tid code + 1): code -1 (missing) reads row or column 0, which
-    # stays False (a missing value is on no thread), and one gather replaces a sorted isin.
-    on = np.zeros(slots, dtype=bool)
+    pid_codes, tid_codes = _codes_by_text(events["pid"]), _codes_by_text(events["tid"])
+    pid, tid = events["pid"].array, events["tid"].array
+    # A row of flags per wanted pid code, one flag per tid code + 1, looked up by two gathers:
+    # row 0 (every other pid, and code -1) and column 0 (tid code -1) stay False, and the table
+    # stays the size of the wanted pids' rows however many categories the frame has.
+    width = len(tid.categories) + 1
+    row_of_pid = np.zeros(len(pid.categories) + 1, dtype=np.intp)  # the last for code -1
+    rows = [np.zeros(width, dtype=bool)]
     for pid_text, tid_text in threads:
         for p in pid_codes.get(pid_text, ()):
+            if not row_of_pid[p]:
+                row_of_pid[p] = len(rows)
+                rows.append(np.zeros(width, dtype=bool))
             for t in tid_codes.get(tid_text, ()):
-                on[(p + 1) * width + t + 1] = True
-    return on.take((row_pid + 1) * width + row_tid + 1)
+                rows[row_of_pid[p]][t + 1] = True
+    return np.concatenate(rows).take(row_of_pid.take(pid.codes) * width + tid.codes + 1)
+
+
+def _codes_by_text(column: pd.Series) -> dict[str, list[int]]:
+    codes: dict[str, list[int]] = {}
+    for code, text in enumerate(distinct_names(column)):
+        codes.setdefault(text, []).append(code)
+    return codes
 
 
 def _gpu_layers(events: pd.DataFrame) -> tuple[list[intervals.Intervals], np.ndarray]:

@@ -1,6 +1,5 @@
 """Small ranks with communication built by hand for the tests: events rows, their frame as the
-trace reader types it (analysis.core.frames), a rank's trace around them, and other kinds of
-text column (pandas' strings, objects, categoricals of objects or of pandas' strings)."""
+trace reader types it (analysis.core.frames) and a rank's trace around them."""
 
 from __future__ import annotations
 
@@ -89,17 +88,6 @@ def four_ops() -> list[dict]:
     ]
 
 
-def text_kinds(frame: pd.DataFrame) -> list[pd.DataFrame]:
-    """The frame as the parser makes it, with its text columns as objects, and with
-    categoricals of its own categories."""
-    text = ["name", "cat", "pid", "tid", "collective", "comm_dtype", "pg_name", "pg_desc",
-            "input_dims", "input_type"]
-    as_objects = frame.astype({c: object for c in text})
-    as_categories = frame.astype({c: pd.CategoricalDtype(pd.Index(
-        frame[c].dropna().unique(), dtype=object)) for c in ("name", "cat", "pid", "tid")})
-    return [frame, as_objects, as_categories]
-
-
 def same(found: list, expected: list) -> bool:
     """Equal values of equal types, NaN equal to NaN."""
     def key(v):
@@ -119,24 +107,6 @@ def kernel(name, ts_ms, dur_ms) -> dict:
     return {"name": name, "cat": "kernel", "ts_ns": int(ts_ms * MS), "dur_ns": int(dur_ms * MS),
             "pid": "0", "tid": "7", "is_gpu": True, "is_comm": name.startswith("nccl"),
             "collective": None}
-
-
-def as_categories(events: pd.DataFrame, categories=object) -> pd.DataFrame:
-    """Categorical names, categories, pids and tids (of objects, as the trace reader gives
-    them, or of pandas' strings) and NumPy flags."""
-    text = ("name", "cat", "pid", "tid")
-    return events.astype({
-        **{c: pd.CategoricalDtype(pd.Index(events[c].dropna().unique(), dtype=categories))
-           for c in text},
-        "is_gpu": bool, "is_comm": bool})
-
-
-def column_kinds(events: pd.DataFrame) -> list[pd.DataFrame]:
-    """The events with their text as categoricals of objects, as objects, and as categoricals
-    of pandas' strings."""
-    as_objects = events.astype({"name": object, "cat": object, "pid": object, "tid": object,
-                                "is_gpu": bool, "is_comm": bool})
-    return [as_categories(events), as_objects, as_categories(events, categories="str")]
 
 
 def rank_of(events: pd.DataFrame, steps=None) -> SimpleNamespace:

@@ -12,8 +12,6 @@ from analysis.core.frame_columns import (
     category_matches,
     each_distinct,
     object_array,
-    object_categories,
-    text_matches,
     texts,
     values_at,
 )
@@ -107,12 +105,8 @@ _LAUNCH_CATEGORIES = ("runtime", "driver")
 def launch_rows(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray]:
     """(the events row of each kernel's runtime launch, given by its correlation id, whether it
     has one): the first runtime or driver event with that id."""
-    on_host = ~np.asarray(is_gpu, dtype=bool)
-    category = events["cat"]
-    by_category = isinstance(category.dtype, pd.CategoricalDtype)
-    if by_category:
-        # The category test on every event costs one lookup per event, and leaves few rows.
-        on_host &= category_matches(category, _LAUNCH_CATEGORIES)
+    # The category test on every event costs one lookup per event, and leaves few rows.
+    on_host = ~np.asarray(is_gpu, dtype=bool) & category_matches(events["cat"], _LAUNCH_CATEGORIES)
     rows = np.flatnonzero(on_host)
     ids = (values_at(events["correlation"], rows, "float64") if "correlation" in events.columns
            else np.full(len(rows), np.nan))
@@ -125,9 +119,6 @@ def launch_rows(events, is_gpu, kernel_corr) -> tuple[np.ndarray, np.ndarray]:
     else:
         kept[:] = False
     rows, ids = rows[kept], ids[kept]
-    if not by_category:
-        chosen = text_matches(category, _LAUNCH_CATEGORIES, rows)
-        rows, ids = rows[chosen], ids[chosen]
     # The first launch of each correlation id, sorted by id for the lookup below.
     launch_corr, first = np.unique(ids, return_index=True)
     rows = rows[first]
@@ -152,12 +143,10 @@ def launch_values(events, rows_of, found) -> tuple[np.ndarray, np.ndarray, np.nd
     return launch_ts, launch_pid, launch_tid
 
 
-def row_thread_ids(events, rows: np.ndarray) -> np.ndarray | None:
+def row_thread_ids(events, rows: np.ndarray) -> np.ndarray:
     """thread_ids of the events at `rows`, read from the categories of their pid and tid (an id
-    per printed category); None where either column is not a categorical of objects."""
+    per printed category)."""
     pid, tid = events["pid"], events["tid"]
-    if not (object_categories(pid) and object_categories(tid)):
-        return None
     pid_ids, tid_ids = _printed_ids(pid), _printed_ids(tid)
     return (pid_ids[pid.cat.codes.to_numpy()[rows]].astype(np.int64)
             * (int(tid_ids.max(initial=0)) + 1) + tid_ids[tid.cat.codes.to_numpy()[rows]])

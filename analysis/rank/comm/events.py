@@ -36,7 +36,6 @@ from analysis.rank.comm.enclosing import (
     row_thread_ids,
     sorted_positions,
     steps_kept,
-    thread_ids,
 )
 from analysis.rank.comm.op_rows import _gloo_ops, _row_from_args
 from analysis.rank.comm.sizes import missing, sized_columns
@@ -170,12 +169,7 @@ class _CommEvents:
         # A launch not found has no time: no span holds it, whatever its thread.
         threads = row_thread_ids(self.events, np.concatenate([self.rows[positions],
                                                               launch.rows]))
-        if threads is not None:
-            thread, query_thread = threads[:len(positions)], threads[len(positions):]
-        else:
-            thread, query_thread = thread_ids(self.texts("pid", positions),
-                                              self.texts("tid", positions), launch.pid,
-                                              launch.tid)
+        thread, query_thread = threads[:len(positions)], threads[len(positions):]
         return innermost_among(
             thread, self.starts[positions].astype("float64"),
             self.durations[positions].astype("float64"), self.labels[positions], query_thread,

@@ -1,22 +1,25 @@
 """Selecting events by name and by thread (analysis.core.events.matches,
-analysis.rank.layers.on_threads), on hand-built frames with known answers: categorical columns
-asked only among some rows, categoricals with many categories, and plain (non-categorical)
-columns."""
+analysis.rank.layers.on_threads), on frames built as the parser types them
+(analysis.core.frames) with known answers: names asked only among some rows, past 127
+categories, and threads among thousands of other pids."""
 
 import numpy as np
-import pandas as pd
 
 from analysis.core.events import matches
+from analysis.core.frames import events_frame
 from analysis.rank import layers
 
 
-def _names(values, categorical=True):
-    column = pd.Series(values, dtype="category" if categorical else object)
-    return column
+def _events(names=None, pid=None, tid=None):
+    """An events frame of host ops: the given names, pids and tids, the others alike."""
+    rows = len(next(c for c in (names, pid, tid) if c is not None))
+    return events_frame({"name": names or ["op"] * rows, "cat": ["cpu_op"] * rows,
+                         "ts_ns": list(range(rows)), "dur_ns": [1] * rows,
+                         "pid": pid or ["1"] * rows, "tid": tid or ["1"] * rows})
 
 
 def test_matches_among_asks_only_the_rows_given():
-    values = ["aten::mm", None, "ncclKernel_AllReduce", "aten::mm", "DataLoader#next"]
+    names = ["aten::mm", None, "ncclKernel_AllReduce", "aten::mm", "DataLoader#next"]
     among = np.array([True, True, False, True, True])
     asked = []
 
@@ -24,42 +27,35 @@ def test_matches_among_asks_only_the_rows_given():
         asked.append(name)
         return name.startswith(("aten::", "ncclKernel"))
 
-    categorical = matches(_names(values), wanted, among=among)
-    assert categorical.tolist() == [True, False, False, True, False]
+    column = _events(names)["name"]
+    found = matches(column, wanted, among=among)
+    assert found.tolist() == [True, False, False, True, False]
     assert "ncclKernel_AllReduce" not in asked  # a category only unasked rows hold
-    full = matches(_names(values), wanted)
+    full = matches(column, wanted)
     assert full.tolist() == [True, False, True, True, False]
-    assert (categorical == (full & among)).all()
-    no_missing = [v or "" for v in values]
-    plain = matches(_names(no_missing, categorical=False), wanted, among=among)
-    assert plain.tolist() == matches(_names(no_missing), wanted, among=among).tolist()
-    assert plain.tolist() == [True, False, False, True, False]
+    assert (found == (full & among)).all()
 
 
-def test_matches_reads_missing_values_as_false_past_127_categories():
-    # int8 codes: code 127 plus one would wrap to -128 without the widening.
-    texts = [f"op{i}" for i in range(130)]
-    column = pd.Series(pd.Categorical([texts[129], None, texts[127], texts[0]], categories=texts))
-    among = np.array([True, True, True, False])
-    found = matches(column, lambda n: n in ("op127", "op129", "op0"), among=among)
-    assert found.tolist() == [True, False, True, False]
-    assert matches(column, lambda n: True).tolist() == [True, False, True, True]
+def test_matches_reads_names_past_127_categories():
+    # int16 codes: the categories past int8's range are asked and read like the others.
+    names = [f"op{i}" for i in range(130)]
+    column = _events(names)["name"]
+    among = np.zeros(130, dtype=bool)
+    among[[0, 127, 129]] = True
+    found = matches(column, lambda n: n in ("op127", "op129", "op128"), among=among)
+    assert np.flatnonzero(found).tolist() == [127, 129]
+    assert matches(column, lambda n: True).all()
 
 
-def _thread_frame(pid_categories):
-    pid = pd.Categorical(["1", "1", "2", None, "2", "1"], categories=pid_categories)
-    tid = pd.Categorical(["7", "8", "7", "7", None, "7"], categories=["7", "8", "9"])
-    return pd.DataFrame({"pid": pid, "tid": tid})
-
-
-def test_on_threads_of_small_and_large_categoricals_and_plain_columns():
+def test_on_threads_of_few_and_of_thousands_of_pids():
     wanted = {("1", "7"), ("2", "7"), ("3", "9")}
+    pid, tid = ["1", "1", "2", None, "2", "1"], ["7", "8", "7", "7", None, "7"]
     expected = [True, False, True, False, False, True]
-    small = _thread_frame(["1", "2", "3"])  # a code table of 4 x 4 flags
-    # Thousands of unused pid categories: the table would outgrow the frame, pair numbers used.
-    large = _thread_frame(["1", "2", "3"] + [f"x{i}" for i in range(3000)])
-    plain = small.astype(object).where(small.notna(), np.nan)
-    for frame in (small, large, plain):
-        assert layers.on_threads(frame, wanted).tolist() == expected
-    assert not layers.on_threads(small, {("9", "9")}).any()
-    assert not layers.on_threads(large, {("9", "9")}).any()
+    few = _events(pid=pid, tid=tid)
+    # Thousands of other pids: a table of flags per pid and tid would outgrow the frame.
+    many = _events(pid=pid + [f"x{i}" for i in range(3000)], tid=tid + ["7"] * 3000)
+    assert layers.on_threads(few, wanted).tolist() == expected
+    assert layers.on_threads(many, wanted).tolist() == expected + [False] * 3000
+    assert layers.on_threads(many, {("x2999", "7")}).tolist() == [False] * 3005 + [True]
+    assert not layers.on_threads(few, {("9", "9")}).any()
+    assert not layers.on_threads(many, {("9", "9")}).any()

@@ -1,6 +1,5 @@
 """Who issued each communication op and what DDP's forwards say about gradient accumulation
-(analysis.rank.issuers), against answers worked out by hand on small built ranks with the text
-column kinds a loaded trace may hold."""
+(analysis.rank.issuers), against answers worked out by hand on small built ranks."""
 
 import numpy as np
 import pandas as pd
@@ -9,7 +8,6 @@ import pytest
 from analysis.rank import issuers
 from helpers.comm_events import (
     MS,
-    column_kinds,
     event,
     events_frame,
     host_event,
@@ -29,7 +27,7 @@ def ddp_rank(forwards_reduced: list[bool]) -> pd.DataFrame:
             rows.append(host_event("record_param_comms", i * 10 + 6, 0.1, collective="allreduce")
                         if i % 2 else host_event("nccl:all_reduce", i * 10 + 6, 0.1))
         rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", i * 10 + 7, 1))
-    return pd.DataFrame(rows)
+    return events_frame(rows)
 
 
 @pytest.mark.parametrize(("reduced", "steps", "verdict"), [
@@ -43,12 +41,11 @@ def test_ddp_forwards_tell_gradient_accumulation(reduced, steps, verdict):
     events = ddp_rank(reduced)
     span = len(reduced) * 10 // steps
     step_spans = [(s, s * span * MS, (s + 1) * span * MS) for s in range(steps)]
-    for columns in column_kinds(events):
-        assert issuers.ddp_accumulation([rank_of(columns, step_spans)]) == verdict
+    assert issuers.ddp_accumulation([rank_of(events, step_spans)]) == verdict
 
 
 def test_issuers_of_ops_by_the_spans_around_them_and_the_frameworks_the_trace_shows():
-    events = pd.DataFrame([
+    events = events_frame([
         host_event("FSDP::all_gather", 0, 10),
         host_event("DistributedDataParallel.forward", 20, 10),
         host_event("aten::mm", 40, 5),
@@ -62,10 +59,8 @@ def test_issuers_of_ops_by_the_spans_around_them_and_the_frameworks_the_trace_sh
     host_tid = ["1", "1", "1", "1", "1", "1", "2", "1"]
     named = np.array([True, True, True, True, True, False, True, True])
     expected = ["fsdp2", "ddp", "ddp", "p2p", "c10d", "unknown", "fsdp2", "fsdp2"]
-    for columns in column_kinds(events):
-        found = issuers.issuers_of_ops(rank_of(columns), op, host_ts, ["1"] * len(op), host_tid,
-                                       named)
-        assert found.tolist() == expected
+    found = issuers.issuers_of_ops(rank_of(events), op, host_ts, ["1"] * len(op), host_tid, named)
+    assert found.tolist() == expected
 
 
 def test_marker_spans_are_found_among_host_names_only():
@@ -73,13 +68,11 @@ def test_marker_spans_are_found_among_host_names_only():
             event("FSDP::all_gather", "gpu_user_annotation", 0, 100, is_gpu=True),
             event("DistributedDataParallel.forward", "user_annotation", 200, 100, tid="2"),
             event("aten::mm", "cpu_op", 10, 5)]
-    for names in (object, "category"):
-        events = events_frame(rows).astype({"name": names})
-        spans = issuers._marker_spans(make_trace(events))
-        assert [(issuer, starts.tolist(), ends.tolist(), threads)
-                for issuer, starts, ends, threads in spans] == [
-            ("fsdp2", [0.0], [100.0], [("100", "1")]),
-            ("ddp", [200.0], [300.0], [("100", "2")])]
+    spans = issuers._marker_spans(make_trace(events_frame(rows)))
+    assert [(issuer, starts.tolist(), ends.tolist(), threads)
+            for issuer, starts, ends, threads in spans] == [
+        ("fsdp2", [0.0], [100.0], [("100", "1")]),
+        ("ddp", [200.0], [300.0], [("100", "2")])]
 
 
 def test_issuers_of_ops_fall_back_once_per_op():

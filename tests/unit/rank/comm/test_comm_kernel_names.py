@@ -1,7 +1,6 @@
 """Communication kernels named by the host op that launched them (analysis.rank.comm.kernel_names)
 and the rank's communication events table built from them (analysis.rank.summary), against
-answers worked out by hand on small built ranks with the text column kinds a loaded trace may
-hold."""
+answers worked out by hand on small built ranks."""
 
 import math
 
@@ -12,13 +11,11 @@ import pytest
 from analysis.rank import summary as rank_summary
 from analysis.rank.comm.kernel_names import named_kernels
 from helpers.comm_events import (
-    column_kinds,
     events_frame,
     four_ops,
     host_event,
     kernel,
     rank_of,
-    text_kinds,
 )
 
 # Labels 3, 23, ..., 93: the four kernels are 23, 53, 63 (no launch found) and 93. A text
@@ -37,9 +34,8 @@ def typed_values(column: pd.Series) -> list:
     return [(type(v), "nan" if isinstance(v, float) and math.isnan(v) else v) for v in column]
 
 
-@pytest.mark.parametrize("kind", range(3))
-def test_kernels_take_their_host_op_s_name_and_the_arguments_they_lack(kind):
-    events = text_kinds(events_frame(four_ops()))[kind]
+def test_kernels_take_their_host_op_s_name_and_the_arguments_they_lack():
+    events = events_frame(four_ops())
     events.index = events.index * 10 + 3  # labels that are not positions
     named = named_kernels(events)
     assert named.index.tolist() == [3, 23, 33, 53, 63, 73, 93]
@@ -67,26 +63,23 @@ def comm_rank(with_kernels: bool) -> pd.DataFrame:
     if with_kernels:
         rows += [kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 1, 2), kernel("gemm", 4, 1),
                  kernel("ncclKernel_Broadcast_RING_LL_Sum_float", 5, 1)]
-    events = pd.DataFrame(rows)
-    events["end_ns"] = events["ts_ns"] + events["dur_ns"]
-    events["stream"] = np.where(events["is_gpu"], 7, -1)
-    events["correlation"] = -1
-    events["in_nelems"] = [float(i) if i % 2 else np.nan for i in range(len(events))]
-    events["pg_name"] = pd.array(["0"] * len(events), dtype="string")  # an extension column
-    return events
+    for i, row in enumerate(rows):
+        row.update(stream=7 if row["is_gpu"] else -1, in_nelems=float(i) if i % 2 else np.nan,
+                   pg_name="0")
+    return events_frame(rows)
 
 
 @pytest.mark.parametrize("with_kernels", [True, False])
 def test_the_comm_events_table_is_the_kernels_or_else_the_host_ops(with_kernels):
-    for events in column_kinds(comm_rank(with_kernels)):
-        found = rank_summary._comm_events(rank_of(events))
-        assert list(found.columns) == [c for c in rank_summary.OP_EVENT_COLUMNS
-                                       if c in events.columns]
-        assert found["name"].dtype == object
-        assert found["name"].tolist() == (
-            ["ncclKernel_AllReduce_RING_LL_Sum_float", "ncclKernel_Broadcast_RING_LL_Sum_float"]
-            if with_kernels else ["record_param_comms", "nccl:all_reduce"])
-        assert found["ts_ns"].tolist() == ([1_000_000, 5_000_000] if with_kernels
-                                           else [0, 3_000_000])
-        nelems = found["in_nelems"].tolist()
-        assert nelems == [3.0, 5.0] if with_kernels else all(math.isnan(n) for n in nelems)
+    events = comm_rank(with_kernels)
+    found = rank_summary._comm_events(rank_of(events))
+    assert list(found.columns) == [c for c in rank_summary.OP_EVENT_COLUMNS
+                                   if c in events.columns]
+    assert found["name"].dtype == object
+    assert found["name"].tolist() == (
+        ["ncclKernel_AllReduce_RING_LL_Sum_float", "ncclKernel_Broadcast_RING_LL_Sum_float"]
+        if with_kernels else ["record_param_comms", "nccl:all_reduce"])
+    assert found["ts_ns"].tolist() == ([1_000_000, 5_000_000] if with_kernels
+                                       else [0, 3_000_000])
+    nelems = found["in_nelems"].tolist()
+    assert nelems == [3.0, 5.0] if with_kernels else all(math.isnan(n) for n in nelems)

@@ -1,8 +1,7 @@
 """A rank's communication ops from its trace's events (analysis.rank.comm.events and ops) against
-answers worked out by hand on small built ranks, with the text column kinds a loaded trace may
-hold: each kernel sized its own way, the ops' order and steps, their bandwidths, the DDP
-buckets that records without the comm hook take from the trace, and the rank's tables built
-from one join."""
+answers worked out by hand on small built ranks: each kernel sized its own way, the ops' order
+and steps, their bandwidths, the DDP buckets that records without the comm hook take from the
+trace, and the rank's tables built from one join."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from analysis.rank.comm import ops as communication
 from analysis.rank.comm.kernel_names import named_kernels
 from helpers.comm_events import (
     MS,
-    column_kinds,
     comm_records,
     event,
     events_frame,
@@ -31,7 +29,6 @@ from helpers.comm_events import (
     records_with,
     same,
     steps_frame,
-    text_kinds,
 )
 from tracer import schema
 
@@ -53,9 +50,8 @@ EXPECTED = {
 
 
 # ---- each kernel's op ----------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", range(3))
-def test_each_kernel_is_sized_its_own_way_as_worked_out_by_hand(kind):
-    events = text_kinds(events_frame(four_ops()))[kind]
+def test_each_kernel_is_sized_its_own_way_as_worked_out_by_hand():
+    events = events_frame(four_ops())
     columns = comm_events.op_columns(events, None, None, world_size=4)
     for name, expected in EXPECTED.items():
         assert same(columns[name], expected), name
@@ -113,7 +109,7 @@ def launched(events: list[dict], correlation: int, launch_ms: float) -> list[dic
     return [*events, launch]
 
 
-def test_comm_ops_of_each_column_kind_as_worked_out_by_hand():
+def test_comm_ops_of_a_call_and_a_lone_kernel_as_worked_out_by_hand():
     call = {**host_event("record_param_comms", 1, 2, collective="allreduce"),
             "in_nelems": 1024.0, "out_nelems": 1024.0, "comm_dtype": "Float", "group_size": 2.0,
             "pg_name": "0", "pg_desc": "default_pg"}
@@ -123,19 +119,15 @@ def test_comm_ops_of_each_column_kind_as_worked_out_by_hand():
             {**kernel("ncclDevKernel_Broadcast_RING_LL", 9, 0.25), "correlation": 12},
             host_event("aten::mm", 7, 1)]
     rows = launched(launched(rows, 11, 1.5), 12, 7.5)
-    events = pd.DataFrame(rows)
-    events["correlation"] = events["correlation"].fillna(-1).astype("int64")
-    for column in ("in_nelems", "out_nelems", "group_size"):
-        events[column] = events[column].astype("float64")
-    events["stream"] = np.where(events["is_gpu"], 7, -1)
-    for columns in column_kinds(events):
-        ops = communication.comm_ops(rank_of(columns))
-        assert ops["op"].tolist() == ["all_reduce", "broadcast"]
-        assert ops["bytes"].tolist()[0] == 4096.0 and np.isnan(ops["bytes"].tolist()[1])
-        assert ops["duration_us"].tolist() == [500.0, 250.0]
-        assert ops["pg_desc"].tolist() == ["default_pg", None]
-        assert ops["issuer"].tolist() == ["c10d", "unknown"]
-        assert ops["pg_size"].tolist()[0] == 2 and ops["step"].tolist() == [-1, -1]
+    events = events_frame([{"correlation": -1, "stream": 7 if row["is_gpu"] else -1, **row}
+                           for row in rows])
+    ops = communication.comm_ops(rank_of(events))
+    assert ops["op"].tolist() == ["all_reduce", "broadcast"]
+    assert ops["bytes"].tolist()[0] == 4096.0 and np.isnan(ops["bytes"].tolist()[1])
+    assert ops["duration_us"].tolist() == [500.0, 250.0]
+    assert ops["pg_desc"].tolist() == ["default_pg", None]
+    assert ops["issuer"].tolist() == ["c10d", "unknown"]
+    assert ops["pg_size"].tolist()[0] == 2 and ops["step"].tolist() == [-1, -1]
 
 
 # ---- order and steps -----------------------------------------------------------------------------

@@ -82,17 +82,19 @@ def test_real_gloo_trace_times_gloo_ops():
 
 # ---- process group names -----------------------------------------------------------------------
 def test_groups_are_shown_by_the_name_the_trace_gives_them():
+    # pg_desc: torch's "Process Group Description"
     rows = [
         event("record_param_comms", "cpu_op", 1_000, 500, is_comm=True, collective="allreduce",
-              in_nelems=64, out_nelems=64, comm_dtype="Float", group_size=2, pg_name="1"),
+              in_nelems=64, out_nelems=64, comm_dtype="Float", group_size=2, pg_name="1",
+              pg_desc="mesh_tp"),
         event("record_param_comms", "cpu_op", 2_000, 500, is_comm=True, collective="allgather",
-              in_nelems=64, out_nelems=128, comm_dtype="Float", group_size=2, pg_name="2"),
+              in_nelems=64, out_nelems=128, comm_dtype="Float", group_size=2, pg_name="2",
+              pg_desc="mesh_dp"),
         event("record_param_comms", "cpu_op", 3_000, 500, is_comm=True, collective="allreduce",
-              in_nelems=8, out_nelems=8, comm_dtype="Float", group_size=4, pg_name="0"),
+              in_nelems=8, out_nelems=8, comm_dtype="Float", group_size=4, pg_name="0",
+              pg_desc="undefined"),
     ]
-    events = events_frame(rows)
-    events["pg_desc"] = ["mesh_tp", "mesh_dp", "undefined"]  # torch's "Process Group Description"
-    ops = comm_ops(make_trace(events))
+    ops = comm_ops(make_trace(events_frame(rows)))
     assert ops["pg_desc"].tolist() == ["mesh_tp", "mesh_dp", None]
     table = collectives_table(ops).sort_values("pg_id")
     assert table["pg"].tolist() == ["0", "mesh_tp (1)", "mesh_dp (2)"]
