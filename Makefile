@@ -38,8 +38,11 @@ demo: install
 	@run=$$(ls -td traces/*/ | head -1); \
 	$(BIN)/python -m analysis.breakdown "$$run" --html "$${run}report.html"
 
+# two pytest-xdist workers: the integration tests wait on processes, pg timeouts and sleeps much
+# of the time; tests that read one shared run stay on one worker, and runs whose timings are
+# asserted are recorded with nothing else running (tests/conftest.py, tests/helpers/alone.py)
 test: install-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # the inner loop: leaves out the tests that start torchrun or other Python processes
 test-fast: install-dev

@@ -8,18 +8,55 @@ from pathlib import Path
 
 import pytest
 
+from helpers import alone
 from helpers.runs import SharedRuns
 
 # Every test under tests/integration/ starts torchrun, the tracer or other Python processes: all
 # are `slow`, so `pytest -m "not slow"` (the inner loop, `make test-fast`) leaves them out and
 # `make test` runs them.
 INTEGRATION = Path(__file__).resolve().parent / "integration"
+# Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`), the tests that read one shared run
+# (tests/helpers/runs.py) or one module-scoped fixture are kept on one worker, which records the
+# run once: the modules named here by their group, every other integration module by its name.
+# The modules below without a group have neither, and their tests go to whichever worker is free.
+XDIST_GROUPS = {
+    "test_tracer_end_to_end": "ddp-bucket-hook",
+    "test_tensorboard_view": "ddp-bucket-hook",
+    "test_crossrank_names_stragglers": "crossrank-runs",
+    "test_timeline_of_traced_runs": "crossrank-runs",
+    "test_breakdown_command": "crossrank-runs",
+    "test_workloads_train_like_references": "tiny-workloads",
+    "test_traced_training_bit_identical": "tiny-workloads",
+}
+UNGROUPED = {"test_tracer_under_faults", "test_stop_diagnosis_runs", "test_scaling_sweeps",
+             "test_comms_recorder"}
 
 
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # a pytest-xdist worker
+        alone.start(workerinput["testrunuid"])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, each test (its fixtures' set-up and teardown too) holds the shared lock that
+    a timed run waits for (tests/helpers/alone.py)."""
+    alone.share()
+    try:
+        yield
+    finally:
+        alone.unshare()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.slow)
+            module = item.path.stem
+            if module not in UNGROUPED:
+                item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(module, module)))
 
 
 @pytest.fixture(scope="session")

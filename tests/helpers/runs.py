@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from helpers.alone import alone
 from helpers.launch import DDP, launch, torchrun_env
 
 PIPELINE = "workloads/pipeline.py"
@@ -33,11 +35,13 @@ DDP_DELAY_MS = 25
 # The tracer's default profiler window: 3 steps traced after 7.
 DEFAULT_WINDOW = ("--skip-first", "5", "--wait", "1", "--warmup", "1", "--active", "3")
 EVEN_RUNS = 5  # DDP runs without delay, each a separate sample of the scheduling noise
+# tests/scripts/straggle_ddp.py's delay: long against the scheduling noise of a shared 2-core CPU.
+STRAGGLE_DDP_DELAY_MS = 60
 
 # ---- the tracer end to end ----------------------------------------------------------------------
 DDP_STEPS = 20
 
-# ---- the diffs of runs ----------------------------------------------------------------------------
+# ---- the diffs of runs -------------------------------------------------------------------------
 DIFF_STEPS = "12"
 # The runs whose step times are compared: enough steps that a burst of other work on the machine
 # moves their medians less, and that the interval sees drifts within a run.
@@ -53,8 +57,10 @@ DIFF_FROM_TRACE = ("--no-comms", "--record-shapes")
 
 # ---- the workloads untraced, tiny: each a reference for the workload tests and the untraced
 # side of the traced-training identity ----------------------------------------------------------
-TINY_MODEL = ("--hidden", "16", "--layers", "2", "--batch-size", "8", "--steps", "2",
-              "--seed", "0", "--lr", "0.1")
+TINY_HIDDEN, TINY_LAYERS, TINY_BATCH, TINY_STEPS, TINY_SEED, TINY_LR = 16, 2, 8, 2, 0, 0.1
+TINY_MODEL = tuple(map(str, ("--hidden", TINY_HIDDEN, "--layers", TINY_LAYERS, "--batch-size",
+                             TINY_BATCH, "--steps", TINY_STEPS, "--seed", TINY_SEED,
+                             "--lr", TINY_LR)))
 TINY_WORKLOADS = {  # name -> (script, extra flags, ranks (None: one process), files --save writes)
     "dp": ("workloads/dp.py", (), None, ("out.pt",)),
     "ddp": (DDP, ("--pg-timeout-s", "60"), 2, ("out.pt",)),
@@ -70,7 +76,7 @@ class Run:
     """`script` with `args` on `nproc` ranks under torchrun (None: one process); traced with the
     tracer options `tracer` (None: untraced), to which --out and --run-name are added; `save`:
     the workload's --save to out.pt in the run's folder; `env`: (name, value) pairs on top of
-    torchrun_env."""
+    torchrun_env; `timed`: its users assert on its timings, so it is recorded alone (alone.py)."""
 
     script: str
     args: tuple = ()
@@ -79,6 +85,7 @@ class Run:
     save: bool = False
     env: tuple = ()
     timeout: float = 600
+    timed: bool = False
     users: str = field(default="", compare=False)
 
 
@@ -91,39 +98,41 @@ RUNS: dict[str, Run] = {
     # Rank 1 late by a busy loop before every forward pass; DDP's buckets only in the window.
     "ddp-late-window": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1", "--straggle",
                                  f"1:{DDP_DELAY_MS}"), tracer=WINDOW,
+                           timed=True,
                            users="test_crossrank_names_stragglers (profiler_window), "
                                  "test_breakdown_command (a real traced run), "
                                  "test_timeline_of_traced_runs (ddp)"),
     "ddp-late-hook": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1", "--straggle",
                                f"1:{DDP_DELAY_MS}"), tracer=(*WINDOW, "--ddp-bucket-hook"),
-                         users="test_crossrank_names_stragglers (bucket_hook)"),
+                         timed=True, users="test_crossrank_names_stragglers (bucket_hook)"),
     **{f"ddp-even-{n}": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1"),
-                            tracer=WINDOW, users="test_crossrank_names_stragglers (no delay)")
+                            tracer=WINDOW, timed=True,
+                            users="test_crossrank_names_stragglers (no delay)")
        for n in range(EVEN_RUNS)},
     # The pipeline's own model, outside a long profiler window: with four ranks on two cores and
     # a tiny model, the stages' run time is the scheduler's, not the schedule's.
     "pipeline-4-late": Run(PIPELINE, ("--steps", str(STEPS), "--straggle", "2:15"), nproc=4,
-                           tracer=DEFAULT_WINDOW,
+                           tracer=DEFAULT_WINDOW, timed=True,
                            users="test_crossrank_names_stragglers (pipeline), "
                                  "test_timeline_of_traced_runs (pipeline)"),
     # Two ranks: a burst of contention on the other rank can hide the delay for several steps in
     # a row, so 40 steps (their comm records; the window as by default).
     "tp-late": Run(MODEL_PARALLEL, (*SMALL, "--layers", "1", "--straggle", "0:20", "--steps",
-                                    "40"), tracer=DEFAULT_WINDOW,
+                                    "40"), tracer=DEFAULT_WINDOW, timed=True,
                    users="test_crossrank_names_stragglers (tensor parallel)"),
     # A 60 ms busy loop on rank 1 of a plain DDP loop; 16 steps traced after 2 skipped and 1
     # warm-up step: two ranks need 10 clean steps or more before either can be named.
-    "ddp-straggle-60": Run("tests/scripts/straggle_ddp.py", ("--steps", "20", "--straggle",
-                                                             "1:60"),
+    "ddp-straggle-60": Run("tests/scripts/straggle_ddp.py",
+                           ("--steps", "20", "--straggle", f"1:{STRAGGLE_DDP_DELAY_MS}"),
                            tracer=("--skip-first", "2", "--wait", "0", "--warmup", "1",
-                                   "--active", "16"),
+                                   "--active", "16"), timed=True,
                            users="test_crossrank_on_a_traced_straggler"),
-    "diff-base": Run(DDP, ("--steps", DIFF_TIMED_STEPS), tracer=DIFF_BUCKETS,
+    "diff-base": Run(DDP, ("--steps", DIFF_TIMED_STEPS), tracer=DIFF_BUCKETS, timed=True,
                      users="test_diff_of_traced_runs"),
-    "diff-again": Run(DDP, ("--steps", DIFF_TIMED_STEPS), tracer=DIFF_BUCKETS,
-                      users="test_diff_of_traced_runs"),
+    "diff-again": Run(DDP, ("--steps", DIFF_TIMED_STEPS), tracer=DIFF_BUCKETS, timed=True,
+                     users="test_diff_of_traced_runs"),
     "diff-late": Run(DDP, ("--steps", DIFF_TIMED_STEPS, "--straggle", f"1:{DIFF_DELAY_MS}"),
-                     tracer=DIFF_BUCKETS, users="test_diff_of_traced_runs"),
+                     tracer=DIFF_BUCKETS, timed=True, users="test_diff_of_traced_runs"),
     "diff-cap25": Run(DDP, ("--steps", DIFF_STEPS, "--bucket-cap-mb", "25"),
                       tracer=DIFF_FROM_TRACE, users="test_diff_of_traced_runs"),
     "diff-cap1": Run(DDP, ("--steps", DIFF_STEPS, "--bucket-cap-mb", "1"),
@@ -164,8 +173,9 @@ def record(name: str, folder: Path) -> Recorded:
     tracer = None if spec.tracer is None else (
         "--out", folder / "traces", "--run-name", name, *spec.tracer)
     args = (*spec.args, *(("--save", folder / "out.pt") if spec.save else ()))
-    result = launch(spec.script, *args, nproc=spec.nproc, tracer=tracer,
-                    env=torchrun_env(**dict(spec.env)), timeout=spec.timeout)
+    with alone() if spec.timed else nullcontext():
+        result = launch(spec.script, *args, nproc=spec.nproc, tracer=tracer,
+                        env=torchrun_env(**dict(spec.env)), timeout=spec.timeout)
     assert result.returncode == 0, (f"shared run {name}: exit {result.returncode}\n"
                                     f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     return Recorded(name, folder, result, os.getloadavg()[0])

@@ -1,9 +1,8 @@
-"""`python -m analysis.breakdown`: formats, options, exit codes, and a real 2-rank traced run."""
+"""`python -m analysis.breakdown`: formats, options, exit codes, and a real 2-rank traced run
+(the shared run `ddp-late-window`, tests/helpers/runs.py)."""
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -11,10 +10,10 @@ import pytest
 
 from analysis import breakdown as cli
 from analysis.rank.layers import PARTS
-from helpers.launch import DATA, torchrun_env
+from helpers.launch import DATA, run_module
+from helpers.run_copies import copy_run
 from helpers.synthetic import TraceBuilder, trace_name
 
-REPO = Path(__file__).resolve().parents[2]
 REFERENCE = DATA / "hta-0.5.0-reference.csv"
 PARTS = PARTS
 
@@ -214,9 +213,7 @@ def test_strict_fails_on_any_problem_and_passes_without(capsys, tmp_path):
 
 def test_module_entry_point(tmp_path):
     run = small_run(tmp_path / "run")
-    done = subprocess.run([sys.executable, "-m", "analysis.breakdown", str(run), "--format",
-                           "json", "--no-cache"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    done = run_module("analysis.breakdown", run, "--format", "json", "--no-cache", timeout=120)
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["ranks"]) == 2
     assert done.stderr == ""  # runpy's warning about a module imported before it ran, say
@@ -224,14 +221,12 @@ def test_module_entry_point(tmp_path):
 
 # ---- a real run of the tracer ------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def traced_ddp_run(tmp_path_factory):
+def traced_ddp_run(shared_runs, tmp_path_factory):
+    """A --out folder holding a copy of a traced 2-rank DDP run (DDP's buckets in the profiler
+    window only): the command writes its cache beside the traces."""
+    run = shared_runs["ddp-late-window"].run_dir
     out = tmp_path_factory.mktemp("traces")
-    env = torchrun_env()
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "tracer.record", "--out", str(out), "workloads/ddp.py", "--steps", "12"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    copy_run(run, out / run.name)
     return out
 
 

@@ -4,29 +4,23 @@ real Dask scheduler (two worker processes on 127.0.0.1), with the same JSON as a
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from distributed import Client
 
-from helpers.launch import DATA, REPO
-
-pytestmark = pytest.mark.slow
+from helpers.launch import DATA, REPO, run_module, start_module
 
 RUN = DATA / "ddp_cpu"
 START_TIMEOUT_S = 120
 
 
 def _dask(*args: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "dask", *args], cwd=REPO, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        return start_module("dask", *args, stdout=out, stderr=subprocess.STDOUT)
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -66,9 +60,7 @@ def scheduler(tmp_path_factory):
 
 
 def _breakdown(*args, cwd=REPO) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "analysis.breakdown", *map(str, args)],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return run_module("analysis.breakdown", *args, cwd=cwd)
 
 
 def _jobs_run_by_workers(address: str) -> set[str]:

@@ -5,18 +5,15 @@ the DDP hook options; and a crashed peer's error, traced and untraced."""
 from __future__ import annotations
 
 import re
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from helpers.comms_ranks import StepCounter, ToyNet
+from helpers.launch import DDP, launch
 from tracer.comms import CommsRecorder
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from comms_ranks import StepCounter, ToyNet  # noqa: E402  (tests/scripts is not a package)
 
 
 # ---- single-process tests (1-rank gloo group in the pytest process) -----------------------------
@@ -393,21 +390,11 @@ def test_recorder_is_a_part_that_fails_once_and_tells_the_session(one_rank, capf
 # ---- a rank crashes: the other rank's error is the one it would print untraced ------------------
 def rank_error(folder, traced: bool) -> list[str]:
     """Rank 0's traceback and error line when rank 1 exits at step 3 of workloads/ddp.py."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    repo = Path(__file__).resolve().parents[2]
-    from helpers.launch import torchrun_env
-    env = torchrun_env()
     # --monitor-interval 5: torchrun would otherwise stop rank 0 before it prints its error.
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--monitor-interval", "5", "--nproc-per-node", "2"]
-    if traced:
-        command += ["-m", "tracer.record", "--out", str(folder)]
-    command += [str(repo / "workloads" / "ddp.py"), "--hidden", "16", "--layers", "2",
-                "--batch-size", "8", "--steps", "4", "--crash", "1:3", "--pg-timeout-s", "30"]
-    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = launch(DDP, "--hidden", "16", "--layers", "2", "--batch-size", "8", "--steps", "4",
+                    "--crash", "1:3", "--pg-timeout-s", "30", nproc=2,
+                    torchrun=["--monitor-interval", "5"],
+                    tracer=["--out", folder] if traced else None, timeout=300)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.startswith("[rank0]:")]
     assert any("Traceback" in line for line in lines), result.stderr

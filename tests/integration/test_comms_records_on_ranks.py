@@ -2,23 +2,19 @@
 coalesced and object collectives, DDP buckets and user hooks, DTensor, pipeline stages).
 
 Every scenario runs once in one group of 2 ranks started with torch.multiprocessing
-(tests/scripts/comms_ranks.py); every rank writes what it saw to a JSON file and the tests below
-assert on it. Bit-identity of DDP gradients: tests/test_comms_identity.py; single-process checks
-of the recorder: tests/test_comms_recorder.py.
+(tests/helpers/comms_ranks.py); every rank writes what it saw to a JSON file and the tests below
+assert on it. Bit-identity of DDP gradients: test_ddp_gradients_unchanged_by_bucket_hook.py;
+single-process checks of the recorder: test_comms_recorder.py.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from comms_ranks import finish_recorder, run_ranks, scenario_result, start_recorder  # noqa: E402  (tests/scripts is not a package)
+from helpers.comms_ranks import finish_recorder, run_ranks, scenario_result, start_recorder
 
 F32 = 4  # bytes per float32 element
 

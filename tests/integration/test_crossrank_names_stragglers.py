@@ -6,12 +6,13 @@ delay.
 The models are small (one DDP gradient bucket, about 1 ms of compute per step) so that the
 injected host delay dominates each step and the profiler window covers many steps in little
 time. Two ranks need 10 clean steps or more before either can be named, so every run has more;
-`docs/cross-rank.md` defines every figure asserted here."""
+`docs/cross-rank.md` defines every figure asserted here. The runs are shared runs
+(tests/helpers/runs.py): the breakdown command and timeline tests read `ddp-late-window` too, the
+timeline tests `pipeline-4-late`."""
 
 import json
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,32 +20,12 @@ import pytest
 
 from analysis import open_run
 from analysis.crossrank.culprit import steps_needed
-from helpers.launch import torchrun_env
-
-pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-SMALL = ["--hidden", "64", "--batch-size", "8"]
-# Steps 0-1 skipped (start-up, DDP's bucket rebuild), 2 warm-up, then ACTIVE steps traced.
-ACTIVE = 20
-WINDOW = ["--skip-first", "2", "--wait", "0", "--warmup", "1", "--active", str(ACTIVE)]
-STEPS = ACTIVE + 4
-DDP_DELAY_MS = 25
-ENV = torchrun_env(PYTHONPATH=str(REPO))
+from helpers.launch import DDP, popen, run_module
+from helpers.runs import ACTIVE, DDP_DELAY_MS, EVEN_RUNS, SMALL, STEPS, WINDOW
 
 
-def _check(done: subprocess.CompletedProcess, what: str) -> None:
+def _check(done, what: str) -> None:
     assert done.returncode == 0, f"{what}: exit {done.returncode}\n{done.stderr[-3000:]}"
-
-
-def _trace(out: Path, name: str, workload: str, nproc: int, *args, tracer_args=(),
-           model=SMALL) -> Path:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "-m", "tracer.record", "--out", str(out),
-               "--run-name", name, *WINDOW, *tracer_args, str(REPO / "workloads" / workload),
-               "--steps", str(STEPS), *model, *[str(a) for a in args]]
-    _check(subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True,
-                          timeout=600), name)
-    return out / name
 
 
 def _cross_rank(path) -> tuple[dict, dict]:
@@ -70,11 +51,9 @@ def out(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ddp_delayed(out):
-    delay = ["--layers", "1", "--straggle", f"1:{DDP_DELAY_MS}"]
-    return {"profiler_window": _trace(out, "ddp-window", "ddp.py", 2, *delay),
-            "bucket_hook": _trace(out, "ddp-hook", "ddp.py", 2, *delay,
-                                  tracer_args=["--ddp-bucket-hook"])}
+def ddp_delayed(shared_runs):
+    return {"profiler_window": shared_runs["ddp-late-window"].run_dir,
+            "bucket_hook": shared_runs["ddp-late-hook"].run_dir}
 
 
 @pytest.mark.parametrize("source", ["profiler_window", "bucket_hook"])
@@ -96,20 +75,10 @@ def test_ddp_names_the_delayed_rank_and_the_other_waits_the_delay(ddp_delayed, s
     assert document["mismatches"] == []
 
 
-# The tracer's default profiler window: 3 steps traced after 7.
-DEFAULT_WINDOW = ["--skip-first", "5", "--wait", "1", "--warmup", "1", "--active", "3"]
-
-
 @pytest.fixture(scope="module")
-def delayed_pipeline_and_tp(out):
-    # The pipeline's own model, outside a long profiler window: with four ranks on two cores and
-    # a tiny model, the stages' run time is the scheduler's, not the schedule's.
-    return {"pipeline": _trace(out, "pp-late", "pipeline.py", 4, "--straggle", "2:15",
-                               tracer_args=DEFAULT_WINDOW, model=()),
-            # Two ranks: a burst of contention on the other rank can hide the delay for several
-            # steps in a row, so 40 steps (their comm records; the window as by default).
-            "tp": _trace(out, "tp-late", "model_parallel.py", 2, "--layers", "1",
-                         "--straggle", "0:20", "--steps", "40", tracer_args=DEFAULT_WINDOW)}
+def delayed_pipeline_and_tp(shared_runs):
+    return {"pipeline": shared_runs["pipeline-4-late"].run_dir,
+            "tp": shared_runs["tp-late"].run_dir}
 
 
 def test_a_four_stage_pipeline_names_the_delayed_stage(delayed_pipeline_and_tp):
@@ -126,8 +95,8 @@ def test_tensor_parallel_names_the_delayed_rank(delayed_pipeline_and_tp):
 
 
 @pytest.fixture(scope="module")
-def undelayed_ddp(out):
-    return [_trace(out, f"ddp-even-{n}", "ddp.py", 2, "--layers", "1") for n in range(5)]
+def undelayed_ddp(shared_runs):
+    return [shared_runs[f"ddp-even-{n}"].run_dir for n in range(EVEN_RUNS)]
 
 
 def test_ddp_runs_without_delay_name_no_straggler(undelayed_ddp):
@@ -156,14 +125,12 @@ def test_two_agents_writing_their_own_folders_are_one_run_of_four_ranks(out):
     """Two torchrun agents (--nnodes 2, c10d rendezvous on 127.0.0.1), as on two nodes without
     a shared file system: each writes its ranks into its own --out."""
     port, name = _free_port(), "two-nodes"
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-         "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", name,
-         "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "tracer.record",
-         "--out", str(out / f"node{node}"), "--run-name", name, *WINDOW, "--ddp-bucket-hook",
-         str(REPO / "workloads" / "ddp.py"), "--steps", str(STEPS), "--layers", "1", *SMALL],
-        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for node in (0, 1)]
+    agents = [popen(DDP, "--steps", STEPS, "--layers", "1", *SMALL, nproc=2, standalone=False,
+                    torchrun=["--nnodes", "2", "--node-rank", node, "--rdzv-backend", "c10d",
+                              "--rdzv-id", name, "--rdzv-endpoint", f"127.0.0.1:{port}"],
+                    tracer=["--out", out / f"node{node}", "--run-name", name, *WINDOW,
+                            "--ddp-bucket-hook"])
+              for node in (0, 1)]
     for node, agent in enumerate(agents):
         stdout, stderr = agent.communicate(timeout=600)
         _check(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr),
@@ -173,9 +140,7 @@ def test_two_agents_writing_their_own_folders_are_one_run_of_four_ranks(out):
     held = [sorted(int(p.name[4]) for p in folder.glob("rank*.steps.jsonl")) for folder in folders]
     assert sorted(held[0] + held[1]) == [0, 1, 2, 3] and all(len(h) == 2 for h in held)
 
-    done = subprocess.run([sys.executable, "-m", "analysis.breakdown", *map(str, folders),
-                           "--format", "json", "--no-cache"],
-                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    done = run_module("analysis.breakdown", *folders, "--format", "json", "--no-cache")
     _check(done, "python -m analysis.breakdown node0/RUN node1/RUN")
     document = json.loads(done.stdout)
     assert document["run"]["world_size"] == 4 and document["run"]["ranks_analysed"] == 4

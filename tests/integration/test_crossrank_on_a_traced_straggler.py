@@ -3,15 +3,6 @@ busy loop before every forward pass (gloo on CPU), its clock shifted, its record
 DDP's buckets are read from a profiler window of 16 steps: two ranks need 10 clean steps or more
 before either can be named (docs/cross-rank.md, "Threshold")."""
 
-import gzip
-import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -21,57 +12,23 @@ from analysis.rank.summary import rank_tables
 from analysis.report import output
 from analysis.report.output import cross_rank_json
 from analysis.run import analyse_run
+from helpers.run_copies import shifted_copy
+from helpers.runs import STRAGGLE_DDP_DELAY_MS
 
-pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "scripts" / "straggle_ddp.py"
-DELAY_MS = 60  # long against the scheduling noise of a shared 2-core CPU
+DELAY_MS = STRAGGLE_DDP_DELAY_MS  # long against the scheduling noise of a shared 2-core CPU
 SHIFT_NS = 80_000_000
-# Steps 0-1 skipped (start-up, DDP's bucket rebuild), 2 warm-up, then 16 steps traced.
-WINDOW = ["--skip-first", "2", "--wait", "0", "--warmup", "1", "--active", "16"]
-
-
-def _trace(out: Path, name: str, *script_args) -> Path:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", "-m", "tracer.record", "--out", str(out),
-               "--run-name", name, *WINDOW, str(SCRIPT), "--steps", "20", *script_args]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    if any(name == "lo" for _, name in socket.if_nameindex()):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out / name
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("crossrank")
-    return {"late": _trace(out, "late", "--straggle", f"1:{DELAY_MS}")}
+def runs(shared_runs):
+    # tests/scripts/straggle_ddp.py --straggle 1:60: steps 0-1 skipped (start-up, DDP's bucket
+    # rebuild), 2 warm-up, then 16 steps traced.
+    return {"late": shared_runs["ddp-straggle-60"].run_dir}
 
 
-def _shifted_copy(run: Path, target: Path, rank: int) -> Path:
+def _shifted_copy(run, target, rank: int):
     """The run with `rank`'s clock moved by +80 ms in every file and its clock_sync removed."""
-    shutil.copytree(run, target)
-    for path in target.glob(f"rank{rank}.*.jsonl"):
-        lines = []
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("kind") == "clock_sync":
-                continue
-            for key in ("start_ns", "end_ns", "t_ns"):
-                if isinstance(record.get(key), int):
-                    record[key] += SHIFT_NS
-            lines.append(json.dumps(record))
-        path.write_text("".join(f"{line}\n" for line in lines))
-    for path in target.glob(f"rank{rank}.*.pt.trace.json.gz"):
-        document = json.loads(gzip.decompress(path.read_bytes()))
-        for event in document["traceEvents"]:
-            if isinstance(event.get("ts"), (int, float)):
-                event["ts"] += SHIFT_NS // 1000
-        path.write_bytes(gzip.compress(json.dumps(document).encode()))
-    return target
+    return shifted_copy(run, target, rank, SHIFT_NS)
 
 
 def test_the_delayed_rank_is_named_and_the_other_waits_the_delay(runs):

@@ -4,15 +4,12 @@ changes how buckets are reduced; and the comparison can fail."""
 
 from __future__ import annotations
 
-import sys
 from contextlib import nullcontext
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from comms_ranks import ToyNet, finish_recorder, run_ranks, scenario_result, start_recorder  # noqa: E402  (tests/scripts is not a package)
+from helpers.comms_ranks import ToyNet, finish_recorder, run_ranks, scenario_result, start_recorder
 
 SMALL_BUCKETS = 600 / 2**20  # bucket_cap_mb that splits ToyNet into several buckets
 

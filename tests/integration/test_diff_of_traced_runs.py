@@ -4,82 +4,40 @@ microbatches; and two foreign trace sets."""
 
 import json
 import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from helpers.launch import DATA, REPO
+from helpers.launch import DATA, run_module
+from helpers.runs import DIFF_DELAY_MS as DELAY_MS
 
-pytestmark = pytest.mark.slow
-STEPS = "12"
-# The runs whose step times are compared: enough steps that a burst of other work on the machine
-# moves their medians less, and that the interval sees drifts within a run.
-TIMED_STEPS = "30"
-DELAY_MS = 20
 # Other work keeping more than this many processes per core runnable (1-minute load average,
 # read as each run ends) slows one run of a command up to 3.5-fold against the next
 # (docs/benchmarks.md#run-to-run-noise-of-one-command): no verdict on two single runs can then be
 # checked against the truth, nor how long one rank waits for a delayed other.
 OVERLOAD_PER_CORE = 2.0
-LOAD_AT_END: dict[str, float] = {}
+# The runs: tests/helpers/runs.py, `diff-*`.
+NAMES = ("base", "again", "late", "cap25", "cap1", "pp2", "pp8")
 
 
-def _trace(out: Path, name: str, script: str, *args, tracer_args=(), steps=STEPS) -> Path:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", "-m", "tracer.record", "--out", str(out),
-               "--run-name", name, *tracer_args, str(REPO / "workloads" / script),
-               "--steps", steps, *args]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    if any(n == "lo" for _, n in socket.if_nameindex()):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    LOAD_AT_END[name] = os.getloadavg()[0]
-    return out / name
+@pytest.fixture(scope="module")
+def runs(shared_runs):
+    recorded = {name: shared_runs[f"diff-{name}"] for name in NAMES}
+    return {name: run.run_dir for name, run in recorded.items()} | {
+        "load": {name: run.load_at_end for name, run in recorded.items()}}
 
 
-def _skip_if_overloaded(*names: str) -> None:
-    load = max(LOAD_AT_END[name] for name in names)
+def _skip_if_overloaded(runs, *names: str) -> None:
+    load = max(runs["load"][name] for name in names)
     if load > OVERLOAD_PER_CORE * (os.cpu_count() or 1):
         pytest.skip(f"load average {load:.1f} on {os.cpu_count()} cores during the runs: their "
                     f"step times are not comparable")
 
 
 def _diff(a, b, *args) -> dict:
-    done = subprocess.run([sys.executable, "-m", "analysis.diff", str(a), str(b), "--no-cache",
-                           "--format", "json", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    done = run_module("analysis.diff", a, b, "--no-cache", "--format", "json", *args,
+                      timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("diff")
-    # The ops come from the traces here (--no-comms, shapes recorded for their sizes): with
-    # --bucket-cap-mb set, the tracer's comm records hold no DDP all-reduce.
-    from_trace = ("--no-comms", "--record-shapes")
-    # Every DDP bucket in the comm records, so that every step's wait is split from transfer;
-    # ten profiled steps, so that one step of a rank held up by other work on the machine does
-    # not decide the mean waiting.
-    buckets = ("--ddp-bucket-hook", "--active", "10")
-    return {
-        "base": _trace(out, "base", "ddp.py", tracer_args=buckets, steps=TIMED_STEPS),
-        "again": _trace(out, "again", "ddp.py", tracer_args=buckets, steps=TIMED_STEPS),
-        "late": _trace(out, "late", "ddp.py", "--straggle", f"1:{DELAY_MS}",
-                       tracer_args=buckets, steps=TIMED_STEPS),
-        "cap25": _trace(out, "cap25", "ddp.py", "--bucket-cap-mb", "25",
-                        tracer_args=from_trace),
-        "cap1": _trace(out, "cap1", "ddp.py", "--bucket-cap-mb", "1", tracer_args=from_trace),
-        "pp2": _trace(out, "pp2", "pipeline.py", "--microbatches", "2"),
-        "pp8": _trace(out, "pp8", "pipeline.py", "--microbatches", "8"),
-    }
 
 
 def _rows(document, section, **match):
@@ -104,7 +62,7 @@ def test_a_delayed_rank_shows_as_waiting_on_the_other_and_a_longer_step(runs):
     assert '"all_reduce"' in (runs["late"] / "rank0.comms.jsonl").read_text()
     document = _diff(runs["base"], runs["late"])
     # Under heavy load rank 0 itself is held up while rank 1 spins, and waits less for it.
-    _skip_if_overloaded("base", "late")
+    _skip_if_overloaded(runs, "base", "late")
     waiting = _rows(document, "categories", role="rank 0", category="waiting")[0]
     assert waiting["delta_ms"] > DELAY_MS / 2
     assert any(f["finding"] == "ranks wait for rank 1" and f["status"] == "new"
@@ -127,7 +85,7 @@ def test_a_run_against_itself_and_against_the_same_command(runs):
     verdict = again["verdict"]
     assert verdict["runs_a"] == verdict["runs_b"] == 1
     assert "not run-to-run noise" in verdict["coverage"]
-    _skip_if_overloaded("base", "again")
+    _skip_if_overloaded(runs, "base", "again")
     assert not verdict["significant"], verdict["text"]
     assert verdict["text"].startswith("no significant change")
     assert verdict["noise_floor_pct"] >= 10.0

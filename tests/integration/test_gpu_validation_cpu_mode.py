@@ -12,17 +12,15 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers.launch import DATA
+from helpers.alone import alone
+from helpers.launch import DATA, REPO, launch
 from scripts.gpu_validation import preflight as preflight_module
 from scripts.gpu_validation.analysis_checks import check_hta_columns, check_hta_match, run_analysis
 from scripts.gpu_validation.cli import guarded, main
@@ -46,7 +44,6 @@ from scripts.gpu_validation.run_checks import (
 from scripts.gpu_validation.run_folder import trace_summary
 from scripts.gpu_validation.runner import Budget, BudgetExhausted, Completed, Runner, base_env
 
-REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "scripts" / "gpu_validation"
 GPU_TRACE = (DATA / "kineto" / "resnet50_num_workers_0"
              / "worker0.1623143089861.pt.trace.json.gz")
@@ -63,21 +60,14 @@ def hta_reference(trace_dir: str) -> dict:
 RESNET_HTA = hta_reference("resnet50_num_workers_0")
 
 
-
-def clean_env() -> dict:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("RANKTRACE_", "TORCHELASTIC_"))
-            and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-
-
 # ---- the CPU-mode run ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-validation-out")
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(PACKAGE), str(out), "--cpu", "--quick"],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240)
-    elapsed = time.monotonic() - started
+    with alone():  # the tracer's overhead and the run's time are measured: nothing else runs
+        started = time.monotonic()
+        proc = launch(PACKAGE, out, "--cpu", "--quick", timeout=240)
+        elapsed = time.monotonic() - started
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else None
     return {"out": out, "proc": proc, "elapsed": elapsed, "results": results}

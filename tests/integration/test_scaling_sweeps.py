@@ -3,27 +3,21 @@ and 4 ranks, each number checked against the runs' own step records, and a sweep
 delayed by a busy loop, whose lost efficiency goes to waiting for peers."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers.launch import torchrun_env
+from helpers.alone import alone
+from helpers.launch import run_module
 
-pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 # Short runs: profiler window on steps 5-6 (skip 3, wait 1, warm-up 1, active 2), 10 steps.
 TRACER = ["--skip-first", "3", "--active", "2"]
 WARMUP_STEPS = 2  # analysis.scaling's default: steps 0 and 1 are left out
 
 
 def _sweep(out: Path, nproc: str, options: list, script: str, *args) -> dict:
-    command = [sys.executable, "-m", "tracer.sweep", "--nproc", nproc, "--out", str(out),
-               "--format", "json", *options, *TRACER, script, "--steps", "10", *args]
-    env = torchrun_env(PYTHONPATH=str(REPO))
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = run_module("tracer.sweep", "--nproc", nproc, "--out", out, "--format", "json",
+                      *options, *TRACER, script, "--steps", "10", *args, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -88,8 +82,9 @@ def test_every_number_follows_from_the_step_records(tmp_path, script, args, weak
 
 
 def test_a_straggler_at_four_ranks_costs_efficiency_in_waiting(tmp_path):
-    document = _sweep(tmp_path / "sweep", "1,4", ["--mode", "weak"],
-                      "tests/scripts/scaling_straggle.py", "--straggle", "3:60")
+    with alone():  # its waits are timings: nothing else runs meanwhile
+        document = _sweep(tmp_path / "sweep", "1,4", ["--mode", "weak"],
+                          "tests/scripts/scaling_straggle.py", "--straggle", "3:60")
     lost = [a for a in document["attribution"] if a["world_size"] == 4]
     largest = max(lost, key=lambda a: a["lost_pct_points"])
     assert largest["cause"] == "waiting for peers"

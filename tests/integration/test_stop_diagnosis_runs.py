@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 from analysis import open_run
 from analysis.report import output
+from helpers import tracer_files as h
+from helpers.launch import DDP, REPO, launch
 from tracer import schema
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
-
-pytestmark = pytest.mark.slow
 
 TRACED = ["--no-profiler", "--no-sampler", "--no-scalars", "--ddp-bucket-hook"]
 # ddp.py's ops on group 0 with --ddp-bucket-hook: DDP's parameter broadcast (#0), one bucket in
@@ -27,8 +23,8 @@ STEP_3_POSITION = 4
 
 def fault_run(tmp_path, fault: list[str]) -> tuple[object, Path]:
     out = tmp_path / "traces"
-    result = h.run(["--out", out, *TRACED], h.DDP,
-                   ["--steps", "4", "--pg-timeout-s", "10", *fault], nproc=2, timeout=240)
+    result = launch(DDP, "--steps", "4", "--pg-timeout-s", "10", *fault,
+                    tracer=["--out", out, *TRACED], nproc=2, timeout=240)
     return result, h.only_run_dir(out)
 
 
@@ -38,7 +34,7 @@ def diagnosis(run_dir: Path) -> tuple[dict, str]:
 
 
 def script_line(path: str, code: str) -> int:
-    source = (h.REPO / path).read_text().splitlines()
+    source = (REPO / path).read_text().splitlines()
     return next(i for i, line in enumerate(source, 1) if line.strip() == code)
 
 
@@ -100,8 +96,8 @@ def test_a_crashed_rank_is_named_dead_and_missing(tmp_path):
 def test_a_clean_run_gets_no_stop_diagnosis(tmp_path, issue_records):
     out = tmp_path / "traces"
     options = [] if issue_records else ["--no-issue-records"]
-    result = h.run(["--out", out, *TRACED, *options], h.DDP, ["--steps", "2"], nproc=2,
-                   timeout=240)
+    result = launch(DDP, "--steps", "2", tracer=["--out", out, *TRACED, *options], nproc=2,
+                    timeout=240)
     assert result.returncode == 0, result.stderr
     run_dir = h.only_run_dir(out)
     found, text = diagnosis(run_dir)
@@ -118,11 +114,11 @@ def test_a_clean_run_gets_no_stop_diagnosis(tmp_path, issue_records):
 def test_sigusr1_writes_the_stacks_and_training_ends_with_the_same_loss(tmp_path):
     script = "tests/scripts/stop_sigusr1_train.py"
     out = tmp_path / "traces"
-    untraced = h.run(None, script, ["--steps", "6"])
+    untraced = launch(script, "--steps", "6")
     assert untraced.returncode == 0, untraced.stderr
-    traced = h.run(["--out", out, "--no-profiler", "--no-sampler", "--no-scalars"], script,
-                   ["--steps", "6", "--signal-at", "3",
-                    "--wait-for", str(out / "*" / schema.STACKS_FILE.format(rank=0))])
+    traced = launch(script, "--steps", "6", "--signal-at", "3", "--wait-for",
+                    str(out / "*" / schema.STACKS_FILE.format(rank=0)),
+                    tracer=["--out", out, "--no-profiler", "--no-sampler", "--no-scalars"])
     assert traced.returncode == 0, traced.stderr
     assert traced.stdout == untraced.stdout and untraced.stdout.strip()
     run_dir = h.only_run_dir(out)
@@ -141,9 +137,9 @@ def test_sigusr1_writes_the_stacks_and_training_ends_with_the_same_loss(tmp_path
 def four_rank_fault_run(tmp_path, fault: list[str]) -> tuple[object, Path]:
     out = tmp_path / "traces"
     # One bucket a step (tiny model): DDP's broadcast is #0, steps 1 and 2 are #1 and #2.
-    result = h.run(["--out", out, *TRACED], h.DDP,
-                   ["--steps", "4", "--hidden", "32", "--layers", "1", "--batch-size", "8",
-                    "--pg-timeout-s", "10", *fault], nproc=4, timeout=240)
+    result = launch(DDP, "--steps", "4", "--hidden", "32", "--layers", "1", "--batch-size", "8",
+                    "--pg-timeout-s", "10", *fault, tracer=["--out", out, *TRACED], nproc=4,
+                    timeout=240)
     return result, h.only_run_dir(out)
 
 

@@ -1,38 +1,37 @@
 """A run recorded by the tracer, viewed through a real TensorBoard on loopback.
 
-`torchrun --nproc-per-node 2 -m tracer.record --record-shapes workloads/ddp.py --steps 12` (gloo,
-CPU) writes `<logdir>/ddp/`; TensorBoard then must show torch-tb-profiler's run with workers
-rank0 and rank1, answer its distributed view with data for both (checked against our own trace
-and step files), and list our per-rank scalars under the same run name.
+The shared run `ddp-bucket-hook` (tests/helpers/runs.py: `torchrun --nproc-per-node 2 -m
+tracer.record --ddp-bucket-hook --record-shapes workloads/ddp.py --steps 20`, gloo, CPU) writes
+`<logdir>/ddp-bucket-hook/`; TensorBoard then must show torch-tb-profiler's run with workers
+rank0 and rank1, answer its distributed view with data for both (checked against our own trace,
+step and comm files), and list our per-rank scalars under the same run name.
 """
 
 import gzip
 import importlib.util
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers.launch import REPO
+from helpers.runs import DDP_STEPS, RUNS
 from tracer import schema
 from tracer.scalars import ScalarsWriter
 from tracer.schema import StepRecord
 
-REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("tb_profiler_view",
                                                REPO / "benchmarks" / "tb_profiler_view.py")
 tb_view = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tb_view)
 
-RUN = "ddp"
-STEPS = 12
-# The profiler window: steps 0-4 skipped, 5 waits, 6 warms up, 7-9 are in the trace.
-SCHEDULE = ["--skip-first", "5", "--wait", "1", "--warmup", "1", "--active", "3", "--repeat", "1"]
+RUN = "ddp-bucket-hook"
+STEPS = DDP_STEPS
+# The tracer's default profiler window: steps 0-4 skipped, 5 waits, 6 warms up, 7-9 are in the
+# trace, one window.
 PROFILED_STEPS = ["7", "8", "9"]
-HIDDEN, LAYERS = 256, 2
+HIDDEN, LAYERS = 256, 4  # ddp.py's defaults: the run sets neither
 
 
 def gradient_bytes() -> int:
@@ -42,30 +41,18 @@ def gradient_bytes() -> int:
     return 4 * (blocks + head)
 
 
-def record_run(out: Path) -> Path:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith("RANKTRACE_")}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    if any(name == "lo" for _, name in socket.if_nameindex()):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets stay on loopback
-    # --record-shapes: the plugin's comm ops table takes message sizes from operator shapes.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "tracer.record", "--out", str(out), "--run-name", RUN, "--record-shapes",
-           *SCHEDULE, "workloads/ddp.py", "--steps", str(STEPS), "--hidden", str(HIDDEN),
-           "--layers", str(LAYERS)]
-    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out / RUN
-
-
 @pytest.fixture(scope="module")
-def recorded_run(tmp_path_factory):
-    return record_run(tmp_path_factory.mktemp("traces"))
+def recorded_run(shared_runs):
+    # --record-shapes: the plugin's comm ops table takes message sizes from operator shapes.
+    assert "--record-shapes" in RUNS[RUN].tracer
+    assert not {"--hidden", "--layers", "--skip-first", "--active"} & set(RUNS[RUN].args
+                                                                          + RUNS[RUN].tracer)
+    return shared_runs[RUN].run_dir
 
 
 @pytest.fixture(scope="module")
 def tensorboard(recorded_run):
+    # The logdir is the run's own --out, which holds this run only.
     with tb_view.TensorBoard(str(recorded_run.parent)) as tb:
         tb_view.wait_for_profiler_run(tb, RUN, timeout_s=60)
         yield tb

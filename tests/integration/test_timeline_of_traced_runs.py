@@ -1,12 +1,12 @@
 """The merged timeline (analysis.timeline): structurally valid Chrome-trace JSON on traced DDP and
 pipeline runs and on the real GPU traces in tests/data, every rank named and sorted, times on the
-common clock, flows from the last arriver to the waiters, and the size limit."""
+common clock, flows from the last arriver to the waiters, and the size limit. The traced runs are
+the shared runs `ddp-late-window` (2 ranks, one late) and `pipeline-4-late` (4 stages, one late),
+tests/helpers/runs.py."""
 
 import gzip
 import json
-import shutil
 import socket
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -17,35 +17,18 @@ import pytest
 from analysis.ingest.load import load_path
 from analysis.report.timeline_events import assign_lanes
 from analysis.timeline import gather, main, window_steps
-from helpers.launch import DATA, torchrun_env
+from helpers.launch import DATA
+from helpers.run_copies import shifted_copy
 
-REPO = Path(__file__).resolve().parents[2]
 EPS_US = 0.002  # ts and dur are written to the nanosecond, each rounded once
 GPU_TRACES = ["hta/trace_filter", "hta/nccl_parser_config", "hta/ns_resolution_trace",
               "hta/amd_trace", "kineto/resnet50_num_workers_0"]
 
 
-def _trace_run(out: Path, name: str, nproc: int, *args) -> Path:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "-m", "tracer.record", "--out", str(out),
-               "--run-name", name, *args]
-    env = torchrun_env(PYTHONPATH=str(REPO))
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out / name
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("timeline")
-    ddp = _trace_run(out, "ddp", 2, "workloads/ddp.py", "--steps", "8")
-    # A short profiler window, so that 5 steps of a tiny 4-stage pipeline are traced.
-    pipeline = _trace_run(out, "pipeline", 4, "--skip-first", "1", "--wait", "0",
-                          "--warmup", "1", "--active", "2", "workloads/pipeline.py",
-                          "--steps", "5", "--hidden", "32", "--batch-size", "8",
-                          "--microbatches", "4")
-    return {"ddp": ddp, "pipeline": pipeline}
+def runs(shared_runs):
+    return {"ddp": shared_runs["ddp-late-window"].run_dir,
+            "pipeline": shared_runs["pipeline-4-late"].run_dir}
 
 
 def _timeline(path: Path, out: Path, *options) -> tuple[dict, str]:
@@ -124,7 +107,6 @@ def test_lanes_keep_nested_slices_and_move_partial_overlaps():
     assert assign_lanes(starts, ends).tolist() == [0, 0, 1, 0, 2]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ddp", "pipeline"])
 def test_traced_runs_give_a_valid_timeline_of_every_rank(runs, name, tmp_path):
     document, _ = _timeline(runs[name], tmp_path / "t.trace.gz")
@@ -145,7 +127,6 @@ def test_traced_runs_give_a_valid_timeline_of_every_rank(runs, name, tmp_path):
     assert {"CPU process %", "RSS MiB", "step peak memory MiB"} <= counters
 
 
-@pytest.mark.slow
 def test_flows_go_from_the_last_arriver_to_each_waiting_rank(runs, tmp_path):
     document, _ = _timeline(runs["ddp"], tmp_path / "t.trace.gz")
     gathered = gather(load_path(runs["ddp"], use_cache=False))
@@ -166,28 +147,8 @@ def test_flows_go_from_the_last_arriver_to_each_waiting_rank(runs, tmp_path):
     assert sorted(s["ts"] for s in starts) == pytest.approx(last_arrivals, abs=EPS_US)
 
 
-@pytest.mark.slow
 def test_a_rank_with_a_shifted_clock_is_put_back_on_the_common_clock(runs, tmp_path):
-    shift_ns = 80_000_000
-    shifted = tmp_path / "shifted"
-    shutil.copytree(runs["ddp"], shifted)
-    for path in shifted.glob("rank1.*.jsonl"):
-        lines = []
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("kind") == "clock_sync":
-                continue
-            for key in ("start_ns", "end_ns", "t_ns"):
-                if isinstance(record.get(key), int):
-                    record[key] += shift_ns
-            lines.append(json.dumps(record))
-        path.write_text("".join(f"{line}\n" for line in lines))
-    for path in shifted.glob("rank1.*.pt.trace.json.gz"):
-        document = json.loads(gzip.decompress(path.read_bytes()))
-        for event in document["traceEvents"]:
-            if isinstance(event.get("ts"), (int, float)):
-                event["ts"] += shift_ns // 1000
-        path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    shifted = shifted_copy(runs["ddp"], tmp_path / "shifted", rank=1, shift_ns=80_000_000)
 
     def marker_times(document):
         origin = document["otherData"]["ranktrace_origin_ns"]
@@ -204,7 +165,6 @@ def test_a_rank_with_a_shifted_clock_is_put_back_on_the_common_clock(runs, tmp_p
         assert abs(after[name] - before[name]) < 10_000, name
 
 
-@pytest.mark.slow
 def test_a_file_over_the_size_limit_is_cut_to_fewer_steps_and_says_so(runs, tmp_path):
     full, _ = _timeline(runs["ddp"], tmp_path / "full.trace.gz", "--steps", "3-7")
     assert full["otherData"]["steps"] == [3, 4, 5, 6, 7]

@@ -2,62 +2,44 @@
 eager and under torch.compile, give the same losses and final parameters, bit for bit.
 
 Each workload runs twice on 2 gloo CPU ranks (dp: one process), once plainly and once under
-``python -m tracer.record``, with a tiny model and two steps. Compiled runs keep no FX graph
-or AOTAutograd cache, so a traced run compiles every graph itself and can never reuse code
-Inductor generated untraced (or the reverse); they share one folder of compiled C++ kernels,
-which are found by their generated source code, so only identical code is reused. They log
-Dynamo's graph breaks, which must be the same with and without the tracer.
+``python -m tracer.record``, with a tiny model and two steps; the plain eager runs are the shared
+runs `*-tiny` (tests/helpers/runs.py), which the workload tests also check against a reference.
+Compiled runs keep no FX graph or AOTAutograd cache, so a traced run compiles every graph itself
+and can never reuse code Inductor generated untraced (or the reverse); they share one folder of
+compiled C++ kernels, which are found by their generated source code, so only identical code is
+reused (dp runs first: its kernels are the model's, which the other workloads generate too).
+They log Dynamo's graph breaks, which must be the same with and without the tracer.
 """
 
-import os
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = ["--hidden", "16", "--layers", "2", "--batch-size", "8", "--steps", "2", "--seed", "0",
-         "--lr", "0.1"]
-WORKLOADS = {  # name -> (script, extra flags, ranks (None: one process), files --save writes)
-    "dp": ("dp.py", [], None, ["out.pt"]),
-    "ddp": ("ddp.py", ["--pg-timeout-s", "60"], 2, ["out.pt"]),
-    "model_parallel": ("model_parallel.py", ["--pg-timeout-s", "60"], 2,
-                       ["out.rank0.pt", "out.rank1.pt"]),
-    "pipeline": ("pipeline.py", ["--pg-timeout-s", "60", "--microbatches", "2"], 2,
-                 ["out.rank0.pt", "out.rank1.pt"]),
-}
+from helpers.launch import launch, torchrun_env
+from helpers.runs import TINY_MODEL, TINY_WORKLOADS
+
+# dp first: see above
+WORKLOADS = {name: TINY_WORKLOADS[name] for name in ("dp", "ddp", "model_parallel", "pipeline")}
 COMPILED_NOTICE = "collectives were compiled into torch.compile graphs"
 
-pytestmark = pytest.mark.slow
 
-
-def launch(folder: Path, workload: str, compiled: bool, traced: bool, kernels: Path):
+def run(folder: Path, workload: str, compiled: bool, traced: bool, kernels: Path):
     script, flags, nproc, _ = WORKLOADS[workload]
     folder.mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith(("RANKTRACE_", "TORCH_LOGS", "TORCHINDUCTOR_"))}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(kernels),
-               TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
-               TORCHINDUCTOR_COMPILE_THREADS="1")
+    env = torchrun_env()
     if compiled:
-        env["TORCH_LOGS"] = "graph_breaks"
-    if any(name == "lo" for _, name in socket.if_nameindex()):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    command = [sys.executable]
-    if nproc is not None:
-        command += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        env = torchrun_env(TORCHINDUCTOR_CACHE_DIR=kernels, TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+                           TORCHINDUCTOR_AUTOGRAD_CACHE="0", TORCHINDUCTOR_COMPILE_THREADS="1",
+                           TORCH_LOGS="graph_breaks")
+    tracer = None
     if traced:
         (folder / "traces").mkdir()
-        command += ["-m", "tracer.record", "--out", str(folder / "traces")]
-    command += [str(REPO / "workloads" / script), *MODEL, *flags, "--save", str(folder / "out.pt")]
-    if compiled:
-        command.append("--compile")
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        tracer = ["--out", folder / "traces"]
+    result = launch(script, *TINY_MODEL, *flags, "--save", folder / "out.pt",
+                    *(["--compile"] if compiled else []), nproc=nproc, tracer=tracer, env=env,
+                    timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
@@ -82,13 +64,18 @@ def kernels(tmp_path_factory):
     return tmp_path_factory.mktemp("inductor")
 
 
-@pytest.mark.parametrize("workload", sorted(WORKLOADS))
-def test_traced_training_is_bit_identical(tmp_path, workload, compiled, kernels):
-    plain = launch(tmp_path / "plain", workload, compiled, traced=False, kernels=kernels)
-    traced = launch(tmp_path / "traced", workload, compiled, traced=True, kernels=kernels)
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_traced_training_is_bit_identical(tmp_path, shared_runs, workload, compiled, kernels):
+    if compiled:
+        plain_folder = tmp_path / "plain"
+        plain = run(plain_folder, workload, compiled, traced=False, kernels=kernels)
+    else:
+        shared = shared_runs[f"{workload}-tiny"]
+        plain_folder, plain = shared.folder, shared.result
+    traced = run(tmp_path / "traced", workload, compiled, traced=True, kernels=kernels)
     assert " ok steps=2 " in traced.stderr, traced.stderr
     for name in WORKLOADS[workload][3]:
-        expected = torch.load(tmp_path / "plain" / name, weights_only=True)
+        expected = torch.load(plain_folder / name, weights_only=True)
         actual = torch.load(tmp_path / "traced" / name, weights_only=True)
         assert actual["losses"].tolist() == expected["losses"].tolist(), name
         assert actual["params"].keys() == expected["params"].keys()

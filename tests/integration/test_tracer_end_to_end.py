@@ -1,11 +1,11 @@
 """The tracer end to end: run folders, what traced runs write, and how steps are counted. One
-traced 2-rank DDP run (module fixture) is shared by the end-to-end checks. Options:
-tests/test_config.py; the parts on their own: tests/test_tracer_parts.py."""
+traced 2-rank DDP run (the shared run `ddp-bucket-hook`, which the TensorBoard tests read too)
+is shared by the end-to-end checks. Options: tests/test_config.py; the parts on their own:
+tests/test_tracer_parts.py."""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,15 +14,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers import tracer_files as h
+from helpers.launch import DDP, REPO, TINY, launch, torchrun_env
+from helpers.runs import DDP_STEPS, RUNS
 from tracer import schema
 from tracer.config import TracerConfig
 from tracer.rundir import LaunchInfo, RunDirError, create_unique, resolve_run_dir
 from tracer.summary import NO_STEPS_HINT, summary_lines
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
-
-DDP_STEPS = 20
 
 
 # ---- run folders ----------------------------------------------------------------------------
@@ -75,25 +73,25 @@ def test_default_run_name_is_a_timestamp_and_the_script_stem():
 # ---- single-process runs --------------------------------------------------------------------
 def test_script_sees_the_same_argv_file_path_and_gets_identical_losses(tmp_path):
     args = ["--steps", "12", "--print-argv"]
-    bare = h.run(None, h.TINY, args + ["--losses", tmp_path / "bare"])
-    traced = h.run(["--out", tmp_path, "--skip-first", "2"], h.TINY,
-                   args + ["--losses", tmp_path / "traced"])
+    bare = launch(TINY, *args, "--losses", tmp_path / "bare")
+    traced = launch(TINY, *args, "--losses", tmp_path / "traced",
+                    tracer=["--out", tmp_path, "--skip-first", "2"])
     assert bare.returncode == 0 and traced.returncode == 0, traced.stderr
     # argv, __file__ and sys.path[0] are printed first; the losses are compared bit for bit.
     traced_stdout = traced.stdout.replace(str(tmp_path / "traced"), str(tmp_path / "bare"))
     assert traced_stdout == bare.stdout
     assert bare.stdout.startswith("argv ['tests/scripts/tiny_train.py', '--steps', '12', "
                                   f"'--print-argv', '--losses', '{tmp_path / 'bare'}'] file "
-                                  f"{h.REPO / h.TINY} path0 {h.REPO / 'tests' / 'scripts'}\n")
+                                  f"{REPO / TINY} path0 {REPO / 'tests' / 'scripts'}\n")
     assert h.losses(tmp_path / "traced") == h.losses(tmp_path / "bare")
     assert len(h.losses(tmp_path / "bare")) == 12
     assert h.script_stderr(traced.stderr) == bare.stderr == ""
 
 
 def test_tracer_step_drives_steps_without_an_optimizer(tmp_path):
-    result = h.run(["--out", tmp_path, "--skip-first", "0", "--wait", "0", "--warmup", "0",
-                    "--active", "2", "--record-shapes", "--no-sampler"],
-                   h.TINY, ["--steps", "5", "--manual-steps"])
+    result = launch(TINY, "--steps", "5", "--manual-steps",
+                    tracer=["--out", tmp_path, "--skip-first", "0", "--wait", "0", "--warmup", "0",
+                            "--active", "2", "--record-shapes", "--no-sampler"])
     assert result.returncode == 0, result.stderr
     run_dir = h.only_run_dir(tmp_path)
     recorded = h.steps(run_dir, 0)
@@ -107,8 +105,8 @@ def test_tracer_step_drives_steps_without_an_optimizer(tmp_path):
 
 
 def test_several_optimizers_count_one_step_each_time_round(tmp_path):
-    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
-                   ["--steps", "4", "--two-optimizers"])
+    result = launch(TINY, "--steps", "4", "--two-optimizers",
+                    tracer=["--out", tmp_path, "--no-profiler", "--no-sampler"])
     assert result.returncode == 0, result.stderr
     run_dir = h.only_run_dir(tmp_path)
     assert [s.step for s in h.steps(run_dir, 0)] == [0, 1, 2, 3]
@@ -117,8 +115,8 @@ def test_several_optimizers_count_one_step_each_time_round(tmp_path):
 
 
 def test_tracer_step_after_an_optimizer_step_is_the_same_step(tmp_path):
-    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
-                   ["--steps", "4", "--also-tracer-step"])
+    result = launch(TINY, "--steps", "4", "--also-tracer-step",
+                    tracer=["--out", tmp_path, "--no-profiler", "--no-sampler"])
     assert result.returncode == 0, result.stderr
     run_dir = h.only_run_dir(tmp_path)
     assert [s.step for s in h.steps(run_dir, 0)] == [0, 1, 2, 3]
@@ -126,8 +124,8 @@ def test_tracer_step_after_an_optimizer_step_is_the_same_step(tmp_path):
 
 
 def test_a_run_without_marked_steps_keeps_its_comm_ops_and_says_how_to_mark_steps(tmp_path):
-    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
-                   ["--steps", "3", "--manual-steps", "--unmarked-steps", "--all-reduce-loss"])
+    result = launch(TINY, "--steps", "3", "--manual-steps", "--unmarked-steps", "--all-reduce-loss",
+                    tracer=["--out", tmp_path, "--no-profiler", "--no-sampler"])
     assert result.returncode == 0, result.stderr
     summary = h.summaries(result.stderr)[0]
     assert (summary["steps"], summary["comm_ops"]) == ("0", "3")
@@ -138,8 +136,8 @@ def test_a_run_without_marked_steps_keeps_its_comm_ops_and_says_how_to_mark_step
 
 
 def test_processes_started_with_mp_spawn_are_reported_as_untraced(tmp_path):
-    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
-                   ["--steps", "2", "--spawn", "1"], timeout=240)
+    result = launch(TINY, "--steps", "2", "--spawn", "1",
+                    tracer=["--out", tmp_path, "--no-profiler", "--no-sampler"], timeout=240)
     assert result.returncode == 0, result.stderr
     assert "spawned process 0" in result.stdout
     lines = [line for line in result.stderr.splitlines() if "not traced" in line]
@@ -154,9 +152,9 @@ def test_ddp_bucket_hook_option_reaches_the_comms_recorder(tmp_path):
     counts, buckets = [], []
     for i, (option, env) in enumerate((([], {}), (["--ddp-bucket-hook"], {}),
                                        ([], {"RANKTRACE_DDP_BUCKET_HOOK": "1"}))):
-        result = h.run(["--out", tmp_path, "--run-name", f"r{i}", "--no-profiler",
-                        "--no-sampler", *option], h.TINY, ["--steps", "2", "--ddp"],
-                       env=h.clean_env(**env))
+        result = launch(TINY, "--steps", "2", "--ddp",
+                        tracer=["--out", tmp_path, "--run-name", f"r{i}", "--no-profiler",
+                                "--no-sampler", *option], env=torchrun_env(**env))
         assert result.returncode == 0, result.stderr
         counts.append(h.summaries(result.stderr)[0]["comm_ops"])
         (start,) = h.of_kind(h.manifest(tmp_path / f"r{i}", 0), schema.RunStart)
@@ -187,8 +185,8 @@ def test_summary_line_reports_sustained_sampler_lag_and_no_step_hint():
 
 
 def test_no_scalars_writes_no_event_file_and_keeps_the_step_records(tmp_path):
-    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler", "--no-scalars"], h.TINY,
-                   ["--steps", "3"])
+    result = launch(TINY, "--steps", "3",
+                    tracer=["--out", tmp_path, "--no-profiler", "--no-sampler", "--no-scalars"])
     assert result.returncode == 0, result.stderr
     run_dir = h.only_run_dir(tmp_path)
     assert not list(run_dir.glob("events.out.tfevents.*"))
@@ -201,15 +199,15 @@ def test_no_scalars_writes_no_event_file_and_keeps_the_step_records(tmp_path):
 def test_samples_per_step_from_the_option_then_from_the_script(tmp_path):
     # The option gives 48 from the start; the script says 40 at the start of step 2, so every
     # step from 2 on ends with 40.
-    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler", "--samples-per-step", 48],
-                   h.TINY, ["--steps", "6", "--set-samples", "2=40", "--losses", tmp_path / "l"])
+    result = launch(TINY, "--steps", "6", "--set-samples", "2=40", "--losses", tmp_path / "l",
+                    tracer=["--out", tmp_path, "--no-profiler", "--no-sampler",
+                            "--samples-per-step", 48])
     assert result.returncode == 0, result.stderr
     run_dir = h.only_run_dir(tmp_path)
     assert [s.samples for s in h.steps(run_dir, 0)] == [48, 48, 40, 40, 40, 40]
     (start,) = h.of_kind(h.manifest(run_dir, 0), schema.RunStart)
     assert start.config["samples_per_step"] == 48
-    untraced = h.run(None, h.TINY, ["--steps", "6", "--set-samples", "2=40",
-                                    "--losses", tmp_path / "u"])
+    untraced = launch(TINY, "--steps", "6", "--set-samples", "2=40", "--losses", tmp_path / "u")
     assert untraced.returncode == 0, untraced.stderr  # a no-op without the tracer
     assert h.losses(tmp_path / "l") == h.losses(tmp_path / "u")
 
@@ -225,21 +223,18 @@ def test_set_samples_per_step_checks_its_argument_traced_or_not():
 
 # ---- the shared traced DDP run --------------------------------------------------------------
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("traces")
-    saved = out.parent / "traced.pt"
+def ddp_run(shared_runs):
     # With --ddp-bucket-hook every gradient bucket is recorded (and its reduction must leave the
     # losses bit-identical); the default, buckets in the profiler windows only, is covered by
-    # the unchanged-training tests.
-    result = h.run(["--out", out, "--ddp-bucket-hook"], h.DDP,
-                   ["--steps", DDP_STEPS, "--save", saved], nproc=2, timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result, h.only_run_dir(out), saved
+    # the unchanged-training tests. (--record-shapes is for the TensorBoard tests.)
+    run = shared_runs["ddp-bucket-hook"]
+    assert RUNS[run.name].args == ("--steps", str(DDP_STEPS))
+    return run.result, run.run_dir, run.saved
 
 
 def test_ddp_losses_and_weights_are_identical_without_the_tracer(ddp_run, tmp_path):
     _, _, traced_file = ddp_run
-    bare = h.run(None, h.DDP, ["--steps", DDP_STEPS, "--save", tmp_path / "bare.pt"], nproc=2)
+    bare = launch(DDP, "--steps", DDP_STEPS, "--save", tmp_path / "bare.pt", nproc=2)
     assert bare.returncode == 0, bare.stderr[-3000:]
     traced = torch.load(traced_file, weights_only=True)
     untraced = torch.load(tmp_path / "bare.pt", weights_only=True)
@@ -332,12 +327,12 @@ def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
         start, = h.of_kind(records, schema.RunStart)
         assert records[0] is start
         assert (start.rank, start.local_rank, start.world_size) == (rank, rank, 2)
-        assert start.run_name == run_dir.name and start.script == h.DDP
+        assert start.run_name == run_dir.name and start.script == DDP
         assert start.script_args == [
             "--steps",
             str(DDP_STEPS),
             "--save",
-            str(run_dir.parent.parent / "traced.pt"),
+            str(run_dir.parent.parent / "out.pt"),
         ]
         assert "tracer.record" in start.argv and start.torch_version == torch.__version__
         assert start.config["active"] == TracerConfig().active and start.attempt == 0
@@ -384,7 +379,7 @@ def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
 
 
 def test_trace_format_doc_describes_every_field_and_file():
-    doc = (h.REPO / "docs" / "trace-format.md").read_text()
+    doc = (REPO / "docs" / "trace-format.md").read_text()
     for record_type in (schema.CommRecord, schema.DeviceSample, schema.StepRecord,
                         schema.RunStart, schema.ClockSync, schema.TracerError, schema.RunEnd):
         for field in record_type.__struct_fields__:

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 from tensorboard.compat.proto import event_pb2
 
+from helpers import tracer_files as h
+from helpers.launch import TINY, launch, popen, torchrun_env
 from tracer import scalars as scalars_mod
 from tracer import schema
 from tracer.jsonl import RecordBudget
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
 
 FAST = ["--no-profiler", "--no-sampler", "--no-comms"]
 
@@ -34,7 +33,7 @@ FAST = ["--no-profiler", "--no-sampler", "--no-comms"]
 def test_bad_out_fails_before_the_script_runs(tmp_path, name, reason):
     (tmp_path / "a-file").write_text("")
     out = tmp_path / name
-    result = h.run(["--out", out], h.TINY, ["--losses", tmp_path / "ran"])
+    result = launch(TINY, "--losses", tmp_path / "ran", tracer=["--out", out])
     assert result.returncode == 1
     assert reason.format(out=out) in result.stderr
     assert "the script was not run" in result.stderr
@@ -43,7 +42,7 @@ def test_bad_out_fails_before_the_script_runs(tmp_path, name, reason):
 
 def test_a_missing_out_is_created_with_its_parents(tmp_path):
     out = tmp_path / "new" / "traces"
-    result = h.run(["--out", out] + FAST, h.TINY, ["--steps", "2"])
+    result = launch(TINY, "--steps", "2", tracer=["--out", out] + FAST)
     assert result.returncode == 0, result.stderr
     assert h.run_end(h.only_run_dir(out), 0).steps == 2
 
@@ -55,12 +54,12 @@ _BAD_OPTION = "ranktrace: error: unrecognized arguments: --no-such-option"
 
 
 @pytest.mark.parametrize("tracer_args,script,script_args,exit_code,says", [
-    (["--help"], h.TINY, [], 0, "--skip-first"),
-    (["--no-such-option"], h.TINY, [], 2, _BAD_OPTION),
+    (["--help"], TINY, [], 0, "--skip-first"),
+    (["--no-such-option"], TINY, [], 2, _BAD_OPTION),
     ([], "no/such/script.py", [], 2, "can't open file"),
     ([], "tests/scripts", [], 1, "can't find '__main__' module in"),
-    ([], h.TINY, ["--help"], 0, _SCRIPT_HELP),
-    ([], h.TINY, ["--no-such-flag"], 2, "tiny_train.py: error: unrecognized arguments"),
+    ([], TINY, ["--help"], 0, _SCRIPT_HELP),
+    ([], TINY, ["--no-such-flag"], 2, "tiny_train.py: error: unrecognized arguments"),
     ([], "syntax_error.py", [], 1, "SyntaxError"),
 ], ids=["tracer-help", "tracer-bad-option", "missing-script", "folder-without-main",
         "script-help", "script-bad-option", "syntax-error"])
@@ -71,7 +70,7 @@ def test_failed_starts_leave_no_run_folder(tmp_path, tracer_args, script, script
         Path(script).write_text("def broken(:\n")
     out = tmp_path / "traces"
     out.mkdir()
-    result = h.run(["--out", out, "--no-profiler", *tracer_args], script, script_args)
+    result = launch(script, *script_args, tracer=["--out", out, "--no-profiler", *tracer_args])
     assert result.returncode == exit_code, result.stderr
     assert says in result.stdout + result.stderr
     assert list(out.iterdir()) == []
@@ -88,8 +87,8 @@ def test_a_folder_or_zip_without_main_fails_as_python_does(tmp_path, kind):
         with zipfile.ZipFile(target, "w") as archive:
             archive.writestr("helper.py", "")
     out = tmp_path / "traces"
-    bare = h.run(None, str(target))
-    traced = h.run(["--out", out], str(target))
+    bare = launch(str(target))
+    traced = launch(str(target), tracer=["--out", out])
     assert bare.returncode == traced.returncode == 1
     assert bare.stderr == f"{sys.executable}: can't find '__main__' module in '{target}'\n"
     assert traced.stderr == f"ranktrace: error: can't find '__main__' module in '{target}'\n"
@@ -114,7 +113,7 @@ def test_unwritable_out_fails_before_the_script_runs(tmp_path):
     if undo is None:
         pytest.skip("root without chattr: no way to make a folder unwritable here")
     try:
-        result = h.run(["--out", out], h.TINY, ["--losses", tmp_path / "ran"])
+        result = launch(TINY, "--losses", tmp_path / "ran", tracer=["--out", out])
     finally:
         undo()
     assert result.returncode == 1
@@ -128,9 +127,10 @@ def test_max_record_mb_caps_the_record_files_and_training_goes_on(tmp_path):
     cap = 20_000  # bytes: about 30 steps' records (700 bytes each), with the start-up's samples
     # 30 ms a step: each 0.2 s pass of the step-end worker writes a handful of steps.
     args = ["--steps", "100", "--all-reduce-loss", "--step-sleep", "0.03"]
-    bare = h.run(None, h.TINY, args + ["--losses", tmp_path / "bare"])
-    traced = h.run(["--out", tmp_path / "traces", "--max-record-mb", cap / 1e6, "--sample-hz",
-                    "1", "--active", "101"], h.TINY, args + ["--losses", tmp_path / "traced"])
+    bare = launch(TINY, *args, "--losses", tmp_path / "bare")
+    traced = launch(TINY, *args, "--losses", tmp_path / "traced",
+                    tracer=["--out", tmp_path / "traces", "--max-record-mb", cap / 1e6,
+                            "--sample-hz", "1", "--active", "101"])
     assert bare.returncode == traced.returncode == 0, traced.stderr
     assert h.losses(tmp_path / "traced") == h.losses(tmp_path / "bare")
     run_dir = h.only_run_dir(tmp_path / "traces")
@@ -173,12 +173,12 @@ def test_record_budget_stops_at_the_step_of_the_first_record_that_does_not_fit()
 
 # ---- reruns and restarts --------------------------------------------------------------------
 def test_a_rerun_never_overwrites_and_a_restart_gets_an_attempt_folder(tmp_path):
-    first = h.run(["--out", tmp_path, "--run-name", "exp"] + FAST, h.TINY, ["--steps", "2"])
+    first = launch(TINY, "--steps", "2", tracer=["--out", tmp_path, "--run-name", "exp"] + FAST)
     assert first.returncode == 0, first.stderr
     before = {p.name: p.read_bytes() for p in (tmp_path / "exp").iterdir()}
-    again = h.run(["--out", tmp_path, "--run-name", "exp"] + FAST, h.TINY, ["--steps", "3"])
-    restart = h.run(["--out", tmp_path, "--run-name", "exp"] + FAST, h.TINY, ["--steps", "1"],
-                    env=h.clean_env(TORCHELASTIC_RESTART_COUNT="1"))
+    again = launch(TINY, "--steps", "3", tracer=["--out", tmp_path, "--run-name", "exp"] + FAST)
+    restart = launch(TINY, "--steps", "1", tracer=["--out", tmp_path, "--run-name", "exp"] + FAST,
+                     env=torchrun_env(TORCHELASTIC_RESTART_COUNT="1"))
     assert again.returncode == 0 and restart.returncode == 0
     assert [p.name for p in h.run_dirs(tmp_path)] == ["exp", "exp-1", "exp-attempt1"]
     assert {p.name: p.read_bytes() for p in (tmp_path / "exp").iterdir()} == before
@@ -190,9 +190,9 @@ def test_a_rerun_never_overwrites_and_a_restart_gets_an_attempt_folder(tmp_path)
 def test_torchrun_restart_writes_each_attempt_into_its_own_folder(tmp_path):
     # Attempt 0 fails on purpose and torchrun restarts both ranks once. No process group: torch
     # 2.13's gloo fails to reconnect in a restarted worker group, traced or not.
-    result = h.run(["--out", tmp_path, "--no-profiler", "--no-sampler"], h.TINY,
-                   ["--no-process-group", "--steps", "3", "--fail-in-first-attempt"], nproc=2,
-                   torchrun_args=["--max-restarts", "1"], timeout=120)
+    result = launch(TINY, "--no-process-group", "--steps", "3", "--fail-in-first-attempt",
+                    tracer=["--out", tmp_path, "--no-profiler", "--no-sampler"], nproc=2,
+                    torchrun=["--max-restarts", "1"], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     dirs = h.run_dirs(tmp_path)
     assert len(dirs) == 2 and dirs[1].name == dirs[0].name + "-attempt1"
@@ -215,9 +215,9 @@ def test_torchrun_restart_writes_each_attempt_into_its_own_folder(tmp_path):
 # ---- the script fails -----------------------------------------------------------------------
 def test_exception_keeps_traceback_and_exit_code_and_saves_the_open_window(tmp_path):
     args = ["--steps", "6", "--fail-at", "4"]
-    bare = h.run(None, h.TINY, args)
-    traced = h.run(["--out", tmp_path, "--skip-first", "0", "--wait", "0", "--warmup", "1",
-                    "--active", "50"], h.TINY, args)
+    bare = launch(TINY, *args)
+    traced = launch(TINY, *args, tracer=["--out", tmp_path, "--skip-first", "0", "--wait", "0",
+                                         "--warmup", "1", "--active", "50"])
     assert bare.returncode == traced.returncode == 1
     assert "RuntimeError: failing on purpose at step 4" in bare.stderr
     assert h.script_stderr(traced.stderr) == bare.stderr
@@ -269,9 +269,9 @@ def test_traceback_through_the_tracers_wrappers_is_the_untraced_one(tmp_path, fa
     (the script's path is the same in both runs)."""
     script = tmp_path / "failing_calls.py"
     script.write_text(FAILING_CALLS)
-    bare = h.run(None, script, [failing])
-    traced = h.run(["--out", tmp_path / "out", "--no-profiler", "--no-sampler"], script,
-                   [failing])
+    bare = launch(script, failing)
+    traced = launch(script, failing,
+                    tracer=["--out", tmp_path / "out", "--no-profiler", "--no-sampler"])
     assert bare.returncode == traced.returncode == 1
     assert "Traceback" in bare.stderr and "tracer" not in bare.stderr
     assert h.script_stderr(traced.stderr) == bare.stderr
@@ -279,7 +279,7 @@ def test_traceback_through_the_tracers_wrappers_is_the_untraced_one(tmp_path, fa
 
 
 def test_sys_exit_code_comes_through_and_counts_as_failed(tmp_path):
-    result = h.run(["--out", tmp_path] + FAST, h.TINY, ["--steps", "2", "--exit-code", "3"])
+    result = launch(TINY, "--steps", "2", "--exit-code", "3", tracer=["--out", tmp_path] + FAST)
     assert result.returncode == 3
     end = h.run_end(h.only_run_dir(tmp_path), 0)
     assert (end.status, end.exit_code, end.steps, end.exception) == ("failed", 3, 2, None)
@@ -305,8 +305,9 @@ def _terminate(process) -> float:
 
 
 def test_sigterm_mid_window_flushes_writes_the_window_and_dies_by_sigterm(tmp_path):
-    process = h.start(["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first", "0",
-                       "--wait", "0", "--active", "100000"], h.TINY, ["--steps", "100000"])
+    process = popen(TINY, "--steps", "100000",
+                    tracer=["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first",
+                            "0", "--wait", "0", "--active", "100000"])
     _wait_for(process, "step 20 ")
     elapsed = _terminate(process)
     assert process.returncode == -signal.SIGTERM and elapsed < 5
@@ -320,9 +321,9 @@ def test_sigterm_mid_window_flushes_writes_the_window_and_dies_by_sigterm(tmp_pa
 
 
 def test_sigterm_while_blocked_in_a_c_call_still_ends_within_5_seconds(tmp_path):
-    process = h.start(["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first", "0",
-                       "--wait", "0", "--active", "100"],
-                      h.TINY, ["--steps", "8", "--block-at", "3"])
+    process = popen(TINY, "--steps", "8", "--block-at", "3",
+                    tracer=["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first",
+                            "0", "--wait", "0", "--active", "100"])
     _wait_for(process, "blocking at step 3")
     time.sleep(0.3)  # into the store's C++ wait, where no Python signal handler can run
     elapsed = _terminate(process)
@@ -338,8 +339,8 @@ def test_sigterm_while_blocked_in_a_c_call_still_ends_within_5_seconds(tmp_path)
 
 
 def test_sigterm_to_torchrun_reaches_every_rank_and_each_finishes_its_files(tmp_path):
-    process = h.start(["--out", tmp_path, "--run-name", "t", "--skip-first", "2"], h.TINY,
-                      ["--ddp", "--steps", "100000"], nproc=2)
+    process = popen(TINY, "--ddp", "--steps", "100000",
+                    tracer=["--out", tmp_path, "--run-name", "t", "--skip-first", "2"], nproc=2)
     _wait_for(process, "step 20 ")
     elapsed = _terminate(process)
     assert process.returncode != 0 and elapsed < 5
@@ -352,8 +353,8 @@ def test_sigterm_to_torchrun_reaches_every_rank_and_each_finishes_its_files(tmp_
 
 def test_the_scripts_own_sigterm_handler_still_runs(tmp_path):
     marker = tmp_path / "handled"
-    process = h.start(["--out", tmp_path, "--run-name", "t"] + FAST, h.TINY,
-                      ["--steps", "100000", "--sigterm-handler", marker])
+    process = popen(TINY, "--steps", "100000", "--sigterm-handler", marker,
+                    tracer=["--out", tmp_path, "--run-name", "t"] + FAST)
     _wait_for(process, "step 5 ")
     _terminate(process)
     assert process.returncode == 7 and marker.read_text() == "handled\n"
@@ -364,10 +365,10 @@ def test_the_scripts_own_sigterm_handler_still_runs(tmp_path):
 # ---- write errors ---------------------------------------------------------------------------
 def test_disk_full_on_the_steps_file_switches_only_it_off(tmp_path):
     args = ["--steps", "10", "--losses"]
-    h.run(None, h.TINY, args + [tmp_path / "bare"])
+    launch(TINY, *args, tmp_path / "bare")
     (tmp_path / "out").mkdir()
-    traced = h.run(["--out", tmp_path / "out", "--no-profiler"], h.TINY,
-                   args + [tmp_path / "traced", "--break-steps-file-at", "6"])
+    traced = launch(TINY, *args, tmp_path / "traced", "--break-steps-file-at", "6",
+                    tracer=["--out", tmp_path / "out", "--no-profiler"])
     assert traced.returncode == 0, traced.stderr
     assert h.losses(tmp_path / "traced") == h.losses(tmp_path / "bare")
     tracer_lines = [
@@ -392,8 +393,9 @@ def test_trace_write_failure_switches_the_profiler_off_and_training_goes_on(tmp_
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    result = h.run(["--out", tmp_path, "--no-sampler", "--skip-first", "0", "--wait", "0",
-                    "--active", "4"], h.TINY, ["--steps", "8"], preexec_fn=small_files)
+    result = launch(TINY, "--steps", "8", tracer=["--out", tmp_path, "--no-sampler",
+                                                  "--skip-first", "0", "--wait", "0",
+                                                  "--active", "4"], preexec_fn=small_files)
     assert result.returncode == 0, result.stderr
     assert "step 7 loss" in result.stdout
     run_dir = h.only_run_dir(tmp_path)
@@ -409,9 +411,9 @@ def test_trace_write_failure_switches_the_profiler_off_and_training_goes_on(tmp_
 
 # ---- a rank is killed -----------------------------------------------------------------------
 def test_a_killed_rank_leaves_the_other_ranks_files_intact_and_its_own_readable(tmp_path):
-    result = h.run(["--out", tmp_path, "--skip-first", "1", "--wait", "0"], h.TINY,
-                   ["--ddp", "--steps", "40", "--kill-rank", "1", "--kill-at", "12"], nproc=2,
-                   timeout=180)
+    result = launch(TINY, "--ddp", "--steps", "40", "--kill-rank", "1", "--kill-at", "12",
+                    tracer=["--out", tmp_path, "--skip-first", "1", "--wait", "0"], nproc=2,
+                    timeout=180)
     assert result.returncode != 0
     run_dir = h.only_run_dir(tmp_path)
     # Rank 0 saw its peer vanish and ended cleanly: finished files, a run_end.

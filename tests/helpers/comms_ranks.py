@@ -1,6 +1,7 @@
 """Helpers of the tracer.comms tests: a recorder writing to a file, and scenarios run on a group
 of gloo CPU ranks started with torch.multiprocessing, each rank writing what it saw to a JSON file
-(tests/test_comms.py, tests/test_comms_identity.py, tests/test_comms_recorder.py)."""
+(tests/integration/: test_comms_records_on_ranks.py, test_ddp_gradients_unchanged_by_bucket_hook.py,
+test_comms_recorder.py)."""
 
 from __future__ import annotations
 
