@@ -140,6 +140,10 @@ def _cross_rank(loaded: LoadResult, step_table: pd.DataFrame | None,
                                f"told from transfer")
         report.unavailable["cross_rank"] = why
         return None
+    for part, why in cross.get("failed", {}).items():  # the rest of the pass stands
+        report.problems.append(f"cross-rank {part} analysis failed ({why}); the rest of the "
+                               f"cross-rank analysis stands")
+        report.unavailable[f"cross_rank_{part}"] = why
     report.cross_rank = cross
     return cross
 

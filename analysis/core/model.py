@@ -29,6 +29,18 @@ def known_rank(trace) -> int | None:
     return None if rank is None or rank == UNKNOWN_RANK else rank
 
 
+@dataclass(frozen=True)
+class StepsEnded:
+    """What the tracer's records say of which steps ended (analysis.ingest.records.
+    steps_ended): `last`, the last step known to have ended, as `said_by` says; `cut_short`:
+    the records may stop before steps that did end (the rank died without its run_end, its
+    last records unwritten), so that they bound no step of a complete trace."""
+
+    last: int
+    said_by: str
+    cut_short: bool = False
+
+
 @dataclass
 class RunRecords:
     comms: pd.DataFrame

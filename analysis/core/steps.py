@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.model import StepsEnded
 from analysis.core.step_spec import format_ranges, parse_step_spec  # noqa: F401  (re-exported)
 
 WHOLE_TRACE_STEP = -1  # the step number of the one window of a trace without ProfilerStep
@@ -31,29 +32,32 @@ def step_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     return np.where(inside, numbers[np.clip(where, 0, None)], np.nan)
 
 
-def unfinished_steps(complete: pd.DataFrame, step_records: pd.DataFrame | None, where: str
+def unfinished_steps(complete: pd.DataFrame, ended: StepsEnded | None, where: str
                      ) -> tuple[pd.DataFrame, list[str]]:
     """`complete` without the steps that never finished, and a problem naming each one.
 
-    With the tracer's step records, a step exists once its optimizer step (or tracer.step())
-    ended: ProfilerSteps numbered after the last recorded step never did. Without records, the
-    last step is suspect: it is left out when it is longer than SUSPECT_LONG or shorter than
-    SUSPECT_SHORT times the median of the others (with at least SUSPECT_MIN_OTHERS others).
+    With the tracer's records, a step exists once its optimizer step (or tracer.step())
+    ended: ProfilerSteps numbered after the last step known to have ended never did. Records
+    cut short bound nothing: a complete trace's steps ended, whatever its records say. Without
+    records, the last step is suspect: it is left out when it is longer than SUSPECT_LONG or
+    shorter than SUSPECT_SHORT times the median of the others (with at least
+    SUSPECT_MIN_OTHERS others).
     """
     if complete.empty:
         return complete, []
-    recorded = None
-    if step_records is not None and "step" in step_records.columns:
-        recorded = pd.to_numeric(step_records["step"], errors="coerce").dropna()
-    if recorded is not None and len(recorded):
-        last_recorded = int(recorded.max())
-        unfinished = complete[complete["step"] > last_recorded]
-        if unfinished.empty:
+    if ended is not None:
+        past = complete[complete["step"] > ended.last]
+        if past.empty:
             return complete, []
-        which = format_ranges(sorted(int(s) for s in unfinished["step"]))
-        return complete[complete["step"] <= last_recorded], [
-            f"{where}: ProfilerStep {which} never reached its step end (the tracer's step records "
-            f"end at step {last_recorded}: the script ended or crashed during it); left out"]
+        which = format_ranges(sorted(int(s) for s in past["step"]))
+        if ended.cut_short:
+            return complete, [
+                f"{where}: ProfilerStep {which} is past what the tracer's records hold "
+                f"({ended.said_by}), which the rank's death cut short (no run_end); the trace "
+                f"is complete, so its steps are analysed"]
+        return complete[complete["step"] <= ended.last], [
+            f"{where}: ProfilerStep {which} never reached its step end (the tracer's "
+            f"{ended.said_by}: the script ended or crashed during it); left out"]
     if len(complete) < SUSPECT_MIN_OTHERS + 1:
         return complete, []
     last = complete["start_ns"].idxmax()
@@ -71,9 +75,10 @@ def unfinished_steps(complete: pd.DataFrame, step_records: pd.DataFrame | None, 
 
 
 def select_steps(steps: pd.DataFrame, wanted: list[int] | None, hta_compatible: bool,
-                 where: str, step_records: pd.DataFrame | None = None
+                 where: str, ended: StepsEnded | None = None
                  ) -> tuple[pd.DataFrame, list[str]]:
-    """The analysis window's steps: every complete, finished step, `wanted` ones, or HTA's."""
+    """The analysis window's steps: every complete, finished step, `wanted` ones, or HTA's;
+    `ended`: what the tracer's records say of which steps ended (None: no records)."""
     problems = []
     complete = steps[steps["end_ns"] > steps["start_ns"]]
     if len(complete) < len(steps):
@@ -83,7 +88,7 @@ def select_steps(steps: pd.DataFrame, wanted: list[int] | None, hta_compatible: 
         # HTA keeps only what starts before the last ProfilerStep does.
         complete = complete[complete["start_ns"] < complete["start_ns"].max()]
     elif wanted is None:
-        complete, found = unfinished_steps(complete, step_records, where)
+        complete, found = unfinished_steps(complete, ended, where)
         problems += found
     if wanted is not None:
         present = set(complete["step"].tolist())

@@ -11,10 +11,10 @@ import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
 from analysis.crossrank.clock import clock_table, to_common_clock
-from analysis.crossrank.culprit import find_stragglers
+from analysis.crossrank.culprit import STRAGGLER_COLUMNS, find_stragglers
 from analysis.crossrank.frames import run_frames
 from analysis.crossrank.matching import match_ops
-from analysis.crossrank.pipeline import pipeline_bubbles
+from analysis.crossrank.pipeline import PIPELINE_COLUMNS, pipeline_bubbles
 from analysis.crossrank.waits import op_bandwidth, op_waits, rank_step_waits, transfer_bandwidth
 from analysis.rank import pipeline_schedule
 
@@ -23,21 +23,39 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
             events: dict | None = None, work: pd.DataFrame | None = None,
             microbatches: int | None = None, virtual_stages: int = 1,
             reference: int = 0, trace_ranks: frozenset = frozenset()) -> dict:
-    """{"clock", "ops", "waits", "bandwidth", "stragglers", "mismatches", "pipeline"};
-    `trace_ranks`: the ranks whose ops come from their Kineto trace alone."""
+    """{"clock", "ops", "waits", "bandwidth", "stragglers", "mismatches", "pipeline",
+    "failed"}; `trace_ranks`: the ranks whose ops come from their Kineto trace alone.
+
+    The straggler and pipeline passes stand on the matched ops and fail alone: a pass that
+    raises gives an empty frame, and `failed` names it with the error ({pass: "Type: message"},
+    which analysis.run reports as one problem each)."""
     coverage = steps[["rank", "step"]] if len(steps) else None
     matched, mismatches = match_ops(ops, world_size, coverage, trace_ranks)
     ranks = set(ops["rank"]) | set(steps["rank"]) | {reference}
     clock = clock_table(matched, clock_sync, ranks, reference)
     common = to_common_clock(matched, clock)
     waits = op_bandwidth(op_waits(common))
+    failed: dict[str, str] = {}
     return {
         "clock": clock, "ops": waits, "waits": rank_step_waits(waits, steps),
         "bandwidth": transfer_bandwidth(waits),
-        "stragglers": find_stragglers(waits, steps, events, clock),
+        "stragglers": _alone("stragglers", failed, STRAGGLER_COLUMNS,
+                             lambda: find_stragglers(waits, steps, events, clock)),
         "mismatches": mismatches,
-        "pipeline": pipeline_bubbles(waits, work, microbatches, virtual_stages),
+        "pipeline": _alone("pipeline", failed, PIPELINE_COLUMNS,
+                           lambda: pipeline_bubbles(waits, work, microbatches, virtual_stages)),
+        "failed": failed,
     }
+
+
+def _alone(name: str, failed: dict, columns: list[str], compute) -> pd.DataFrame:
+    """compute(), or, where it raises, an empty frame of `columns` with failed[name] saying
+    why: one pass's failure costs the cross-rank frames nothing else."""
+    try:
+        return compute()
+    except Exception as exc:  # noqa: BLE001  (named in the report's problems)
+        failed[name] = f"{type(exc).__name__}: {exc}"
+        return pd.DataFrame(columns=columns)
 
 
 def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None = None,

@@ -59,6 +59,8 @@ def pipeline_bubbles(waits: pd.DataFrame, work: pd.DataFrame, microbatches: int 
     per = per[per["step"].isin(p2p["step"].unique())]
     totals = per.groupby("rank").agg(steps=("step", "nunique"), step_ns=("step_ns", "sum"),
                                      work_ns=("work_ns", "sum"))
+    if totals.empty:  # no stage has a step both with p2p ops and with work (records cut short)
+        return pd.DataFrame(columns=PIPELINE_COLUMNS)
     kept = p2p[p2p.set_index(["rank", "step"]).index.isin(per.set_index(["rank", "step"]).index)]
     recv_wait = kept[kept["op"] == "recv"].groupby("rank")["wait_ns"].sum()
     transfer = _transfer_time(kept, per)

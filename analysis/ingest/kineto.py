@@ -2,8 +2,10 @@
 
 The file is decoded a few MB of JSON at a time (analysis.ingest.kineto_events builds the columns),
 so memory stays near the size of the resulting columns; analysis.ingest.parsed_trace makes the
-events frame of them. A file that cannot be read raises TraceReadError naming the file and the
-problem. Nothing read is evaluated or unpickled. This module does not import pandas: it runs before
+events frame of them. A file that cannot be read (not a regular file, not gzip, invalid or too
+deeply nested JSON, too large) raises TraceReadError naming the file and the problem; a value of
+distributedInfo out of its range (analysis.core.limits) is set aside with a problem. Nothing read
+is evaluated or unpickled. This module does not import pandas: it runs before
 the command imports it (analysis.ingest.parse_ahead).
 """
 
@@ -13,6 +15,8 @@ import gc
 import gzip
 import os
 import re
+import stat
+import sys
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,13 +24,17 @@ from pathlib import Path
 
 import msgspec
 
+from analysis.core.event_kinds import PROFILER_STEP_RE
+from analysis.core.limits import MAX_STEP, MAX_TIME_NS, MAX_WORLD_SIZE, int_within, shown
 from analysis.ingest.kineto_events import (
     EVENTS_DECODER,
     TRACE_DECODER,
     EventColumns,
     TraceDocument,
     int_or_none,
+    name_text,
 )
+from analysis.ingest.runs import file_rank
 
 
 class TraceReadError(Exception):
@@ -118,17 +126,23 @@ def _pieces(path: Path, limit: int | None = None, why: str = ""):
     """The file's (decompressed) bytes, READ_BYTES at a time; TraceReadError once there are
     more than `limit` of them (a plain file is refused before anything is read)."""
     try:
-        with path.open("rb") as raw:
-            gzipped = raw.read(2) == b"\x1f\x8b"
+        raw = _open_regular(path)
+        stored = os.fstat(raw.fileno()).st_size
+        if stored == 0:
+            raw.close()
+            raise TraceReadError(path, "an empty file")
+        gzipped = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
         if not gzipped and path.name.endswith(".gz"):
+            raw.close()
             raise TraceReadError(path, "not gzip (the name ends in .gz but the file does not "
                                        "start with gzip's magic bytes)")
-        stored = path.stat().st_size
         if limit is not None and not gzipped and stored > limit:
+            raw.close()
             raise _too_large(path, f"{_megabytes(stored)} of JSON", limit, why)
-        opened = gzip.open(path, "rb") if gzipped else path.open("rb")
+        opened = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
         read = 0
-        with opened as handle:
+        with raw, opened as handle:
             while piece := handle.read(READ_BYTES):
                 read += len(piece)
                 if limit is not None and read > limit:
@@ -140,6 +154,27 @@ def _pieces(path: Path, limit: int | None = None, why: str = ""):
         raise TraceReadError(path, f"truncated or corrupt gzip ({exc})") from None
     except OSError as exc:
         raise TraceReadError(path, f"cannot read ({exc.strerror or exc})") from None
+
+
+def _open_regular(path: Path):
+    """`path` opened for reading, if it is a regular file: a FIFO would block the read until
+    something writes to it, and a device (/dev/zero) never ends. Opened without blocking, so
+    that opening a FIFO returns at once to be refused."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        kind = stat.S_IFMT(os.fstat(descriptor).st_mode)
+    except OSError:
+        os.close(descriptor)
+        raise
+    if kind != stat.S_IFREG:
+        os.close(descriptor)
+        raise TraceReadError(path, f"not a regular file ({_FILE_KINDS.get(kind, 'not a file')});"
+                                   f" not read")
+    return os.fdopen(descriptor, "rb")
+
+
+_FILE_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device",
+               stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
 
 
 def read_trace_bytes(path: Path, limit: int | None = None, why: str = "") -> bytes:
@@ -316,28 +351,107 @@ def gc_paused():
 def _decode(path: Path, chunked: bool, max_bytes: int) -> DecodedTrace:
     columns = EventColumns()
     try:
-        if not chunked:
-            raise _NotChunkable("asked for a whole-file decode")
-        document = _decode_in_chunks(path, columns, max_bytes)
-    except _NotChunkable as exc:
-        columns = EventColumns()
-        why = (f" for a file decoded whole, 1/{WHOLE_DECODE_SHARE} of "
-               f"{max_bytes / _MB:g} MB, as it cannot be read a chunk at a time ({exc})")
-        document = _decode_whole(path, columns, max_bytes // WHOLE_DECODE_SHARE, why)
+        try:
+            if not chunked:
+                raise _NotChunkable("asked for a whole-file decode")
+            document = _decode_in_chunks(path, columns, max_bytes)
+        except _NotChunkable as exc:
+            columns = EventColumns()
+            why = (f" for a file decoded whole, 1/{WHOLE_DECODE_SHARE} of "
+                   f"{max_bytes / _MB:g} MB, as it cannot be read a chunk at a time ({exc})")
+            document = _decode_whole(path, columns, max_bytes // WHOLE_DECODE_SHARE, why)
+    except RecursionError:  # msgspec decodes nested values on the C stack, to Python's limit
+        raise TraceReadError(path, f"JSON nested too deeply to decode (more than about "
+                                   f"{sys.getrecursionlimit()} levels of arrays or objects)"
+                             ) from None
     info = document.distributedInfo
+    named = columns.rank = file_rank(path)
+    _name_step_numbers(columns, path)
+    if info is None:
+        return DecodedTrace(path=path, columns=columns, rank=None, world_size=None,
+                            backend=None)
+    rank, world_size = distributed_identity(
+        info.rank, info.world_size, named,
+        f"{path}: rank {named}" if named is not None else str(path), columns.notes)
+    if rank is not None:
+        columns.rank = rank
+    where = f"{path}: rank {columns.rank}" if columns.rank is not None else str(path)
     return DecodedTrace(
-        path=path, columns=columns,
-        rank=int_or_none(info.rank) if info is not None else None,
-        world_size=int_or_none(info.world_size) if info is not None else None,
-        backend=str(info.backend) if info is not None and info.backend is not None else None,
-        process_groups=process_group_configs(info.pg_config) if info is not None else [])
+        path=path, columns=columns, rank=rank, world_size=world_size,
+        backend=name_text(info.backend) if info.backend is not None else None,
+        process_groups=process_group_configs(info.pg_config, world_size, where, columns.notes))
 
 
-def process_group_configs(config) -> list[dict]:
+def _name_step_numbers(columns: EventColumns, path: Path) -> None:
+    """A problem naming the ProfilerStep#N names whose N is out of range (analysis.ingest.
+    parsed_trace takes them for no step); one look at each distinct name."""
+    far = [name for name in columns.names.codes_of
+           if isinstance(name, str) and (m := PROFILER_STEP_RE.match(name))
+           and (len(m.group(1)) > len(str(MAX_STEP)) or int(m.group(1)) > MAX_STEP)]
+    if far:
+        where = f"{path}: rank {columns.rank}" if columns.rank is not None else str(path)
+        columns.notes.append(f"{where}: {len(far)} ProfilerStep names have a step number out "
+                             f"of range (first {shown(far[0])}, outside 0..{MAX_STEP}); those "
+                             f"spans are not taken as steps")
+
+
+def distributed_identity(rank, world_size, named: int | None, where: str, problems: list
+                         ) -> tuple[int | None, int | None]:
+    """distributedInfo's rank and world size, each set aside (None, with a problem naming it)
+    where it is not an int in range: a rank in 0..MAX_WORLD_SIZE-1, a world size in
+    1..MAX_WORLD_SIZE, and the rank below the world size (the one of the two that the file
+    name, `named`, does not confirm is set aside)."""
+    checked_rank, checked_size = int_or_none(rank), int_or_none(world_size)
+    if rank is not None and not int_within(checked_rank, 0, MAX_WORLD_SIZE - 1):
+        problems.append(f"{where}: distributedInfo rank {shown(rank)} is out of range "
+                        f"(0..{MAX_WORLD_SIZE - 1}); set aside")
+        checked_rank = None
+    if world_size is not None and not int_within(checked_size, 1, MAX_WORLD_SIZE):
+        problems.append(f"{where}: distributedInfo world_size {shown(world_size)} is out of "
+                        f"range (1..{MAX_WORLD_SIZE}); set aside")
+        checked_size = None
+    if checked_rank is not None and checked_size is not None and checked_rank >= checked_size:
+        if named == checked_rank:
+            problems.append(f"{where}: distributedInfo world_size {checked_size} is not above "
+                            f"its rank {checked_rank}; the world size is set aside")
+            checked_size = None
+        else:
+            problems.append(f"{where}: distributedInfo rank {checked_rank} is not below its "
+                            f"world_size {checked_size}; the rank is set aside")
+            checked_rank = None
+    return checked_rank, checked_size
+
+
+_GROUP_KEYS = ("pg_name", "pg_desc", "backend_config", "pg_size", "ranks")
+
+
+def process_group_configs(config, world_size: int | None = None, where: str = "",
+                          problems: list | None = None) -> list[dict]:
     """distributedInfo.pg_config as a list of dicts (torch writes a list; a dict keyed by group
-    is read as its values); anything else is no group."""
+    is read as its values); anything else is no group. A group's pg_size or ranks out of range
+    (a size of 1..world size, ranks below it) are set aside, with a problem in `problems`."""
     if isinstance(config, dict):
         config = list(config.values())
     if not isinstance(config, list):
         return []
-    return [dict(group) for group in config if isinstance(group, dict)]
+    # The keys torch writes, of the kinds it writes them: the rest is read by nothing.
+    groups = [{key: value for key, value in group.items() if key in _GROUP_KEYS
+               and (key in ("pg_size", "ranks") or isinstance(value, str) or value is None
+                    or int_within(value, -MAX_TIME_NS, MAX_TIME_NS))}
+              for group in config[:MAX_WORLD_SIZE] if isinstance(group, dict)]
+    largest = world_size or MAX_WORLD_SIZE
+    for group in groups:
+        size, ranks = group.get("pg_size"), group.get("ranks")
+        if size is not None and not int_within(size, 1, largest):
+            group.pop("pg_size")
+            if problems is not None:
+                problems.append(f"{where}: process group {shown(group.get('pg_name'))}: "
+                                f"pg_size {shown(size)} is out of range (1..{largest}); set "
+                                f"aside")
+        if ranks is not None and not (isinstance(ranks, list) and len(ranks) <= largest
+                                      and all(int_within(r, 0, largest - 1) for r in ranks)):
+            group.pop("ranks")
+            if problems is not None:
+                problems.append(f"{where}: process group {shown(group.get('pg_name'))}: its "
+                                f"ranks are not all ranks below {largest}; set aside")
+    return groups

@@ -25,6 +25,15 @@ from analysis.core.event_kinds import (
     HOST_OP_CATS,
     normal_cat,
 )
+from analysis.core.limits import (
+    MAX_BYTES,
+    MAX_DUR_US,
+    MAX_TS_US,
+    MAX_WORLD_SIZE,
+    as_number,
+    outside,
+    shown,
+)
 
 
 # ---- the typed decoder ---------------------------------------------------------------------------
@@ -129,8 +138,8 @@ def int_or_none(value) -> int | None:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 24:
+        return int(value)  # longer: out of every range, and slow (or refused) to convert
     return None
 
 
@@ -144,31 +153,40 @@ def _hta_int(value) -> int:
         return -1
 
 
-def _to_ns(values: list) -> tuple[np.ndarray, int]:
-    """Kineto microseconds (int or float) to int64 nanoseconds, and how many were not numbers.
+def _to_ns(values: list, high_us: int) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """Kineto microseconds (int or float) to int64 nanoseconds, how many were not numbers, and
+    where a number was outside [0, high_us] (None where none was).
 
     Exact for what float64 holds: a float timestamp of ~1.7e15 us has a resolution of 0.25 us
     in float64, and splitting whole and fractional microseconds keeps the value the file's float
-    denotes, with no further rounding. Non-numbers become 0.
+    denotes, with no further rounding. Non-numbers and numbers out of range become 0: the range
+    is checked on the microseconds, before the multiplication that could overflow.
     """
     try:
         # One C-level pass for the usual list of ints (a bool among them reads as 0 or 1, as the
         # float path below reads it too); anything else takes the checks below.
         as_read = np.array(values)
         if as_read.dtype == np.int64 and as_read.ndim == 1:
-            return as_read * 1000, 0
-        if all(type(v) is int for v in values):
-            return np.array(values, dtype=np.int64) * 1000, 0
-        as_float = np.array(values, dtype=np.float64)
+            # Two reductions, no mask, for the usual chunk whose values are all in range.
+            if not len(as_read) or (as_read.min() >= 0 and as_read.max() <= high_us):
+                return as_read * 1000, 0, None
+            far = outside(as_read, 0, high_us)
+            return np.where(far, 0, as_read) * 1000, 0, far
+        if as_read.ndim != 1 or as_read.dtype == object:
+            raise TypeError("not one number per event")
+        as_float = as_read.astype(np.float64)  # floats, bools, ints over int64, numeric text
     except (TypeError, ValueError, OverflowError):
-        as_float = np.array([v if isinstance(v, (int, float)) and not isinstance(v, bool)
-                             else math.nan for v in values], dtype=np.float64)
+        as_float = np.array([as_number(v) for v in values], dtype=np.float64)
     bad = ~np.isfinite(as_float)
-    if bad.any():
-        as_float = np.where(bad, 0.0, as_float)
+    if not bad.any() and (not len(as_float) or (as_float.min() >= 0
+                                                and as_float.max() <= high_us)):
+        far = np.zeros(0, dtype=bool)  # every value a number in range
+    else:
+        far = outside(as_float, 0, high_us) & ~bad
+        as_float = np.where(bad | far, 0.0, as_float)
     whole = np.floor(as_float)
     ns = whole.astype(np.int64) * 1000 + np.rint((as_float - whole) * 1000).astype(np.int64)
-    return ns, int(bad.sum())
+    return ns, int(bad.sum()), far if far.any() else None
 
 
 def _raw_text(raw: msgspec.Raw) -> str | None:
@@ -192,7 +210,12 @@ def _as_float(value) -> float:
 
 def name_text(value) -> str:
     """A decoded name (or pid, tid) as the events frame's text."""
-    return "" if value is None else str(value)
+    if value is None:
+        return ""
+    try:
+        return str(value)
+    except ValueError:  # an int of more digits than Python converts to text
+        return shown(value)
 
 
 def _place_text(place: tuple) -> tuple:
@@ -257,6 +280,12 @@ class EventColumns:
         self.comm: list[tuple] = []  # (row, comm column values) of communication events
         self.rows = 0
         self.bad = {"ts": 0, "dur": 0}
+        # Per field (_RANGES): [events out of range, the first such value as read].
+        self.far: dict[str, list] = {field: [0, None] for field in _RANGES}
+        # The rank the file is of, for the problem lines, and problems found outside the events
+        # (distributedInfo's values): both given by analysis.ingest.kineto once decoded.
+        self.rank: int | None = None
+        self.notes: list[str] = []
         self.float_timestamps = False
         self._flags = {"name": [], "place": []}  # per code: (comm kernel, host comm) / (gpu, host)
 
@@ -265,11 +294,14 @@ class EventColumns:
         if not self.float_timestamps:
             self.float_timestamps = any(type(e.ts) is not int for e in chunk)
         events = [e for e in chunk if e.ph == "X" and e.ts is not None and e.dur is not None]
+        ts_ns, bad_ts = self._times([e.ts for e in events], "ts", MAX_TS_US)
+        if bad_ts is not None:  # an event that cannot be placed is left out
+            kept = ~bad_ts
+            events = [e for e, keep in zip(events, kept.tolist()) if keep]
+            ts_ns = ts_ns[kept]
+        # Zero-length, where out of range.
+        dur_ns, _ = self._times([e.dur for e in events], "dur", MAX_DUR_US)
         n = len(events)
-        ts_ns, bad_ts = _to_ns([e.ts for e in events])
-        dur_ns, bad_dur = _to_ns([e.dur for e in events])
-        self.bad["ts"] += bad_ts
-        self.bad["dur"] += bad_dur
         names = self.names.add([e.name for e in events])
         places = self.places.add([(e.cat, e.pid, e.tid) for e in events])
         # A list each, then one array: item assignment into an array costs more per event.
@@ -289,13 +321,26 @@ class EventColumns:
         for i in np.flatnonzero(is_comm):
             args = events[i].args
             if args is not None:
-                self.comm.append((self.rows + int(i), _comm_values(args)))
+                self.comm.append((self.rows + int(i), self._comm_values(args)))
         for column, values in (("name", names), ("place", places), ("ts_ns", ts_ns),
                                ("dur_ns", dur_ns), ("stream", stream),
                                ("correlation", correlation), ("is_gpu", is_gpu),
                                ("is_comm", is_comm)):
             self.parts[column].append(values)
         self.rows += n
+
+    def _times(self, values: list, field: str, high_us: int
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One time field of the events (`values`) in ns (0 where not a number or out of
+        [0, high_us]), counted, and where it was out of range (None: nowhere)."""
+        ns, not_numbers, far = _to_ns(values, high_us)
+        self.bad[field] += not_numbers
+        if far is not None:
+            count = self.far[field]
+            if count[1] is None:
+                count[1] = values[int(np.argmax(far))]
+            count[0] += int(far.sum())
+        return ns, far
 
     def _lookup(self, kind: str, codes: ValueCodes, flags_of) -> np.ndarray:
         """(code -> two flags) for every code so far, computed once per distinct value."""
@@ -306,15 +351,48 @@ class EventColumns:
         return np.array(known, dtype=bool).reshape(len(known), 2)
 
     def problems(self, path: Path) -> list[str]:
-        where = {"ts": "they are placed at 0", "dur": "they are treated as zero-length"}
-        return [f"{path}: {count} events have a non-numeric '{field}'; {where[field]}"
-                for field, count in self.bad.items() if count]
+        where = f"{path}: rank {self.rank}" if self.rank is not None else str(path)
+        then = {"ts": "they are placed at 0", "dur": "they are treated as zero-length"}
+        problems = [f"{where}: {count} events have a non-numeric '{field}'; {then[field]}"
+                    for field, count in self.bad.items() if count]
+        for field, (low, high, unit, then) in _RANGES.items():
+            count, first = self.far[field]
+            if count:
+                value = shown(first)
+                value += unit if value[-1].isdigit() else ""  # not after "an integer of N bits"
+                problems.append(f"{where}: {count} events have '{field}' out of range (first "
+                                f"{value}, outside {low}..{high}{unit}); {then}")
+        return problems + self.notes
+
+    def _comm_values(self, args: _Args) -> tuple:
+        """The comm columns (TEXT_COLUMNS then NUMBER_COLUMNS) of one event's arguments; a size
+        out of range is set aside (NaN, as a missing one)."""
+        return (_comm_value(args.collective), _comm_value(args.dtype),
+                None if args.pg_name is None else str(_comm_value(args.pg_name)),
+                None if args.pg_desc is None else str(_comm_value(args.pg_desc)),
+                _raw_text(args.input_dims), _raw_text(args.input_type),
+                self._size(args.in_nelems, "In msg nelems"),
+                self._size(args.out_nelems, "Out msg nelems"),
+                self._size(args.group_size, "Group size"))
+
+    def _size(self, value, field: str) -> float:
+        number = _as_float(value)
+        low, high = _RANGES[field][:2]
+        if number != number or low <= number <= high:  # NaN: missing, as before
+            return number
+        count = self.far[field]
+        count[0] += 1
+        if count[1] is None:
+            count[1] = value
+        return math.nan
 
 
-def _comm_values(args: _Args) -> tuple:
-    """The comm columns (TEXT_COLUMNS then NUMBER_COLUMNS) of one event's arguments."""
-    return (_comm_value(args.collective), _comm_value(args.dtype),
-            None if args.pg_name is None else str(_comm_value(args.pg_name)),
-            None if args.pg_desc is None else str(_comm_value(args.pg_desc)),
-            _raw_text(args.input_dims), _raw_text(args.input_type),
-            _as_float(args.in_nelems), _as_float(args.out_nelems), _as_float(args.group_size))
+# Per field: (lowest, highest, unit, what is done with a value outside); ts and dur are every
+# complete event's (in Kineto's microseconds), the rest a communication event's arguments.
+_RANGES = {
+    "ts": (0, MAX_TS_US, " us", "they are left out"),
+    "dur": (0, MAX_DUR_US, " us", "they are treated as zero-length"),
+    "In msg nelems": (0, MAX_BYTES, "", "set aside"),
+    "Out msg nelems": (0, MAX_BYTES, "", "set aside"),
+    "Group size": (1, MAX_WORLD_SIZE, "", "set aside"),
+}

@@ -4,8 +4,11 @@ records and the selected steps.
 The pieces live in modules of their own: the data model (analysis.core.model), the frame contract
 (analysis.core.frames), Kineto decoding (analysis.ingest.kineto, analysis.ingest.kineto_events), the
 Parquet cache (analysis.ingest.cache), which files a PATH names (analysis.ingest.runs), the tracer's
-records (analysis.ingest.records) and step selection (analysis.core.steps). A file that cannot be
-read becomes a problem naming the file (and rank, where known) and the rest is still loaded.
+records (analysis.ingest.records), a rank's profiler windows (analysis.ingest.windows) and step
+selection (analysis.core.steps). A file that cannot be read, whatever the reason, becomes a
+problem naming the file (and rank, where known) and the rest is still loaded; a trace the tracer
+never renamed is read as found, and named; the run's world size is checked against the ranks'
+own claims (docs/reliability.md, "Damaged and hostile input").
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from analysis.core.events import mark_comm_kernels
-from analysis.core.frames import check_events, contract_categories, empty_events, steps_frame
+from analysis.core.frames import empty_events, steps_frame
+from analysis.core.limits import MAX_WORLD_SIZE, shown
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.steps import format_ranges, parse_step_spec, select_steps
 from analysis.ingest.cache import read_trace
@@ -32,8 +36,16 @@ from analysis.ingest.records import (
     record_ranks,
     records_path,
     run_status,
+    steps_ended,
 )
-from analysis.ingest.runs import file_rank, kineto_worker, resolve_runs
+from analysis.ingest.runs import (
+    file_rank,
+    is_unrenamed,
+    kineto_worker,
+    named_rank,
+    resolve_runs,
+)
+from analysis.ingest.windows import merge_windows
 from tracer import schema
 
 if TYPE_CHECKING:
@@ -56,7 +68,7 @@ class EventsReader:
     def __call__(self, trace: RankTrace) -> pd.DataFrame:
         parts = [read_trace(path, self.use_cache, self.max_bytes)
                  for path in [trace.path, *trace.extra_paths]]
-        merged = _merge_windows(parts) if len(parts) > 1 else parts[0]
+        merged = merge_windows(parts) if len(parts) > 1 else parts[0]
         return mark_comm_kernels(merged.events, self.comm_kernels)
 
 
@@ -74,6 +86,8 @@ class RankReduction:
     # Drop the events once reduced: the command's text and JSON reports need only the
     # reductions; notebooks, the HTML report and the timeline keep them.
     drop_events: bool = False
+    # The command's RANKTRACE_MAX_TRACE_MB, in bytes: a worker's environment may differ.
+    max_bytes: int | None = None
 
 
 def _read_trace_job(args: tuple[str, bool, int, RankReduction | None, DecodeAhead | None]):
@@ -85,8 +99,15 @@ def _read_trace_job(args: tuple[str, bool, int, RankReduction | None, DecodeAhea
     except TraceReadError as exc:
         rank = file_rank(exc.path)
         return f"{exc.path}: rank {rank}: {exc.reason}" if rank is not None else str(exc)
+    except Exception as exc:  # noqa: BLE001  (whatever else a file does costs that file only)
+        rank = file_rank(Path(path))
+        where = f"{path}: rank {rank}" if rank is not None else path
+        return f"{where}: cannot be analysed ({type(exc).__name__}: {exc})"
     if reduction is not None:
-        parsed.reduced = _reduce(parsed, reduction)
+        try:
+            parsed.reduced = _reduce(parsed, reduction)
+        except Exception:  # noqa: BLE001  (reduced again where it is loaded, and named there)
+            parsed.reduced = None
         if reduction.drop_events and parsed.reduced is not None:
             parsed.events = None
     return parsed
@@ -100,7 +121,7 @@ def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, int, RankTrac
     if rank is None:
         return None  # unranked: only the whole run tells which rank it is analysed as
     trace = _rank_trace(parsed, rank, [], parsed.path.parent if how.with_records else None,
-                        how.steps, how.hta_compatible, how.comm_kernels)
+                        how.steps, how.hta_compatible, how.comm_kernels, how.max_bytes)
     trace.reduced = how.tables(trace)
     trace.events = None  # the parsed file's own travel back, when they are kept
     return rank, len(parsed.problems), trace
@@ -139,22 +160,6 @@ def _named_as_given(result, absolute: str, shown: str):
     return result
 
 
-def _merge_windows(parts: list[ParsedTrace]) -> ParsedTrace:
-    """Several profiler windows of one rank (one file each) as one trace."""
-    parts = sorted(parts, key=lambda p: int(p.steps["start_ns"].min()) if len(p.steps)
-                   else int(p.events["ts_ns"].min()) if len(p.events) else 0)
-    first = parts[0]
-    events = check_events(contract_categories(pd.concat([p.events for p in parts],
-                                                        ignore_index=True)))
-    steps = (pd.concat([p.steps for p in parts], ignore_index=True)
-             .sort_values("step", kind="stable").drop_duplicates("step").reset_index(drop=True))
-    return ParsedTrace(path=first.path, rank=first.rank, world_size=first.world_size,
-                       backend=first.backend, events=events, steps=steps,
-                       float_timestamps=any(p.float_timestamps for p in parts),
-                       problems=[m for p in parts for m in p.problems],
-                       process_groups=first.process_groups)
-
-
 def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] | None = None,
                hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
                progress: Progress | None = None, comm_kernels: tuple = (),
@@ -188,8 +193,17 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
     parsed: list[ParsedTrace] = []
     reduction = None if reduce_rank is None else RankReduction(
         reduce_rank, steps, hta_compatible, tuple(comm_kernels), run_dir is not None,
-        drop_events=not keep_events)
+        drop_events=not keep_events, max_bytes=max_trace_bytes())
     reader = EventsReader(use_cache, tuple(comm_kernels), max_trace_bytes())
+    for file in files:
+        if (said := named_rank(file)) is not None and file_rank(file) is None:
+            problems.append(f"{file}: its name's rank {shown(said)} is out of range "
+                            f"(0..{MAX_WORLD_SIZE - 1}); set aside")
+        if is_unrenamed(file):
+            rank = file_rank(file)
+            problems.append(f"{file}{f': rank {rank}' if rank is not None else ''}: a trace "
+                            f"file never renamed (the rank was killed while the tracer wrote "
+                            f"it); read as it is")
     for result in _parse_all(files, use_cache, jobs, progress, scheduler, reduction,
                              decoded_ahead):
         if isinstance(result, str):
@@ -249,7 +263,7 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
         # The worker's reduction was of another rank or of one window only: the events it
         # dropped are read again, and the rank is reduced here.
         kept = [_with_events(k, reader) for k in kept]
-        trace = _merge_windows(kept) if len(kept) > 1 else kept[0]
+        trace = merge_windows(kept) if len(kept) > 1 else kept[0]
         # Records lie beside the trace: several run folders (one per node) form one run.
         records_dir = trace.path.parent if run_dir is not None else None
         ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], records_dir, steps,
@@ -260,33 +274,69 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
             ranks[-1].events = None
 
     ranks.sort(key=lambda r: (r.rank == UNKNOWN_RANK, r.rank, str(r.path)))
-    world_size = max((r.world_size for r in ranks if r.world_size), default=None)
     if run_dir is not None:
         found = {r.rank for r in ranks}
         for folder in _record_folders(run_dir, files):
             for rank in sorted(record_ranks(folder) - found):
+                if rank >= MAX_WORLD_SIZE:
+                    problems.append(f"{folder}: rank {shown(rank)}: record files of a rank "
+                                    f"out of range (0..{MAX_WORLD_SIZE - 1}); not read")
+                    continue
                 ranks.append(_records_only_rank(folder, rank))
                 found.add(rank)
         ranks.sort(key=lambda r: (r.rank == UNKNOWN_RANK, r.rank, str(r.path)))
         problems += _unmarked_steps(run_dir, ranks)
-        for r in ranks:
-            for record in r.records.manifest if r.records is not None else []:
-                if isinstance(record, schema.RunStart):
-                    world_size = max(world_size or 0, record.world_size)
+    world_size, disagreeing = _world_size(ranks, where)
+    problems += disagreeing
     if world_size:
-        found = {r.rank for r in ranks if r.rank != UNKNOWN_RANK}
-        missing = sorted(set(range(world_size)) - found)
-        if missing and found:
-            which = f"ranks {format_ranges(missing)} of world size {world_size} have" \
-                if len(missing) > 1 else f"rank {missing[0]} of world size {world_size} has"
-            problems.append(f"{where}: {which} no trace here ({len(found)} of {world_size} "
-                            f"ranks analysed)")
+        problems += _missing_ranks(where, ranks, world_size)
     for r in ranks:
         problems += r.problems
     if not ranks and not problems:
         problems.append(f"{where}: no Kineto trace files")
     return LoadResult(ranks=ranks, problems=problems, run_dir=run_dir, world_size=world_size,
                       files=list(files))
+
+
+def _world_size(ranks: list[RankTrace], where) -> tuple[int | None, list[str]]:
+    """The run's world size: the largest that a trace's distributedInfo or a manifest's
+    run_start gives (each checked against its range where it was read), and a problem naming
+    the sources where they disagree."""
+    claims: dict[int, list[str]] = {}
+    for r in ranks:
+        if r.world_size and r.has_trace:
+            claims.setdefault(r.world_size, []).append(f"{r.label}'s trace")
+        for record in r.records.manifest if r.records is not None else []:
+            if isinstance(record, schema.RunStart) and record.world_size:
+                claims.setdefault(record.world_size, []).append(f"{r.label}'s manifest")
+    if not claims:
+        return None, []
+    world_size = max(claims)
+    if len(claims) == 1:
+        return world_size, []
+    said = "; ".join(f"{size} by {', '.join(dict.fromkeys(sources))}"
+                     for size, sources in sorted(claims.items()))
+    return world_size, [f"{where}: the files disagree on the world size ({said}); the "
+                        f"largest, {world_size}, is used"]
+
+
+def _missing_ranks(where, ranks: list[RankTrace], world_size: int) -> list[str]:
+    """The one problem naming the ranks of the world that have no trace here, counted from the
+    ranks found (never a set of the whole world: a world size is at most MAX_WORLD_SIZE, but
+    the ranks here are far fewer)."""
+    found = sorted({r.rank for r in ranks if 0 <= r.rank < world_size})
+    if not found:
+        return []
+    gaps = [(low, high) for low, high in zip([-1, *found], [*found, world_size])
+            if high - low > 1]
+    if not gaps:
+        return []
+    missing = sum(high - low - 1 for low, high in gaps)
+    which = ", ".join(str(low + 1) if high - low == 2 else f"{low + 1}-{high - 1}"
+                     for low, high in gaps)
+    which = (f"ranks {which} of world size {world_size} have" if missing > 1
+             else f"rank {which} of world size {world_size} has")
+    return [f"{where}: {which} no trace here ({len(found)} of {world_size} ranks analysed)"]
 
 
 def _with_events(parsed: ParsedTrace, reader: EventsReader) -> ParsedTrace:
@@ -302,12 +352,13 @@ def _record_folders(run_dir: Path, files: list[Path]) -> list[Path]:
 
 
 def _rank_trace(trace: ParsedTrace, rank, extra: list[Path], run_dir: Path | None,
-                steps: list[int] | None, hta_compatible: bool, comm_kernels=()) -> RankTrace:
+                steps: list[int] | None, hta_compatible: bool, comm_kernels=(),
+                max_bytes: int | None = None) -> RankTrace:
     problems = list(trace.problems)
     where = f"{trace.path}: rank {rank if rank != UNKNOWN_RANK else '?'}"
     records = None
     if run_dir is not None and rank != UNKNOWN_RANK:
-        records, found = read_records(run_dir, rank)
+        records, found = read_records(run_dir, rank, max_bytes)
         problems += found
     if trace.steps.empty:
         problems.append(f"{where}: no ProfilerStep in the trace; the whole trace span is "
@@ -315,7 +366,7 @@ def _rank_trace(trace: ParsedTrace, rank, extra: list[Path], run_dir: Path | Non
         selected = trace.steps
     else:
         selected, found = select_steps(trace.steps, steps, hta_compatible, where,
-                                       records.steps if records is not None else None)
+                                       steps_ended(records))
         problems += found
     events = (mark_comm_kernels(trace.events, comm_kernels) if trace.events is not None
               else None)

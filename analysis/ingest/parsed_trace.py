@@ -19,6 +19,7 @@ from analysis.core.events import (
     normal_cat,
 )
 from analysis.core.frames import events_frame, steps_frame
+from analysis.core.limits import MAX_STEP
 from analysis.ingest.kineto import DecodedTrace, decode_trace, gc_paused
 from analysis.ingest.kineto_events import EventColumns, ValueCodes
 
@@ -109,8 +110,10 @@ def decoded_events(decoded: EventColumns) -> pd.DataFrame:
 def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     """ProfilerStep#N spans on the host (not their GPU-side copies), one row per step number."""
     names = events["name"].array
+    # A step number out of range is no step (analysis.ingest.kineto names it).
     step_of = {i: int(m.group(1)) for i, c in enumerate(names.categories)
-               if (m := PROFILER_STEP_RE.match(c))}
+               if (m := PROFILER_STEP_RE.match(c)) and len(m.group(1)) <= len(str(MAX_STEP))
+               and int(m.group(1)) <= MAX_STEP}
     if not step_of:
         return steps_frame()
     codes = names.codes

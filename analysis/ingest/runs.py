@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from analysis.core.limits import MAX_WORLD_SIZE
 from analysis.ingest.records import manifest_world_sizes, record_ranks
 from tracer import schema
 
@@ -20,12 +21,44 @@ def cache_file(trace: Path) -> Path:
     return trace.parent / CACHE_DIR / (trace.name + ".parquet")
 
 
+# What the tracer leaves of a trace when it is killed while writing one (tracer/profiling.py),
+# best first: Kineto's export, complete but not yet gzipped (`<trace>.raw.tmp`); the gzipped
+# copy not yet renamed (`<trace>.tmp`); Kineto's own export still being written.
+UNRENAMED_SUFFIXES = (".raw" + schema.TEMP_SUFFIX, schema.TEMP_SUFFIX,
+                      ".raw" + schema.TEMP_SUFFIX + schema.TEMP_SUFFIX)
+
+
 def is_trace_file(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(TRACE_SUFFIXES)
+    """Named like a trace and not a folder: a link that leads nowhere, a FIFO or a device named
+    so is listed too, and refused by name when read (analysis.ingest.kineto)."""
+    return path.name.endswith(TRACE_SUFFIXES) and not path.is_dir()
+
+
+def final_name(name: str) -> str:
+    """The name a trace file has once renamed: `name` without an unrenamed suffix."""
+    for suffix in UNRENAMED_SUFFIXES[::-1]:  # ".raw.tmp.tmp" before the ".tmp" it ends in
+        if name.endswith(suffix) and name[:-len(suffix)].endswith(TRACE_SUFFIXES):
+            return name[:-len(suffix)]
+    return name
+
+
+def is_unrenamed(path: Path) -> bool:
+    return final_name(path.name) != path.name
 
 
 def trace_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if is_trace_file(p))
+    """The trace files of a run folder, with the best file the tracer left unrenamed of each
+    trace it was killed while writing (only where the renamed trace is not there)."""
+    entries = list(folder.iterdir())
+    found = {p.name: p for p in entries if is_trace_file(p)}
+    unrenamed: dict[str, Path] = {}
+    for suffix in UNRENAMED_SUFFIXES:
+        for entry in entries:
+            final = final_name(entry.name)
+            if (entry.name == final + suffix and final not in found and final not in unrenamed
+                    and not entry.is_dir()):
+                unrenamed[final] = entry
+    return sorted([*found.values(), *unrenamed.values()])
 
 
 def is_run_dir(folder: Path) -> bool:
@@ -119,11 +152,19 @@ def folder_ranks(folder: Path) -> set[int]:
 
 
 def kineto_worker(path: Path) -> str | None:
-    match = schema.KINETO_TRACE_RE.match(path.name)
+    match = schema.KINETO_TRACE_RE.match(final_name(path.name))
     return match.group("worker") if match else None
 
 
-def file_rank(path: Path) -> int | None:
+def named_rank(path: Path) -> int | None:
+    """The rank a ranktrace file name says, whatever its size."""
     worker = kineto_worker(path)
     match = schema.RANK_WORKER_RE.match(worker) if worker else None
     return int(match.group("rank")) if match else None
+
+
+def file_rank(path: Path) -> int | None:
+    """The rank a ranktrace file name gives; None for none, or for one out of range
+    (0..MAX_WORLD_SIZE - 1, which analysis.ingest.load names)."""
+    rank = named_rank(path)
+    return rank if rank is not None and rank < MAX_WORLD_SIZE else None

@@ -100,7 +100,8 @@ def load_run(path: Path, samples_per_step: float | None = None,
                       if isinstance(s.config, dict)]
         samples_per_step = next((v for v in configured if isinstance(v, (int, float)) and v > 0),
                                 None)
-    world_size = loaded.world_size or max((s.world_size for s in starts), default=None)
+    world_size = loaded.world_size or max((s.world_size for s in starts if s.world_size),
+                                          default=None)
     if world_size is None:
         world_size = len({t.rank for t in loaded.ranks if t.rank != UNKNOWN_RANK}) or None
     nnodes = len({s.host for s in starts}) or 1
