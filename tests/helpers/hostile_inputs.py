@@ -242,9 +242,9 @@ def records(run: Path, kind: str, rank: int = 1) -> Path:
     return run / f"rank{rank}.{kind}.jsonl"
 
 
-def _lines(kind, change):
+def _lines(kind, change, rank=1):
     def damage(run):
-        path = records(run, kind)
+        path = records(run, kind, rank)
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         changed = change(lines)
         lines = lines if changed is None else changed
@@ -252,12 +252,12 @@ def _lines(kind, change):
     return damage
 
 
-def _set_all(kind, field, value, only=None):
+def _set_all(kind, field, value, only=None, rank=1):
     def change(lines):
         for line in lines:
             if only is None or line.get("kind") == only:
                 line[field] = value(line) if callable(value) else value
-    return _lines(kind, change)
+    return _lines(kind, change, rank)
 
 
 def _escape_message(lines):
@@ -311,6 +311,18 @@ def _pipeline_rows(doc):
 
 def _records_of_rank(rank):
     return lambda run: shutil.copyfile(records(run, "steps"), run / f"rank{rank}.steps.jsonl")
+
+
+def _world_of_a_million(run):
+    """Every file agrees on a world of 10^6 ranks (in range), of which 2 are here."""
+    for rank in (0, 1):
+        path = trace_of(run, rank)
+        doc = read_doc(path)
+        doc["distributedInfo"]["world_size"] = 10 ** 6
+        doc["distributedInfo"]["pg_config"][0]["pg_size"] = 10 ** 6
+        write_doc(path, doc)
+        _set_all("manifest", "world_size", 10 ** 6, rank=rank)(run)
+        _set_all("comms", "pg_size", 10 ** 6, rank=rank)(run)
 
 
 def _large_records(run):
@@ -376,6 +388,8 @@ CASES = [
             (TRACE, "rank 1", "world_size 1 is not above its rank 1"), True),
     Hostile("world size 5000 in one trace", _info("world_size", 5000),
             ("disagree on the world size", "5000 by rank 1's trace"), True),
+    Hostile("every file says world size 1e6", _world_of_a_million,
+            ("ranks 2-999999 of world size 1000000 have no trace here",), True),
     Hostile("rank 1e30 in a trace", _info("rank", BIG),
             (TRACE, "rank 1", "distributedInfo rank 1e+30 is out of range"), True),
     Hostile("rank -3 in a trace", _info("rank", -3),
