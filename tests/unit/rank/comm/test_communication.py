@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.core import frames
-from analysis.core.event_kinds import EVENT_COLUMNS
-from analysis.core.model import RankTrace, RunRecords
 from analysis.rank.comm.ops import (
     COLLECTIVES_COLUMNS,
     OPS_COLUMNS,
@@ -24,43 +20,8 @@ from analysis.rank.comm.ops import (
     message_bytes,
     size_bucket,
 )
+from helpers.comm_events import event, events_frame, make_trace, records_with, steps_frame
 from tracer import schema
-
-
-def event(name, cat, ts_ns, dur_ns, *, tid="1", correlation=-1, is_gpu=False, is_comm=False,
-          **args) -> dict:
-    row = {
-        "name": name, "cat": cat, "ts_ns": ts_ns, "dur_ns": dur_ns, "end_ns": ts_ns + dur_ns,
-        "pid": "100" if not is_gpu else "0", "tid": tid, "stream": 7 if is_gpu else -1,
-        "correlation": correlation, "is_gpu": is_gpu, "is_comm": is_comm, "collective": None,
-        "in_nelems": np.nan, "out_nelems": np.nan, "comm_dtype": None, "group_size": np.nan,
-        "pg_name": None, "input_dims": None, "input_type": None,
-    }
-    row.update(args)
-    return row
-
-
-def events_frame(rows) -> pd.DataFrame:
-    """The events frame of `rows` as the parser types it (analysis.core.frames); a column no row
-    has takes its default."""
-    present = [c for c in EVENT_COLUMNS if not rows or any(c in row for row in rows)]
-    return frames.events_frame({c: [row.get(c) for row in rows] for c in present})
-
-
-def steps_frame(spans) -> pd.DataFrame:
-    return frames.steps_frame([s for s, _, _ in spans], [a for _, a, _ in spans],
-                              [b for _, _, b in spans])
-
-
-def make_trace(events=None, steps=None, records=None, rank=0, world_size=2) -> RankTrace:
-    return RankTrace(rank=rank, world_size=world_size, path=Path("rank0.1.pt.trace.json.gz"),
-                     events=events if events is not None else events_frame([]),
-                     steps=steps if steps is not None else steps_frame([]),
-                     records=records, problems=[])
-
-
-def records_with(comms: pd.DataFrame) -> RunRecords:
-    return RunRecords(comms=comms, samples=pd.DataFrame(), steps=pd.DataFrame(), manifest=[])
 
 
 # ---- names and sizes -----------------------------------------------------------------------------
