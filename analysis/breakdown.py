@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.core.limits import max_trace_bytes
 from analysis.core.step_spec import at_least_one, parse_step_spec, steps_argument
 from analysis.core.terminal import terminal_safe
 from analysis.ingest import parse_ahead
-from analysis.ingest.kineto import max_trace_bytes
 from analysis.ingest.parallel import SchedulerUnavailable
 from analysis.ingest.runs import NothingToAnalyse, resolve_runs
 from analysis.report.progress import Progress

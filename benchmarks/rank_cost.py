@@ -29,13 +29,13 @@ REPO = Path(__file__).resolve().parents[1]
 _MEASURE = """
 import json, sys, time
 from pathlib import Path
-from analysis.ingest import kineto
+from analysis.core import limits
 from analysis.ingest import load
 from analysis.ingest import parsed_trace
 files = sorted(Path(sys.argv[1]).glob("*.json.gz"))
 from analysis.rank.summary import rank_tables
 reduction = load.RankReduction(rank_tables, None, False, (), False, drop_events=True)
-limit = kineto.max_trace_bytes()
+limit = limits.max_trace_bytes()
 for path in files:
     load._read_trace_job((str(path), False, limit, reduction, None))
 start = time.process_time()

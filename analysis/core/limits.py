@@ -11,6 +11,7 @@ This module imports no pandas: Kineto decoding uses it (analysis.ingest.kineto_e
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -79,3 +80,31 @@ def shown(value) -> str:
 def int_within(value, low: int, high: int) -> bool:
     """Whether `value` is an int (not a bool) within [low, high]."""
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+# The most JSON one trace file may hold (decompressed): a file read a chunk at a time takes about
+# 0.7 bytes of memory per byte of JSON, its events frame about 0.5 (docs/analysis.md, "Large runs
+# and Dask"). RANKTRACE_MAX_TRACE_MB overrides it.
+MAX_TRACE_MB = 2048
+MAX_TRACE_ENV = "RANKTRACE_MAX_TRACE_MB"
+# A file that defeats chunking is decoded whole, which takes about four times the memory: it may
+# hold only this share of the limit.
+WHOLE_DECODE_SHARE = 4
+MB = 1 << 20
+
+
+def max_trace_bytes() -> int:
+    """The limit on one trace file's JSON, in bytes: RANKTRACE_MAX_TRACE_MB or MAX_TRACE_MB.
+
+    Raises ValueError naming the variable when it is not a positive number.
+    """
+    text = os.environ.get(MAX_TRACE_ENV, "").strip()
+    if not text:
+        return MAX_TRACE_MB * MB
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = 0.0
+    if not megabytes > 0 or megabytes == float("inf"):
+        raise ValueError(f"{MAX_TRACE_ENV}={text!r}: not a positive number of MB")
+    return int(megabytes * MB)

@@ -25,7 +25,17 @@ from pathlib import Path
 import msgspec
 
 from analysis.core.event_kinds import PROFILER_STEP_RE
-from analysis.core.limits import MAX_STEP, MAX_TIME_NS, MAX_WORLD_SIZE, int_within, shown
+from analysis.core.limits import (
+    MAX_STEP,
+    MAX_TIME_NS,
+    MAX_TRACE_ENV,
+    MAX_WORLD_SIZE,
+    MB,
+    WHOLE_DECODE_SHARE,
+    int_within,
+    max_trace_bytes,
+    shown,
+)
 from analysis.ingest.kineto_events import (
     EVENTS_DECODER,
     TRACE_DECODER,
@@ -69,41 +79,13 @@ _EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WHITESPACE = b" \t\n\r\f\v"
 
 
-# The most JSON one trace file may hold (decompressed): a file read a chunk at a time takes about
-# 0.7 bytes of memory per byte of JSON, its events frame about 0.5 (docs/analysis.md, "Large runs
-# and Dask"). RANKTRACE_MAX_TRACE_MB overrides it.
-MAX_TRACE_MB = 2048
-MAX_TRACE_ENV = "RANKTRACE_MAX_TRACE_MB"
-# A file that defeats chunking is decoded whole, which takes about four times the memory: it may
-# hold only this share of the limit.
-WHOLE_DECODE_SHARE = 4
-_MB = 1 << 20
-
-
-def max_trace_bytes() -> int:
-    """The limit on one trace file's JSON, in bytes: RANKTRACE_MAX_TRACE_MB or MAX_TRACE_MB.
-
-    Raises ValueError naming the variable when it is not a positive number.
-    """
-    text = os.environ.get(MAX_TRACE_ENV, "").strip()
-    if not text:
-        return MAX_TRACE_MB * _MB
-    try:
-        megabytes = float(text)
-    except ValueError:
-        megabytes = 0.0
-    if not megabytes > 0 or megabytes == float("inf"):
-        raise ValueError(f"{MAX_TRACE_ENV}={text!r}: not a positive number of MB")
-    return int(megabytes * _MB)
-
-
 def _megabytes(nbytes: int) -> str:
-    return f"{nbytes / _MB:.1f} MB" if nbytes >= _MB else f"{nbytes / _MB:.3g} MB"
+    return f"{nbytes / MB:.1f} MB" if nbytes >= MB else f"{nbytes / MB:.3g} MB"
 
 
 def _too_large(path: Path, size: str, limit: int, why: str = "") -> TraceReadError:
     return TraceReadError(
-        path, f"too large to analyse: {size}, over the limit of {limit / _MB:g} MB"
+        path, f"too large to analyse: {size}, over the limit of {limit / MB:g} MB"
               f"{why} ({MAX_TRACE_ENV}). Re-record with a shorter profiler window (fewer "
               f"active steps in torch.profiler's schedule, docs/tracer.md), or, where this "
               f"machine has about 2 GB of memory per GB of JSON, raise {MAX_TRACE_ENV}")
@@ -146,7 +128,7 @@ def _pieces(path: Path, limit: int | None = None, why: str = ""):
             while piece := handle.read(READ_BYTES):
                 read += len(piece)
                 if limit is not None and read > limit:
-                    raise _too_large(path, f"more than {limit / _MB:g} MB of JSON once "
+                    raise _too_large(path, f"more than {limit / MB:g} MB of JSON once "
                                            f"decompressed ({_megabytes(stored)} gzipped)",
                                      limit, why)
                 yield piece
@@ -358,7 +340,7 @@ def _decode(path: Path, chunked: bool, max_bytes: int) -> DecodedTrace:
         except _NotChunkable as exc:
             columns = EventColumns()
             why = (f" for a file decoded whole, 1/{WHOLE_DECODE_SHARE} of "
-                   f"{max_bytes / _MB:g} MB, as it cannot be read a chunk at a time ({exc})")
+                   f"{max_bytes / MB:g} MB, as it cannot be read a chunk at a time ({exc})")
             document = _decode_whole(path, columns, max_bytes // WHOLE_DECODE_SHARE, why)
     except RecursionError:  # msgspec decodes nested values on the C stack, to Python's limit
         raise TraceReadError(path, f"JSON nested too deeply to decode (more than about "

@@ -23,11 +23,11 @@ import pandas as pd
 
 from analysis.core.events import mark_comm_kernels
 from analysis.core.frames import empty_events, steps_frame
-from analysis.core.limits import MAX_WORLD_SIZE, shown
+from analysis.core.limits import MAX_WORLD_SIZE, max_trace_bytes, shown
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.steps import format_ranges, parse_step_spec, select_steps
 from analysis.ingest.cache import read_trace
-from analysis.ingest.kineto import TraceReadError, max_trace_bytes
+from analysis.ingest.kineto import TraceReadError
 from analysis.ingest.parallel import run_jobs
 from analysis.ingest.parsed_trace import ParsedTrace
 from analysis.ingest.records import (

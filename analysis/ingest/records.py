@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from analysis.core.limits import MAX_WORLD_SIZE, int_within
+from analysis.core.limits import (
+    MAX_TRACE_ENV,
+    MAX_WORLD_SIZE,
+    WHOLE_DECODE_SHARE,
+    int_within,
+    max_trace_bytes,
+)
 from analysis.core.model import RunRecords, StepsEnded
 from analysis.ingest.record_checks import checked_frame, checked_manifest, manifest_world_size
 from tracer import schema
@@ -40,8 +46,6 @@ def read_jsonl(path: Path, record_type, rank: int, max_bytes: int | None = None
     """Decode a records file; a bad line (a last one cut short by a crash among them) is
     skipped with a problem. A file larger than a trace decoded whole may be (a share of
     `max_bytes`, default RANKTRACE_MAX_TRACE_MB's: it is decoded whole) is not read."""
-    # Imported here: analysis.ingest.kineto imports this module (through analysis.ingest.runs).
-    from analysis.ingest.kineto import MAX_TRACE_ENV, WHOLE_DECODE_SHARE, max_trace_bytes
 
     limit = (max_trace_bytes() if max_bytes is None else max_bytes) // WHOLE_DECODE_SHARE
     try:

@@ -14,8 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.core.limits import max_trace_bytes
 from analysis.ingest import parse_ahead, parsed_trace
-from analysis.ingest.kineto import TraceReadError, max_trace_bytes
+from analysis.ingest.kineto import TraceReadError
 from analysis.ingest.runs import cache_file
 from helpers.launch import REPO
 
