@@ -1,5 +1,5 @@
 """The runs the integration tests read, each recorded once per session and shared by every test
-that asserts on it (tests/integration/conftest.py's `shared_runs`): a table of named runs, each
+that asserts on it (the `shared_runs` fixture, tests/conftest.py): a table of named runs, each
 with its command, as torchtitan's integration_tests/features.py keeps one.
 
 A run is only shared where every user's assertions hold on the same command; a test whose run is
