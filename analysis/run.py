@@ -103,7 +103,8 @@ def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
     if loaded.run_dir is None or not stop.needs_diagnosis(statuses):
         return
     try:
-        issued, frames, problems = stop.read_stop_inputs(Path(loaded.run_dir), sorted(statuses))
+        issued, frames, problems = stop.read_stop_inputs(
+            Path(loaded.run_dir), sorted(statuses), loaded.world_size)
         report.problems.extend(problems)
         completed = pd.concat([t.records.comms for t in loaded.ranks if t.records is not None]
                               or [pd.DataFrame()], ignore_index=True)

@@ -20,7 +20,8 @@ from analysis.core.comm_names import P2P_OPS
 from analysis.findings.stop_p2p import diagnose_p2p
 from analysis.findings.stop_text import clock_text, mbytes, op_signature
 from analysis.findings.stop_text import ranks_text as _ranks
-from analysis.ingest.records import read_jsonl, records_path
+from analysis.ingest.record_checks import checked_dumps
+from analysis.ingest.records import read_jsonl, records_frame, records_path
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "pg_size", "position", "op", "bytes", "dtype", "peer", "issue_ns",
@@ -36,23 +37,29 @@ BAD_ENDS = ("failed", "interrupted", schema.STATUS_NO_END)
 
 
 # ---- reading ------------------------------------------------------------------------------------
-def read_stop_inputs(run_dir: Path, ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame,
-                                                               list[str]]:
-    """(issue records, stack dumps' main-thread frames, problems) of `ranks` in `run_dir`."""
-    issued, frames, problems = [], [], []
+def read_stop_inputs(run_dir: Path, ranks: list[int], world_size: int | None = None
+                     ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """(issue records, stack dumps' main-thread frames, problems) of `ranks` in `run_dir`; each
+    value out of range set aside as in the other record files (analysis.ingest.record_checks):
+    an issue record or a dump whose required value it is, an issue's peer alone. `world_size`
+    (the run's, where known) bounds peer and pg_size."""
+    columns = [f.name for f in msgspec.structs.fields(schema.IssueRecord)] + ["rank"]
+    issued, frames, problems = [pd.DataFrame(columns=columns)], [], []
     for rank in ranks:
         path = records_path(run_dir, schema.ISSUED_FILE, rank)
         if path is not None:
             found, bad = read_jsonl(path, schema.IssueRecord, rank)
-            problems += bad
-            issued += [{**msgspec.structs.asdict(r), "rank": rank} for r in found]
+            frame, checked = records_frame(found, schema.IssueRecord, rank, path, world_size)
+            problems += bad + checked
+            issued.append(frame)
         path = run_dir / schema.STACKS_FILE.format(rank=rank)
         if path.is_file():
             dumps, bad = read_jsonl(path, schema.StackDump, rank)
-            problems += bad
+            dumps, checked = checked_dumps(dumps, path, rank)
+            problems += bad + checked
             frames += dump_frames(dumps, rank)
-    issued_frame = pd.DataFrame(issued, columns=[f.name for f in msgspec.structs.fields(
-        schema.IssueRecord)] + ["rank"])
+    issued_frame = pd.concat([f for f in issued if not f.empty] or issued[:1],
+                             ignore_index=True).reindex(columns=columns)
     return issued_frame, pd.DataFrame(frames, columns=FRAME_COLUMNS), problems
 
 

@@ -82,8 +82,8 @@ def numeric_fields(record_type) -> list[tuple[str, bool, tuple]]:
 
 
 def _kind(record_type) -> str:
-    return {schema.CommRecord: "comm", schema.StepRecord: "step",
-            schema.DeviceSample: "sample"}.get(record_type, record_type.__name__)
+    return {schema.CommRecord: "comm", schema.StepRecord: "step", schema.DeviceSample: "sample",
+            schema.IssueRecord: "issue"}.get(record_type, record_type.__name__)
 
 
 def checked_frame(frame: pd.DataFrame, record_type, path: Path, rank: int,
@@ -148,20 +148,34 @@ def checked_manifest(manifest: list, path: Path, rank: int) -> tuple[list, list[
     """The manifest's records with each value out of range set aside (None); a clock_sync
     with one, whose measurement it is, is set aside whole. A record that names another rank
     than its file is named too (the file's rank is the one used)."""
+    return checked_structs(manifest, path, rank,
+                           lambda record, name, required: isinstance(record, schema.ClockSync))
+
+
+def checked_dumps(dumps: list, path: Path, rank: int) -> tuple[list, list[str]]:
+    """A rank's stack dumps (rank{R}.stacks.jsonl) checked as the manifest is: a dump whose
+    time is out of range is set aside whole, a rank out of range alone (the file's is used)."""
+    return checked_structs(dumps, path, rank, lambda record, name, required: required
+                           and name != "rank")
+
+
+def checked_structs(records: list, path: Path, rank: int, whole_if) -> tuple[list, list[str]]:
+    """`records` (a record at a time) with each value out of range set aside (None), and the
+    record itself where `whole_if(record, name, required)` says so."""
     kept, problems = [], []
     where = f"{path}: rank {rank}"
-    for record in manifest:
+    for record in records:
         whole = False
         for name, required, (low, high) in numeric_fields(type(record)):
             value = getattr(record, name)
             if value is None and not required:
                 continue
             if isinstance(value, bool) or not (low <= value <= high):
+                aside = whole_if(record, name, required)
                 problems.append(f"{where}: {_tag(record)} {name} {shown(value)} is out of range "
                                 f"({low}..{high}); "
-                                + ("the record is set aside" if isinstance(
-                                    record, schema.ClockSync) else "set aside"))
-                whole = whole or isinstance(record, schema.ClockSync)
+                                + ("the record is set aside" if aside else "set aside"))
+                whole = whole or aside
                 setattr(record, name, None)
         said = getattr(record, "rank", None)
         if said is not None and said != rank:
@@ -174,7 +188,8 @@ def checked_manifest(manifest: list, path: Path, rank: int) -> tuple[list, list[
 
 def _tag(record) -> str:
     """A manifest record's kind, as its line names it."""
-    return type(record).__struct_config__.tag or type(record).__name__
+    return type(record).__struct_config__.tag or (
+        "stack dump" if isinstance(record, schema.StackDump) else type(record).__name__)
 
 
 def manifest_world_size(manifest: list) -> int | None:

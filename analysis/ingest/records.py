@@ -81,7 +81,7 @@ def read_jsonl(path: Path, record_type, rank: int, max_bytes: int | None = None
     return records, problems
 
 
-def _records_frame(records: list, record_type, rank: int, path: Path | None,
+def records_frame(records: list, record_type, rank: int, path: Path | None,
                    world_size: int | None) -> tuple[pd.DataFrame, list[str]]:
     """The records as a frame, each value out of range set aside (analysis.ingest.
     record_checks), and the problems naming them."""
@@ -139,7 +139,7 @@ def read_records(run_dir: Path, rank: int, max_bytes: int | None = None
     world_size = manifest_world_size(manifest)
     built = {}
     for key, (records, record_type, path) in frames.items():
-        built[key], found = _records_frame(records, record_type, rank, path, world_size)
+        built[key], found = records_frame(records, record_type, rank, path, world_size)
         problems += found
     problems += _steps_lost(manifest, built["steps"], frames["steps"][2], rank)
     return RunRecords(manifest=manifest, **built), problems

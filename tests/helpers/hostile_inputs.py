@@ -331,6 +331,49 @@ def _large_records(run):
     path.write_text(line * (20 * MB // len(line)))
 
 
+def _no_run_end(run):
+    """Rank 1 died (no run_end): the stop diagnosis reads the issue and stack records."""
+    _lines("manifest", lambda lines: [r for r in lines if r["kind"] != "run_end"])(run)
+
+
+def _issued(field, value):
+    """Rank 1 died, and each rank's issue records (rank{R}.issued.jsonl, tracer.schema's
+    IssueRecord), made from its comm records, are there; rank 1's have `field` set to `value`."""
+    def damage(run):
+        _no_run_end(run)
+        for rank in (0, 1):
+            comms = [json.loads(line) for line in records(run, "comms", rank).read_text()
+                     .splitlines() if line.strip()]
+            issued = [{"step": c["step"], "op": c["op"], "source": c["source"], "pg": c["pg"],
+                       "pg_size": c["pg_size"], "position": position, "dtype": c["dtype"],
+                       "bytes": c["bytes"], "issue_ns": c["start_ns"]}
+                      for position, c in enumerate(comms)]
+            if rank == 1:
+                for record in issued:
+                    record[field] = value
+            records(run, "issued", rank).write_text(
+                "".join(json.dumps(record) + "\n" for record in issued))
+    return damage
+
+
+def _stacks(field, value):
+    """Rank 1 died, leaving one stack dump (rank1.stacks.jsonl) with `field` set to `value`."""
+    def damage(run):
+        _no_run_end(run)
+        dump = {"rank": 1, "t_ns": 1796044278891005652, "reason": "sigterm", "pending": [],
+                "threads": [{"name": "MainThread", "thread_id": 1, "main": True, "frames": [
+                    {"file": "workloads/ddp.py", "line": 85, "function": "main"}]}]}
+        dump[field] = value
+        records(run, "stacks").write_text(json.dumps(dump) + "\n")
+    return damage
+
+
+def _stack_kept(doc):
+    """The dump whose rank was out of range still says where rank 1 was."""
+    ranks = {r["rank"]: r for r in doc["stop_diagnosis"]["ranks"]}
+    assert ranks[1]["frames"] and ranks[1]["frames"][0]["line"] == 85, ranks
+
+
 BIG = 10 ** 30
 TRACE = "rank1.1796044278628198866.pt.trace.json.gz"
 
@@ -486,6 +529,19 @@ CASES = [
     Hostile("comms end_ns 1e30", _set_all("comms", "end_ns", BIG),
             ("rank1.comms.jsonl", "rank 1", "'end_ns' out of range", "1e+30"), True),
     Hostile("escape codes in a comms op", _set_all("comms", "op", "\x1b[2Jteleport"), (), True),
+    # Issue and stack records (the stop diagnosis of a rank that died).
+    Hostile("issued pg_size 1e30", _issued("pg_size", BIG),
+            ("rank1.issued.jsonl", "rank 1", "'pg_size' out of range", "1e+30"), True),
+    Hostile("issued peer 1e30", _issued("peer", BIG),
+            ("rank1.issued.jsonl", "rank 1", "'peer' out of range", "value is set aside"), True),
+    Hostile("issued position -1", _issued("position", -1),
+            ("rank1.issued.jsonl", "rank 1", "'position' out of range", "first -1"), True),
+    Hostile("stack dump rank 1e30", _stacks("rank", BIG),
+            ("rank1.stacks.jsonl", "rank 1", "stack dump rank 1e+30 is out of range"), True,
+            _stack_kept),
+    Hostile("stack dump t_ns 1e30", _stacks("t_ns", BIG),
+            ("rank1.stacks.jsonl", "rank 1", "stack dump t_ns 1e+30", "record is set aside"),
+            True),
     # A pipeline run.
     Hostile("a pipeline run, undamaged", lambda run: None, (), True, _pipeline_rows, "pipeline"),
     Hostile("a pipeline rank's records stop early", _crashed(1),
