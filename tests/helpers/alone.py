@@ -39,18 +39,33 @@ def unshare() -> None:
         fcntl.flock(_files[0], fcntl.LOCK_UN)
 
 
+def alone_is_active() -> bool:
+    """Whether this process is an xdist worker, where `alone()` waits for the other worker."""
+    return _files is not None
+
+
+_depth = 0  # alone() blocks entered and not yet left in this process
+
+
 @contextmanager
 def alone():
-    """Nothing else of the session runs on any worker until the block ends."""
-    if _files is None:
-        yield
+    """Nothing else of the session runs on any worker until the block ends (blocks nest)."""
+    global _depth
+    if _files is None or _depth:
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1
         return
     main, turnstile = _files
     fcntl.flock(main, fcntl.LOCK_UN)  # so that two workers both waiting here cannot deadlock
     fcntl.flock(turnstile, fcntl.LOCK_EX)
     fcntl.flock(main, fcntl.LOCK_EX)
+    _depth += 1
     try:
         yield
     finally:
+        _depth -= 1
         fcntl.flock(main, fcntl.LOCK_SH)
         fcntl.flock(turnstile, fcntl.LOCK_UN)

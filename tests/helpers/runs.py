@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.alone import alone
+from helpers.alone import alone, alone_is_active
 from helpers.launch import DDP, launch, torchrun_env
 
 PIPELINE = "workloads/pipeline.py"
@@ -76,7 +76,9 @@ class Run:
     """`script` with `args` on `nproc` ranks under torchrun (None: one process); traced with the
     tracer options `tracer` (None: untraced), to which --out and --run-name are added; `save`:
     the workload's --save to out.pt in the run's folder; `env`: (name, value) pairs on top of
-    torchrun_env; `timed`: its users assert on its timings, so it is recorded alone (alone.py)."""
+    torchrun_env; `timed`: its users assert on its timings, so it is recorded alone (alone.py),
+    under xdist with the other timed runs of its `batch` in one go (one wait for the other
+    worker, not one per run)."""
 
     script: str
     args: tuple = ()
@@ -86,6 +88,7 @@ class Run:
     env: tuple = ()
     timeout: float = 600
     timed: bool = False
+    batch: str = ""
     users: str = field(default="", compare=False)
 
 
@@ -98,27 +101,28 @@ RUNS: dict[str, Run] = {
     # Rank 1 late by a busy loop before every forward pass; DDP's buckets only in the window.
     "ddp-late-window": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1", "--straggle",
                                  f"1:{DDP_DELAY_MS}"), tracer=WINDOW,
-                           timed=True,
+                           timed=True, batch="crossrank",
                            users="test_crossrank_names_stragglers (profiler_window), "
                                  "test_breakdown_command (a real traced run), "
                                  "test_timeline_of_traced_runs (ddp)"),
     "ddp-late-hook": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1", "--straggle",
                                f"1:{DDP_DELAY_MS}"), tracer=(*WINDOW, "--ddp-bucket-hook"),
-                         timed=True, users="test_crossrank_names_stragglers (bucket_hook)"),
+                         timed=True, batch="crossrank",
+                         users="test_crossrank_names_stragglers (bucket_hook)"),
     **{f"ddp-even-{n}": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1"),
-                            tracer=WINDOW, timed=True,
+                            tracer=WINDOW, timed=True, batch="crossrank",
                             users="test_crossrank_names_stragglers (no delay)")
        for n in range(EVEN_RUNS)},
     # The pipeline's own model, outside a long profiler window: with four ranks on two cores and
     # a tiny model, the stages' run time is the scheduler's, not the schedule's.
     "pipeline-4-late": Run(PIPELINE, ("--steps", str(STEPS), "--straggle", "2:15"), nproc=4,
-                           tracer=DEFAULT_WINDOW, timed=True,
+                           tracer=DEFAULT_WINDOW, timed=True, batch="crossrank",
                            users="test_crossrank_names_stragglers (pipeline), "
                                  "test_timeline_of_traced_runs (pipeline)"),
     # Two ranks: a burst of contention on the other rank can hide the delay for several steps in
     # a row, so 40 steps (their comm records; the window as by default).
     "tp-late": Run(MODEL_PARALLEL, (*SMALL, "--layers", "1", "--straggle", "0:20", "--steps",
-                                    "40"), tracer=DEFAULT_WINDOW, timed=True,
+                                    "40"), tracer=DEFAULT_WINDOW, timed=True, batch="crossrank",
                    users="test_crossrank_names_stragglers (tensor parallel)"),
     # A 60 ms busy loop on rank 1 of a plain DDP loop; 16 steps traced after 2 skipped and 1
     # warm-up step: two ranks need 10 clean steps or more before either can be named.
@@ -128,11 +132,12 @@ RUNS: dict[str, Run] = {
                                    "--active", "16"), timed=True,
                            users="test_crossrank_on_a_traced_straggler"),
     "diff-base": Run(DDP, ("--steps", DIFF_TIMED_STEPS), tracer=DIFF_BUCKETS, timed=True,
-                     users="test_diff_of_traced_runs"),
+                     batch="diff", users="test_diff_of_traced_runs"),
     "diff-again": Run(DDP, ("--steps", DIFF_TIMED_STEPS), tracer=DIFF_BUCKETS, timed=True,
-                     users="test_diff_of_traced_runs"),
+                     batch="diff", users="test_diff_of_traced_runs"),
     "diff-late": Run(DDP, ("--steps", DIFF_TIMED_STEPS, "--straggle", f"1:{DIFF_DELAY_MS}"),
-                     tracer=DIFF_BUCKETS, timed=True, users="test_diff_of_traced_runs"),
+                     tracer=DIFF_BUCKETS, timed=True, batch="diff",
+                     users="test_diff_of_traced_runs"),
     "diff-cap25": Run(DDP, ("--steps", DIFF_STEPS, "--bucket-cap-mb", "25"),
                       tracer=DIFF_FROM_TRACE, users="test_diff_of_traced_runs"),
     "diff-cap1": Run(DDP, ("--steps", DIFF_STEPS, "--bucket-cap-mb", "1"),
@@ -176,9 +181,10 @@ def record(name: str, folder: Path) -> Recorded:
     with alone() if spec.timed else nullcontext():
         result = launch(spec.script, *args, nproc=spec.nproc, tracer=tracer,
                         env=torchrun_env(**dict(spec.env)), timeout=spec.timeout)
+        load = os.getloadavg()[0]
     assert result.returncode == 0, (f"shared run {name}: exit {result.returncode}\n"
                                     f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
-    return Recorded(name, folder, result, os.getloadavg()[0])
+    return Recorded(name, folder, result, load)
 
 
 class SharedRuns:
@@ -191,11 +197,23 @@ class SharedRuns:
 
     def __getitem__(self, name: str) -> Recorded:
         if name not in self._done:
-            try:
-                self._done[name] = record(name, self.root / name)
-            except (AssertionError, subprocess.TimeoutExpired) as failure:
-                self._done[name] = str(failure)
+            batch = RUNS[name].batch
+            if batch and alone_is_active():
+                # All of the batch's runs in one stretch alone: under xdist each wait for the
+                # other worker's test to end costs that worker's whole test.
+                with alone():
+                    for other, spec in RUNS.items():
+                        if spec.batch == batch and other not in self._done:
+                            self._record(other)
+            else:
+                self._record(name)
         done = self._done[name]
         if isinstance(done, str):
             pytest.fail(done, pytrace=False)
         return done
+
+    def _record(self, name: str) -> None:
+        try:
+            self._done[name] = record(name, self.root / name)
+        except (AssertionError, subprocess.TimeoutExpired) as failure:
+            self._done[name] = str(failure)
