@@ -120,7 +120,7 @@ def interpreter_state() -> dict:
         "threads": sorted(t.name for t in threading.enumerate()),
         "traced": tracing is not None,
         "tracer_parts": None if tracing is None else {
-            part: getattr(tracing, part) is not None
+            part: tracing.in_use(part) is not None
             for part in ("comms", "sampler", "scalars", "memory", "profiler")},
     }
 
@@ -132,14 +132,25 @@ def switch_off_tracer_parts(parts: list[str]) -> None:
     tracing = getattr(tracer._step_callback, "__self__", None)
     if tracing is None:
         raise SystemExit("--tracer-off needs the script to run under python -m tracer.record")
-    if "scalars" in parts and tracing.scalars is not None:
-        scalars, tracing.scalars = tracing.scalars, None
+    if "scalars" in parts and (scalars := _drop_part(tracing, "scalars")) is not None:
         scalars.close()
     if "memory" in parts:
-        tracing.memory = None
+        _drop_part(tracing, "memory")
     if "steps" in parts:
         # Step records then pile up in memory and are written by the closer, at the end.
         tracing.worker.stop(timeout=1.0)
+
+
+def _drop_part(tracing, name: str):
+    """Benchmark-only: the session stops using its part `name` (it calls no hook of it again);
+    the part, or None if it was not in use."""
+    part = tracing.in_use(name)
+    if part is None:
+        return None
+    tracing.parts.remove(part)
+    tracing._named.pop(name, None)
+    tracing._refresh_hooks()
+    return part
 
 
 class CallCounter:
