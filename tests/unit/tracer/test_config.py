@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 
 import pytest
 
-from helpers.launch import REPO
+from helpers.launch import REPO, TINY, launch
 from tracer import config as config_mod
 from tracer.config import ConfigError, TracerConfig
-
-sys.path.insert(0, str(REPO / "tests" / "scripts"))
-import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
 
 
 # ---- options --------------------------------------------------------------------------------
@@ -72,7 +68,7 @@ def test_bad_options_are_errors_that_name_them(argv, env, message):
 
 def _documented_options() -> dict[str, tuple[str, str]]:
     """docs/tracer.md's options table: option -> (environment variable, meaning)."""
-    doc = (h.REPO / "docs" / "tracer.md").read_text()
+    doc = (REPO / "docs" / "tracer.md").read_text()
     rows = re.findall(r"^\| `(--[a-z-]+)[^`]*` \| `(RANKTRACE_[A-Z_]+)` \| [^|]+ \| (.+) \|$",
                       doc, re.M)
     return {option: (env, meaning) for option, env, meaning in rows}
@@ -93,10 +89,10 @@ def test_help_text_and_docs_table_list_the_same_options():
 
 
 def test_help_and_bad_option_exit_before_running_anything(tmp_path):
-    shown = h.run(["--help"], h.TINY, ["--losses", tmp_path / "l"])
+    shown = launch(TINY, "--losses", tmp_path / "l", tracer=["--help"])
     assert shown.returncode == 0 and "--skip-first" in shown.stdout
     assert not (tmp_path / "l").exists()
-    bad = h.run(["--no-such-option"], h.TINY, ["--losses", tmp_path / "l"])
+    bad = launch(TINY, "--losses", tmp_path / "l", tracer=["--no-such-option"])
     assert bad.returncode == 2
     assert "ranktrace: error: unrecognized arguments: --no-such-option" in bad.stderr
     assert not (tmp_path / "l").exists()

@@ -14,15 +14,13 @@ import torch
 import torch.distributed as dist
 
 from helpers.launch import REPO
+from helpers.tracer_files import load_trace, read_jsonl
 from tracer import registry, schema
 from tracer.clocksync import measure_clock_offset
 from tracer.config import TracerConfig
 from tracer.memory import MemorySnapshots, StepMemory
 from tracer.part import Part
 from tracer.registry import PartEntry
-
-sys.path.insert(0, str(REPO / "tests" / "scripts"))
-import tracer_harness as h  # noqa: E402  (tests/scripts is not a package)
 
 
 # ---- clock offset ---------------------------------------------------------------------------
@@ -247,7 +245,7 @@ def test_profiler_exists_only_around_its_windows(tmp_path):
     assert timeline == [idle] * 3 + [busy] * 3 + [idle] + [busy] * 3 + [idle] * 4
     traces = sorted(p.name for p in tmp_path.iterdir())
     assert len(traces) == driver.windows == 2 and all(n.startswith("rank3.") for n in traces)
-    steps_in = [sorted(e["name"] for e in h.load_trace(tmp_path / n)["traceEvents"]
+    steps_in = [sorted(e["name"] for e in load_trace(tmp_path / n)["traceEvents"]
                        if e.get("name", "").startswith("ProfilerStep#")) for n in traces]
     assert steps_in == [["ProfilerStep#4", "ProfilerStep#5"], ["ProfilerStep#8", "ProfilerStep#9"]]
 
@@ -266,7 +264,7 @@ def test_comms_writer_gives_each_steps_algbw_once(tmp_path):
     assert writer.take_algbw(1) is None and writer.take_algbw(0) is None  # taken, forgotten
     assert writer.take_algbw(2) == pytest.approx(20.0)
     writer.close()
-    assert len(h.read_jsonl(tmp_path / "c.jsonl")) == 4
+    assert len(read_jsonl(tmp_path / "c.jsonl")) == 4
 
 
 def test_a_part_fails_once_with_one_line_naming_its_rank_and_tells_the_session(capsys):
@@ -318,7 +316,7 @@ def session_in_process(tmp_path, monkeypatch):
 
 
 def _records(session, name: str) -> list[dict]:
-    return h.read_jsonl(Path(session.run_dir) / f"rank0.{name}.jsonl")
+    return read_jsonl(Path(session.run_dir) / f"rank0.{name}.jsonl")
 
 
 class ToyFile(Part):
