@@ -75,8 +75,10 @@ def break_steps_file():
 
     for obj in gc.get_objects():
         if isinstance(obj, JsonlWriter) and obj.name == "steps" and not obj.closed:
-            obj._file.close()
-            obj._file = NoSpaceFile()
+            # Under the writer's lock: the step-end worker may be flushing this file right now.
+            with obj._lock:
+                real, obj._file = obj._file, NoSpaceFile()
+            real.close()
 
 
 def spawned(index):
