@@ -50,7 +50,7 @@ def _waits_line(per_step, findings: pd.DataFrame, cross_rank: dict | None, alone
     if alone:
         return "No rank waits for another: no collective ran."
     if ranks < 2:
-        return "One rank analysed: no rank waits for another."
+        return "One rank analysed: no other rank in these traces to wait for."
     late = (cross_rank or {}).get("stragglers")
     if late is not None and len(late) and "fires" in late:
         fired = late[late["fires"].astype(bool)]

@@ -90,7 +90,8 @@ def test_when_a_note_is_all_there_is_the_verdict_says_so():
     assert verdict["lines"][0] == ("Limits the step: No finding passed its threshold (mean step "
                                    "100.00 ms); 1 note(s) say what could not be told: 1 of 4 "
                                    "ranks analysed.")
-    assert verdict["lines"][1] == "Waiting: One rank analysed: no rank waits for another."
+    assert verdict["lines"][1] == ("Waiting: One rank analysed: no other rank in these traces "
+                                   "to wait for.")
     assert verdict["lines"][2] == ("Try first: nothing stands out to change; see the notes (1 of "
                                    "4 ranks analysed).")
 
