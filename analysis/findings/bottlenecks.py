@@ -323,7 +323,7 @@ def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool
     listed = ", ".join(f"rank {r} {_ms(w)}" for r, w in per_rank.items())
     evidence = (f"Ranks wait for their peers in collectives {_ms(series_sum(wait) / len(steps))} "
                 f"per step on average ({share:.1f}% of step time; per rank: {listed}), and no "
-                f"rank is late often enough to be named (see the notes).")
+                f"rank is late often enough to be named.")
     waiting = per_rank[per_rank > 0].index
     return [_finding("waiting for peers", share, evidence, imbalance_suggestion(variable_inputs),
                      rank_list(waiting if len(waiting) else per_rank.index))]
