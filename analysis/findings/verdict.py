@@ -13,8 +13,8 @@ from analysis.findings.labels import rank_list
 from analysis.findings.notes import ALONE
 
 # verdict["state"]
-PROBLEM, ALONE_STATE, NOTHING_FOUND, NOTES_ONLY, NO_STEP = (
-    "bottleneck", "ranks train alone", "nothing found", "notes only", "no step")
+PROBLEM, ALONE_STATE, RISK, NOTHING_FOUND, NOTES_ONLY, NO_STEP = (
+    "bottleneck", "ranks train alone", "risk", "nothing found", "notes only", "no step")
 MIN_WAIT_MS = 0.05  # a rank's mean wait below this per step is "no wait"
 
 
@@ -79,7 +79,8 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     """{"state", "limits", "waits", "change", "change_ms_per_step", "step_ms", "lines"}.
 
     state: "ranks train alone" (that finding is there), "bottleneck" (a finding with step time
-    at stake), "notes only" (no finding, some note), "nothing found", or "no step". `limits`
+    at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
+    (no finding, some note), "nothing found", or "no step". `limits`
     names the finding with the most ms per step; `change` is the first sentence of its
     suggestion; `lines` are the verdict as the writers print it."""
     steps = _analysed(per_step)
@@ -118,12 +119,17 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         limits = (f"No finding passed its threshold (mean step {step_ms:.2f} ms); "
                   f"{len(notes)} note(s) say what could not be told: "
                   f"{notes['note'].iloc[0]}.")
+    elif not findings.empty:  # a risk without a time cost: memory near capacity
+        row = findings.iloc[0]
+        state = RISK
+        limits = (f"No finding costs step time past its threshold (mean step {step_ms:.2f} ms); "
+                  f"one risk: {row['finding']}, ranks {row['ranks']}.")
+        change = _first_sentence(row["suggestion"])
     else:
         state = NOTHING_FOUND
-        risk = findings["finding"].iloc[0] if not findings.empty else None
         limits = (f"Nothing found wrong: no finding passed its threshold (mean step "
                   f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
-                  f"{rank_list(steps['rank'])})." + (f" One risk: {risk}." if risk else ""))
+                  f"{rank_list(steps['rank'])}).")
     lines = [f"Limits the step: {limits}", f"Waiting: {waits}"]
     if change:
         at_stake = (f" (up to {change_ms:.2f} ms per step at stake)"

@@ -14,6 +14,7 @@ from helpers.findings_inputs import (
     collectives,
     gaps,
     late_rank_1,
+    memory_rank,
     per_step,
     run,
     step_row,
@@ -101,3 +102,19 @@ def test_no_step_no_verdict():
     assert verdict["state"] == "no step" and verdict["limits"] is None
     assert verdict["lines"] == ["No step was analysed: there is no verdict (the warnings say "
                                 "why)."]
+
+
+def test_a_risk_without_a_time_cost_is_named_but_not_timed():
+    steps = per_step([step_row(r, s, compute=90, comm=0, overlap=10, exposed=0, idle=0)
+                      for r in (0, 1) for s in range(3)])
+    colls = collectives([collective("all_reduce", "0", 2, 256, 100, 0.1, issuer="ddp")])
+    traces = [trace(0, "gloo"), trace(1, "gloo")]
+    found = find_bottlenecks(steps, pd.DataFrame([memory_rank(0, 38, 30)]), colls, gaps([]),
+                             traces)
+    verdict = run_verdict(steps, found, find_notes(steps, colls, traces), None)
+    assert verdict["state"] == "risk" and verdict["change_ms_per_step"] is None
+    assert verdict["lines"][0] == ("Limits the step: No finding costs step time past its "
+                                   "threshold (mean step 100.00 ms); one risk: memory near "
+                                   "capacity, ranks 0.")
+    assert verdict["lines"][2].startswith("Try first: One allocation spike away from an "
+                                          "out-of-memory error")
