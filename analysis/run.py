@@ -24,7 +24,7 @@ from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.steps import parse_step_spec
 from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import wait_windows
-from analysis.findings import bottlenecks, stop, stop_traces
+from analysis.findings import bottlenecks, notes, stop, stop_traces, verdict
 from analysis.ingest.load import load_path
 from analysis.rank import tables as ranks
 from analysis.rank.comm import ops as communication
@@ -90,9 +90,11 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     if ops is not None:
         collectives = table("collectives", lambda: with_transfer_bandwidth(
             communication.collectives_table(ops), cross))
-    table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
-        step_table if step_table is not None else per_step, per_rank, collectives,
-        report.idle_gaps, traces, cross_rank=cross))
+    steps_of = step_table if step_table is not None else per_step
+    found = table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
+        steps_of, per_rank, collectives, report.idle_gaps, traces, cross_rank=cross))
+    noted = table("notes", lambda: notes.find_notes(steps_of, collectives, traces, cross))
+    report.verdict = verdict.run_verdict(steps_of, found, noted, cross)
     _stop_diagnosis(loaded, report)
     return report
 
@@ -196,6 +198,8 @@ class Run:
     comm_ops = _table("comm_ops", "Every collective and p2p op of every rank.")
     collectives = _table("collectives", "Ops grouped by op, process group and size.")
     findings = _table("bottlenecks", "The bottleneck findings, largest share of step time first.")
+    notes = _table("notes", "What the analysis could not tell (no share of step time).")
+    verdict = _part("verdict", "The verdict the report opens with (docs/report.md).")
     cross_rank = _part("cross_rank", "The cross-rank pass's frames (clock, ops, waits, bandwidth, "
                                      "stragglers, mismatches, pipeline; docs/cross-rank.md), "
                                      "None where it failed.")

@@ -171,13 +171,16 @@ def resource_deltas(a: pd.DataFrame, b: pd.DataFrame, role_a: dict, role_b: dict
 
 
 def finding_changes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """finding, status (new, gone, changed, unchanged), share in A and B, ranks, evidence."""
+    """finding, status (new, gone, changed, unchanged), share in A and B, ranks, evidence. A
+    finding is new or gone by its presence, not its share: some carry none (ranks train alone,
+    memory near capacity)."""
     merged = a.set_index("finding").merge(b.set_index("finding"), how="outer",
                                           left_index=True, right_index=True,
                                           suffixes=("_a", "_b"))
     delta = merged["share_pct_b"] - merged["share_pct_a"]
-    status = np.where(merged["share_pct_a"].isna(), "new",
-                      np.where(merged["share_pct_b"].isna(), "gone",
+    in_a, in_b = merged.index.isin(a["finding"]), merged.index.isin(b["finding"])
+    status = np.where(~in_a, "new",
+                      np.where(~in_b, "gone",
                                np.where((delta.abs() >= CHANGED_SHARE_PP)
                                         | (merged["ranks_a"] != merged["ranks_b"]),
                                         "changed", "unchanged")))

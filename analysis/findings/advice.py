@@ -43,12 +43,67 @@ IDLE_CAUSES = {
     ),
 }
 
+# On CPU traces there is no device: an idle gap is time in which no op ran on the training
+# threads, and the advice speaks of the host alone (no pinned memory, no device syncs, no kernels).
+CPU_IDLE_CAUSES = {
+    "data_loading": (
+        "data loading", "loading data",
+        "Load data faster: raise DataLoader num_workers (on cores the training threads do not "
+        "use), persistent_workers=True and a larger prefetch_factor; move decoding and "
+        "augmentation out of the training process.",
+    ),
+    "synchronisation": (
+        "synchronisation", "waiting on a synchronisation",
+        "Remove waits from the step: .item(), .tolist() and printing tensors every step, "
+        "blocking waits on asynchronous work; log metrics every N steps.",
+    ),
+    "launch_bound": (
+        "host overhead", "between ops (dispatch overhead)",
+        "The ops are short next to the framework's overhead between them: fuse them with "
+        "torch.compile, or raise the per-rank batch size so each op does more work.",
+    ),
+    "waiting_for_peers": IDLE_CAUSES["waiting_for_peers"],
+    "other": (
+        "other host work", "doing other work",
+        "No op ran on the training threads while the process did something else: look at the "
+        "host timeline in these gaps (Python between ops or steps, checkpointing, logging, "
+        "evaluation) and move it off the critical path or run it less often.",
+    ),
+}
+
+
+def idle_cause(activity: str, kind: str) -> tuple[str, str, str]:
+    """(finding label, what the host was doing, suggestion) of an idle gap's host activity, in
+    the words of a GPU trace ("gpu") or a CPU trace (any other kind)."""
+    causes = IDLE_CAUSES if kind == "gpu" else CPU_IDLE_CAUSES
+    return causes.get(activity, causes["other"])
+
+
 # ---- exposed communication: advice by who issued the top collective ----------------------------
 _DDP_ALL_REDUCE = (
     "Hide DDP's gradient all-reduce under backward: avoid find_unused_parameters=True (or set "
-    "static_graph=True), tune bucket_cap_mb, set gradient_as_bucket_view=True, and halve its "
-    "bytes with the bf16_compress_hook comm hook."
+    "static_graph=True), set gradient_as_bucket_view=True, and halve its bytes with the "
+    "bf16_compress_hook comm hook."
 )
+SPLIT_BUCKET_BYTES = 4 << 20  # one bucket from this size up: splitting it can overlap backward
+
+
+def ddp_bucket_text(buckets: dict | None) -> str:
+    """What bucket_cap_mb can do, from the evidence of ddp_buckets: with several buckets a step,
+    tune it; with one large bucket, a smaller cap lets its first parts overlap backward; with one
+    small bucket or no evidence, nothing is said."""
+    if not buckets:
+        return ""
+    per_step, size = buckets["per_step"], buckets.get("bytes")
+    if per_step > 1.05:
+        return (f" With {per_step:.1f} gradient all-reduces per step (DDP buckets), tune "
+                f"bucket_cap_mb: smaller buckets start earlier in backward, larger ones pay less "
+                f"latency.")
+    if size is not None and size >= SPLIT_BUCKET_BYTES:
+        return (f" All gradients go in one {size / 2**20:.1f} MiB bucket, sent when backward "
+                f"ends: a smaller bucket_cap_mb splits it so that its first parts overlap "
+                f"backward.")
+    return ""
 _NO_SYNC = (" Several forwards per step each end in a gradient all-reduce: wrap the non-final "
             "micro-batches of the accumulation in model.no_sync().")
 _BY_ISSUER = {
@@ -118,13 +173,15 @@ _C10D = (
 )
 
 
-def exposed_suggestion(op: str, issuer: str, accumulation: str | None) -> str:
+def exposed_suggestion(op: str, issuer: str, accumulation: str | None,
+                       buckets: dict | None = None) -> str:
     """Advice for exposed time dominated by `op` as issued by `issuer` (analysis.rank.issuers);
-    `accumulation` is issuers.ddp_accumulation's verdict."""
+    `accumulation` is issuers.ddp_accumulation's verdict, `buckets` the evidence of DDP's
+    buckets (inputs.ddp_buckets; None where unknown)."""
     if op in _BY_OP:
         return _BY_OP[op]
     if issuer == "ddp" and op == "all_reduce":
-        text = _DDP_ALL_REDUCE
+        text = _DDP_ALL_REDUCE + ddp_bucket_text(buckets)
         if accumulation == issuers.ACCUMULATING_WITHOUT_NO_SYNC:
             text += _NO_SYNC
         return text
@@ -135,12 +192,43 @@ def exposed_suggestion(op: str, issuer: str, accumulation: str | None) -> str:
     return _BY_UNKNOWN_ISSUER
 
 
-def small_message_hint(issuer: str) -> str:
+def small_message_hint(issuer: str, buckets: dict | None = None) -> str:
+    """The hint for time spent mostly in messages under 1 MiB. DDP's bucket_cap_mb is named only
+    where DDP sends several buckets a step (`buckets`, inputs.ddp_buckets): one bucket is
+    already all the gradients."""
+    if issuer == "ddp" and not (buckets and buckets["per_step"] > 1.05):
+        if not buckets:
+            return (" Most of this time is in messages under 1 MiB, which are latency-bound: "
+                    "send them less often (gradient accumulation with no_sync).")
+        return (" Most of this time is in messages under 1 MiB, which are latency-bound; DDP "
+                "already sends its gradients in one bucket a step, so only sending less often "
+                "helps (gradient accumulation with no_sync).")
     coalesce = {"ddp": "raise DDP's bucket_cap_mb",
                 "fsdp2": "larger fully_shard units", "fsdp1": "larger FSDP wrapping units"}
     how = coalesce.get(issuer, "fewer, larger collectives")
     return (" Most of this time is in messages under 1 MiB, which are latency-bound: coalesce "
             f"them ({how}).")
+
+
+# ---- imbalance and stragglers -----------------------------------------------------------------
+def imbalance_suggestion(variable_inputs: bool | None) -> str:
+    """Balancing advice; length bucketing only where the traced input shapes vary."""
+    if variable_inputs:
+        return ("Work differs across ranks from step to step, and the traced input shapes vary "
+                "between steps: balance the work per step (bucket samples by length, equal "
+                "tokens per rank, drop_last=True) so no rank waits in the next collective.")
+    return ("Work differs across ranks from step to step: find what differs (the hosts, other "
+            "processes on a rank's cores, work only some ranks do such as logging or "
+            "evaluation, uneven batches: drop_last=True) so no rank waits in the next "
+            "collective.")
+
+
+def straggler_data_text(variable_inputs: bool | None) -> str:
+    """What to check of a straggler's data: longer inputs only where shapes vary."""
+    if variable_inputs:
+        return (", and whether its data shard carries more work (the traced input shapes vary "
+                "between steps: longer sequences, larger images)")
+    return ""
 
 
 # ---- pipeline bubble ----------------------------------------------------------------------------

@@ -2,65 +2,91 @@
 
 Each finding is its own function with its definition and threshold in docs/report.md; a finding
 appears only when its threshold is met. `share_pct` is the share of step time at stake, summed
-over all analysed (rank, step) rows; findings are not additive (a rank waiting for a straggler
-also shows exposed communication). Memory near capacity is a risk, not a time cost: its
-share_pct is NaN and it sorts last.
+over all analysed (rank, step) rows; `ms_per_step` is that share of the analysed rows' mean step
+time. Findings are not additive (a rank waiting for a straggler also shows exposed
+communication). "Ranks train alone" (a world size above 1 without any collective) costs no step
+time but defeats the run: its share is NaN and it sorts first. Memory near capacity is a risk,
+not a time cost: its share_pct is NaN and it sorts last. Notes (what could not be told) are
+analysis.findings.notes', never ranked here.
 """
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
-from analysis.core.steps import format_ranges
 from analysis.crossrank import findings as cross_findings
 from analysis.findings.advice import (
-    IDLE_CAUSES,
     bubble_suggestion,
     exposed_suggestion,
+    idle_cause,
+    imbalance_suggestion,
     small_message_hint,
+    straggler_data_text,
 )
-from analysis.findings.inputs import RankedGroups, analysed_steps, floats, series_sum
-from analysis.rank import issuers, pipeline_schedule
+from analysis.findings.inputs import (
+    RankedGroups,
+    analysed_steps,
+    ddp_buckets,
+    floats,
+    input_shapes_vary,
+    series_sum,
+)
+from analysis.findings.labels import (
+    collective_text,
+    group_label,  # noqa: F401 (the findings' group label, as the tests read it)
+    issuer_of,
+    ms,
+    rank_list,
+    run_kind,
+)
+from analysis.findings.notes import ALONE, ranks_alone
+from analysis.findings.resources import (  # noqa: F401 (thresholds of the resource findings)
+    BUSBW_FLOOR_GBPS,
+    FRAGMENTATION_PCT,
+    LARGE_MESSAGE_BYTES,
+    MEMORY_NEAR_CAPACITY_PCT,
+    MIN_BANDWIDTH_SHARE_PCT,
+    PEER_BUSBW_FRACTION,
+    TOP_COLLECTIVES,
+    _low_bus_bandwidth,
+    _memory_near_capacity,
+)
+from analysis.rank import pipeline_schedule
 from analysis.rank import summary as rank_summary
-from analysis.rank.comm.ops import UNKNOWN_BUCKET, UNKNOWN_PG
 from analysis.rank.idle_activity import idle_by_activity
 
-FINDING_COLUMNS = ["finding", "share_pct", "evidence", "suggestion", "ranks"]
+FINDING_COLUMNS = ["finding", "share_pct", "evidence", "suggestion", "ranks", "ms_per_step"]
 _finding = cross_findings.finding_row
+_ms = ms
 
 # ---- thresholds (docs/report.md explains each) ---------------------------------------------------
 MIN_SHARE_PCT = 5.0  # exposed comm, each idle cause, imbalance, pipeline bubble
-MIN_BANDWIDTH_SHARE_PCT = 1.0  # low bus bandwidth: the step time it would save
 STRAGGLER_MIN_STEP_FRACTION = 0.5  # slowest in at least half the steps ...
 STRAGGLER_MIN_STEPS = 2  # ... and in at least two of them
-LARGE_MESSAGE_BYTES = 4 << 20  # buckets from 4 MiB up are judged on bandwidth
-BUSBW_FLOOR_GBPS = {"gpu": 5.0, "cpu": 0.1}  # NCCL on GPUs; gloo on CPUs (under gigabit Ethernet)
-PEER_BUSBW_FRACTION = 0.5  # below half the best same-size group of the same op and group size
-MEMORY_NEAR_CAPACITY_PCT = 90.0
-FRAGMENTATION_PCT = 10.0  # reserved - allocated above this share of the device: fragmentation
-TOP_COLLECTIVES = 3
+
 
 def _empty() -> pd.DataFrame:
     return pd.DataFrame({
         "finding": pd.Series(dtype="object"), "share_pct": pd.Series(dtype="float64"),
         "evidence": pd.Series(dtype="object"), "suggestion": pd.Series(dtype="object"),
-        "ranks": pd.Series(dtype="object"),
+        "ranks": pd.Series(dtype="object"), "ms_per_step": pd.Series(dtype="float64"),
     })
 
 
 def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
                      cross_rank: dict | None = None) -> pd.DataFrame:
-    """Findings that apply, largest share of step time first; an empty frame when none does,
-    and always for a run without analysed steps.
+    """Findings that apply, "ranks train alone" first, then largest share of step time first;
+    an empty frame when none does, and always for a run without analysed steps.
 
     `cross_rank` is the result of `analysis.crossrank.cross_rank`; where it matched ops, the
     exposed-communication finding counts exposed transfer only, "ranks wait for rank R"
     replaces the work-based straggler and the pipeline bubble is judged per stage against theory.
+    Where no rank issued a collective, nobody waits: no imbalance or straggler is named from the
+    spread of step times.
     """
     per_step = _frame(per_step)
     per_rank = _frame(per_rank)
@@ -70,19 +96,24 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     if steps.empty:
         return _empty()
     pipeline = is_pipeline_run(collectives, traces)
-    kind = _run_kind(per_rank, traces)
+    kind = run_kind(per_rank, traces)
+    device = device_kind(per_step, per_rank, kind)
     crossed = cross_findings.matched(cross_rank)
     if crossed:
         steps = steps.assign(wait_for_peers_ns=cross_findings.peer_wait_ns(steps, cross_rank),
                              exposed_comm_ns=cross_findings.exposed_transfer_ns(steps, cross_rank))
     pipeline_stages = cross_findings.pipeline_stages(cross_rank) if crossed else []
+    alone = ranks_alone(steps, collectives, traces, cross_rank)
     findings = [
+        *alone,
         *_exposed_communication(steps, collectives, pipeline, rank_summary.ddp_accumulation(traces),
                                 transfer_only=crossed),
-        *_device_idle(steps, idle_gaps, kind),
-        *(cross_findings.ranks_wait_for(steps, cross_rank) if crossed else []),
-        *(cross_findings.too_few_steps(cross_rank) if crossed else []),
-        *_imbalance(steps, pipeline, kind, name_straggler=not crossed),
+        *_device_idle(steps, idle_gaps, device),
+        *(waited := cross_findings.ranks_wait_for(steps, cross_rank) if crossed else []),
+        *([] if alone or crossed else _imbalance(steps, pipeline, kind,
+                                                 variable_inputs=input_shapes_vary(traces))),
+        *(_measured_waiting(steps, pipeline, input_shapes_vary(traces))
+          if crossed and not waited else []),
         *(pipeline_stages or _pipeline_bubble(steps, pipeline, pipeline_schedule.detect(traces))),
         *_low_bus_bandwidth(steps, kind, collectives),
         *_memory_near_capacity(per_rank),
@@ -91,21 +122,24 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
         return _empty()
     table = pd.DataFrame(findings, columns=FINDING_COLUMNS)
     table["share_pct"] = table["share_pct"].astype("float64")
-    table = table.sort_values("share_pct", ascending=False, na_position="last", kind="stable")
+    table["ms_per_step"] = table["share_pct"] / 100 * floats(steps, "step_ns").mean() / 1e6
+    first = (table["finding"] == ALONE).to_numpy()
+    table = pd.concat([table[first], table[~first].sort_values(
+        "share_pct", ascending=False, na_position="last", kind="stable")])
     return table.reset_index(drop=True)
+
+
+def device_kind(per_step: pd.DataFrame, per_rank: pd.DataFrame, kind: str) -> str:
+    """"gpu" where any analysed rank's trace has device activity (the breakdown's kind), else
+    "cpu": what an idle gap leaves idle, the device or the training threads."""
+    for frame in (per_step, per_rank):
+        if "kind" in frame.columns and len(frame):
+            return "gpu" if (frame["kind"] == "gpu").any() else "cpu"
+    return kind
 
 
 def _frame(value) -> pd.DataFrame:
     return value if isinstance(value, pd.DataFrame) else pd.DataFrame()
-
-
-def rank_list(ranks) -> str:
-    """Ranks as ranges: [0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
-    return format_ranges(sorted({int(r) for r in ranks if r is not None and not pd.isna(r)}))
-
-
-def _ms(ns) -> str:
-    return f"{ns / 1e6:.2f} ms"
 
 
 # ---- pipeline detection -------------------------------------------------------------------------
@@ -157,63 +191,24 @@ def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipel
     suggestion = "Overlap communication with compute."
     if not ranked.empty:
         top = ranked.rows(TOP_COLLECTIVES)
-        named = "; ".join(_collective_text(row) for row in top)
+        named = "; ".join(collective_text(row) for row in top)
         evidence += f" Top collectives by time: {named}."
-        issuer = _issuer(top[0])
-        suggestion = exposed_suggestion(top[0]["op"], issuer, accumulation)
+        issuer = issuer_of(top[0])
+        buckets = ddp_buckets(collectives) if issuer == "ddp" else None
+        suggestion = exposed_suggestion(top[0]["op"], issuer, accumulation, buckets)
         bucket = floats(collectives, "bucket_min_bytes")[ranked.positions]
         if ranked.time_share[bucket < (1 << 20)].sum() > 0.5:
-            suggestion += small_message_hint(issuer)
+            suggestion += small_message_hint(issuer, buckets)
     ranks = rank_list(steps["rank"].to_numpy()[exposed_ns > 0])
     name = "exposed transfer" if transfer_only else "exposed communication"
     return [_finding(name, share, evidence, suggestion, ranks)]
 
 
-def _collective_text(row: dict) -> str:
-    busbw = row.get("busbw_gbps", float("nan"))
-    bandwidth = f", busbw {busbw:.2f} GB/s" if _finite(busbw) else ""
-    return (f"{_group_label(row)} x{int(row.get('count', 0))} {row['total_us'] / 1e3:.2f} ms "
-            f"({row['time_share'] * 100:.0f}% of comm time{bandwidth})")
-
-
-_ISSUER_TEXT = {"ddp": "DDP", "fsdp1": "FSDP", "fsdp2": "FSDP2", "functional": "functional",
-                "p2p": "p2p", "c10d": "torch.distributed"}
-
-
-def _issuer(row) -> str:
-    issuer = row.get("issuer") if hasattr(row, "get") else None
-    return issuer if isinstance(issuer, str) else issuers.UNKNOWN
-
-
-def _group_label(row: dict) -> str:
-    """"DDP all_reduce on mesh_dp (1) 16-32 MiB"; "pg ?" and "size ?" where the trace did not
-    say; the issuer is left out where it is unknown."""
-    pg = row.get("pg")
-    bucket = row.get("size_bucket")
-    pg_id = row.get("pg_id")
-    if pg is None or pg == UNKNOWN_PG or pd.isna(pg):
-        pg_text = "pg ?"
-    elif isinstance(pg_id, str) and pg != pg_id and pg.endswith(f"({pg_id})"):
-        pg_text = f"on {pg[:-len(pg_id) - 2]}(pg {pg_id})"  # "on mesh_dp (pg 1)"
-    else:
-        pg_text = f"pg {pg}"
-    unknown = bucket is None or bucket == UNKNOWN_BUCKET or pd.isna(bucket)
-    size_text = "size ?" if unknown else bucket
-    issuer = _ISSUER_TEXT.get(_issuer(row))
-    return f"{issuer + ' ' if issuer else ''}{row['op']} {pg_text} {size_text}"
-
-
-def _finite(value) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
-
-
 # ---- device idle by host activity ---------------------------------------------------------------
 def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu") -> list:
     """One finding per host activity: summed gap time over summed step_ns, gaps of analysed
-    (rank, step) rows only (analysis.rank.idle_activity).
+    (rank, step) rows only (analysis.rank.idle_activity). `kind` is the traces' (device_kind):
+    on CPU traces the training threads sit idle, and the advice speaks of the host alone.
     """
     needed = ("rank", "step", "dur_ns", "host_activity")
     if steps.empty or idle_gaps.empty or any(c not in idle_gaps.columns for c in needed):
@@ -226,7 +221,7 @@ def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu"
                      else ("The device", "device idle"))
     findings = []
     for row in activities.itertuples(index=False):
-        label, doing, suggestion = IDLE_CAUSES.get(row.host_activity, IDLE_CAUSES["other"])
+        label, doing, suggestion = idle_cause(row.host_activity, kind)
         share = row.dur_ns / total_step * 100
         if share < MIN_SHARE_PCT:
             continue
@@ -245,11 +240,13 @@ def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu"
 
 # ---- imbalance and stragglers -------------------------------------------------------------------
 def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
-               name_straggler: bool = True) -> list:
+               name_straggler: bool = True, variable_inputs: bool | None = None) -> list:
     """Per step with at least two ranks: wait = max(work_ns) - mean(work_ns) over ranks.
     Share: summed wait over summed mean step_ns. A straggler is a rank with the most work in at
     least half of those steps (and at least two); it is not named when the cross-rank pass
     could match ops (its "ranks wait for rank R" finding names the rank from measured waits).
+    Longer sequences and length bucketing are named only where `variable_inputs` is True (the
+    traced input shapes vary between steps: inputs.input_shapes_vary).
     """
     if steps.empty or steps["work_ns"].notna().sum() == 0:
         return []
@@ -296,20 +293,40 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
                     "other processes, a slower NIC or PCIe link)" if kind == "gpu" else
                     "its host with the others (CPU frequency, other processes on its cores, "
                     "OMP_NUM_THREADS and core pinning, work only it does such as logging)")
-        suggestion = (f"Rank {top_rank} is a straggler: compare {hardware}, and check whether "
-                      f"its data shard carries more work (longer sequences, larger images).")
+        suggestion = (f"Rank {top_rank} is a straggler: compare {hardware}"
+                      f"{straggler_data_text(variable_inputs)}.")
         if pipeline:
             suggestion += (f" In a pipeline, move layers off rank {top_rank}'s stage to "
                            f"balance the stages.")
         return [_finding(f"straggler: rank {top_rank}", share, evidence, suggestion,
                          str(top_rank))]
-    suggestion = ("Work differs across ranks from step to step: balance it per step (bucket "
-                  "samples by length, equal tokens per rank, drop_last=True) so no rank waits "
-                  "in the next collective.")
+    suggestion = imbalance_suggestion(variable_inputs)
     if pipeline:
         suggestion += " In a pipeline, rebalance layers so each stage does equal work."
     return [_finding("load imbalance across ranks", share, evidence, suggestion,
                      rank_list(timed["rank"]))]
+
+
+def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool | None) -> list:
+    """With matched ops and no rank named late: the measured waiting for peers
+    (steps.wait_for_peers_ns, the cross-rank waits of the analysed rows) over summed step_ns.
+    It replaces the work-based estimate of _imbalance, so that the finding and the waits table
+    tell the same numbers. Not made in pipeline runs, whose waits are the bubble's."""
+    if pipeline or "wait_for_peers_ns" not in steps.columns:
+        return []
+    wait = floats(steps, "wait_for_peers_ns")
+    share = series_sum(wait) / series_sum(floats(steps, "step_ns")) * 100
+    if share < MIN_SHARE_PCT:
+        return []
+    per_rank = (pd.DataFrame({"rank": steps["rank"].astype("int64"), "wait": wait})
+                .groupby("rank")["wait"].mean().sort_values(ascending=False, kind="stable"))
+    listed = ", ".join(f"rank {r} {_ms(w)}" for r, w in per_rank.items())
+    evidence = (f"Ranks wait for their peers in collectives {_ms(series_sum(wait) / len(steps))} "
+                f"per step on average ({share:.1f}% of step time; per rank: {listed}), and no "
+                f"rank is late often enough to be named.")
+    waiting = per_rank[per_rank > 0].index
+    return [_finding("waiting for peers", share, evidence, imbalance_suggestion(variable_inputs),
+                     rank_list(waiting if len(waiting) else per_rank.index))]
 
 
 # ---- pipeline bubble ----------------------------------------------------------------------------
@@ -348,155 +365,3 @@ def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool, schedule) -> list:
     return [_finding("pipeline bubble", share, evidence, suggestion, rank_list(bubble.index))]
 
 
-# ---- low achieved bus bandwidth -----------------------------------------------------------------
-def _low_bus_bandwidth(steps: pd.DataFrame, kind: str, collectives: pd.DataFrame) -> list:
-    """Groups of large messages (bucket >= LARGE_MESSAGE_BYTES, not barrier) whose busbw is below
-    their expectation: max(the backend floor, PEER_BUSBW_FRACTION x the best busbw of another
-    group with the same op, group size and bucket). A group would save
-    total_us * (1 - busbw / target) at its target busbw (the peer's best when the peer rule
-    flagged it, else the floor). Share: the saved share of all collective time times the share
-    of step time the device spent communicating ((comm_only + overlap) / step), so that ops and
-    steps covering different windows (records vs profiled steps) still compare.
-    """
-    needed = ("op", "pg_size", "bucket_min_bytes", "busbw_gbps", "total_us")
-    if collectives.empty or steps.empty or any(c not in collectives.columns for c in needed):
-        return []
-    if _no_large_message_groups(collectives):
-        return []
-    floor = BUSBW_FLOOR_GBPS[kind]
-    table = collectives.copy()
-    for column in ("bucket_min_bytes", "busbw_gbps", "total_us"):
-        table[column] = pd.to_numeric(table[column], errors="coerce")
-    all_comm_us = table.loc[table["total_us"] > 0, "total_us"].sum()
-    comm_ns = steps[["comm_only_ns", "overlap_ns"]].sum(axis=1, min_count=1).fillna(0).sum()
-    comm_step_share = comm_ns / steps["step_ns"].sum()
-    table = table[(table["bucket_min_bytes"] >= LARGE_MESSAGE_BYTES) & (table["op"] != "barrier")
-                  & (table["busbw_gbps"] > 0) & (table["total_us"] > 0)]
-    if table.empty or all_comm_us <= 0 or comm_step_share <= 0:
-        return []
-    table["pg_size_key"] = pd.to_numeric(table["pg_size"], errors="coerce").fillna(-1)
-    table["peer_best"] = table.groupby(["op", "pg_size_key", "bucket_min_bytes"])["busbw_gbps"] \
-        .transform("max")
-    table["by_peer"] = table["busbw_gbps"] < PEER_BUSBW_FRACTION * table["peer_best"]
-    table["target"] = np.where(table["by_peer"], np.maximum(floor, table["peer_best"]), floor)
-    low = table[table["by_peer"] | (table["busbw_gbps"] < floor)].copy()
-    if low.empty:
-        return []
-    saved_us = low["total_us"] * (1 - low["busbw_gbps"] / low["target"])
-    low["share"] = saved_us / all_comm_us * comm_step_share * 100
-    share = float(low["share"].sum())
-    if share < MIN_BANDWIDTH_SHARE_PCT:
-        return []
-    low = low.sort_values("share", ascending=False)
-    parts = []
-    for row in low.head(TOP_COLLECTIVES).to_dict("records"):
-        reason = (f"under half of {row['peer_best']:.2f} GB/s on another group of the same size"
-                  if row["by_peer"]
-                  else f"under the {floor:g} GB/s floor for {_backend(kind)}")
-        parts.append(f"{_group_label(row)}: busbw {row['busbw_gbps']:.2f} GB/s, {reason}")
-    evidence = ("Large messages reach low bus bandwidth: " + "; ".join(parts)
-                + f". Reaching the expected bandwidth would save {share:.1f}% of step time "
-                  "(less where the collective is hidden under compute).")
-    suggestion = ("Check the transport: run with NCCL_DEBUG=INFO and look for NET/Socket where "
-                  "NVLink, P2P or InfiniBand is expected, check `nvidia-smi topo -m` and "
-                  "NCCL_P2P_DISABLE/NCCL_IB_DISABLE, and compare with nccl-tests "
-                  "(all_reduce_perf) on the same nodes. Collective time includes waiting for late "
-                  "ranks, so fix a straggler or imbalance finding first."
-                  if kind == "gpu" else
-                  "Check the network gloo uses (GLOO_SOCKET_IFNAME on the fastest interface, "
-                  "not loopback across hosts or a management NIC), and that other processes do "
-                  "not saturate the CPUs gloo needs. Collective time includes waiting for late "
-                  "ranks, so fix a straggler or imbalance finding first.")
-    ranks = rank_list(steps["rank"])
-    return [_finding("low bus bandwidth", share, evidence, suggestion, ranks)]
-
-
-def _no_large_message_groups(collectives: pd.DataFrame) -> bool:
-    """True where the numeric columns are float64 and no group passes the filter of large
-    messages, barrier left out (the finding is then empty): its frame work is left out."""
-    columns = ("bucket_min_bytes", "busbw_gbps", "total_us")
-    if any(collectives[c].dtype != np.float64 for c in columns):
-        return False
-    bucket, busbw, total_us = (collectives[c].to_numpy() for c in columns)
-    large = (bucket >= LARGE_MESSAGE_BYTES) & (busbw > 0) & (total_us > 0)
-    return not (large & (collectives["op"].to_numpy() != "barrier")).any()
-
-
-def _run_kind(per_rank: pd.DataFrame, traces) -> str:
-    """"gpu" (NCCL expectations) or "cpu" (gloo): the traces' backend, else the breakdown's kind."""
-    backends = {str(getattr(t, "backend", None) or "").lower() for t in traces or []} - {""}
-    if backends & {"nccl", "rccl"}:
-        return "gpu"
-    if backends:
-        return "cpu"
-    if not per_rank.empty and "kind" in per_rank.columns and (per_rank["kind"] == "gpu").any():
-        return "gpu"
-    return "cpu"
-
-
-def _backend(kind: str) -> str:
-    return "NCCL on GPUs" if kind == "gpu" else "gloo on CPUs"
-
-
-# ---- memory close to capacity -------------------------------------------------------------------
-def _memory_near_capacity(per_rank: pd.DataFrame) -> list:
-    """Ranks whose peak reserved memory (or, without it, NVML's peak used) exceeds
-    MEMORY_NEAR_CAPACITY_PCT of the device's memory.
-    """
-    if per_rank.empty or "rank" not in per_rank.columns or _below_capacity(per_rank):
-        return []
-    table = per_rank.copy()
-    reserved = pd.to_numeric(table.get("peak_reserved_pct"), errors="coerce") \
-        if "peak_reserved_pct" in table.columns else pd.Series(np.nan, index=table.index)
-    used = pd.to_numeric(table.get("device_used_pct"), errors="coerce") \
-        if "device_used_pct" in table.columns else pd.Series(np.nan, index=table.index)
-    table["used_pct"] = reserved.where(reserved.notna(), used)
-    table["measure"] = np.where(reserved.notna(), "reserved by PyTorch", "in use (NVML)")
-    near = table[table["used_pct"] > MEMORY_NEAR_CAPACITY_PCT]
-    if near.empty:
-        return []
-    worst = near.loc[near["used_pct"].idxmax()]
-    total = _number(worst, "device_total_bytes")
-    peak = _number(worst, "peak_reserved_bytes") if worst["measure"] == "reserved by PyTorch" \
-        else _number(worst, "peak_device_used_bytes")
-    evidence = (f"{len(near)} rank(s) peak above {MEMORY_NEAR_CAPACITY_PCT:g}% of device memory; "
-                f"worst rank {int(worst['rank'])}: {worst['used_pct']:.1f}% "
-                f"{worst['measure']}")
-    if _finite(peak) and _finite(total):
-        evidence += f" ({peak / 2**30:.2f} of {total / 2**30:.2f} GiB)"
-    allocated = _number(worst, "peak_allocated_bytes")
-    if _finite(allocated):
-        evidence += f", peak allocated {allocated / 2**30:.2f} GiB"
-    evidence += "."
-    suggestion = ("One allocation spike away from an out-of-memory error: free memory with "
-                  "activation "
-                  "checkpointing (torch.utils.checkpoint), a smaller micro-batch with gradient "
-                  "accumulation, bf16 mixed precision, or sharded optimizer state (FSDP/ZeRO).")
-    if (_finite(peak) and _finite(allocated) and _finite(total) and total > 0
-            and (peak - allocated) / total * 100 > FRAGMENTATION_PCT):
-        suggestion += (" Reserved exceeds allocated by "
-                       f"{(peak - allocated) / total * 100:.0f}% of the device: the caching "
-                       "allocator is fragmented; try "
-                       "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
-    return [_finding("memory near capacity", float("nan"), evidence, suggestion,
-                     rank_list(near["rank"]))]
-
-
-def _below_capacity(per_rank: pd.DataFrame) -> bool:
-    """True where the memory columns are float64 (or absent) and no rank is near capacity: the
-    finding's frame work is then left out; anything else is judged by it."""
-    used = np.full(len(per_rank), np.nan)
-    for column in ("device_used_pct", "peak_reserved_pct"):  # reserved, where known, first
-        if column in per_rank.columns:
-            if per_rank[column].dtype != np.float64:
-                return False
-            values = per_rank[column].to_numpy()
-            used = np.where(np.isnan(values), used, values)
-    return not (used > MEMORY_NEAR_CAPACITY_PCT).any()
-
-
-def _number(row, column):
-    try:
-        return float(row[column])
-    except (KeyError, TypeError, ValueError):
-        return float("nan")

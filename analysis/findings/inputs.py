@@ -79,3 +79,57 @@ class RankedGroups:
             row.update(total_us=self.total_us[i], time_share=self.time_share[i])
             rows.append(row)
         return rows
+
+
+def ddp_buckets(collectives: pd.DataFrame) -> dict | None:
+    """DDP's gradient buckets as the collectives table shows them: {"per_step": all-reduces
+    issued by DDP per (rank, step), "bytes": their mean size or None}; None where the table
+    has no DDP all-reduce with a count and its (rank, step) pairs."""
+    needed = ("op", "issuer", "count", "rank_steps")
+    if collectives is None or collectives.empty or any(c not in collectives for c in needed):
+        return None
+    ddp = collectives[(collectives["op"] == "all_reduce") & (collectives["issuer"] == "ddp")]
+    counts, rank_steps = floats(ddp, "count"), floats(ddp, "rank_steps")
+    if ddp.empty or not np.nansum(counts) > 0 or not np.nanmax(rank_steps) > 0:
+        return None
+    size = None
+    if "total_bytes" in ddp.columns:
+        total = floats(ddp, "total_bytes")
+        known = ~np.isnan(total) & (counts > 0)
+        if known.any():
+            size = float(total[known].sum() / counts[known].sum())
+    return {"per_step": float(np.nansum(counts) / np.nanmax(rank_steps)), "bytes": size}
+
+
+def input_shapes_vary(traces) -> bool | None:
+    """Whether the traced input shapes vary between steps: True where some op's set of input
+    shapes (the profiler's record_shapes) differs between two steps of one rank; False where
+    shapes were traced in two steps or more and never differ; None where no trace holds shapes
+    in two steps (no evidence either way)."""
+    seen = False
+    for trace in traces or []:
+        events, steps = getattr(trace, "events", None), getattr(trace, "steps", None)
+        if (events is None or steps is None or len(events) == 0 or len(steps) < 2
+                or "input_dims" not in events.columns):
+            continue
+        dims = events["input_dims"].astype(object).where(events["input_dims"].notna(), "")
+        dims = dims.astype(str)
+        shaped = ((dims != "") & (dims != "[]")).to_numpy()
+        if not shaped.any():
+            continue
+        starts = steps["start_ns"].to_numpy(dtype=np.int64)
+        ends = steps["end_ns"].to_numpy(dtype=np.int64)
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        at = events["ts_ns"].to_numpy(dtype=np.int64)[shaped]
+        index = np.searchsorted(starts, at, side="right") - 1
+        inside = (index >= 0) & (at < ends[np.clip(index, 0, None)])
+        if len(np.unique(index[inside])) < 2:
+            continue
+        seen = True
+        table = pd.DataFrame({"name": events["name"].astype(str).to_numpy()[shaped][inside],
+                              "step": index[inside], "dims": dims.to_numpy()[shaped][inside]})
+        per_step = table.groupby(["name", "step"])["dims"].agg(lambda s: tuple(sorted(set(s))))
+        if (per_step.groupby(level="name").nunique() > 1).any():
+            return True
+    return False if seen else None

@@ -47,6 +47,8 @@ class RunReport:
     cross_rank: dict | None = None  # analysis.crossrank.cross_rank's frames; None if it failed
     # analysis.findings.stop.stop_diagnosis; None for a run that ended well
     stop: dict | None = None
+    # analysis.findings.verdict.run_verdict: the lines the report opens with
+    verdict: dict | None = None
 
     def step_table(self) -> pd.DataFrame:
         """The per-step table: analysis.rank.tables' fuller one where it was built, else ours."""
@@ -136,7 +138,9 @@ def run_document(report: RunReport) -> dict:
         "steps": records(report.step_table()),
         "idle": records(report.idle),
         "collectives": records(report.tables.get("collectives")),
+        "verdict": plain(report.verdict),
         "bottlenecks": records(report.tables.get("bottlenecks")),
+        "notes": records(report.tables.get("notes")),
         "cross_rank": (cross_rank_json(report.cross_rank)
                        if report.cross_rank is not None else None),
         "unavailable": dict(report.unavailable),
@@ -190,7 +194,7 @@ def csv_tables(report: RunReport) -> dict[str, pd.DataFrame]:
         "idle": report.idle,
         "idle_gaps": report.idle_gaps,
     }
-    for name in ("per_rank", "comm_ops", "collectives", "bottlenecks"):
+    for name in ("per_rank", "comm_ops", "collectives", "bottlenecks", "notes"):
         if name in report.tables:
             tables[name] = report.tables[name]
     if report.cross_rank is not None:
@@ -222,6 +226,17 @@ def _pct(value) -> str:
 def _us(value) -> str:
     value = plain(value)
     return "-" if value is None else f"{value:,.0f}"
+
+
+def human_bytes(value) -> str:
+    """Bytes in binary units: 331227136 -> "315.9 MiB"; "-" where missing."""
+    value = plain(value)
+    if value is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{int(value)} B"
 
 
 def _rank(value) -> str:
@@ -372,6 +387,8 @@ def text_report(report: RunReport) -> str:
     if status:
         lines.append(status)
     lines.append("")
+    if report.verdict is not None:
+        lines += ["Verdict"] + [f"  {line}" for line in report.verdict["lines"]] + [""]
     if report.stop is not None:
         lines += ["Stop diagnosis"] + [f"  {line}" for line in report.stop["lines"]] + [""]
     if report.per_step.empty:
@@ -399,7 +416,12 @@ def text_report(report: RunReport) -> str:
         for column in ("mean_step_ns", "max_step_ns"):
             if column in shown:
                 shown[column] = shown[column].map(_ms)
-        shown = shown.rename(columns={"mean_step_ns": "mean step ms", "max_step_ns": "max step ms"})
+        for column in ("peak_allocated_bytes", "peak_rss_bytes"):
+            if column in shown:
+                shown[column] = shown[column].map(human_bytes)
+        shown = shown.rename(columns={"mean_step_ns": "mean step ms", "max_step_ns": "max step ms",
+                                      "peak_allocated_bytes": "peak allocated",
+                                      "peak_rss_bytes": "peak rss"})
         lines.append(_table(shown.round(1), "Ranks"))
     bottlenecks = report.tables.get("bottlenecks")
     if bottlenecks is not None and not report.per_step.empty:
@@ -407,10 +429,24 @@ def text_report(report: RunReport) -> str:
         if bottlenecks.empty:
             lines.append("  none found\n")
         for row in records(bottlenecks):
-            share = _pct(row.get("share_pct"))
-            lines.append(f"  [{share}] {row.get('finding')} (ranks {row.get('ranks')})")
+            at_stake = row.get("ms_per_step")
+            share = ("" if row.get("share_pct") is None else
+                     f"[{_pct(row.get('share_pct'))}"
+                     + ("" if at_stake is None else f", {at_stake:.2f} ms/step") + "] ")
+            lines.append(f"  {share}{row.get('finding')} (ranks {row.get('ranks')})")
             lines.append(f"      {row.get('evidence')}")
             lines.append(f"      -> {row.get('suggestion')}")
+        lines.append("")
+    notes = report.tables.get("notes")
+    if notes is not None and not notes.empty and not report.per_step.empty:
+        lines.append("Notes (what could not be told; not ranked)")
+        for row in records(notes):
+            ranks = f" (ranks {row['ranks']})" if row.get("ranks") else ""
+            lines.append(f"  - {row.get('note')}{ranks}")
+            if row.get("evidence"):
+                lines.append(f"      {row.get('evidence')}")
+            if row.get("suggestion"):
+                lines.append(f"      -> {row.get('suggestion')}")
         lines.append("")
     if report.cross_rank is not None:
         lines.append(cross_rank_text(report.cross_rank))

@@ -39,6 +39,8 @@ class Study:
     bandwidth: pd.DataFrame
     mode: dict
     problems: list[str] = field(default_factory=list)
+    # what makes the numbers doubtful (table.warnings): a noisy baseline, efficiency above 100%
+    warnings: list[str] = field(default_factory=list)
 
 
 def run_folders(paths: list[Path]) -> list[Path]:
@@ -150,7 +152,8 @@ def study(paths: list[Path], mode: str | None = None, samples_per_step: float | 
         problems.append(mode_info["note"])
     bandwidth = _bandwidth_table(pd.concat(bandwidths, ignore_index=True))
     return Study(runs=runs, table=table, attribution=st.attribution(table),
-                 bandwidth=bandwidth, mode=mode_info, problems=problems)
+                 bandwidth=bandwidth, mode=mode_info, problems=problems,
+                 warnings=st.warnings(table))
 
 
 def _bandwidth_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -186,6 +189,8 @@ def text_report(result: Study) -> str:
            else "assumed" if mode["note"] else "given")
     lines = [f"Scaling study: {len(result.runs)} runs, {mode['mode']} scaling ({how}); "
              f"baseline {int(table['world_size'].iloc[0])} rank(s)", ""]
+    if result.warnings:
+        lines += ["Warnings:"] + [f"  ! {w}" for w in result.warnings] + [""]
     header = [label for _, label, _ in TEXT_COLUMNS]
     body = [[_cell(row[c], form) for c, _, form in TEXT_COLUMNS] for _, row in table.iterrows()]
     widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
@@ -224,6 +229,7 @@ def text_report(result: Study) -> str:
 def document(result: Study) -> dict:
     return {"schema_version": DOCUMENT_VERSION, "mode": result.mode["mode"],
             "mode_from_samples": result.mode["by_samples"], "problems": result.problems,
+            "warnings": result.warnings,
             "runs": records(result.runs), "world_sizes": records(result.table),
             "attribution": records(result.attribution), "bandwidth": records(result.bandwidth)}
 
@@ -266,15 +272,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.format == "json":
         print(terminal_safe(json.dumps(document(result), indent=1)))
     elif args.format == "csv":
+        for warning in result.warnings:  # text and JSON carry them; CSV has no place for them
+            print(terminal_safe(f"ranktrace: warning: {warning}"), file=sys.stderr)
         print(terminal_safe(result.table.to_csv(index=False)), end="")
     else:
         print(terminal_safe(text_report(result)))
     if args.svg is not None:
         from analysis.scaling.svg import scaling_svg
-        args.svg.write_text(scaling_svg(result.table))
+        args.svg.write_text(scaling_svg(result.table, result.warnings))
     if args.html is not None:
         from analysis.scaling.svg import scaling_page
         title = "ranktrace scaling study: " + ", ".join(str(p) for p in args.paths)
-        args.html.write_text(scaling_page(title, result.table, text_report(result)))
+        args.html.write_text(scaling_page(title, result.table, text_report(result),
+                                          result.warnings))
         print(terminal_safe(f"ranktrace: wrote {args.html}"), file=sys.stderr)
     return 0

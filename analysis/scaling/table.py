@@ -34,6 +34,11 @@ SUGGESTIONS = {
     "copies": "host-device copies: pin memory, copy with non_blocking, keep data on the device",
 }
 SATURATED_CPU_PCT = 90.0
+# A baseline whose timed steps spread more than this is noisy (docs/scaling.md, "Warnings"):
+# the coefficient of variation (population standard deviation over mean) or IQR over median.
+NOISY_CV_PCT = 10.0
+NOISY_IQR_PCT = 10.0
+MAX_EFFICIENCY_PCT = 100.0
 CPU_SUGGESTION = ("the host's CPUs were {pct:.0f}% busy: the ranks compete for cores "
                   "(more ranks than cores oversubscribe the host); run fewer ranks per host")
 
@@ -79,12 +84,25 @@ def run_row(steps: pd.DataFrame, shares: dict | None, samples_per_step: float | 
     elif samples_per_step is not None:
         samples = float(samples_per_step)
     peak, memory_kind = _peak_memory(steps)
+    spread = step_spread(durations)
     row = {"steps_timed": int(timed["step"].nunique()) if len(timed) else 0,
-           "steps_which": which, "step_ms": step_ms, "samples_per_step": samples,
+           "steps_which": which, "step_ms": step_ms, **spread, "samples_per_step": samples,
            "peak_memory_bytes": peak, "memory_kind": memory_kind, "host_cpu_pct": host_cpu_pct}
     for part in [*PARTS, HIDDEN]:
         row[part] = shares[part] * step_ms if shares else float("nan")
     return row
+
+
+def step_spread(durations: pd.Series) -> dict:
+    """How much a run's timed step records spread: {"step_cv_pct": 100 * population standard
+    deviation / mean, "step_iqr_pct": 100 * (75th - 25th percentile) / median}; NaN with fewer
+    than two records."""
+    values = pd.to_numeric(durations, errors="coerce").dropna().to_numpy(dtype="float64")
+    if len(values) < 2 or not values.mean() > 0:
+        return {"step_cv_pct": float("nan"), "step_iqr_pct": float("nan")}
+    q25, median, q75 = np.percentile(values, [25, 50, 75])
+    return {"step_cv_pct": float(100.0 * values.std() / values.mean()),
+            "step_iqr_pct": float(100.0 * (q75 - q25) / median) if median > 0 else float("nan")}
 
 
 def part_shares(bars: pd.DataFrame) -> dict | None:
@@ -148,6 +166,9 @@ def scaling_table(runs: pd.DataFrame, mode: str | None = None) -> tuple[pd.DataF
     table["step_ms_max"] = grouped["step_ms"].max()
     table["runs"] = grouped.size()
     table["peak_memory_bytes"] = grouped["peak_memory_bytes"].max()
+    for column in ("step_cv_pct", "step_iqr_pct"):  # the noisiest repeat's
+        table[column] = (grouped[column].max() if column in runs.columns
+                         else pd.Series(np.nan, index=table.index))
     table = table.reset_index().sort_values(keys, kind="stable").reset_index(drop=True)
     used, by_samples, note = detect_mode(table, mode)
     if table.empty:
@@ -213,3 +234,29 @@ def main_causes(attributed: pd.DataFrame, min_points: float = 5.0) -> pd.DataFra
     kept = attributed[attributed["lost_pct_points"] >= min_points]
     return kept.sort_values(["world_size", "nnodes", "lost_pct_points"],
                             ascending=[True, True, False], kind="stable").reset_index(drop=True)
+
+
+def warnings(table: pd.DataFrame) -> list[str]:
+    """What makes the study's numbers doubtful (docs/scaling.md, "Warnings"): a baseline (the
+    smallest world size) whose timed steps are noisy (step_cv_pct above NOISY_CV_PCT or
+    step_iqr_pct above NOISY_IQR_PCT), and every world size whose efficiency exceeds 100%."""
+    if table.empty:
+        return []
+    found = []
+    base = table.iloc[0]
+    cv, iqr = base.get("step_cv_pct", np.nan), base.get("step_iqr_pct", np.nan)
+    if (cv > NOISY_CV_PCT) or (iqr > NOISY_IQR_PCT):
+        found.append(
+            f"the baseline ({int(base['world_size'])} rank(s)) is noisy: its timed steps vary by "
+            f"CV {cv:.1f}%, IQR/median {iqr:.1f}% (noisy above {NOISY_CV_PCT:g}% or "
+            f"{NOISY_IQR_PCT:g}%); every speedup, efficiency and attribution is measured against "
+            f"it: rerun the baseline on a quiet machine, with more steps or repeats")
+    for _, row in table.iloc[1:].iterrows():
+        if row["efficiency_pct"] > MAX_EFFICIENCY_PCT:
+            found.append(
+                f"{int(row['world_size'])} ranks: efficiency {row['efficiency_pct']:.1f}% "
+                f"exceeds 100%: the baseline's step ({base['step_ms']:.2f} ms) is slower than "
+                f"ideal scaling explains; a disturbed or noisy baseline is the usual cause "
+                f"(superlinear scaling from caches or memory is rare), and the attribution's "
+                f"points at this size are not meaningful")
+    return found

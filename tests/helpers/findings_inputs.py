@@ -60,16 +60,20 @@ def gaps(rows) -> pd.DataFrame:
                           "host_activity": a} for r, s, d, a in rows])
 
 
-def trace(rank, backend="nccl", script=None) -> RankTrace:
+def trace(rank, backend="nccl", script=None, *, started=False, world_size=2, config=None,
+          comms=None) -> RankTrace:
+    """A rank without events; with `script` or `started`, its manifest's RunStart (world size
+    `world_size`, tracer options `config`); `comms`: its comms records."""
     manifest = []
-    if script is not None:
+    if script is not None or started:
+        script = script or "train.py"
         manifest.append(schema.RunStart(
-            schema_version=1, run_name="t", rank=rank, local_rank=rank, world_size=2, host="h",
-            pid=1, start_ns=0, argv=[script], script=script, script_args=[], torch_version="2",
-            config={}))
-    records = RunRecords(comms=pd.DataFrame(), samples=pd.DataFrame(), steps=pd.DataFrame(),
-                         manifest=manifest)
-    return RankTrace(rank=rank, world_size=2, path=Path(f"rank{rank}.1.pt.trace.json.gz"),
+            schema_version=1, run_name="t", rank=rank, local_rank=rank, world_size=world_size,
+            host="h", pid=1, start_ns=0, argv=[script], script=script, script_args=[],
+            torch_version="2", config=dict(config or {})))
+    records = RunRecords(comms=comms if comms is not None else pd.DataFrame(),
+                         samples=pd.DataFrame(), steps=pd.DataFrame(), manifest=manifest)
+    return RankTrace(rank=rank, world_size=world_size, path=Path(f"rank{rank}.1.pt.trace.json.gz"),
                      events=empty_events(), steps=steps_frame(), records=records, problems=[],
                      backend=backend)
 
@@ -99,3 +103,30 @@ def memory_rank(rank, reserved_gib, allocated_gib, total_gib=40) -> dict:
             "peak_allocated_bytes": allocated_gib * GIB, "device_total_bytes": total_gib * GIB,
             "peak_reserved_pct": reserved_gib / total_gib * 100, "device_used_pct": np.nan,
             "peak_device_used_bytes": np.nan}
+
+
+def late_rank_1(steps=12):
+    """Rank 1 arrives 30 ms late at every step's DDP all-reduce; the transfer takes 2 ms.
+    (per-step table, collectives, the cross-rank result)"""
+    from analysis.crossrank import analyse
+    from analysis.crossrank.frames import typed_ops
+    rows = []
+    for s in range(steps):
+        arrive = s * 100 * MS + 60 * MS
+        for rank, late in ((0, 0), (1, 30 * MS)):
+            rows.append({"rank": rank, "pg": "0", "pg_size": 2, "op": "all_reduce",
+                         "bytes": 4 * MIB, "dtype": "float32", "step": s,
+                         "issue_ns": arrive + late, "end_ns": arrive + 32 * MS, "peer": np.nan,
+                         "queue": "0"})
+    step_frame = pd.DataFrame([{"rank": r, "step": s, "start_ns": s * 100 * MS,
+                                "end_ns": (s + 1) * 100 * MS}
+                               for r in (0, 1) for s in range(steps)])
+    sync = pd.DataFrame({"rank": [1], "offset_ns": [0], "uncertainty_ns": [1_000]})
+    result = analyse(typed_ops(pd.DataFrame(rows)), step_frame, sync, 2)
+    table = per_step([step_row(0, s, compute=60, comm=32, overlap=0, exposed=32)
+                      for s in range(steps)]
+                     + [step_row(1, s, compute=90, comm=2, overlap=0, exposed=2)
+                        for s in range(steps)])
+    colls = collectives([collective("all_reduce", "0", 2, 4 * MIB, 136_000, 0.1, count=8,
+                                    issuer="ddp")])
+    return table, colls, result

@@ -185,6 +185,18 @@ def test_text_report_sections(capsys, tmp_path):
     for heading in ("Time breakdown per rank", "Per step (ms)", "HTA-compatible",
                     "Idle time by what the host was doing"):
         assert heading in out
+    lines = out.splitlines()  # the first screen: the title, the run, then the verdict
+    assert lines[3] == "Verdict"
+    assert lines[4].startswith("  Limits the step: ") and lines[5].startswith("  Waiting: ")
+    assert lines.index("Verdict") < lines.index("Time breakdown per rank (share of step time)")
+
+
+def test_a_rank_missing_from_the_run_is_a_note_not_a_finding(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, small_run(tmp_path / "partial", ranks=(0,), world_size=2))
+    assert code == 0
+    notes = out[out.index("Notes (what could not be told; not ranked)"):]
+    assert notes.splitlines()[1] == "  - 1 of 2 ranks analysed (ranks 0)"
+    assert "1 of 2 ranks analysed" not in out[out.index("Bottlenecks"):out.index("Notes")]
 
 
 # ---- exit codes --------------------------------------------------------------------------------

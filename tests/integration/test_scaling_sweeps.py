@@ -29,13 +29,25 @@ def _records(run: Path, kind: str) -> list[dict]:
     return rows
 
 
-def _step_ms(run: Path) -> float:
-    """docs/scaling.md: the mean over ranks and timed steps (from the warm-up on, outside the
-    profiler window) of end_ns - start_ns."""
+def _durations(run: Path) -> list[int]:
+    """The timed steps (from the warm-up on, outside the profiler window): end_ns - start_ns."""
     timed = [s for s in _records(run, "steps")
              if s["step"] >= WARMUP_STEPS and not s.get("in_profiler_window", False)]
     assert timed
-    return sum(s["end_ns"] - s["start_ns"] for s in timed) / len(timed) / 1e6
+    return [s["end_ns"] - s["start_ns"] for s in timed]
+
+
+def _step_ms(run: Path) -> float:
+    """docs/scaling.md: the mean over ranks and timed steps of end_ns - start_ns."""
+    durations = _durations(run)
+    return sum(durations) / len(durations) / 1e6
+
+
+def _cv_pct(run: Path) -> float:
+    """docs/scaling.md: 100 x the population standard deviation of the timed steps / their mean."""
+    durations = _durations(run)
+    mean = sum(durations) / len(durations)
+    return 100 * (sum((d - mean) ** 2 for d in durations) / len(durations)) ** 0.5 / mean
 
 
 def _check_numbers(document: dict, sweep: Path, weak: bool, world_sizes: list[int]):
@@ -47,6 +59,7 @@ def _check_numbers(document: dict, sweep: Path, weak: bool, world_sizes: list[in
         run = sweep / f"ws{world}-n1-r0"
         step = _step_ms(run)
         assert runs[world]["step_ms"] == pytest.approx(step, rel=1e-9)
+        assert runs[world]["step_cv_pct"] == pytest.approx(_cv_pct(run), rel=1e-6)
         assert size["step_ms"] == pytest.approx(step, rel=1e-9)
         assert size["steps_per_s"] == pytest.approx(1e3 / step, rel=1e-9)
         speedup = (world if weak else 1) * base / step
@@ -81,6 +94,11 @@ def test_every_number_follows_from_the_step_records(tmp_path, script, args, weak
     document = _sweep(tmp_path / "sweep", nproc, mode, script, *args)
     assert document["mode"] == ("weak" if weak else "strong")
     _check_numbers(document, tmp_path / "sweep", weak, [int(n) for n in nproc.split(",")])
+    # the warnings follow from the numbers (docs/scaling.md, "Warnings")
+    base = document["world_sizes"][0]
+    noisy = base["step_cv_pct"] > 10.0 or base["step_iqr_pct"] > 10.0
+    above = [s for s in document["world_sizes"][1:] if s["efficiency_pct"] > 100.0]
+    assert len(document["warnings"]) == noisy + len(above)
 
 
 def test_a_straggler_at_four_ranks_costs_efficiency_in_waiting(tmp_path):

@@ -117,17 +117,36 @@ def html_table(frame: pd.DataFrame | None, columns: dict, sortable: bool = True)
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def _ms(ns) -> str:
+    """A time in ns shown in ms, as every other time column."""
+    return f"{ns / MS:.2f}"
+
+
 def _section(key: str, content: str) -> str:
     return f'<section id="{key}"><h2>{esc(SECTIONS[key])}</h2>{content}</section>'
 
 
-def _findings(findings: pd.DataFrame | None) -> str:
+def _findings(findings: pd.DataFrame | None, notes: pd.DataFrame | None = None,
+              verdict: dict | None = None) -> str:
+    """The verdict's lines, the findings in their order (analysis.findings.bottlenecks) and the
+    notes, which carry no share."""
+    parts = []
+    if verdict:
+        lines = "".join(f"<li>{esc(line)}</li>" for line in verdict["lines"])
+        parts.append(f'<ul class="verdict">{lines}</ul>')
     if findings is None or findings.empty:
-        return '<p class="none">no finding passed its threshold</p>'
-    worst = findings.sort_values("share_pct", ascending=False, na_position="last")
-    return html_table(worst, {"finding": ("finding", None), "share_pct": ("share %", ".1f"),
-                          "ranks": ("ranks", None), "evidence": ("evidence", None),
-                          "suggestion": ("suggestion", None)})
+        parts.append('<p class="none">no finding passed its threshold</p>')
+    else:
+        parts.append(html_table(findings, {
+            "finding": ("finding", None), "share_pct": ("share %", ".1f"),
+            "ms_per_step": ("ms per step", ".2f"), "ranks": ("ranks", None),
+            "evidence": ("evidence", None), "suggestion": ("suggestion", None)}))
+    if notes is not None and not notes.empty:
+        parts.append("<h3>Notes (what could not be told; not ranked)</h3>" + html_table(
+            notes, {"note": ("note", None), "ranks": ("ranks", None),
+                    "evidence": ("evidence", None), "suggestion": ("suggestion", None)},
+            sortable=False))
+    return "".join(parts)
 
 
 def _collectives(collectives: pd.DataFrame | None, cross: dict | None) -> str:
@@ -175,8 +194,10 @@ def _samples(ranks: list) -> str:
 def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                per_rank: pd.DataFrame | None, collectives: pd.DataFrame | None,
                findings: pd.DataFrame | None, ranks: list, problems: list,
-               cross: dict | None = None) -> str:
-    """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None."""
+               cross: dict | None = None, notes: pd.DataFrame | None = None,
+               verdict: dict | None = None) -> str:
+    """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None;
+    `notes` and `verdict` are analysis.findings.notes' and .verdict's."""
     waits = cross.get("waits") if cross else None
     steps = sorted(int(s) for s in per_step["step"].unique()) if len(per_step) else []
     header = (f"<p><b>{esc(name)}</b> &mdash; <code>{esc(path)}</code><br>"
@@ -187,7 +208,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
         items = "".join(f"<li>{esc(p)}</li>" for p in problems)
         header += f"<details><summary>{len(problems)} problem(s)</summary><ul>{items}</ul>" \
                   f"</details>"
-    body = [_section("header", header), _section("findings", _findings(findings))]
+    body = [_section("header", header), _section("findings", _findings(findings, notes, verdict))]
     if len(per_step):
         bars = rank_bars(per_step, waits)
         parts = [c for c in bars.columns if c != "rank"]
@@ -195,7 +216,8 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
             [f"rank {int(r)}" for r in bars["rank"]], parts, bars[parts].to_numpy().tolist(),
             "ms per step (mean)") + html_table(per_rank, {
                 "rank": ("rank", "d"), "steps": ("steps", "d"),
-                "mean_step_ns": ("mean step ns", ".0f"), "idle_pct": ("idle %", ".1f"),
+                "mean_step_ns": ("mean step ms", _ms),
+                "max_step_ns": ("max step ms", _ms), "idle_pct": ("idle %", ".1f"),
                 "exposed_comm_pct": ("exposed comm %", ".1f"), "status": ("status", None)})))
         grid = per_step.pivot_table(index="rank", columns="step", values="step_ns") / MS
         body.append(_section("heatmap", svg.heat_map(
@@ -241,7 +263,8 @@ def write_html_report(report, path) -> dict:
     tables = report.tables
     page = build_html(report.name, report.path, report.world_size, report.step_table(),
                       tables.get("per_rank"), tables.get("collectives"),
-                      tables.get("bottlenecks"), report.ranks, problems, cross)
+                      tables.get("bottlenecks"), report.ranks, problems, cross,
+                      tables.get("notes"), report.verdict)
     data = page.encode("utf-8")
     Path(path).write_bytes(data)
     return {"path": Path(path), "bytes": len(data), "seconds": time.monotonic() - started}

@@ -35,6 +35,13 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
 
 
+# Rows below a plot, in px: the tick labels' baseline, then the axis title's on a row of its own
+# (the charts' text is 11 px: svg.chart's font-size), so that the two never overlap.
+TICK_ROW = 16
+TITLE_ROW = 15
+CHAR_PX = 6.6  # the widest mean glyph width of 11 px sans-serif text (0.6 em), for spacing labels
+
+
 def _num(value: float) -> str:
     return f"{value:.4g}"
 
@@ -43,7 +50,9 @@ def stacked_bars(rows: list[str], parts: list[str], values: list[list[float]], u
                  width: int = 760) -> str:
     """Horizontal bars, one per row, split into `parts` (values[row][part])."""
     bar, gap, left, top = 22, 8, 90, 28
-    height = top + len(rows) * (bar + gap) + 30
+    plot_bottom = top + len(rows) * (bar + gap)
+    tick_y, title_y = plot_bottom + TICK_ROW, plot_bottom + TICK_ROW + TITLE_ROW
+    height = title_y + 6
     total = max((sum(v) for v in values), default=0.0) or 1.0
     scale = (width - left - 20) / total
     out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" '
@@ -67,10 +76,11 @@ def stacked_bars(rows: list[str], parts: list[str], values: list[list[float]], u
             x += w
     for tick in nice_ticks(0, total):
         tx = left + tick * scale
-        out.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{top - 4}" y2="{height - 26}" '
-                   f'class="grid"/><text x="{tx:.1f}" y="{height - 10}" '
+        out.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{top - 4}" y2="{plot_bottom}" '
+                   f'class="grid"/><text x="{tx:.1f}" y="{tick_y}" '
                    f'text-anchor="middle">{_num(tick)}</text>')
-    out.append(f'<text x="{width - 10}" y="{height - 10}" text-anchor="end">{esc(unit)}</text>')
+    out.append(f'<text class="axis-title" x="{width - 10}" y="{title_y}" '
+               f'text-anchor="end">{esc(unit)}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -85,7 +95,12 @@ def heat_map(rows: list[str], columns: list[str], values: list[list[float]], uni
     span = (high - low) or 1.0
     out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" '
            f'height="{height}" role="img">']
+    # every k-th column labelled, so that labels wider than a cell do not run into each other
+    widest = max((len(str(c)) for c in columns), default=1) * CHAR_PX + 4
+    every = max(1, math.ceil(widest / cell_w))
     for j, column in enumerate(columns):
+        if j % every:
+            continue
         out.append(f'<text x="{left + j * cell_w + cell_w / 2:.1f}" y="{top - 8}" '
                    f'text-anchor="middle">{esc(column)}</text>')
     for i, (label, row) in enumerate(zip(rows, values)):
@@ -108,7 +123,9 @@ def gantt(rows: list[tuple[str, list[tuple[str, float, float, str]]]], span: flo
           width: int = 900) -> str:
     """One row per label, each holding (category, start, end, tooltip) bars; zoomed by script."""
     bar, left, top = 16, 130, 10
-    height = top + len(rows) * (bar + 6) + 30
+    plot_bottom = top + len(rows) * (bar + 6)
+    tick_y, title_y = plot_bottom + TICK_ROW, plot_bottom + TICK_ROW + TITLE_ROW
+    height = title_y + 6
     scale = (width - left - 20) / (span or 1.0)
     out = [f'<svg class="chart gantt" viewBox="0 0 {width} {height}" width="{width}" '
            f'height="{height}" data-left="{left}" role="img"><g class="plot">']
@@ -129,17 +146,21 @@ def gantt(rows: list[tuple[str, list[tuple[str, float, float, str]]]], span: flo
                    f'text-anchor="end">{esc(label)}</text>')
     for tick in nice_ticks(0, span):
         tx = left + tick * scale
-        out.append(f'<text x="{tx:.1f}" y="{height - 10}" text-anchor="middle">{_num(tick)}'
+        out.append(f'<text x="{tx:.1f}" y="{tick_y}" text-anchor="middle">{_num(tick)}'
                    f'</text>')
-    out.append(f'<text x="{width - 10}" y="{height - 10}" text-anchor="end">{esc(unit)}</text>')
+    out.append(f'<text class="axis-title" x="{width - 10}" y="{title_y}" '
+               f'text-anchor="end">{esc(unit)}</text>')
     out.append("</svg>")
     return "".join(out)
 
 
 def lines(series: list[tuple[str, list[float], list[float]]], x_unit: str, y_unit: str,
           width: int = 760, height: int = 220) -> str:
-    """Line plot of (label, xs, ys) series with a legend."""
-    left, right, top, bottom = 60, 20, 24, 30
+    """Line plot of (label, xs, ys) series: the legend on the first row, the y axis's title on
+    the second, the plot, its x tick labels, and the x axis's title on a row of its own."""
+    left, right, bottom = 60, 20, TICK_ROW + TITLE_ROW + 6
+    legend_y, y_title_y = 15, 15 + TITLE_ROW
+    top = y_title_y + 12  # the top tick label (drawn 4 px below its line) clears the title
     xs = [x for _, sx, _ in series for x in sx]
     ys = [y for _, _, sy in series for y in sy if y == y]
     if not xs or not ys:
@@ -155,19 +176,22 @@ def lines(series: list[tuple[str, list[float], list[float]]], x_unit: str, y_uni
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{ty:.1f}" y2="{ty:.1f}" '
                    f'class="grid"/><text x="{left - 4}" y="{ty + 4:.1f}" '
                    f'text-anchor="end">{_num(tick)}</text>')
+    plot_bottom = height - bottom
     for tick in nice_ticks(x0, x1):
         tx = left + (tick - x0) * sx
-        out.append(f'<text x="{tx:.1f}" y="{height - 10}" text-anchor="middle">{_num(tick)}'
-                   f'</text>')
-    out.append(f'<text x="{width - right}" y="{height - 10}" text-anchor="end">{esc(x_unit)}'
-               f'</text><text x="4" y="14">{esc(y_unit)}</text>')
+        out.append(f'<text x="{tx:.1f}" y="{plot_bottom + TICK_ROW}" '
+                   f'text-anchor="middle">{_num(tick)}</text>')
+    out.append(f'<text class="axis-title" x="{width - right}" '
+               f'y="{plot_bottom + TICK_ROW + TITLE_ROW}" text-anchor="end">{esc(x_unit)}</text>'
+               f'<text class="axis-title" x="4" y="{y_title_y}">{esc(y_unit)}</text>')
     for k, (label, px, py) in enumerate(series):
         colour = SERIES[k % len(SERIES)]
         points = " ".join(f"{left + (x - x0) * sx:.1f},{height - bottom - (y - y0) * sy:.1f}"
                           for x, y in zip(px, py) if y == y)
         out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
                    f'points="{points}"><title>{esc(label)}</title></polyline>')
-        out.append(f'<rect x="{left + 10 + 150 * k}" y="6" width="10" height="10" '
-                   f'fill="{colour}"/><text x="{left + 24 + 150 * k}" y="15">{esc(label)}</text>')
+        out.append(f'<rect x="{left + 10 + 150 * k}" y="{legend_y - 9}" width="10" '
+                   f'height="10" fill="{colour}"/><text x="{left + 24 + 150 * k}" '
+                   f'y="{legend_y}">{esc(label)}</text>')
     out.append("</svg>")
     return "".join(out)

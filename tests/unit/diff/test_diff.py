@@ -314,3 +314,14 @@ def test_the_html_page_escapes_every_name():
     page = diff_output.html_page(result, Side, Side)
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)" in page
     assert "&lt;b&gt;bad" in page and "runs/&lt;a&gt;" in page
+
+
+def test_findings_without_a_share_are_matched_by_their_presence():
+    alone = {"finding": "ranks train alone", "share_pct": float("nan"), "ranks": "0-1",
+             "evidence": "e"}
+    a = pd.DataFrame([alone, {"finding": "memory near capacity", "share_pct": float("nan"),
+                              "ranks": "0", "evidence": "e"}])
+    b = pd.DataFrame([alone])
+    table = diff_compare.finding_changes(a, b).set_index("finding")
+    assert table["status"].to_dict() == {"memory near capacity": "gone",
+                                         "ranks train alone": "unchanged"}

@@ -3,7 +3,6 @@ docs/report.md)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -12,12 +11,12 @@ from analysis.findings.bottlenecks import find_bottlenecks
 from helpers.comm_events import events_frame, steps_frame
 from helpers.findings_inputs import (
     MIB,
-    MS,
     balanced,
     collective,
     collectives,
     finding,
     gaps,
+    late_rank_1,
     memory_rank,
     per_step,
     run,
@@ -147,34 +146,8 @@ def test_no_findings_without_analysed_steps():
 
 
 # ---- with the cross-rank pass --------------------------------------------------------------------
-def _late_rank_1(steps=12):
-    """Rank 1 arrives 30 ms late at every step's DDP all-reduce; the transfer takes 2 ms."""
-    from analysis.crossrank import analyse
-    from analysis.crossrank.frames import typed_ops
-    rows = []
-    for s in range(steps):
-        arrive = s * 100 * MS + 60 * MS
-        for rank, late in ((0, 0), (1, 30 * MS)):
-            rows.append({"rank": rank, "pg": "0", "pg_size": 2, "op": "all_reduce",
-                         "bytes": 4 * MIB, "dtype": "float32", "step": s,
-                         "issue_ns": arrive + late, "end_ns": arrive + 32 * MS, "peer": np.nan,
-                         "queue": "0"})
-    step_frame = pd.DataFrame([{"rank": r, "step": s, "start_ns": s * 100 * MS,
-                                "end_ns": (s + 1) * 100 * MS}
-                               for r in (0, 1) for s in range(steps)])
-    sync = pd.DataFrame({"rank": [1], "offset_ns": [0], "uncertainty_ns": [1_000]})
-    result = analyse(typed_ops(pd.DataFrame(rows)), step_frame, sync, 2)
-    table = per_step([step_row(0, s, compute=60, comm=32, overlap=0, exposed=32)
-                      for s in range(steps)]
-                     + [step_row(1, s, compute=90, comm=2, overlap=0, exposed=2)
-                        for s in range(steps)])
-    colls = collectives([collective("all_reduce", "0", 2, 4 * MIB, 136_000, 0.1, count=8,
-                                    issuer="ddp")])
-    return table, colls, result
-
-
 def test_ranks_wait_for_the_late_rank_and_waiting_is_not_exposed_transfer():
-    table, colls, result = _late_rank_1()
+    table, colls, result = late_rank_1()
     before = run(table, colls=colls)
     assert "exposed communication" in before["finding"].tolist()  # 34 of 200 ms, mostly waiting
     assert "straggler: rank 1" in before["finding"].tolist()

@@ -1,0 +1,142 @@
+"""The verdict: the few plain lines the report opens with (docs/report.md, "The verdict").
+
+What limits the step, who waits for whom and for how long, and the one change most worth trying
+with the step time at stake, all from the findings, the notes and the cross-rank waits of the
+analysed steps. The writers print `lines` as they are; they compute nothing.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.findings.labels import rank_list
+from analysis.findings.notes import ALONE
+
+# verdict["state"]
+PROBLEM, ALONE_STATE, RISK, NOTHING_FOUND, NOTES_ONLY, NO_STEP = (
+    "bottleneck", "ranks train alone", "risk", "nothing found", "notes only", "no step")
+MIN_WAIT_MS = 0.05  # a rank's mean wait below this per step is "no wait"
+
+
+def _first_sentence(text: str) -> str:
+    """The suggestion up to its first sentence's end."""
+    text = str(text or "").strip()
+    return text[: text.index(". ") + 1] if ". " in text else text
+
+
+def _analysed(per_step: pd.DataFrame | None) -> pd.DataFrame:
+    if per_step is None or per_step.empty or not {"rank", "step", "step_ns"} <= set(per_step):
+        return pd.DataFrame(columns=["rank", "step", "step_ns"])
+    rows = per_step[["rank", "step", "step_ns"]].apply(pd.to_numeric, errors="coerce")
+    return rows[rows["rank"].notna() & rows["step"].notna() & (rows["step_ns"] > 0)]
+
+
+def mean_waits(per_step: pd.DataFrame | None, cross_rank: dict | None) -> pd.Series | None:
+    """Each rank's mean wait for peers per analysed step, ms (a step without a wait counts 0);
+    None where the cross-rank pass has no waits."""
+    steps = _analysed(per_step)
+    waits = cross_rank.get("waits") if cross_rank else None
+    if waits is None or waits.empty or steps.empty:
+        return None
+    keys = steps[["rank", "step"]].astype("int64")
+    merged = keys.merge(waits[["rank", "step", "wait_for_peers_ms"]].astype(
+        {"rank": "int64", "step": "int64"}), on=["rank", "step"], how="left")
+    merged["wait_for_peers_ms"] = merged["wait_for_peers_ms"].fillna(0.0)
+    return merged.groupby("rank")["wait_for_peers_ms"].mean()
+
+
+def _waits_line(per_step, findings: pd.DataFrame, cross_rank: dict | None, alone: bool,
+                ranks: int) -> str:
+    if alone:
+        return "No rank waits for another: no collective ran."
+    if ranks < 2:
+        return "One rank analysed: no other rank in these traces to wait for."
+    late = (cross_rank or {}).get("stragglers")
+    if late is not None and len(late) and "fires" in late:
+        fired = late[late["fires"].astype(bool)]
+        if len(fired):
+            parts = [f"rank {int(r['rank'])} ({r['caused_wait_ms_per_step']:.2f} ms per step)"
+                     for r in fired.to_dict("records")]
+            waited = mean_waits(per_step, cross_rank)
+            others = ""
+            if waited is not None:
+                others = "; each rank's wait: " + ", ".join(
+                    f"rank {int(r)} {w:.2f} ms" for r, w in waited.items())
+            return "The other ranks wait for " + " and ".join(parts) + others + "."
+    waited = mean_waits(per_step, cross_rank)
+    if waited is None:
+        return "Who waits for whom is not known: the cross-rank pass matched no collective."
+    if (waited < MIN_WAIT_MS).all():
+        return f"No rank waits for its peers (under {MIN_WAIT_MS:g} ms per step each)."
+    order = waited.sort_values(ascending=False, kind="stable")
+    listed = ", ".join(f"rank {int(r)} {w:.2f} ms" for r, w in order.items())
+    return (f"Ranks wait for their peers per step: {listed}; no rank is late often enough to be "
+            f"named.")
+
+
+def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
+                notes: pd.DataFrame | None, cross_rank: dict | None) -> dict:
+    """{"state", "limits", "waits", "change", "change_ms_per_step", "step_ms", "lines"}.
+
+    state: "ranks train alone" (that finding is there), "bottleneck" (a finding with step time
+    at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
+    (no finding, some note), "nothing found", or "no step". `limits`
+    names the finding with the most ms per step; `change` is the first sentence of its
+    suggestion; `lines` are the verdict as the writers print it."""
+    steps = _analysed(per_step)
+    if steps.empty:
+        line = "No step was analysed: there is no verdict (the warnings say why)."
+        return {"state": NO_STEP, "limits": None, "waits": None, "change": None,
+                "change_ms_per_step": None, "step_ms": None, "lines": [line]}
+    step_ms = float(steps["step_ns"].mean() / 1e6)
+    findings = findings if findings is not None else pd.DataFrame()
+    notes = notes if notes is not None else pd.DataFrame()
+    ranks = steps["rank"].nunique()
+    alone = not findings.empty and (findings["finding"] == ALONE).any()
+    timed = (findings[findings["ms_per_step"].notna()].sort_values(
+        "ms_per_step", ascending=False, kind="stable")
+        if not findings.empty and "ms_per_step" in findings else pd.DataFrame())
+    waits = _waits_line(per_step, findings, cross_rank, alone, ranks)
+    change = change_ms = None
+    if alone:
+        row = findings[findings["finding"] == ALONE].iloc[0]
+        state = ALONE_STATE
+        limits = (f"The ranks never communicated: ranks {row['ranks']} each trained alone, "
+                  f"with no collective in any step (mean step {step_ms:.2f} ms).")
+        change = ("Make the ranks join one process group: check the launcher and the "
+                  "script's init_process_group and DDP/FSDP model (with Hugging Face Accelerate, "
+                  "accelerator.num_processes and accelerator.state.distributed_type).")
+    elif len(timed):
+        row = timed.iloc[0]
+        state = PROBLEM
+        change_ms = float(row["ms_per_step"])
+        limits = (f"{row['finding'][0].upper()}{row['finding'][1:]} costs {change_ms:.2f} ms of "
+                  f"the {step_ms:.2f} ms mean step ({row['share_pct']:.1f}%), ranks "
+                  f"{row['ranks']}.")
+        change = _first_sentence(row["suggestion"])
+    elif not notes.empty:
+        state = NOTES_ONLY
+        limits = (f"No finding passed its threshold (mean step {step_ms:.2f} ms); "
+                  f"{len(notes)} note(s) say what could not be told: "
+                  f"{notes['note'].iloc[0]}.")
+    elif not findings.empty:  # a risk without a time cost: memory near capacity
+        row = findings.iloc[0]
+        state = RISK
+        limits = (f"No finding costs step time past its threshold (mean step {step_ms:.2f} ms); "
+                  f"one risk: {row['finding']}, ranks {row['ranks']}.")
+        change = _first_sentence(row["suggestion"])
+    else:
+        state = NOTHING_FOUND
+        limits = (f"Nothing found wrong: no finding passed its threshold (mean step "
+                  f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
+                  f"{rank_list(steps['rank'])}).")
+    lines = [f"Limits the step: {limits}", f"Waiting: {waits}"]
+    if change:
+        at_stake = (f" (up to {change_ms:.2f} ms per step at stake)"
+                    if change_ms is not None else "")
+        lines.append(f"Try first{at_stake}: {change}")
+    elif state in (NOTES_ONLY, NOTHING_FOUND):
+        lines.append("Try first: nothing stands out to change"
+                     + (f"; see the notes ({notes['note'].iloc[0]})." if len(notes) else "."))
+    return {"state": state, "limits": limits, "waits": waits, "change": change,
+            "change_ms_per_step": change_ms, "step_ms": step_ms, "lines": lines}

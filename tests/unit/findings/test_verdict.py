@@ -1,0 +1,120 @@
+"""analysis.findings.verdict: the lines the report opens with, on inputs with known answers
+(docs/report.md, "The verdict")."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis.findings.bottlenecks import find_bottlenecks
+from analysis.findings.notes import find_notes
+from analysis.findings.verdict import mean_waits, run_verdict
+from helpers.findings_inputs import (
+    collective,
+    collectives,
+    gaps,
+    late_rank_1,
+    memory_rank,
+    per_step,
+    run,
+    step_row,
+    trace,
+)
+
+
+def verdict_of(steps, colls=None, traces=None, cross=None):
+    colls = colls if colls is not None else collectives([])
+    traces = traces if traces is not None else [trace(0, "gloo"), trace(1, "gloo")]
+    found = find_bottlenecks(steps, pd.DataFrame(), colls, gaps([]), traces, cross_rank=cross)
+    notes = find_notes(steps, colls, traces, cross)
+    return run_verdict(steps, found, notes, cross)
+
+
+def test_the_verdict_names_the_largest_cost_the_waits_and_the_change_with_its_ms():
+    table, colls, result = late_rank_1(steps=12)  # rank 1 named late: 30 ms per step
+    verdict = verdict_of(table, colls, cross=result)
+    assert verdict["state"] == "bottleneck"
+    assert verdict["step_ms"] == pytest.approx(100.0)
+    assert verdict["change_ms_per_step"] == pytest.approx(15.0)  # 15% of a 100 ms step
+    assert verdict["lines"][0] == ("Limits the step: Ranks wait for rank 1 costs 15.00 ms of the "
+                                   "100.00 ms mean step (15.0%), ranks 0.")
+    assert verdict["lines"][1] == ("Waiting: The other ranks wait for rank 1 (30.00 ms per "
+                                   "step); each rank's wait: rank 0 30.00 ms, rank 1 0.00 ms.")
+    assert verdict["lines"][2].startswith("Try first (up to 15.00 ms per step at stake): ")
+    assert len(verdict["lines"]) == 3
+
+
+def test_waits_are_the_mean_over_the_analysed_steps_only():
+    table, colls, result = late_rank_1(steps=12)
+    four = table[table["step"] < 4]
+    assert mean_waits(four, result).to_dict() == pytest.approx({0: 30.0, 1: 0.0})
+    # a step the waits table does not hold counts as no wait
+    waits = result["waits"]
+    thinned = {**result, "waits": waits[~((waits["rank"] == 0) & (waits["step"] == 0))]}
+    assert mean_waits(four, thinned).to_dict() == pytest.approx({0: 22.5, 1: 0.0})
+
+
+def test_ranks_that_never_communicate_are_the_verdict():
+    steps = per_step([step_row(r, s, comm=0, overlap=0, exposed=0) for r in (0, 1)
+                      for s in range(3)])
+    verdict = verdict_of(steps, traces=[trace(r, "gloo", started=True) for r in (0, 1)])
+    assert verdict["state"] == "ranks train alone"
+    assert verdict["lines"][0] == ("Limits the step: The ranks never communicated: ranks 0-1 "
+                                   "each trained alone, with no collective in any step (mean "
+                                   "step 100.00 ms).")
+    assert verdict["lines"][1] == "Waiting: No rank waits for another: no collective ran."
+    assert "accelerator.num_processes" in verdict["lines"][2]
+    assert verdict["change_ms_per_step"] is None
+
+
+def test_nothing_wrong_is_said_plainly():
+    steps = per_step([step_row(r, s, compute=90, comm=0, overlap=10, exposed=0, idle=0)
+                      for r in (0, 1) for s in range(3)])
+    colls = collectives([collective("all_reduce", "0", 2, 256, 100, 0.1, issuer="ddp")])
+    verdict = verdict_of(steps, colls)
+    assert verdict["state"] == "nothing found"
+    assert verdict["lines"] == [
+        "Limits the step: Nothing found wrong: no finding passed its threshold (mean step "
+        "100.00 ms over 6 analysed rank-steps of ranks 0-1).",
+        "Waiting: Who waits for whom is not known: the cross-rank pass matched no collective.",
+        "Try first: nothing stands out to change.",
+    ]
+
+
+def test_when_a_note_is_all_there_is_the_verdict_says_so():
+    steps = per_step([step_row(0, s, compute=90, comm=0, overlap=10, exposed=0, idle=0)
+                      for s in range(3)])
+    traces = [trace(0, "gloo", started=True, world_size=4)]
+    colls = collectives([collective("all_reduce", "0", 4, 256, 100, 0.1, issuer="ddp")])
+    verdict = verdict_of(steps, colls, traces)
+    assert verdict["state"] == "notes only"
+    assert verdict["lines"][0] == ("Limits the step: No finding passed its threshold (mean step "
+                                   "100.00 ms); 1 note(s) say what could not be told: 1 of 4 "
+                                   "ranks analysed.")
+    assert verdict["lines"][1] == ("Waiting: One rank analysed: no other rank in these traces "
+                                   "to wait for.")
+    assert verdict["lines"][2] == ("Try first: nothing stands out to change; see the notes (1 of "
+                                   "4 ranks analysed).")
+
+
+def test_no_step_no_verdict():
+    verdict = run_verdict(per_step([]), run(per_step([])), None, None)
+    assert verdict["state"] == "no step" and verdict["limits"] is None
+    assert verdict["lines"] == ["No step was analysed: there is no verdict (the warnings say "
+                                "why)."]
+
+
+def test_a_risk_without_a_time_cost_is_named_but_not_timed():
+    steps = per_step([step_row(r, s, compute=90, comm=0, overlap=10, exposed=0, idle=0)
+                      for r in (0, 1) for s in range(3)])
+    colls = collectives([collective("all_reduce", "0", 2, 256, 100, 0.1, issuer="ddp")])
+    traces = [trace(0, "gloo"), trace(1, "gloo")]
+    found = find_bottlenecks(steps, pd.DataFrame([memory_rank(0, 38, 30)]), colls, gaps([]),
+                             traces)
+    verdict = run_verdict(steps, found, find_notes(steps, colls, traces), None)
+    assert verdict["state"] == "risk" and verdict["change_ms_per_step"] is None
+    assert verdict["lines"][0] == ("Limits the step: No finding costs step time past its "
+                                   "threshold (mean step 100.00 ms); one risk: memory near "
+                                   "capacity, ranks 0.")
+    assert verdict["lines"][2].startswith("Try first: One allocation spike away from an "
+                                          "out-of-memory error")

@@ -1,0 +1,62 @@
+"""The report opens with the verdict (analysis.report.output): the text report's first screen, the
+JSON document's `verdict` and `notes`, and bytes in the text tables as binary units."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis.report.output import human_bytes, plain, run_document, text_report
+from analysis.run import open_run
+from helpers.synthetic import TraceBuilder, trace_name
+
+
+def _run(folder):
+    """Two GPU ranks, 3 steps of 9 ms: 6 ms of compute, then a 0.6 ms NCCL kernel."""
+    for rank in range(2):
+        trace = TraceBuilder(rank=rank, world_size=2)
+        for step in range(3):
+            start = 1000 + step * 10_000
+            trace.step(step, start, start + 9_000)
+            trace.kernel("gemm", start + 200, start + 6_200)
+            trace.nccl(start + 8_300, start + 8_900)
+        trace.write(folder / trace_name(rank))
+    return open_run(folder, use_cache=False)
+
+
+def test_the_text_report_opens_with_the_verdict_lines(tmp_path):
+    run = _run(tmp_path)
+    report = run.report
+    lines = text_report(report).splitlines()
+    assert lines[3] == "Verdict"
+    assert lines[4:4 + len(report.verdict["lines"])] == [f"  {line}"
+                                                         for line in report.verdict["lines"]]
+    assert lines.index("Verdict") < next(i for i, line in enumerate(lines)
+                                         if line.startswith("Time breakdown"))
+    top = run.findings.iloc[0]
+    assert report.verdict["state"] == "bottleneck"
+    assert report.verdict["change_ms_per_step"] == pytest.approx(top["ms_per_step"])
+    # the step is 9 ms and the finding's ms are its share of it
+    assert top["ms_per_step"] == pytest.approx(top["share_pct"] / 100 * 9.0)
+    # 2.4 ms of each 9 ms step idle between the kernels: the largest cost
+    assert lines[4] == ("  Limits the step: Device idle: other host work costs 2.40 ms of the "
+                        "9.00 ms mean step (26.7%), ranks 0-1.")
+
+
+def test_the_document_carries_the_verdict_and_the_notes(tmp_path):
+    run = _run(tmp_path)
+    document = run.document()
+    assert document["verdict"] == plain(run.report.verdict)
+    assert document["verdict"]["lines"][0].startswith("Limits the step: ")
+    assert document["notes"] == []  # every rank analysed, no cross-rank note
+    assert [b["finding"] for b in document["bottlenecks"]] == run.findings["finding"].tolist()
+    assert all("ms_per_step" in b for b in document["bottlenecks"])
+    assert run_document(run.report)["verdict"]["step_ms"] == pytest.approx(9.0)
+
+
+def test_bytes_print_in_binary_units():
+    assert human_bytes(331227136) == "315.9 MiB"
+    assert human_bytes(3 * 2**30) == "3.0 GiB"
+    assert human_bytes(512) == "512 B"
+    assert human_bytes(float("nan")) == "-" and human_bytes(None) == "-"
+    assert human_bytes(pd.NA) == "-"
