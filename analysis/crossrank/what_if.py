@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.comm_names import P2P_OPS
 from analysis.crossrank.step_graph import END_OF_OP, ISSUE, StepGraph, propagate
 from analysis.rank.comm.ops import size_bucket
 from tracer import schema
@@ -36,12 +37,14 @@ def _nodes_of_ops(graph: StepGraph, kind: int) -> np.ndarray:
 
 
 def rank_on_time(graph: StepGraph, rank: int, duration: np.ndarray) -> np.ndarray:
-    """Durations with `rank`'s work before each issue at most the other members' median."""
+    """Durations with `rank`'s work before each collective it issues at most the other
+    members' median before the same instance (p2p ops are left alone: pipeline stages do
+    different work)."""
     issues = _nodes_of_ops(graph, ISSUE)
     ops = graph.ops
     work = pd.DataFrame({"instance": ops["instance"].to_numpy(), "rank": ops["rank"].to_numpy(),
                          "work": duration[issues]})
-    mine = ops["rank"].to_numpy() == rank
+    mine = (ops["rank"].to_numpy() == rank) & ~ops["op"].isin(P2P_OPS).to_numpy()
     others = work[~mine].groupby("instance")["work"].median()
     median = work.loc[mine, "instance"].map(others).to_numpy(dtype="float64")
     changed = duration.copy()
@@ -78,12 +81,15 @@ def _changes(graph: StepGraph, busbw_gbps: float | None) -> list[tuple[dict, np.
     changes = []
     caused = ops.groupby("last_rank")["wait_ns"].sum()
     for rank in caused[caused > 0].sort_values(ascending=False).index[:MOST_CHANGES]:
+        shortened = rank_on_time(graph, int(rank), duration)
+        if np.array_equal(shortened, duration):  # no work of its to shorten
+            continue
         changes.append(({
             "change": f"rank {rank} on time", "kind": "rank_on_time", "ranks": [int(rank)],
             "assumptions": f"rank {rank}'s host work before each op it issues set to the median "
                            f"of the other members' before the same op, where shorter; the "
                            f"rest of every rank's work, and every transfer, unchanged; "
-                           f"{IGNORED}"}, rank_on_time(graph, int(rank), duration)))
+                           f"{IGNORED}"}, shortened))
     group = _groups(ops).to_numpy()
     moved = ops.assign(group=group).groupby("group")["transfer_ns"].sum()
     for name in moved[moved > 0].sort_values(ascending=False).index[:MOST_CHANGES]:
