@@ -131,3 +131,31 @@ def test_no_ops_gives_empty_frames_and_no_answers():
                                   pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns"]))
     assert empty["critical_path"].empty and empty["what_if"] == []
     assert list(empty["critical_path"].columns) == critical_path.PATH_COLUMNS
+
+
+def test_a_bucket_queued_behind_the_one_before_it_passes_the_path_to_that_ones_end():
+    # two all_reduces on one group per rank, the second queued behind the first (arrival at
+    # its end, 32 ms); rank 1 issues both 20 ms later than rank 0
+    rows = [op(0, 10 * MS, 32 * MS, step=1), op(0, 11 * MS, 34 * MS, step=1),
+            op(1, 30 * MS, 32 * MS, step=1), op(1, 31 * MS, 34 * MS, step=1)]
+    stepped = steps_of({0: 36, 1: 37}, [1]).assign(start_ns=0,
+                                                   end_ns=lambda f: f["end_ns"] - STEP)
+    result = cross(rows, stepped, 2)
+    assert result["ops"]["arrival_ns"].tolist() == [10 * MS, 32 * MS, 30 * MS, 32 * MS]
+    path = critical_path.analyse(result, stepped)
+    # E1 <- 3 ms <- second's transfer (2) <- its last arrival, rank 0's (tie, lowest rank),
+    # queued behind the first's end on rank 0 <- the first's transfer on rank 0 (2) <- rank 1's
+    # arrival at 30 ms
+    assert path_of(path) == {(0, "transfer"): 2.0, (1, "compute"): 33.0, (1, "transfer"): 2.0}
+    on_time = {a["change"]: a for a in path["what_if"]}["rank 1 on time"]
+    assert on_time["saved_ms_per_step"] == 20.0
+
+
+def test_an_end_stamped_before_its_last_arrival_is_negative_clock_time_on_the_path():
+    # rank 0's op ends at 29 ms, 1 ms before rank 1 arrived at 30 (clock error)
+    rows = [op(0, 10 * MS, 29 * MS, step=1), op(1, 30 * MS, 32 * MS, step=1)]
+    stepped = steps_of({0: 40, 1: 33}, [1]).assign(start_ns=0,
+                                                   end_ns=lambda f: f["end_ns"] - STEP)
+    path = critical_path.analyse(cross(rows, stepped, 2), stepped)
+    assert path_of(path) == {(0, "compute"): 11.0, (0, "clock"): -1.0, (1, "compute"): 30.0}
+    assert path["critical_path_steps"]["path_ms"].tolist() == [40.0]
