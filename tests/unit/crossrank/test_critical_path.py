@@ -159,3 +159,18 @@ def test_an_end_stamped_before_its_last_arrival_is_negative_clock_time_on_the_pa
     path = critical_path.analyse(cross(rows, stepped, 2), stepped)
     assert path_of(path) == {(0, "compute"): 11.0, (0, "clock"): -1.0, (1, "compute"): 30.0}
     assert path["critical_path_steps"]["path_ms"].tolist() == [40.0]
+
+
+def test_a_rank_whose_clock_reads_80_ms_ahead_gets_the_same_path_on_the_common_clock():
+    (result, stepped), shift = late_rank_run(steps=(1, 2)), 80 * MS
+    rows = [op(0, s * STEP + 10 * MS, s * STEP + 37 * MS, step=s) for s in (1, 2)] + [
+        op(1, s * STEP + 35 * MS + shift, s * STEP + 37 * MS + shift, step=s) for s in (1, 2)]
+    moved_steps = stepped.assign(
+        start_ns=stepped["start_ns"] + shift * (stepped["rank"] == 1),
+        end_ns=stepped["end_ns"] + shift * (stepped["rank"] == 1))
+    sync = pd.DataFrame({"rank": [0, 1], "offset_ns": [0, shift], "uncertainty_ns": [0, 0]})
+    moved = critical_path.analyse(cross_rank_pass(frame(rows), moved_steps, sync, 2),
+                                  moved_steps)
+    same = critical_path.analyse(result, stepped)
+    pd.testing.assert_frame_equal(moved["critical_path"], same["critical_path"])
+    assert moved["what_if"] == same["what_if"]
