@@ -27,7 +27,6 @@ from analysis.crossrank.clock import to_common_clock
 from analysis.crossrank.grouped import cummax_by_group, group_starts
 
 START, ISSUE, ARRIVAL, LAST, END_OF_OP, STEP_END = range(6)
-KIND_NAMES = ("start", "issue", "arrival", "last_arrival", "op_end", "step_end")
 NEVER = np.iinfo(np.int64).min
 
 
@@ -184,8 +183,7 @@ def _queue_edges(ops: pd.DataFrame, base_a: int, base_f: int):
     # The row that set the running maximum: the latest row at or before with its end equal to
     # it. A group's first row always sets it, so a running maximum over all rows stays within
     # the group.
-    setter = np.maximum.accumulate(np.where(e == running, np.arange(len(order)), -1)) \
-        if len(order) else np.zeros(0, dtype=np.int64)
+    setter = np.maximum.accumulate(np.where(e == running, np.arange(len(order)), -1))
     previous = np.full(len(order), -1)
     previous[1:] = setter[:-1]
     previous[first] = -1

@@ -174,3 +174,11 @@ def test_a_rank_whose_clock_reads_80_ms_ahead_gets_the_same_path_on_the_common_c
     same = critical_path.analyse(result, stepped)
     pd.testing.assert_frame_equal(moved["critical_path"], same["critical_path"])
     assert moved["what_if"] == same["what_if"]
+
+
+def test_a_lone_rank_whose_ops_match_nothing_gives_empty_frames_and_no_answers():
+    rows = [op(1, 10 * MS, 12 * MS, step=1), op(1, 20 * MS, 22 * MS, step=2)]
+    stepped = steps_of({1: 30}, [1, 2])
+    result = critical_path.analyse(cross(rows, stepped, 2), stepped)
+    assert result["critical_path"].empty and result["critical_path_steps"].empty
+    assert result["what_if"] == []
