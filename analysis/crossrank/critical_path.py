@@ -1,0 +1,135 @@
+"""The critical path of every analysed step across ranks, and what-if answers on it
+(docs/critical-path.md).
+
+The path ends at the step end of the rank whose step ends last and runs backwards through
+each node's binding predecessor (the one whose time, plus the node's duration, gives the node's
+time) to a rank's step start. Its time is split by rank and category: `compute` (host and device
+work between a rank's ops), `transfer` (an op's end after its last member arrived), `queued`
+(an op waiting for the op before it on its queue, beyond what the graph holds) and `clock`
+(negative: ends stamped before what they follow). Waiting for peers is never on the path: a
+member that waited is not its instance's binding predecessor.
+
+    crossrank.critical_path.analyse(cross, steps) -> {"critical_path": frame,
+        "critical_path_steps": frame, "what_if": list}
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.crossrank import step_graph, what_if
+from analysis.crossrank.grouped import group_starts
+from analysis.crossrank.step_graph import (
+    ARRIVAL,
+    END_OF_OP,
+    ISSUE,
+    LAST,
+    NEVER,
+    STEP_END,
+    StepGraph,
+)
+
+PATH_COLUMNS = ["step", "rank", "category", "ms"]
+PATH_STEP_COLUMNS = ["step", "path_ms", "end_rank", "start_rank", "step_ms"]
+CATEGORIES = ("compute", "transfer", "queued", "clock")
+
+
+def binding_predecessors(graph: StepGraph) -> np.ndarray:
+    """Per node, the predecessor that sets its time (-1 for sources). Among equal ones: an op's
+    end before the host's previous event (the host waited for the op), the instance's last
+    arriver as the waits name it, then the lowest rank."""
+    src, dst, time = graph.src, graph.dst, graph.time
+    latest = np.full(len(time), NEVER)
+    np.maximum.at(latest, dst, time[src])
+    binding = time[src] == latest[dst]
+    src, dst = src[binding], dst[binding]
+    preferred = (graph.kind[src] == END_OF_OP) | (
+        (graph.kind[dst] == LAST) & (graph.rank[src] == graph.rank[dst]))
+    order = np.lexsort((graph.rank[src], ~preferred, dst))
+    first = group_starts(dst[order])
+    chosen = np.full(len(time), -1, dtype=np.int64)
+    chosen[dst[order][first]] = src[order][first]
+    return chosen
+
+
+def path_end_nodes(graph: StepGraph, times: np.ndarray | None = None) -> np.ndarray:
+    """Per analysed step (sorted), the step end that ends it: the latest, the lowest rank of
+    equal ones."""
+    times = graph.time if times is None else times
+    ends = graph.step_ends  # in the order of graph.steps: by step, then rank
+    step = graph.step[ends]
+    order = np.lexsort((np.arange(len(ends)), -times[ends], step))
+    return ends[order][group_starts(step[order])]
+
+
+def category_of(graph: StepGraph, nodes: np.ndarray) -> np.ndarray:
+    """Each node's category on the path by its kind and the sign of its duration."""
+    kind, duration = graph.kind[nodes], graph.duration[nodes]
+    category = np.select(
+        [duration < 0, np.isin(kind, (ISSUE, STEP_END)), kind == END_OF_OP, kind == ARRIVAL],
+        ["clock", "compute", "transfer", "queued"], "")
+    return category
+
+
+def trace_paths(graph: StepGraph) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(path rows: step, rank, category, ms; per step: path_ms, end_rank, start_rank, step_ms
+    of the rank that ends it)."""
+    chosen = binding_predecessors(graph)
+    current = path_end_nodes(graph)
+    ends = current.copy()
+    visited = []
+    while len(current):
+        visited.append(current)
+        previous = chosen[current]
+        current = previous[previous >= 0]
+    nodes = np.concatenate(visited) if visited else np.zeros(0, dtype=np.int64)
+    on_path = nodes[graph.duration[nodes] != 0]
+    rows = pd.DataFrame({"step": graph.step[on_path], "rank": graph.rank[on_path],
+                         "category": category_of(graph, on_path),
+                         "ms": graph.duration[on_path] / 1e6})
+    path = (rows.groupby(["step", "rank", "category"], sort=True)["ms"].sum().reset_index()
+            if len(rows) else pd.DataFrame(columns=PATH_COLUMNS))
+    starts = _path_starts(graph, chosen, ends)
+    steps = graph.steps
+    end_row = ends - len(steps)  # E nodes follow the S nodes, one per row of steps
+    summary = pd.DataFrame({
+        "step": graph.step[ends], "path_ms": (graph.time[ends] - graph.time[starts]) / 1e6,
+        "end_rank": graph.rank[ends], "start_rank": graph.rank[starts],
+        "step_ms": (steps["end_ns"].to_numpy("int64")[end_row]
+                    - steps["start_ns"].to_numpy("int64")[end_row]) / 1e6})
+    return path.astype({"step": "int64", "rank": "int64", "ms": "float64"}), summary
+
+
+def _path_starts(graph: StepGraph, chosen: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The source each path starts from."""
+    current = ends.copy()
+    while True:
+        previous = chosen[current]
+        if not (previous >= 0).any():
+            return current
+        current = np.where(previous >= 0, previous, current)
+
+
+def analyse(cross: dict, steps: pd.DataFrame | None = None,
+            busbw_gbps: float | None = None) -> dict:
+    """The critical path and what-if answers of a cross-rank result (analysis.crossrank's
+    `ops` and `clock`); `steps`: each rank's steps (rank, step, start_ns, end_ns, own clock;
+    default cross["steps"]); `busbw_gbps`: also answer "each collective at this bus
+    bandwidth"."""
+    steps = cross.get("steps") if steps is None else steps
+    ops = cross.get("ops")
+    if ops is None or steps is None or ops.empty or steps.empty:
+        return {"critical_path": pd.DataFrame(columns=PATH_COLUMNS),
+                "critical_path_steps": pd.DataFrame(columns=PATH_STEP_COLUMNS), "what_if": []}
+    graph = step_graph.build(ops, step_graph.steps_on_common_clock(steps, cross["clock"]))
+    path, summary = trace_paths(graph)
+    return {"critical_path": path, "critical_path_steps": summary,
+            "what_if": what_if.answers(graph, busbw_gbps)}
+
+
+def to_json(result: dict) -> dict:
+    """{"critical_path": [{step, rank, category, ms}], "what_if": [...]}, ms to the µs."""
+    rows = [{"step": int(r.step), "rank": int(r.rank), "category": r.category,
+             "ms": round(float(r.ms), 3)} for r in result["critical_path"].itertuples()]
+    return {"critical_path": rows, "what_if": result["what_if"]}

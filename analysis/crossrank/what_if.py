@@ -1,0 +1,138 @@
+"""What-if answers on the step graph: nodes shortened, every step propagated again, the step
+ends compared (docs/critical-path.md).
+
+- `rank_on_time`: rank R's host work before each of its issues set to the median of the other
+  members' work before the same instance (where that is shorter);
+- `transfer_overlapped`: a collective's transfer (op, group, size bucket) set to 0;
+- `transfer_at_busbw`: that transfer at a given bus bandwidth (where that is shorter).
+
+saved_ms_per_step = the mean over analysed steps of (latest step end measured - latest step end
+predicted); predicted_step_ms = the mean measured step time (every rank and analysed step) -
+saved_ms_per_step. Every change is propagated at once, one column per change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.core.comm_names import P2P_OPS
+from analysis.crossrank.step_graph import END_OF_OP, ISSUE, StepGraph, propagate
+from analysis.rank.comm.ops import size_bucket
+from tracer import schema
+
+WHAT_IF_KEYS = ["change", "kind", "ranks", "saved_ms_per_step", "predicted_step_ms",
+                "assumptions"]
+# The changes asked of a run of many ranks or groups: the ranks that caused most wait and the
+# groups with most transfer.
+MOST_CHANGES = 16
+IGNORED = ("contention for cores, memory bandwidth or links, caches and clock error between "
+           "ranks are not modelled")
+
+
+def _nodes_of_ops(graph: StepGraph, kind: int) -> np.ndarray:
+    """The node of `kind` (ISSUE or END_OF_OP) of each row of graph.ops."""
+    nodes = np.flatnonzero(graph.kind == kind)
+    return nodes[np.argsort(graph.op_row[nodes], kind="stable")]
+
+
+def rank_on_time(graph: StepGraph, rank: int, duration: np.ndarray) -> np.ndarray:
+    """Durations with `rank`'s work before each collective it issues at most the other
+    members' median before the same instance (p2p ops are left alone: pipeline stages do
+    different work)."""
+    issues = _nodes_of_ops(graph, ISSUE)
+    ops = graph.ops
+    work = pd.DataFrame({"instance": ops["instance"].to_numpy(), "rank": ops["rank"].to_numpy(),
+                         "work": duration[issues]})
+    mine = (ops["rank"].to_numpy() == rank) & ~ops["op"].isin(P2P_OPS).to_numpy()
+    others = work[~mine].groupby("instance")["work"].median()
+    median = work.loc[mine, "instance"].map(others).to_numpy(dtype="float64")
+    changed = duration.copy()
+    own = issues[mine]
+    shorter = np.isfinite(median) & (median < duration[own])
+    changed[own[shorter]] = np.rint(median[shorter]).astype(np.int64)
+    return changed
+
+
+def _groups(ops: pd.DataFrame) -> pd.Series:
+    labels = {b: size_bucket(b)[0] for b in ops["bytes"].unique()}
+    return ops["op"].astype(str) + " on group " + ops["pg"].astype(str) + " (" + \
+        ops["bytes"].map(labels) + ")"
+
+
+def transfer_changed(graph: StepGraph, rows: np.ndarray, duration: np.ndarray,
+                     busbw_gbps: float | None = None) -> np.ndarray:
+    """Durations with the transfer of ops `rows` at 0, or at `busbw_gbps` (where shorter)."""
+    ends = _nodes_of_ops(graph, END_OF_OP)[rows]
+    changed = duration.copy()
+    if busbw_gbps is None:
+        changed[ends] = np.minimum(duration[ends], 0)
+        return changed
+    ops = graph.ops.iloc[rows]
+    factor = np.array([schema.bus_factor(o, n) for o, n in zip(ops["op"], ops["pg_size"])])
+    at = ops["bytes"].to_numpy(dtype="float64") * factor / busbw_gbps  # ns: B / (GB/s)
+    known = np.isfinite(at)
+    changed[ends[known]] = np.minimum(duration[ends[known]], np.rint(at[known]).astype(np.int64))
+    return changed
+
+
+def _changes(graph: StepGraph, busbw_gbps: float | None) -> list[tuple[dict, np.ndarray]]:
+    ops, duration = graph.ops, graph.duration
+    changes = []
+    caused = ops.groupby("last_rank")["wait_ns"].sum()
+    for rank in caused[caused > 0].sort_values(ascending=False).index[:MOST_CHANGES]:
+        shortened = rank_on_time(graph, int(rank), duration)
+        if np.array_equal(shortened, duration):  # no work of its to shorten
+            continue
+        changes.append(({
+            "change": f"rank {rank} on time", "kind": "rank_on_time", "ranks": [int(rank)],
+            "assumptions": f"rank {rank}'s host work before each op it issues set to the median "
+                           f"of the other members' before the same op, where shorter; the "
+                           f"rest of every rank's work, and every transfer, unchanged; "
+                           f"{IGNORED}"}, shortened))
+    group = _groups(ops).to_numpy()
+    moved = ops.assign(group=group).groupby("group")["transfer_ns"].sum()
+    for name in moved[moved > 0].sort_values(ascending=False).index[:MOST_CHANGES]:
+        rows = np.flatnonzero(group == name)
+        ranks = sorted(int(r) for r in ops["rank"].iloc[rows].unique())
+        changes.append(({
+            "change": f"{name} transfer overlapped", "kind": "transfer_overlapped",
+            "ranks": ranks,
+            "assumptions": "the transfer of every such op (its end after its last member "
+                           "arrived) hidden under compute, its waits unchanged; " + IGNORED},
+            transfer_changed(graph, rows, duration)))
+        if busbw_gbps:
+            changes.append(({
+                "change": f"{name} at {busbw_gbps:g} GB/s busbw", "kind": "transfer_at_busbw",
+                "ranks": ranks,
+                "assumptions": f"the transfer of every such op at bytes x bus factor / "
+                               f"{busbw_gbps:g} GB/s, where shorter; " + IGNORED},
+                transfer_changed(graph, rows, duration, busbw_gbps)))
+    return changes
+
+
+def step_ends(graph: StepGraph, times: np.ndarray) -> np.ndarray:
+    """Per analysed step (sorted) and column of `times`: the latest step end."""
+    ends = graph.step_ends
+    steps, of_step = np.unique(graph.step[ends], return_inverse=True)
+    latest = np.full((len(steps), times.shape[1]), np.iinfo(np.int64).min)
+    np.maximum.at(latest, of_step, times[ends])
+    return latest
+
+
+def answers(graph: StepGraph, busbw_gbps: float | None = None) -> list[dict]:
+    """Every change's saving and predicted step time, largest saving first."""
+    changes = _changes(graph, busbw_gbps)
+    if not changes:
+        return []
+    durations = np.column_stack([graph.duration] + [d for _, d in changes])
+    latest = step_ends(graph, propagate(graph, durations))
+    saved = (latest[:, :1] - latest[:, 1:]).mean(axis=0) / 1e6
+    steps = graph.steps
+    measured = float((steps["end_ns"] - steps["start_ns"]).mean()) / 1e6
+    rows = [{**{k: v for k, v in about.items() if k != "assumptions"},
+             "saved_ms_per_step": round(float(s), 3),
+             "predicted_step_ms": round(measured - float(s), 3),
+             "assumptions": about["assumptions"]} for (about, _), s in zip(changes, saved)]
+    order = sorted(range(len(rows)), key=lambda i: -rows[i]["saved_ms_per_step"])
+    return [{k: rows[i][k] for k in WHAT_IF_KEYS} for i in order]
