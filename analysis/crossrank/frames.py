@@ -27,7 +27,10 @@ from analysis.rank.comm.sizes import distinct_message_sizes
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "pg_size", "op", "bytes", "dtype", "step", "issue_ns", "end_ns",
-              "peer", "queue"]
+              "peer", "queue", "timed"]
+# A comm record whose backend gave no completion (gloo's Flight Recorder entries): its end is its
+# issue, and only its issue is known (docs/cross-rank.md, "Ops timed at issue only").
+ISSUE_ONLY = "issue"
 STEP_COLUMNS = ["rank", "step", "start_ns", "end_ns"]
 SYNC_COLUMNS = ["rank", "offset_ns", "uncertainty_ns"]
 # The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast and
@@ -45,24 +48,33 @@ def typed_ops(frame: pd.DataFrame) -> pd.DataFrame:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("int64")
     frame["peer"] = pd.to_numeric(frame["peer"], errors="coerce").astype("float64")
     frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce").astype("float64")
+    # An op's end is known unless said otherwise (Kineto events and timed records have one).
+    frame["timed"] = frame["timed"].astype("object").where(frame["timed"].notna(), True).astype(
+        bool)
     for column in ("pg", "op", "dtype", "queue"):
         frame[column] = frame[column].astype("object")
     return frame.reset_index(drop=True)
 
 
 def ops_from_records(comms: pd.DataFrame, rank: int) -> pd.DataFrame:
-    """One rank's comm records (tracer.schema.CommRecord) as ops."""
+    """One rank's comm records (tracer.schema.CommRecord) as ops, in the order the rank issued
+    them: records written off the training thread (the native ones) come later in the file than
+    their issue, and positions are counted in row order (crossrank.matching). A record timed at
+    issue only (`timing` "issue") has `timed` False: its end is not known."""
     if comms is None or comms.empty:
         return empty_ops()
     frame = comms.dropna(subset=["start_ns", "end_ns", "step", "op"])
     ops = frame["op"].map(lambda op: op if op in schema.COMM_OPS else canonical_op(op))
+    timing = frame["timing"] if "timing" in frame.columns else pd.Series(None, index=frame.index)
     frame = pd.DataFrame({
         "rank": rank, "pg": frame["pg"].astype(str), "pg_size": frame["pg_size"],
         "op": ops, "bytes": frame["bytes"], "dtype": frame["dtype"].map(canonical_dtype),
         "step": frame["step"], "issue_ns": frame["start_ns"], "end_ns": frame["end_ns"],
         "peer": frame["peer"] if "peer" in frame.columns else np.nan,
+        "timed": (timing != ISSUE_ONLY).to_numpy(),
     })
     frame = frame[frame["op"].notna() & (frame["step"] >= FIRST_RECORD_STEP)]
+    frame = frame.sort_values("issue_ns", kind="stable")
     frame["queue"] = _queues(frame)
     return typed_ops(frame)
 
@@ -142,7 +154,8 @@ def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.D
         "bytes": float64_of(sizes)[inverse[order]], "dtype": _objects_at(dtype, order),
         "step": step[order].astype("int64"), "issue_ns": issued[order],
         "end_ns": _int64_at(chosen["end_ns"], order), "peer": np.full(len(order), np.nan),
-        "queue": pd.Series(queue[order], dtype=object, copy=False)})
+        "queue": pd.Series(queue[order], dtype=object, copy=False),
+        "timed": np.ones(len(order), dtype=bool)})
 
 
 def _objects_at(column: pd.Series, order: np.ndarray) -> pd.Series:
