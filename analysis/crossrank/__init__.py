@@ -10,8 +10,8 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
-from analysis.crossrank.clock import clock_table, to_common_clock
 from analysis.crossrank import findings as cross_findings
+from analysis.crossrank.clock import clock_table, to_common_clock
 from analysis.crossrank.culprit import STRAGGLER_COLUMNS, find_stragglers
 from analysis.crossrank.frames import run_frames
 from analysis.crossrank.matching import match_ops

@@ -18,6 +18,8 @@ from analysis.rank.comm.ops import size_bucket
 from tracer import schema
 
 WAITS_COLUMNS = ["rank", "step", "wait_for_peers_ms", "transfer_ms", "queued_ms", "ops"]
+# The two parts of a step's communication-only time (docs/definitions.md, "Waiting for peers").
+COMM_SPLIT_COLUMNS = ["transfer_ns", "peer_wait_ns"]
 BANDWIDTH_COLUMNS = ["op", "pg", "pg_size", "size_bucket", "count", "transfer_us",
                      "transfer_algbw_gbps", "transfer_busbw_gbps"]
 
@@ -183,3 +185,22 @@ def wait_windows(result: dict) -> pd.DataFrame:
     return pd.DataFrame({"rank": waited["rank"].to_numpy("int64"),
                          "step": waited["step"].to_numpy("int64"), "start_ns": start,
                          "end_ns": start + waited["wait_ns"].to_numpy("int64")})
+
+
+def split_communication(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> pd.DataFrame:
+    """`per_step` (rows of rank, step, comm_only_ns) with its communication-only time split in
+    two (docs/definitions.md, "Waiting for peers"): peer_wait_ns, the rank's wait_for_peers in
+    that step (rank_step_waits) but at most its communication-only time, and transfer_ns, the
+    rest; both NaN where the cross-rank pass has no waits for the rank's step."""
+    frame = per_step.copy()
+    comm = pd.to_numeric(frame["comm_only_ns"], errors="coerce").to_numpy("float64")
+    wait = np.full(len(frame), np.nan)
+    if waits is not None and len(waits) and len(frame):
+        keys = frame[["rank", "step"]].astype("float64")
+        found = keys.merge(waits[["rank", "step", "wait_for_peers_ms"]].astype("float64"),
+                           on=["rank", "step"], how="left")
+        wait = found["wait_for_peers_ms"].to_numpy("float64") * 1e6
+    waiting = np.minimum(wait, comm)
+    frame["peer_wait_ns"] = waiting
+    frame["transfer_ns"] = comm - waiting
+    return frame
