@@ -142,14 +142,14 @@ def analysed_ops(ops: pd.DataFrame, steps: list[int] | None) -> tuple[pd.DataFra
     no step's rows; `steps` (--steps) selects the analysed steps of every source. A run whose
     records never passed set-up (it stopped before its first step) has only those ops: they
     are its ops, not set-up."""
-    step = pd.to_numeric(ops["step"], errors="coerce")
-    recorded = (ops["origin"] == "records").to_numpy()
-    setup = recorded & (step < communication.FIRST_STEP).to_numpy()
+    step = pd.to_numeric(ops["step"], errors="coerce").astype("float64")
+    recorded = (ops["origin"] == "records").to_numpy(dtype=bool)
+    setup = recorded & (step < communication.FIRST_STEP).to_numpy(dtype=bool)
     if not (recorded & ~setup).any():
         setup[:] = False
     kept = ~setup
     if steps is not None:
-        kept &= step.isin(steps).to_numpy()
+        kept &= step.isin(steps).to_numpy(dtype=bool)
     return (ops[kept].reset_index(drop=True), ops[setup].reset_index(drop=True))
 
 

@@ -201,6 +201,6 @@ def split_communication(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> p
                            on=["rank", "step"], how="left")
         wait = found["wait_for_peers_ms"].to_numpy("float64") * 1e6
     waiting = np.minimum(wait, comm)
-    frame["peer_wait_ns"] = waiting
     frame["transfer_ns"] = comm - waiting
+    frame["peer_wait_ns"] = waiting
     return frame
