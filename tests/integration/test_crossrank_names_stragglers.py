@@ -82,11 +82,19 @@ def delayed_pipeline_and_tp(shared_runs):
 
 
 def test_a_four_stage_pipeline_names_the_delayed_stage(delayed_pipeline_and_tp):
+    # The 15 ms delay is the size of the scheduler's own delays with 4 ranks on 2 cores, so the
+    # evidence is every recorded step's p2p ops (20 clean steps and more), not the profiled
+    # window's 3: the stage that holds the others back is told from the caused wait of them all.
     frames, document = _cross_rank(delayed_pipeline_and_tp["pipeline"])
     assert _named(document) == [2]
+    stragglers = frames["stragglers"].set_index("rank")
+    assert stragglers.loc[2, "clean_steps"] >= 15
     # Stages 0 and 1 wait for stage 2's gradients through stage 1: blame passed along the chain.
-    holds_back = frames["pipeline"].set_index("rank")["holds_back"]
-    assert holds_back.to_dict() == {0: False, 1: False, 2: True, 3: False}
+    pipeline = frames["pipeline"].set_index("rank")
+    assert pipeline["holds_back"].to_dict() == {0: False, 1: False, 2: True, 3: False}
+    # The caused recv wait is the straggler rule's caused wait, over the same steps.
+    assert pipeline.loc[2, "caused_recv_wait_ms_per_step"] == pytest.approx(
+        stragglers.loc[2, "caused_wait_ms_per_step"], rel=0.05)
 
 
 def test_tensor_parallel_names_the_delayed_rank(delayed_pipeline_and_tp):
