@@ -139,13 +139,13 @@ def analysed_ops(ops: pd.DataFrame, steps: list[int] | None) -> tuple[pd.DataFra
                                                                         pd.DataFrame]:
     """(the ops of the analysed steps, the set-up ops): records of the tracer's step 0 (before
     the first step: process group start, DDP's first broadcast, barriers) are set-up and enter
-    no step's rows; `steps` (--steps) selects the analysed steps of every source. A run whose
-    records never passed set-up (it stopped before its first step) has only those ops: they
-    are its ops, not set-up."""
+    no step's rows; `steps` (--steps) selects the analysed steps of every source. A run with
+    no op past set-up (it stopped before its first step) has only those: they are its ops, not
+    set-up."""
     step = pd.to_numeric(ops["step"], errors="coerce").astype("float64")
     recorded = (ops["origin"] == "records").to_numpy(dtype=bool)
     setup = recorded & (step < communication.FIRST_STEP).to_numpy(dtype=bool)
-    if not (recorded & ~setup).any():
+    if setup.all():
         setup[:] = False
     kept = ~setup
     if steps is not None:
