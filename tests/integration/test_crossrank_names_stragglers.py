@@ -75,6 +75,19 @@ def test_ddp_names_the_delayed_rank_and_the_other_waits_the_delay(ddp_delayed, s
     assert document["mismatches"] == []
 
 
+def test_a_default_run_names_the_late_rank_from_every_recorded_step(shared_runs):
+    """The tracer's default window holds 3 steps, too few to name a rank; the comm records hold
+    every step's buckets, so the rule reads all of them and names rank 1 with no note."""
+    frames, document = _cross_rank(shared_runs["ddp-late-default"].run_dir)
+    assert _named(document)[:1] == [1]
+    assert frames["notes"] == []
+    row = frames["stragglers"].set_index("rank").loc[1]
+    assert row["clean_steps"] >= steps_needed(2) and row["fires"]
+    assert frames["waits"]["step"].nunique() >= STEPS - 3
+    victim = frames["waits"][frames["waits"]["rank"] == 0]
+    assert np.median(victim["wait_for_peers_ms"]) >= 0.75 * DDP_DELAY_MS
+
+
 @pytest.fixture(scope="module")
 def delayed_pipeline_and_tp(shared_runs):
     return {"pipeline": shared_runs["pipeline-4-late"].run_dir,
