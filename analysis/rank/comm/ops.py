@@ -78,8 +78,8 @@ def comm_ops(trace, join=None) -> pd.DataFrame:
     rank = known_rank(trace)
     if isinstance(comms, pd.DataFrame) and len(comms):
         frame = _ops_from_records(comms, rank, trace)
-        traced = (_trace_columns(trace, rank, join) if _ddp_buckets_in_windows_only(records)
-                  else None)
+        traced = (_trace_columns(trace, rank, join)
+                  if _ddp_buckets_in_windows_only(records) and not _has_native(comms) else None)
         if traced is not None:
             # The records lack DDP's bucket all-reduces (no comm hook): take them from the
             # profiler windows' events, where the trace shows them (docs/report.md).
@@ -101,6 +101,16 @@ def _descs(trace, pgs, own) -> list:
     """Each op's group name: its own, else the one the rank's trace or records give the group."""
     names = issuers.group_names(trace)
     return [issuers.group_desc(pg, desc) or names.get(pg) for pg, desc in zip(pgs, own)]
+
+
+NATIVE_SOURCE = "native"  # a record of PyTorch's Flight Recorder: every collective, C++ ones too
+ISSUE_ONLY = "issue"  # a record's `timing` when the backend gave no completion
+
+
+def _has_native(comms: pd.DataFrame) -> bool:
+    """The records hold the collectives issued in C++ (DDP's buckets among them): the windows'
+    events would count them twice."""
+    return "source" in comms.columns and bool((comms["source"] == NATIVE_SOURCE).any())
 
 
 def _ddp_buckets_in_windows_only(records) -> bool:
@@ -167,6 +177,9 @@ def _ops_from_records(comms: pd.DataFrame, rank, trace) -> pd.DataFrame:
         "origin": "records",
     })
     frame.loc[frame["duration_us"] < 0, "duration_us"] = np.nan
+    # Timed at issue only (no completion from the backend): the op's time is unknown, not 0,
+    # and so are its bandwidths.
+    frame.loc[(_col(comms, "timing") == ISSUE_ONLY).to_numpy(dtype=bool), "duration_us"] = np.nan
     return frame
 
 
