@@ -22,7 +22,7 @@ from analysis.core.steps import step_at
 from analysis.crossrank.distinct import by_value as _by_value
 from analysis.crossrank.distinct import float64_of
 from analysis.rank.comm.kernel_names import named_kernels
-from analysis.rank.comm.ops import canonical_dtype, canonical_op
+from analysis.rank.comm.ops import canonical_dtype, canonical_op, windows_hold_what_records_lack
 from analysis.rank.comm.sizes import distinct_message_sizes
 from tracer import schema
 
@@ -260,6 +260,12 @@ class RankEvents(Mapping):
         return len(self._traces)
 
 
+def _rank_comm(trace) -> pd.DataFrame:
+    """The communication events of a rank's trace (its reduced ones where it holds no events)."""
+    rank_comm = trace.reduced.get("comm_events")
+    return rank_comm if rank_comm is not None else named_kernels(trace.with_events().events)
+
+
 def _step_arrays(steps: pd.DataFrame) -> dict:
     # Arrays, not a frame: selecting columns costs more per rank than the rank's few steps.
     return {column: steps[column].to_numpy() for column in ("step", "start_ns", "end_ns")}
@@ -304,20 +310,28 @@ def run_frames(run) -> dict:
         from_records = (ops_from_records(records.comms, trace.rank)
                         if records is not None and len(records.comms) else ())
         rank_steps = trace.steps
-        # Records without an op past set-up (DDP's bucket all-reduces run in C++, recorded only
-        # with the tracer's DDP bucket hook) leave the rank to its Kineto events, put on the
+        # Records that lack DDP's bucket all-reduces (run in C++, recorded only with the
+        # tracer's DDP bucket hook or the Flight Recorder) while the profiled window shows them:
+        # the window's steps are read from its events, every op of them, the other steps from
+        # the records; each step from one source, so no op counts twice.
+        from_window = bool(len(from_records) and has_events and shift is not None
+                           and windows_hold_what_records_lack(records) and len(trace.steps))
+        if from_window:
+            from_records = from_records[~from_records["step"].isin(trace.steps["step"])]
+        # Records without an op past set-up leave the rank to its Kineto events, put on the
         # records' clock where the two share a step, so that clock_sync applies to them too.
-        if len(from_records):
-            ops.append(from_records)
+        if len(from_records) or from_window:
+            if len(from_records):
+                ops.append(from_records)
             if record_steps is not None and len(record_steps):
                 rank_steps = record_steps[record_steps["step"] >= FIRST_RECORD_STEP]
+            if from_window:
+                comm.append((_rank_comm(trace), trace.rank, shift))
+                trace_steps.append((_step_arrays(trace.steps), trace.rank, shift))
         elif has_events:
             trace_ranks.add(trace.rank)
             moved = shift or 0
-            rank_comm = trace.reduced.get("comm_events")
-            if rank_comm is None:
-                rank_comm = named_kernels(trace.with_events().events)
-            comm.append((rank_comm, trace.rank, moved))
+            comm.append((_rank_comm(trace), trace.rank, moved))
             rank_steps = trace.steps
             if len(rank_steps):
                 trace_steps.append((_step_arrays(rank_steps), trace.rank, moved))

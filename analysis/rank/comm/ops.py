@@ -113,6 +113,14 @@ def _has_native(comms: pd.DataFrame) -> bool:
     return "source" in comms.columns and bool((comms["source"] == NATIVE_SOURCE).any())
 
 
+def windows_hold_what_records_lack(records) -> bool:
+    """The rank's records lack DDP's bucket all-reduces (traced without the DDP comm hook, and
+    no Flight Recorder records) while its profiled windows show them."""
+    comms = getattr(records, "comms", None) if records is not None else None
+    return (_ddp_buckets_in_windows_only(records) and isinstance(comms, pd.DataFrame)
+            and not _has_native(comms))
+
+
 def _ddp_buckets_in_windows_only(records) -> bool:
     """The tracer ran without its DDP comm hook, so DDP's buckets are only in the traces."""
     return any(isinstance(r, schema.RunStart) and r.ddp_buckets == schema.DDP_BUCKETS_FROM_PROFILER
