@@ -5,7 +5,7 @@ from analysis import open_run
 
 run = open_run("traces/20261129-220609-ddp", steps="3-5")
 run.per_step          # our breakdown and the per-step table, one row per (rank, step)
-run.per_rank, run.collectives, run.idle_gaps, run.findings, run.problems
+run.per_rank, run.collectives, run.setup_collectives, run.idle_gaps, run.findings, run.problems
 ```
 
 Each table is computed once, on first use; all are plain DataFrames (docs/analysis.md).
@@ -23,7 +23,7 @@ from analysis import crossrank
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.steps import parse_step_spec
 from analysis.crossrank.report import with_transfer_bandwidth
-from analysis.crossrank.waits import wait_windows
+from analysis.crossrank.waits import split_communication, wait_windows
 from analysis.findings import bottlenecks, notes, stop, stop_traces, verdict
 from analysis.ingest.load import load_path
 from analysis.rank import tables as ranks
@@ -75,21 +75,30 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
         report.tables[name] = result
         return result
 
-    ops = table("comm_ops", lambda: pd.concat(
+    selected = parse_step_spec(steps_spec) if steps_spec else None
+    every_op = table("comm_ops", lambda: pd.concat(
         [_rank_table(t, "comm_ops", communication.comm_ops)
          for t in over(traces, "collectives")]
         or [communication.empty_ops()], ignore_index=True))
+    cross = _cross_rank(loaded, per_step, report, selected)
+    # Waiting for peers is not communication of the rank's own: the breakdown's
+    # communication-only time split into transfer and waiting (docs/definitions.md).
+    report.per_step = per_step = split_communication(
+        per_step, cross["waits"] if cross is not None else None)
+    report.totals = rank_totals(per_step)
     per_rank = table("per_rank", lambda: ranks.per_rank_table(per_step, traces))
     step_table = table("per_step", lambda: ranks.per_step_table(per_step, traces))
-    cross = _cross_rank(loaded, step_table, report,
-                        parse_step_spec(steps_spec) if steps_spec else None)
     if cross is not None:
         report.idle_gaps = label_peer_waits(gaps, wait_windows(cross))
     report.idle = idle_summary(report.idle_gaps)
     collectives = None
-    if ops is not None:
+    if every_op is not None:
+        ops, setup = analysed_ops(every_op, selected)
+        report.tables["comm_ops"] = ops
+        table("setup_collectives", lambda: communication.collectives_table(setup))
         collectives = table("collectives", lambda: with_transfer_bandwidth(
-            communication.collectives_table(ops), cross))
+            communication.collectives_table(ops, analysed_steps(loaded, ops, selected)),
+            cross))
     steps_of = step_table if step_table is not None else per_step
     found = table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
         steps_of, per_rank, collectives, report.idle_gaps, traces, cross_rank=cross))
@@ -128,12 +137,52 @@ def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
         report.unavailable["stop_diagnosis"] = why
 
 
-def _cross_rank(loaded: LoadResult, step_table: pd.DataFrame | None,
+def analysed_ops(ops: pd.DataFrame, steps: list[int] | None) -> tuple[pd.DataFrame,
+                                                                        pd.DataFrame]:
+    """(the ops of the analysed steps, the set-up ops): records of the tracer's step 0 (before
+    the first step: process group start, DDP's first broadcast, barriers) are set-up and enter
+    no step's rows; `steps` (--steps) selects the analysed steps of every source. A run with
+    no op past set-up (it stopped before its first step) has only those: they are its ops, not
+    set-up."""
+    step = pd.to_numeric(ops["step"], errors="coerce").astype("float64")
+    recorded = (ops["origin"] == "records").to_numpy(dtype=bool)
+    setup = recorded & (step < communication.FIRST_STEP).to_numpy(dtype=bool)
+    if setup.all():
+        setup[:] = False
+    kept = ~setup
+    if steps is not None:
+        kept &= step.isin(steps).to_numpy(dtype=bool)
+    return (ops[kept].reset_index(drop=True), ops[setup].reset_index(drop=True))
+
+
+def analysed_steps(loaded: LoadResult, ops: pd.DataFrame, steps: list[int] | None) -> dict:
+    """{(rank, origin): analysed steps} that each rank's sources of ops cover: the steps of its
+    records (from the first step, those of --steps) and its profiled steps; where neither is
+    known, the distinct steps of its ops (rank.comm.ops.analysed_steps_of)."""
+    covered = communication.analysed_steps_of(ops)
+    for trace in loaded.ranks:
+        if trace.rank == UNKNOWN_RANK:
+            continue
+        records = trace.records
+        record_steps = getattr(records, "steps", None) if records is not None else None
+        if record_steps is not None and len(record_steps) and "step" in record_steps:
+            numbers = pd.to_numeric(record_steps["step"], errors="coerce").dropna()
+            numbers = numbers[numbers >= communication.FIRST_STEP]
+            if steps is not None:
+                numbers = numbers[numbers.isin(steps)]
+            covered[(int(trace.rank), "records")] = int(numbers.nunique())
+        if len(trace.steps):
+            covered[(int(trace.rank), "trace")] = int(trace.steps["step"].nunique())
+    return covered
+
+
+def _cross_rank(loaded: LoadResult, per_step: pd.DataFrame | None,
                 report: output.RunReport, steps: list[int] | None) -> dict | None:
     """The cross-rank pass (docs/cross-rank.md), or None with one problem saying why."""
     work = None
-    if step_table is not None and len(step_table):
-        work = step_table[["rank", "step", "step_ns", "work_ns"]].dropna(subset=["rank"])
+    if per_step is not None and len(per_step):
+        work = per_step[["rank", "step", "step_ns"]].assign(
+            work_ns=ranks.work_ns(per_step)).dropna(subset=["rank"])
         work = work.astype({"rank": "int64", "step": "int64"})
     try:
         cross = crossrank.cross_rank(loaded, work=work, steps=steps)
@@ -195,8 +244,12 @@ class Run:
     idle = _part("idle", "Idle time per rank and what the host was doing.")
     hta = _part("hta", "HTA 0.5.0's temporal breakdown, one row per rank.")
     per_rank = _table("per_rank", "One row per rank: step time, breakdown, memory, utilisation.")
-    comm_ops = _table("comm_ops", "Every collective and p2p op of every rank.")
-    collectives = _table("collectives", "Ops grouped by op, process group and size.")
+    comm_ops = _table("comm_ops", "Every collective and p2p op of every rank in the analysed "
+                                  "steps.")
+    collectives = _table("collectives", "Ops of the analysed steps grouped by op, process group "
+                                        "and size, costliest per step first.")
+    setup_collectives = _table("setup_collectives", "Collectives issued before the first step "
+                                                    "(set-up), grouped as the collectives are.")
     findings = _table("bottlenecks", "The bottleneck findings, largest share of step time first.")
     notes = _table("notes", "What the analysis could not tell (no share of step time).")
     verdict = _part("verdict", "The verdict the report opens with (docs/report.md).")

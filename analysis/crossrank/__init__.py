@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
+from analysis.crossrank import findings as cross_findings
 from analysis.crossrank.clock import clock_table, to_common_clock
 from analysis.crossrank.culprit import STRAGGLER_COLUMNS, find_stragglers
 from analysis.crossrank.frames import run_frames
@@ -24,7 +25,11 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
             microbatches: int | None = None, virtual_stages: int = 1,
             reference: int = 0, trace_ranks: frozenset = frozenset()) -> dict:
     """{"clock", "ops", "waits", "bandwidth", "stragglers", "mismatches", "pipeline",
-    "failed"}; `trace_ranks`: the ranks whose ops come from their Kineto trace alone.
+    "notes", "failed"}; `trace_ranks`: the ranks whose ops come from their Kineto trace alone.
+
+    `notes` are what the pass saw but cannot tell for sure (a rank last in every clean step, in
+    too few steps to rule out chance): a list of rows shaped as findings with "kind" "note",
+    shown apart from the findings and never ranked with them.
 
     The straggler and pipeline passes stand on the matched ops and fail alone: a pass that
     raises gives an empty frame, and `failed` names it with the error ({pass: "Type: message"},
@@ -36,7 +41,7 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
     common = to_common_clock(matched, clock)
     waits = op_bandwidth(op_waits(common))
     failed: dict[str, str] = {}
-    return {
+    result = {
         "clock": clock, "ops": waits, "waits": rank_step_waits(waits, steps),
         "bandwidth": transfer_bandwidth(waits),
         "stragglers": _alone("stragglers", failed, STRAGGLER_COLUMNS,
@@ -46,6 +51,8 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
                            lambda: pipeline_bubbles(waits, work, microbatches, virtual_stages)),
         "failed": failed,
     }
+    result["notes"] = cross_findings.too_few_steps(result)
+    return result
 
 
 def _alone(name: str, failed: dict, columns: list[str], compute) -> pd.DataFrame:

@@ -4,6 +4,7 @@ A synchronising collective (no member can finish before every member has arrived
 nearly the same instant on all members, so per matched instance `end_r - end_ref` is rank r's
 clock offset to the group's lowest rank plus noise. Per pair the offset is a robust fit over all
 instances: a median, with a Theil-Sen drift term. Pairs are chained from rank 0 over the groups.
+Ops timed at issue only (no completion) take no part in the estimate.
 Definitions in docs/cross-rank.md.
 """
 
@@ -36,6 +37,8 @@ def completion_pairs(matched: pd.DataFrame) -> pd.DataFrame:
     bounds on the offset low_ns = issue - ref's end and high_ns = end - ref's issue, and which of
     the two waited for the other (ref_waited, rank_waited)."""
     sync = matched[(matched["instance"] >= 0) & matched["op"].isin(SYNCHRONISING_OPS)]
+    if "timed" in sync.columns:  # an op timed at issue only has no completion to compare
+        sync = sync[sync["timed"].astype(bool)]
     ref = sync.loc[sync.groupby("instance")["rank"].idxmin(),
                    ["instance", "rank", "issue_ns", "end_ns"]]
     pairs = sync[["instance", "rank", "issue_ns", "end_ns"]].merge(

@@ -61,9 +61,11 @@ def ranks_wait_for(steps: pd.DataFrame, result: dict) -> list:
 
 
 def too_few_steps(result: dict) -> list:
-    """A note per rank that arrived last in every clean step, in too few steps to be named."""
+    """A note per rank that arrived last in every clean step, in too few steps to be named:
+    finding-shaped rows with "kind" "note", the cross-rank result's `notes` (never a finding:
+    a note names no bottleneck and is not ranked with the findings)."""
     stragglers = result["stragglers"]
-    if stragglers.empty or "too_few_steps" not in stragglers:
+    if stragglers.empty or "too_few_steps" not in stragglers or result["ops"].empty:
         return []
     members = len(set(int(r) for r in result["ops"]["rank"]))
     needed = steps_needed(members)
@@ -78,8 +80,9 @@ def too_few_steps(result: dict) -> list:
         suggestion = (f"Trace at least {needed + 1} steps with matched collectives: a longer "
                       f"profiler window (--active {needed + 1}) or more windows (--repeat); for "
                       f"DDP, --ddp-bucket-hook times its gradient buckets in every step.")
-        notes.append(finding_row(f"too few steps to name rank {rank} late",
-                                 row["share_pct"], evidence, suggestion, str(rank)))
+        notes.append({**finding_row(f"too few steps to name rank {rank} late",
+                                    row["share_pct"], evidence, suggestion, str(rank)),
+                      "kind": "note"})
     return notes
 
 

@@ -22,12 +22,15 @@ from analysis.core.steps import step_at
 from analysis.crossrank.distinct import by_value as _by_value
 from analysis.crossrank.distinct import float64_of
 from analysis.rank.comm.kernel_names import named_kernels
-from analysis.rank.comm.ops import canonical_dtype, canonical_op
+from analysis.rank.comm.ops import canonical_dtype, canonical_op, windows_hold_what_records_lack
 from analysis.rank.comm.sizes import distinct_message_sizes
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "pg_size", "op", "bytes", "dtype", "step", "issue_ns", "end_ns",
-              "peer", "queue"]
+              "peer", "queue", "timed"]
+# A comm record whose backend gave no completion (gloo's Flight Recorder entries): its end is its
+# issue, and only its issue is known (docs/cross-rank.md, "Ops timed at issue only").
+ISSUE_ONLY = "issue"
 STEP_COLUMNS = ["rank", "step", "start_ns", "end_ns"]
 SYNC_COLUMNS = ["rank", "offset_ns", "uncertainty_ns"]
 # The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast and
@@ -45,24 +48,33 @@ def typed_ops(frame: pd.DataFrame) -> pd.DataFrame:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("int64")
     frame["peer"] = pd.to_numeric(frame["peer"], errors="coerce").astype("float64")
     frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce").astype("float64")
+    # An op's end is known unless said otherwise (Kineto events and timed records have one).
+    frame["timed"] = frame["timed"].astype("object").where(frame["timed"].notna(), True).astype(
+        bool)
     for column in ("pg", "op", "dtype", "queue"):
         frame[column] = frame[column].astype("object")
     return frame.reset_index(drop=True)
 
 
 def ops_from_records(comms: pd.DataFrame, rank: int) -> pd.DataFrame:
-    """One rank's comm records (tracer.schema.CommRecord) as ops."""
+    """One rank's comm records (tracer.schema.CommRecord) as ops, in the order the rank issued
+    them: records written off the training thread (the native ones) come later in the file than
+    their issue, and positions are counted in row order (crossrank.matching). A record timed at
+    issue only (`timing` "issue") has `timed` False: its end is not known."""
     if comms is None or comms.empty:
         return empty_ops()
     frame = comms.dropna(subset=["start_ns", "end_ns", "step", "op"])
     ops = frame["op"].map(lambda op: op if op in schema.COMM_OPS else canonical_op(op))
+    timing = frame["timing"] if "timing" in frame.columns else pd.Series(None, index=frame.index)
     frame = pd.DataFrame({
         "rank": rank, "pg": frame["pg"].astype(str), "pg_size": frame["pg_size"],
         "op": ops, "bytes": frame["bytes"], "dtype": frame["dtype"].map(canonical_dtype),
         "step": frame["step"], "issue_ns": frame["start_ns"], "end_ns": frame["end_ns"],
         "peer": frame["peer"] if "peer" in frame.columns else np.nan,
+        "timed": (timing != ISSUE_ONLY).to_numpy(),
     })
     frame = frame[frame["op"].notna() & (frame["step"] >= FIRST_RECORD_STEP)]
+    frame = frame.sort_values("issue_ns", kind="stable")
     frame["queue"] = _queues(frame)
     return typed_ops(frame)
 
@@ -142,7 +154,8 @@ def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.D
         "bytes": float64_of(sizes)[inverse[order]], "dtype": _objects_at(dtype, order),
         "step": step[order].astype("int64"), "issue_ns": issued[order],
         "end_ns": _int64_at(chosen["end_ns"], order), "peer": np.full(len(order), np.nan),
-        "queue": pd.Series(queue[order], dtype=object, copy=False)})
+        "queue": pd.Series(queue[order], dtype=object, copy=False),
+        "timed": np.ones(len(order), dtype=bool)})
 
 
 def _objects_at(column: pd.Series, order: np.ndarray) -> pd.Series:
@@ -247,6 +260,12 @@ class RankEvents(Mapping):
         return len(self._traces)
 
 
+def _rank_comm(trace) -> pd.DataFrame:
+    """The communication events of a rank's trace (its reduced ones where it holds no events)."""
+    rank_comm = trace.reduced.get("comm_events")
+    return rank_comm if rank_comm is not None else named_kernels(trace.with_events().events)
+
+
 def _step_arrays(steps: pd.DataFrame) -> dict:
     # Arrays, not a frame: selecting columns costs more per rank than the rank's few steps.
     return {column: steps[column].to_numpy() for column in ("step", "start_ns", "end_ns")}
@@ -291,20 +310,28 @@ def run_frames(run) -> dict:
         from_records = (ops_from_records(records.comms, trace.rank)
                         if records is not None and len(records.comms) else ())
         rank_steps = trace.steps
-        # Records without an op past set-up (DDP's bucket all-reduces run in C++, recorded only
-        # with the tracer's DDP bucket hook) leave the rank to its Kineto events, put on the
+        # Records that lack DDP's bucket all-reduces (run in C++, recorded only with the
+        # tracer's DDP bucket hook or the Flight Recorder) while the profiled window shows them:
+        # the window's steps are read from its events, every op of them, the other steps from
+        # the records; each step from one source, so no op counts twice.
+        from_window = bool(len(from_records) and has_events and shift is not None
+                           and windows_hold_what_records_lack(records) and len(trace.steps))
+        if from_window:
+            from_records = from_records[~from_records["step"].isin(trace.steps["step"])]
+        # Records without an op past set-up leave the rank to its Kineto events, put on the
         # records' clock where the two share a step, so that clock_sync applies to them too.
-        if len(from_records):
-            ops.append(from_records)
+        if len(from_records) or from_window:
+            if len(from_records):
+                ops.append(from_records)
             if record_steps is not None and len(record_steps):
                 rank_steps = record_steps[record_steps["step"] >= FIRST_RECORD_STEP]
+            if from_window:
+                comm.append((_rank_comm(trace), trace.rank, shift))
+                trace_steps.append((_step_arrays(trace.steps), trace.rank, shift))
         elif has_events:
             trace_ranks.add(trace.rank)
             moved = shift or 0
-            rank_comm = trace.reduced.get("comm_events")
-            if rank_comm is None:
-                rank_comm = named_kernels(trace.with_events().events)
-            comm.append((rank_comm, trace.rank, moved))
+            comm.append((_rank_comm(trace), trace.rank, moved))
             rank_steps = trace.steps
             if len(rank_steps):
                 trace_steps.append((_step_arrays(rank_steps), trace.rank, moved))

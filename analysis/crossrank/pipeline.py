@@ -65,12 +65,13 @@ def pipeline_bubbles(waits: pd.DataFrame, work: pd.DataFrame, microbatches: int 
     recv_wait = kept[kept["op"] == "recv"].groupby("rank")["wait_ns"].sum()
     transfer = _transfer_time(kept, per)
     # Charged along waiting chains (crossrank.blame): a stage late only because it waited for
-    # the stage after it passes the blame on.
+    # the stage after it passes the blame on. Over every step with p2p ops (the records cover
+    # them all, the profiled work a few): which stage holds the others back is told from all.
     charged = blame(waits)
-    charged = charged[charged["instance"].isin(kept["instance"])]
-    caused = charged.groupby("culprit")["caused_ns"].sum()
+    charged = charged[charged["instance"].isin(p2p["instance"])]
+    caused = charged.groupby("culprit")["caused_ns"].sum() / p2p["step"].nunique()
     totals = totals.join([recv_wait.rename("recv_ns"), transfer.rename("transfer_ns"),
-                          caused.rename("caused_ns")]).fillna(0)
+                          caused.rename("caused_per_step_ns")]).fillna(0)
     bubble = (totals["step_ns"] - totals["work_ns"]).clip(lower=0)
     scale = 100.0 / totals["step_ns"]
     table = pd.DataFrame({
@@ -79,7 +80,7 @@ def pipeline_bubbles(waits: pd.DataFrame, work: pd.DataFrame, microbatches: int 
         "theory_bubble_pct": theory_bubble_pct(len(stages), m, virtual_stages) if m else np.nan,
         "recv_wait_pct": totals["recv_ns"] * scale, "transfer_pct": totals["transfer_ns"] * scale,
         "idle_pct": (bubble - totals["recv_ns"] - totals["transfer_ns"]).clip(lower=0) * scale,
-        "caused_recv_wait_ms_per_step": totals["caused_ns"] / totals["steps"] / 1e6,
+        "caused_recv_wait_ms_per_step": totals["caused_per_step_ns"] / 1e6,
     }).reset_index(drop=True)
     holder = table["caused_recv_wait_ms_per_step"].idxmax()
     table["holds_back"] = (table.index == holder) & (table["caused_recv_wait_ms_per_step"] > 0)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.crossrank.waits import split_communication
+
 MS = 1e6
 # The parts of a rank's bar in the reports: with the cross-rank waits, and without them.
 BAR_PARTS_CROSS = ["compute", "overlap", "transfer", "waiting", "memcpy", "idle"]
@@ -118,10 +120,10 @@ def rank_bars(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> pd.DataFram
     frame = per_step.copy()
     comm = frame["comm_only_ns"].astype("float64")
     if waits is not None and len(waits):
-        wait = frame[["rank", "step"]].merge(waits[["rank", "step", "wait_for_peers_ms"]],
-                                             on=["rank", "step"], how="left")
-        waiting = np.minimum(wait["wait_for_peers_ms"].fillna(0).to_numpy() * MS, comm)
-        frame["waiting"], frame["transfer"] = waiting, comm - waiting
+        split = split_communication(frame, waits)
+        # A step without cross-rank waits: its communication is all transfer in the bar.
+        frame["waiting"] = split["peer_wait_ns"].fillna(0).to_numpy()
+        frame["transfer"] = comm - frame["waiting"]
     else:
         frame["comm"] = comm
     frame["compute"], frame["overlap"] = frame["compute_only_ns"], frame["overlap_ns"]

@@ -2,7 +2,9 @@
 
 arrival = max(issue, end of the member's previous op on the same queue); a p2p op's is its issue;
 wait_for_peers = last arrival of the instance - own arrival, clipped to [0, end - arrival];
-transfer = end - max(last arrival, own arrival), at least 0.
+transfer = end - max(last arrival, own arrival), at least 0. An op timed at issue only (no end):
+its previous op's end is taken no earlier than that op's last arrival, its wait is not clipped
+by an end and its transfer is unknown (left out of transfer and bandwidth).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from analysis.rank.comm.ops import size_bucket
 from tracer import schema
 
 WAITS_COLUMNS = ["rank", "step", "wait_for_peers_ms", "transfer_ms", "queued_ms", "ops"]
+# The two parts of a step's communication-only time (docs/definitions.md, "Waiting for peers").
+COMM_SPLIT_COLUMNS = ["transfer_ns", "peer_wait_ns"]
 BANDWIDTH_COLUMNS = ["op", "pg", "pg_size", "size_bucket", "count", "transfer_us",
                      "transfer_algbw_gbps", "transfer_busbw_gbps"]
 
@@ -23,40 +27,68 @@ BANDWIDTH_COLUMNS = ["op", "pg", "pg_size", "size_bucket", "count", "transfer_us
 def op_waits(common: pd.DataFrame) -> pd.DataFrame:
     """Matched ops (times on the common clock) with arrival, last_arrival, wait_ns, transfer_ns,
     queued_ns and last_rank (the member that arrived last), in the order of rank, queue and
-    issue. Unmatched ops are left out."""
+    issue. Unmatched ops are left out.
+
+    An op timed at issue only (`timed` False: its end is unknown) arrives at its issue, or once
+    its queue's previous op can have completed: not before that op's last member arrived. Its
+    wait is not clipped by an end, and its transfer is unknown (transfer_ns 0, `timed` False)."""
     rank, issue, end = (common[c].to_numpy() for c in ("rank", "issue_ns", "end_ns"))
+    timed = (common["timed"].to_numpy(bool) if "timed" in common.columns
+             else np.ones(len(common), dtype=bool))
     queue = pd.factorize(common["queue"].to_numpy(object), sort=True, use_na_sentinel=False)[0]
     order = np.lexsort((issue, queue, rank))  # stable, as sort_values(kind="stable")
     rank, issue, end, queue = rank[order], issue[order], end[order], queue[order]
+    timed = timed[order]
     first_on_queue = group_starts(rank, queue)
-    previous = np.empty(len(order), dtype=np.int64)
-    previous[1:] = cummax_by_group(end, first_on_queue)[:-1]
     # P2p ops on one link are not run one after another like a group's collectives; and gloo
     # stamps a send's end only when the schedule waits on it, so a previous send's late end
     # would make the next send look late.
-    previous[first_on_queue | common["op"].isin(P2P_OPS).to_numpy()[order]] = np.iinfo("int64").min
-    # An op cannot arrive after it ended: where the queue is not strictly serial (an earlier
-    # op's end stamped late), the previous end is capped at this op's own end.
-    arrival = np.maximum(issue, np.minimum(previous, end))
-    matched = common["instance"].to_numpy()[order] >= 0
+    unqueued = first_on_queue | common["op"].isin(P2P_OPS).to_numpy()[order]
+    instance_all = common["instance"].to_numpy()[order]
+    matched = instance_all >= 0
+    codes = np.full(len(order), -1, dtype=np.int64)
+    distinct, codes[matched] = np.unique(instance_all[matched], return_inverse=True)
+    done = end.astype("int64")  # when each op completed, or the earliest it can have
+    rounds = 1 if timed.all() else max(int(np.bincount(
+        np.cumsum(first_on_queue) - 1).max(initial=1)), 1)
+    for _ in range(rounds):
+        previous = np.empty(len(order), dtype=np.int64)
+        previous[1:] = cummax_by_group(done, first_on_queue)[:-1] if len(order) else []
+        previous[unqueued] = np.iinfo("int64").min
+        # An op cannot arrive after it ended: where the queue is not strictly serial (an
+        # earlier op's end stamped late), the previous end is capped at this op's own end.
+        arrival = np.maximum(issue, np.where(timed, np.minimum(previous, end), previous))
+        if rounds == 1:
+            break
+        latest = np.full(len(distinct) + 1, np.iinfo("int64").min)  # the last: unmatched
+        np.maximum.at(latest, codes[matched], arrival[matched])
+        reached = np.where(matched, latest[codes], issue)
+        now_done = np.where(timed, end, np.maximum(issue, reached))
+        if np.array_equal(now_done, done):
+            break
+        done = now_done
     rank, issue, end, arrival = rank[matched], issue[matched], end[matched], arrival[matched]
-    instance = common["instance"].to_numpy()[order][matched]
+    timed = timed[matched]
+    instance = instance_all[matched]
     # Per instance, the member that arrived last: the first of the latest arrivals.
     by_lateness = np.lexsort((-arrival, instance))
     last_of = by_lateness[group_starts(instance[by_lateness])]
     _, of_instance = np.unique(instance, return_inverse=True)
     last_arrival, last_rank = arrival[last_of][of_instance], rank[last_of][of_instance]
+    wait = np.where(timed, np.clip(last_arrival - arrival, 0, np.maximum(end - arrival, 0)),
+                    np.maximum(last_arrival - arrival, 0))
     return common.take(order[matched]).assign(
-        arrival_ns=arrival, last_arrival_ns=last_arrival, last_rank=last_rank.astype("int64"),
-        wait_ns=np.clip(last_arrival - arrival, 0, np.maximum(end - arrival, 0)),
-        transfer_ns=np.maximum(end - np.maximum(last_arrival, arrival), 0),
+        timed=timed, arrival_ns=arrival, last_arrival_ns=last_arrival,
+        last_rank=last_rank.astype("int64"), wait_ns=wait,
+        transfer_ns=np.where(timed, np.maximum(end - np.maximum(last_arrival, arrival), 0), 0),
         queued_ns=arrival - issue,
     ).reset_index(drop=True)
 
 
 def rank_step_waits(waits: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per rank and step: the time spent waiting for peers, in transfer and queued (ms, each the
-    union of the rank's intervals in the step, so overlapping ops count once) and matched ops.
+    union of the rank's intervals in the step, so overlapping ops count once) and matched ops;
+    transfer_ms is NaN where every op of the rank's step was timed at issue only.
 
     Steps in `steps` (rank, step) without a matched op get zeros."""
     pairs = [waits[["rank", "step"]]] + ([steps[["rank", "step"]]] if steps is not None else [])
@@ -69,13 +101,20 @@ def rank_step_waits(waits: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
     arrival, end = waits["arrival_ns"].to_numpy("int64"), waits["end_ns"].to_numpy("int64")
     last_arrival = waits["last_arrival_ns"].to_numpy("int64")
     wait_end = arrival + waits["wait_ns"].to_numpy("int64")
+    timed = (waits["timed"].to_numpy(bool) if "timed" in waits.columns
+             else np.ones(len(waits), dtype=bool))
+    ops = np.bincount(of_op, minlength=groups)
+    # A rank's step whose ops were all timed at issue only has no known transfer (NaN, not 0).
+    untimed = (ops > 0) & (np.bincount(of_op, weights=timed, minlength=groups) == 0)
+    transfer = union_lengths(of_op[timed], groups, np.maximum(last_arrival, arrival)[timed],
+                             end[timed]) / 1e6
     return pd.DataFrame({
         "rank": rank[order][first], "step": step[order][first],
         "wait_for_peers_ms": union_lengths(of_op, groups, arrival, wait_end) / 1e6,
-        "transfer_ms": union_lengths(of_op, groups, np.maximum(last_arrival, arrival), end) / 1e6,
+        "transfer_ms": np.where(untimed, np.nan, transfer),
         "queued_ms": union_lengths(of_op, groups, waits["issue_ns"].to_numpy("int64"),
                                    arrival) / 1e6,
-        "ops": np.bincount(of_op, minlength=groups).astype("int64"),
+        "ops": ops.astype("int64"),
     })
 
 
@@ -146,3 +185,22 @@ def wait_windows(result: dict) -> pd.DataFrame:
     return pd.DataFrame({"rank": waited["rank"].to_numpy("int64"),
                          "step": waited["step"].to_numpy("int64"), "start_ns": start,
                          "end_ns": start + waited["wait_ns"].to_numpy("int64")})
+
+
+def split_communication(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> pd.DataFrame:
+    """`per_step` (rows of rank, step, comm_only_ns) with its communication-only time split in
+    two (docs/definitions.md, "Waiting for peers"): peer_wait_ns, the rank's wait_for_peers in
+    that step (rank_step_waits) but at most its communication-only time, and transfer_ns, the
+    rest; both NaN where the cross-rank pass has no waits for the rank's step."""
+    frame = per_step.copy()
+    comm = pd.to_numeric(frame["comm_only_ns"], errors="coerce").to_numpy("float64")
+    wait = np.full(len(frame), np.nan)
+    if waits is not None and len(waits) and len(frame):
+        keys = frame[["rank", "step"]].astype("float64")
+        found = keys.merge(waits[["rank", "step", "wait_for_peers_ms"]].astype("float64"),
+                           on=["rank", "step"], how="left")
+        wait = found["wait_for_peers_ms"].to_numpy("float64") * 1e6
+    waiting = np.minimum(wait, comm)
+    frame["transfer_ns"] = comm - waiting
+    frame["peer_wait_ns"] = waiting
+    return frame

@@ -95,14 +95,18 @@ def _note(note: str, evidence: str = "", suggestion: str = "", ranks: str = "") 
 def find_notes(per_step: pd.DataFrame | None, collectives, traces,
                cross_rank: dict | None = None) -> pd.DataFrame:
     """What the analysis could not tell, one row per note (NOTE_COLUMNS), in a fixed order: the
-    cross-rank pass's notes (`cross_rank["notes"]`, plain strings; without that field, its
-    ranks late in too few steps to be named), collectives that cannot be told apart from none
+    cross-rank pass's notes (`cross_rank["notes"]`: finding-shaped rows whose `finding` is the
+    note, or plain strings; without that field, its ranks late in too few steps to be named),
+    collectives that cannot be told apart from none
     (comms records off), and ranks missing from the analysis."""
     rows = []
     if cross_rank is not None and "notes" in cross_rank:
         for note in cross_rank.get("notes") or []:
-            rows.append(_note(str(note)) if not isinstance(note, dict) else
-                        _note(**{k: str(note.get(k, "")) for k in NOTE_COLUMNS}))
+            if not isinstance(note, dict):
+                rows.append(_note(str(note)))
+                continue
+            text = note.get("note", note.get("finding", ""))
+            rows.append(_note(str(text), *(str(note.get(k, "")) for k in NOTE_COLUMNS[1:])))
     elif cross_findings.matched(cross_rank):
         for row in cross_findings.too_few_steps(cross_rank):
             rows.append(_note(row["finding"], row["evidence"], row["suggestion"], row["ranks"]))

@@ -23,6 +23,10 @@ BREAKDOWN_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind
                      "start_ns", "end_ns"]
 # rank_totals' frame.
 TOTALS_COLUMNS = ["rank", "steps", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
+# The communication-only time split into transfer and waiting for peers, added to the per-step
+# frame once the cross-rank waits are known (analysis.run; docs/definitions.md, "Waiting for
+# peers"); summed and averaged with the other parts where present.
+COMM_SPLIT_COLUMNS = ["transfer_ns", "peer_wait_ns"]
 
 
 def empty_breakdown() -> pd.DataFrame:
@@ -89,6 +93,12 @@ def rank_totals(per_step: pd.DataFrame) -> pd.DataFrame:
         columns[column] = np.add.reduceat(values[by_group], bounds).astype(np.int64)
     columns["overlap_pct"] = overlap_pct(columns["overlap_ns"], columns["comm_only_ns"])
     columns["kind"] = _first_known(per_step["kind"], group, groups)
+    for column in COMM_SPLIT_COLUMNS:
+        if column in per_step.columns:  # NaN for a rank none of whose steps has it
+            values = per_step[column].to_numpy("float64")[by_group]
+            known = np.add.reduceat((~np.isnan(values)).astype(np.int64), bounds)
+            sums = np.add.reduceat(np.where(np.isnan(values), 0.0, values), bounds)
+            columns[column] = np.where(known > 0, sums, np.nan)
     return pd.DataFrame(columns)
 
 

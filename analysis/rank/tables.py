@@ -11,7 +11,7 @@ import pandas as pd
 
 from analysis.core.model import known_rank
 from analysis.rank.resources import RANK_RESOURCE_COLUMNS, rank_resources, step_resources
-from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS
+from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS, COMM_SPLIT_COLUMNS
 
 PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
 STEP_EXTRA_COLUMNS = [
@@ -45,7 +45,7 @@ def _dtype(column: str) -> str:
     return "float64"
 
 
-_FLOAT_INPUT_COLUMNS = (*BREAKDOWN_NS_COLUMNS, "overlap_pct")
+_FLOAT_INPUT_COLUMNS = (*BREAKDOWN_NS_COLUMNS, "overlap_pct", *COMM_SPLIT_COLUMNS)
 
 
 def _clean_per_step(per_step) -> pd.DataFrame:
@@ -230,8 +230,9 @@ def _rank_step_rows(frame: pd.DataFrame) -> list[dict]:
     ranks = ranked["rank"].to_numpy(dtype="int64")[order]
     starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
     ends = np.r_[starts[1:], ranks.size]
+    split = [c for c in COMM_SPLIT_COLUMNS if c in ranked.columns]
     numbers = {c: ranked[c].to_numpy(dtype="float64", na_value=np.nan)[order]
-               for c in [*BREAKDOWN_NS_COLUMNS, "work_ns", "step"]}
+               for c in [*BREAKDOWN_NS_COLUMNS, "work_ns", "step", *split]}
     kinds = ranked["kind"].astype(object).to_numpy()[order]
     rows = []
     for start, end in zip(starts.tolist(), ends.tolist()):
@@ -248,7 +249,7 @@ def _rank_step_rows(frame: pd.DataFrame) -> list[dict]:
             "min_step_ns": step_ns.min() if step_ns.size else np.nan,
             "max_step_ns": step_ns.max() if step_ns.size else np.nan,
         }
-        for column in [*BREAKDOWN_NS_COLUMNS[1:], "work_ns"]:
+        for column in [*BREAKDOWN_NS_COLUMNS[1:], "work_ns", *split]:
             row[column] = _nan_mean(numbers[column][start:end])
         for column, share in (("idle_ns", "idle_pct"), ("exposed_comm_ns", "exposed_comm_pct")):
             values = numbers[column][start:end]
@@ -284,9 +285,10 @@ def per_rank_table(per_step: pd.DataFrame, traces) -> pd.DataFrame:
     stepped = {row["rank"]: row for row in _rank_step_rows(frame)}
     recorded = {int(row["rank"]): row for row in resources.to_dict("records")}
     listed = [int(t.rank) for t in traces or [] if known_rank(t) is not None]
+    split = [c for c in COMM_SPLIT_COLUMNS if c in frame.columns]
     table = pd.DataFrame([{**recorded.get(rank, {}), **stepped.get(rank, {}), "rank": rank}
                           for rank in sorted({*stepped, *recorded, *listed})],
-                         columns=[*_STEP_ROW_COLUMNS, *RANK_RESOURCE_COLUMNS[1:]])
+                         columns=[*_STEP_ROW_COLUMNS, *RANK_RESOURCE_COLUMNS[1:], *split])
     if table["kind"].dtype == np.float64:  # no rank has steps: no kind was given
         table["kind"] = table["kind"].astype(object)
     return _finished_per_rank(table, traces)
@@ -306,7 +308,12 @@ def _finished_per_rank(table: pd.DataFrame, traces) -> pd.DataFrame:
     table["slowdown_vs_fastest_pct"] = (means - fastest) / fastest * 100
     slowest_value = means.max()
     table["slowest"] = (means == slowest_value) & (means.notna().sum() > 1)
-    table = table.reindex(columns=PER_RANK_COLUMNS)
+    # The split of communication (mean ns per step) after comm_only_ns, where it is known.
+    split = [c for c in COMM_SPLIT_COLUMNS if c in table.columns]
+    at = PER_RANK_COLUMNS.index("comm_only_ns") + 1
+    table = table.reindex(columns=[*PER_RANK_COLUMNS[:at], *split, *PER_RANK_COLUMNS[at:]])
+    for column in split:
+        table[column] = pd.to_numeric(table[column], errors="coerce").astype("float64")
     for column in PER_RANK_COLUMNS:
         dtype = _dtype(column)
         if dtype in ("Int64", "float64") and str(table[column].dtype) != dtype:

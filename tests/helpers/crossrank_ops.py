@@ -10,11 +10,18 @@ NO_SYNC = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])
 
 
 def op(rank, issue, end, step=0, name="all_reduce", pg="0", size=2, nbytes=4096,
-       dtype="float32", peer=None, queue=None):
+       dtype="float32", peer=None, queue=None, timed=True):
+    """One op; `timed` False: timed at issue only (its end is its issue, as the records say)."""
     return {"rank": rank, "pg": pg, "pg_size": size, "op": name, "bytes": nbytes,
-            "dtype": dtype, "step": step, "issue_ns": int(issue), "end_ns": int(end),
+            "dtype": dtype, "step": step, "issue_ns": int(issue),
+            "end_ns": int(end if timed else issue),
             "peer": np.nan if peer is None else peer,
-            "queue": queue or (pg if peer is None else f"{pg}:{name}:{peer}")}
+            "queue": queue or (pg if peer is None else f"{pg}:{name}:{peer}"), "timed": timed}
+
+
+def issue_only(rank, issue, step=0, **kwargs):
+    """An op timed at issue only (a gloo Flight Recorder record: no completion)."""
+    return op(rank, issue, issue, step=step, timed=False, **kwargs)
 
 
 def frame(rows):

@@ -217,3 +217,12 @@ class SharedRuns:
             self._done[name] = record(name, self.root / name)
         except (AssertionError, subprocess.TimeoutExpired) as failure:
             self._done[name] = str(failure)
+
+
+# ---- appended: a 25 ms straggler under the tracer's default options ---------------------------
+# The default profiler window (3 steps) with every DDP bucket in the comm records: the straggler
+# rule reads all recorded steps, so a default run of 24 steps names the late rank.
+RUNS["ddp-late-default"] = Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1",
+                                     "--straggle", f"1:{DDP_DELAY_MS}"),
+                               tracer=("--ddp-bucket-hook",), timed=True, batch="crossrank",
+                               users="test_crossrank_names_stragglers (default options)")

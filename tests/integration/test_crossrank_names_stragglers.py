@@ -75,6 +75,19 @@ def test_ddp_names_the_delayed_rank_and_the_other_waits_the_delay(ddp_delayed, s
     assert document["mismatches"] == []
 
 
+def test_a_default_run_names_the_late_rank_from_every_recorded_step(shared_runs):
+    """The tracer's default window holds 3 steps, too few to name a rank; the comm records hold
+    every step's buckets, so the rule reads all of them and names rank 1 with no note."""
+    frames, document = _cross_rank(shared_runs["ddp-late-default"].run_dir)
+    assert _named(document)[:1] == [1]
+    assert frames["notes"] == []
+    row = frames["stragglers"].set_index("rank").loc[1]
+    assert row["clean_steps"] >= steps_needed(2) and row["fires"]
+    assert frames["waits"]["step"].nunique() >= STEPS - 3
+    victim = frames["waits"][frames["waits"]["rank"] == 0]
+    assert np.median(victim["wait_for_peers_ms"]) >= 0.75 * DDP_DELAY_MS
+
+
 @pytest.fixture(scope="module")
 def delayed_pipeline_and_tp(shared_runs):
     return {"pipeline": shared_runs["pipeline-4-late"].run_dir,
@@ -82,11 +95,19 @@ def delayed_pipeline_and_tp(shared_runs):
 
 
 def test_a_four_stage_pipeline_names_the_delayed_stage(delayed_pipeline_and_tp):
+    # The 15 ms delay is the size of the scheduler's own delays with 4 ranks on 2 cores, so the
+    # evidence is every recorded step's p2p ops (20 clean steps and more), not the profiled
+    # window's 3: the stage that holds the others back is told from the caused wait of them all.
     frames, document = _cross_rank(delayed_pipeline_and_tp["pipeline"])
     assert _named(document) == [2]
+    stragglers = frames["stragglers"].set_index("rank")
+    assert stragglers.loc[2, "clean_steps"] >= 15
     # Stages 0 and 1 wait for stage 2's gradients through stage 1: blame passed along the chain.
-    holds_back = frames["pipeline"].set_index("rank")["holds_back"]
-    assert holds_back.to_dict() == {0: False, 1: False, 2: True, 3: False}
+    pipeline = frames["pipeline"].set_index("rank")
+    assert pipeline["holds_back"].to_dict() == {0: False, 1: False, 2: True, 3: False}
+    # The caused recv wait is the straggler rule's caused wait, over the same steps.
+    assert pipeline.loc[2, "caused_recv_wait_ms_per_step"] == pytest.approx(
+        stragglers.loc[2, "caused_wait_ms_per_step"], rel=0.05)
 
 
 def test_tensor_parallel_names_the_delayed_rank(delayed_pipeline_and_tp):

@@ -39,9 +39,12 @@ from tracer import schema
 COLLECTIVES_COLUMNS = [
     "op", "issuer", "pg", "pg_id", "pg_size", "size_bucket", "bucket_min_bytes", "count",
     "total_bytes", "total_us", "mean_us", "algbw_gbps", "busbw_gbps", "ranks", "rank_steps",
-    "slowest_rank", "slowest_rank_busbw_gbps",
+    "slowest_rank", "slowest_rank_busbw_gbps", "ms_per_step",
 ]
 UNKNOWN_BUCKET = "unknown"
+# The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast):
+# records of it are set-up collectives, never a step's (analysis.run).
+FIRST_STEP = 1
 
 
 def _bandwidths(op, nbytes, pg_size, duration_us) -> tuple[float, float]:
@@ -75,8 +78,8 @@ def comm_ops(trace, join=None) -> pd.DataFrame:
     rank = known_rank(trace)
     if isinstance(comms, pd.DataFrame) and len(comms):
         frame = _ops_from_records(comms, rank, trace)
-        traced = (_trace_columns(trace, rank, join) if _ddp_buckets_in_windows_only(records)
-                  else None)
+        traced = (_trace_columns(trace, rank, join)
+                  if _ddp_buckets_in_windows_only(records) and not _has_native(comms) else None)
         if traced is not None:
             # The records lack DDP's bucket all-reduces (no comm hook): take them from the
             # profiler windows' events, where the trace shows them (docs/report.md).
@@ -98,6 +101,24 @@ def _descs(trace, pgs, own) -> list:
     """Each op's group name: its own, else the one the rank's trace or records give the group."""
     names = issuers.group_names(trace)
     return [issuers.group_desc(pg, desc) or names.get(pg) for pg, desc in zip(pgs, own)]
+
+
+NATIVE_SOURCE = "native"  # a record of PyTorch's Flight Recorder: every collective, C++ ones too
+ISSUE_ONLY = "issue"  # a record's `timing` when the backend gave no completion
+
+
+def _has_native(comms: pd.DataFrame) -> bool:
+    """The records hold the collectives issued in C++ (DDP's buckets among them): the windows'
+    events would count them twice."""
+    return "source" in comms.columns and bool((comms["source"] == NATIVE_SOURCE).any())
+
+
+def windows_hold_what_records_lack(records) -> bool:
+    """The rank's records lack DDP's bucket all-reduces (traced without the DDP comm hook, and
+    no Flight Recorder records) while its profiled windows show them."""
+    comms = getattr(records, "comms", None) if records is not None else None
+    return (_ddp_buckets_in_windows_only(records) and isinstance(comms, pd.DataFrame)
+            and not _has_native(comms))
 
 
 def _ddp_buckets_in_windows_only(records) -> bool:
@@ -164,6 +185,9 @@ def _ops_from_records(comms: pd.DataFrame, rank, trace) -> pd.DataFrame:
         "origin": "records",
     })
     frame.loc[frame["duration_us"] < 0, "duration_us"] = np.nan
+    # Timed at issue only (no completion from the backend): the op's time is unknown, not 0,
+    # and so are its bandwidths.
+    frame.loc[(_col(comms, "timing") == ISSUE_ONLY).to_numpy(dtype=bool), "duration_us"] = np.nan
     return frame
 
 
@@ -228,16 +252,28 @@ _COLLECTIVES_DTYPES = {
     "pg_size": "Int64", "bucket_min_bytes": "float64", "count": "int64", "total_bytes": "float64",
     "total_us": "float64", "mean_us": "float64", "algbw_gbps": "float64", "busbw_gbps": "float64",
     "ranks": "int64", "rank_steps": "int64", "slowest_rank": "Int64",
-    "slowest_rank_busbw_gbps": "float64",
+    "slowest_rank_busbw_gbps": "float64", "ms_per_step": "float64",
 }
 
 
 # The columns of the ops that collectives_table reads.
 _GROUPED_COLUMNS = ["rank", "step", "op", "issuer", "pg", "pg_desc", "pg_size", "bytes",
-                    "duration_us"]
+                    "duration_us", "origin"]
 
 
-def collectives_table(ops: pd.DataFrame) -> pd.DataFrame:
+def analysed_steps_of(ops: pd.DataFrame) -> dict:
+    """{(rank, origin): distinct steps} of the ops: how many steps each rank's source covered,
+    where the caller knows no better (a step without any op of the rank's source is missed)."""
+    if not isinstance(ops, pd.DataFrame) or ops.empty:
+        return {}
+    keyed = pd.DataFrame({"rank": pd.to_numeric(ops["rank"], errors="coerce"),
+                          "origin": _col(ops, "origin").astype(object),
+                          "step": pd.to_numeric(ops["step"], errors="coerce")}).dropna()
+    counts = keyed.groupby(["rank", "origin"])["step"].nunique()
+    return {(int(rank), origin): int(n) for (rank, origin), n in counts.items()}
+
+
+def collectives_table(ops: pd.DataFrame, analysed_steps: dict | None = None) -> pd.DataFrame:
     """Ops grouped by op, issuer, process group (with its size) and power-of-two message-size
     bucket.
 
@@ -249,8 +285,11 @@ def collectives_table(ops: pd.DataFrame) -> pd.DataFrame:
     (known times only); mean_us: total_us over the ops with a known time; algbw/busbw: summed
     bytes over summed seconds of the ops whose size and time are both known, through
     schema.bandwidth_gbps; ranks: ranks that ran the group; rank_steps: distinct (rank, step)
-    pairs it ran in; slowest_rank: the rank with the lowest busbw on it (NA with one rank).
-    Sorted by total_us, largest first.
+    pairs it ran in; slowest_rank: the rank with the lowest busbw on it (NA with one rank);
+    ms_per_step: its cost per analysed step, the mean over its ranks of each rank's timed ops'
+    time over the steps that rank's source of ops covered (`analysed_steps`, {(rank, origin):
+    steps}; by default analysed_steps_of(ops)), so that ops recorded in every step and ops
+    seen in a few profiled steps compare. Sorted by ms_per_step, largest first.
     """
     if not isinstance(ops, pd.DataFrame) or ops.empty or "op" not in ops.columns:
         return empty_collectives()
@@ -283,6 +322,10 @@ def collectives_table(ops: pd.DataFrame) -> pd.DataFrame:
     ranks = groups.distinct(ranked, rank_values)
     stepped = ranked & ~step.isna()
     rank_steps = groups.distinct(stepped, rank_values, step.to_numpy("int64", na_value=0))
+    per_step = _ms_per_step(groups, ranks, ranked, rank_values, columns["origin"],
+                            np.where(has_time, duration_us, 0.0),
+                            analysed_steps if analysed_steps is not None
+                            else analysed_steps_of(ops))
 
     names = _first_names(pg, columns["pg_desc"])
     first = groups.first
@@ -313,24 +356,38 @@ def collectives_table(ops: pd.DataFrame) -> pd.DataFrame:
         "ranks": ranks.astype("int64"), "rank_steps": rank_steps.astype("int64"),
         "slowest_rank": pd.array(slowest_ranks, dtype="Int64"),
         "slowest_rank_busbw_gbps": slowest_busbw,
+        "ms_per_step": np.where(timed_count > 0, per_step, np.nan),
     }
     order = _table_order(table)
     return pd.DataFrame({name: [values[i] for i in order] if isinstance(values, list)
                          else values[order] for name, values in table.items()})
 
 
+def _ms_per_step(groups, ranks, ranked, rank_values, origin, duration_us, steps: dict
+                 ) -> np.ndarray:
+    """Per group: the mean over its ranks of the ops' time (ms) over the steps of each op's
+    rank and origin (NaN where a rank's source covered no step)."""
+    covered = np.array([steps.get((int(r), o), 0) if k else 0
+                        for r, o, k in zip(rank_values.tolist(), origin.tolist(),
+                                           ranked.tolist())], dtype="float64")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(covered > 0, duration_us / 1e3 / covered,
+                         np.where(duration_us > 0, np.nan, 0.0))
+    return groups.sums(share) / np.maximum(ranks, 1)
+
+
 def _table_order(table: dict) -> np.ndarray:
-    """The rows' order in the table: total_us largest first, then op, pg, issuer and
+    """The rows' order in the table: ms_per_step largest first, then op, pg, issuer and
     bucket_min_bytes (missing numbers last; ties in the groups' order), as sort_values(kind=
     "stable") gives it. The text columns hold text only: ops without an op are left out, and
     a missing issuer or group is named unknown."""
     texts = [table[name] for name in ("issuer", "pg", "op")]
-    total_us, low = table["total_us"], table["bucket_min_bytes"]
+    cost, low = table["ms_per_step"], table["bucket_min_bytes"]
     codes = [np.unique(np.array(column, dtype=object), return_inverse=True)[1]
              for column in texts]
     # np.lexsort: the last key first, each sort stable.
     return np.lexsort([np.nan_to_num(low, nan=0.0), np.isnan(low), *codes,
-                       -np.nan_to_num(total_us, nan=0.0), np.isnan(total_us)])
+                       -np.nan_to_num(cost, nan=0.0), np.isnan(cost)])
 
 
 def _filled(values: np.ndarray, missing) -> np.ndarray:

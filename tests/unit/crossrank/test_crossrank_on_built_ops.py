@@ -459,6 +459,7 @@ def test_a_rank_late_in_every_one_of_too_few_steps_gets_a_note_not_a_name():
     assert (row["clean_steps"], row["top_steps"], row["too_few_steps"]) == (3, 3, True)
     assert steps_needed(2) == 10 and steps_needed(4) == 5
     (note,) = too_few_steps(result)
+    assert result["notes"] == [note] and note["kind"] == "note"
     assert note["finding"] == "too few steps to name rank 1 late"
     assert "all 3 clean steps" in note["evidence"]
     assert "10 clean steps, 11 traced" in note["evidence"]
@@ -470,4 +471,4 @@ def test_noise_in_a_short_window_gets_no_note():
     from analysis.crossrank.findings import too_few_steps
     result = _two_bucket_run([(1, 0.5), (0, 1.5), (1, 2.0), (0, 2.0)], 4)
     assert not result["stragglers"]["too_few_steps"].any()
-    assert too_few_steps(result) == []
+    assert too_few_steps(result) == [] and result["notes"] == []

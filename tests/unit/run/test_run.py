@@ -30,8 +30,15 @@ def test_open_run_gives_the_tables_of_the_json_document(capsys):
     assert (steps[PARTS].sum(axis=1) == steps["step_ns"]).all()
     assert run.per_step["step_ns"].tolist() == [s["step_ns"] for s in printed["steps"]]
     assert run.totals["step_ns"].tolist() == [r["breakdown"]["step_ns"] for r in printed["ranks"]]
-    # 10 comm records a rank, all steps; the findings are the document's
-    assert len(run.comm_ops) == 20 and run.collectives["count"].sum() == 20
+    # 10 comm records a rank, 2 of them set-up (step 0: DDP's first broadcast and
+    # all-reduce), kept apart from the 8 of the analysed steps; the findings are the document's
+    assert len(run.comm_ops) == 16 and run.collectives["count"].sum() == 16
+    assert run.setup_collectives[["op", "count"]].values.tolist() == [["all_reduce", 2],
+                                                                      ["broadcast", 2]]
+    assert (run.comm_ops["step"] >= 1).all()
+    # Waiting for peers is split out of communication: the two parts add up to it.
+    split = steps["transfer_ns"] + steps["peer_wait_ns"]
+    assert (split == steps["comm_only_ns"]).all() and (steps["peer_wait_ns"] > 0).any()
     assert run.findings["finding"].tolist() == [b["finding"] for b in printed["bottlenecks"]]
     assert run.per_rank["rank"].tolist() == [0, 1]
     gaps = run.idle_gaps

@@ -223,6 +223,29 @@ def test_records_without_the_ddp_hook_take_the_bucket_all_reduces_from_the_trace
             bucket["dtype"], bucket["step"]) == (4096.0, 500.0, "0", 2, "float32", -1)
 
 
+def test_native_records_hold_the_buckets_so_the_trace_adds_none():
+    # The Flight Recorder's records hold every collective, DDP's buckets included: the windows'
+    # bucket all-reduces would be counted twice, whatever the run's start says.
+    rows = [
+        event("DistributedDataParallel.forward", "user_annotation", 0, 3 * MS),
+        event("record_param_comms", "cpu_op", 6 * MS, MS, is_comm=True, collective="allreduce",
+              in_nelems=1024, comm_dtype="Float", group_size=2, pg_name="0"),
+        event("cudaLaunchKernel", "cuda_runtime", 6 * MS + 500, 10, correlation=1),
+        event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 8 * MS, 500_000,
+              correlation=1, is_gpu=True, is_comm=True),
+    ]
+    comms = comm_records([{"step": 1, "op": "all_reduce", "pg_size": 2, "bytes": 4096.0,
+                           "duration_us": 0.0, "source": "native", "timing": "issue",
+                           "rank": 0}])
+    trace = make_trace(events_frame(rows), records=records_with(comms, [run_start(
+        schema.DDP_BUCKETS_FROM_PROFILER)]))
+    ops = communication.comm_ops(trace)
+    assert ops[["op", "origin", "source"]].values.tolist() == [["all_reduce", "records",
+                                                                "native"]]
+    # Timed at issue only: its time and bandwidths are unknown, never 0 GB/s.
+    assert ops[["duration_us", "algbw_gbps", "busbw_gbps"]].isna().all(axis=None)
+
+
 # ---- one join per rank ---------------------------------------------------------------------------
 def test_a_shared_join_gives_what_each_caller_finds_alone():
     events = events_frame(four_ops())
