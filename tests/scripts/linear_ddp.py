@@ -3,7 +3,7 @@ step tests/integration/test_flops_of_a_traced_run.py checks against FlopCounterM
 
 `--count-flops` runs one step alone (no process group, no DDP) under
 torch.utils.flop_counter.FlopCounterMode and prints its total: the reference, never taken in a
-traced process. `--losses FILE` writes repr() of each step's loss, one a line.
+traced process. `--save FILE` writes repr() of each step's loss to FILE.rank{R}, one a line.
 """
 
 import argparse
@@ -20,7 +20,7 @@ def parse_args():
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--losses")
+    p.add_argument("--save")
     p.add_argument("--count-flops", action="store_true")
     return p.parse_args()
 
@@ -61,9 +61,9 @@ def main():
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     losses = [repr(step(model, optimizer, batch).item()) for _ in range(args.steps)]
-    if args.losses:
+    if args.save:
         rank = dist.get_rank() if distributed else 0
-        with open(f"{args.losses}.rank{rank}", "w") as out:
+        with open(f"{args.save}.rank{rank}", "w") as out:
             out.write("\n".join(losses) + "\n")
     if distributed:
         dist.destroy_process_group()
