@@ -89,12 +89,12 @@ class ProfilerDriver(Part):
         if self.use_cuda:
             activities.append(ProfilerActivity.CUDA)
         c = self.config
-        # with_flops goes with the shapes: torch versions that export a `flops` argument give
-        # the FLOP count of analysis.rank.flops their own (docs/mfu.md).
+        # No with_flops: torch 2.13 writes no `flops` argument into the exported trace, and it
+        # costs as much again as the shapes (docs/benchmarks.md); analysis.rank.flops counts
+        # FLOPs from the shapes (docs/mfu.md).
         prof = profile(activities=activities, schedule=self._schedule,
                        on_trace_ready=self._export, record_shapes=c.record_shapes,
-                       with_flops=c.record_shapes, profile_memory=c.profile_memory,
-                       with_stack=c.with_stack)
+                       profile_memory=c.profile_memory, with_stack=c.with_stack)
         # Start at the tracer's step number, so the trace's ProfilerStep#N is step N.
         prof.step_num = self._step
         prof.current_action = self._schedule(self._step)
