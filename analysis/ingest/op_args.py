@@ -90,4 +90,6 @@ def read_ops(paths: list[Path]) -> pd.DataFrame:
         "input_type": pd.Series(rows["input_type"], dtype=object),
         "concrete_inputs": pd.Series(rows["concrete_inputs"], dtype=object),
     })
-    return frame.sort_values(["tid", "ts_ns"], kind="stable", ignore_index=True)
+    # An op before those nested in it, where both start at the same time: the longer first.
+    return frame.sort_values(["tid", "ts_ns", "end_ns"], ascending=[True, True, False],
+                             kind="stable", ignore_index=True)

@@ -54,7 +54,7 @@ def op_flops(ops: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFra
 
 def _innermost(frame: pd.DataFrame, of_family: np.ndarray) -> np.ndarray:
     """Ops of the family with no op of the family nested in them on their thread (ops sorted
-    by thread and start, as read_ops gives them)."""
+    by thread, start and longest first, as read_ops gives them)."""
     counted = of_family.copy()
     starts, ends = frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()
     tids = frame["tid"].to_numpy()
@@ -199,7 +199,7 @@ def mfu_table(ranks: list[RankTrace], per_step: pd.DataFrame, waits: pd.DataFram
         if not trace.has_trace:
             continue
         rank = known_rank(trace)
-        flops = step_flops(rank_op_flops(trace.with_events()), rank)
+        flops = step_flops(rank_op_flops(trace), rank)
         mine = per_step[per_step["rank"].map(known_rank_value) == rank]
         if not len(flops) or not len(mine):
             continue
@@ -212,3 +212,21 @@ def mfu_table(ranks: list[RankTrace], per_step: pd.DataFrame, waits: pd.DataFram
     if not frames:
         return pd.DataFrame(columns=MFU_COLUMNS)
     return pd.concat(frames, ignore_index=True)
+
+
+def mfu_records(table: pd.DataFrame) -> list[dict]:
+    """mfu_table's rows as JSON-ready dicts: plain ints, floats and strs, None for NaN."""
+    records = []
+    for row in table.to_dict("records"):
+        records.append({key: _plain(value) for key, value in row.items()})
+    return records
+
+
+def _plain(value):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return None if math.isnan(value) else float(value)
+    return value

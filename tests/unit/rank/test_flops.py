@@ -118,6 +118,17 @@ def test_nested_gemms_are_counted_once_at_the_innermost_and_a_copy_inside_does_n
     assert _counted_flops(table) == 2 * (2 * 4 * 8 * 2)
 
 
+def test_an_op_starting_with_the_one_nested_in_it_is_read_before_it(tmp_path):
+    mm = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5, "tid": 1,
+          "pid": 1, "args": {"Input Dims": [[4, 8], [8, 2]], "Input type": FLOAT2}}
+    matmul = {**mm, "name": "aten::matmul", "dur": 9}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [mm, matmul]}))  # the child written first
+    table = flops.op_flops(read_ops([path]))
+    assert table["name"].tolist() == ["aten::matmul", "aten::mm"]
+    assert table["counted"].tolist() == [False, True]
+
+
 def test_the_profilers_own_flops_argument_is_used_where_the_trace_has_it():
     ops = _ops([("aten::mm", "1", 0, 10, [[4, 8], [8, 2]], FLOAT2, 1000.0),
                 ("aten::mm", "1", 20, 30, [[4, 8], [8, 2]], FLOAT2)])
@@ -218,8 +229,14 @@ def test_waiting_is_bounded_by_the_exposed_communication_and_no_peak_gives_no_mf
     assert row["lost_waiting_pts"] == pytest.approx(10.0) and row["lost_transfer_pts"] == 0
     assert row["mfu_pct"] == pytest.approx(30.0)  # 300 FLOP at 1 GFLOP/s: 300 ns of 1000
     assert row["lost_compute_pts"] == pytest.approx(30.0)
-    none = flops.mfu_rows(step_flops, per_step, (None, None)).iloc[0]
-    assert math.isnan(none["mfu_pct"]) and none["achieved_tflops"] == pytest.approx(0.3e-3)
+    none = flops.mfu_rows(step_flops, per_step, (None, None))
+    assert math.isnan(none["mfu_pct"].iloc[0])
+    assert none["achieved_tflops"].iloc[0] == pytest.approx(0.3e-3)
+    record = flops.mfu_records(none)[0]
+    assert list(record) == flops.MFU_COLUMNS
+    assert record["mfu_pct"] is None and record["peak_source"] is None
+    assert record["rank"] == 0 and record["step_ns"] == 1000 and type(record["step_ns"]) is int
+    json.dumps(record, allow_nan=False)
 
 
 class _Start:
