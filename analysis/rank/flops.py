@@ -31,8 +31,13 @@ def op_flops(ops: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFra
     (NaN where unknown), whether it is `counted` (a compute op with no compute op nested in it,
     or a memory op with no memory op nested in it), where its FLOPs come from ("profiler",
     "shapes" or ""), and the step whose span holds its start (-1: none)."""
-    modelled = [op_model(n, d, t, c) for n, d, t, c in zip(
-        ops["name"], ops["input_dims"], ops["input_type"], ops["concrete_inputs"])]
+    known: dict = {}  # once per distinct (name, shapes, types, scalars): a step repeats them
+    modelled = []
+    for args in zip(ops["name"], ops["input_dims"], ops["input_type"], ops["concrete_inputs"]):
+        key = repr(args)
+        if key not in known:
+            known[key] = op_model(*args)
+        modelled.append(known[key])
     frame = ops[["name", "tid", "ts_ns", "end_ns"]].copy()
     frame["kind"] = pd.Series([m[0] for m in modelled], dtype=object, index=frame.index)
     frame["dtype"] = pd.Series([dtype_of(t) for t in ops["input_type"]], dtype=object,
