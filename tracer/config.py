@@ -40,7 +40,8 @@ class TracerConfig:
     warmup: profiler: steps recorded but discarded before each active span
     active: profiler: steps kept in each trace file
     repeat: profiler: number of windows (0: keep cycling until the script ends)
-    record_shapes: profiler: record operator input shapes
+    record_shapes: profiler: record operator input shapes (the FLOP counts of
+        analysis.rank.flops need them)
     profile_memory: profiler: record tensor allocations and frees
     with_stack: profiler: record Python stacks of operators (large traces)
     sample_hz: device/process samples per second
@@ -60,6 +61,8 @@ class TracerConfig:
     rendezvous_timeout: seconds a rank waits for rank 0 to name the run folder before giving up
     max_record_mb: stop a rank's step, comm, sample records and scalars past this many MB in
         all (0: no cap)
+    peak_tflops: the device's peak TFLOP/s for MFU, recorded in run_start (0: measured by a
+        short matmul on CPU before the script starts, the datasheet's on GPUs)
     """
 
     out: str = "traces/"
@@ -69,7 +72,7 @@ class TracerConfig:
     warmup: int = 1
     active: int = 3
     repeat: int = 1
-    record_shapes: bool = False
+    record_shapes: bool = True
     profile_memory: bool = False
     with_stack: bool = False
     sample_hz: float = 10.0
@@ -83,6 +86,7 @@ class TracerConfig:
     samples_per_step: int = 0
     rendezvous_timeout: float = 300.0
     max_record_mb: float = 0.0
+    peak_tflops: float = 0.0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -109,6 +113,8 @@ class TracerConfig:
             raise ConfigError(f"--active must be >= 1, got {self.active}")
         if not 0 < self.sample_hz <= 1000:
             raise ConfigError(f"--sample-hz must be in (0, 1000], got {self.sample_hz}")
+        if not 0 <= self.peak_tflops < float("inf"):
+            raise ConfigError(f"--peak-tflops must be >= 0, got {self.peak_tflops}")
         if not self.max_record_mb >= 0:
             raise ConfigError(f"--max-record-mb must be >= 0, got {self.max_record_mb}")
         if not self.rendezvous_timeout > 0:

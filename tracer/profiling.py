@@ -89,6 +89,9 @@ class ProfilerDriver(Part):
         if self.use_cuda:
             activities.append(ProfilerActivity.CUDA)
         c = self.config
+        # No with_flops: torch 2.13 writes no `flops` argument into the exported trace, and it
+        # costs as much again as the shapes (docs/benchmarks.md); analysis.rank.flops counts
+        # FLOPs from the shapes (docs/mfu.md).
         prof = profile(activities=activities, schedule=self._schedule,
                        on_trace_ready=self._export, record_shapes=c.record_shapes,
                        profile_memory=c.profile_memory, with_stack=c.with_stack)

@@ -57,6 +57,7 @@ REGISTRY: list[PartEntry] = [
     PartEntry("spawn_watch", "tracer.spawnwatch:open_spawn_watch", start_order=3,
               close_order=2),
     PartEntry("clock", "tracer.clocksync:open_clock_sync", start_order=1, close_order=5),
+    PartEntry("peak", "tracer.peak:open_peak"),
 ]
 
 

@@ -240,6 +240,11 @@ class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=
     # records, --ddp-bucket-hook) or DDP_BUCKETS_FROM_PROFILER (in the Kineto traces' windows
     # only); absent when collectives are not recorded, and in files written before it existed.
     ddp_buckets: str | None = None
+    # The peak TFLOP/s MFU is judged against (docs/mfu.md), and where it comes from: "option"
+    # (--peak-tflops) or "measured" (a short fp32 matmul on CPU before the script started);
+    # absent on GPUs without --peak-tflops (the analysis takes the datasheet's for device_name).
+    peak_tflops: float | None = None
+    peak_source: str | None = None
 
 
 class ClockSync(msgspec.Struct, tag="clock_sync", tag_field="kind", omit_defaults=True):

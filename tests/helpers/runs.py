@@ -23,6 +23,7 @@ from helpers.launch import DDP, launch, torchrun_env
 
 PIPELINE = "workloads/pipeline.py"
 MODEL_PARALLEL = "workloads/model_parallel.py"
+LINEAR_DDP = "tests/scripts/linear_ddp.py"
 
 # ---- the cross-rank runs: small models, so that an injected host delay dominates each step -----
 # One DDP gradient bucket, about 1 ms of compute per step.
@@ -146,6 +147,10 @@ RUNS: dict[str, Run] = {
                     users="test_diff_of_traced_runs"),
     "diff-pp8": Run(PIPELINE, ("--steps", DIFF_STEPS, "--microbatches", "8"), tracer=(),
                     users="test_diff_of_traced_runs"),
+    # Bias-free linear layers under DDP, traced with the default options: its FLOPs per step
+    # against FlopCounterMode's count, its losses against an untraced process's.
+    "linear-ddp": Run(LINEAR_DDP, ("--steps", "12"), tracer=(), save=True,
+                      users="test_flops_of_a_traced_run"),
     **{f"{name}-tiny": Run(script, (*TINY_MODEL, *flags), nproc=nproc, save=True,
                            users="test_workloads_train_like_references, "
                                  "test_traced_training_bit_identical (untraced, eager)")

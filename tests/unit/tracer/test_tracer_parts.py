@@ -384,7 +384,8 @@ def test_the_registry_keeps_the_orders_the_tracer_has_always_used():
                                        key=lambda e: getattr(e, order))]
 
     assert [e.name for e in entries] == ["steps", "comms", "sampler", "scalars", "memory",
-                                          "memory_snapshot", "profiler", "spawn_watch", "clock"]
+                                          "memory_snapshot", "profiler", "spawn_watch", "clock",
+                                          "peak"]
     assert by("start_order") == ["clock", "comms", "spawn_watch", "sampler", "memory_snapshot",
                                  "profiler"]
     assert [e.name for e in entries if e.starts_last] == ["profiler"]
