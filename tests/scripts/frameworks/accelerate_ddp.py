@@ -1,21 +1,23 @@
-"""A tiny next-token model trained in a plain loop with Hugging Face accelerate on CPU ranks:
+r"""A tiny next-token model trained in a plain loop with Hugging Face accelerate on CPU ranks:
 `Accelerator(cpu=True)` under torchrun is accelerate's MULTI_CPU type, a gloo process group and
 the model wrapped in DistributedDataParallel (the script checks it). Synthetic in-memory data with
 a fixed seed, sharded over the ranks by accelerator.prepare. `--straggle` delays one rank at the
 start of every step in the loop; rank 0 writes each step's loss (the loss tensor's bytes) and the
 final parameters' digest to `--out`.
 
-    torchrun --nproc-per-node 2 -m tracer.record tests/scripts/frameworks/accelerate_ddp.py --steps 20 --out accelerate.json
+    torchrun --nproc-per-node 2 -m tracer.record \
+        tests/scripts/frameworks/accelerate_ddp.py --steps 20 --out accelerate.json
 """
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, DistributedType
 from accelerate.utils import set_seed
-from common import BATCH, SEED, Result, parser, straggle, token_data
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
+
+from common import BATCH, SEED, Result, parser, straggle, token_data
 
 VOCAB, LENGTH, WIDTH = 64, 16, 32
 

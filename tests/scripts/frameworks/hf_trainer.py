@@ -1,9 +1,10 @@
-"""A tiny GPT-2 (built from its config, nothing downloaded) trained by transformers.Trainer with
+r"""A tiny GPT-2 (built from its config, nothing downloaded) trained by transformers.Trainer with
 DDP on CPU ranks (gloo), on a synthetic in-memory data set with a fixed seed. `--straggle`
 delays one rank through a TrainerCallback at every step's start; rank 0 writes each step's loss
 (the loss tensor's bytes, from compute_loss) and the final parameters' digest to `--out`.
 
-    torchrun --nproc-per-node 2 -m tracer.record tests/scripts/frameworks/hf_trainer.py --steps 20 --out hf.json
+    torchrun --nproc-per-node 2 -m tracer.record \
+        tests/scripts/frameworks/hf_trainer.py --steps 20 --out hf.json
 """
 
 import os
@@ -11,8 +12,9 @@ import tempfile
 
 import torch
 import transformers
-from common import BATCH, SEED, Result, parser, straggle, token_data
 from torch.utils.data import Dataset
+
+from common import BATCH, SEED, Result, parser, straggle, token_data
 
 VOCAB, LENGTH = 64, 16
 

@@ -1,11 +1,12 @@
-"""A tiny next-token model trained by PyTorch Lightning's Trainer with strategy="ddp" on CPU
+r"""A tiny next-token model trained by PyTorch Lightning's Trainer with strategy="ddp" on CPU
 ranks (gloo): under torchrun, Lightning takes the ranks from torchrun's environment and starts no
 processes itself. Synthetic in-memory data with a fixed seed; the loss is logged each step with
 sync_dist=True, as users do (one scalar all-reduce per step besides DDP's gradients).
 `--straggle` delays one rank in a Callback's on_train_batch_start; rank 0 writes each step's loss
 (the loss tensor's bytes) and the final parameters' digest to `--out`.
 
-    torchrun --nproc-per-node 2 -m tracer.record tests/scripts/frameworks/lightning_ddp.py --steps 20 --out lightning.json
+    torchrun --nproc-per-node 2 -m tracer.record \
+        tests/scripts/frameworks/lightning_ddp.py --steps 20 --out lightning.json
 """
 
 import os
@@ -13,9 +14,10 @@ import os
 import lightning as L
 import torch
 import torch.nn.functional as F
-from common import BATCH, SEED, Result, parser, straggle, token_data
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from common import BATCH, SEED, Result, parser, straggle, token_data
 
 VOCAB, LENGTH, WIDTH = 64, 16, 32
 
