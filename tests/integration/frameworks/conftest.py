@@ -30,14 +30,23 @@ SKIP_REASON = (f"the frameworks extra is not installed ({', '.join(MISSING)} mis
 # traced runs keep the cross-rank runs' profiler window: steps 0-1 skipped, 2 warm-up, 3-22 traced.
 KINDS = {"untraced": (False, False), "traced": (True, False), "late": (True, True)}
 LATE_RANK = 1
+RECORDED: dict[str, float] = {}  # "framework kind" -> the run's wall time in seconds
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.frameworks)
-            if MISSING:
-                item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+            if MISSING:  # ahead of the tests' own skipif marks, so this is the reason shown
+                item.add_marker(pytest.mark.skipif(True, reason=SKIP_REASON), append=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each framework run's wall time, so that the suite's cost in CI stays in view."""
+    if RECORDED:
+        terminalreporter.write_sep("-", "framework runs (wall time)")
+        for name, seconds in RECORDED.items():
+            terminalreporter.write_line(f"{name}: {seconds:.1f} s")
 
 
 @dataclass
@@ -88,6 +97,7 @@ class FrameworkRuns:
             done = launch(SCRIPTS[framework], *args, nproc=2, tracer=tracer, env=torchrun_env(),
                           timeout=600)
         seconds = time.monotonic() - began
+        RECORDED[f"{framework} {kind}"] = seconds
         assert done.returncode == 0, (f"{framework} {kind}: exit {done.returncode}\n"
                                       f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
         return FrameworkRun(folder, json.loads((folder / "result.json").read_text()), seconds)
