@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -52,11 +53,14 @@ def pytest_terminal_summary(terminalreporter):
 @dataclass
 class FrameworkRun:
     """A finished run: its folder, the script's result file (rank 0's losses and final
-    parameters), the tracer's run folder (traced runs) and the run's wall time."""
+    parameters), the tracer's run folder (traced runs), the run's wall time and the 1-minute load
+    average as it ended (a timing assertion's message shows it: on a machine busier than its
+    cores, one rank descheduled more than the other is slower in every step)."""
 
     folder: Path
     result: dict
     seconds: float
+    load_at_end: float
 
     @property
     def run_dir(self) -> Path:
@@ -96,11 +100,12 @@ class FrameworkRuns:
         with alone() if traced else nullcontext():
             done = launch(SCRIPTS[framework], *args, nproc=2, tracer=tracer, env=torchrun_env(),
                           timeout=600)
-        seconds = time.monotonic() - began
+        seconds, load = time.monotonic() - began, os.getloadavg()[0]
         RECORDED[f"{framework} {kind}"] = seconds
         assert done.returncode == 0, (f"{framework} {kind}: exit {done.returncode}\n"
                                       f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-        return FrameworkRun(folder, json.loads((folder / "result.json").read_text()), seconds)
+        return FrameworkRun(folder, json.loads((folder / "result.json").read_text()), seconds,
+                            load)
 
 
 @pytest.fixture(scope="session")
