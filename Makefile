@@ -10,7 +10,7 @@ STEPS ?= 20
 # e.g. VENV_ARGS=--system-site-packages to see a CUDA torch installed outside the venv
 VENV_ARGS ?=
 
-.PHONY: demo test test-fast lint install install-dev clean-traces
+.PHONY: demo test test-fast test-frameworks lint install install-dev install-frameworks clean-traces
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -32,6 +32,9 @@ install: $(VENV)/.torch
 install-dev: $(VENV)/.torch
 	$(BIN)/python -m pip install -q -e ".[dev]"
 
+install-frameworks: $(VENV)/.torch
+	$(BIN)/python -m pip install -q -e ".[dev,frameworks]"
+
 # the newest run folder gets the text report on stdout and report.html beside its traces
 demo: install
 	$(BIN)/torchrun --nproc-per-node 2 -m tracer.record workloads/ddp.py --steps $(STEPS)
@@ -42,7 +45,12 @@ demo: install
 # of the time; tests that read one shared run stay on one worker, and runs whose timings are
 # asserted are recorded with nothing else running (tests/conftest.py, tests/helpers/alone.py)
 test: install-dev
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not frameworks"
+
+# the tracer under transformers.Trainer, Lightning and accelerate (docs/frameworks.md): its own
+# extra and target, so that `make test` needs none of them and stays within its time
+test-frameworks: install-frameworks
+	$(BIN)/python -m pytest -q tests/integration/frameworks
 
 # the inner loop: leaves out the tests that start torchrun or other Python processes
 test-fast: install-dev
