@@ -5,6 +5,7 @@ docs/tracer.md, Collective hooks."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -39,6 +40,7 @@ class IssuesFile:
         self._fd: int | None = None
         self._fail = fail
         self._failed = False
+        self._open_lock = threading.Lock()  # the hooks and the Flight Recorder part write here
 
     def write(self, record) -> None:
         if self._failed:
@@ -48,8 +50,10 @@ class IssuesFile:
             return
         try:
             if self._fd is None:
-                self._fd = os.open(self.path + schema.TEMP_SUFFIX,
-                                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                with self._open_lock:
+                    if self._fd is None:
+                        self._fd = os.open(self.path + schema.TEMP_SUFFIX,
+                                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.write(self._fd, line)
         except OSError as exc:
             self._failed = True
@@ -94,6 +98,10 @@ class CommsRecorder(Part):
         the stack dump of a collective's exception is still written)."""
         self.active = False
         self._installed = False
+        # (thread, start_ns, end_ns or None) of each hooked call, while the Flight Recorder part
+        # reads them to tell the hooks' ops from torch's own (tracer.comms.flight); None: off.
+        self.issue_spans = None
+        self.native_ops = 0  # ops the Flight Recorder part recorded (run_end's comm_ops)
         self.writer = writer
         path = getattr(writer, "path", "")
         self.issues = (IssuesFile(path, self.fail, getattr(writer, "budget", None)) if path
@@ -148,7 +156,7 @@ class CommsRecorder(Part):
             self.close()
 
     def run_end_fields(self) -> dict:
-        return {"comm_ops": self.ops}
+        return {"comm_ops": self.ops + self.native_ops}
 
     def close(self) -> None:
         self.uninstall()
