@@ -28,10 +28,14 @@ def diagnose_p2p(ops: pd.DataFrame, dead: list[int], columns: list[str]) -> pd.D
     frame["src"] = np.where(sends, frame["rank"], frame["peer"]).astype(int)
     frame["dst"] = np.where(sends, frame["peer"], frame["rank"]).astype(int)
     rows = []
-    for (pg, src, dst), pair in frame.groupby(["pg", "src", "dst"], sort=True):
+    if "space" not in frame:
+        frame["space"] = ""
+    frame["space"] = frame["space"].fillna("")
+    for (pg, space, src, dst), pair in frame.groupby(["pg", "space", "src", "dst"], sort=True):
         found = _first_unmatched(pair)
         if found is not None:
-            rows.append({"pg": pg, "src": int(src), "dst": int(dst), "odd_ranks": [],
+            rows.append({"pg": pg, "space": space, "src": int(src), "dst": int(dst),
+                         "odd_ranks": [],
                          "dead_ranks": [r for r in dead if r in (src, dst)], **found})
     rows.sort(key=lambda row: row["waiting_since_ns"])
     result = pd.DataFrame(rows, columns=out_columns)
