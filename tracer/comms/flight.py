@@ -111,6 +111,7 @@ class FlightRecorder(Part):
         self.lost = 0  # entries the ring overwrote before a drain saw them
         self.unknown: dict[str, int] = {}  # profiling names not recorded -> how many
         self.drains = 0
+        self.hooked = 0  # entries the hooks recorded, left out
         self.dump_s = 0.0  # time in dumps and decoding, all drains together
         self._said_lost = False
 
@@ -159,7 +160,9 @@ class FlightRecorder(Part):
         for entry in entries:
             if entry.record_id > self._last_id:
                 self._last_id = entry.record_id
-                if not within_span(spans, entry):
+                if within_span(spans, entry):
+                    self.hooked += 1
+                else:
                     self._issue(entry, dump)
             waiting = self._waiting.get(entry.record_id)
             if waiting is not None and is_done(entry):
