@@ -3,8 +3,8 @@ which entries a hooked call issued (tracer.comms.flight_entries)."""
 
 import msgspec
 import pytest
-from helpers.flight_entries import MAIN_THREAD, T0, ddp_gloo_entries, gloo_entry, nccl_entry
 
+from helpers.flight_entries import MAIN_THREAD, T0, ddp_gloo_entries, gloo_entry, nccl_entry
 from tracer import schema
 from tracer.comms.flight_entries import (
     FrEntry,

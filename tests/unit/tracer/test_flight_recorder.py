@@ -5,6 +5,7 @@ on (tracer.comms.flight)."""
 import collections
 
 import pytest
+
 from helpers.flight_entries import (
     MAIN_THREAD,
     T0,
@@ -15,7 +16,6 @@ from helpers.flight_entries import (
     gloo_entry,
     nccl_entry,
 )
-
 from tracer import schema
 from tracer.comms import flight
 from tracer.comms.flight import FlightRecorder
