@@ -141,6 +141,10 @@ class FlightRecorder(Part):
     def close(self) -> None:
         self.recorder.issue_spans = None
 
+    def fail(self, message: str) -> bool:
+        self.close()  # the hooks stop noting spans nobody reads any more
+        return Part.fail(self, message)
+
     # ---- draining ---------------------------------------------------------------------------
     def drain(self, final: bool = False) -> None:
         """Record the entries new since the last drain, and the waiting ones now done."""

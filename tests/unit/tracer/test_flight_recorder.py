@@ -127,3 +127,66 @@ def test_the_ring_size_is_the_users_or_set_for_torch():
     assert environ == {"TORCH_FR_BUFFER_SIZE": str(flight.BUFFER_SIZE)}
     assert flight.buffer_size({"TORCH_FR_BUFFER_SIZE": "64"}) == 64
     assert flight.buffer_size({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}) == 0
+
+
+class Setup:
+    """What open_flight uses of a tracer.registry.PartSetup."""
+
+    def __init__(self, comms):
+        self.comms, self.reported, self.added = comms, [], []
+
+    def built(self, name):
+        return self.comms if name == "comms" else None
+
+    def report(self, name, message):
+        self.reported.append((name, message))
+
+    def track_step_ends(self):
+        return collections.deque()
+
+    def build(self, cls, *args):
+        part = cls(*args)
+        self.added.append(part)
+        return part
+
+
+def test_a_torch_without_the_dump_gets_one_line_and_no_part(monkeypatch):
+    import torch._C._distributed_c10d as c10d_c
+    monkeypatch.delattr(c10d_c, "_dump_fr_trace_json")
+    setup = Setup(FakeRecorder())
+    assert flight.open_flight(setup) is None
+    assert len(setup.reported) == 1 and "no Flight Recorder dump" in setup.reported[0][1]
+    assert setup.comms.issue_spans is None  # the hooks note nothing
+
+
+def test_without_the_comms_part_there_is_no_flight_part_and_no_line():
+    setup = Setup(None)
+    assert flight.open_flight(setup) is None and setup.reported == []
+
+
+def test_a_ring_size_of_0_keeps_it_off_with_one_line(monkeypatch):
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
+    setup = Setup(FakeRecorder())
+    assert flight.open_flight(setup) is None
+    assert "TORCH_FR_BUFFER_SIZE=0" in setup.reported[0][1]
+
+
+def test_the_part_reads_this_torchs_own_dump(monkeypatch):
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
+    recorder = FakeRecorder()
+    part = flight.open_flight(Setup(recorder))
+    part.drain()  # no process group: an empty ring, decoded all the same
+    assert part.drains == 1 and recorder.writer.records == []
+    assert recorder.issue_spans is not None
+
+
+def test_a_failing_dump_switches_the_part_off_and_the_spans_with_it(capsys):
+    def broken():
+        raise RuntimeError("dump failed")
+    recorder = FakeRecorder()
+    part = FlightRecorder(recorder, broken, collections.deque(), 1024)
+    with pytest.raises(RuntimeError):
+        part.drain()  # the session's guard catches it and fails the part
+    part.fail("RuntimeError: dump failed; flight is off")
+    assert part.failed and recorder.issue_spans is None
+    assert "dump failed" in capsys.readouterr().err
