@@ -74,6 +74,7 @@ class FakeRecorder:
     def __init__(self):
         self.issue_spans = None
         self.native_ops = 0
+        self.flight_recorded = False
         self.writer = ListWriter()
         self.timing = collections.namedtuple("Timing", "issues_writer")(ListWriter())
         self.rank = 0

@@ -31,13 +31,13 @@ from tracer.part import Part
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 OLD_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # torch's older name, which it still reads
-# Entries the ring keeps when the user set no size: a full dump takes about 10 us per entry with
-# the GIL held (docs/benchmarks.md), so 1024 cost about 10 ms at most, once per drain.
-BUFFER_SIZE = 1024
+# Entries the ring keeps when the user set no size: a full dump and its decode take about 10 us
+# per entry with the GIL held (docs/benchmarks.md), so 512 cost about 5 ms at most per drain.
+BUFFER_SIZE = 512
 MIN_INTERVAL_S = 0.2  # at most one drain per step-end worker pass (tracer.stepworker.PERIOD_S)
 MAX_INTERVAL_S = 2.0  # step records wait for the drain after their end: at most this long
 FILL_SHARE = 0.5  # drain before the ring holds this share of entries new since the last drain
-COST_SHARE = 0.005  # and no more often than a dump's own time / this (0.5% of the wall time)
+COST_SHARE = 0.0025  # and no more often than a dump's time / this (0.25% of the wall time)
 SETTLE_NS = 50_000_000  # an entry created this long before a dump is in it
 
 
@@ -100,6 +100,7 @@ class FlightRecorder(Part):
         self.size = size
         self._clock_ns = clock_ns
         self._spans = recorder.issue_spans = collections.deque()
+        recorder.flight_recorded = True
         self._last_id = -1  # the highest record_id looked at
         self._waiting: dict[int, NativeOp] = {}  # record_id -> native op issued, not done
         self._per_step: dict[int, list[int]] = {}  # step -> [native ops, bytes] not yet amended
@@ -143,6 +144,7 @@ class FlightRecorder(Part):
 
     def fail(self, message: str) -> bool:
         self.close()  # the hooks stop noting spans nobody reads any more
+        self.recorder.flight_recorded = False
         return Part.fail(self, message)
 
     # ---- draining ---------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class CommsRecorder(Part):
         # reads them to tell the hooks' ops from torch's own (tracer.comms.flight); None: off.
         self.issue_spans = None
         self.native_ops = 0  # ops the Flight Recorder part recorded (run_end's comm_ops)
+        self.flight_recorded = False  # the Flight Recorder part read every drain until the end
         self.writer = writer
         path = getattr(writer, "path", "")
         self.issues = (IssuesFile(path, self.fail, getattr(writer, "budget", None)) if path
@@ -185,10 +186,12 @@ class CommsRecorder(Part):
         self._patches.restore()
         self._installed = False
         if self.functional.compiled_collectives:
+            where = ("are in the comms records as native ops, from torch's Flight Recorder "
+                     "(issue time only on gloo)" if self.flight_recorded else
+                     "are not in the comms records (comm_ops counts eager ops only; the "
+                     "profiler's Kineto traces show them)")
             say(f"{self.functional.compiled_collectives} collectives were compiled into "
-                f"torch.compile graphs; the ops compiled code issues are not in the comms records "
-                f"(comm_ops counts eager ops only; the profiler's Kineto traces show them)",
-                self.name)
+                f"torch.compile graphs; the ops compiled code issues {where}", self.name)
             self.functional.compiled_collectives = 0
 
     def drain(self, wait: bool = False) -> None:
