@@ -6,8 +6,9 @@ One process, a gloo group of one rank: the ring (TORCH_FR_BUFFER_SIZE = the larg
 filled with small all-reduces to each fill in turn, then dumped and decoded as the tracer's
 Flight Recorder part does (`_dump_fr_trace_json`, msgspec into its FrDump), `--repeats` times.
 The dump holds the GIL while it builds its JSON, and the decode holds it too, so their time is
-the most a training thread that wants the GIL can wait per drain. Printed per fill: median (min, max) of the dump and of
-the decode, per entry, and what share of the wall time that is at the part's pacing
+the most a training thread that wants the GIL can wait per drain. Printed per fill: median
+(min, max) of the dump and of the decode, per entry, and what share of the wall time that is at
+the part's pacing
 (tracer.comms.flight: no more often than the dump's time / COST_SHARE, at least every
 MAX_INTERVAL_S).
 """
