@@ -13,6 +13,9 @@ falls on all of them alike:
 * hook:           traced with --ddp-bucket-hook (DDP's buckets are recorded ops)
 * hook-no-issue:  hook with --no-issue-records: hook / hook-no-issue is what the issue-time
                   record costs a step (`--issue-records` runs bare, these two and bare-again)
+* traced-no-fr:   traced with --no-flight-recorder: traced / traced-no-fr is what reading torch's
+                  Flight Recorder costs a step (`--flight-recorder` runs bare, traced, this and
+                  bare-again)
 
 and the bisecting modes, outside windows only: `off` is the tracer with every part switched off
 (`--no-comms --no-sampler --no-profiler`, and the parts without an option switched off by the
@@ -66,7 +69,10 @@ PARTS_ON = {"off": (), "+comms": ("comms",), "+sampler": ("sampler",),
 # Traced with DDP's buckets recorded, with and without their issue-time records.
 ISSUE_MODES = {"hook": ["--ddp-bucket-hook"],
                "hook-no-issue": ["--ddp-bucket-hook", "--no-issue-records"]}
-MODES = ("bare", "traced", *PARTS_ON, "traced-window", "profiler", "bare-again", *ISSUE_MODES)
+# Traced without reading torch's Flight Recorder (DDP's buckets then unrecorded between windows).
+FR_MODES = {"traced-no-fr": ["--no-flight-recorder"]}
+MODES = ("bare", "traced", *PARTS_ON, "traced-window", "profiler", "bare-again", *ISSUE_MODES,
+         *FR_MODES)
 DEFAULT_MODES = ("bare", "traced", "traced-window", "profiler", "bare-again")
 CLOCKS = ("wall_ns", "thread_cpu_ns", "process_cpu_ns")
 COUNT_SPAN = (20, 50)  # steps whose calls --count-calls counts: before any window of any mode
@@ -83,6 +89,9 @@ def parse_args():
     p.add_argument("--issue-records", action="store_true",
                    help="run bare, hook, hook-no-issue and bare-again: the issue-time record's "
                         "cost side by side")
+    p.add_argument("--flight-recorder", action="store_true",
+                   help="run bare, traced, traced-no-fr and bare-again: the Flight Recorder "
+                        "part's cost side by side")
     p.add_argument("--count-calls", action="store_true",
                    help="instead of timing, count the main thread's function calls per step "
                         f"over steps {COUNT_SPAN[0]}-{COUNT_SPAN[1]} of each mode, once (exact "
@@ -105,9 +114,9 @@ def command(mode: str, steps: int, nproc: int, stamps: str, out: str,
     skip_first = str(window_skip_first(mode, steps))
     if mode == "traced":
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
-    elif mode in ISSUE_MODES:
+    elif mode in ISSUE_MODES or mode in FR_MODES:
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
-        head += ISSUE_MODES[mode]
+        head += ISSUE_MODES.get(mode) or FR_MODES[mode]
     elif mode == "traced-window":
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first, "--repeat",
                  "0"] + [f"--{k}={v}" for k, v in WINDOW.items()]
@@ -128,7 +137,7 @@ def mode_actions(mode: str, steps: int) -> list:
     """torch.profiler.schedule's action for each step of a run of `mode` (NONE without one)."""
     from torch.profiler import ProfilerAction, schedule
 
-    if mode in ("traced", "+profiler", "traced-window", "profiler", *ISSUE_MODES):
+    if mode in ("traced", "+profiler", "traced-window", "profiler", *ISSUE_MODES, *FR_MODES):
         repeat = 0 if mode in ("traced-window", "profiler") else 1
         fn = schedule(skip_first=window_skip_first(mode, steps), repeat=repeat, **WINDOW)
         return [fn(k) for k in range(steps + 1)]
@@ -246,6 +255,8 @@ def report(pooled, per_repeat, threads, modes: list[str]) -> None:
               f"{paired(mode, 'bare')}")
     if all(mode in modes for mode in ISSUE_MODES):
         issue_report(pooled, per_repeat)
+    if "traced" in modes and "traced-no-fr" in modes:
+        flight_report(pooled, per_repeat)
     if "traced-window" in modes and "profiler" in modes:
         inside = med("traced-window", "wall_ns", "inside")
         yardstick = med("profiler", "wall_ns", "inside")
@@ -284,11 +295,37 @@ def issue_report(pooled, per_repeat) -> None:
           f"us main-thread CPU ({cost['thread_cpu_ns'][1]:+.2f}%); goal <= 0.5%")
 
 
+def flight_report(pooled, per_repeat) -> None:
+    """traced / traced-no-fr and each against bare: per repeat (run back to back), median with
+    its spread, and the pooled medians' difference as a share of a bare step."""
+    def per(a_mode, b_mode):
+        ratios = [a["outside"] / b["outside"] for a, b in
+                  zip(per_repeat[a_mode], per_repeat[b_mode]) if a["outside"] and b["outside"]]
+        return (f"median {statistics.median(ratios):.4f} (min {min(ratios):.4f}, max "
+                f"{max(ratios):.4f}, {len(ratios)} repeats)") if ratios else "no steps"
+
+    print("\nFlight Recorder, outside windows, wall ratios per repeat:")
+    for a_mode, b_mode in (("traced", "bare"), ("traced-no-fr", "bare"),
+                           ("traced", "traced-no-fr"), ("bare-again", "bare")):
+        if a_mode in per_repeat and b_mode in per_repeat:
+            print(f"  {a_mode:>12} / {b_mode:<12} {per(a_mode, b_mode)}")
+    bare = {clock: median_or_none(pooled["bare"][clock]["outside"])
+            for clock in ("wall_ns", "thread_cpu_ns")}
+    for clock, label in (("wall_ns", "wall"), ("thread_cpu_ns", "main-thread CPU")):
+        with_fr = median_or_none(pooled["traced"][clock]["outside"])
+        without = median_or_none(pooled["traced-no-fr"][clock]["outside"])
+        print(f"  pooled medians, {label}: traced - traced-no-fr = "
+              f"{(with_fr - without) * 1e3:+.1f} us ({(with_fr - without) / bare[clock] * 100:+.2f}"
+              f"% of a bare step); goal <= 1%")
+
+
 def main() -> None:
     args = parse_args()
     modes = list(MODES) if args.bisect else ["bare"] + [m for m in args.modes if m != "bare"]
     if args.issue_records:
         modes = ["bare", *ISSUE_MODES, "bare-again"]
+    if args.flight_recorder:
+        modes = ["bare", "traced", *FR_MODES, "bare-again"]
     with tempfile.TemporaryDirectory(prefix="tracer-overhead-") as work:
         print(f"# {datetime.date.today()} {os.cpu_count()} CPUs, {args.nproc} ranks, "
               f"{args.steps} steps per run, {args.repeats} runs of each kind, load average "

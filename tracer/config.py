@@ -56,6 +56,8 @@ class TracerConfig:
         DDP does
     no_issue_records: comms: do not write each op's record when it is issued (no issued
         file); a stop is then diagnosed from completion records and traces only
+    no_flight_recorder: comms: do not read torch's Flight Recorder, so the ops torch's C++
+        code issues (DDP's gradient buckets) are missing outside the profiler's windows
     samples_per_step: samples the whole job trains per step (the global batch), stored in each
         step record; tracer.set_samples_per_step() in the script overrides it (0: not recorded)
     rendezvous_timeout: seconds a rank waits for rank 0 to name the run folder before giving up
@@ -83,6 +85,7 @@ class TracerConfig:
     no_scalars: bool = False
     ddp_bucket_hook: bool = False
     no_issue_records: bool = False
+    no_flight_recorder: bool = False
     samples_per_step: int = 0
     rendezvous_timeout: float = 300.0
     max_record_mb: float = 0.0

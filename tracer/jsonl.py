@@ -57,6 +57,8 @@ class CommsWriter(JsonlWriter):
 
     def write(self, record) -> None:
         super().write(record)
+        if record.timing == schema.TIMING_ISSUE:
+            return  # its end is unknown: its bytes have no time to be divided by
         totals = self._per_step.get(record.step)
         if totals is None:
             self._per_step[record.step] = [record.bytes, record.duration_us]

@@ -73,6 +73,15 @@ class Part:
         every step on the training thread."""
         return {}
 
+    def steps_known_until(self) -> int | None:
+        """Step records that end after this host time (ns) wait for a later pass: this part
+        adds to them what it learns only at its drains (tracer.comms.flight); None: no wait.
+        The closer's last pass writes every record."""
+        return None
+
+    def amend_step_record(self, record) -> None:
+        """Add this part's share to a finished StepRecord before any part writes it."""
+
     def on_step_record(self, record, notes: dict) -> None:
         """A finished StepRecord, in step order. `notes` holds what the parts before this one
         learnt about the step that is no field of it (the comms writer's comm_algbw_gbps)."""

@@ -46,9 +46,12 @@ class PartEntry:
 REGISTRY: list[PartEntry] = [
     PartEntry("steps", "tracer.jsonl:open_steps_file"),
     PartEntry("comms", "tracer.comms:open_comms", off_option="no_comms", start_order=2,
+              close_order=4),
+    # After comms, which it needs; its last drain comes before comms closes the issued file.
+    PartEntry("flight", "tracer.comms.flight:open_flight", off_option="no_flight_recorder",
               close_order=3),
     PartEntry("sampler", "tracer.sampler:open_sampler", off_option="no_sampler", start_order=4,
-              close_order=4),
+              close_order=5),
     PartEntry("scalars", "tracer.scalars:open_scalars", off_option="no_scalars"),
     PartEntry("memory", "tracer.memory:open_step_memory"),
     PartEntry("memory_snapshot", "tracer.memory:open_snapshots", start_order=5),
@@ -56,7 +59,7 @@ REGISTRY: list[PartEntry] = [
               start_order=6, starts_last=True, close_order=1),
     PartEntry("spawn_watch", "tracer.spawnwatch:open_spawn_watch", start_order=3,
               close_order=2),
-    PartEntry("clock", "tracer.clocksync:open_clock_sync", start_order=1, close_order=5),
+    PartEntry("clock", "tracer.clocksync:open_clock_sync", start_order=1, close_order=6),
     PartEntry("peak", "tracer.peak:open_peak"),
 ]
 
@@ -92,9 +95,11 @@ class PartSetup:
     use_cuda: bool
     budget: RecordBudget | None  # --max-record-mb, shared by the record files
     current_step: Callable[[], int]
+    track_step_ends: Callable[[], object]  # tracer.stepclock.StepClock.track_ends
     write_manifest: Callable[[object], None]
     add: Callable[[Part], Part | None]  # None: it failed while being built
     report: Callable[[str, str], None]  # (part name, message): one line and a manifest error
+    built: Callable[[str], Part | None] = lambda name: None  # a part built before, in use
 
     @property
     def rank(self) -> int:

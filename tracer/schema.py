@@ -58,9 +58,15 @@ CommOp = Literal[
 ]
 COMM_OPS: tuple[str, ...] = CommOp.__args__  # type: ignore[attr-defined]
 
-# How an op was issued, so users can tell DDP bucket traffic from their own calls.
-CommSource = Literal["c10d", "ddp", "functional", "p2p"]
+# How an op was issued, so users can tell DDP bucket traffic from their own calls. "native": issued
+# by torch's C++ code (DDP's reducer: gradient buckets, bucket rebuilds, DDP's start-up checks),
+# seen in torch's Flight Recorder rather than by a Python hook.
+CommSource = Literal["c10d", "ddp", "functional", "p2p", "native"]
 COMM_SOURCES: tuple[str, ...] = CommSource.__args__  # type: ignore[attr-defined]
+
+
+TIMING_ISSUE = "issue"  # CommRecord.timing of an op whose end is unknown
+NATIVE_SOURCE = "native"
 
 
 def bus_factor(op: str, group_size: int) -> float:
@@ -105,12 +111,16 @@ class CommRecord(msgspec.Struct, omit_defaults=True):
     # host clock at completion: observed on CPU; start_ns + duration for CUDA-event timing
     end_ns: int
     duration_us: float  # the op's time: CUDA events on GPU, host clock around completion on CPU
-    timing: str  # "cuda_event" or "host"
+    # "cuda_event", "host", or TIMING_ISSUE ("issue"): only the issue time is known (a native op
+    # on gloo, or on NCCL without TORCH_NCCL_ENABLE_TIMING=1): end_ns == start_ns, duration_us,
+    # algbw_gbps and busbw_gbps are 0.0, and the op's end is unknown, not instantaneous
+    timing: str
     algbw_gbps: float  # bytes / duration
     busbw_gbps: float  # algbw * bus_factor(op, pg_size)
     peer: int | None = None  # global rank of the other side, for send/recv
     async_op: bool = False  # issued with async_op=True (or as a functional collective)
     # The op's IssueRecord.position; absent in files written before issue records existed.
+    # Native ops (source "native") count positions in a namespace of their own (IssueRecord).
     position: int | None = None
     # The op ended with an error (the process group's timeout, a dead peer); end_ns is when the
     # error was seen
@@ -133,6 +143,10 @@ class IssueRecord(msgspec.Struct, omit_defaults=True):
     # run (every member issues a group's collectives in the same order, so the same position is
     # the same op on every member). send/recv: index among this rank's ops of the same kind
     # (send or recv) with the same peer on `pg`, so send #k from a to b matches recv #k at b.
+    # Source "native": a namespace of its own, never compared with the others' positions: the
+    # op's Flight Recorder sequence number on `pg` minus 1 (collective_seq_id for collectives,
+    # p2p_seq_id for send/recv), which torch counts over every op of the group, so it is the
+    # same op on every member and has gaps where the hooks' ops are.
     position: int
     dtype: str
     bytes: int  # as CommRecord.bytes
@@ -296,6 +310,9 @@ class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True
     # Steps completed when --max-record-mb was reached: step, comm and sample records and
     # scalars stop there (Kineto traces and the manifest go on); absent when never reached.
     record_cap_step: int | None = None
+    # Ops torch's Flight Recorder ring overwrote before the tracer read it (record_id gaps):
+    # native ops missing from the comms records; absent when none were lost.
+    native_ops_lost: int = 0
 
 
 # The device sampler's lag counts as sustained when, judged after its first

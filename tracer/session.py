@@ -32,7 +32,8 @@ from tracer.summary import ScriptOutcome, recorded_anything, summary_lines
 
 _FAILED = object()  # what Session._guarded returns when the call raised
 # The Part hooks the session calls; each on the parts in use that override it.
-_HOOKS = ("start", "step_fields", "on_step", "on_worker_pass", "pass_fields", "on_step_record",
+_HOOKS = ("start", "step_fields", "on_step", "on_worker_pass", "pass_fields",
+          "steps_known_until", "amend_step_record", "on_step_record",
           "pending_samples", "on_sample", "run_start_fields", "on_script_exception",
           "on_script_end", "after_last_records")
 
@@ -126,8 +127,9 @@ class Session:
             self._report(entry.name, why)
             return
         setup = PartSetup(entry, self.config, self.launch, self.run_dir, use_cuda,
-                          self.record_budget, self.current_step, self.manifest.write,
-                          add=lambda part: self._add(part, entry), report=self._report)
+                          self.record_budget, self.current_step, self.clock.track_ends,
+                          self.manifest.write, add=lambda part: self._add(part, entry),
+                          report=self._report, built=self.in_use)
         part = build(setup)
         if part is not None:
             self._named[entry.name] = part
@@ -265,10 +267,15 @@ class Session:
                 self._guarded(part, part.on_worker_pass)
         records = self.worker.records
         fields = self._gathered("pass_fields", self._hooked["pass_fields"]) if records else {}
+        until = self._steps_known_until() if drain and records else None
         while records:
+            if until is not None and records[0].end_ns > until:
+                break  # a part has not yet drained what this step issued
             record = records.popleft()
             for key, value in fields.items():
                 setattr(record, key, value)
+            for part in self._hooked["amend_step_record"]:
+                self._guarded(part, part.amend_step_record, record)
             notes: dict = {}
             for part in self._hooked["on_step_record"]:
                 self._guarded(part, part.on_step_record, record, notes)
@@ -280,6 +287,11 @@ class Session:
                 sample, step = samples.popleft()
                 for part in self._hooked["on_sample"]:
                     self._guarded(part, part.on_sample, sample, step)
+
+    def _steps_known_until(self) -> int | None:
+        known = [self._guarded(p, p.steps_known_until) for p in self._hooked["steps_known_until"]]
+        known = [t for t in known if t is not _FAILED and t is not None]
+        return min(known) if known else None
 
     def _on_worker_error(self, exc: BaseException) -> None:
         self._report("steps", f"step-end worker failed ({type(exc).__name__}: {exc}); steps, "

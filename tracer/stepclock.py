@@ -7,6 +7,7 @@ optimizer step marks that same step instead of a new one.
 
 from __future__ import annotations
 
+import collections
 import time
 import weakref
 from collections.abc import Callable
@@ -20,6 +21,10 @@ class StepClock:
         self.on_step_end = on_step_end
         self.steps = 0
         self.start_ns = time.time_ns()
+        # The end time of each step, in order, once a part asked for them (track_ends): for
+        # parts that place what they learn later in its step (tracer.comms.flight takes them
+        # from the left); appended on the training thread, where a deque's append is atomic.
+        self.ends: collections.deque | None = None
         self._manual = False
         self._optimizer_ended_a_step = False
         self._step_optimizer: weakref.ref | None = None
@@ -32,6 +37,12 @@ class StepClock:
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         tracer._step_callback = manual_step
         self.start_ns = time.time_ns()
+
+    def track_ends(self) -> collections.deque:
+        """The deque of step end times from now on (`ends`)."""
+        if self.ends is None:
+            self.ends = collections.deque()
+        return self.ends
 
     def close(self) -> None:
         tracer._step_callback = None
@@ -60,8 +71,11 @@ class StepClock:
 
     def end_step(self) -> None:
         step, start_ns = self.steps, self.start_ns
+        end_ns = time.time_ns()
         self.steps = step + 1
+        if self.ends is not None:
+            self.ends.append(end_ns)
         try:
-            self.on_step_end(step, start_ns, time.time_ns())
+            self.on_step_end(step, start_ns, end_ns)
         finally:
             self.start_ns = time.time_ns()

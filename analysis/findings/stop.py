@@ -24,9 +24,10 @@ from analysis.ingest.record_checks import checked_dumps
 from analysis.ingest.records import read_jsonl, records_frame, records_path
 from tracer import schema
 
-OP_COLUMNS = ["rank", "pg", "pg_size", "position", "op", "bytes", "dtype", "peer", "issue_ns",
-              "completed", "failed"]
-GROUP_COLUMNS = ["pg", "kind", "position", "op", "bytes", "dtype", "last_completed_position",
+OP_COLUMNS = ["rank", "pg", "space", "pg_size", "position", "op", "bytes", "dtype", "peer",
+              "issue_ns", "completed", "failed"]
+GROUP_COLUMNS = ["pg", "space", "kind", "position", "op", "bytes", "dtype",
+                 "last_completed_position",
                  "issued_ranks", "missing_ranks", "odd_ranks", "waiting_since_ns", "dead_ranks",
                  "signatures", "text"]
 FRAME_COLUMNS = ["rank", "reason", "t_ns", "depth", "file", "line", "function", "code"]
@@ -108,12 +109,24 @@ def source_line(path: str, line: int, at_ns: int) -> str:
 
 
 # ---- the ops each rank issued and completed -----------------------------------------------------
+NATIVE_SPACE = "native"  # positions of ops torch's C++ code issued (tracer.schema.IssueRecord)
+
+
+def position_space(frame: pd.DataFrame) -> pd.Series:
+    """Which namespace each op's position counts in: NATIVE_SPACE for source "native" (the
+    Flight Recorder's sequence numbers), "" for the hooks' own count."""
+    source = frame["source"] if "source" in frame else pd.Series("", index=frame.index)
+    return pd.Series(
+        [NATIVE_SPACE if s == schema.NATIVE_SOURCE else "" for s in source], index=frame.index,
+        dtype=object)
+
+
 def _with_positions(completed: pd.DataFrame) -> pd.DataFrame:
     """Completion records of a rank written before issue records: positions counted as the
     tracer counts them, in issue order."""
     frame = completed.sort_values(["rank", "start_ns"], kind="stable").copy()
     peer = frame["peer"].astype("float64").fillna(-1) if "peer" in frame else -1
-    frame["_key"] = frame["pg"].astype(str) + "|" + frame["op"].where(
+    frame["_key"] = frame["pg"].astype(str) + "|" + frame["space"] + "|" + frame["op"].where(
         frame["op"].isin(P2P_OPS), "") + "|" + pd.Series(peer, index=frame.index).astype(str)
     counted = frame.groupby(["rank", "_key"]).cumcount()
     if "position" in frame:
@@ -127,6 +140,9 @@ def stop_ops(issued: pd.DataFrame, completed: pd.DataFrame) -> pd.DataFrame:
     """One row per (rank, pg, op kind, peer, position): what was issued, and whether it
     completed without error. Ranks without issue records are known by their completions."""
     done = completed.copy()
+    done["space"] = position_space(done)
+    issued = issued.copy()
+    issued["space"] = position_space(issued)
     if "failed" not in done:
         done["failed"] = False
     done["failed"] = done["failed"].fillna(False).astype(bool)
@@ -135,12 +151,13 @@ def stop_ops(issued: pd.DataFrame, completed: pd.DataFrame) -> pd.DataFrame:
     done = done.rename(columns={"start_ns": "issue_ns"})
     done = done.reindex(columns=OP_COLUMNS[:-2] + ["failed"])
     done["completed"] = ~done["failed"]
-    key = ["rank", "pg", "op", "peer", "position"]
+    key = ["rank", "pg", "space", "op", "peer", "position"]
     for frame in (done, issued):
         # Typed alike even when empty (a rank with no op): merge refuses object vs float keys.
         frame["rank"] = pd.to_numeric(frame["rank"]).astype("int64")
         frame["pg"] = frame["pg"].astype(object)
         frame["op"] = frame["op"].astype(object)
+        frame["space"] = frame["space"].astype(object)
         frame["peer"] = frame["peer"].astype("float64")
         frame["position"] = frame["position"].astype("int64")
     both = issued.reindex(columns=OP_COLUMNS[:-2]).merge(
@@ -154,7 +171,7 @@ def stop_ops(issued: pd.DataFrame, completed: pd.DataFrame) -> pd.DataFrame:
     extra = extra[extra["_merge"] == "left_only"].drop(columns="_merge")
     ops = pd.concat([f for f in (both, extra.reindex(columns=OP_COLUMNS)) if not f.empty]
                     or [pd.DataFrame(columns=OP_COLUMNS)], ignore_index=True)
-    return ops.reindex(columns=OP_COLUMNS).sort_values(["pg", "position", "rank"],
+    return ops.reindex(columns=OP_COLUMNS).sort_values(["pg", "space", "position", "rank"],
                                                        kind="stable").reset_index(drop=True)
 
 
@@ -182,8 +199,9 @@ def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.Da
     # records are written through): its missing completions prove nothing.
     collectives.loc[collectives["rank"].isin(dead), "completed"] = True
     rows = []
-    for pg in sorted(collectives["pg"].unique(), key=str):
-        group = collectives[collectives["pg"] == pg]
+    collectives["space"] = collectives["space"].fillna("")
+    for (pg, space), group in sorted(collectives.groupby(["pg", "space"], sort=False),
+                                     key=lambda item: (str(item[0][0]), item[0][1])):
         members = group_members(collectives, pg, world_size)
         found = _first_parting(group, members)
         if found is None:
@@ -202,7 +220,8 @@ def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.Da
             odd = sorted(int(r) for r, sig in zip(at["rank"], at.apply(op_signature, axis=1))
                          if sig != majority)
         rows.append({
-            "pg": pg, "kind": kind, "odd_ranks": odd, "position": position, "op": first["op"],
+            "pg": pg, "space": space, "kind": kind, "odd_ranks": odd, "position": position,
+            "op": first["op"],
             "bytes": first["bytes"], "dtype": first["dtype"], "last_completed_position": last_done,
             "issued_ranks": issued, "missing_ranks": missing,
             "waiting_since_ns": int(at["issue_ns"].min()),
@@ -232,8 +251,11 @@ def _first_parting(group: pd.DataFrame, members: list[int]):
 
 
 def group_text(row: dict) -> str:
-    what = (f"{row['op']} #{row['position']} on group {row['pg']} "
-            f"({mbytes(row['bytes'])} {row['dtype']})")
+    native = row.get("space") == NATIVE_SPACE
+    group = f"group {row['pg']}" + (" (native)" if native else "")
+    what = (f"{row['op']} #{row['position']} on group {row['pg']} ("
+            + ("native: issued by torch's C++ code such as DDP's reducer, " if native else "")
+            + f"{mbytes(row['bytes'])} {row['dtype']})")
     since = clock_text(row["waiting_since_ns"])
     last = (f"#{row['last_completed_position']}" if row["last_completed_position"] >= 0
             else "none")
@@ -241,10 +263,10 @@ def group_text(row: dict) -> str:
         text = (f"{_ranks(row['missing_ranks'])} never issued {what}, which "
                 f"{_ranks(row['issued_ranks'])} waited in from {since}")
     elif row["kind"] == "mismatch" and row["odd_ranks"]:
-        text = (f"{_ranks(row['odd_ranks'])} issued {row['op']} #{row['position']} on group "
-                f"{row['pg']} unlike the others: {row['signatures']} (from {since})")
+        text = (f"{_ranks(row['odd_ranks'])} issued {row['op']} #{row['position']} on {group} "
+                f"unlike the others: {row['signatures']} (from {since})")
     elif row["kind"] == "mismatch":
-        text = (f"ranks issued {row['op']} #{row['position']} on group {row['pg']} differently: "
+        text = (f"ranks issued {row['op']} #{row['position']} on {group} differently: "
                 f"{row['signatures']} (from {since})")
     else:
         text = f"{what} was issued by every member from {since} and never completed"

@@ -20,6 +20,10 @@ def diagnose_p2p(ops: pd.DataFrame, dead: list[int], columns: list[str]) -> pd.D
     """One row per (group, src, dst) whose sends and recvs stopped short; `dead`: ranks without
     run_end (their unflushed completions prove nothing, as for collectives)."""
     frame = ops[ops["op"].isin(P2P_OPS) & ops["peer"].notna()].copy()
+    if "space" in frame:
+        # Native send/recv (NCCL's, from C++) count positions over every peer of the group, so
+        # send #k and recv #k need not be a pair: left out (the hooks see Python's send/recv).
+        frame = frame[frame["space"].fillna("") == ""]
     out_columns = columns + ["src", "dst"]
     if frame.empty:
         return pd.DataFrame(columns=out_columns)
@@ -31,7 +35,8 @@ def diagnose_p2p(ops: pd.DataFrame, dead: list[int], columns: list[str]) -> pd.D
     for (pg, src, dst), pair in frame.groupby(["pg", "src", "dst"], sort=True):
         found = _first_unmatched(pair)
         if found is not None:
-            rows.append({"pg": pg, "src": int(src), "dst": int(dst), "odd_ranks": [],
+            rows.append({"pg": pg, "space": "", "src": int(src), "dst": int(dst),
+                         "odd_ranks": [],
                          "dead_ranks": [r for r in dead if r in (src, dst)], **found})
     rows.sort(key=lambda row: row["waiting_since_ns"])
     result = pd.DataFrame(rows, columns=out_columns)

@@ -21,10 +21,20 @@ TRACED = ["--no-profiler", "--no-sampler", "--no-scalars", "--ddp-bucket-hook"]
 STEP_3_POSITION = 4
 
 
-def fault_run(tmp_path, fault: list[str]) -> tuple[object, Path]:
+# Native ops (torch's Flight Recorder) on group 0 in the default run: DDP's shape check and
+# start-up broadcast (#0, #1; its parameter broadcast #2 is the hooks'), one bucket in step 1
+# (#3), the bucket rebuild (#4, #5), two buckets a step from step 2 (#6, #7): step 3's first
+# bucket is #8.
+NATIVE_STEP_3_POSITION = 8
+# DDP's ops no hook sees (its shape check, a start-up broadcast, the bucket rebuild's two),
+# which --ddp-bucket-hook leaves to the Flight Recorder.
+DDP_NATIVE_OPS_WITH_BUCKET_HOOK = 4
+
+
+def fault_run(tmp_path, fault: list[str], traced=TRACED, timeout_s="10") -> tuple[object, Path]:
     out = tmp_path / "traces"
-    result = launch(DDP, "--steps", "4", "--pg-timeout-s", "10", *fault,
-                    tracer=["--out", out, *TRACED], nproc=2, timeout=240)
+    result = launch(DDP, "--steps", "4", "--pg-timeout-s", timeout_s, *fault,
+                    tracer=["--out", out, *traced], nproc=2, timeout=240)
     return result, h.only_run_dir(out)
 
 
@@ -69,6 +79,23 @@ def test_a_hung_rank_is_named_with_the_op_it_never_issued_and_its_sleep(tmp_path
             in text)
 
 
+def test_with_default_options_the_bucket_all_reduce_a_rank_waited_in_is_named(tmp_path):
+    # No comm hook: DDP's C++ reducer issues the buckets, seen in torch's Flight Recorder.
+    default = [o for o in TRACED if o != "--ddp-bucket-hook"]
+    result, run_dir = fault_run(tmp_path, ["--hang", "1:3"], traced=default, timeout_s="5")
+    assert result.returncode != 0
+    found, text = diagnosis(run_dir)
+    group = found["groups"][0]
+    assert (group["pg"], group["space"], group["kind"], group["op"], group["position"]) == (
+        "0", "native", "missing", "all_reduce", NATIVE_STEP_3_POSITION)
+    assert group["missing_ranks"] == [1] and group["issued_ranks"] == [0]
+    assert group["last_completed_position"] == NATIVE_STEP_3_POSITION - 1
+    assert len(found["groups"]) == 1  # the hooks' own ops (the parameter broadcast) all ended
+    assert (f"rank 1 never issued all_reduce #{NATIVE_STEP_3_POSITION} on group 0 (native: "
+            in text)
+    assert "the stop came outside them" not in text
+
+
 def test_a_mismatched_all_reduce_is_named_with_each_ranks_size(tmp_path):
     result, run_dir = fault_run(tmp_path, ["--mismatch", "1:3"])
     assert result.returncode != 0
@@ -105,10 +132,13 @@ def test_a_clean_run_gets_no_stop_diagnosis(tmp_path, issue_records):
     # --no-issue-records: no issue file; the ops are still in the completion records
     issued = [run_dir / schema.ISSUED_FILE.format(rank=r) for r in (0, 1)]
     assert [p.is_file() for p in issued] == [issue_records] * 2
-    completed = (run_dir / schema.COMMS_FILE.format(rank=0)).read_text().splitlines()
-    assert len(completed) == 4  # the parameter broadcast, one bucket in step 1, two in step 2
+    completed = [json.loads(line) for line in
+                 (run_dir / schema.COMMS_FILE.format(rank=0)).read_text().splitlines()]
+    hooked = [r for r in completed if r["source"] != schema.NATIVE_SOURCE]
+    assert len(hooked) == 4  # the parameter broadcast, one bucket in step 1, two in step 2
+    assert len(completed) == 4 + DDP_NATIVE_OPS_WITH_BUCKET_HOOK
     if issue_records:
-        assert len(issued[0].read_text().splitlines()) == 4
+        assert len(issued[0].read_text().splitlines()) == 4 + DDP_NATIVE_OPS_WITH_BUCKET_HOOK
 
 
 def test_sigusr1_writes_the_stacks_and_training_ends_with_the_same_loss(tmp_path):

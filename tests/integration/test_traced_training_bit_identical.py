@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import tracer_files as h
 from helpers.launch import launch, torchrun_env
-from helpers.runs import TINY_MODEL, TINY_WORKLOADS
+from helpers.runs import TINY_MODEL, TINY_STEPS, TINY_WORKLOADS
+from tracer import schema
 
 # dp first: see above
 WORKLOADS = {name: TINY_WORKLOADS[name] for name in ("dp", "ddp", "model_parallel", "pipeline")}
@@ -89,3 +91,27 @@ def test_traced_training_is_bit_identical(tmp_path, shared_runs, workload, compi
     # Collectives inside compiled graphs are not recorded, and the run says so.
     has_compiled_collectives = compiled and workload == "model_parallel"
     assert (COMPILED_NOTICE in traced.stderr) == has_compiled_collectives, traced.stderr
+    if workload == "ddp":
+        gradients_in_every_step(tmp_path / "traced")
+
+
+def gradients_in_every_step(folder: Path) -> None:
+    """Traced with default options, every step of a DDP run has its gradient all-reduces in the
+    comm records (torch's Flight Recorder: DDP's C++ reducer issues them), 4 bytes per fp32
+    parameter in all, and its step record counts them."""
+    saved = torch.load(folder / "out.pt", weights_only=True)
+    parameters = sum(value.numel() for value in saved["params"].values())
+    run_dir = h.only_run_dir(folder / "traces")
+    for rank in (0, 1):
+        records = h.read_jsonl(h.jsonl_path(run_dir, schema.COMMS_FILE, rank),
+                               schema.CommRecord)
+        steps = h.steps(run_dir, rank)
+        assert [s.step for s in steps] == list(range(TINY_STEPS))
+        for step in steps:
+            own = [r for r in records if r.step == step.step]
+            buckets = [r for r in own if r.op == "all_reduce" and r.source == "native"]
+            assert buckets and all(r.dtype == "float32" for r in buckets), (step, own)
+            assert sum(r.bytes for r in buckets) == 4 * parameters
+            assert all(r.timing == "issue" and r.end_ns == r.start_ns for r in buckets)
+            assert step.comm_ops == len(own)
+            assert step.comm_bytes == sum(r.bytes for r in own)

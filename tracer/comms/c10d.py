@@ -9,7 +9,9 @@ import weakref
 
 from tracer.comms.patching import (
     argument,
+    close_span,
     in_compiled_code,
+    open_span,
     parameter_positions,
     recording_wrapper,
     report_op_error,
@@ -260,10 +262,12 @@ class C10dHooks:
             collected: list = []
             entry = (pg, collected)
             thread.coalescing = (*thread.coalescing, entry)
+            span = open_span(recorder)  # the coalesced op is issued at the block's exit
             try:
                 with original(group, device, async_ops) as cm:
                     yield cm
             finally:
+                close_span(span)
                 thread.coalescing = tuple(e for e in thread.coalescing if e is not entry)
             try:
                 works = [w for w in (cm.works if async_ops else ()) if w is not None]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+import time
 
 import torch
 
@@ -111,13 +112,16 @@ def recording_wrapper(recorder, what: str, original, describe, complete, call_wi
         if described is None:
             return original(*args, **kwargs)
         thread.depth += 1
+        span = open_span(recorder)
         try:
             result = original(*args, **kwargs) if call_with is None else call_with(described)
         except Exception as exc:
             thread.depth -= 1
+            close_span(span)
             report_op_error(recorder, exc)
             raise
         thread.depth -= 1
+        close_span(span)
         try:
             complete(described, result)
         except Exception as exc:
@@ -125,6 +129,23 @@ def recording_wrapper(recorder, what: str, original, describe, complete, call_wi
         return result
 
     return wrapper
+
+
+def open_span(recorder):
+    """[thread, start_ns, None] appended to the recorder's issue_spans (a deque, while the Flight
+    Recorder part reads them), or None: the time this thread spends inside one hooked call,
+    whose Flight Recorder entries are the hooks' own ops (tracer.comms.flight)."""
+    spans = recorder.issue_spans
+    if spans is None:
+        return None
+    span = [threading.get_ident(), time.time_ns(), None]
+    spans.append(span)
+    return span
+
+
+def close_span(span) -> None:
+    if span is not None:
+        span[2] = time.time_ns()
 
 
 def report_op_error(recorder, exc: BaseException) -> None:

@@ -5,6 +5,7 @@ docs/tracer.md, Collective hooks."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -39,6 +40,7 @@ class IssuesFile:
         self._fd: int | None = None
         self._fail = fail
         self._failed = False
+        self._open_lock = threading.Lock()  # the hooks and the Flight Recorder part write here
 
     def write(self, record) -> None:
         if self._failed:
@@ -48,8 +50,10 @@ class IssuesFile:
             return
         try:
             if self._fd is None:
-                self._fd = os.open(self.path + schema.TEMP_SUFFIX,
-                                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                with self._open_lock:
+                    if self._fd is None:
+                        self._fd = os.open(self.path + schema.TEMP_SUFFIX,
+                                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.write(self._fd, line)
         except OSError as exc:
             self._failed = True
@@ -94,6 +98,11 @@ class CommsRecorder(Part):
         the stack dump of a collective's exception is still written)."""
         self.active = False
         self._installed = False
+        # (thread, start_ns, end_ns or None) of each hooked call, while the Flight Recorder part
+        # reads them to tell the hooks' ops from torch's own (tracer.comms.flight); None: off.
+        self.issue_spans = None
+        self.native_ops = 0  # ops the Flight Recorder part recorded (run_end's comm_ops)
+        self.flight_recorded = False  # the Flight Recorder part read every drain until the end
         self.writer = writer
         path = getattr(writer, "path", "")
         self.issues = (IssuesFile(path, self.fail, getattr(writer, "budget", None)) if path
@@ -148,7 +157,7 @@ class CommsRecorder(Part):
             self.close()
 
     def run_end_fields(self) -> dict:
-        return {"comm_ops": self.ops}
+        return {"comm_ops": self.ops + self.native_ops}
 
     def close(self) -> None:
         self.uninstall()
@@ -177,10 +186,12 @@ class CommsRecorder(Part):
         self._patches.restore()
         self._installed = False
         if self.functional.compiled_collectives:
+            where = ("are in the comms records as native ops, from torch's Flight Recorder "
+                     "(issue time only on gloo)" if self.flight_recorded else
+                     "are not in the comms records (comm_ops counts eager ops only; the "
+                     "profiler's Kineto traces show them)")
             say(f"{self.functional.compiled_collectives} collectives were compiled into "
-                f"torch.compile graphs; the ops compiled code issues are not in the comms records "
-                f"(comm_ops counts eager ops only; the profiler's Kineto traces show them)",
-                self.name)
+                f"torch.compile graphs; the ops compiled code issues {where}", self.name)
             self.functional.compiled_collectives = 0
 
     def drain(self, wait: bool = False) -> None:

@@ -383,14 +383,16 @@ def test_the_registry_keeps_the_orders_the_tracer_has_always_used():
         return [e.name for e in sorted((e for e in entries if getattr(e, order) is not None),
                                        key=lambda e: getattr(e, order))]
 
-    assert [e.name for e in entries] == ["steps", "comms", "sampler", "scalars", "memory",
-                                          "memory_snapshot", "profiler", "spawn_watch", "clock",
-                                          "peak"]
+    assert [e.name for e in entries] == ["steps", "comms", "flight", "sampler", "scalars",
+                                          "memory", "memory_snapshot", "profiler", "spawn_watch",
+                                          "clock", "peak"]
     assert by("start_order") == ["clock", "comms", "spawn_watch", "sampler", "memory_snapshot",
                                  "profiler"]
     assert [e.name for e in entries if e.starts_last] == ["profiler"]
-    # The profiler's open window is exported first; the clock sync's wrapper goes last.
-    assert by("close_order") == ["profiler", "spawn_watch", "comms", "sampler", "clock"]
+    # The profiler's open window is exported first; the clock sync's wrapper goes last; the
+    # Flight Recorder's last drain writes to the comms part's files before they close.
+    assert by("close_order") == ["profiler", "spawn_watch", "flight", "comms", "sampler",
+                                 "clock"]
     options = {f for f, kind in TracerConfig.__annotations__.items() if kind == "bool"}
     assert {e.off_option for e in entries} - {None} <= options
 
