@@ -105,9 +105,7 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     found = table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
         steps_of, per_rank, collectives, report.idle_gaps, traces, cross_rank=cross))
     noted = table("notes", lambda: notes.find_notes(steps_of, collectives, traces, cross))
-    report.verdict = verdict.run_verdict(
-        steps_of, found, noted, cross,
-        report.critical["what_if"] if report.critical is not None else None)
+    report.verdict = verdict.run_verdict(steps_of, found, noted, cross, report.critical)
     _stop_diagnosis(loaded, report)
     return report
 

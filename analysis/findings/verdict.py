@@ -74,10 +74,10 @@ def _waits_line(per_step, findings: pd.DataFrame, cross_rank: dict | None, alone
             f"named.")
 
 
-def what_if_line(what_if: list | None) -> str | None:
+def what_if_line(what_if: list | None, steps: int | None = None) -> str | None:
     """The top what-if answer (docs/critical-path.md) in words: "if rank 1 were on time: 15.20
-    ms per step instead of 41.00 (-63%)"; None without an answer that saves at least
-    MIN_WAIT_MS per step."""
+    ms per step instead of 41.00 (-63%)", with the number of steps its means are over where
+    given; None without an answer that saves at least MIN_WAIT_MS per step."""
     if not what_if:
         return None
     top = what_if[0]
@@ -88,16 +88,17 @@ def what_if_line(what_if: list | None) -> str | None:
     change = (f"rank {top['ranks'][0]} were on time"
               if top.get("kind") == "rank_on_time" and top.get("ranks") else top["change"])
     share = f" ({-saved / measured * 100:+.0f}%)" if measured > 0 else ""
-    return (f"if {change}: {predicted:.2f} ms per step instead of {measured:.2f}{share}, "
-            f"from the critical path (docs/critical-path.md).")
+    over = f" over the {steps} steps of the critical path" if steps else " by the critical path"
+    return (f"if {change}: {predicted:.2f} ms per step instead of {measured:.2f}{share}"
+            f"{over} (docs/critical-path.md).")
 
 
 def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                 notes: pd.DataFrame | None, cross_rank: dict | None,
-                what_if: list | None = None) -> dict:
+                critical: dict | None = None) -> dict:
     """{"state", "limits", "waits", "change", "change_ms_per_step", "step_ms", "what_if",
-    "lines"}; `what_if` is analysis.crossrank.critical_path's list, largest saving first, whose
-    first answer the verdict quotes (`what_if`: that line, or None).
+    "lines"}; `critical` is analysis.crossrank.critical_path.analyse's result, whose top what-if
+    answer (largest saving first) the verdict quotes (`what_if`: that line, or None).
 
     state: "ranks train alone" (that finding is there), "bottleneck" (a finding with step time
     at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
@@ -152,7 +153,8 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                   f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
                   f"{rank_list(steps['rank'])}).")
     lines = [f"Limits the step: {limits}", f"Waiting: {waits}"]
-    answer = what_if_line(what_if)
+    answer = (what_if_line(critical.get("what_if"), len(critical["critical_path_steps"]))
+              if critical else None)
     if answer:
         lines.append(f"What if: {answer}")
     if change:
