@@ -9,6 +9,13 @@ import pandas as pd
 from analysis.report.values import _ms, _pct, _rank, _share, plain, records
 
 
+def split_known(table: pd.DataFrame | None) -> bool:
+    """Whether every row of `table` has communication split into transfer and waiting."""
+    return (table is not None and len(table) > 0
+            and {"transfer_ns", "peer_wait_ns"} <= set(table.columns)
+            and bool(table[["transfer_ns", "peer_wait_ns"]].notna().all().all()))
+
+
 def comm_split(row: dict) -> tuple:
     """(transfer, waiting for peers, communication not split) of a breakdown row, ns: the
     cross-rank split of its communication-only time (docs/definitions.md, "Waiting for
@@ -67,7 +74,6 @@ def _breakdown_text(totals: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
             "overlap": _share(row["overlap_ns"], whole),
             "memcpy": _share(row["memcpy_ns"], whole),
             "idle": _share(row["idle_ns"], whole),
-            "exposed comm ms (total)": _ms(row["exposed_comm_ns"]),
             "comm hidden": _pct(row["overlap_pct"]),
         })
         split.append(comm_split(row))

@@ -23,6 +23,7 @@ from analysis.report.breakdown_text import (  # noqa: F401
     breakdown_text,
     comm_split,
     per_step_text,
+    split_known,
 )
 from analysis.report.critical import critical_path_json, critical_path_text  # noqa: F401
 from analysis.report.text_tables import TEXT_MAX_ROWS  # noqa: F401 (the report's limit)
@@ -346,22 +347,27 @@ def text_report(report: RunReport) -> str:
                             "Set-up collectives (before the first step; in no step's time)"))
     if report.critical is not None:
         lines.append(critical_path_text(report.critical))
+    split = split_known(report.tables.get("per_rank"))
     per_rank = _optional(report.tables.get("per_rank"),
                          ["rank", "steps", "mean_step_ns", "max_step_ns", "idle_pct",
-                          "exposed_comm_pct", "peak_allocated_bytes", "peak_rss_bytes",
+                          *(["transfer_ns", "peer_wait_ns"] if split else ["exposed_comm_pct"]),
+                          "peak_allocated_bytes", "peak_rss_bytes",
                           "sm_util_pct", "cpu_process_pct", "slowdown_vs_fastest_pct", "status"])
     if "per_rank" in report.tables:
         shown = per_rank.copy()
-        for column in ("mean_step_ns", "max_step_ns"):
+        for column in ("mean_step_ns", "max_step_ns", "transfer_ns", "peer_wait_ns"):
             if column in shown:
                 shown[column] = shown[column].map(_ms)
         for column in ("peak_allocated_bytes", "peak_rss_bytes"):
             if column in shown:
                 shown[column] = shown[column].map(human_bytes)
         shown = shown.rename(columns={"mean_step_ns": "mean step ms", "max_step_ns": "max step ms",
+                                      "transfer_ns": "transfer ms", "peer_wait_ns": "waiting ms",
+                                      "exposed_comm_pct": "exposed comm % (not split)",
                                       "peak_allocated_bytes": "peak allocated",
                                       "peak_rss_bytes": "peak rss"})
-        lines.append(_table(shown.round(1), "Ranks"))
+        lines.append(_table(shown.round(1), "Ranks", "  transfer ms, waiting ms: mean per step"
+                            if split else ""))
     bottlenecks = report.tables.get("bottlenecks")
     if bottlenecks is not None and not report.per_step.empty:
         lines.append("Bottlenecks")

@@ -19,6 +19,7 @@ from analysis.crossrank.report import (
     rank_bars,
     with_transfer_bandwidth,
 )
+from analysis.report.breakdown_text import split_known
 from analysis.report.html import svg
 from analysis.report.html.assets import SCRIPT, STYLE
 from analysis.report.html.svg import esc
@@ -272,7 +273,10 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                 "rank": ("rank", "d"), "steps": ("steps", "d"),
                 "mean_step_ns": ("mean step ms", _ms),
                 "max_step_ns": ("max step ms", _ms), "idle_pct": ("idle %", ".1f"),
-                "exposed_comm_pct": ("exposed comm %", ".1f"), "status": ("status", None)})))
+                **({"transfer_ns": ("transfer ms", _ms), "peer_wait_ns": ("waiting ms", _ms)}
+                   if split_known(per_rank) else
+                   {"exposed_comm_pct": ("exposed comm % (not split)", ".1f")}),
+                "status": ("status", None)})))
         grid = per_step.pivot_table(index="rank", columns="step", values="step_ns") / MS
         body.append(_section("heatmap", svg.heat_map(
             [f"rank {int(r)}" for r in grid.index], [str(int(c)) for c in grid.columns],
