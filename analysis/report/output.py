@@ -234,8 +234,8 @@ def _optional(frame: pd.DataFrame | None, columns: list[str]) -> pd.DataFrame:
 
 COLLECTIVES_TEXT = {
     "op": "op", "issuer": "issuer", "pg": "pg", "size_bucket": "size", "count": "count",
-    "ms_per_step": "ms/step",
     "transfer_busbw_gbps": "busbw GB/s", "transfer_algbw_gbps": "algbw GB/s",
+    "ms_per_step": "ms/step",
     "total_us": "total us", "mean_us": "mean us", "busbw_gbps": "busbw by duration",
     "algbw_gbps": "algbw by duration", "ranks": "ranks",
 }
@@ -417,5 +417,4 @@ def cross_rank_json(result: dict) -> dict:
         "mismatches": _records_of(result["mismatches"], list(result["mismatches"].columns)),
         "pipeline": _records_of(result["pipeline"], ["rank", "measured_bubble_pct",
                                                   "theory_bubble_pct", "recv_wait_pct"]),
-        "notes": [plain(note) for note in result.get("notes") or []],
     }
