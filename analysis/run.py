@@ -22,6 +22,7 @@ import pandas as pd
 from analysis import crossrank
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.steps import parse_step_spec
+from analysis.crossrank import critical_path
 from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import split_communication, wait_windows
 from analysis.findings import bottlenecks, notes, stop, stop_traces, verdict
@@ -81,6 +82,7 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
          for t in over(traces, "collectives")]
         or [communication.empty_ops()], ignore_index=True))
     cross = _cross_rank(loaded, per_step, report, selected)
+    report.critical = _critical_path(cross, report)
     # Waiting for peers is not communication of the rank's own: the breakdown's
     # communication-only time split into transfer and waiting (docs/definitions.md).
     report.per_step = per_step = split_communication(
@@ -103,7 +105,7 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     found = table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
         steps_of, per_rank, collectives, report.idle_gaps, traces, cross_rank=cross))
     noted = table("notes", lambda: notes.find_notes(steps_of, collectives, traces, cross))
-    report.verdict = verdict.run_verdict(steps_of, found, noted, cross)
+    report.verdict = verdict.run_verdict(steps_of, found, noted, cross, report.critical)
     _stop_diagnosis(loaded, report)
     return report
 
@@ -200,6 +202,20 @@ def _cross_rank(loaded: LoadResult, per_step: pd.DataFrame | None,
     return cross
 
 
+def _critical_path(cross: dict | None, report: output.RunReport) -> dict | None:
+    """The critical path and what-if answers (docs/critical-path.md) of the cross-rank result,
+    or None: without the pass, or with one problem saying why the model failed."""
+    if cross is None:
+        return None
+    try:
+        return critical_path.analyse(cross)
+    except Exception as exc:  # the rest of the report stands without it
+        why = f"{type(exc).__name__}: {exc}"
+        report.problems.append(f"critical path analysis failed ({why}); no what-if answer")
+        report.unavailable["critical_path"] = why
+        return None
+
+
 def _table(name: str, doc: str) -> property:
     """A Run property: the report's table `name` (None where it could not be computed)."""
     return property(lambda run: run.report.tables.get(name), doc=doc)
@@ -253,6 +269,9 @@ class Run:
     findings = _table("bottlenecks", "The bottleneck findings, largest share of step time first.")
     notes = _table("notes", "What the analysis could not tell (no share of step time).")
     verdict = _part("verdict", "The verdict the report opens with (docs/report.md).")
+    critical = _part("critical", "The critical path per analysed step and the what-if answers "
+                                 "(docs/critical-path.md), None where they could not be "
+                                 "computed.")
     cross_rank = _part("cross_rank", "The cross-rank pass's frames (clock, ops, waits, bandwidth, "
                                      "stragglers, mismatches, pipeline; docs/cross-rank.md), "
                                      "None where it failed.")

@@ -85,4 +85,5 @@ def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None =
                      frames["events"], work, microbatches, virtual_stages or 1,
                      trace_ranks=frames["trace_ranks"])
     result["kineto_shift_ns"] = frames["kineto_shift"]
+    result["steps"] = frames["steps"]
     return result

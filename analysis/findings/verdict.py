@@ -74,9 +74,31 @@ def _waits_line(per_step, findings: pd.DataFrame, cross_rank: dict | None, alone
             f"named.")
 
 
+def what_if_line(what_if: list | None, steps: int | None = None) -> str | None:
+    """The top what-if answer (docs/critical-path.md) in words: "if rank 1 were on time: 15.20
+    ms per step instead of 41.00 (-63%)", with the number of steps its means are over where
+    given; None without an answer that saves at least MIN_WAIT_MS per step."""
+    if not what_if:
+        return None
+    top = what_if[0]
+    saved, predicted = top.get("saved_ms_per_step"), top.get("predicted_step_ms")
+    if saved is None or predicted is None or not saved >= MIN_WAIT_MS:
+        return None
+    measured = predicted + saved
+    change = (f"rank {top['ranks'][0]} were on time"
+              if top.get("kind") == "rank_on_time" and top.get("ranks") else top["change"])
+    share = f" ({-saved / measured * 100:+.0f}%)" if measured > 0 else ""
+    over = f" over the {steps} steps of the critical path" if steps else " by the critical path"
+    return (f"if {change}: {predicted:.2f} ms per step instead of {measured:.2f}{share}"
+            f"{over} (docs/critical-path.md).")
+
+
 def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
-                notes: pd.DataFrame | None, cross_rank: dict | None) -> dict:
-    """{"state", "limits", "waits", "change", "change_ms_per_step", "step_ms", "lines"}.
+                notes: pd.DataFrame | None, cross_rank: dict | None,
+                critical: dict | None = None) -> dict:
+    """{"state", "limits", "waits", "change", "change_ms_per_step", "step_ms", "what_if",
+    "lines"}; `critical` is analysis.crossrank.critical_path.analyse's result, whose top what-if
+    answer (largest saving first) the verdict quotes (`what_if`: that line, or None).
 
     state: "ranks train alone" (that finding is there), "bottleneck" (a finding with step time
     at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
@@ -87,7 +109,7 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     if steps.empty:
         line = "No step was analysed: there is no verdict (the warnings say why)."
         return {"state": NO_STEP, "limits": None, "waits": None, "change": None,
-                "change_ms_per_step": None, "step_ms": None, "lines": [line]}
+                "change_ms_per_step": None, "step_ms": None, "what_if": None, "lines": [line]}
     step_ms = float(steps["step_ns"].mean() / 1e6)
     findings = findings if findings is not None else pd.DataFrame()
     notes = notes if notes is not None else pd.DataFrame()
@@ -131,6 +153,10 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                   f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
                   f"{rank_list(steps['rank'])}).")
     lines = [f"Limits the step: {limits}", f"Waiting: {waits}"]
+    answer = (what_if_line(critical.get("what_if"), len(critical["critical_path_steps"]))
+              if critical else None)
+    if answer:
+        lines.append(f"What if: {answer}")
     if change:
         at_stake = (f" (up to {change_ms:.2f} ms per step at stake)"
                     if change_ms is not None else "")
@@ -139,4 +165,5 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         lines.append("Try first: nothing stands out to change"
                      + (f"; see the notes ({notes['note'].iloc[0]})." if len(notes) else "."))
     return {"state": state, "limits": limits, "waits": waits, "change": change,
-            "change_ms_per_step": change_ms, "step_ms": step_ms, "lines": lines}
+            "change_ms_per_step": change_ms, "step_ms": step_ms, "what_if": answer,
+            "lines": lines}

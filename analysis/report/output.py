@@ -7,21 +7,42 @@ a field is renamed or removed (adding fields does not).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from analysis.core.model import known_rank
 from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges
 from analysis.crossrank import report as cross_report
+from analysis.report.breakdown_text import (  # noqa: F401
+    UNSPLIT,
+    _breakdown_text,
+    _note,
+    _per_step_text,
+    breakdown_text,
+    comm_split,
+    per_step_text,
+    split_known,
+)
+from analysis.report.critical import critical_path_json, critical_path_text  # noqa: F401
 from analysis.report.text_tables import TEXT_MAX_ROWS  # noqa: F401 (the report's limit)
 from analysis.report.text_tables import text_table as _table
+from analysis.report.values import (  # noqa: F401 (the writers' helpers, used from here)
+    _ms,
+    _pct,
+    _rank,
+    _share,
+    _us,
+    human_bytes,
+    plain,
+    records,
+)
 from tracer import schema
 
 DOCUMENT_VERSION = 1
+WHAT_IF_COLUMNS = ["change", "kind", "ranks", "saved_ms_per_step", "predicted_step_ms",
+                   "assumptions"]
 MS = 1e6  # ns per ms
 
 
@@ -49,52 +70,13 @@ class RunReport:
     stop: dict | None = None
     # analysis.findings.verdict.run_verdict: the lines the report opens with
     verdict: dict | None = None
+    # analysis.crossrank.critical_path.analyse: the critical path per step and the what-if
+    # answers; None where the cross-rank pass or the model failed
+    critical: dict | None = None
 
     def step_table(self) -> pd.DataFrame:
         """The per-step table: analysis.rank.tables' fuller one where it was built, else ours."""
         return self.tables.get("per_step", self.per_step)
-
-
-# ---- values --------------------------------------------------------------------------------------
-def plain(value):
-    """A JSON-ready Python value: numpy scalars unwrapped, NaN/NA -> None."""
-    if value is None or value is pd.NA or value is pd.NaT:
-        return None
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating, float)):
-        return None if math.isnan(value) or math.isinf(value) else float(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def records(frame: pd.DataFrame) -> list[dict]:
-    if frame is None or frame.empty:
-        return []
-    if not frame.columns.is_unique:
-        return [{str(k): plain(v) for k, v in row.items()}
-                for row in frame.astype(object).to_dict("records")]
-    keys = [str(k) for k in frame.columns]
-    columns = [_plain_column(column) for _, column in frame.items()]
-    return [dict(zip(keys, row)) for row in zip(*columns)]
-
-
-def _plain_column(column: pd.Series) -> list:
-    """plain() of every value; numpy number columns converted whole (tables of many ranks)."""
-    dtype = column.dtype
-    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
-        return column.to_numpy().tolist()
-    if isinstance(dtype, np.dtype) and dtype.kind == "f":
-        return [None if math.isnan(v) or math.isinf(v) else v
-                for v in column.to_numpy().tolist()]
-    return [plain(v) for v in column.astype(object)]
 
 
 # ---- JSON ---------------------------------------------------------------------------------------
@@ -138,11 +120,13 @@ def run_document(report: RunReport) -> dict:
         "steps": records(report.step_table()),
         "idle": records(report.idle),
         "collectives": records(report.tables.get("collectives")),
+        "setup_collectives": records(report.tables.get("setup_collectives")),
         "verdict": plain(report.verdict),
         "bottlenecks": records(report.tables.get("bottlenecks")),
         "notes": records(report.tables.get("notes")),
         "cross_rank": (cross_rank_json(report.cross_rank)
                        if report.cross_rank is not None else None),
+        **critical_path_json(report.critical),
         "unavailable": dict(report.unavailable),
         "stop_diagnosis": (None if report.stop is None else {
             "groups": records(report.stop["groups"]), "ranks": plain(report.stop["ranks"]),
@@ -194,9 +178,15 @@ def csv_tables(report: RunReport) -> dict[str, pd.DataFrame]:
         "idle": report.idle,
         "idle_gaps": report.idle_gaps,
     }
-    for name in ("per_rank", "comm_ops", "collectives", "bottlenecks", "notes"):
+    for name in ("per_rank", "comm_ops", "collectives", "setup_collectives", "bottlenecks",
+                 "notes"):
         if name in report.tables:
             tables[name] = report.tables[name]
+    if report.critical is not None:
+        tables["critical_path"] = report.critical["critical_path"]
+        tables["critical_path_steps"] = report.critical["critical_path_steps"]
+        tables["what_if"] = pd.DataFrame(report.critical["what_if"],
+                                         columns=WHAT_IF_COLUMNS)
     if report.cross_rank is not None:
         tables.update(cross_report.csv_tables(report.cross_rank))
     return tables
@@ -213,75 +203,6 @@ def write_csvs(report: RunReport, out_dir: Path) -> list[Path]:
 
 
 # ---- text ---------------------------------------------------------------------------------------
-def _ms(value) -> str:
-    value = plain(value)
-    return "-" if value is None else f"{value / MS:,.2f}"
-
-
-def _pct(value) -> str:
-    value = plain(value)
-    return "-" if value is None else f"{value:.1f}%"
-
-
-def _us(value) -> str:
-    value = plain(value)
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def human_bytes(value) -> str:
-    """Bytes in binary units: 331227136 -> "315.9 MiB"; "-" where missing."""
-    value = plain(value)
-    if value is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= size:
-            return f"{value / size:.1f} {unit}"
-    return f"{int(value)} B"
-
-
-def _rank(value) -> str:
-    value = plain(value)
-    return "?" if value is None else str(value)
-
-
-def _share(part, whole) -> str:
-    part, whole = plain(part), plain(whole)
-    if part is None or not whole:
-        return "-"
-    return f"{part / whole * 100:.1f}%"
-
-
-def breakdown_text(totals: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    for row in records(totals):
-        whole = row["step_ns"]
-        rows.append({
-            "rank": _rank(row["rank"]), "kind": row["kind"], "steps": row["steps"],
-            "mean step ms": _ms(whole / row["steps"] if row["steps"] else None),
-            "total ms": _ms(whole),
-            "compute": _share(row["compute_only_ns"], whole),
-            "comm": _share(row["comm_only_ns"], whole),
-            "overlap": _share(row["overlap_ns"], whole),
-            "memcpy": _share(row["memcpy_ns"], whole),
-            "idle": _share(row["idle_ns"], whole),
-            "exposed comm ms (total)": _ms(row["exposed_comm_ns"]),
-            "comm hidden": _pct(row["overlap_pct"]),
-        })
-    return pd.DataFrame(rows)
-
-
-def per_step_text(per_step: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    for row in records(per_step):
-        rows.append({
-            "rank": _rank(row["rank"]), "step": row["step"], "step ms": _ms(row["step_ns"]),
-            "compute": _ms(row["compute_only_ns"]), "comm": _ms(row["comm_only_ns"]),
-            "overlap": _ms(row["overlap_ns"]), "memcpy": _ms(row["memcpy_ns"]),
-            "idle": _ms(row["idle_ns"]), "hidden": _pct(row["overlap_pct"]),
-        })
-    return pd.DataFrame(rows)
-
-
 def hta_text(hta: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for row in records(hta):
@@ -314,6 +235,7 @@ def _optional(frame: pd.DataFrame | None, columns: list[str]) -> pd.DataFrame:
 COLLECTIVES_TEXT = {
     "op": "op", "issuer": "issuer", "pg": "pg", "size_bucket": "size", "count": "count",
     "transfer_busbw_gbps": "busbw GB/s", "transfer_algbw_gbps": "algbw GB/s",
+    "ms_per_step": "ms/step",
     "total_us": "total us", "mean_us": "mean us", "busbw_gbps": "busbw by duration",
     "algbw_gbps": "algbw by duration", "ranks": "ranks",
 }
@@ -323,6 +245,15 @@ def collectives_text(collectives: pd.DataFrame) -> pd.DataFrame:
     """The collectives table as printed: the transfer-based bandwidth first."""
     shown = _optional(collectives, list(COLLECTIVES_TEXT))
     return shown.round(2).rename(columns=COLLECTIVES_TEXT)
+
+
+SETUP_TEXT = {"op": "op", "issuer": "issuer", "pg": "pg", "size_bucket": "size",
+              "count": "count", "total_us": "total us", "mean_us": "mean us", "ranks": "ranks"}
+
+
+def setup_collectives_text(setup: pd.DataFrame) -> pd.DataFrame:
+    """The set-up collectives as printed: what ran before the first step, with its time."""
+    return _optional(setup, list(SETUP_TEXT)).round(2).rename(columns=SETUP_TEXT)
 
 
 def cross_rank_text(result: dict) -> str:
@@ -394,11 +325,13 @@ def text_report(report: RunReport) -> str:
     if report.per_step.empty:
         lines.append("No step was analysed: no time breakdown (the warnings say why).\n")
     else:
+        breakdown, unsplit = _breakdown_text(report.totals)
+        steps_shown, steps_unsplit = _per_step_text(report.step_table())
         lines += [
-            _table(breakdown_text(report.totals), "Time breakdown per rank (share of step time)",
-                   "  compute/comm = alone; overlap = both at once; comm hidden = overlap / all "
-                   "comm"),
-            _table(per_step_text(report.step_table()), "Per step (ms)"),
+            _table(breakdown, "Time breakdown per rank (share of step time)",
+                   "  compute, transfer, waiting = alone; overlap = compute and communication "
+                   "at once; comm hidden = overlap / all comm\n" + _note(unsplit)),
+            _table(steps_shown, "Per step (ms)", _note(steps_unsplit)),
             _table(hta_text(report.hta), "HTA-compatible temporal breakdown (HTA's window: last "
                    "ProfilerStep dropped)"),
             _table(idle_text(report.idle, report.totals), "Idle time by what the host was doing"),
@@ -406,23 +339,35 @@ def text_report(report: RunReport) -> str:
     if "collectives" in report.tables:
         lines.append(_table(collectives_text(report.tables["collectives"]), "Collectives",
                             "  busbw GB/s: bytes over transfer time (waiting for peers left "
-                            "out; docs/cross-rank.md); busbw by duration counts the whole op"))
+                            "out; docs/cross-rank.md); busbw by duration counts the whole op; "
+                            "ms/step = cost per analysed step, the mean per rank (ranked by it)"))
+    setup = report.tables.get("setup_collectives")
+    if setup is not None and not setup.empty:
+        lines.append(_table(setup_collectives_text(setup),
+                            "Set-up collectives (before the first step; in no step's time)"))
+    if report.critical is not None:
+        lines.append(critical_path_text(report.critical))
+    split = split_known(report.tables.get("per_rank"))
     per_rank = _optional(report.tables.get("per_rank"),
                          ["rank", "steps", "mean_step_ns", "max_step_ns", "idle_pct",
-                          "exposed_comm_pct", "peak_allocated_bytes", "peak_rss_bytes",
+                          *(["transfer_ns", "peer_wait_ns"] if split else ["exposed_comm_pct"]),
+                          "peak_allocated_bytes", "peak_rss_bytes",
                           "sm_util_pct", "cpu_process_pct", "slowdown_vs_fastest_pct", "status"])
     if "per_rank" in report.tables:
         shown = per_rank.copy()
-        for column in ("mean_step_ns", "max_step_ns"):
+        for column in ("mean_step_ns", "max_step_ns", "transfer_ns", "peer_wait_ns"):
             if column in shown:
                 shown[column] = shown[column].map(_ms)
         for column in ("peak_allocated_bytes", "peak_rss_bytes"):
             if column in shown:
                 shown[column] = shown[column].map(human_bytes)
         shown = shown.rename(columns={"mean_step_ns": "mean step ms", "max_step_ns": "max step ms",
+                                      "transfer_ns": "transfer ms", "peer_wait_ns": "waiting ms",
+                                      "exposed_comm_pct": "exposed comm % (not split)",
                                       "peak_allocated_bytes": "peak allocated",
                                       "peak_rss_bytes": "peak rss"})
-        lines.append(_table(shown.round(1), "Ranks"))
+        lines.append(_table(shown.round(1), "Ranks", "  transfer ms, waiting ms: mean per step"
+                            if split else ""))
     bottlenecks = report.tables.get("bottlenecks")
     if bottlenecks is not None and not report.per_step.empty:
         lines.append("Bottlenecks")

@@ -19,6 +19,7 @@ from analysis.crossrank.report import (
     rank_bars,
     with_transfer_bandwidth,
 )
+from analysis.report.breakdown_text import split_known
 from analysis.report.html import svg
 from analysis.report.html.assets import SCRIPT, STYLE
 from analysis.report.html.svg import esc
@@ -26,7 +27,8 @@ from analysis.report.html.svg import esc
 MS = 1e6
 SECTIONS = {"header": "Run", "findings": "Findings", "ranks": "Where each rank's step time goes",
             "heatmap": "Step time per rank and step", "gantt": "Chosen steps, per rank",
-            "collectives": "Collectives", "samples": "Device samples and memory",
+            "collectives": "Collectives", "critical": "Critical path and what-if",
+            "samples": "Device samples and memory",
             "commands": "Look further"}
 LONGEST_OPS = 10
 
@@ -159,10 +161,60 @@ def _collectives(collectives: pd.DataFrame | None, cross: dict | None) -> str:
         "op": ("op", None), "issuer": ("issuer", None), "pg": ("group", None),
         "pg_size": ("size", "d"),
         "size_bucket": ("message size", None), "count": ("count", "d"),
+        "ms_per_step": ("ms per step", ".3f"),
         "total_bytes": ("bytes", ".0f"), "mean_us": ("mean µs", ".1f"),
         "transfer_busbw_gbps": ("busbw GB/s (transfer)", ".3f"),
         "busbw_gbps": ("busbw GB/s (duration)", ".3f"),
         "slowest_rank": ("slowest rank", ".0f")})
+
+
+def _setup_collectives(setup: pd.DataFrame | None) -> str:
+    """The collectives issued before the first step, apart from the analysed ones."""
+    if setup is None or setup.empty:
+        return ""
+    return ("<h3>Set-up collectives (before the first step; in no step's time)</h3>"
+            + html_table(setup, {
+                "op": ("op", None), "issuer": ("issuer", None), "pg": ("group", None),
+                "size_bucket": ("message size", None), "count": ("count", "d"),
+                "total_us": ("total µs", ".0f"), "mean_us": ("mean µs", ".1f"),
+                "ranks": ("ranks", "d")}))
+
+
+def path_ranks(critical: dict | None, step: int) -> dict:
+    """{rank: "category ms, ..."} of the ranks on one step's critical path."""
+    if not critical or critical["critical_path"].empty:
+        return {}
+    path = critical["critical_path"]
+    rows = path[path["step"] == step]
+    on: dict = {}
+    for row in rows.itertuples():
+        on.setdefault(int(row.rank), []).append(f"{row.category} {row.ms:.2f} ms")
+    return {rank: ", ".join(parts) for rank, parts in on.items()}
+
+
+def _critical(critical: dict | None) -> str:
+    """The path per analysed step and the what-if answers, largest saving first."""
+    if critical is None:
+        return '<p class="none">not computed (no cross-rank result)</p>'
+    steps = critical["critical_path_steps"]
+    rows = []
+    for row in steps.itertuples():
+        on = path_ranks(critical, int(row.step))
+        rows.append({"step": int(row.step), "path_ms": row.path_ms, "step_ms": row.step_ms,
+                     "end_rank": int(row.end_rank), "start_rank": int(row.start_rank),
+                     "by_rank": "; ".join(f"rank {r}: {t}" for r, t in sorted(on.items()))})
+    table = html_table(pd.DataFrame(rows), {
+        "step": ("step", "d"), "path_ms": ("path ms", ".2f"), "step_ms": ("step ms", ".2f"),
+        "end_rank": ("ends on rank", "d"), "start_rank": ("starts on rank", "d"),
+        "by_rank": ("path time by rank and category", None)}) if rows else \
+        '<p class="none">no analysed step</p>'
+    answers = pd.DataFrame(critical["what_if"])
+    return ("<p>Waiting for peers is never on the path (docs/critical-path.md).</p>" + table
+            + "<h3>What if (largest saving first)</h3>"
+            + html_table(answers, {"change": ("change", None),
+                                   "saved_ms_per_step": ("saved ms per step", ".2f"),
+                                   "predicted_step_ms": ("predicted step ms", ".2f"),
+                                   "assumptions": ("assumptions", None)}, sortable=False))
 
 
 def _samples(ranks: list) -> str:
@@ -195,9 +247,12 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                per_rank: pd.DataFrame | None, collectives: pd.DataFrame | None,
                findings: pd.DataFrame | None, ranks: list, problems: list,
                cross: dict | None = None, notes: pd.DataFrame | None = None,
-               verdict: dict | None = None) -> str:
+               verdict: dict | None = None, setup: pd.DataFrame | None = None,
+               critical: dict | None = None) -> str:
     """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None;
-    `notes` and `verdict` are analysis.findings.notes' and .verdict's."""
+    `notes` and `verdict` are analysis.findings.notes' and .verdict's; `setup` the set-up
+    collectives; `critical` analysis.crossrank.critical_path's result, whose path marks the
+    ranks on it in the chosen steps' Gantt rows."""
     waits = cross.get("waits") if cross else None
     steps = sorted(int(s) for s in per_step["step"].unique()) if len(per_step) else []
     header = (f"<p><b>{esc(name)}</b> &mdash; <code>{esc(path)}</code><br>"
@@ -218,7 +273,10 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                 "rank": ("rank", "d"), "steps": ("steps", "d"),
                 "mean_step_ns": ("mean step ms", _ms),
                 "max_step_ns": ("max step ms", _ms), "idle_pct": ("idle %", ".1f"),
-                "exposed_comm_pct": ("exposed comm %", ".1f"), "status": ("status", None)})))
+                **({"transfer_ns": ("transfer ms", _ms), "peer_wait_ns": ("waiting ms", _ms)}
+                   if split_known(per_rank) else
+                   {"exposed_comm_pct": ("exposed comm % (not split)", ".1f")}),
+                "status": ("status", None)})))
         grid = per_step.pivot_table(index="rank", columns="step", values="step_ns") / MS
         body.append(_section("heatmap", svg.heat_map(
             [f"rank {int(r)}" for r in grid.index], [str(int(c)) for c in grid.columns],
@@ -226,7 +284,13 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
         parts_html = []
         for label, step in chosen_steps(per_step).items():
             rows, span = gantt_rows(ranks, step)
-            parts_html.append(f"<h3>{label} step: {step}</h3>"
+            on = path_ranks(critical, step)
+            on_path = {f"rank {r}" for r in on}  # gantt_rows' labels
+            rows = [(f"{name} \u25c6" if name in on_path else name, bars)
+                    for name, bars in rows]
+            marked = ("<p>\u25c6 on the critical path: " + esc("; ".join(
+                f"rank {r}: {t}" for r, t in sorted(on.items()))) + "</p>") if on else ""
+            parts_html.append(f"<h3>{label} step: {step}</h3>" + marked
                               + (svg.gantt(rows, span, "ms from the rank's step start")
                                  if rows else '<p class="none">no trace events</p>'))
         slowest = chosen_steps(per_step).get("slowest")
@@ -239,7 +303,9 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
     else:
         for key in ("ranks", "heatmap", "gantt"):
             body.append(_section(key, '<p class="none">no step was analysed</p>'))
-    body.append(_section("collectives", _collectives(collectives, cross)))
+    body.append(_section("collectives", _collectives(collectives, cross)
+                         + _setup_collectives(setup)))
+    body.append(_section("critical", _critical(critical)))
     body.append(_section("samples", _samples(ranks)))
     body.append(_section("commands", (
         f"<p>Every rank on one clock, with flows from the last arriver of each collective:</p>"
@@ -264,7 +330,8 @@ def write_html_report(report, path) -> dict:
     page = build_html(report.name, report.path, report.world_size, report.step_table(),
                       tables.get("per_rank"), tables.get("collectives"),
                       tables.get("bottlenecks"), report.ranks, problems, cross,
-                      tables.get("notes"), report.verdict)
+                      tables.get("notes"), report.verdict, tables.get("setup_collectives"),
+                      report.critical)
     data = page.encode("utf-8")
     Path(path).write_bytes(data)
     return {"path": Path(path), "bytes": len(data), "seconds": time.monotonic() - started}

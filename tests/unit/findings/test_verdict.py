@@ -8,7 +8,7 @@ import pytest
 
 from analysis.findings.bottlenecks import find_bottlenecks
 from analysis.findings.notes import find_notes
-from analysis.findings.verdict import mean_waits, run_verdict
+from analysis.findings.verdict import mean_waits, run_verdict, what_if_line
 from helpers.findings_inputs import (
     collective,
     collectives,
@@ -118,3 +118,37 @@ def test_a_risk_without_a_time_cost_is_named_but_not_timed():
                                    "capacity, ranks 0.")
     assert verdict["lines"][2].startswith("Try first: One allocation spike away from an "
                                           "out-of-memory error")
+
+
+def _answer(change, kind, ranks, saved, predicted):
+    return {"change": change, "kind": kind, "ranks": ranks, "saved_ms_per_step": saved,
+            "predicted_step_ms": predicted, "assumptions": "..."}
+
+
+def test_the_verdict_quotes_the_top_what_if_with_the_step_it_replaces():
+    table, colls, result = late_rank_1(steps=12)
+    found = find_bottlenecks(table, pd.DataFrame(), colls, gaps([]),
+                             [trace(0, "gloo"), trace(1, "gloo")], cross_rank=result)
+    critical = {"critical_path_steps": pd.DataFrame({"step": range(12)}), "what_if": [
+        _answer("rank 1 on time", "rank_on_time", [1], 25.8, 15.2),
+        _answer("all_reduce on group 0 (1-2 MiB) transfer overlapped", "transfer_overlapped",
+                [0, 1], 3.0, 38.0)]}
+    verdict = run_verdict(table, found, find_notes(table, colls, [], result), result, critical)
+    # 15.2 + 25.8 = 41.0 ms measured; 25.8 / 41.0 = 62.9% saved
+    assert verdict["what_if"] == ("if rank 1 were on time: 15.20 ms per step instead of 41.00 "
+                                  "(-63%) over the 12 steps of the critical path "
+                                  "(docs/critical-path.md).")
+    assert verdict["lines"][2] == f"What if: {verdict['what_if']}"
+    assert verdict["lines"][3].startswith("Try first")
+
+
+def test_a_transfer_what_if_is_quoted_by_its_change_and_a_negligible_one_not_at_all():
+    overlapped = _answer("all_reduce on group 0 (1-2 MiB) transfer overlapped",
+                         "transfer_overlapped", [0, 1], 2.0, 38.0)
+    assert what_if_line([overlapped], 4) == (
+        "if all_reduce on group 0 (1-2 MiB) transfer overlapped: 38.00 ms per step instead of "
+        "40.00 (-5%) over the 4 steps of the critical path (docs/critical-path.md).")
+    assert what_if_line([_answer("rank 0 on time", "rank_on_time", [0], 0.01, 40.0)]) is None
+    assert what_if_line([]) is None
+    table, colls, result = late_rank_1(steps=12)
+    assert run_verdict(table, None, None, result)["what_if"] is None

@@ -1,0 +1,91 @@
+"""Values as the writers show them: JSON-ready values and records, times, shares and
+sizes as text."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+MS = 1e6  # ns per ms
+
+
+def plain(value):
+    """A JSON-ready Python value: numpy scalars unwrapped, NaN/NA -> None."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        return None if math.isnan(value) or math.isinf(value) else float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    if frame is None or frame.empty:
+        return []
+    if not frame.columns.is_unique:
+        return [{str(k): plain(v) for k, v in row.items()}
+                for row in frame.astype(object).to_dict("records")]
+    keys = [str(k) for k in frame.columns]
+    columns = [_plain_column(column) for _, column in frame.items()]
+    return [dict(zip(keys, row)) for row in zip(*columns)]
+
+
+def _plain_column(column: pd.Series) -> list:
+    """plain() of every value; numpy number columns converted whole (tables of many ranks)."""
+    dtype = column.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
+        return column.to_numpy().tolist()
+    if isinstance(dtype, np.dtype) and dtype.kind == "f":
+        return [None if math.isnan(v) or math.isinf(v) else v
+                for v in column.to_numpy().tolist()]
+    return [plain(v) for v in column.astype(object)]
+
+
+def _ms(value) -> str:
+    value = plain(value)
+    return "-" if value is None else f"{value / MS:,.2f}"
+
+
+def _pct(value) -> str:
+    value = plain(value)
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def _us(value) -> str:
+    value = plain(value)
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def human_bytes(value) -> str:
+    """Bytes in binary units: 331227136 -> "315.9 MiB"; "-" where missing."""
+    value = plain(value)
+    if value is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{int(value)} B"
+
+
+def _rank(value) -> str:
+    value = plain(value)
+    return "?" if value is None else str(value)
+
+
+def _share(part, whole) -> str:
+    part, whole = plain(part), plain(whole)
+    if part is None or not whole:
+        return "-"
+    return f"{part / whole * 100:.1f}%"
