@@ -6,9 +6,9 @@ loop of MS milliseconds in each of its steps from STEP on.
 
 The delay comes after the gradients are reduced and before the optimizer step, so that it holds
 back this rank's step alone: the other ranks wait for it at the next step's all-reduce, and so
-turn slow one step later. `--wait-for FILE`: before step `--slow-from`, wait (up to 60 s) until
-FILE exists, so that a test can act at a known step. `--losses FILE`: each step's loss, repr(),
-one a line (rank 0).
+turn slow one step later. `--wait-for FILE`: before step `--slow-from`, say so on stdout and
+wait (up to 60 s) until FILE exists, so that a test can act at a known step. `--losses FILE`:
+each step's loss, repr(), one a line (rank 0).
 """
 
 import argparse
@@ -51,6 +51,7 @@ def main():
     losses = []
     for step in range(args.steps):
         if args.wait_for and step == args.slow_from:
+            print(f"rank {rank} waiting at step {step}", flush=True)
             deadline = time.monotonic() + 60
             while not os.path.exists(args.wait_for) and time.monotonic() < deadline:
                 time.sleep(0.05)
