@@ -14,6 +14,7 @@ import re
 
 import pytest
 
+from analysis.ingest.captures import read_captures
 from helpers.launch import launch, run_module, start
 from helpers.tracer_files import load_trace, read_jsonl, summaries
 from tracer import schema
@@ -41,7 +42,9 @@ def captures(run_dir, rank: int) -> list[schema.CaptureRecord]:
 @pytest.fixture(scope="module")
 def slow_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("capture-slow")
-    untraced = launch(SCRIPT, *SLOW, "--losses", folder / "untraced.txt", nproc=2)
+    # The busy loop changes no number: untraced, it is left out.
+    untraced = launch(SCRIPT, *SLOW, "--slow-ms", "0", "--losses", folder / "untraced.txt",
+                      nproc=2)
     assert untraced.returncode == 0, untraced.stderr[-3000:]
     traced = launch(SCRIPT, *SLOW, "--losses", folder / "traced.txt", nproc=2,
                     tracer=("--out", folder / "traces", "--run-name", "slow",
@@ -69,6 +72,10 @@ def test_a_slow_step_opens_a_window_at_the_same_later_steps_on_every_rank(slow_r
         in_window = [s.step for s in steps if s.in_profiler_window]
         assert in_window == [6, 7, 8, 9, first.first_step - 1, *window]
     assert {r: int(s["windows"]) for r, s in summaries(traced.stderr).items()} == {0: 2, 1: 2}
+    assert read_captures(run_dir) == ([{
+        "trigger": "slow_step", "rank": 1, "step": 20, "ratio": first.ratio,
+        "first_step": first.first_step, "steps": window, "ranks_with_window": [0, 1],
+        "ranks_missed": []}], [])
     assert "ranktrace: rank" not in traced.stderr.replace("ranktrace: rank0 ok", "").replace(
         "ranktrace: rank1 ok", "")  # no tracer line but the summaries
 
