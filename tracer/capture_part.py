@@ -16,7 +16,13 @@ import time
 from tracer import schema
 from tracer.capture_log import FileLog, StoreLog
 from tracer.part import Part
-from tracer.slow_steps import CapturePlan, SlowStepRule, margin_steps, place_window
+from tracer.slow_steps import (
+    ON_DEMAND_MARGIN_S,
+    CapturePlan,
+    SlowStepRule,
+    margin_steps,
+    place_window,
+)
 
 
 def open_capture(setup, driver) -> Part | None:
@@ -56,16 +62,52 @@ class CaptureWatch(Part):
         self.driver = driver
         self.write_manifest = write_manifest
         self.files = FileLog(run_dir)
+        self.asks = FileLog(run_dir, schema.CAPTURE_ASK_FILE, schema.CaptureAsk)
+        self.store: StoreLog | None = None
         self.log: FileLog | StoreLog = self.files
+        self._seen: tuple[int, int] | None = None  # (time_ns, step) at the last pass
+        self.pace_ns: float | None = None  # time per step over the last pass that saw steps end
         self.plan = CapturePlan(config.max_captures, config.warmup + config.active,
                                 config.warmup)
         self.windows: list[_Window] = []
         self.captures = 0  # windows this rank opened
 
     def on_worker_pass(self) -> None:
+        now, step = time.time_ns(), self.driver._step
+        if self._seen is not None and step > self._seen[1]:
+            self.pace_ns = (now - self._seen[0]) / (step - self._seen[1])
+        self._seen = (now, step)
+        self._answer_asks()
         self._read_log()
         self._say_missed()
         self._write_due(self.driver._step)
+
+    def _answer_asks(self) -> None:
+        """Turn each new python -m tracer.capture ask into a request from this rank's step, if
+        this rank is the one that answers it."""
+        for number, ask in self.asks.read_new():
+            if self.store is not None:
+                if not self.store.claim(number):
+                    continue
+            elif self.rank != 0:
+                continue
+            if ask is None or ask.steps < 0:
+                self.fail_softly(f"capture ask {number} cannot be read; it is left out")
+                continue
+            c = self.config
+            now, steps = self.driver._step, ask.steps or c.active
+            first = place_window(now + margin_steps(self.pace_ns, ON_DEMAND_MARGIN_S) + c.warmup,
+                                 steps, c.warmup, self.driver.fixed_action, self.driver._idle)
+            if first is None:
+                self.fail_softly(f"capture ask {number}: the profiler's own windows leave no "
+                                 f"room for another; it is left out")
+                continue
+            request = schema.CaptureRequest(trigger="on_demand", trigger_step=now,
+                                            first_step=first, steps=steps,
+                                            t_ns=time.time_ns(), ask=number)
+            self.log.append(request)
+            if self.store is not None:  # where python -m tracer.capture reads the answer
+                self.files.append(request)
 
     def _read_log(self) -> None:
         for number, request in self.log.read_new():
@@ -91,8 +133,8 @@ class CaptureWatch(Part):
         self.windows.append(_Window(request, planned))
         if not planned:
             self.fail_softly(f"the window of steps {_steps(request)} ({request.trigger}) came "
-                             f"when this rank was at step {self.driver._step}, past its start: "
-                             f"no trace of it here")
+                             f"when this rank was at step {self.driver._step}, past its start (or "
+                             f"after the profiler stopped): no trace of it here")
 
     def note_window(self, request: schema.CaptureRequest) -> None:
         """A window is opened: what the slow-step rule must know."""
@@ -146,7 +188,7 @@ class SlowStepWatch(CaptureWatch):
         if not self._connected:  # here, off the training thread, on the first pass
             self._connected = True
             try:
-                self.log = StoreLog.connect(self.launch, self.files)
+                self.store = self.log = StoreLog.connect(self.launch)
             except Exception as exc:
                 self.fail_softly(f"cannot reach torchrun's store ({type(exc).__name__}: {exc}); "
                                  f"ranks agree on windows through files in the run folder")
