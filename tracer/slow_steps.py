@@ -23,6 +23,9 @@ MARGIN_STEPS = 3  # the fewest steps between a trigger and its window's first wa
 # And at least this long at the pace of the steps since the slow one: every rank reads the
 # request within one step-end worker pass (tracer.stepworker.PERIOD_S, 0.2 s) of its writing.
 MARGIN_S = 0.5
+# On demand, at the pace of the last steps: the request may come through files of a shared file
+# system, which other machines may see later.
+ON_DEMAND_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class SlowStepRule:
         self.cooldown = COOLDOWN_WINDOWS * window_steps
         self.windows = 0  # windows opened, on this rank's trigger or another's (note_window)
         self._quiet: list[tuple[int, int]] = []  # (from, to): steps never judged slow
+        self._last_first = -1  # the first step of the latest window
         self._recent: collections.deque = collections.deque()
         self._sorted: list[int] = []
 
@@ -59,7 +63,7 @@ class SlowStepRule:
         median = self.median_ns
         self._remember(duration_ns)
         if (median is None or len(self._sorted) <= MIN_HISTORY or median <= 0
-                or self.windows >= self.max_captures
+                or (self.windows >= self.max_captures and step >= self._last_first)
                 or any(lo <= step <= hi for lo, hi in self._quiet)):
             return None
         ratio = duration_ns / median
@@ -70,10 +74,11 @@ class SlowStepRule:
 
     def note_window(self, first_step: int, last_step: int) -> None:
         """A window was opened (on any rank's trigger): no trigger from its first step to the
-        end of its cool-down. Steps before it may still trigger (once each cool-down): this
-        rank's steps are judged a pass behind, and its own slow step, earlier than the one that
-        opened the window, is what names the rank that slowed first."""
+        end of its cool-down. Steps before it may still trigger (once each cool-down), even past
+        the bound: this rank's steps are judged a pass behind, and its own slow step, earlier
+        than the one that opened the window, is what names the rank that slowed first."""
         self.windows += 1
+        self._last_first = max(self._last_first, first_step)
         self._quiet.append((first_step, last_step + self.cooldown))
 
     def _remember(self, duration_ns: int) -> None:
@@ -97,7 +102,8 @@ def place_window(first: int, steps: int, warmup: int, fixed_action, idle,
     warm-up steps keeps one idle step clear of the fixed schedule's windows on either side
     (`fixed_action(k)` is torch.profiler.schedule's action at step k); None within `search`."""
     for start in range(first, first + search):
-        if all(fixed_action(k) == idle for k in range(start - warmup - 1, start + steps + 1)):
+        if all(fixed_action(k) == idle
+               for k in range(max(start - warmup - 1, 0), start + steps + 1)):
             return start
     return None
 
@@ -126,7 +132,7 @@ class CapturePlan:
         if steps < 1 or first_step < 0:
             return Decision(False, f"no steps to trace ({first_step}, {steps})")
         for begin, end in self.windows:
-            if start - 1 <= end + 1 and begin - 1 <= last + 1:
+            if start <= end + 1 and begin <= last + 1:  # not one idle step between them
                 return Decision(False, f"it overlaps the window of steps {begin + self.warmup}-"
                                        f"{end}")
         if trigger == "slow_step":
