@@ -2,37 +2,35 @@
 
     python -m tracer.capture RUN [--steps N]
 
-RUN is the run folder (traces/<run>). The request is a file in it (tracer.capture_log) that
-every rank reads on its next step-end worker pass; its first step is the newest step any rank
-has recorded, moved on by the time since, plus a margin (docs/tracer.md, Capturing slow steps).
-Exit codes: 0 asked, 1 the run cannot be asked (ended, no live rank, not a run folder), 2 usage.
+RUN is the run folder (traces/<run>). The ask is a file in it (tracer.capture_log); one live rank
+answers it on its next step-end worker pass with the window's steps, from its own step plus a
+margin, and every rank opens that window (docs/tracer.md, Capturing slow steps). Exit codes: 0
+asked and answered, 1 the run cannot be asked (ended, no live rank, not a run folder, no answer),
+2 usage.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import socket
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from tracer import schema
 from tracer.capture_log import FileLog
-from tracer.slow_steps import margin_steps, place_window
 
-# The steps file is flushed at least every second and read by the ranks every 0.2 s: a request
-# is ahead of every rank by this long, and the newest step on disk is at most this old.
-MARGIN_S = 2.0
-FLUSH_LAG_S = 1.5
-TAIL_BYTES = 1 << 16
-RECENT_STEPS = 20
+ANSWER_TIMEOUT_S = 10.0  # a live rank answers on its next step-end worker pass (0.2 s)
 
 
 class CaptureError(RuntimeError):
     """The run cannot be asked; the message says why."""
+
+
+def _shown(text: str) -> str:
+    """`text` with control characters escaped, for the terminal."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _manifest(path: Path) -> list:
@@ -46,13 +44,13 @@ def _manifest(path: Path) -> list:
     return records
 
 
-def _rank_files(run: Path, pattern: str) -> dict[int, Path]:
+def _manifests(run: Path) -> dict[int, Path]:
     found = {}
-    for rank_path in sorted(run.iterdir()):
-        for suffix in ("", schema.TEMP_SUFFIX):
-            for_rank = schema.RANK_WORKER_RE.match(rank_path.name.split(".", 1)[0])
-            if for_rank and rank_path.name == pattern.format(rank=for_rank["rank"]) + suffix:
-                found.setdefault(int(for_rank["rank"]), rank_path)
+    for path in sorted(run.iterdir()):
+        rank, _, rest = path.name.partition(".")
+        worker = schema.RANK_WORKER_RE.match(rank)
+        if worker and rest in ("manifest.jsonl", "manifest.jsonl" + schema.TEMP_SUFFIX):
+            found.setdefault(int(worker["rank"]), path)
     return found
 
 
@@ -64,30 +62,15 @@ def _alive(start: schema.RunStart) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
-def _last_steps(path: Path) -> list[schema.StepRecord]:
-    decoder = schema.decoder(schema.StepRecord)
-    with open(path, "rb") as f:
-        f.seek(max(0, path.stat().st_size - TAIL_BYTES))
-        lines = f.read().splitlines()
-    steps = []
-    for line in lines[1:] if len(lines) > 1 else lines:
-        try:
-            steps.append(decoder.decode(line))
-        except Exception:
-            continue
-    return steps[-RECENT_STEPS:]
-
-
-def plan_request(run: Path, steps: int | None, now_ns: int | None = None
-                 ) -> schema.CaptureRequest:
-    """The request for `run`, or CaptureError."""
+def check_run(run: Path) -> None:
+    """CaptureError unless some rank of the run in `run` is live and profiling."""
     if not run.is_dir():
         raise CaptureError(f"no run folder {str(run)!r}")
-    manifests = _rank_files(run, schema.MANIFEST_FILE)
+    manifests = _manifests(run)
     if not manifests:
         raise CaptureError(f"{str(run)!r} holds no rank manifest: not a run folder")
     records = {rank: _manifest(path) for rank, path in manifests.items()}
@@ -95,46 +78,31 @@ def plan_request(run: Path, steps: int | None, now_ns: int | None = None
             if not any(isinstance(r, schema.RunEnd) for r in recs)]
     if not live:
         raise CaptureError(f"the run in {str(run)!r} has ended (every rank wrote run_end)")
-    starts = {rank: next((r for r in records[rank] if isinstance(r, schema.RunStart)), None)
-              for rank in live}
-    live = [rank for rank in live if starts[rank] is not None and _alive(starts[rank])]
-    if not live:
-        raise CaptureError(f"no live rank in {str(run)!r}: every rank without a run_end has no "
-                           f"running process (crashed?)")
-    config = starts[live[0]].config
-    if config.get("no_profiler"):
-        raise CaptureError(f"the run in {str(run)!r} was started with --no-profiler")
-    steps = steps or int(config.get("active", 3))
-    warmup = int(config.get("warmup", 1))
-    newest, durations = -1, []
-    now_ns = time.time_ns() if now_ns is None else now_ns
-    newest_end = None
-    for path in _rank_files(run, schema.STEPS_FILE).values():
-        recent = _last_steps(path)
-        durations += [s.end_ns - s.start_ns for s in recent if not s.in_profiler_window]
-        if recent and recent[-1].step > newest:
-            newest, newest_end = recent[-1].step, recent[-1].end_ns
-    median = statistics.median(durations) if durations else None
-    ahead = 0
-    if median and newest_end is not None:  # steps run since, as far as the flush lag goes
-        ahead = math.ceil(min(max(now_ns - newest_end, 0), FLUSH_LAG_S * 1e9) / median)
-    first = newest + 1 + ahead + margin_steps(median, MARGIN_S) + warmup
-    first = _clear_of_fixed_windows(first, steps, warmup, config)
-    return schema.CaptureRequest(trigger="on_demand", trigger_step=max(newest, 0),
-                                 first_step=first, steps=steps, t_ns=now_ns)
+    starts = [next((r for r in records[rank] if isinstance(r, schema.RunStart)), None)
+              for rank in live]
+    starts = [s for s in starts if s is not None and _alive(s)]
+    if not starts:
+        raise CaptureError(f"no live rank in {str(run)!r}: each rank without a run_end has no "
+                           f"running process (it crashed or was killed)")
+    if starts[0].config.get("no_profiler"):
+        raise CaptureError(f"the run in {str(run)!r} runs with --no-profiler")
 
 
-def _clear_of_fixed_windows(first: int, steps: int, warmup: int, config: dict) -> int:
-    from torch.profiler import ProfilerAction, schedule
-
-    fixed = schedule(skip_first=int(config.get("skip_first", 5)), wait=int(config.get("wait", 1)),
-                     warmup=warmup, active=int(config.get("active", 3)),
-                     repeat=int(config.get("repeat", 1)))
-    placed = place_window(first, steps, warmup, fixed, ProfilerAction.NONE)
-    if placed is None:
-        raise CaptureError("the profiler's own windows leave no room for another (--repeat 0 "
-                           "with no --wait steps?)")
-    return placed
+def ask(run: Path, steps: int | None, timeout_s: float = ANSWER_TIMEOUT_S
+        ) -> tuple[int, schema.CaptureRequest]:
+    """Ask the ranks of `run` for a window; (ask number, the request that answers it)."""
+    check_run(run)
+    number = FileLog(str(run), schema.CAPTURE_ASK_FILE, schema.CaptureAsk).append(
+        schema.CaptureAsk(steps=steps or 0, t_ns=time.time_ns()))
+    answers = FileLog(str(run))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for _, request in answers.read_new():
+            if request is not None and request.ask == number:
+                return number, request
+        time.sleep(0.05)
+    raise CaptureError(f"no rank of the run in {str(run)!r} answered within {timeout_s:g} s "
+                       f"(ask {number} stays in the folder; is the run still going?)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,16 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     run = Path(args.run)
     try:
-        request = plan_request(run, args.steps)
-        number = FileLog(str(run)).append(request)
+        number, request = ask(run, args.steps)
     except (CaptureError, OSError) as exc:
         why = str(exc) if isinstance(exc, CaptureError) else f"cannot write in {str(run)!r} ({exc})"
-        print(f"ranktrace: capture: {why}".encode("unicode_escape").decode("ascii"),
-              file=sys.stderr)
+        print(_shown(f"ranktrace: capture: {why}"), file=sys.stderr)
         return 1
     last = request.first_step + request.steps - 1
-    print(f"every rank of {run} will profile steps {request.first_step}-{last} (request "
-          f"{number}); traces land in {run} as rank<R>.<ns>.pt.trace.json.gz")
+    print(_shown(f"every rank of {run} will profile steps {request.first_step}-{last} (ask "
+                 f"{number}); traces land in {run} as rank<R>.<ns>.pt.trace.json.gz; a rank "
+                 f"already past step {request.first_step - 1} says so on its stderr"))
     return 0
 
 

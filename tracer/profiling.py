@@ -100,7 +100,7 @@ class ProfilerDriver(Part):
                 return False
             if any(self._schedule(k) != self._idle for k in range(open_at - 1, last + 2)):
                 return False
-            if any(o - 1 <= last + 1 and open_at - 1 <= e + 1 for o, _, e in self._captures):
+            if any(o <= last + 1 and open_at <= e + 1 for o, _, e in self._captures):
                 return False
             self._captures = tuple(sorted((*self._captures, (open_at, first, last))))
             self._capture_due = self._captures[0][0]

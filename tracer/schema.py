@@ -36,10 +36,10 @@ ISSUED_FILE = "rank{rank}.issued.jsonl"
 STACKS_FILE = "rank{rank}.stacks.jsonl"
 # torch's own format, never loaded by us
 MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"
-# Capture requests (CaptureRequest), one per file, numbered in the order they were made: written
-# by python -m tracer.capture, and by the ranks themselves where there is no torchrun store.
+# Windows asked for by python -m tracer.capture (CaptureAsk), and the windows the ranks plan
+# (CaptureRequest), each one per file, numbered in the order they were made.
+CAPTURE_ASK_FILE = "capture.ask{index}.jsonl"
 CAPTURE_REQUEST_FILE = "capture.request{index}.jsonl"
-CAPTURE_REQUEST_RE = re.compile(r"^capture\.request(?P<index>\d+)\.jsonl$")
 TEMP_SUFFIX = ".tmp"  # files are written as <name>.tmp then renamed
 # The JSON-lines record files of a rank, by kind; and the endings of a Kineto trace file.
 RECORD_FILES = (MANIFEST_FILE, STEPS_FILE, COMMS_FILE, SAMPLES_FILE)
@@ -327,6 +327,15 @@ class CaptureRequest(msgspec.Struct, omit_defaults=True):
     t_ns: int  # when it was asked
     trigger_rank: int | None = None
     ratio: float | None = None
+    ask: int | None = None  # on_demand: the number of the CaptureAsk it answers
+
+
+class CaptureAsk(msgspec.Struct, omit_defaults=True):
+    """python -m tracer.capture's request, one line of capture.ask{N}.jsonl: a live rank turns
+    it into a CaptureRequest from its own step (docs/tracer.md, Capturing slow steps)."""
+
+    steps: int  # steps to trace; 0: the run's --active
+    t_ns: int
 
 
 # The device sampler's lag counts as sustained when, judged after its first
