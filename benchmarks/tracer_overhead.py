@@ -16,6 +16,9 @@ falls on all of them alike:
 * traced-no-fr:   traced with --no-flight-recorder: traced / traced-no-fr is what reading torch's
                   Flight Recorder costs a step (`--flight-recorder` runs bare, traced, this and
                   bare-again)
+* capture:        traced with --capture-slow-steps --max-captures 0: every step judged and the
+                  store read on each worker pass, no window opened (capture / traced is what
+                  watching for slow steps costs between windows)
 
 and the bisecting modes, outside windows only: `off` is the tracer with every part switched off
 (`--no-comms --no-sampler --no-profiler`, and the parts without an option switched off by the
@@ -71,8 +74,11 @@ ISSUE_MODES = {"hook": ["--ddp-bucket-hook"],
                "hook-no-issue": ["--ddp-bucket-hook", "--no-issue-records"]}
 # Traced without reading torch's Flight Recorder (DDP's buckets then unrecorded between windows).
 FR_MODES = {"traced-no-fr": ["--no-flight-recorder"]}
+# Traced with the slow-step watch on (--capture-slow-steps; --max-captures 0 keeps its windows
+# out of the steps compared, so that this is what watching costs between windows).
+CAPTURE_MODES = {"capture": ["--capture-slow-steps", "--max-captures", "0"]}
 MODES = ("bare", "traced", *PARTS_ON, "traced-window", "profiler", "bare-again", *ISSUE_MODES,
-         *FR_MODES)
+         *FR_MODES, *CAPTURE_MODES)
 DEFAULT_MODES = ("bare", "traced", "traced-window", "profiler", "bare-again")
 CLOCKS = ("wall_ns", "thread_cpu_ns", "process_cpu_ns")
 COUNT_SPAN = (20, 50)  # steps whose calls --count-calls counts: before any window of any mode
@@ -114,9 +120,9 @@ def command(mode: str, steps: int, nproc: int, stamps: str, out: str,
     skip_first = str(window_skip_first(mode, steps))
     if mode == "traced":
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
-    elif mode in ISSUE_MODES or mode in FR_MODES:
+    elif mode in ISSUE_MODES or mode in FR_MODES or mode in CAPTURE_MODES:
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
-        head += ISSUE_MODES.get(mode) or FR_MODES[mode]
+        head += {**ISSUE_MODES, **FR_MODES, **CAPTURE_MODES}[mode]
     elif mode == "traced-window":
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first, "--repeat",
                  "0"] + [f"--{k}={v}" for k, v in WINDOW.items()]
@@ -137,7 +143,8 @@ def mode_actions(mode: str, steps: int) -> list:
     """torch.profiler.schedule's action for each step of a run of `mode` (NONE without one)."""
     from torch.profiler import ProfilerAction, schedule
 
-    if mode in ("traced", "+profiler", "traced-window", "profiler", *ISSUE_MODES, *FR_MODES):
+    if mode in ("traced", "+profiler", "traced-window", "profiler", *ISSUE_MODES, *FR_MODES,
+                *CAPTURE_MODES):
         repeat = 0 if mode in ("traced-window", "profiler") else 1
         fn = schedule(skip_first=window_skip_first(mode, steps), repeat=repeat, **WINDOW)
         return [fn(k) for k in range(steps + 1)]

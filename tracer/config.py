@@ -65,6 +65,9 @@ class TracerConfig:
         all (0: no cap)
     peak_tflops: the device's peak TFLOP/s for MFU, recorded in run_start (0: measured by a
         short matmul on CPU before the script starts, the datasheet's on GPUs)
+    capture_slow_steps: when any rank's step takes at least this many times its running median,
+        every rank profiles the same later steps (given alone: 2; 0: off)
+    max_captures: --capture-slow-steps: windows it opens at most per run
     """
 
     out: str = "traces/"
@@ -90,6 +93,8 @@ class TracerConfig:
     rendezvous_timeout: float = 300.0
     max_record_mb: float = 0.0
     peak_tflops: float = 0.0
+    capture_slow_steps: float = 0.0
+    max_captures: int = 3
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -120,6 +125,11 @@ class TracerConfig:
             raise ConfigError(f"--peak-tflops must be >= 0, got {self.peak_tflops}")
         if not self.max_record_mb >= 0:
             raise ConfigError(f"--max-record-mb must be >= 0, got {self.max_record_mb}")
+        if not (self.capture_slow_steps == 0 or self.capture_slow_steps > 1):
+            raise ConfigError(f"--capture-slow-steps must be > 1 (or 0: off), got "
+                              f"{self.capture_slow_steps}")
+        if self.max_captures < 0:
+            raise ConfigError(f"--max-captures must be >= 0, got {self.max_captures}")
         if not self.rendezvous_timeout > 0:
             raise ConfigError(f"--rendezvous-timeout must be > 0, got {self.rendezvous_timeout}")
 
@@ -138,6 +148,8 @@ def env_name(field_name: str) -> str:
 
 
 # In TracerConfig's docstring: "name: help" at the left margin, continued on indented lines.
+# Options whose value may be left out: the value they then take.
+_OPTIONAL_VALUE = {"capture_slow_steps": 2.0}
 _HELP_ENTRY = re.compile(r"^(?P<name>[a-z_]+): (?P<help>.+(?:\n[ \t]+.+)*)", re.M)
 
 
@@ -219,12 +231,41 @@ def build_parser() -> argparse.ArgumentParser:
                                 help=f"{helps[f.name]} [{env_name(f.name)}]")
         else:
             default = f" (default: {f.default})" if f.default != "" else ""
+            optional = ({"nargs": "?", "const": _OPTIONAL_VALUE[f.name]}
+                        if f.name in _OPTIONAL_VALUE else {})
             parser.add_argument(option, type=_option_type(kind, option), metavar=f.name.upper(),
-                                default=argparse.SUPPRESS,
+                                default=argparse.SUPPRESS, **optional,
                                 help=f"{helps[f.name]}{default} [{env_name(f.name)}]")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [script args]",
                         help="the training script and its own arguments")
     return parser
+
+
+def _optional_values(argv: list[str]) -> list[str]:
+    """`argv` with each option of _OPTIONAL_VALUE given without a number written
+    `--option=VALUE`: argparse's nargs="?" would take the script's name as its value."""
+    takes_value = {option_name(f.name) for f in dataclasses.fields(TracerConfig)
+                   if _field_type(f) is not bool}
+    optional = {option_name(name): value for name, value in _OPTIONAL_VALUE.items()}
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--" or not arg.startswith("-"):
+            return out + argv[i:]  # the script and its own arguments, untouched
+        if arg in optional:
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            try:
+                float(following)
+            except ValueError:
+                out.append(f"{arg}={optional[arg]}")
+                i += 1
+                continue
+        out.append(arg)
+        if arg in takes_value and i + 1 < len(argv):
+            out.append(argv[i + 1])
+            i += 1
+        i += 1
+    return out
 
 
 def resolve(argv: Sequence[str], environ: Mapping[str, str] | None = None
@@ -234,7 +275,7 @@ def resolve(argv: Sequence[str], environ: Mapping[str, str] | None = None
     `--help` prints the help and raises SystemExit(0), as argparse does; every other problem
     raises ConfigError."""
     environ = os.environ if environ is None else environ
-    namespace = vars(build_parser().parse_args(list(argv)))
+    namespace = vars(build_parser().parse_args(_optional_values(list(argv))))
     command = namespace.pop("command")
     if command[:1] == ["--"]:  # `--` ends the tracer's options; the script comes after it
         command = command[1:]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import threading
 import time
 import warnings
 
@@ -36,6 +37,10 @@ def open_profiler(setup):
         log.say(f"--active {c.active} keeps every event of {c.active} steps in memory "
                 f"until each window ends; memory grows with each active step "
                 f"(docs/tracer.md, Record sizes and memory)", "profiler")
+    if driver is not None:  # windows on demand and, with --capture-slow-steps, on slow steps
+        from tracer.capture_part import open_capture
+
+        open_capture(setup, driver)
     return driver
 
 
@@ -56,6 +61,14 @@ class ProfilerDriver(Part):
         self._idle = None  # ProfilerAction.NONE, once torch.profiler is imported
         self._step = 0  # the step now running, as the tracer numbers them
         self._due: int | None = None  # the next step that needs a profiler; None: never again
+        # Windows off the fixed schedule (tracer.capture_part), planned by another thread:
+        # (open step, first traced step, last traced step), in step order. `_capture_due` is the
+        # first one's open step, the one thing the training thread reads between windows.
+        self._captures: tuple[tuple[int, int, int], ...] = ()
+        self._capture_due: int | None = None
+        self._capture_open: tuple[int, int, int] | None = None  # the one being recorded
+        self._capture_lock = threading.Lock()
+        self.captures_missed: list[int] = []  # first steps passed before they were planned
 
     def start(self) -> None:
         """Before the script's first step."""
@@ -77,11 +90,66 @@ class ProfilerDriver(Part):
                 return k
         return None
 
+    def plan_window(self, first: int, steps: int) -> bool:
+        """Any thread: profile steps first..first+steps-1 (after the configured warm-up steps),
+        as well as the fixed schedule's windows. False when this rank is already past the
+        window's first warm-up step, or the window overlaps another (nothing is planned)."""
+        open_at, last = first - self.config.warmup, first + steps - 1
+        with self._capture_lock:
+            if self._schedule is None or open_at <= self._step:
+                return False
+            if any(self._schedule(k) != self._idle for k in range(open_at - 1, last + 2)):
+                return False
+            if any(o <= last + 1 and open_at <= e + 1 for o, _, e in self._captures):
+                return False
+            self._captures = tuple(sorted((*self._captures, (open_at, first, last))))
+            self._capture_due = self._captures[0][0]
+        return True
+
+    def fixed_action(self, k: int):
+        """Any thread: the fixed schedule's action at step k (idle once stopped)."""
+        schedule = self._schedule
+        return self._idle if schedule is None else schedule(k)
+
+    def take_missed(self) -> list[int]:
+        """Any thread: the first steps of the planned windows passed before they could open."""
+        with self._capture_lock:
+            missed, self.captures_missed = self.captures_missed, []
+        return missed
+
+    def _action(self, k: int):
+        """The profiler's action at step k: the fixed schedule's, or the capture window's."""
+        action = self._schedule(k)
+        window = self._capture_open
+        if action != self._idle or window is None or not window[0] <= k <= window[2]:
+            return action
+        from torch.profiler import ProfilerAction
+
+        if k < window[1]:
+            return ProfilerAction.WARMUP
+        return ProfilerAction.RECORD_AND_SAVE if k == window[2] else ProfilerAction.RECORD
+
+    def _take_capture(self) -> None:
+        """The training thread has reached the first planned capture's open step (or passed it:
+        planned too late, it is dropped and noted)."""
+        with self._capture_lock:
+            while self._captures and self._captures[0][0] <= self._step:
+                window, self._captures = self._captures[0], self._captures[1:]
+                if window[0] == self._step:
+                    self._capture_open = window
+                else:
+                    self.captures_missed.append(window[1])
+            self._capture_due = self._captures[0][0] if self._captures else None
+
     def _open_if_due(self) -> None:
-        if self.error is not None or self._due is None or self._step < self._due:
+        capture = self._capture_due
+        if capture is not None and self._step >= capture and self.error is None:
+            self._take_capture()
+        elif self.error is not None or self._due is None or self._step < self._due:
             return
-        if self._schedule(self._step) == self._idle:
-            self._due = self._next_due(self._step)
+        if self._action(self._step) == self._idle:
+            if self._due is not None and self._step >= self._due:
+                self._due = self._next_due(self._step)
             return
         from torch.profiler import ProfilerActivity, profile
 
@@ -92,12 +160,12 @@ class ProfilerDriver(Part):
         # No with_flops: torch 2.13 writes no `flops` argument into the exported trace, and it
         # costs as much again as the shapes (docs/benchmarks.md); analysis.rank.flops counts
         # FLOPs from the shapes (docs/mfu.md).
-        prof = profile(activities=activities, schedule=self._schedule,
+        prof = profile(activities=activities, schedule=self._action,
                        on_trace_ready=self._export, record_shapes=c.record_shapes,
                        profile_memory=c.profile_memory, with_stack=c.with_stack)
         # Start at the tracer's step number, so the trace's ProfilerStep#N is step N.
         prof.step_num = self._step
-        prof.current_action = self._schedule(self._step)
+        prof.current_action = self._action(self._step)
         if hasattr(prof, "_prev_schedule_action"):
             prof._prev_schedule_action = prof.current_action
         with warnings.catch_warnings():
@@ -128,7 +196,9 @@ class ProfilerDriver(Part):
                 self._profile.step()
             if self._profile.current_action == self._idle:
                 self._shut_down()  # the window is written; nothing runs until the next one
-                self._due = self._next_due(self._step)
+                self._capture_open = None
+                if self._due is not None:
+                    self._due = self._next_due(self._step)
         except Exception as exc:
             self.fail(f"profiler step failed ({type(exc).__name__}: {exc}); profiler is off")
             self._shut_down()

@@ -36,6 +36,10 @@ ISSUED_FILE = "rank{rank}.issued.jsonl"
 STACKS_FILE = "rank{rank}.stacks.jsonl"
 # torch's own format, never loaded by us
 MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"
+# Windows asked for by python -m tracer.capture (CaptureAsk), and the windows the ranks plan
+# (CaptureRequest), each one per file, numbered in the order they were made.
+CAPTURE_ASK_FILE = "capture.ask{index}.jsonl"
+CAPTURE_REQUEST_FILE = "capture.request{index}.jsonl"
 TEMP_SUFFIX = ".tmp"  # files are written as <name>.tmp then renamed
 # The JSON-lines record files of a rank, by kind; and the endings of a Kineto trace file.
 RECORD_FILES = (MANIFEST_FILE, STEPS_FILE, COMMS_FILE, SAMPLES_FILE)
@@ -315,6 +319,47 @@ class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True
     native_ops_lost: int = 0
 
 
+class CaptureRecord(msgspec.Struct, tag="capture", tag_field="kind", omit_defaults=True):
+    """A profiler window opened off the fixed schedule, at the same steps on every rank: when a
+    rank's step turned slow (--capture-slow-steps) or on request (python -m tracer.capture)."""
+
+    rank: int  # the rank that wrote this record
+    t_ns: int  # when this rank learnt of the window
+    trigger: str  # one of CAPTURE_TRIGGERS
+    trigger_step: int  # the slow step; on_demand: the newest step recorded when it was asked
+    first_step: int  # the window's first traced step (its ProfilerStep#N)
+    steps: int  # steps traced from first_step on
+    trigger_rank: int | None = None  # the rank whose step was slow; None for on_demand
+    ratio: float | None = None  # that step's time / that rank's running median; None: on_demand
+    # This rank learnt of the window after it had passed first_step's warm-up: no trace here.
+    missed: bool = False
+
+
+CAPTURE_TRIGGERS = ("slow_step", "on_demand")
+
+
+class CaptureRequest(msgspec.Struct, omit_defaults=True):
+    """A window asked of every rank, one line of capture.request{N}.jsonl (or one value in
+    torchrun's store): the fields CaptureRecord repeats."""
+
+    trigger: str
+    trigger_step: int
+    first_step: int
+    steps: int
+    t_ns: int  # when it was asked
+    trigger_rank: int | None = None
+    ratio: float | None = None
+    ask: int | None = None  # on_demand: the number of the CaptureAsk it answers
+
+
+class CaptureAsk(msgspec.Struct, omit_defaults=True):
+    """python -m tracer.capture's request, one line of capture.ask{N}.jsonl: a live rank turns
+    it into a CaptureRequest from its own step (docs/tracer.md, Capturing slow steps)."""
+
+    steps: int  # steps to trace; 0: the run's --active
+    t_ns: int
+
+
 # The device sampler's lag counts as sustained when, judged after its first
 # SAMPLER_LAG_GRACE_S seconds (start-up, when imports and process start compete for the CPU)
 # and over at least SAMPLER_LAG_MIN_ASKED asked samples, at least this share of them was missed.
@@ -322,7 +367,7 @@ SAMPLER_LAG_GRACE_S = 1.0
 SAMPLER_LAG_MIN_ASKED = 20
 SAMPLER_LAG_MIN_MISSED_PCT = 20.0
 
-ManifestRecord = RunStart | ClockSync | TracerError | RunEnd
+ManifestRecord = RunStart | ClockSync | TracerError | RunEnd | CaptureRecord
 RUN_STATUSES = ("ok", "failed", "interrupted")
 # A manifest with a run_start but no run_end: the rank died before it could say (killed,
 # OOM-killed).

@@ -1,0 +1,75 @@
+"""A small DDP training loop (gloo, CPU) in which one rank turns slow from a given step on: a busy
+loop of MS milliseconds in each of its steps from STEP on.
+
+    torchrun --nproc-per-node 2 -m tracer.record --capture-slow-steps \
+        tests/scripts/slow_from.py --steps 35 --slow-from 20 --slow-rank 1 --slow-ms 60
+
+The delay comes after the gradients are reduced and before the optimizer step, so that it holds
+back this rank's step alone: the other ranks wait for it at the next step's all-reduce, and so
+turn slow one step later. `--wait-for FILE`: before step `--slow-from`, say so on stdout and
+wait (up to 60 s) until FILE exists, so that a test can act at a known step. `--losses FILE`:
+each step's loss, repr(), one a line (rank 0).
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def busy_wait(ms: float) -> None:
+    deadline = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < deadline:
+        pass
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=35)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--slow-from", type=int, help="the first slow step")
+    parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--slow-ms", type=float, default=60.0)
+    parser.add_argument("--step-ms", type=float, default=5.0,
+                        help="host time every rank spends in each step (a steadier median)")
+    parser.add_argument("--wait-for", metavar="FILE")
+    parser.add_argument("--losses", metavar="FILE")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = DistributedDataParallel(nn.Sequential(
+        nn.Linear(args.hidden, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(1 + rank)
+    losses = []
+    for step in range(args.steps):
+        if args.wait_for and step == args.slow_from:
+            print(f"rank {rank} waiting at step {step}", flush=True)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(args.wait_for) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        optimizer.zero_grad(set_to_none=True)
+        inputs = torch.randn(16, args.hidden, generator=generator)
+        targets = torch.randint(0, 10, (16,), generator=generator)
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        busy_wait(args.step_ms)
+        if args.slow_from is not None and step >= args.slow_from and rank == args.slow_rank:
+            busy_wait(args.slow_ms)
+        optimizer.step()
+        losses.append(loss.item())
+    if args.losses and rank == 0:
+        with open(args.losses, "w") as f:
+            f.write("".join(f"{value!r}\n" for value in losses))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
