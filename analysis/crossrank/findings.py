@@ -77,9 +77,10 @@ def too_few_steps(result: dict) -> list:
                     f"{row['share_pct']:.1f}% of the ranks' step time), but {clean} steps cannot "
                     f"tell a late rank from chance with {members} ranks: naming one takes "
                     f"{needed} clean steps, {needed + 1} traced.")
-        suggestion = (f"Trace at least {needed + 1} steps with matched collectives: a longer "
-                      f"profiler window (--active {needed + 1}) or more windows (--repeat); for "
-                      f"DDP, --ddp-bucket-hook times its gradient buckets in every step.")
+        suggestion = (f"Record at least {needed + 1} steps with matched collectives: the "
+                      f"tracer's comm records hold every step's (DDP's buckets too, unless "
+                      f"--no-flight-recorder or --no-comms), or trace a longer profiler window "
+                      f"(--active {needed + 1}) or more windows (--repeat).")
         notes.append({**finding_row(f"too few steps to name rank {rank} late",
                                     row["share_pct"], evidence, suggestion, str(rank)),
                       "kind": "note"})

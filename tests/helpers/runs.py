@@ -36,6 +36,8 @@ DDP_DELAY_MS = 25
 # The tracer's default profiler window: 3 steps traced after 7.
 DEFAULT_WINDOW = ("--skip-first", "5", "--wait", "1", "--warmup", "1", "--active", "3")
 EVEN_RUNS = 5  # DDP runs without delay, each a separate sample of the scheduling noise
+# The default-options runs: as many steps as a user's first try (the straggler rule needs 11).
+DEFAULT_STEPS = 30
 # tests/scripts/straggle_ddp.py's delay: long against the scheduling noise of a shared 2-core CPU.
 STRAGGLE_DDP_DELAY_MS = 60
 
@@ -99,19 +101,22 @@ RUNS: dict[str, Run] = {
     "ddp-bucket-hook": Run(DDP, ("--steps", str(DDP_STEPS)),
                            tracer=("--ddp-bucket-hook", "--record-shapes"), save=True,
                            users="test_tracer_end_to_end (test_ddp_*), test_tensorboard_view"),
-    # Rank 1 late by a busy loop before every forward pass; DDP's buckets only in the window.
+    # Rank 1 late by a busy loop before every forward pass; DDP's buckets only in the window (the
+    # Flight Recorder off): the cross-rank pass reads them from the Kineto traces.
     "ddp-late-window": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1", "--straggle",
-                                 f"1:{DDP_DELAY_MS}"), tracer=WINDOW,
+                                 f"1:{DDP_DELAY_MS}"), tracer=(*WINDOW, "--no-flight-recorder"),
                            timed=True, batch="crossrank",
                            users="test_crossrank_names_stragglers (profiler_window), "
                                  "test_breakdown_command (a real traced run), "
                                  "test_timeline_of_traced_runs (ddp)"),
-    "ddp-late-hook": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1", "--straggle",
-                               f"1:{DDP_DELAY_MS}"), tracer=(*WINDOW, "--ddp-bucket-hook"),
-                         timed=True, batch="crossrank",
-                         users="test_crossrank_names_stragglers (bucket_hook)"),
-    **{f"ddp-even-{n}": Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1"),
-                            tracer=WINDOW, timed=True, batch="crossrank",
+    # The same delay with the tracer's default options: every bucket of every step is in the
+    # comm records (the Flight Recorder), and DEFAULT_STEPS steps, as a user would run it.
+    "ddp-late-default": Run(DDP, ("--steps", str(DEFAULT_STEPS), *SMALL, "--layers", "1",
+                                  "--straggle", f"1:{DDP_DELAY_MS}"), tracer=(),
+                            timed=True, batch="crossrank",
+                            users="test_crossrank_names_stragglers (records, default options)"),
+    **{f"ddp-even-{n}": Run(DDP, ("--steps", str(DEFAULT_STEPS), *SMALL, "--layers", "1"),
+                            tracer=(), timed=True, batch="crossrank",
                             users="test_crossrank_names_stragglers (no delay)")
        for n in range(EVEN_RUNS)},
     # The pipeline's own model, outside a long profiler window: with four ranks on two cores and
@@ -223,11 +228,3 @@ class SharedRuns:
         except (AssertionError, subprocess.TimeoutExpired) as failure:
             self._done[name] = str(failure)
 
-
-# ---- appended: a 25 ms straggler under the tracer's default options ---------------------------
-# The default profiler window (3 steps) with every DDP bucket in the comm records: the straggler
-# rule reads all recorded steps, so a default run of 24 steps names the late rank.
-RUNS["ddp-late-default"] = Run(DDP, ("--steps", str(STEPS), *SMALL, "--layers", "1",
-                                     "--straggle", f"1:{DDP_DELAY_MS}"),
-                               tracer=("--ddp-bucket-hook",), timed=True, batch="crossrank",
-                               users="test_crossrank_names_stragglers (default options)")

@@ -1,7 +1,7 @@
 """The cross-rank pass on the workloads themselves (issue 10's real-run checks), gloo on CPU:
-DDP with a rank delayed by `--straggle`, read from the profiler window and from the DDP bucket
-hook's records; a 4-stage pipeline and tensor parallelism with a delayed rank; DDP runs without
-delay.
+DDP with a rank delayed by `--straggle`, read from the profiler window alone and from the comm
+records of every step (the tracer's default options); a 4-stage pipeline and tensor parallelism
+with a delayed rank; DDP runs without delay, with default options.
 
 The models are small (one DDP gradient bucket, about 1 ms of compute per step) so that the
 injected host delay dominates each step and the profiler window covers many steps in little
@@ -21,7 +21,7 @@ import pytest
 from analysis import open_run
 from analysis.crossrank.culprit import steps_needed
 from helpers.launch import DDP, popen, run_module
-from helpers.runs import ACTIVE, DDP_DELAY_MS, EVEN_RUNS, SMALL, STEPS, WINDOW
+from helpers.runs import ACTIVE, DDP_DELAY_MS, DEFAULT_STEPS, EVEN_RUNS, SMALL, STEPS, WINDOW
 
 
 def _check(done, what: str) -> None:
@@ -53,19 +53,20 @@ def out(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ddp_delayed(shared_runs):
     return {"profiler_window": shared_runs["ddp-late-window"].run_dir,
-            "bucket_hook": shared_runs["ddp-late-hook"].run_dir}
+            "records": shared_runs["ddp-late-default"].run_dir}
 
 
-@pytest.mark.parametrize("source", ["profiler_window", "bucket_hook"])
+@pytest.mark.parametrize("source", ["profiler_window", "records"])
 def test_ddp_names_the_delayed_rank_and_the_other_waits_the_delay(ddp_delayed, source):
     run = ddp_delayed[source]
-    # Without the hook DDP's buckets are in no record and the pass reads the Kineto window.
-    assert (_ddp_ops_in_records(run) > 0) == (source == "bucket_hook")
+    # With the Flight Recorder off DDP's buckets are in no record and the pass reads the Kineto
+    # window; by default every step's buckets are native comm records.
+    assert (_ddp_ops_in_records(run) > 0) == (source == "records")
     frames, document = _cross_rank(run)
     assert _named(document)[:1] == [1]
     waits = frames["waits"]
     victim = waits[waits["rank"] == 0]
-    assert len(victim) >= (ACTIVE - 2 if source == "profiler_window" else STEPS - 3)
+    assert len(victim) >= (ACTIVE - 2 if source == "profiler_window" else DEFAULT_STEPS - 3)
     # At least the delay, less 25%. No upper bound: on a loaded 2-core machine the delayed rank
     # also starts each step late (it sees the previous all-reduce complete late) and computes
     # slower, so the real lateness exceeds the injected one (medians of 21.8-29.0 ms per step
@@ -76,14 +77,15 @@ def test_ddp_names_the_delayed_rank_and_the_other_waits_the_delay(ddp_delayed, s
 
 
 def test_a_default_run_names_the_late_rank_from_every_recorded_step(shared_runs):
-    """The tracer's default window holds 3 steps, too few to name a rank; the comm records hold
-    every step's buckets, so the rule reads all of them and names rank 1 with no note."""
+    """`ddp.py --steps 30 --straggle 1:25` with default options: the default window holds 3
+    steps, too few to name a rank; the comm records hold every step's buckets (the Flight
+    Recorder), so the rule reads all of them and names rank 1 first, with no note."""
     frames, document = _cross_rank(shared_runs["ddp-late-default"].run_dir)
     assert _named(document)[:1] == [1]
     assert frames["notes"] == []
     row = frames["stragglers"].set_index("rank").loc[1]
     assert row["clean_steps"] >= steps_needed(2) and row["fires"]
-    assert frames["waits"]["step"].nunique() >= STEPS - 3
+    assert frames["waits"]["step"].nunique() >= DEFAULT_STEPS - 3
     victim = frames["waits"][frames["waits"]["rank"] == 0]
     assert np.median(victim["wait_for_peers_ms"]) >= 0.75 * DDP_DELAY_MS
 
@@ -121,15 +123,16 @@ def undelayed_ddp(shared_runs):
 
 
 def test_ddp_runs_without_delay_name_no_straggler(undelayed_ddp):
-    """The same 20-step window in which a 25 ms delay is named (enough steps to name a rank:
-    docs/cross-rank.md, "Threshold"): scheduling noise alone names nobody."""
+    """The command in which a 25 ms delay is named, with the tracer's default options, without
+    the delay, five times (each enough steps to name a rank: docs/cross-rank.md, "Threshold"):
+    scheduling noise alone names nobody."""
     clean = []
     for run in undelayed_ddp:
         frames, document = _cross_rank(run)
         assert _named(document) == [], run.name
         assert document["mismatches"] == []
         steps = frames["waits"].groupby("rank")["step"].nunique()
-        assert min(steps) >= ACTIVE - 2, run.name
+        assert min(steps) >= DEFAULT_STEPS - 3, run.name
         clean.append(int(frames["stragglers"]["clean_steps"].max()))
     # Noise within a bucket's own duration leaves steps out; in most runs enough stay to name
     # a rank had one been late, so the rule was put to the test.
