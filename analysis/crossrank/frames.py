@@ -266,6 +266,20 @@ def _rank_comm(trace) -> pd.DataFrame:
     return rank_comm if rank_comm is not None else named_kernels(trace.with_events().events)
 
 
+def _window_shows_unrecorded_all_reduce(trace, from_records: pd.DataFrame) -> bool:
+    """The profiled window holds all-reduces (DDP's buckets) and the records none in its steps:
+    a rank whose records hold every op it issued (a pipeline's p2p) keeps its records."""
+    in_window = from_records["step"].isin(trace.steps["step"])
+    if (in_window & (from_records["op"] == "all_reduce")).any():
+        return False
+    comm = _rank_comm(trace)
+    if comm is None or not len(comm):
+        return False
+    named = comm["collective"] if "collective" in comm.columns else comm["name"]
+    ops = _by_value(named.astype(str), canonical_op)
+    return bool((ops == "all_reduce").any())
+
+
 def _step_arrays(steps: pd.DataFrame) -> dict:
     # Arrays, not a frame: selecting columns costs more per rank than the rank's few steps.
     return {column: steps[column].to_numpy() for column in ("step", "start_ns", "end_ns")}
@@ -315,7 +329,8 @@ def run_frames(run) -> dict:
         # the window's steps are read from its events, every op of them, the other steps from
         # the records; each step from one source, so no op counts twice.
         from_window = bool(len(from_records) and has_events and shift is not None
-                           and windows_hold_what_records_lack(records) and len(trace.steps))
+                           and windows_hold_what_records_lack(records) and len(trace.steps)
+                           and _window_shows_unrecorded_all_reduce(trace, from_records))
         if from_window:
             from_records = from_records[~from_records["step"].isin(trace.steps["step"])]
         # Records without an op past set-up leave the rank to its Kineto events, put on the

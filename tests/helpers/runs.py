@@ -132,10 +132,12 @@ RUNS: dict[str, Run] = {
                    users="test_crossrank_names_stragglers (tensor parallel)"),
     # A 60 ms busy loop on rank 1 of a plain DDP loop; 16 steps traced after 2 skipped and 1
     # warm-up step: two ranks need 10 clean steps or more before either can be named.
+    # Its buckets timed by the comm hook (--ddp-bucket-hook): a clock is estimated from ops with
+    # a completion time, which gloo's Flight Recorder entries do not give.
     "ddp-straggle-60": Run("tests/scripts/straggle_ddp.py",
                            ("--steps", "20", "--straggle", f"1:{STRAGGLE_DDP_DELAY_MS}"),
                            tracer=("--skip-first", "2", "--wait", "0", "--warmup", "1",
-                                   "--active", "16"), timed=True,
+                                   "--active", "16", "--ddp-bucket-hook"), timed=True,
                            users="test_crossrank_on_a_traced_straggler"),
     "diff-base": Run(DDP, ("--steps", DIFF_TIMED_STEPS), tracer=DIFF_BUCKETS, timed=True,
                      batch="diff", users="test_diff_of_traced_runs"),

@@ -24,7 +24,10 @@ from helpers.tracer_files import load_trace, read_jsonl, summaries
 from tracer import schema
 
 SCRIPT = "tests/scripts/slow_from.py"
-SLOW = ("--steps", "50", "--slow-from", "20", "--slow-rank", "1", "--slow-ms", "60")
+# 15 ms of host work per step: a scheduling hiccup of a few ms cannot double a step (the trigger's
+# factor), while the 60 ms delay quadruples it.
+SLOW = ("--steps", "50", "--step-ms", "15", "--slow-from", "20", "--slow-rank", "1",
+        "--slow-ms", "60")
 
 
 def traced_steps(run_dir, rank: int) -> list[list[int]]:
