@@ -122,6 +122,12 @@ def analyse(cross: dict, steps: pd.DataFrame | None = None,
     if ops is None or steps is None or ops.empty or steps.empty:
         return {"critical_path": pd.DataFrame(columns=PATH_COLUMNS),
                 "critical_path_steps": pd.DataFrame(columns=PATH_STEP_COLUMNS), "what_if": []}
+    if "timed" in ops.columns and not ops["timed"].all():
+        # An op timed at issue only (gloo's Flight Recorder entries) cannot have ended before its
+        # last member arrived: that is its end here, with no transfer (docs/critical-path.md).
+        untimed = ~ops["timed"].astype(bool)
+        ops = ops.assign(end_ns=ops["end_ns"].where(
+            ~untimed, ops[["end_ns", "last_arrival_ns"]].max(axis=1)))
     graph = step_graph.build(ops, step_graph.steps_on_common_clock(steps, cross["clock"]))
     path, summary = trace_paths(graph)
     return {"critical_path": path, "critical_path_steps": summary,

@@ -275,8 +275,10 @@ def _window_shows_unrecorded_all_reduce(trace, from_records: pd.DataFrame) -> bo
     comm = _rank_comm(trace)
     if comm is None or not len(comm):
         return False
-    named = comm["collective"] if "collective" in comm.columns else comm["name"]
-    ops = _by_value(named.astype(str), canonical_op)
+    ops = _by_value(comm["name"].astype(str), canonical_op)
+    if "collective" in comm.columns:  # the op a kernel's record_param_comms names, where it has one
+        of_collective = _by_value(comm["collective"], canonical_op)
+        ops = of_collective.where(of_collective.notna(), ops)
     return bool((ops == "all_reduce").any())
 
 
