@@ -114,17 +114,19 @@ def with_transfer_bandwidth(collectives: pd.DataFrame, cross: dict | None) -> pd
 
 
 def rank_bars(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> pd.DataFrame:
-    """Per rank, mean ms per step of each bar part. With cross-rank waits, the communication that
-    no compute hides is split into waiting for peers (at most that rank-step's wait) and transfer
-    (the rest); the parts add up to the mean step."""
+    """Per rank, mean ms per step of each bar part. With cross-rank waits for every rank-step,
+    the communication that no compute hides is split into waiting for peers (at most that
+    rank-step's wait) and transfer (the rest), else it stays one part; the parts add up to the
+    mean step."""
     frame = per_step.copy()
     comm = frame["comm_only_ns"].astype("float64")
-    if waits is not None and len(waits):
-        split = split_communication(frame, waits)
-        # A step without cross-rank waits: its communication is all transfer in the bar.
+    split = split_communication(frame, waits) if waits is not None and len(waits) else None
+    if split is not None and (split["peer_wait_ns"].notna() | (comm.to_numpy() <= 0)).all():
         frame["waiting"] = split["peer_wait_ns"].fillna(0).to_numpy()
         frame["transfer"] = comm - frame["waiting"]
     else:
+        # Some rank-step that communicated has no cross-rank waits: its communication cannot be
+        # told apart into transfer and waiting, so the bars show it unsplit rather than guess.
         frame["comm"] = comm
     frame["compute"], frame["overlap"] = frame["compute_only_ns"], frame["overlap_ns"]
     frame["memcpy"], frame["idle"] = frame["memcpy_ns"], frame["idle_ns"]

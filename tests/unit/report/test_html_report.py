@@ -45,6 +45,16 @@ def test_bars_split_exposed_comm_into_waiting_and_transfer_and_add_up_to_the_ste
     assert plain.loc[0, "comm"] == pytest.approx(9.5) and "waiting" not in plain.columns
 
 
+def test_bars_leave_communication_unsplit_when_a_step_that_communicated_has_no_waits():
+    per_step = _step_frame([(0, 1, 10e6, 4e6, 5e6, 0, 0, 1e6),
+                            (0, 2, 20e6, 4e6, 14e6, 1e6, 0, 1e6)])
+    waits = pd.DataFrame({"rank": [0], "step": [1], "wait_for_peers_ms": [3.0]})
+    bars = rank_bars(per_step, waits).set_index("rank")
+    # step 2's 14 ms of communication is not known to be transfer: nothing is called transfer
+    assert "transfer" not in bars.columns and "waiting" not in bars.columns
+    assert bars.loc[0, "comm"] == pytest.approx((5 + 14) / 2)
+
+
 def test_chosen_steps_are_the_slowest_median_and_fastest_by_the_mean_over_ranks():
     per_step = _step_frame([(r, s, t, 0, 0, 0, 0, 0) for r in (0, 1)
                             for s, t in ((1, 5), (2, 9), (3, 7), (4, 1), (5, 8))])
