@@ -6,6 +6,7 @@ in its recv for the first and then computes both."""
 from pathlib import Path
 
 from helpers.synthetic import TraceBuilder, trace_name
+from helpers.tracer_files import write_jsonl
 from tracer import schema
 
 US = 1000  # ns per us
@@ -18,9 +19,6 @@ MICROBATCHES = 2
 # at send + 10 us and computes it in [send + 20, send + 290).
 SENDS_US = (300, 600)
 
-
-def _write(path: Path, records: list) -> None:
-    path.write_bytes(b"".join(schema.ENCODER.encode(r) + b"\n" for r in records))
 
 
 def _p2p(rank: int, step: int, microbatch: int, base_ns: int) -> schema.CommRecord:
@@ -44,15 +42,15 @@ def _records(run: Path, rank: int) -> None:
     end = schema.RunEnd(rank=rank, end_ns=RECORDS_CLOCK_NS + len(STEPS) * STEP_US * US,
                         status="ok", exit_code=0, steps=len(STEPS), windows=1, samples=0,
                         comm_ops=len(STEPS) * MICROBATCHES, bytes_written=0, errors=0)
-    _write(run / schema.MANIFEST_FILE.format(rank=rank), [start, end])
+    write_jsonl(run / schema.MANIFEST_FILE.format(rank=rank), [start, end])
     steps, ops = [], []
     for n in STEPS:
         base = RECORDS_CLOCK_NS + n * STEP_US * US
         steps.append(schema.StepRecord(step=n, start_ns=base, end_ns=base + STEP_US * US,
                                        in_profiler_window=n in WINDOW))
         ops += [_p2p(rank, n, m, base) for m in range(MICROBATCHES)]
-    _write(run / schema.STEPS_FILE.format(rank=rank), steps)
-    _write(run / schema.COMMS_FILE.format(rank=rank), ops)
+    write_jsonl(run / schema.STEPS_FILE.format(rank=rank), steps)
+    write_jsonl(run / schema.COMMS_FILE.format(rank=rank), ops)
 
 
 def _trace(rank: int) -> TraceBuilder:

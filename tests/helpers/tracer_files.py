@@ -47,6 +47,12 @@ def jsonl_path(run_dir: Path, pattern: str, rank: int) -> Path:
     return path.with_name(path.name + schema.TEMP_SUFFIX)
 
 
+def write_jsonl(path: Path, records: list) -> None:
+    """`records` (tracer.schema structs) as a record file, one JSON line each, as the tracer
+    writes them."""
+    path.write_bytes(b"".join(schema.ENCODER.encode(r) + b"\n" for r in records))
+
+
 def read_jsonl(path: Path, record_type=None) -> list:
     """Every complete line; a last line cut off mid-write (killed process) is left out."""
     data = Path(path).read_bytes()

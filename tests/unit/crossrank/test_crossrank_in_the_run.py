@@ -16,6 +16,7 @@ from analysis.ingest.load import load_path
 from analysis.report.output import cross_rank_json
 from analysis.run import analyse_run
 from helpers.synthetic import TraceBuilder, trace_name
+from helpers.tracer_files import write_jsonl
 from tracer import schema
 
 US = 1000  # ns per us
@@ -26,9 +27,6 @@ LATE_US = 590  # rank 1 reaches each all-reduce 590 us into the step, rank 0 at 
 AHEAD_NS = 5_000_000  # rank 1's time.time_ns() runs 5 ms ahead of rank 0's (its clock_sync)
 
 
-def _write(path: Path, records: list) -> None:
-    path.write_bytes(b"".join(schema.ENCODER.encode(r) + b"\n" for r in records))
-
 
 def _records(run: Path, rank: int, issue_us: int, comms: bool = True) -> None:
     start = schema.RunStart(schema_version=schema.SCHEMA_VERSION, run_name=run.name, rank=rank,
@@ -38,7 +36,7 @@ def _records(run: Path, rank: int, issue_us: int, comms: bool = True) -> None:
     sync = schema.ClockSync(rank=rank, offset_ns=ahead, uncertainty_ns=0, round_trips=1)
     end = schema.RunEnd(rank=rank, end_ns=1, status="ok", exit_code=0, steps=len(STEPS),
                         windows=1, samples=0, comm_ops=len(STEPS), bytes_written=0, errors=0)
-    _write(run / schema.MANIFEST_FILE.format(rank=rank), [start, sync, end])
+    write_jsonl(run / schema.MANIFEST_FILE.format(rank=rank), [start, sync, end])
     steps, ops = [], []
     for n in STEPS:
         base = RECORDS_CLOCK_NS + ahead + (n - 1) * STEP_US * US
@@ -47,9 +45,9 @@ def _records(run: Path, rank: int, issue_us: int, comms: bool = True) -> None:
             step=n, op="all_reduce", source="ddp", pg="0", pg_size=2, dtype="float32",
             bytes=1 << 20, start_ns=base + issue_us * US, end_ns=base + 700 * US,
             duration_us=700.0 - issue_us, timing="host", algbw_gbps=0.0, busbw_gbps=0.0))
-    _write(run / schema.STEPS_FILE.format(rank=rank), steps)
+    write_jsonl(run / schema.STEPS_FILE.format(rank=rank), steps)
     if comms:
-        _write(run / schema.COMMS_FILE.format(rank=rank), ops)
+        write_jsonl(run / schema.COMMS_FILE.format(rank=rank), ops)
 
 
 def late_rank_run(folder: Path, comms: bool = True) -> Path:

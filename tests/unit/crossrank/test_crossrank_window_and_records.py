@@ -8,6 +8,7 @@ from pathlib import Path
 from analysis.ingest.load import load_path
 from analysis.run import analyse_run
 from helpers.synthetic import TraceBuilder, trace_name
+from helpers.tracer_files import write_jsonl
 from tracer import schema
 
 US = 1000
@@ -16,9 +17,6 @@ STEPS = (1, 2, 3, 4)
 WINDOW = (2, 3)
 STEP_US = 1000
 
-
-def _write(path: Path, records: list) -> None:
-    path.write_bytes(b"".join(schema.ENCODER.encode(r) + b"\n" for r in records))
 
 
 def _run(folder: Path, ddp_buckets: str) -> Path:
@@ -39,7 +37,7 @@ def _run(folder: Path, ddp_buckets: str) -> Path:
         end = schema.RunEnd(rank=rank, end_ns=1, status="ok", exit_code=0, steps=len(STEPS),
                             windows=1, samples=0, comm_ops=len(STEPS), bytes_written=0,
                             errors=0)
-        _write(folder / schema.MANIFEST_FILE.format(rank=rank), [start, end])
+        write_jsonl(folder / schema.MANIFEST_FILE.format(rank=rank), [start, end])
         steps, ops = [], []
         for n in STEPS:
             base = RECORDS_CLOCK_NS + (n - 1) * STEP_US * US
@@ -49,8 +47,8 @@ def _run(folder: Path, ddp_buckets: str) -> Path:
                 step=n, op="broadcast", source="c10d", pg="0", pg_size=2, dtype="float32",
                 bytes=4, start_ns=base + 50 * US, end_ns=base + 60 * US, duration_us=10.0,
                 timing="host", algbw_gbps=0.0, busbw_gbps=0.0))
-        _write(folder / schema.STEPS_FILE.format(rank=rank), steps)
-        _write(folder / schema.COMMS_FILE.format(rank=rank), ops)
+        write_jsonl(folder / schema.STEPS_FILE.format(rank=rank), steps)
+        write_jsonl(folder / schema.COMMS_FILE.format(rank=rank), ops)
     return folder
 
 

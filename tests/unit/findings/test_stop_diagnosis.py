@@ -10,6 +10,7 @@ import pandas as pd
 from analysis import open_run
 from analysis.findings import stop
 from analysis.report import output
+from helpers.tracer_files import write_jsonl
 from tracer import schema, stacks
 
 T0 = 1_800_000_000_000_000_000
@@ -184,9 +185,6 @@ def test_a_run_every_rank_ended_ok_gets_no_diagnosis():
 
 
 # ---- wired into the report ----------------------------------------------------------------------
-def _write(path, records):
-    path.write_bytes(b"".join(schema.ENCODER.encode(r) + b"\n" for r in records))
-
 
 def _run_folder(tmp_path):
     for rank in (0, 1):
@@ -198,16 +196,16 @@ def _run_folder(tmp_path):
                               steps=0, windows=0, samples=0, comm_ops=3, bytes_written=0,
                               errors=0, world_size=2,
                               exception="RuntimeError: Timed out\nmore")] if rank == 0 else []
-        _write(tmp_path / schema.MANIFEST_FILE.format(rank=rank), [start] + ends)
+        write_jsonl(tmp_path / schema.MANIFEST_FILE.format(rank=rank), [start] + ends)
         positions = range(3) if rank == 0 else range(2)
         issued = [schema.IssueRecord(**{k: v for k, v in issue(rank, p, pg_size=2).items()
                                         if k != "rank"}) for p in positions]
-        _write(tmp_path / schema.ISSUED_FILE.format(rank=rank), issued)
-        _write(tmp_path / schema.COMMS_FILE.format(rank=rank), [
+        write_jsonl(tmp_path / schema.ISSUED_FILE.format(rank=rank), issued)
+        write_jsonl(tmp_path / schema.COMMS_FILE.format(rank=rank), [
             schema.CommRecord(**{**{k: v for k, v in done(msgspec.structs.asdict(i)).items()},
                                  "duration_us": 0.5, "timing": "host", "algbw_gbps": 1.0,
                                  "busbw_gbps": 1.0}) for i in issued[:2]])
-    _write(tmp_path / schema.STACKS_FILE.format(rank=1), [_dump("sigterm", "sleepy", 45, 1)])
+    write_jsonl(tmp_path / schema.STACKS_FILE.format(rank=1), [_dump("sigterm", "sleepy", 45, 1)])
 
 
 def test_the_report_opens_with_the_diagnosis_and_json_holds_it(tmp_path):

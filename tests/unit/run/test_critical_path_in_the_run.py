@@ -12,6 +12,7 @@ from analysis.ingest.load import load_path
 from analysis.report.output import csv_tables, run_document, text_report
 from analysis.run import analyse_run
 from helpers.synthetic import TraceBuilder, trace_name
+from helpers.tracer_files import write_jsonl
 from tracer import schema
 
 US = 1000  # ns per us
@@ -20,9 +21,6 @@ STEPS = (1, 2, 3)
 STEP_US = 1000
 AHEAD_NS = 5_000_000  # rank 1's records clock runs 5 ms ahead of rank 0's (its clock_sync)
 
-
-def _write(path: Path, records: list) -> None:
-    path.write_bytes(b"".join(schema.ENCODER.encode(r) + b"\n" for r in records))
 
 
 def _records(run: Path, rank: int, issue_us: int, setup: bool = False) -> None:
@@ -33,7 +31,7 @@ def _records(run: Path, rank: int, issue_us: int, setup: bool = False) -> None:
     sync = schema.ClockSync(rank=rank, offset_ns=ahead, uncertainty_ns=0, round_trips=1)
     end = schema.RunEnd(rank=rank, end_ns=1, status="ok", exit_code=0, steps=len(STEPS),
                         windows=1, samples=0, comm_ops=len(STEPS), bytes_written=0, errors=0)
-    _write(run / schema.MANIFEST_FILE.format(rank=rank), [start, sync, end])
+    write_jsonl(run / schema.MANIFEST_FILE.format(rank=rank), [start, sync, end])
     steps, ops = [], []
     if setup:  # DDP's first broadcast, 2 ms before the first step: set-up
         base = RECORDS_CLOCK_NS + ahead - 2 * STEP_US * US
@@ -48,8 +46,8 @@ def _records(run: Path, rank: int, issue_us: int, setup: bool = False) -> None:
             step=n, op="all_reduce", source="ddp", pg="0", pg_size=2, dtype="float32",
             bytes=1 << 20, start_ns=base + issue_us * US, end_ns=base + 700 * US,
             duration_us=700.0 - issue_us, timing="host", algbw_gbps=0.0, busbw_gbps=0.0))
-    _write(run / schema.STEPS_FILE.format(rank=rank), steps)
-    _write(run / schema.COMMS_FILE.format(rank=rank), ops)
+    write_jsonl(run / schema.STEPS_FILE.format(rank=rank), steps)
+    write_jsonl(run / schema.COMMS_FILE.format(rank=rank), ops)
 
 
 def late_rank_run(folder: Path, setup: bool = False) -> Path:
