@@ -25,6 +25,7 @@ XDIST_GROUPS = {
     "test_crossrank_names_stragglers": "crossrank-runs",
     "test_timeline_of_traced_runs": "crossrank-runs",
     "test_breakdown_command": "crossrank-runs",
+    "test_diff_of_traced_runs": "crossrank-runs",
     "test_workloads_train_like_references": "tiny-workloads",
     "test_traced_training_bit_identical": "tiny-workloads",
 }
@@ -33,9 +34,18 @@ UNGROUPED = {"test_tracer_under_faults", "test_stop_diagnosis_runs", "test_scali
 
 
 def pytest_configure(config):
+    if config.getoption("dist", "no") == "loadgroup" and _pytest_version() >= (9, 2):
+        # pytest 9.2 computes node ids that xdist 3.8 cannot rename `<id>@<group>`: every
+        # group would be lost, and each shared run and module fixture recorded once per worker.
+        raise pytest.UsageError(f"pytest {pytest.__version__} loses pytest-xdist's groups: "
+                                f"install pyproject.toml's dev extra (pytest<9.2)")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:  # a pytest-xdist worker
         alone.start(workerinput["testrunuid"])
+
+
+def _pytest_version() -> tuple[int, ...]:
+    return tuple(int(part) for part in pytest.__version__.split(".")[:2] if part.isdigit())
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -179,7 +179,12 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
                         help="at the start of STEP every rank all-reduces one tensor, RANK's "
                              "of a different size")
     faults.add_argument("--crash", type=_rank_and(int, "STEP"), metavar="RANK:STEP",
-                        help="RANK exits at once with status 1 at the start of STEP (os._exit)")
+                        help="RANK exits with status 1 (os._exit) at the start of STEP, after a "
+                             f"{CRASH_PAUSE_S:g} s pause that lets its peers reach the "
+                             "collective it leaves unanswered")
+
+
+CRASH_PAUSE_S = 2.0
 
 
 class Faults:
@@ -198,6 +203,9 @@ class Faults:
         self.step_start = (time.perf_counter_ns(), time.thread_time_ns())
         if self._at("crash", step):
             say(f"rank {self.rank}: --crash, exiting at step {step}")
+            # A rank that dies while its peers already wait on it, as crashes are met in practice:
+            # a peer still computing could otherwise be stopped by torchrun before it reports.
+            time.sleep(CRASH_PAUSE_S)
             os._exit(1)
         if self._at("hang", step):
             say(f"rank {self.rank}: --hang, sleeping forever at step {step}")

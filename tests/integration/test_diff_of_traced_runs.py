@@ -8,20 +8,22 @@ import os
 import pytest
 
 from helpers.launch import DATA, run_module
-from helpers.runs import DIFF_DELAY_MS as DELAY_MS
+from helpers.runs import DDP_DELAY_MS as DELAY_MS
 
 # Other work keeping more than this many processes per core runnable (1-minute load average,
 # read as each run ends) slows one run of a command up to 3.5-fold against the next
 # (docs/benchmarks.md#run-to-run-noise-of-one-command): no verdict on two single runs can then be
 # checked against the truth, nor how long one rank waits for a delayed other.
 OVERLOAD_PER_CORE = 2.0
-# The runs: tests/helpers/runs.py, `diff-*`.
-NAMES = ("base", "again", "late", "cap25", "cap1", "pp2", "pp8")
+# The runs (tests/helpers/runs.py): the step times compared are those of the cross-rank tests'
+# default-option DDP runs, two without a delay and one with rank 1 late; the rest are `diff-*`.
+RUNS = {"base": "ddp-even-0", "again": "ddp-even-1", "late": "ddp-late-default",
+        **{name: f"diff-{name}" for name in ("cap25", "cap1", "pp2", "pp8")}}
 
 
 @pytest.fixture(scope="module")
 def runs(shared_runs):
-    recorded = {name: shared_runs[f"diff-{name}"] for name in NAMES}
+    recorded = {name: shared_runs[run] for name, run in RUNS.items()}
     return {name: run.run_dir for name, run in recorded.items()} | {
         "load": {name: run.load_at_end for name, run in recorded.items()}}
 

@@ -175,8 +175,11 @@ def test_the_part_reads_this_torchs_own_dump(monkeypatch):
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
     recorder = FakeRecorder()
     part = flight.open_flight(Setup(recorder))
-    part.drain()  # no process group: an empty ring, decoded all the same
-    assert part.drains == 1 and recorder.writer.records == []
+    # The ring is the process's: empty in a fresh one, or holding the ops of process groups
+    # that earlier tests of this worker made; either way this torch's dump decodes.
+    part.drain()
+    assert part.drains == 1 and part.error is None
+    assert all(r.source == "native" for r in recorder.writer.records)
     assert recorder.issue_spans is not None
 
 
