@@ -7,6 +7,7 @@ in tests/helpers/ (imported as `helpers.*`; no test module imports another)."""
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from helpers import alone
 from helpers.runs import SharedRuns
@@ -34,7 +35,8 @@ UNGROUPED = {"test_tracer_under_faults", "test_stop_diagnosis_runs", "test_scali
 
 
 def pytest_configure(config):
-    if config.getoption("dist", "no") == "loadgroup" and _pytest_version() >= (9, 2):
+    loadgroup = config.getoption("dist", "no") == "loadgroup"
+    if loadgroup and Version(pytest.__version__) >= Version("9.2"):
         # pytest 9.2 computes node ids that xdist 3.8 cannot rename `<id>@<group>`: every
         # group would be lost, and each shared run and module fixture recorded once per worker.
         raise pytest.UsageError(f"pytest {pytest.__version__} loses pytest-xdist's groups: "
@@ -42,10 +44,6 @@ def pytest_configure(config):
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:  # a pytest-xdist worker
         alone.start(workerinput["testrunuid"])
-
-
-def _pytest_version() -> tuple[int, ...]:
-    return tuple(int(part) for part in pytest.__version__.split(".")[:2] if part.isdigit())
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -184,6 +184,7 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
                              "collective it leaves unanswered")
 
 
+# --crash: how long the rank waits before it exits (Faults.before_forward says why)
 CRASH_PAUSE_S = 2.0
 
 
