@@ -10,7 +10,7 @@ STEPS ?= 20
 # e.g. VENV_ARGS=--system-site-packages to see a CUDA torch installed outside the venv
 VENV_ARGS ?=
 
-.PHONY: demo test test-fast test-frameworks lint install install-dev install-frameworks clean-traces
+.PHONY: demo test test-compiled test-fast test-frameworks lint install install-dev install-frameworks clean-traces
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -45,7 +45,12 @@ demo: install
 # of the time; tests that read one shared run stay on one worker, and runs whose timings are
 # asserted are recorded with nothing else running (tests/conftest.py, tests/helpers/alone.py)
 test: install-dev
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not frameworks"
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not frameworks and not compiled"
+
+# the traced-training identity under torch.compile: Inductor's C++ compiles on every rank of
+# every run cost more CPU than the rest of an integration module, so they are a target of their own
+test-compiled: install-dev
+	$(BIN)/python -m pytest -q -m compiled
 
 # the tracer under transformers.Trainer, Lightning and accelerate (docs/frameworks.md): its own
 # extra and target, so that `make test` needs none of them and stays within its time

@@ -1,6 +1,7 @@
 """The tracer never changes the training it observes: traced and untraced runs of every workload,
 eager, and of the distributed ones under torch.compile, give the same losses and final parameters,
-bit for bit.
+bit for bit. The compiled runs carry the `compiled` mark: Inductor's C++ compiles are most of the
+suite's CPU time, so `make test-compiled` runs them beside `make test` (CI runs both).
 
 Each workload runs twice on 2 gloo CPU ranks (dp: one process), once plainly and once under
 ``python -m tracer.record``, with a tiny model and two steps; the plain eager runs are the shared
@@ -68,7 +69,8 @@ def kernels(tmp_path_factory):
 
 @pytest.mark.parametrize(("workload", "compiled"), [
     *[pytest.param(name, False, id=f"eager-{name}") for name in WORKLOADS],
-    *[pytest.param(name, True, id=f"compiled-{name}") for name in COMPILED_WORKLOADS]])
+    *[pytest.param(name, True, id=f"compiled-{name}", marks=pytest.mark.compiled)
+      for name in COMPILED_WORKLOADS]])
 def test_traced_training_is_bit_identical(tmp_path, shared_runs, workload, compiled, kernels):
     if compiled:
         plain_folder = tmp_path / "plain"
