@@ -5,6 +5,7 @@ test_comms_recorder.py)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
@@ -97,6 +98,10 @@ def _rank_main(rank, world_size, folder, scenarios):
     finally:
         with open(os.path.join(folder, f"results.rank{rank}.json"), "w") as f:
             json.dump(results, f)
+        # A DDP scenario leaves the model and its reducer in reference cycles that keep the
+        # group alive: collected first, destroying the group joins gloo's threads now, not in
+        # interpreter shutdown, where one still running aborts the rank ("terminate called").
+        gc.collect()
         dist.destroy_process_group()
 
 

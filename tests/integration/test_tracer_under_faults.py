@@ -143,9 +143,10 @@ def test_max_record_mb_caps_the_record_files_and_training_goes_on(tmp_path):
                      schema.SAMPLES_FILE)]
     (events,) = run_dir.glob("events.out.tfevents.*")
     total = sum(p.stat().st_size for p in capped_files) + events.stat().st_size - header
-    # Records of steps before the cap that were on their way (one pass of the worker, here a
-    # few steps of about 700 bytes) still get in.
-    assert cap - 1000 < total < cap + 10000
+    # Records of steps before the cap that were on their way (one pass of the worker: a few
+    # steps of about 700 bytes, up to about 30 when a loaded machine holds the worker back a
+    # second) still get in; uncapped, the files would hold about 70 kB.
+    assert cap - 1000 < total < cap + 22000
     cap_step = end.record_cap_step
     assert cap_step is not None and 0 < cap_step < 100
     capped = [line for line in traced.stderr.splitlines() if "--max-record-mb" in line]
