@@ -48,7 +48,7 @@ test: install-dev
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not frameworks and not compiled"
 
 # the traced-training identity under torch.compile: Inductor's C++ compiles on every rank of
-# every run cost more CPU than the rest of an integration module, so they are a target of their own
+# every run cost more CPU than any other integration module, so they are a target of their own
 test-compiled: install-dev
 	$(BIN)/python -m pytest -q -m compiled
 

@@ -5,7 +5,6 @@ test_comms_recorder.py)."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import tempfile
@@ -21,6 +20,7 @@ from torch import nn
 from tracer import schema
 from tracer.comms import CommsRecorder
 from tracer.jsonl import JsonlWriter
+from workloads.common import cleanup
 
 SPAWN_DEADLINE_S = 240
 
@@ -98,11 +98,9 @@ def _rank_main(rank, world_size, folder, scenarios):
     finally:
         with open(os.path.join(folder, f"results.rank{rank}.json"), "w") as f:
             json.dump(results, f)
-        # A DDP scenario leaves the model and its reducer in reference cycles that keep the
-        # group alive: collected first, destroying the group joins gloo's threads now, not in
-        # interpreter shutdown, where one still running aborts the rank ("terminate called").
-        gc.collect()
-        dist.destroy_process_group()
+        # the workloads' own ending: a DDP scenario's reference cycles are collected before the
+        # group is destroyed, or a gloo thread left to interpreter shutdown aborts the rank
+        cleanup()
 
 
 def scenario_result(results, name, rank):

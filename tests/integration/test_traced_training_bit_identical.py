@@ -1,7 +1,8 @@
 """The tracer never changes the training it observes: traced and untraced runs of every workload,
 eager, and of the distributed ones under torch.compile, give the same losses and final parameters,
-bit for bit. The compiled runs carry the `compiled` mark: Inductor's C++ compiles are most of the
-suite's CPU time, so `make test-compiled` runs them beside `make test` (CI runs both).
+bit for bit. The compiled runs carry the `compiled` mark: Inductor's C++ compiles are the largest
+single share of the suite's CPU time, so `make test-compiled` runs them beside `make test`
+(CI runs both).
 
 Each workload runs twice on 2 gloo CPU ranks (dp: one process), once plainly and once under
 ``python -m tracer.record``, with a tiny model and two steps; the plain eager runs are the shared
