@@ -31,9 +31,9 @@ IDLE_CAUSES = {
     ),
     "waiting_for_peers": (
         "waiting for peers", "waiting for other ranks to reach a collective",
-        "This rank sat idle until the other members of its collectives arrived: see the "
-        "cross-rank stragglers for the rank it waited for, and balance the work or the data "
-        "across ranks.",
+        "This rank sat idle until the other members of its collectives arrived: the "
+        "Cross-rank section gives each rank's wait per step and names a rank only when it is "
+        "late often enough; balance the work or the data across ranks.",
     ),
     "other": (
         "other host work", "doing other work",

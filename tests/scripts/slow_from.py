@@ -51,7 +51,9 @@ def main():
     losses = []
     for step in range(args.steps):
         if args.wait_for and step == args.slow_from:
-            print(f"rank {rank} waiting at step {step}", flush=True)
+            # One write: unbuffered, print() writes the newline apart, and two ranks' lines
+            # on the shared pipe could run into one.
+            print(f"rank {rank} waiting at step {step}\n", end="", flush=True)
             deadline = time.monotonic() + 60
             while not os.path.exists(args.wait_for) and time.monotonic() < deadline:
                 time.sleep(0.05)
