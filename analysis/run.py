@@ -88,8 +88,16 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     report.per_step = per_step = split_communication(
         per_step, cross["waits"] if cross is not None else None)
     report.totals = rank_totals(per_step)
-    per_rank = table("per_rank", lambda: ranks.per_rank_table(per_step, traces))
-    step_table = table("per_step", lambda: ranks.per_step_table(per_step, traces))
+    # The analysed steps: every recorded step (of --steps), the profiled ones with their
+    # kernel-level split (docs/definitions.md, "Analysed steps").
+    analysed = per_step
+    if not hta_compatible:
+        recorded = record_step_rows(loaded, per_step, selected)
+        if len(recorded):
+            analysed = pd.concat([per_step, split_communication(
+                recorded, cross["waits"] if cross is not None else None)], ignore_index=True)
+    per_rank = table("per_rank", lambda: ranks.per_rank_table(analysed, traces))
+    step_table = table("per_step", lambda: ranks.per_step_table(analysed, traces))
     if cross is not None:
         report.idle_gaps = label_peer_waits(gaps, wait_windows(cross))
     report.idle = idle_summary(report.idle_gaps)
@@ -155,6 +163,40 @@ def analysed_ops(ops: pd.DataFrame, steps: list[int] | None) -> tuple[pd.DataFra
     if steps is not None:
         kept &= step.isin(steps).to_numpy(dtype=bool)
     return (ops[kept].reset_index(drop=True), ops[setup].reset_index(drop=True))
+
+
+def record_step_rows(loaded: LoadResult, per_step: pd.DataFrame,
+                     steps: list[int] | None) -> pd.DataFrame:
+    """Breakdown rows of the analysed steps that no profiler window holds: each rank's recorded
+    steps (from the first step, those of --steps) that `per_step` lacks, with step_ns, start_ns
+    and end_ns from the tracer's step record and every part of the kernel-level split missing
+    (docs/definitions.md, "Analysed steps"). The kind is the rank's profiled kind."""
+    profiled = set(zip(pd.to_numeric(per_step["rank"], errors="coerce").tolist(),
+                       pd.to_numeric(per_step["step"], errors="coerce").tolist()))
+    kinds = dict(zip(pd.to_numeric(per_step["rank"], errors="coerce").tolist(),
+                     per_step["kind"].tolist()))
+    rows = []
+    for trace in loaded.ranks:
+        records = trace.records
+        recorded = getattr(records, "steps", None) if records is not None else None
+        if trace.rank == UNKNOWN_RANK or recorded is None or not len(recorded):
+            continue
+        if not {"step", "start_ns", "end_ns"} <= set(recorded.columns):
+            continue
+        numbers = recorded[["step", "start_ns", "end_ns"]].apply(pd.to_numeric, errors="coerce")
+        numbers = numbers.dropna().drop_duplicates("step", keep="last")
+        numbers = numbers[(numbers["step"] >= communication.FIRST_STEP)
+                          & (numbers["end_ns"] > numbers["start_ns"])]
+        if steps is not None:
+            numbers = numbers[numbers["step"].isin(steps)]
+        rank = int(trace.rank)
+        for step, start, end in numbers.itertuples(index=False):
+            if (float(rank), float(step)) not in profiled:
+                rows.append({"rank": rank, "step": int(step), "step_ns": int(end - start),
+                             "kind": kinds.get(float(rank)), "start_ns": int(start),
+                             "end_ns": int(end)})
+    frame = pd.DataFrame(rows, columns=["rank", "step", "step_ns", "kind", "start_ns", "end_ns"])
+    return frame.reindex(columns=list(dict.fromkeys([*per_step.columns, *frame.columns])))
 
 
 def analysed_steps(loaded: LoadResult, ops: pd.DataFrame, steps: list[int] | None) -> dict:

@@ -191,7 +191,9 @@ def split_communication(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> p
     """`per_step` (rows of rank, step, comm_only_ns) with its communication-only time split in
     two (docs/definitions.md, "Waiting for peers"): peer_wait_ns, the rank's wait_for_peers in
     that step (rank_step_waits) but at most its communication-only time, and transfer_ns, the
-    rest; both NaN where the cross-rank pass has no waits for the rank's step."""
+    rest; both NaN where the cross-rank pass has no waits for the rank's step. A row without
+    the kernel-level split (an analysed step no window holds) keeps its whole wait and no
+    transfer."""
     frame = per_step.copy()
     comm = pd.to_numeric(frame["comm_only_ns"], errors="coerce").to_numpy("float64")
     wait = np.full(len(frame), np.nan)
@@ -200,7 +202,8 @@ def split_communication(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> p
         found = keys.merge(waits[["rank", "step", "wait_for_peers_ms"]].astype("float64"),
                            on=["rank", "step"], how="left")
         wait = found["wait_for_peers_ms"].to_numpy("float64") * 1e6
-    waiting = np.minimum(wait, comm)
+    # A step outside every profiler window has no communication time to cap its wait by.
+    waiting = np.where(np.isnan(comm), wait, np.minimum(wait, comm))
     frame["transfer_ns"] = comm - waiting
     frame["peer_wait_ns"] = waiting
     return frame

@@ -102,20 +102,27 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     if crossed:
         steps = steps.assign(wait_for_peers_ns=cross_findings.peer_wait_ns(steps, cross_rank),
                              exposed_comm_ns=cross_findings.exposed_transfer_ns(steps, cross_rank))
+    # What needs the kernel-level split is measured on the profiled ones of the analysed steps;
+    # waiting for peers comes from every analysed step's records (docs/report.md).
+    split_known = ~np.isnan(floats(steps, "compute_only_ns"))
+    profiled = steps if split_known.all() else steps[split_known].reset_index(drop=True)
     pipeline_stages = cross_findings.pipeline_stages(cross_rank) if crossed else []
     alone = ranks_alone(steps, collectives, traces, cross_rank)
+    sampled = _measured_in(profiled, steps)
     findings = [
         *alone,
-        *_exposed_communication(steps, collectives, pipeline, rank_summary.ddp_accumulation(traces),
-                                transfer_only=crossed),
-        *_device_idle(steps, idle_gaps, device),
+        *sampled(_exposed_communication(profiled, collectives, pipeline,
+                                        rank_summary.ddp_accumulation(traces),
+                                        transfer_only=crossed)),
+        *sampled(_device_idle(profiled, idle_gaps, device)),
         *(waited := cross_findings.ranks_wait_for(steps, cross_rank) if crossed else []),
-        *([] if alone or crossed else _imbalance(steps, pipeline, kind,
-                                                 variable_inputs=input_shapes_vary(traces))),
+        *([] if alone or crossed else sampled(_imbalance(
+            profiled, pipeline, kind, variable_inputs=input_shapes_vary(traces)))),
         *(_measured_waiting(steps, pipeline, input_shapes_vary(traces))
           if crossed and not waited else []),
-        *(pipeline_stages or _pipeline_bubble(steps, pipeline, pipeline_schedule.detect(traces))),
-        *_low_bus_bandwidth(steps, kind, collectives),
+        *(pipeline_stages or sampled(_pipeline_bubble(profiled, pipeline,
+                                                      pipeline_schedule.detect(traces)))),
+        *sampled(_low_bus_bandwidth(profiled, kind, collectives)),
         *_memory_near_capacity(per_rank),
     ]
     if not findings:
@@ -127,6 +134,23 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     table = pd.concat([table[first], table[~first].sort_values(
         "share_pct", ascending=False, na_position="last", kind="stable")])
     return table.reset_index(drop=True)
+
+
+def _measured_in(profiled: pd.DataFrame, analysed: pd.DataFrame):
+    """A function that marks findings measured on the profiled steps: where those are fewer
+    than the analysed steps, each one's evidence says on how many it was measured."""
+    def counted(frame: pd.DataFrame) -> int:
+        return len(frame[["rank", "step"]].drop_duplicates()) if len(frame) else 0
+
+    few, every = counted(profiled), counted(analysed)
+
+    def mark(findings: list) -> list:
+        if few == every:
+            return findings
+        said = (f" (Measured in the {few} profiled of the {every} analysed rank-steps; the "
+                f"share is applied to the analysed steps' mean step.)")
+        return [{**f, "evidence": f["evidence"] + said} for f in findings]
+    return mark
 
 
 def device_kind(per_step: pd.DataFrame, per_rank: pd.DataFrame, kind: str) -> str:

@@ -252,9 +252,13 @@ def _rank_step_rows(frame: pd.DataFrame) -> list[dict]:
         for column in [*BREAKDOWN_NS_COLUMNS[1:], "work_ns", *split]:
             row[column] = _nan_mean(numbers[column][start:end])
         for column, share in (("idle_ns", "idle_pct"), ("exposed_comm_ns", "exposed_comm_pct")):
+            # A share of the steps that have the part: the profiled ones of the analysed steps.
             values = numbers[column][start:end]
-            part = np.where(np.isnan(values), 0.0, values).sum()
-            row[share] = part / total_ns * 100 if total_ns > 0 else np.nan
+            known = ~np.isnan(values)
+            whole = numbers["step_ns"][start:end][known]
+            whole = whole[~np.isnan(whole)].sum()
+            part = values[known].sum()
+            row[share] = part / whole * 100 if whole > 0 else np.nan
         rows.append(row)
     return rows
 

@@ -88,6 +88,7 @@ def run_document(report: RunReport) -> dict:
     totals_by_rank = {plain(r["rank"]): r for r in records(report.totals)}
     per_rank = {plain(r["rank"]): r for r in records(report.tables.get("per_rank"))}
     steps_of = steps_by_rank(report.per_step)
+    analysed_of = steps_by_rank(report.step_table())
     ranks = []
     for trace in report.ranks:
         rank = known_rank(trace)
@@ -100,7 +101,8 @@ def run_document(report: RunReport) -> dict:
             "more_files": [str(p) for p in trace.extra_paths],
             "world_size": trace.world_size,
             "window": window_of(steps_of.get(rank, [])),
-            "steps_analysed": steps_of.get(rank, []),
+            "steps_analysed": analysed_of.get(rank, []),
+            "steps_profiled": steps_of.get(rank, []),
             "has_trace": trace.has_trace,
             "status": trace.status,
             "breakdown": totals,
@@ -286,6 +288,23 @@ def window_text(report: RunReport) -> str:
     return f"{steps}; {whole_text} on rank(s) {ranks}"
 
 
+def steps_line(report: RunReport) -> str | None:
+    """Which steps the tables cover, where the analysed steps (every recorded one) are more
+    than the profiled ones that have the kernel-level split; None where they are the same."""
+    analysed = steps_by_rank(report.step_table())
+    profiled = steps_by_rank(report.per_step)
+    if all(sorted(set(analysed[r])) == sorted(set(profiled.get(r, [])))
+           for r in analysed):
+        return None
+    every = sorted({s for steps in analysed.values() for s in steps})
+    sampled = sorted({s for steps in profiled.values() for s in steps if s >= 0})
+    split = (f"the kernel-level split (time breakdown, idle, the findings that say so) is "
+             f"measured in the {len(sampled)} profiled ({format_ranges(sampled)})"
+             if sampled else "no step was profiled: no kernel-level split")
+    return (f"steps: {len(every)} analysed ({format_ranges(every)}, every recorded step); "
+            f"{split}")
+
+
 def nothing_analysed(report: RunReport) -> bool:
     """No breakdown row and no collective: nothing to show but the reasons."""
     collectives = report.tables.get("collectives")
@@ -314,6 +333,9 @@ def text_report(report: RunReport) -> str:
                f"are in the warnings on stderr)\n"
     lines = [title, f"ranks {ranks}{world}; {'/'.join(kinds) or 'no'} trace; "
                     f"window: {window_text(report)}"]
+    covered = steps_line(report)
+    if covered:
+        lines.append(covered)
     status = _status_line(report)
     if status:
         lines.append(status)
@@ -328,7 +350,8 @@ def text_report(report: RunReport) -> str:
         breakdown, unsplit = _breakdown_text(report.totals)
         steps_shown, steps_unsplit = _per_step_text(report.step_table())
         lines += [
-            _table(breakdown, "Time breakdown per rank (share of step time)",
+            _table(breakdown, "Time breakdown per rank (share of step time"
+                   + (", profiled steps)" if covered else ")"),
                    "  compute, transfer, waiting = alone; overlap = compute and communication "
                    "at once; comm hidden = overlap / all comm\n" + _note(unsplit)),
             _table(steps_shown, "Per step (ms)", _note(steps_unsplit)),

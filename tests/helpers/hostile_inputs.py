@@ -293,16 +293,16 @@ def _crashed(lines_kept):
     return damage
 
 
-def _steps_analysed(rank, steps):
+def _steps_profiled(rank, steps):
     def check(doc):
-        analysed = {r["rank"]: r["steps_analysed"] for r in doc["ranks"]}
-        assert analysed[rank] == steps, analysed
+        profiled = {r["rank"]: r["steps_profiled"] for r in doc["ranks"]}
+        assert profiled[rank] == steps, profiled
     return check
 
 
 def _pipeline_stands(doc):
     assert doc["cross_rank"] is not None and "cross_rank" not in doc["unavailable"]
-    _steps_analysed(1, [2, 3])(doc)
+    _steps_profiled(1, [2, 3])(doc)
 
 
 def _pipeline_rows(doc):
@@ -493,10 +493,10 @@ CASES = [
             ("rank1.steps.jsonl", "rank 1", "cut short"), True),
     Hostile("step records stop early", _lines("steps", lambda lines: lines[:1]),
             ("rank1.steps.jsonl", "rank 1", "1 step records", "run_end counts 5"), True,
-            _steps_analysed(1, [2, 3])),
+            _steps_profiled(1, [2, 3])),
     Hostile("a crashed rank's records stop early", _crashed(0),
             (TRACE, "rank 1", "ProfilerStep 2-3", "the trace is complete"), True,
-            _steps_analysed(1, [2, 3])),
+            _steps_profiled(1, [2, 3])),
     Hostile("step number 1e30", _set_all("steps", "step", BIG),
             ("rank1.steps.jsonl", "rank 1", "'step' out of range", "1e+30"), True),
     Hostile("step end_ns 1e30", _set_all("steps", "end_ns", BIG),

@@ -254,8 +254,15 @@ def test_two_rank_cpu_run_of_the_tracer(capsys, traced_ddp_run):
         assert totals["comm_only_ns"] + totals["overlap_ns"] > 0  # DDP's gloo all-reduce
         assert totals["compute_only_ns"] + totals["overlap_ns"] > 0
         assert rank["hta_compatible"]["kernel_time_us"] is None
-    for step in doc["steps"]:
-        assert sum(step[p] for p in PARTS) == step["step_ns"]
+    for step in doc["steps"]:  # a profiled step's parts add up; the others have none
+        parts = [step[p] for p in PARTS]
+        if step["compute_only_ns"] is None:
+            assert parts == [None] * len(PARTS) and step["step_ns"] > 0
+        else:
+            assert sum(parts) == step["step_ns"]
+    for rank in doc["ranks"]:  # every recorded step analysed, the profiled ones among them
+        assert set(rank["steps_profiled"]) < set(rank["steps_analysed"])
+        assert rank["summary"]["steps"] == len(rank["steps_analysed"])
 
 
 def test_ddp_buckets_seen_only_in_the_windows_are_in_the_collectives_table(capsys,
@@ -325,7 +332,9 @@ def test_a_killed_rank_has_its_row_and_is_reported_crashed(capsys, tmp_path):
     doc = json.loads(out)
     by_rank = {r["rank"]: r for r in doc["ranks"]}
     assert by_rank[1]["status"] == "crashed" and by_rank[1]["has_trace"] is False
-    assert by_rank[1]["summary"]["status"] == "crashed" and by_rank[1]["summary"]["steps"] == 0
+    # its one step recorded past set-up is analysed, from the record alone
+    assert by_rank[1]["summary"]["status"] == "crashed" and by_rank[1]["summary"]["steps"] == 1
+    assert by_rank[1]["steps_analysed"] == [1] and by_rank[1]["steps_profiled"] == []
     assert by_rank[0]["status"] == "ok" and by_rank[0]["steps_analysed"] == [1, 2, 3]
     code, out, _ = run_cli(capsys, run)
     assert "run ended badly: rank(s) 1 crashed" in out

@@ -264,8 +264,12 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
         header += f"<details><summary>{len(problems)} problem(s)</summary><ul>{items}</ul>" \
                   f"</details>"
     body = [_section("header", header), _section("findings", _findings(findings, notes, verdict))]
-    if len(per_step):
-        bars = rank_bars(per_step, waits)
+    # The bars and the chosen steps' Gantt rows need the kernel-level split: the profiled
+    # ones of the analysed steps; the heat map shows every analysed step.
+    profiled = (per_step[per_step["compute_only_ns"].notna()]
+                if "compute_only_ns" in per_step.columns else per_step)
+    if len(profiled):
+        bars = rank_bars(profiled, waits)
         parts = [c for c in bars.columns if c != "rank"]
         body.append(_section("ranks", svg.stacked_bars(
             [f"rank {int(r)}" for r in bars["rank"]], parts, bars[parts].to_numpy().tolist(),
@@ -282,7 +286,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
             [f"rank {int(r)}" for r in grid.index], [str(int(c)) for c in grid.columns],
             grid.to_numpy().tolist(), "ms")))
         parts_html = []
-        for label, step in chosen_steps(per_step).items():
+        for label, step in chosen_steps(profiled).items():
             rows, span = gantt_rows(ranks, step)
             on = path_ranks(critical, step)
             on_path = {f"rank {r}" for r in on}  # gantt_rows' labels
@@ -293,7 +297,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
             parts_html.append(f"<h3>{label} step: {step}</h3>" + marked
                               + (svg.gantt(rows, span, "ms from the rank's step start")
                                  if rows else '<p class="none">no trace events</p>'))
-        slowest = chosen_steps(per_step).get("slowest")
+        slowest = chosen_steps(profiled).get("slowest")
         if slowest is not None:
             parts_html.append(f"<h3>longest events of step {slowest}</h3>" + html_table(
                 longest_ops(ranks, slowest), {"rank": ("rank", "d"), "name": ("name", None),

@@ -1,20 +1,32 @@
 """One step set for every table (analysis.run): set-up collectives (records of step 0) apart from
 the analysed steps' ops, --steps applied to record-derived ops, collectives ranked by their cost
-per analysed step of each op's source; and waiting for peers split out of communication in the
-breakdown (docs/definitions.md, "Waiting for peers")."""
+per analysed step of each op's source; waiting for peers split out of communication in the
+breakdown (docs/definitions.md, "Waiting for peers"); and every recorded step an analysed step,
+the profiled ones with their kernel-level split (docs/definitions.md, "Analysed steps"), read on
+tests/data/ddp_cpu: steps 1-4 recorded on both ranks, 2-3 profiled."""
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import open_run
 from analysis.crossrank.waits import split_communication
 from analysis.rank.comm.ops import collectives_table
 from analysis.rank.comm.ops_table import typed_ops
 from analysis.rank.step_breakdown import rank_totals
 from analysis.rank.tables import per_rank_table
 from analysis.run import analysed_ops
+
+RUN = Path(__file__).resolve().parents[2] / "data" / "ddp_cpu"
+
+
+def _recorded_step_ns(rank: int) -> dict:
+    rows = [json.loads(line) for line in (RUN / f"rank{rank}.steps.jsonl").open()]
+    return {r["step"]: r["end_ns"] - r["start_ns"] for r in rows if r["step"] >= 1}
 
 
 def _op(rank, step, origin, duration_us, issuer="c10d", op="all_reduce", nbytes=4096.0):
@@ -99,3 +111,83 @@ def test_the_split_is_summed_per_rank_and_averaged_per_step():
     assert per_rank.loc[1, "transfer_ns"] == pytest.approx(2e6)  # the step it is known in
     columns = per_rank.columns.tolist()
     assert columns[columns.index("comm_only_ns") + 1:][:2] == ["transfer_ns", "peer_wait_ns"]
+
+
+def test_every_recorded_step_is_a_row_and_the_profiled_ones_keep_their_split():
+    run = open_run(RUN, use_cache=False)
+    table = run.per_step
+    waits = run.cross_rank["waits"].set_index(["rank", "step"])["wait_for_peers_ms"]
+    profiled = run.breakdown.set_index(["rank", "step"])["step_ns"]
+    for rank in (0, 1):
+        rows = table[table["rank"] == rank].set_index("step")
+        assert rows.index.tolist() == [1, 2, 3, 4]
+        for step, row in rows.iterrows():
+            if step in (2, 3):  # the profiled steps: the trace's ProfilerStep span and split
+                assert row["step_ns"] == profiled[(rank, step)]
+                assert row["compute_only_ns"] > 0
+                assert row["peer_wait_ns"] <= row["comm_only_ns"]
+            else:  # the record's step time and its whole wait, no kernel-level part
+                assert row["step_ns"] == _recorded_step_ns(rank)[step]
+                assert math.isnan(row["compute_only_ns"]) and math.isnan(row["idle_ns"])
+                assert row["peer_wait_ns"] == pytest.approx(waits[(rank, step)] * 1e6)
+                assert math.isnan(row["transfer_ns"])
+
+
+def test_the_ranks_table_and_the_verdict_cover_the_analysed_steps():
+    run = open_run(RUN, use_cache=False)
+    table = run.per_step
+    per_rank = run.per_rank.set_index("rank")
+    waits = run.cross_rank["waits"]
+    for rank in (0, 1):
+        mine = table[table["rank"] == rank]
+        assert per_rank.loc[rank, "steps"] == 4
+        assert per_rank.loc[rank, "mean_step_ns"] == pytest.approx(mine["step_ns"].mean())
+        # idle is known in the profiled steps only: its share is of their time alone
+        profiled = mine[mine["idle_ns"].notna()]
+        assert per_rank.loc[rank, "idle_pct"] == pytest.approx(
+            profiled["idle_ns"].sum() / profiled["step_ns"].sum() * 100)
+        mean_wait = waits[waits["rank"] == rank]["wait_for_peers_ms"].mean()
+        assert per_rank.loc[rank, "peer_wait_ns"] == pytest.approx(mean_wait * 1e6)
+        assert f"rank {rank} {mean_wait:.2f} ms" in run.verdict["waits"]
+    assert run.verdict["step_ms"] == pytest.approx(table["step_ns"].mean() / 1e6)
+
+
+def test_findings_measured_in_the_profiled_steps_say_so_and_share_one_mean_step():
+    run = open_run(RUN, use_cache=False)
+    findings = run.findings.set_index("finding")
+    mean_step_ms = run.per_step["step_ns"].mean() / 1e6
+    said = "Measured in the 4 profiled of the 8 analysed rank-steps"
+    assert said in findings.loc["idle: other host work", "evidence"]
+    assert said in findings.loc["exposed transfer", "evidence"]
+    # waiting for peers is measured in every analysed step, from the records
+    assert said not in findings.loc["waiting for peers", "evidence"]
+    for name, row in findings.iterrows():
+        assert row["ms_per_step"] == pytest.approx(row["share_pct"] / 100 * mean_step_ms), name
+
+
+def test_steps_and_hta_compatibility_hold_the_analysed_steps_to_the_profiled_window():
+    selected = open_run(RUN, steps="3", use_cache=False)
+    assert sorted(set(selected.per_step["step"])) == [3]
+    assert selected.per_step["compute_only_ns"].notna().all()
+    hta = open_run(RUN, hta_compatible=True, use_cache=False)
+    assert hta.per_step[["rank", "step"]].values.tolist() == \
+        hta.breakdown[["rank", "step"]].values.tolist()
+
+
+def test_a_step_outside_every_window_keeps_its_whole_wait():
+    frame = pd.DataFrame({"rank": [0], "step": [5], "comm_only_ns": [np.nan]})
+    waits = pd.DataFrame({"rank": [0], "step": [5], "wait_for_peers_ms": [12.5]})
+    split = split_communication(frame, waits)
+    assert split["peer_wait_ns"].tolist() == [12.5e6]
+    assert math.isnan(split["transfer_ns"].iloc[0])
+
+
+def test_the_text_report_says_which_steps_its_tables_cover():
+    from analysis.report.output import text_report
+    text = text_report(open_run(RUN, use_cache=False).report)
+    assert ("steps: 4 analysed (1-4, every recorded step); the kernel-level split (time "
+            "breakdown, idle, the findings that say so) is measured in the 2 profiled (2-3)"
+            ) in text
+    assert "Time breakdown per rank (share of step time, profiled steps)" in text
+    only = text_report(open_run(RUN, steps="3", use_cache=False).report)
+    assert "steps: " not in only and "Time breakdown per rank (share of step time)\n" in only
