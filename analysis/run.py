@@ -26,6 +26,8 @@ from analysis.crossrank import critical_path
 from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import split_communication, wait_windows
 from analysis.findings import bottlenecks, notes, stop, stop_traces, verdict
+from analysis.findings.captures import analysed_captures
+from analysis.ingest.captures import group_captures
 from analysis.ingest.load import load_path
 from analysis.rank import tables as ranks
 from analysis.rank.comm import ops as communication
@@ -113,9 +115,30 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     found = table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
         steps_of, per_rank, collectives, report.idle_gaps, traces, cross_rank=cross))
     noted = table("notes", lambda: notes.find_notes(steps_of, collectives, traces, cross))
-    report.verdict = verdict.run_verdict(steps_of, found, noted, cross, report.critical)
+    report.captures = _captures(loaded, steps_of, cross, report)
+    report.verdict = verdict.run_verdict(steps_of, found, noted, cross, report.critical,
+                                         report.captures)
     _stop_diagnosis(loaded, report)
     return report
+
+
+def _captures(loaded: LoadResult, steps_of: pd.DataFrame, cross: dict | None,
+              report: output.RunReport) -> list[dict]:
+    """The run's capture windows (docs/report.md, "Capture windows"), each with what its steps
+    show; a failure is one problem and no window."""
+    records = {int(t.rank): t.records for t in loaded.ranks
+               if t.rank != UNKNOWN_RANK and t.records is not None}
+    if not records:
+        return []
+    try:
+        windows, problems = group_captures(records)
+        report.problems.extend(problems)
+        return analysed_captures(windows, steps_of, cross["waits"] if cross else None)
+    except Exception as exc:  # the rest of the report stands without them
+        why = f"{type(exc).__name__}: {exc}"
+        report.problems.append(f"capture windows failed ({why})")
+        report.unavailable["captures"] = why
+        return []
 
 
 def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
@@ -311,6 +334,8 @@ class Run:
     findings = _table("bottlenecks", "The bottleneck findings, largest share of step time first.")
     notes = _table("notes", "What the analysis could not tell (no share of step time).")
     verdict = _part("verdict", "The verdict the report opens with (docs/report.md).")
+    captures = _part("captures", "The capture windows (slow step or on demand), each with its "
+                                 "steps' mean step, waits and late rank (docs/report.md).")
     critical = _part("critical", "The critical path per analysed step and the what-if answers "
                                  "(docs/critical-path.md), None where they could not be "
                                  "computed.")

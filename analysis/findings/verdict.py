@@ -95,7 +95,7 @@ def what_if_line(what_if: list | None, steps: int | None = None) -> str | None:
 
 def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                 notes: pd.DataFrame | None, cross_rank: dict | None,
-                critical: dict | None = None) -> dict:
+                critical: dict | None = None, captures: list | None = None) -> dict:
     """{"state", "limits", "waits", "change", "change_ms_per_step", "step_ms", "what_if",
     "lines"}; `critical` is analysis.crossrank.critical_path.analyse's result, whose top what-if
     answer (largest saving first) the verdict quotes (`what_if`: that line, or None).
@@ -104,7 +104,8 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
     (no finding, some note), "nothing found", or "no step". `limits`
     names the finding with the most ms per step; `change` is the first sentence of its
-    suggestion; `lines` are the verdict as the writers print it."""
+    suggestion; `lines` are the verdict as the writers print it, with one "Captured:" line per
+    capture window (analysis.findings.captures)."""
     steps = _analysed(per_step)
     if steps.empty:
         line = "No step was analysed: there is no verdict (the warnings say why)."
@@ -164,6 +165,7 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     elif state in (NOTES_ONLY, NOTHING_FOUND):
         lines.append("Try first: nothing stands out to change"
                      + (f"; see the notes ({notes['note'].iloc[0]})." if len(notes) else "."))
+    lines += [f"Captured: {window['text']}" for window in captures or []]
     return {"state": state, "limits": limits, "waits": waits, "change": change,
             "change_ms_per_step": change_ms, "step_ms": step_ms, "what_if": answer,
             "lines": lines}

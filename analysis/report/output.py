@@ -73,6 +73,8 @@ class RunReport:
     # analysis.crossrank.critical_path.analyse: the critical path per step and the what-if
     # answers; None where the cross-rank pass or the model failed
     critical: dict | None = None
+    # analysis.findings.captures.analysed_captures: the capture windows and what they show
+    captures: list = field(default_factory=list)
 
     def step_table(self) -> pd.DataFrame:
         """The per-step table: analysis.rank.tables' fuller one where it was built, else ours."""
@@ -129,6 +131,7 @@ def run_document(report: RunReport) -> dict:
         "cross_rank": (cross_rank_json(report.cross_rank)
                        if report.cross_rank is not None else None),
         **critical_path_json(report.critical),
+        "captures": plain(report.captures),
         "unavailable": dict(report.unavailable),
         "stop_diagnosis": (None if report.stop is None else {
             "groups": records(report.stop["groups"]), "ranks": plain(report.stop["ranks"]),

@@ -17,6 +17,7 @@ import re
 
 import pytest
 
+from analysis import open_run
 from analysis.diff.capture_window import compare_capture
 from analysis.ingest.captures import read_captures
 from helpers.launch import launch, run_module, start
@@ -105,6 +106,20 @@ def test_the_captured_window_against_the_default_one_shows_the_slow_steps(slow_r
     assert change["median_b_ms"] > SLOW_MS
     assert change["median_b_ms"] - change["median_a_ms"] > SLOW_MS / 2
     assert change["change_pct"] > 100
+
+
+def test_the_breakdown_names_rank_1_late_in_the_captured_steps(slow_run, tmp_path):
+    folder, _ = slow_run
+    run_dir = copy_run(folder / "traces" / "slow", tmp_path / "slow")  # analysis writes a cache
+    (window,), _ = read_captures(run_dir)
+    document = open_run(run_dir).document()
+    (captured,) = document["captures"]
+    assert captured["steps"] == window["steps"] and captured["rank"] == 1
+    # rank 1's busy loop comes after its gradients are reduced: rank 0 waits for it each step
+    assert captured["late_rank"] == 1
+    assert captured["wait_ms_per_step"]["0"] > SLOW_MS / 2
+    assert captured["mean_step_ms"] - captured["before_step_ms"] > SLOW_MS / 2
+    assert "Captured: " + captured["text"] in document["verdict"]["lines"]
 
 
 def test_training_under_capture_is_bit_identical(slow_run):
