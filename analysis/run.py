@@ -194,11 +194,10 @@ def record_step_rows(loaded: LoadResult, per_step: pd.DataFrame,
     steps (from the first step, those of --steps) that `per_step` lacks, with step_ns, start_ns
     and end_ns from the tracer's step record and every part of the kernel-level split missing
     (docs/definitions.md, "Analysed steps"). The kind is the rank's profiled kind."""
-    profiled = set(zip(pd.to_numeric(per_step["rank"], errors="coerce").tolist(),
-                       pd.to_numeric(per_step["step"], errors="coerce").tolist()))
-    kinds = dict(zip(pd.to_numeric(per_step["rank"], errors="coerce").tolist(),
-                     per_step["kind"].tolist()))
-    rows = []
+    profiled_rank = pd.to_numeric(per_step["rank"], errors="coerce")
+    profiled_step = pd.to_numeric(per_step["step"], errors="coerce")
+    kinds = dict(zip(profiled_rank.tolist(), per_step["kind"].tolist()))
+    frames = []
     for trace in loaded.ranks:
         records = trace.records
         recorded = getattr(records, "steps", None) if records is not None else None
@@ -208,18 +207,22 @@ def record_step_rows(loaded: LoadResult, per_step: pd.DataFrame,
             continue
         numbers = recorded[["step", "start_ns", "end_ns"]].apply(pd.to_numeric, errors="coerce")
         numbers = numbers.dropna().drop_duplicates("step", keep="last")
-        numbers = numbers[(numbers["step"] >= communication.FIRST_STEP)
-                          & (numbers["end_ns"] > numbers["start_ns"])]
-        if steps is not None:
-            numbers = numbers[numbers["step"].isin(steps)]
         rank = int(trace.rank)
-        for step, start, end in numbers.itertuples(index=False):
-            if (float(rank), float(step)) not in profiled:
-                rows.append({"rank": rank, "step": int(step), "step_ns": int(end - start),
-                             "kind": kinds.get(float(rank)), "start_ns": int(start),
-                             "end_ns": int(end)})
-    frame = pd.DataFrame(rows, columns=["rank", "step", "step_ns", "kind", "start_ns", "end_ns"])
-    return frame.reindex(columns=list(dict.fromkeys([*per_step.columns, *frame.columns])))
+        kept = ((numbers["step"] >= communication.FIRST_STEP)
+                & (numbers["end_ns"] > numbers["start_ns"])
+                & ~numbers["step"].isin(profiled_step[profiled_rank == rank]))
+        if steps is not None:
+            kept &= numbers["step"].isin(steps)
+        numbers = numbers[kept].astype("int64")
+        frames.append(pd.DataFrame({
+            "rank": rank, "step": numbers["step"],
+            "step_ns": numbers["end_ns"] - numbers["start_ns"],
+            "kind": kinds.get(float(rank)), "start_ns": numbers["start_ns"],
+            "end_ns": numbers["end_ns"]}))
+    columns = ["rank", "step", "step_ns", "kind", "start_ns", "end_ns"]
+    frame = (pd.concat(frames, ignore_index=True) if frames
+             else pd.DataFrame(columns=columns))
+    return frame.reindex(columns=list(dict.fromkeys([*per_step.columns, *columns])))
 
 
 def analysed_steps(loaded: LoadResult, ops: pd.DataFrame, steps: list[int] | None) -> dict:

@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.findings.verdict import analysed_rows, mean_waits
+
 # The others must wait at least this share of the window's mean step for a rank to be named late.
 LATE_SHARE_PCT = 5.0
-
-
-def _rows(per_step: pd.DataFrame | None) -> pd.DataFrame:
-    if per_step is None or per_step.empty or not {"rank", "step", "step_ns"} <= set(per_step):
-        return pd.DataFrame(columns=["rank", "step", "step_ns"])
-    rows = per_step[["rank", "step", "step_ns"]].apply(pd.to_numeric, errors="coerce")
-    return rows[rows["rank"].notna() & rows["step"].notna() & (rows["step_ns"] > 0)]
 
 
 def _mean_ms(values: pd.Series) -> float | None:
@@ -30,21 +25,15 @@ def analysed_captures(windows: list[dict], per_step: pd.DataFrame | None,
     `wait_ms_per_step` {rank: mean wait for peers over its steps, a step without one 0},
     `late_rank` (the rank that waits least while the others wait at least LATE_SHARE_PCT of the
     mean step; None else) and `text`, the window in words."""
-    rows = _rows(per_step)
+    rows = analysed_rows(per_step)
     found = []
     for window in windows:
         steps = [int(s) for s in window["steps"]]
         inside = rows[rows["step"].isin(steps)]
         start = window["step"] if window.get("step") is not None else window["first_step"]
         before = rows[rows["step"] < start]
-        waited: dict[int, float] = {}
-        if waits is not None and len(waits) and len(inside):
-            keys = inside[["rank", "step"]].astype("int64")
-            merged = keys.merge(waits[["rank", "step", "wait_for_peers_ms"]].astype(
-                {"rank": "int64", "step": "int64"}), on=["rank", "step"], how="left")
-            merged["wait_for_peers_ms"] = merged["wait_for_peers_ms"].fillna(0.0)
-            waited = {int(r): float(w) for r, w in
-                      merged.groupby("rank")["wait_for_peers_ms"].mean().items()}
+        means = mean_waits(inside, {"waits": waits})
+        waited = {} if means is None else {int(r): float(w) for r, w in means.items()}
         mean_ms, before_ms = _mean_ms(inside["step_ns"]), _mean_ms(before["step_ns"])
         late = None
         if len(waited) > 1 and mean_ms:

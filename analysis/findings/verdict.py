@@ -24,7 +24,8 @@ def _first_sentence(text: str) -> str:
     return text[: text.index(". ") + 1] if ". " in text else text
 
 
-def _analysed(per_step: pd.DataFrame | None) -> pd.DataFrame:
+def analysed_rows(per_step: pd.DataFrame | None) -> pd.DataFrame:
+    """The (rank, step, step_ns) rows of the analysed steps: rank and step known, step_ns > 0."""
     if per_step is None or per_step.empty or not {"rank", "step", "step_ns"} <= set(per_step):
         return pd.DataFrame(columns=["rank", "step", "step_ns"])
     rows = per_step[["rank", "step", "step_ns"]].apply(pd.to_numeric, errors="coerce")
@@ -34,7 +35,7 @@ def _analysed(per_step: pd.DataFrame | None) -> pd.DataFrame:
 def mean_waits(per_step: pd.DataFrame | None, cross_rank: dict | None) -> pd.Series | None:
     """Each rank's mean wait for peers per analysed step, ms (a step without a wait counts 0);
     None where the cross-rank pass has no waits."""
-    steps = _analysed(per_step)
+    steps = analysed_rows(per_step)
     waits = cross_rank.get("waits") if cross_rank else None
     if waits is None or waits.empty or steps.empty:
         return None
@@ -106,7 +107,7 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     names the finding with the most ms per step; `change` is the first sentence of its
     suggestion; `lines` are the verdict as the writers print it, with one "Captured:" line per
     capture window (analysis.findings.captures)."""
-    steps = _analysed(per_step)
+    steps = analysed_rows(per_step)
     if steps.empty:
         line = "No step was analysed: there is no verdict (the warnings say why)."
         return {"state": NO_STEP, "limits": None, "waits": None, "change": None,

@@ -35,11 +35,14 @@ def run_analysis(results: Results, runner: Runner, wl: str, run_dir: Path, cfg: 
     steps = doc.get("steps") or []
     if not steps:
         problems.append("no step analysed")
-    profiled = [row for row in steps if any(row.get(p) is not None for p in parts)]
+    def has_split(row: dict) -> bool:
+        return any(row.get(p) is not None for p in parts)
+
+    profiled = [row for row in steps if has_split(row)]
     if steps and not profiled:
         problems.append("no profiled step: no row has the kernel-level split")
     for row in steps:
-        if row not in profiled:  # an analysed step outside every window: its step time alone
+        if not has_split(row):  # an analysed step outside every window: its step time alone
             if not (row.get("step_ns") or 0) > 0:
                 problems.append(f"rank {row.get('rank')} step {row.get('step')}: step_ns "
                                 f"{row.get('step_ns')}")
