@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import crossrank
 from analysis.core.model import UNKNOWN_RANK
-from analysis.crossrank.report import rank_bars
+from analysis.crossrank.report import MS, rank_bars
 from analysis.diff import ops as diff_ops
 from analysis.findings import bottlenecks
 from analysis.ingest.load import load_files
@@ -48,21 +47,13 @@ def load_side(path: Path, steps: list[int] | None, use_cache: bool = True,
         loaded = load_files(files, run_dir, steps=steps, use_cache=use_cache, jobs=jobs,
                             reduce_rank=rank_tables)
         where = run_dir if run_dir is not None else path
-        run = Run(loaded, name=where.name or str(where), path=str(where))
+        run = Run(loaded, name=where.name or str(where), path=str(where),
+                  steps_spec=",".join(map(str, steps)) if steps else None)
         side.runs.append(run)
         side.problems += run.problems
-        side.cross.append(_cross_rank(run, side.problems))
+        # The run's own cross-rank pass (its report's), so that both read the same steps.
+        side.cross.append(run.cross_rank if len(run.ranks) >= 2 else None)
     return side
-
-
-def _cross_rank(run: Run, problems: list[str]) -> dict | None:
-    if len(run.ranks) < 2:
-        return None
-    try:
-        return crossrank.cross_rank(run.loaded, work=run.per_step)
-    except Exception as exc:  # one analysis' failure must not cost the comparison
-        problems.append(f"{run.path}: cross-rank analysis failed: {type(exc).__name__}: {exc}")
-        return None
 
 
 # ---- the steps compared --------------------------------------------------------------------------
@@ -98,7 +89,9 @@ def step_times(side: Side) -> pd.DataFrame:
 def categories(side: Side) -> pd.DataFrame:
     """rank, steps and the mean ms per step of each category, over the side's runs (weighted
     by their steps). Transfer and waiting split the exposed communication where the cross-rank
-    pass has waits (analysis.crossrank.report.rank_bars); `comm` is the unsplit part."""
+    pass has waits (analysis.crossrank.report.rank_bars); `comm` is the unsplit part. Waiting
+    for peers is the mean over every analysed step (docs/definitions.md, "Analysed steps"); the
+    kernel-level parts over the profiled ones; `steps` counts the analysed steps."""
     frames = []
     for run, cross in zip(side.runs, side.cross):
         per_step = run.breakdown
@@ -107,18 +100,32 @@ def categories(side: Side) -> pd.DataFrame:
         waits = cross["waits"] if cross is not None else None
         bars = rank_bars(per_step, waits if waits is not None and len(waits) else None)
         bars = bars.merge(per_step.groupby("rank").size().rename("steps").reset_index())
+        bars["wait_steps"] = bars["steps"]
+        analysed = run.report.tables.get("per_step")
+        if "waiting" in bars and analysed is not None and "peer_wait_ns" in analysed:
+            waited = analysed.dropna(subset=["peer_wait_ns"]).groupby("rank")["peer_wait_ns"]
+            every = pd.DataFrame({"waiting": waited.mean() / MS, "wait_steps": waited.size()})
+            every.index = every.index.astype(bars["rank"].dtype)
+            bars = bars.set_index("rank")
+            bars.update(every)
+            bars = bars.reset_index()
         frames.append(bars)
     if not frames:
         return pd.DataFrame(columns=["rank", "steps", *CATEGORIES])
-    frame = pd.concat(frames, ignore_index=True).reindex(columns=["rank", "steps", *CATEGORIES])
+    frame = pd.concat(frames, ignore_index=True).reindex(
+        columns=["rank", "steps", "wait_steps", *CATEGORIES])
     frame[CATEGORIES] = frame[CATEGORIES].astype("float64")
-    split = frame["waiting"].notna()
-    frame.loc[split, "comm"] = frame.loc[split, ["transfer", "waiting"]].sum(axis=1)
-    weighted = frame[CATEGORIES].mul(frame["steps"], axis=0).assign(
-        rank=frame["rank"], steps=frame["steps"]).groupby("rank", sort=True).sum(min_count=1)
-    means = weighted[CATEGORIES].div(weighted["steps"], axis=0)
-    return means.assign(steps=weighted["steps"].astype(int)).reset_index()[
-        ["rank", "steps", *CATEGORIES]]
+    weights = pd.DataFrame({c: frame["wait_steps" if c == "waiting" else "steps"]
+                            for c in CATEGORIES}).astype("float64")
+    summed = (frame[CATEGORIES] * weights).assign(rank=frame["rank"]).groupby(
+        "rank", sort=True).sum(min_count=1)
+    weight = weights.where(frame[CATEGORIES].notna()).assign(rank=frame["rank"]).groupby(
+        "rank", sort=True).sum()
+    means = summed / weight.replace(0, np.nan)
+    split = means["waiting"].notna()
+    means.loc[split, "comm"] = means.loc[split, ["transfer", "waiting"]].sum(axis=1)
+    steps = frame.groupby("rank", sort=True)[["steps", "wait_steps"]].sum().max(axis=1)
+    return means.assign(steps=steps.astype(int)).reset_index()[["rank", "steps", *CATEGORIES]]
 
 
 def operators(side: Side) -> tuple[pd.DataFrame, int]:

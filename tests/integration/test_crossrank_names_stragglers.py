@@ -125,10 +125,11 @@ def undelayed_ddp(shared_runs):
 def test_ddp_runs_without_delay_name_no_straggler(undelayed_ddp):
     """The command in which a 25 ms delay is named, with the tracer's default options, without
     the delay, five times (each enough steps to name a rank: docs/cross-rank.md, "Threshold"):
-    scheduling noise names nobody. One run in five may name a rank: a shared host that slows one
-    rank for most of a run makes it a real straggler (docs/cross-rank.md), and a test cannot
-    keep a machine's other tenants away; a rule that chance alone satisfied would name a rank in
-    most runs."""
+    scheduling noise names nobody in most runs. A shared host that slows one rank for most of
+    a run makes it a real straggler (docs/cross-rank.md), and a test cannot keep a machine's
+    other tenants away: on the 2-core CI machine 2 runs of 5 once named rank 0, for 2.4 and
+    3.4 ms of caused wait per step. So at most 2 of 5 may name a rank, each for far less than
+    the injected delay; a rule that chance alone satisfied would name a rank in most runs."""
     clean, named = [], {}
     for run in undelayed_ddp:
         frames, document = _cross_rank(run)
@@ -138,7 +139,9 @@ def test_ddp_runs_without_delay_name_no_straggler(undelayed_ddp):
         steps = frames["waits"].groupby("rank")["step"].nunique()
         assert min(steps) >= DEFAULT_STEPS - 3, run.name
         clean.append(int(frames["stragglers"]["clean_steps"].max()))
-    assert len(named) <= 1, named
+    assert len(named) <= 2, named
+    assert all(row["caused_wait_ms_per_step"] < 0.25 * DDP_DELAY_MS
+               for rows in named.values() for row in rows), named
     # Noise within a bucket's own duration leaves steps out; in most runs enough stay to name
     # a rank had one been late, so the rule was put to the test.
     assert max(clean) >= steps_needed(2), clean
