@@ -152,7 +152,7 @@ def make_parser(doc: str, distributed: bool = True) -> RankZeroParser:
     return parser
 
 
-def _rank_and(kind, what: str):
+def rank_and(kind, what: str):
     """Parses RANK:VALUE, as in ``--crash 1:3``."""
     def parse(text: str):
         rank, sep, value = text.partition(":")
@@ -167,18 +167,26 @@ def _rank_and(kind, what: str):
     return parse
 
 
+def busy_wait(ms: float) -> None:
+    """Spends `ms` ms in a busy loop: busy, not asleep, so that a straggler that computes shows
+    up in CPU samples as well."""
+    deadline = time.perf_counter_ns() + int(ms * 1e6)
+    while time.perf_counter_ns() < deadline:
+        pass
+
+
 def add_fault_flags(parser: argparse.ArgumentParser) -> None:
     """Faults a distributed workload can inject on one rank, to see how a trace shows them."""
     faults = parser.add_argument_group("faults (RANK is the global rank, STEP counts from 1)")
-    faults.add_argument("--straggle", type=_rank_and(float, "MS"), metavar="RANK:MS",
+    faults.add_argument("--straggle", type=rank_and(float, "MS"), metavar="RANK:MS",
                         help="RANK spends MS ms of host time in a busy loop before the forward "
                              "pass of every step; every rank then logs its step times")
-    faults.add_argument("--hang", type=_rank_and(int, "STEP"), metavar="RANK:STEP",
+    faults.add_argument("--hang", type=rank_and(int, "STEP"), metavar="RANK:STEP",
                         help="RANK sleeps forever at the start of STEP")
-    faults.add_argument("--mismatch", type=_rank_and(int, "STEP"), metavar="RANK:STEP",
+    faults.add_argument("--mismatch", type=rank_and(int, "STEP"), metavar="RANK:STEP",
                         help="at the start of STEP every rank all-reduces one tensor, RANK's "
                              "of a different size")
-    faults.add_argument("--crash", type=_rank_and(int, "STEP"), metavar="RANK:STEP",
+    faults.add_argument("--crash", type=rank_and(int, "STEP"), metavar="RANK:STEP",
                         help="RANK exits with status 1 (os._exit) at the start of STEP, after a "
                              f"{CRASH_PAUSE_S:g} s pause that lets its peers reach the "
                              "collective it leaves unanswered")
@@ -218,10 +226,7 @@ class Faults:
             dist.all_reduce(torch.ones(numel, device=self.device))
         straggle = getattr(self.args, "straggle", None)
         if straggle is not None and straggle[0] == self.rank:
-            # Busy, not asleep: a straggler that computes shows up in CPU samples as well.
-            deadline = time.perf_counter_ns() + int(straggle[1] * 1e6)
-            while time.perf_counter_ns() < deadline:
-                pass
+            busy_wait(straggle[1])
 
     def after_step(self, step: int) -> None:
         if getattr(self.args, "straggle", None) is not None:

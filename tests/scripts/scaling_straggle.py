@@ -7,26 +7,13 @@ every forward pass. The per-rank batch is fixed, so the global batch grows with 
 """
 
 import argparse
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-
-def straggle_spec(text: str) -> tuple[int, float]:
-    rank, _, ms = text.partition(":")
-    try:
-        return int(rank), float(ms)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected RANK:MS, got {text!r}") from None
-
-
-def busy_wait(ms: float) -> None:
-    deadline = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < deadline:
-        pass
+from workloads.common import busy_wait, rank_and
 
 
 def main():
@@ -34,7 +21,7 @@ def main():
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--straggle", type=straggle_spec, metavar="RANK:MS")
+    parser.add_argument("--straggle", type=rank_and(float, "MS"), metavar="RANK:MS")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)  # ranks share a small CPU: no intra-op threads competing

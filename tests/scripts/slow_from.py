@@ -21,11 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-
-def busy_wait(ms: float) -> None:
-    deadline = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < deadline:
-        pass
+from workloads.common import busy_wait
 
 
 def main():

@@ -5,7 +5,6 @@ every forward pass: a busy loop, so the rank is late at every gradient all-reduc
 """
 
 import argparse
-import time
 
 import torch
 import torch.distributed as dist
@@ -13,26 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-
-def straggle_spec(text: str) -> tuple[int, float]:
-    rank, _, ms = text.partition(":")
-    try:
-        return int(rank), float(ms)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected RANK:MS, got {text!r}") from None
-
-
-def busy_wait(ms: float) -> None:
-    deadline = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < deadline:
-        pass
+from workloads.common import busy_wait, rank_and
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--straggle", type=straggle_spec, metavar="RANK:MS")
+    parser.add_argument("--straggle", type=rank_and(float, "MS"), metavar="RANK:MS")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)  # two ranks share a small CPU: no intra-op threads competing

@@ -10,24 +10,18 @@ import time
 
 import torch
 
+from workloads.common import rank_and
+
 SEED = 0
 BATCH = 4  # samples per rank per step
 SAMPLES = 256  # the synthetic data set: more than any run's steps x ranks x BATCH
-
-
-def straggle_spec(text: str) -> tuple[int, float]:
-    rank, _, ms = text.partition(":")
-    try:
-        return int(rank), float(ms)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected RANK:MS, got {text!r}") from None
 
 
 def parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps (max_steps)")
-    parser.add_argument("--straggle", type=straggle_spec, metavar="RANK:MS",
+    parser.add_argument("--straggle", type=rank_and(float, "MS"), metavar="RANK:MS",
                         help="rank RANK sleeps MS milliseconds at the start of every step")
     parser.add_argument("--out", required=True,
                         help="rank 0 writes its losses and the final parameters' digest here")

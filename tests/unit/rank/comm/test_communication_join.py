@@ -16,17 +16,20 @@ from helpers.comm_events import event, events_frame, same
 def _brute_force(candidates: pd.DataFrame, pids, tids, times) -> list[int]:
     """The definition: on the query's thread, the candidate with the latest start whose
     [start, end] holds the time, the first in frame order on ties; -1 when none does."""
+    rows = list(zip(candidates.index.tolist(), map(str, candidates["pid"]),
+                    map(str, candidates["tid"]), candidates["ts_ns"].tolist(),
+                    candidates["dur_ns"].tolist()))
     found = []
     for pid, tid, t in zip(pids, tids, times):
         best = -1
         best_start = None
-        for label, row in candidates.iterrows():
-            if str(row["pid"]) != str(pid) or str(row["tid"]) != str(tid):
+        for label, row_pid, row_tid, start, duration in rows:
+            if row_pid != str(pid) or row_tid != str(tid):
                 continue
-            if not (row["ts_ns"] <= t <= row["ts_ns"] + row["dur_ns"]):
+            if not (start <= t <= start + duration):
                 continue
-            if best_start is None or row["ts_ns"] > best_start:
-                best, best_start = label, row["ts_ns"]
+            if best_start is None or start > best_start:
+                best, best_start = label, start
         found.append(best)
     return found
 
