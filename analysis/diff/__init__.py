@@ -14,8 +14,10 @@ from analysis.core.terminal import terminal_safe
 from analysis.diff import compare as diff_compare
 from analysis.diff import output as diff_output
 from analysis.diff import stats as diff_stats
+from analysis.diff.capture_window import capture_sides
 from analysis.diff.side import load_side
-from analysis.ingest.runs import NothingToAnalyse
+from analysis.ingest.captures import read_captures
+from analysis.ingest.runs import NothingToAnalyse, resolve_runs
 
 
 def _not_negative(text: str) -> float:
@@ -36,7 +38,12 @@ def _parser() -> argparse.ArgumentParser:
                     "findings (docs/diff.md).")
     parser.add_argument("a", metavar="A", type=Path,
                         help="the baseline: a run folder, or a folder of repeated runs")
-    parser.add_argument("b", metavar="B", type=Path, help="the run compared with A, likewise")
+    parser.add_argument("b", metavar="B", type=Path, nargs="?",
+                        help="the run compared with A, likewise (omitted with --capture)")
+    parser.add_argument("--capture", type=at_least_one, metavar="N",
+                        help="compare capture window N of run A (1: the first, in the order the "
+                             "verdict lists them) with A's first fixed window, or with the steps "
+                             "of --steps (docs/diff.md, Capture windows)")
     parser.add_argument("--format", choices=("text", "json", "csv"), default="text",
                         help="standard output: tables, one JSON document, or one long CSV")
     parser.add_argument("--html", metavar="FILE", type=Path,
@@ -62,16 +69,29 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if (args.b is None) == (args.capture is None):
+        parser.error("give B, or --capture N to compare a capture window of A with its first "
+                     "fixed window")
     steps = parse_step_spec(args.steps) if args.steps else None
-    sides = []
-    for label, path in (("A", args.a), ("B", args.b)):
+    if args.capture is not None:
         try:
-            sides.append(load_side(path, steps, use_cache=not args.no_cache, jobs=args.jobs))
-        except NothingToAnalyse as exc:
-            print(terminal_safe(f"ranktrace: nothing compared: {label}: {exc}"), file=sys.stderr)
+            a, b = _capture_sides(args.a, args.capture, steps, not args.no_cache, args.jobs)
+        except (NothingToAnalyse, ValueError) as exc:
+            print(terminal_safe(f"ranktrace: nothing compared: {exc}"), file=sys.stderr)
             return 1
-    a, b = sides
+        steps = None  # each side holds its own steps; --steps chose A's
+    else:
+        sides = []
+        for label, path in (("A", args.a), ("B", args.b)):
+            try:
+                sides.append(load_side(path, steps, use_cache=not args.no_cache, jobs=args.jobs))
+            except NothingToAnalyse as exc:
+                print(terminal_safe(f"ranktrace: nothing compared: {label}: {exc}"),
+                      file=sys.stderr)
+                return 1
+        a, b = sides
     result = diff_compare.compare(a, b, seed=args.seed, resamples=args.resamples, top=args.top,
                                   noise_floor_pct=args.noise_floor_pct)
     for problem in result["problems"]:
@@ -94,3 +114,22 @@ def main(argv: list[str] | None = None) -> int:
         print(terminal_safe(f"ranktrace: nothing compared: {result['verdict']}"), file=sys.stderr)
         return 1
     return 0
+
+
+def _capture_sides(path: Path, number: int, baseline: list[int] | None, use_cache: bool,
+                   jobs: int | None):
+    """(A, B) of --capture: the run `path` names, its default window (or `baseline`) and its
+    capture window `number`. ValueError where the run has no such window."""
+    runs = resolve_runs([path])
+    run_dir = runs[0][0] if runs else None
+    if run_dir is None:
+        raise ValueError(f"{path}: --capture needs a run folder written by the tracer")
+    windows, _ = read_captures(Path(run_dir))
+    if not windows:
+        raise ValueError(f"{run_dir}: the run has no capture window (the tracer opens them "
+                         f"with --capture-slow-steps, or python -m tracer.capture)")
+    if number > len(windows):
+        raise ValueError(f"{run_dir}: --capture {number}, but the run has {len(windows)} "
+                         f"capture window{'s' if len(windows) > 1 else ''}")
+    return capture_sides(Path(run_dir), windows[number - 1], baseline, use_cache=use_cache,
+                         jobs=jobs)

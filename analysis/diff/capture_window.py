@@ -1,15 +1,15 @@
-"""A capture window (analysis.ingest.captures) against the run's default window: what the slow
-steps spent their time on that the healthy start did not, with analysis.diff's comparison (A:
-the fixed schedule's first window, B: the captured one, both of the same run; docs/diff.md for
-every table).
+"""A capture window (analysis.ingest.captures) against the run's default window: the two sides
+of `python -m analysis.diff RUN --capture N`, which compares what the slow steps spent their time
+on with what the healthy start did (A: the fixed schedule's first window, B: the captured one,
+both of the same run; docs/diff.md, Capture windows).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.diff import compare as diff_compare
-from analysis.diff.side import load_side
+from analysis.core.steps import format_ranges
+from analysis.diff.side import Side, load_side
 from analysis.ingest.records import read_records, record_ranks
 from tracer import schema
 
@@ -31,14 +31,24 @@ def _config(run_dir: Path) -> dict:
     return {}
 
 
-def compare_capture(run_dir: Path, capture: dict, baseline_steps: list[int] | None = None,
-                    use_cache: bool = True, **options) -> dict:
-    """analysis.diff.compare's tables of the steps of `capture` (one entry of
-    analysis.ingest.captures.group_captures) against `baseline_steps` (default: the fixed
-    schedule's first window), with "a_steps" and "b_steps" added; `options` go to compare."""
+def capture_sides(run_dir: Path, capture: dict, baseline_steps: list[int] | None = None,
+                  use_cache: bool = True, jobs: int | None = None) -> tuple[Side, Side]:
+    """(A, B): the run's `baseline_steps` (default: the fixed schedule's first window) and the
+    steps of `capture` (one entry of analysis.ingest.captures.group_captures), each side's path
+    saying which steps it holds."""
     baseline = baseline_steps or fixed_window_steps(_config(run_dir))
-    a = load_side(run_dir, baseline, use_cache=use_cache)
-    b = load_side(run_dir, list(capture["steps"]), use_cache=use_cache)
-    result = diff_compare.compare(a, b, **options)
-    result["a_steps"], result["b_steps"] = baseline, list(capture["steps"])
-    return result
+    a = load_side(run_dir, baseline, use_cache=use_cache, jobs=jobs)
+    b = load_side(run_dir, list(capture["steps"]), use_cache=use_cache, jobs=jobs)
+    a.path = f"{run_dir}, steps {format_ranges(baseline)}" + (
+        "" if baseline_steps else " (the profiler's first fixed window)")
+    b.path = f"{run_dir}, steps {format_ranges(capture['steps'])} ({capture_label(capture)})"
+    return a, b
+
+
+def capture_label(capture: dict) -> str:
+    """What opened the window, in words."""
+    if capture.get("trigger") == "slow_step":
+        ratio = capture.get("ratio")
+        return (f"captured on a slow step: rank {capture.get('rank')}'s step "
+                f"{capture.get('step')}" + ("" if ratio is None else f", {ratio:.2f}x its median"))
+    return "captured on demand"

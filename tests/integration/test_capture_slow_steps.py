@@ -13,12 +13,12 @@ the test has asked for two steps.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from analysis import open_run
-from analysis.diff.capture_window import compare_capture
 from analysis.ingest.captures import read_captures
 from helpers.launch import launch, run_module, start
 from helpers.run_copies import copy_run
@@ -97,15 +97,26 @@ def test_the_captured_window_against_the_default_one_shows_the_slow_steps(slow_r
     folder, _ = slow_run
     run_dir = copy_run(folder / "traces" / "slow", tmp_path / "slow")  # analysis writes a cache
     (window,), _ = read_captures(run_dir)
-    result = compare_capture(run_dir, window, resamples=200)
-    assert (result["a_steps"], result["b_steps"]) == ([7, 8, 9], window["steps"])
-    change = result["change"]
+    done = run_module("analysis.diff", run_dir, "--capture", "1", "--format", "json",
+                      "--resamples", "200")
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    steps = f"{window['steps'][0]}-{window['steps'][-1]}"
+    assert document["a"]["path"] == f"{run_dir}, steps 7-9 (the profiler's first fixed window)"
+    assert document["b"]["path"] == (f"{run_dir}, steps {steps} (captured on a slow step: rank 1's "
+                                     f"step 20, {window['ratio']:.2f}x its median)")
+    change = document["verdict"]
     assert (change["steps_a"], change["steps_b"]) == (3, 3)
     # Rank 1's busy loop (and rank 0's wait for it) in every captured step: a wall-clock wait,
     # which load cannot shorten.
     assert change["median_b_ms"] > SLOW_MS
     assert change["median_b_ms"] - change["median_a_ms"] > SLOW_MS / 2
     assert change["change_pct"] > 100
+    # A capture the run does not have: one line naming the run and how many it has.
+    missing = run_module("analysis.diff", run_dir, "--capture", "2")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (f"ranktrace: nothing compared: {run_dir}: --capture 2, but "
+                                      f"the run has 1 capture window")
 
 
 def test_the_breakdown_names_rank_1_late_in_the_captured_steps(slow_run, tmp_path):
