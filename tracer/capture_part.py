@@ -119,11 +119,9 @@ class CaptureWatch(Part):
     def _decide(self, request: schema.CaptureRequest) -> None:
         decision = self.plan.decide(request.trigger, request.first_step, request.steps)
         if not decision.accepted:
-            latest = self.windows[-1] if self.windows else None
-            if (request.trigger == "slow_step" and latest is not None
-                    and latest.request.trigger == "slow_step"
-                    and request.trigger_step <= latest.request.first_step + latest.request.steps):
-                latest.contenders.append(request)
+            same = self._same_slowdown(request)
+            if same is not None:
+                same.contenders.append(request)
             elif request.trigger == "on_demand":
                 self.fail_softly(f"the window of steps {_steps(request)} asked on demand is not "
                                  f"opened: {decision.why}")
@@ -131,10 +129,23 @@ class CaptureWatch(Part):
         self.note_window(request)
         planned = self.driver.plan_window(request.first_step, request.steps)
         self.windows.append(_Window(request, planned))
-        if not planned:
+        if not planned and not self.driver.stopped:  # once stopped, the run is ending: no miss
             self.fail_softly(f"the window of steps {_steps(request)} ({request.trigger}) came "
                              f"when this rank was at step {self.driver._step}, past its start (or "
                              f"after the profiler stopped): no trace of it here")
+
+    def _same_slowdown(self, request: schema.CaptureRequest) -> _Window | None:
+        """The slow-step window of the slowdown a rejected slow-step request also saw: the
+        latest whose slow step is within the cool-down of the request's (a peer that waited
+        for the slow rank, a pass later); None for another slowdown or an on-demand request."""
+        if request.trigger != "slow_step":
+            return None
+        for window in reversed(self.windows):
+            seen = window.request
+            if (seen.trigger == "slow_step"
+                    and abs(request.trigger_step - seen.trigger_step) <= self.plan.cooldown):
+                return window
+        return None
 
     def note_window(self, request: schema.CaptureRequest) -> None:
         """A window is opened: what the slow-step rule must know."""

@@ -106,6 +106,11 @@ class ProfilerDriver(Part):
             self._capture_due = self._captures[0][0]
         return True
 
+    @property
+    def stopped(self) -> bool:
+        """Any thread: profiling has stopped (the run is ending); no window opens any more."""
+        return self._schedule is None
+
     def fixed_action(self, k: int):
         """Any thread: the fixed schedule's action at step k (idle once stopped)."""
         schedule = self._schedule

@@ -116,9 +116,9 @@ class Decision:
 
 class CapturePlan:
     """Which requested windows are opened, decided from the requests in the one order every
-    rank reads them: a slow-step window within the cool-down of the last window, past the
-    bound, or overlapping a window already accepted is not opened; an on-demand window is
-    opened unless it overlaps one."""
+    rank reads them: a slow-step window within the cool-down of a window already accepted (on
+    either side of it), past the bound, or overlapping one is not opened; an on-demand window
+    is opened unless it overlaps one."""
 
     def __init__(self, max_captures: int, window_steps: int, warmup: int):
         self.max_captures = max_captures
@@ -138,10 +138,12 @@ class CapturePlan:
         if trigger == "slow_step":
             if self.slow_accepted >= self.max_captures:
                 return Decision(False, f"--max-captures {self.max_captures} reached")
-            recent = max((end for _, end in self.windows), default=None)
-            if recent is not None and start <= recent + self.cooldown:
-                return Decision(False, f"within the cool-down of {self.cooldown} steps after "
-                                       f"step {recent}")
+            # Either side of a window: a request decided later may be for earlier steps (its
+            # margin taken at a slower pace), and is then no less a second slowdown.
+            for begin, end in self.windows:
+                if start <= end + self.cooldown and begin <= last + self.cooldown:
+                    return Decision(False, f"within the cool-down of {self.cooldown} steps of "
+                                           f"the window of steps {begin + self.warmup}-{end}")
             self.slow_accepted += 1
         self.windows.append((start, last))
         return Decision(True)

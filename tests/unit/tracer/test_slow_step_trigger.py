@@ -140,6 +140,18 @@ def test_every_rank_opens_the_same_windows_from_the_same_requests():
     assert plan.decide("on_demand", 15, 3).accepted  # warm-up 14, one idle step (13) between
 
 
+def test_a_slowdown_whose_window_comes_before_an_earlier_ones_is_opened_too():
+    # A spike at step 14 of 8 ms steps gets a window 0.5 s later (steps 76-78); the slowdown at
+    # step 50, at 80 ms a step, gets one 8 steps on (58-60), decided later for earlier steps.
+    plan = CapturePlan(max_captures=3, window_steps=4, warmup=1)
+    assert plan.decide("slow_step", 76, 3).accepted
+    assert plan.decide("slow_step", 58, 3).accepted
+    # Within the cool-down before a window, as after one: not opened.
+    why = plan.decide("slow_step", 67, 3)
+    assert not why.accepted
+    assert why.why == "within the cool-down of 8 steps of the window of steps 76-78"
+
+
 def test_a_window_is_placed_clear_of_the_fixed_schedule():
     fixed = schedule(skip_first=5, wait=1, warmup=1, active=3, repeat=1)  # busy steps 6-9
     idle = ProfilerAction.NONE
@@ -237,6 +249,7 @@ class FakeDriver:
         self._step = step
         self._idle = ProfilerAction.NONE
         self.planned: list[tuple[int, int]] = []
+        self.stopped = False
 
     def fixed_action(self, k):
         return self._idle
@@ -284,3 +297,34 @@ def test_of_one_slowdowns_requests_the_earliest_slow_step_names_the_trigger():
     tie = _Window(req(1, 20, 5.0), planned=True)
     tie.contenders.append(req(0, 20, 5.5))
     assert tie.trigger().trigger_rank == 0  # the same step: the higher ratio
+
+
+def test_a_later_slowdown_is_its_own_trigger_not_a_contender_of_an_earlier_window(tmp_path):
+    def req(rank, step, first):
+        return schema.CaptureRequest(trigger="slow_step", trigger_step=step, first_step=first,
+                                     steps=3, t_ns=0, trigger_rank=rank, ratio=8.0)
+    log = FileLog(str(tmp_path))
+    for request in (req(1, 14, 76), req(1, 50, 58), req(0, 51, 59), req(1, 52, 77)):
+        log.append(request)
+    watch, written = watcher(tmp_path, 0, 52)
+    watch.on_worker_pass()
+    assert watch.driver.planned == [(76, 3), (58, 3)]
+    watch.driver._step = 80
+    watch.on_worker_pass()
+    # Rank 0's request (step 51) saw the slowdown of step 50; rank 1's of step 52 as well,
+    # though its window overlapped the first one's: neither names step 14's window.
+    assert sorted((r.first_step, r.trigger_rank, r.trigger_step) for r in written) == [
+        (58, 1, 50), (76, 1, 14)]
+    assert [len(w.contenders) for w in watch.windows] == [0, 2]
+
+
+def test_a_window_decided_once_profiling_has_stopped_is_not_said_missed(tmp_path, capsys):
+    FileLog(str(tmp_path)).append(schema.CaptureRequest(
+        trigger="slow_step", trigger_step=78, first_step=88, steps=3, t_ns=0, trigger_rank=1,
+        ratio=3.0))
+    watch, written = watcher(tmp_path, 0, 80)
+    watch.driver.stopped = True
+    watch.driver.plan_window = lambda first, steps: False
+    watch.on_worker_pass()
+    watch.after_last_records(on_main=False)
+    assert capsys.readouterr().err == "" and written == []
