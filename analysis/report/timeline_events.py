@@ -22,6 +22,7 @@ STEPS_TID = 1 * LANE_SPACING
 COLLECTIVES_TID = 2 * LANE_SPACING
 FIRST_TRACE_TID = 3 * LANE_SPACING
 # The critical path's own process (docs/critical-path.md): one track, drawn above the ranks.
+CRITICAL_PATH_PROCESS = "critical path (all ranks)"
 CRITICAL_PATH_TRACK = "critical path"
 CRITICAL_PATH_TID = 1
 # Counter tracks from the device samples: (field, track name, scale)
@@ -225,4 +226,4 @@ def critical_path_events(segments: pd.DataFrame, pid: int, origin_ns: int) -> li
     events, extra, _ = slices(frame, pid, origin_ns, np.full(len(frame), CRITICAL_PATH_TID),
                               names)
     tracks = [(CRITICAL_PATH_TID, CRITICAL_PATH_TRACK, 0), *extra]
-    return events + metadata(pid, "critical path (all ranks)", -1, tracks)
+    return events + metadata(pid, CRITICAL_PATH_PROCESS, -1, tracks)

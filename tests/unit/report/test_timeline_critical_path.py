@@ -25,7 +25,7 @@ def test_each_segment_is_a_slice_named_by_rank_and_category_on_its_own_process()
         ("rank 1 transfer", 35000.0, 2000.0, 2, te.CRITICAL_PATH_TID)]
     assert slices[0]["args"] == {"step": 1, "rank": 1, "category": "compute", "ms": 35.0}
     names = {e["name"]: e["args"] for e in events if e["ph"] == "M"}
-    assert names["process_name"] == {"name": "critical path (all ranks)"}
+    assert names["process_name"] == {"name": te.CRITICAL_PATH_PROCESS}
     assert names["process_sort_index"] == {"sort_index": -1}  # above every rank
     assert names["thread_name"] == {"name": "critical path"}
     assert te.critical_path_events(segments([]), 2, ORIGIN) == []
