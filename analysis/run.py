@@ -84,7 +84,6 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
          for t in over(traces, "collectives")]
         or [communication.empty_ops()], ignore_index=True))
     cross = _cross_rank(loaded, per_step, report, selected)
-    report.critical = _critical_path(cross, report)
     # Waiting for peers is not communication of the rank's own: the breakdown's
     # communication-only time split into transfer and waiting (docs/definitions.md).
     report.per_step = per_step = split_communication(
@@ -103,6 +102,8 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     if cross is not None:
         report.idle_gaps = label_peer_waits(gaps, wait_windows(cross))
     report.idle = idle_summary(report.idle_gaps)
+    # After the gaps are labelled: a wait for peers is no cause a what-if removes.
+    report.critical = _critical_path(cross, report, per_step[["rank", "step"]])
     collectives = None
     if every_op is not None:
         ops, setup = analysed_ops(every_op, selected)
@@ -270,13 +271,15 @@ def _cross_rank(loaded: LoadResult, per_step: pd.DataFrame | None,
     return cross
 
 
-def _critical_path(cross: dict | None, report: output.RunReport) -> dict | None:
+def _critical_path(cross: dict | None, report: output.RunReport,
+                   profiled: pd.DataFrame) -> dict | None:
     """The critical path and what-if answers (docs/critical-path.md) of the cross-rank result,
-    or None: without the pass, or with one problem saying why the model failed."""
+    with the report's idle gaps known in the `profiled` (rank, step) rows, or None: without
+    the pass, or with one problem saying why the model failed."""
     if cross is None:
         return None
     try:
-        return critical_path.analyse(cross)
+        return critical_path.analyse(cross, idle_gaps=report.idle_gaps, profiled=profiled)
     except Exception as exc:  # the rest of the report stands without it
         why = f"{type(exc).__name__}: {exc}"
         report.problems.append(f"critical path analysis failed ({why}); no what-if answer")

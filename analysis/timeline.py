@@ -5,7 +5,8 @@ tracer's clock_sync offsets, else an estimate from collective completions); a ra
 place keeps its own clock. One process per rank, `rank R (host)`, holds its Kineto threads and
 streams, a track of step markers, a track of its collectives and p2p ops, and counter tracks from
 its device samples and step records; flows join the op of the rank that arrived last at a
-collective to the ops of the ranks that waited for it. Layout and use: docs/viewing.md.
+collective to the ops of the ranks that waited for it; one more process holds the critical path
+across ranks (docs/critical-path.md), a slice per segment. Layout and use: docs/viewing.md.
 """
 
 from __future__ import annotations
@@ -59,13 +60,15 @@ def _sync_clock(clock_sync: pd.DataFrame) -> pd.DataFrame:
 
 def gather(run: LoadResult) -> dict:
     """Per rank on the common clock: events, trace steps, step records, samples, ops, host;
-    plus the clock table and the problems met."""
-    from analysis.crossrank import analyse
+    plus the clock table, the critical path's segments (None where unknown) and the problems
+    met."""
+    from analysis.crossrank import analyse, critical_path
     from analysis.crossrank.frames import run_frames
     from analysis.rank.layers import training_threads
 
     frames = run_frames(run)
     problems = []
+    segments = None
     try:
         cross = analyse(frames["ops"], frames["steps"], frames["clock_sync"],
                         frames["world_size"], frames["events"])
@@ -73,7 +76,13 @@ def gather(run: LoadResult) -> dict:
     except Exception as exc:  # the timeline is still worth drawing on the tracer's offsets
         problems.append(f"cross-rank analysis failed ({type(exc).__name__}: {exc}); "
                         f"using the tracer's clock_sync offsets and no flows")
-        clock, ops = _sync_clock(frames["clock_sync"]), None
+        clock, ops, cross = _sync_clock(frames["clock_sync"]), None, None
+    if cross is not None:
+        try:
+            segments = critical_path.analyse(cross, frames["steps"])["critical_path_segments"]
+        except Exception as exc:  # the rest of the timeline stands without it
+            problems.append(f"critical path analysis failed ({type(exc).__name__}: {exc}); "
+                            f"no critical path track")
     ranks = {}
     for trace in run.ranks:
         if trace.rank == UNKNOWN_RANK:
@@ -103,7 +112,8 @@ def gather(run: LoadResult) -> dict:
             "training": training_threads(trace.events) if len(trace.events) else set(),
             "ops": ops[ops["rank"] == trace.rank] if ops is not None else None,
         }
-    return {"ranks": ranks, "clock": clock, "ops": ops, "problems": problems}
+    return {"ranks": ranks, "clock": clock, "ops": ops, "critical_path": segments,
+            "problems": problems}
 
 
 def window_steps(ranks: dict, chosen: list[int] | None = None) -> pd.DataFrame:
@@ -228,6 +238,12 @@ def build(gathered: dict, steps: pd.DataFrame) -> dict:
         flow_ops = gathered["ops"][gathered["ops"]["instance"].isin(ops["instance"])]
         flow_ops = flow_ops[flow_ops.index.isin(list(op_places))]
         trace_events += te.flows(flow_ops.assign(row=flow_ops.index), op_places, origin)
+    segments = gathered.get("critical_path")
+    if segments is not None:
+        segments = _inside(segments[segments["step"].isin(steps["step"])], start, end)
+    if segments is not None and len(segments):
+        # its own process, numbered after every rank's
+        trace_events += te.critical_path_events(segments, max(ranks, default=-1) + 1, origin)
     return {"traceEvents": trace_events, "displayTimeUnit": "ms",
             "otherData": {"ranktrace_origin_ns": origin,
                           "steps": sorted(int(s) for s in steps["step"].unique())}}

@@ -1,15 +1,27 @@
 """What-if answers against measurement, and what the critical path costs (docs/critical-path.md).
 
-    python benchmarks/what_if.py [--steps 30] [--straggle 1:25] [--speed-only]
-                                 [--speed-steps 1000] [--speed-ranks 8]
+    python benchmarks/what_if.py [--steps 30] [--experiment NAME ...] [--cost RANK:MS]
+                                 [--repeats 1] [--speed-only] [--speed-steps 1000]
+                                 [--speed-ranks 8]
 
 1. Speed: the critical path and every what-if of a synthetic run of --speed-steps steps of
    --speed-ranks ranks (four all_reduces per step, one rank late), timed after the cross-rank
    pass that feeds it.
-2. Accuracy (CPU, gloo): `workloads/ddp.py --steps N --straggle R:MS` traced with the DDP
-   bucket hook, the top what-if from the loaded run, then the same command without the
-   straggle: its measured mean step time (rank{R}.steps.jsonl, the steps the what-if covered,
-   every rank) beside the predicted one. The aim: within +-20%.
+2. Accuracy (CPU, gloo), per --experiment: a workload traced with a cost injected on one rank,
+   the matching what-if from the loaded run, then the same command without the cost: its
+   measured mean step time (rank{R}.steps.jsonl, the steps the what-if covered, every rank)
+   beside the predicted one, side by side in one run. The aim: within +-20%.
+   - ddp-straggle: workloads/ddp.py --straggle 1:25 (busy host work before the forward), with
+     the DDP bucket hook; the top what-if ("rank 1 on time");
+   - pipeline-straggle: workloads/pipeline.py --straggle 1:20 (a slow stage: host work before
+     its step's schedule); "pipeline bubble at its theoretical ...";
+   - slow-data: workloads/ddp.py --slow-data 1:20 (rank 1's DataLoader sleeps in each batch);
+     "no data loading gaps on rank 1"; slow-data-all: --slow-data all:20, every rank's,
+     "no data loading gaps on any rank".
+   --cost RANK:MS replaces the injected cost of every experiment run; --repeats N runs N
+   pairs (with, without) one after the other and compares the medians of the predicted and the
+   measured step over the pairs, as run-to-run noise on a shared machine is as large as the
+   model's error.
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ import pandas as pd  # noqa: E402
 
 from analysis.crossrank import analyse as cross_rank_pass  # noqa: E402
 from analysis.crossrank import critical_path  # noqa: E402
-from analysis.crossrank.frames import run_frames, typed_ops  # noqa: E402
+from analysis.crossrank.frames import typed_ops  # noqa: E402
 from analysis.run import open_run  # noqa: E402
 from tests.helpers.launch import torchrun_env  # noqa: E402
 
@@ -80,12 +92,26 @@ def speed(steps: int, ranks: int) -> None:
         print(f"  {answer['change']}: saves {answer['saved_ms_per_step']} ms per step")
 
 
-def traced(out: Path, steps: int, straggle: str | None) -> Path:
+# name: (workload, its fault flag, the default cost, tracer options, the what-if's kind, and
+# the change it must name, "{rank}" the injected rank; None: the top answer of the kind)
+EXPERIMENTS = {
+    "ddp-straggle": ("workloads/ddp.py", "--straggle", "1:25", ["--ddp-bucket-hook"],
+                     "rank_on_time", "rank {rank} on time"),
+    "pipeline-straggle": ("workloads/pipeline.py", "--straggle", "1:20", [],
+                          "pipeline_bubble_theoretical", None),
+    "slow-data": ("workloads/ddp.py", "--slow-data", "1:20", [], "idle_cause_removed",
+                  "no data loading gaps on rank {rank}"),
+    "slow-data-all": ("workloads/ddp.py", "--slow-data", "all:20", [], "idle_cause_removed",
+                      "no data loading gaps on any rank"),
+}
+
+
+def traced(out: Path, steps: int, workload: str, options: list[str],
+           fault: list[str]) -> Path:
+    """The run folder of `workload --steps N` traced on 2 ranks, with `fault` added."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", "-m", "tracer.record", "--out", str(out),
-               "--ddp-bucket-hook", "workloads/ddp.py", "--steps", str(steps)]
-    if straggle:
-        command += ["--straggle", straggle]
+               "--nproc-per-node", "2", "-m", "tracer.record", "--out", str(out), *options,
+               workload, "--steps", str(steps), *fault]
     subprocess.run(command, cwd=REPO, env=torchrun_env(), check=True, capture_output=True,
                    timeout=600)
     return next(p for p in out.iterdir() if p.is_dir())
@@ -102,43 +128,83 @@ def step_times(run_dir: Path, steps: set[int]) -> list[float]:
     return times
 
 
-def accuracy(steps: int, straggle: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        late_dir = traced(Path(tmp) / "late", steps, straggle)
-        run = open_run(str(late_dir))
-        cross = run.report.cross_rank
-        result = critical_path.analyse(cross, run_frames(run.loaded)["steps"])
-        analysed = set(int(s) for s in result["critical_path_steps"]["step"])
-        late = step_times(late_dir, analysed)
-        even_dir = traced(Path(tmp) / "even", steps, None)
-        even = step_times(even_dir, analysed)
-    top = result["what_if"][0]
-    measured = statistics.mean(even)
-    error = 100.0 * (top["predicted_step_ms"] - measured) / measured
-    print(f"accuracy: workloads/ddp.py --steps {steps} --straggle {straggle}, "
-          f"{len(analysed)} analysed steps x 2 ranks")
-    print(f"  straggle run measured   {statistics.mean(late):8.2f} ms per step "
-          f"(median {statistics.median(late):.2f})")
-    print(f"  top what-if             {top['change']}: saves {top['saved_ms_per_step']:.2f} ms")
-    print(f"  predicted               {top['predicted_step_ms']:8.2f} ms per step")
-    print(f"  measured, no straggle   {measured:8.2f} ms per step "
-          f"(median {statistics.median(even):.2f})")
-    print(f"  error                   {error:+8.1f} %  (aim: within +-20 %)")
-    for answer in result["what_if"][1:4]:
-        print(f"  next: {answer['change']}: saves {answer['saved_ms_per_step']:.2f} ms")
+def matching(answers: list[dict], kind: str, change: str | None) -> dict | None:
+    """The answer of `kind` (largest saving first) whose change is `change`, if given."""
+    return next((a for a in answers if a["kind"] == kind
+                 and (change is None or a["change"] == change)), None)
+
+
+def pair(name: str, steps: int, cost: str, tmp: Path) -> dict:
+    """One pair of runs: with the cost (its matching what-if) and without it."""
+    workload, flag, _, options, kind, change = EXPERIMENTS[name]
+    late_dir = traced(tmp / "late", steps, workload, options, [flag, cost])
+    result = open_run(str(late_dir)).report.critical
+    analysed = set(int(s) for s in result["critical_path_steps"]["step"])
+    late = step_times(late_dir, analysed)
+    even = step_times(traced(tmp / "even", steps, workload, options, []), analysed)
+    answer = matching(result["what_if"], kind,
+                      change and change.format(rank=cost.split(":")[0]))
+    return {"steps": len(analysed), "late": statistics.mean(late),
+            "measured": statistics.mean(even), "answer": answer, "answers": result["what_if"]}
+
+
+def accuracy(name: str, steps: int, cost: str | None, repeats: int) -> dict:
+    """One experiment side by side, `repeats` pairs of runs; the medians over the pairs."""
+    workload, flag, default, _, kind, _ = EXPERIMENTS[name]
+    cost = cost or default
+    print(f"accuracy ({name}): {workload} --steps {steps} {flag} {cost}, 2 ranks; per pair: "
+          f"with the cost, predicted, measured without it (ms per step), error")
+    pairs = []
+    for number in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            found = pair(name, steps, cost, Path(tmp))
+        answer = found["answer"]
+        if answer is None:
+            print(f"  {number + 1}: {found['late']:.2f}, no {kind} answer ("
+                  + "; ".join(f"{a['change']} {a['saved_ms_per_step']:.2f}"
+                              for a in found["answers"][:3]) + f"), {found['measured']:.2f}")
+            continue
+        found["predicted"] = answer["predicted_step_ms"]
+        found["error_pct"] = 100.0 * (found["predicted"] - found["measured"]) / found["measured"]
+        pairs.append(found)
+        print(f"  {number + 1}: {found['late']:.2f}, {found['predicted']:.2f} "
+              f"({answer['change']}, {found['steps']} steps), {found['measured']:.2f}, "
+              f"{found['error_pct']:+.1f}%")
+    if not pairs:
+        return {"experiment": name, "predicted": None, "measured": None}
+    predicted = statistics.median(p["predicted"] for p in pairs)
+    measured = statistics.median(p["measured"] for p in pairs)
+    error = 100.0 * (predicted - measured) / measured
+    print(f"  median of {len(pairs)}: predicted {predicted:.2f}, measured {measured:.2f}, "
+          f"error {error:+.1f}% (aim: within +-20%)")
+    return {"experiment": name, "predicted": predicted, "measured": measured,
+            "error_pct": error}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--straggle", default="1:25")
+    parser.add_argument("--experiment", nargs="+", choices=sorted(EXPERIMENTS),
+                        default=["ddp-straggle"])
+    parser.add_argument("--cost", metavar="RANK:MS",
+                        help="the injected cost (default: each experiment's own)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="pairs of runs per experiment; the medians over them are compared")
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument("--speed-steps", type=int, default=1000)
     parser.add_argument("--speed-ranks", type=int, default=8)
     args = parser.parse_args()
     speed(args.speed_steps, args.speed_ranks)
     if not args.speed_only:
-        accuracy(args.steps, args.straggle)
+        results = [accuracy(name, args.steps, args.cost, args.repeats)
+                   for name in args.experiment]
+        print("summary: experiment, predicted ms, measured ms, error % (medians over pairs)")
+        for row in results:
+            if row["predicted"] is None:
+                print(f"  {row['experiment']}: no answer")
+                continue
+            print(f"  {row['experiment']}, {row['predicted']:.2f}, {row['measured']:.2f}, "
+                  f"{row['error_pct']:+.1f}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ private in-memory store, so no MASTER_ADDR/MASTER_PORT is needed.
 """
 
 import argparse
+import functools
 import gc
 import os
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 NUM_CLASSES = 10
 SILENT_RANK_EXIT_DELAY_S = 30.0
@@ -79,8 +80,19 @@ class SyntheticDataset(Dataset):
 
 def make_loader(dataset: Dataset, batch_size: int, args, device: torch.device, sampler=None):
     # Fixed order (no shuffle): the data is random already and tests replay it exactly.
+    slow = getattr(args, "slow_data", None)
+    collate = (functools.partial(_slow_collate, slow[1] / 1e3)
+               if slow is not None and slow[0] in (None, env_rank()) else None)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
-                      num_workers=args.num_workers, pin_memory=device.type == "cuda")
+                      num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                      collate_fn=collate)
+
+
+def _slow_collate(seconds: float, samples):
+    """--slow-data: the batch is collated after a sleep, inside the loader's __next__ (with
+    --num-workers 0 on the training thread, as slow storage or decoding would be)."""
+    time.sleep(seconds)
+    return default_collate(samples)
 
 
 def env_rank() -> int:
@@ -175,12 +187,30 @@ def busy_wait(ms: float) -> None:
         pass
 
 
+def _slow_data(text: str):
+    """Parses RANK:MS or all:MS (``--slow-data all:20``): (rank, or None for all, ms)."""
+    rank, _, value = text.partition(":")
+    try:
+        parsed = (None if rank == "all" else int(rank), float(value))
+    except ValueError:
+        parsed = None
+    if parsed is None or (parsed[0] or 0) < 0 or not parsed[1] > 0:
+        raise argparse.ArgumentTypeError(f"must be RANK:MS or all:MS, got {text}")
+    return parsed
+
+
+_slow_data.__name__ = "RANK:MS"
+
+
 def add_fault_flags(parser: argparse.ArgumentParser) -> None:
     """Faults a distributed workload can inject on one rank, to see how a trace shows them."""
     faults = parser.add_argument_group("faults (RANK is the global rank, STEP counts from 1)")
     faults.add_argument("--straggle", type=rank_and(float, "MS"), metavar="RANK:MS",
                         help="RANK spends MS ms of host time in a busy loop before the forward "
                              "pass of every step; every rank then logs its step times")
+    faults.add_argument("--slow-data", type=_slow_data, metavar="RANK:MS",
+                        help="RANK's DataLoader (every rank's with all:MS) sleeps MS ms in each "
+                             "batch it loads, inside the loader's __next__")
     faults.add_argument("--hang", type=rank_and(int, "STEP"), metavar="RANK:STEP",
                         help="RANK sleeps forever at the start of STEP")
     faults.add_argument("--mismatch", type=rank_and(int, "STEP"), metavar="RANK:STEP",

@@ -16,8 +16,8 @@ are whole on every rank.
 
 Without WORLD_SIZE in the environment it runs as a 1-rank world (a 1-device mesh).
 
-Faults for trying the tracer and the analysis: --straggle RANK:MS, --hang RANK:STEP,
---mismatch RANK:STEP, --crash RANK:STEP and --pg-timeout-s S (see --help).
+Faults for trying the tracer and the analysis: --straggle RANK:MS, --slow-data RANK:MS,
+--hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and --pg-timeout-s S (see --help).
 
     torchrun --nproc-per-node 2 workloads/model_parallel.py --steps 20
 """

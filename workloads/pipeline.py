@@ -19,8 +19,8 @@ with the full model's parameter names (blocks.2.fc1.weight, head.weight on the l
 
 A single rank (no WORLD_SIZE, or --nproc-per-node 1) runs a one-stage pipeline.
 
-Faults for trying the tracer and the analysis: --straggle RANK:MS, --hang RANK:STEP,
---mismatch RANK:STEP, --crash RANK:STEP and --pg-timeout-s S (see --help).
+Faults for trying the tracer and the analysis: --straggle RANK:MS, --slow-data RANK:MS,
+--hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and --pg-timeout-s S (see --help).
 
     torchrun --nproc-per-node 2 workloads/pipeline.py --steps 20 --schedule 1f1b --microbatches 4
 """

@@ -15,7 +15,7 @@ from analysis.crossrank.clock import clock_table, to_common_clock
 from analysis.crossrank.culprit import STRAGGLER_COLUMNS, find_stragglers
 from analysis.crossrank.frames import run_frames
 from analysis.crossrank.matching import match_ops
-from analysis.crossrank.pipeline import PIPELINE_COLUMNS, pipeline_bubbles
+from analysis.crossrank.pipeline import PIPELINE_COLUMNS, pipeline_bubbles, schedule_of
 from analysis.crossrank.waits import op_bandwidth, op_waits, rank_step_waits, transfer_bandwidth
 from analysis.rank import pipeline_schedule
 
@@ -25,7 +25,9 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
             microbatches: int | None = None, virtual_stages: int = 1,
             reference: int = 0, trace_ranks: frozenset = frozenset()) -> dict:
     """{"clock", "ops", "waits", "bandwidth", "stragglers", "mismatches", "pipeline",
-    "notes", "failed"}; `trace_ranks`: the ranks whose ops come from their Kineto trace alone.
+    "pipeline_schedule", "notes", "failed"}; `trace_ranks`: the ranks whose ops come from their
+    Kineto trace alone. `pipeline_schedule` is the pipeline's stages, microbatches, virtual
+    stages and theoretical bubble (crossrank.pipeline.schedule_of), None without p2p ops.
 
     `notes` are what the pass saw but cannot tell for sure (a rank last in every clean step, in
     too few steps to rule out chance): a list of rows shaped as findings with "kind" "note",
@@ -49,6 +51,7 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
         "mismatches": mismatches,
         "pipeline": _alone("pipeline", failed, PIPELINE_COLUMNS,
                            lambda: pipeline_bubbles(waits, work, microbatches, virtual_stages)),
+        "pipeline_schedule": schedule_of(waits, microbatches, virtual_stages),
         "failed": failed,
     }
     result["notes"] = cross_findings.too_few_steps(result)
@@ -77,6 +80,7 @@ def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None =
         for name in ("ops", "steps"):
             frames[name] = frames[name][frames[name]["step"].isin(steps)].reset_index(drop=True)
     has_p2p = frames["ops"]["op"].isin(P2P_OPS).any()
+    schedule = None
     if has_p2p and (microbatches is None or virtual_stages is None):
         schedule = pipeline_schedule.detect(run.ranks)
         microbatches = microbatches or schedule.microbatches
@@ -86,4 +90,9 @@ def cross_rank(run, work: pd.DataFrame | None = None, microbatches: int | None =
                      trace_ranks=frames["trace_ranks"])
     result["kineto_shift_ns"] = frames["kineto_shift"]
     result["steps"] = frames["steps"]
+    if result["pipeline_schedule"] is not None and schedule is not None:
+        # What the trace's spans tell of the schedule ("gpipe", "interleaved", "looped", None
+        # for a schedule that opens none, such as 1F1B), and whether its backward is split.
+        result["pipeline_schedule"].update(kind=schedule.kind,
+                                           split_backward=schedule.split_backward)
     return result

@@ -10,7 +10,7 @@ work between a rank's ops), `transfer` (an op's end after its last member arrive
 member that waited is not its instance's binding predecessor.
 
     crossrank.critical_path.analyse(cross, steps) -> {"critical_path": frame,
-        "critical_path_steps": frame, "what_if": list}
+        "critical_path_steps": frame, "critical_path_segments": frame, "what_if": list}
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.crossrank import step_graph, what_if
+from analysis.crossrank import step_graph, what_if, what_if_idle, what_if_pipeline
 from analysis.crossrank.grouped import group_starts
 from analysis.crossrank.step_graph import (
     ARRIVAL,
@@ -32,6 +32,7 @@ from analysis.crossrank.step_graph import (
 
 PATH_COLUMNS = ["step", "rank", "category", "ms"]
 PATH_STEP_COLUMNS = ["step", "path_ms", "end_rank", "start_rank", "step_ms"]
+SEGMENT_COLUMNS = ["step", "rank", "category", "start_ns", "end_ns"]
 CATEGORIES = ("compute", "transfer", "queued", "clock")
 
 
@@ -72,9 +73,9 @@ def category_of(graph: StepGraph, nodes: np.ndarray) -> np.ndarray:
     return category
 
 
-def trace_paths(graph: StepGraph) -> tuple[pd.DataFrame, pd.DataFrame]:
+def trace_paths(graph: StepGraph) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(path rows: step, rank, category, ms; per step: path_ms, end_rank, start_rank, step_ms
-    of the rank that ends it)."""
+    of the rank that ends it; the path's segments in time order: path_segments)."""
     chosen = binding_predecessors(graph)
     current = path_end_nodes(graph)
     ends = current.copy()
@@ -84,6 +85,9 @@ def trace_paths(graph: StepGraph) -> tuple[pd.DataFrame, pd.DataFrame]:
         previous = chosen[current]
         current = previous[previous >= 0]
     nodes = np.concatenate(visited) if visited else np.zeros(0, dtype=np.int64)
+    back = (np.concatenate([np.full(len(v), k) for k, v in enumerate(visited)]) if visited
+            else np.zeros(0, dtype=np.int64))
+    segments = path_segments(graph, nodes, back)
     on_path = nodes[graph.duration[nodes] != 0]
     rows = pd.DataFrame({"step": graph.step[on_path], "rank": graph.rank[on_path],
                          "category": category_of(graph, on_path),
@@ -98,7 +102,28 @@ def trace_paths(graph: StepGraph) -> tuple[pd.DataFrame, pd.DataFrame]:
         "end_rank": graph.rank[ends], "start_rank": graph.rank[starts],
         "step_ms": (steps["end_ns"].to_numpy("int64")[end_row]
                     - steps["start_ns"].to_numpy("int64")[end_row]) / 1e6})
-    return path.astype({"step": "int64", "rank": "int64", "ms": "float64"}), summary
+    return path.astype({"step": "int64", "rank": "int64", "ms": "float64"}), summary, segments
+
+
+def path_segments(graph: StepGraph, nodes: np.ndarray, back: np.ndarray) -> pd.DataFrame:
+    """The path's nodes of positive duration as stretches of time, [time - duration, time) on
+    the common clock, in time order per step, consecutive ones of one rank and category joined:
+    step, rank, category, start_ns, end_ns. Negative (clock) time has no stretch."""
+    kept = graph.duration[nodes] > 0
+    nodes, back = nodes[kept], back[kept]
+    step = graph.step[nodes]
+    order = np.lexsort((-back, step))
+    nodes, step = nodes[order], step[order]
+    rank, category = graph.rank[nodes], category_of(graph, nodes)
+    end = graph.time[nodes]
+    start = end - graph.duration[nodes]
+    new = group_starts(step, rank, category)
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(nodes)) - 1
+    return pd.DataFrame({"step": step[first], "rank": rank[first], "category": category[first],
+                         "start_ns": start[first], "end_ns": end[last]},
+                        columns=SEGMENT_COLUMNS).astype(
+        {"step": "int64", "rank": "int64", "start_ns": "int64", "end_ns": "int64"})
 
 
 def _path_starts(graph: StepGraph, chosen: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -112,16 +137,21 @@ def _path_starts(graph: StepGraph, chosen: np.ndarray, ends: np.ndarray) -> np.n
 
 
 def analyse(cross: dict, steps: pd.DataFrame | None = None,
-            busbw_gbps: float | None = None) -> dict:
+            busbw_gbps: float | None = None, idle_gaps: pd.DataFrame | None = None,
+            profiled: pd.DataFrame | None = None) -> dict:
     """The critical path and what-if answers of a cross-rank result (analysis.crossrank's
-    `ops` and `clock`); `steps`: each rank's steps (rank, step, start_ns, end_ns, own clock;
-    default cross["steps"]); `busbw_gbps`: also answer "each collective at this bus
-    bandwidth"."""
+    `ops`, `clock`, `pipeline_schedule` and `kineto_shift_ns`); `steps`: each rank's steps
+    (rank, step, start_ns, end_ns, own clock; default cross["steps"]); `busbw_gbps`: also
+    answer "each collective at this bus bandwidth"; `idle_gaps`: the ranks' idle gaps
+    (analysis.rank.idle: rank, step, start_ns, end_ns on each rank's Kineto clock,
+    host_activity), for "no gaps of this cause"; `profiled`: the (rank, step) rows whose gaps
+    are known (default: those the gaps have)."""
     steps = cross.get("steps") if steps is None else steps
     ops = cross.get("ops")
     if ops is None or steps is None or ops.empty or steps.empty:
         return {"critical_path": pd.DataFrame(columns=PATH_COLUMNS),
-                "critical_path_steps": pd.DataFrame(columns=PATH_STEP_COLUMNS), "what_if": []}
+                "critical_path_steps": pd.DataFrame(columns=PATH_STEP_COLUMNS),
+                "critical_path_segments": pd.DataFrame(columns=SEGMENT_COLUMNS), "what_if": []}
     if "timed" in ops.columns and not ops["timed"].all():
         # An op timed at issue only (gloo's Flight Recorder entries) cannot have ended before its
         # last member arrived: that is its end here, with no transfer (docs/critical-path.md).
@@ -129,9 +159,18 @@ def analyse(cross: dict, steps: pd.DataFrame | None = None,
         ops = ops.assign(end_ns=ops["end_ns"].where(
             ~untimed, ops[["end_ns", "last_arrival_ns"]].max(axis=1)))
     graph = step_graph.build(ops, step_graph.steps_on_common_clock(steps, cross["clock"]))
-    path, summary = trace_paths(graph)
+    path, summary, segments = trace_paths(graph)
+    schedule = cross.get("pipeline_schedule")
+    gaps = what_if_idle.gaps_on_common_clock(idle_gaps, cross["clock"],
+                                             cross.get("kineto_shift_ns"))
+    more = (what_if_pipeline.bubble_changes(graph, schedule)
+            + what_if_idle.idle_changes(graph, gaps, profiled))
+    answers = what_if.answers(graph, busbw_gbps, more)
+    if len(graph.steps):
+        answers = what_if.ordered(answers + what_if_pipeline.microbatch_answers(
+            graph, schedule, answers, what_if.measured_step_ms(graph)))
     return {"critical_path": path, "critical_path_steps": summary,
-            "what_if": what_if.answers(graph, busbw_gbps)}
+            "critical_path_segments": segments, "what_if": answers}
 
 
 def to_json(result: dict) -> dict:

@@ -33,6 +33,20 @@ def microbatches_of(waits: pd.DataFrame) -> int | None:
     return int(np.median(last.groupby("step").size()))
 
 
+def schedule_of(waits: pd.DataFrame, microbatches: int | None = None,
+                virtual_stages: int = 1) -> dict | None:
+    """The pipeline's shape as the bubbles read it: stages p (the ranks with matched p2p ops),
+    microbatches m (given, else microbatches_of), virtual stages v and the theoretical bubble
+    (p-1)/(v*m+p-1) in %; None without p2p ops. m and the bubble are None where unknown."""
+    p2p = waits[waits["op"].isin(P2P_OPS)]
+    if p2p.empty:
+        return None
+    stages = int(p2p["rank"].nunique())
+    m = microbatches or microbatches_of(p2p)
+    return {"stages": stages, "microbatches": m, "virtual_stages": int(virtual_stages),
+            "theory_bubble_pct": theory_bubble_pct(stages, m, virtual_stages) if m else None}
+
+
 def _transfer_time(p2p: pd.DataFrame, per: pd.DataFrame) -> pd.Series:
     """Per rank: the union of its p2p transfer intervals [end - transfer, end) in each step, at
     most the step's time. Summing would count twice the sends that gloo stamps complete only

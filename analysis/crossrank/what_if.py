@@ -4,14 +4,18 @@ ends compared (docs/critical-path.md).
 - `rank_on_time`: rank R's host work before each of its issues set to the median of the other
   members' work before the same instance (where that is shorter);
 - `transfer_overlapped`: a collective's transfer (op, group, size bucket) set to 0;
-- `transfer_at_busbw`: that transfer at a given bus bandwidth (where that is shorter).
+- `transfer_at_busbw`: that transfer at a given bus bandwidth (where that is shorter);
+- the pipeline's (what_if_pipeline) and the idle gaps' (what_if_idle) changes, passed in.
 
-saved_ms_per_step = the mean over analysed steps of (latest step end measured - latest step end
-predicted); predicted_step_ms = the mean measured step time (every rank and analysed step) -
-saved_ms_per_step. Every change is propagated at once, one column per change.
+saved_ms_per_step = the mean over analysed steps (a change's own steps where it names them) of
+(latest step end measured - latest step end predicted); predicted_step_ms = the mean measured
+step time (every rank and analysed step) - saved_ms_per_step. Every change is propagated at
+once, one column per change.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -30,7 +34,17 @@ IGNORED = ("contention for cores, memory bandwidth or links, caches and clock er
            "ranks are not modelled")
 
 
-def _nodes_of_ops(graph: StepGraph, kind: int) -> np.ndarray:
+@dataclass
+class Change:
+    """One what-if question: its row (change, kind, ranks, assumptions), every node's duration
+    under it, and the analysed steps its saving is measured over (None: all of them)."""
+
+    about: dict
+    duration: np.ndarray
+    steps: np.ndarray | None = None
+
+
+def nodes_of_ops(graph: StepGraph, kind: int) -> np.ndarray:
     """The node of `kind` (ISSUE or END_OF_OP) of each row of graph.ops."""
     nodes = np.flatnonzero(graph.kind == kind)
     return nodes[np.argsort(graph.op_row[nodes], kind="stable")]
@@ -40,7 +54,7 @@ def rank_on_time(graph: StepGraph, rank: int, duration: np.ndarray) -> np.ndarra
     """Durations with `rank`'s work before each collective it issues at most the other
     members' median before the same instance (p2p ops are left alone: pipeline stages do
     different work)."""
-    issues = _nodes_of_ops(graph, ISSUE)
+    issues = nodes_of_ops(graph, ISSUE)
     ops = graph.ops
     work = pd.DataFrame({"instance": ops["instance"].to_numpy(), "rank": ops["rank"].to_numpy(),
                          "work": duration[issues]})
@@ -63,7 +77,7 @@ def _groups(ops: pd.DataFrame) -> pd.Series:
 def transfer_changed(graph: StepGraph, rows: np.ndarray, duration: np.ndarray,
                      busbw_gbps: float | None = None) -> np.ndarray:
     """Durations with the transfer of ops `rows` at 0, or at `busbw_gbps` (where shorter)."""
-    ends = _nodes_of_ops(graph, END_OF_OP)[rows]
+    ends = nodes_of_ops(graph, END_OF_OP)[rows]
     changed = duration.copy()
     if busbw_gbps is None:
         changed[ends] = np.minimum(duration[ends], 0)
@@ -76,7 +90,7 @@ def transfer_changed(graph: StepGraph, rows: np.ndarray, duration: np.ndarray,
     return changed
 
 
-def _changes(graph: StepGraph, busbw_gbps: float | None) -> list[tuple[dict, np.ndarray]]:
+def _changes(graph: StepGraph, busbw_gbps: float | None) -> list[Change]:
     ops, duration = graph.ops, graph.duration
     changes = []
     caused = ops.groupby("last_rank")["wait_ns"].sum()
@@ -84,7 +98,7 @@ def _changes(graph: StepGraph, busbw_gbps: float | None) -> list[tuple[dict, np.
         shortened = rank_on_time(graph, int(rank), duration)
         if np.array_equal(shortened, duration):  # no work of its to shorten
             continue
-        changes.append(({
+        changes.append(Change({
             "change": f"rank {rank} on time", "kind": "rank_on_time", "ranks": [int(rank)],
             "assumptions": f"rank {rank}'s host work before each op it issues set to the median "
                            f"of the other members' before the same op, where shorter; the "
@@ -95,14 +109,14 @@ def _changes(graph: StepGraph, busbw_gbps: float | None) -> list[tuple[dict, np.
     for name in moved[moved > 0].sort_values(ascending=False).index[:MOST_CHANGES]:
         rows = np.flatnonzero(group == name)
         ranks = sorted(int(r) for r in ops["rank"].iloc[rows].unique())
-        changes.append(({
+        changes.append(Change({
             "change": f"{name} transfer overlapped", "kind": "transfer_overlapped",
             "ranks": ranks,
             "assumptions": "the transfer of every such op (its end after its last member "
                            "arrived) hidden under compute, its waits unchanged; " + IGNORED},
             transfer_changed(graph, rows, duration)))
         if busbw_gbps:
-            changes.append(({
+            changes.append(Change({
                 "change": f"{name} at {busbw_gbps:g} GB/s busbw", "kind": "transfer_at_busbw",
                 "ranks": ranks,
                 "assumptions": f"the transfer of every such op at bytes x bus factor / "
@@ -120,19 +134,37 @@ def step_ends(graph: StepGraph, times: np.ndarray) -> np.ndarray:
     return latest
 
 
-def answers(graph: StepGraph, busbw_gbps: float | None = None) -> list[dict]:
-    """Every change's saving and predicted step time, largest saving first."""
-    changes = _changes(graph, busbw_gbps)
+def measured_step_ms(graph: StepGraph) -> float:
+    """The mean measured step time of every rank and analysed step, ms."""
+    steps = graph.steps
+    return float((steps["end_ns"] - steps["start_ns"]).mean()) / 1e6
+
+
+def answers(graph: StepGraph, busbw_gbps: float | None = None,
+            more: list[Change] | tuple = ()) -> list[dict]:
+    """Every change's saving and predicted step time, largest saving first: the rank and
+    transfer changes, then `more` (the pipeline's and idle gaps' changes)."""
+    changes = _changes(graph, busbw_gbps) + list(more)
     if not changes:
         return []
-    durations = np.column_stack([graph.duration] + [d for _, d in changes])
+    durations = np.column_stack([graph.duration] + [c.duration for c in changes])
     latest = step_ends(graph, propagate(graph, durations))
-    saved = (latest[:, :1] - latest[:, 1:]).mean(axis=0) / 1e6
-    steps = graph.steps
-    measured = float((steps["end_ns"] - steps["start_ns"]).mean()) / 1e6
-    rows = [{**{k: v for k, v in about.items() if k != "assumptions"},
-             "saved_ms_per_step": round(float(s), 3),
-             "predicted_step_ms": round(measured - float(s), 3),
-             "assumptions": about["assumptions"]} for (about, _), s in zip(changes, saved)]
+    saved_per_step = (latest[:, :1] - latest[:, 1:]) / 1e6
+    numbers = np.unique(graph.step[graph.step_ends])
+    measured = measured_step_ms(graph)
+    rows = []
+    for j, change in enumerate(changes):
+        kept = np.ones(len(numbers), dtype=bool) if change.steps is None else np.isin(
+            numbers, change.steps)
+        saved = float(saved_per_step[kept, j].mean()) if kept.any() else 0.0
+        rows.append({**{k: v for k, v in change.about.items() if k != "assumptions"},
+                     "saved_ms_per_step": round(saved, 3),
+                     "predicted_step_ms": round(measured - saved, 3),
+                     "assumptions": change.about["assumptions"]})
+    return ordered(rows)
+
+
+def ordered(rows: list[dict]) -> list[dict]:
+    """Answers largest saving first (stable), each with WHAT_IF_KEYS in order."""
     order = sorted(range(len(rows)), key=lambda i: -rows[i]["saved_ms_per_step"])
     return [{k: rows[i][k] for k in WHAT_IF_KEYS} for i in order]

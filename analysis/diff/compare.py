@@ -1,6 +1,6 @@
 """Comparing two sides (analysis.diff.side) table by table: verdict, categories, operators and
-kernels, collectives, memory and samples, findings, pipeline bubbles; ranks matched by their
-role (docs/diff.md). Pure: frames in, frames out."""
+kernels, collectives, memory and samples, findings, pipeline bubbles, the critical path and
+whether it moved; ranks matched by their role (docs/diff.md). Pure: frames in, frames out."""
 
 from __future__ import annotations
 
@@ -198,6 +198,55 @@ def pipeline_deltas(a: pd.DataFrame, b: pd.DataFrame, role_a: dict, role_b: dict
     return _long(_by_role(a, role_a), _by_role(b, role_b), metrics, "metric")
 
 
+def critical_path_deltas(a: pd.DataFrame, b: pd.DataFrame, role_a: dict, role_b: dict
+                         ) -> pd.DataFrame:
+    """role, category, a, b, delta: the critical path's mean ms per analysed step
+    (diff_side.critical_path) by role and category, a role of several ranks their sum (the
+    path's time on any of them), 0 where a side's path does not pass (missing where a side has
+    no path); the largest first by the larger side."""
+    columns = ["role", "category", "a", "b", "delta"]
+    sides = []
+    for frame, role_of in ((a, role_a), (b, role_b)):
+        frame = frame[frame["rank"].isin(role_of.keys())]
+        sides.append(frame.assign(role=frame["rank"].map(role_of)).groupby(
+            ["role", "category"], sort=False)["ms"].sum())
+    table = pd.concat(sides, axis=1, keys=["a", "b"]) if any(len(s) for s in sides) else None
+    if table is None or table.empty:
+        return pd.DataFrame(columns=columns)
+    table = table.astype("float64").reset_index()
+    for side, values in zip(("a", "b"), sides):
+        if len(values):
+            table[side] = table[side].fillna(0.0)
+    table["delta"] = table["b"] - table["a"]
+    larger = table[["a", "b"]].max(axis=1)
+    order = larger.sort_values(ascending=False, kind="stable").index
+    return table.loc[order, columns].reset_index(drop=True)
+
+
+def critical_path_line(table: pd.DataFrame) -> str | None:
+    """Whether the critical path moved: its largest part (role and category, mean ms per
+    analysed step) in A against B's. "the critical path moved from rank 1 compute (39.00 ms
+    per step) to rank 0 transfer (12.00 ms per step)", or "stayed on ..."; None where neither
+    side has a path, and a line saying which side lacks one where one does."""
+    if table is None or table.empty:
+        return None
+    tops = []
+    for side in ("a", "b"):
+        known = table[side].dropna()
+        tops.append(table.loc[known.idxmax()] if len(known) else None)
+    top_a, top_b = tops
+    if top_a is None or top_b is None:
+        lacking = "A" if top_a is None else "B"
+        return f"the critical path is not known in {lacking}: nothing to compare it with"
+    where_a = f"{top_a['role']} {top_a['category']}"
+    where_b = f"{top_b['role']} {top_b['category']}"
+    if where_a == where_b:
+        return (f"the critical path stayed on {where_a} ({top_a['a']:.2f} \u2192 {top_b['b']:.2f} "
+                f"ms per step)")
+    return (f"the critical path moved from {where_a} ({top_a['a']:.2f} ms per step in A) to "
+            f"{where_b} ({top_b['b']:.2f} ms per step in B)")
+
+
 def compare(a: diff_side.Side, b: diff_side.Side, seed: int = diff_stats.DEFAULT_SEED,
             resamples: int = diff_stats.DEFAULT_RESAMPLES, top: int = TOP_OPS,
             noise_floor_pct: float = diff_stats.DEFAULT_NOISE_FLOOR_PCT) -> dict:
@@ -211,6 +260,8 @@ def compare(a: diff_side.Side, b: diff_side.Side, seed: int = diff_stats.DEFAULT
                                          seed, resamples, noise_floor_pct)
     ops_a, ops_b = diff_side.operators(a), diff_side.operators(b)
     comm_a, comm_b = diff_side.collectives(a), diff_side.collectives(b)
+    path = critical_path_deltas(diff_side.critical_path(a), diff_side.critical_path(b),
+                                role_a, role_b)
     return {
         "change": change, "verdict": diff_stats.verdict_text(change),
         "coverage": diff_stats.coverage_text(change),
@@ -224,5 +275,7 @@ def compare(a: diff_side.Side, b: diff_side.Side, seed: int = diff_stats.DEFAULT
         "findings": finding_changes(diff_side.findings(a), diff_side.findings(b)),
         "pipeline": pipeline_deltas(diff_side.pipeline(a), diff_side.pipeline(b),
                                     role_a, role_b),
+        "critical_path": path,
+        "critical_path_line": critical_path_line(path),
         "problems": [*a.problems, *b.problems],
     }

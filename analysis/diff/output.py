@@ -21,8 +21,12 @@ CHANGE_KEYS = ["median_a_ms", "median_b_ms", "change_pct", "ci_low_pct", "ci_hig
                "runs_a", "runs_b"]
 # (section, heading, the role/item columns, units of a/b/delta)
 LONG_SECTIONS = [("categories", "Where each step's time goes, mean ms per step", "category"),
+                 ("critical_path", "The critical path by rank and category, mean ms per "
+                                   "analysed step", "category"),
                  ("resources", "Memory peaks and device-sample averages", "metric"),
                  ("pipeline", "Pipeline bubbles, % of step time", "metric")]
+# The sections whose values are ms per step (their CSV metric "ms", JSON keys a_ms, ...)
+MS_SECTIONS = ("categories", "critical_path")
 
 
 def document(result: dict, a, b, steps_spec: str | None) -> dict:
@@ -40,6 +44,8 @@ def document(result: dict, a, b, steps_spec: str | None) -> dict:
                     **{k: plain(result["change"][k]) for k in CHANGE_KEYS}},
         "layout_note": layout["note"],
         "categories": records(_renamed(result["categories"], "_ms")),
+        "critical_path": records(_renamed(result["critical_path"], "_ms")),
+        "critical_path_line": result["critical_path_line"],
         "operators": records(result["operators"]),
         "collectives": records(result["collectives"]),
         "resources": records(result["resources"]),
@@ -62,7 +68,7 @@ def csv_text(result: dict) -> str:
     for section, _, item in LONG_SECTIONS:
         for row in result[section].to_dict("records"):
             rows.append({"section": section, "role": row["role"], "item": row[item],
-                         "metric": "ms" if section == "categories" else row[item], "a": row["a"],
+                         "metric": "ms" if section in MS_SECTIONS else row[item], "a": row["a"],
                          "b": row["b"], "delta": row["delta"]})
     for row in result["operators"].to_dict("records"):
         for metric in ("calls", "self_ms", "total_ms"):
@@ -120,6 +126,8 @@ def text_report(result: dict, a, b) -> str:
              f"Verdict: {result['verdict']}", f"  ({result['coverage']})"]
     if result["layout"]["note"]:
         lines.append(f"Ranks: {result['layout']['note']}")
+    if result.get("critical_path_line"):
+        lines.append(f"Critical path: {result['critical_path_line']}")
     out = "\n".join(lines) + "\n"
     long_columns = {"role": "role", "a": "A", "b": "B", "delta": "B - A"}
     for section, heading, item in LONG_SECTIONS:
@@ -162,6 +170,8 @@ def html_page(result: dict, a, b) -> str:
              f"<p>{esc(result['coverage'])}</p>"]
     if result["layout"]["note"]:
         parts.append(f"<p>{esc(result['layout']['note'])}</p>")
+    if result.get("critical_path_line"):
+        parts.append(f"<p>Critical path: {esc(result['critical_path_line'])}</p>")
     long_columns = {"a": "A", "b": "B", "delta": "B \u2212 A"}
     for section, heading, item in LONG_SECTIONS:
         parts.append(f"<h2>{esc(heading)}</h2>" + _html_table(

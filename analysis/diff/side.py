@@ -238,6 +238,24 @@ def pipeline(side: Side) -> pd.DataFrame:
     return frame.groupby("rank", sort=True)[columns[1:]].mean().reset_index()
 
 
+def critical_path(side: Side) -> pd.DataFrame:
+    """rank, category, ms: the critical path's time by rank and category (analysis.crossrank.
+    critical_path) summed over the analysed steps of every run of the side and divided by their
+    number, the mean ms per analysed step; empty where no run has a path."""
+    parts, steps = [], 0
+    for run in side.runs:
+        critical = run.critical
+        if critical is None or critical["critical_path_steps"].empty:
+            continue
+        steps += len(critical["critical_path_steps"])
+        parts.append(critical["critical_path"][["rank", "category", "ms"]])
+    if not parts:
+        return pd.DataFrame(columns=["rank", "category", "ms"])
+    frame = pd.concat(parts, ignore_index=True)
+    summed = frame.groupby(["rank", "category"], sort=True)["ms"].sum() / steps
+    return summed.reset_index()
+
+
 def layout(side: Side) -> dict:
     """world_size, ranks, kind ("pipeline" or "data/tensor parallel"), stages of the first run."""
     run = side.runs[0]

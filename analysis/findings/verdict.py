@@ -78,20 +78,38 @@ def _waits_line(per_step, findings: pd.DataFrame, cross_rank: dict | None, alone
 def what_if_line(what_if: list | None, steps: int | None = None) -> str | None:
     """The top what-if answer (docs/critical-path.md) in words: "if rank 1 were on time: 15.20
     ms per step instead of 41.00 (-63%)", with the number of steps its means are over where
-    given; None without an answer that saves at least MIN_WAIT_MS per step."""
-    if not what_if:
+    given; None without an answer that saves at least MIN_WAIT_MS per step. An estimate that
+    is not propagated on the graph (the pipeline with more microbatches) is not quoted."""
+    answers = [w for w in what_if or [] if w.get("kind") not in ESTIMATES]
+    if not answers:
         return None
-    top = what_if[0]
+    top = answers[0]
     saved, predicted = top.get("saved_ms_per_step"), top.get("predicted_step_ms")
     if saved is None or predicted is None or not saved >= MIN_WAIT_MS:
         return None
     measured = predicted + saved
-    change = (f"rank {top['ranks'][0]} were on time"
-              if top.get("kind") == "rank_on_time" and top.get("ranks") else top["change"])
+    change = _conditional(top)
     share = f" ({-saved / measured * 100:+.0f}%)" if measured > 0 else ""
     over = f" over the {steps} steps of the critical path" if steps else " by the critical path"
     return (f"if {change}: {predicted:.2f} ms per step instead of {measured:.2f}{share}"
             f"{over} (docs/critical-path.md).")
+
+
+# What-if kinds the verdict does not quote: estimates from a formula, not the graph.
+ESTIMATES = ("pipeline_microbatches",)
+
+
+def _conditional(answer: dict) -> str:
+    """The change as the clause of "if ...": "rank 1 were on time", "the pipeline bubble were
+    at its theoretical 20.0% (...)", "there were no data loading gaps on rank 1"."""
+    kind, change = answer.get("kind"), answer["change"]
+    if kind == "rank_on_time" and answer.get("ranks"):
+        return f"rank {answer['ranks'][0]} were on time"
+    if kind == "pipeline_bubble_theoretical" and change.startswith("pipeline bubble at"):
+        return "the pipeline bubble were at" + change[len("pipeline bubble at"):]
+    if kind == "idle_cause_removed":
+        return f"there were {change}"
+    return change
 
 
 def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,

@@ -21,6 +21,10 @@ LANE_SPACING = 1000
 STEPS_TID = 1 * LANE_SPACING
 COLLECTIVES_TID = 2 * LANE_SPACING
 FIRST_TRACE_TID = 3 * LANE_SPACING
+# The critical path's own process (docs/critical-path.md): one track, drawn above the ranks.
+CRITICAL_PATH_PROCESS = "critical path (all ranks)"
+CRITICAL_PATH_TRACK = "critical path"
+CRITICAL_PATH_TID = 1
 # Counter tracks from the device samples: (field, track name, scale)
 SAMPLE_COUNTERS = (
     ("sm_util_pct", "GPU SM util %", 1.0),
@@ -200,3 +204,26 @@ def flows(ops: pd.DataFrame, tid_of_row: dict, origin_ns: int) -> list[dict]:
                            "ts": float(us(w_at, origin_ns)), "id": flow_id, "name": label,
                            "cat": "waited for"})
     return events
+
+
+def critical_path_events(segments: pd.DataFrame, pid: int, origin_ns: int) -> list[dict]:
+    """The critical path as one process `critical path (all ranks)` with one track: an X event
+    per segment (crossrank.critical_path's critical_path_segments: step, rank, category,
+    start_ns, end_ns on the common clock), named "rank R category", its step, rank, category
+    and ms in its arguments; sorted before every rank. Segments that overlap (clock error
+    between ranks) go to extra tracks as any track's do."""
+    if segments is None or segments.empty:
+        return []
+    frame = pd.DataFrame({
+        "name": [f"rank {int(r)} {c}" for r, c in zip(segments["rank"], segments["category"])],
+        "cat": "critical path", "ts_ns": segments["start_ns"].to_numpy("int64"),
+        "end_ns": segments["end_ns"].to_numpy("int64"),
+        "args": [{"step": int(s), "rank": int(r), "category": c, "ms": round((e - b) / 1e6, 3)}
+                 for s, r, c, b, e in zip(segments["step"], segments["rank"],
+                                          segments["category"], segments["start_ns"],
+                                          segments["end_ns"])]})
+    names = {CRITICAL_PATH_TID: CRITICAL_PATH_TRACK}
+    events, extra, _ = slices(frame, pid, origin_ns, np.full(len(frame), CRITICAL_PATH_TID),
+                              names)
+    tracks = [(CRITICAL_PATH_TID, CRITICAL_PATH_TRACK, 0), *extra]
+    return events + metadata(pid, CRITICAL_PATH_PROCESS, -1, tracks)

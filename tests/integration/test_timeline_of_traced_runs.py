@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from analysis.ingest.load import load_path
+from analysis.report import timeline_events as te
 from analysis.report.timeline_events import assign_lanes
 from analysis.timeline import gather, main, window_steps
 from helpers.launch import DATA
@@ -94,7 +95,9 @@ def structural_problems(document: dict) -> list[str]:
             problems.append(f"flow {flow_id}: only {sorted(ends)}")
     pids = {e["pid"] for e in events}
     for pid in pids:
-        if pid not in named or sorted_.get(pid) != pid:
+        # the ranks in their order; the critical path's own process above them
+        place = -1 if named.get(pid) == te.CRITICAL_PATH_PROCESS else pid
+        if pid not in named or sorted_.get(pid) != place:
             problems.append(f"process {pid}: not named or not sorted by rank")
     return problems
 
@@ -115,7 +118,11 @@ def test_traced_runs_give_a_valid_timeline_of_every_rank(runs, name, tmp_path):
     names = {e["pid"]: e["args"]["name"] for e in document["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}
     host = socket.gethostname()
+    # the critical path's own process, numbered after the ranks, with a slice per segment
+    assert names.pop(world) == te.CRITICAL_PATH_PROCESS
     assert names == {r: f"rank {r} ({host})" for r in range(world)}
+    on_path = [e for e in document["traceEvents"] if e.get("cat") == "critical path"]
+    assert on_path and {e["pid"] for e in on_path} == {world}
     by_phase = defaultdict(int)
     for event in document["traceEvents"]:
         by_phase[event["ph"]] += 1
@@ -186,6 +193,7 @@ def test_real_gpu_traces_give_a_valid_timeline(folder, tmp_path):
     ranks = sorted(t.rank for t in run.ranks if t.rank is not None)
     names = {e["pid"]: e["args"]["name"] for e in document["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names.pop(max(ranks) + 1, te.CRITICAL_PATH_PROCESS) == te.CRITICAL_PATH_PROCESS
     assert names == {r: f"rank {r}" for r in ranks}
     streams = [e["args"]["name"] for e in document["traceEvents"]
                if e["ph"] == "M" and e["name"] == "thread_name"]

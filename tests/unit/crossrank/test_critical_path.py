@@ -117,6 +117,28 @@ def test_an_op_ending_after_the_next_issue_does_not_hold_that_issue():
                              (1, "transfer"): 2.0}
 
 
+def test_the_paths_segments_run_in_time_order_with_one_slice_per_rank_and_category():
+    result = critical_path.analyse(*late_rank_run(steps=(1,)))
+    segments = result["critical_path_segments"]
+    assert list(segments.columns) == critical_path.SEGMENT_COLUMNS
+    # rank 1: 35 ms of work from its step start at 100 ms, 2 ms transfer, 4 ms to its step end
+    assert segments[["rank", "category", "start_ns", "end_ns"]].values.tolist() == [
+        [1, "compute", STEP, STEP + 35 * MS], [1, "transfer", STEP + 35 * MS, STEP + 37 * MS],
+        [1, "compute", STEP + 37 * MS, STEP + 41 * MS]]
+
+
+def test_segments_of_two_ranks_join_consecutive_nodes_of_one_rank_and_category():
+    result = critical_path.analyse(*chain_run())
+    segments = result["critical_path_segments"]
+    # rank 2's 30 ms, the transfer of a on rank 1 (its end is rank 1's), rank 1's 3 ms, the
+    # transfer of b on rank 0 and rank 0's 2 ms to its step end
+    assert segments[["rank", "category"]].values.tolist() == [
+        [2, "compute"], [1, "transfer"], [1, "compute"], [0, "transfer"], [0, "compute"]]
+    assert ((segments["end_ns"] - segments["start_ns"]) / MS).tolist() == [30, 2, 3, 2, 2]
+    assert (segments["start_ns"].iloc[1:].to_numpy() == segments["end_ns"].iloc[:-1]
+            .to_numpy()).all()
+
+
 def test_the_path_json_lists_each_rank_and_category_per_step():
     result = critical_path.analyse(*late_rank_run(steps=(1,)))
     document = critical_path.to_json(result)

@@ -305,7 +305,7 @@ def test_the_html_page_escapes_every_name():
     result = {
         "verdict": "no significant change", "coverage": "c",
         "layout": {"note": None, "a": {}, "b": {}}, "problems": ["<b>bad</b>"],
-        "categories": empty, "resources": empty, "pipeline": empty,
+        "categories": empty, "resources": empty, "pipeline": empty, "critical_path": empty,
         "operators": pd.DataFrame({"kind": ["op"], "key": ["<script>alert(1)</script>"],
                                    "calls_a": [1.0], "calls_b": [1.0], "self_ms_a": [1.0],
                                    "self_ms_b": [2.0], "self_ms_delta": [1.0]}),

@@ -152,3 +152,18 @@ def test_a_transfer_what_if_is_quoted_by_its_change_and_a_negligible_one_not_at_
     assert what_if_line([]) is None
     table, colls, result = late_rank_1(steps=12)
     assert run_verdict(table, None, None, result)["what_if"] is None
+
+
+def test_the_verdict_quotes_a_pipeline_or_idle_answer_as_a_condition_but_no_estimate():
+    estimate = _answer("pipeline with 8 microbatches instead of 4 (bubble 11.1% instead of "
+                       "20.0%)", "pipeline_microbatches", [0, 1], 20.0, 10.0)
+    bubble = _answer("pipeline bubble at its theoretical 20.0% (2 stages, 4 microbatches)",
+                     "pipeline_bubble_theoretical", [1], 18.0, 12.0)
+    assert what_if_line([estimate, bubble], 3) == (
+        "if the pipeline bubble were at its theoretical 20.0% (2 stages, 4 microbatches): 12.00 "
+        "ms per step instead of 30.00 (-60%) over the 3 steps of the critical path "
+        "(docs/critical-path.md).")
+    loading = _answer("no data loading gaps on rank 1", "idle_cause_removed", [1], 20.0, 11.0)
+    assert what_if_line([loading]).startswith(
+        "if there were no data loading gaps on rank 1: 11.00 ms per step instead of 31.00")
+    assert what_if_line([estimate]) is None
