@@ -160,6 +160,9 @@ def analyse(cross: dict, steps: pd.DataFrame | None = None,
             ~untimed, ops[["end_ns", "last_arrival_ns"]].max(axis=1)))
     graph = step_graph.build(ops, step_graph.steps_on_common_clock(steps, cross["clock"]))
     path, summary, segments = trace_paths(graph)
+    # Each step's own path, from its ranks' starts; the what-ifs carry a change into the steps
+    # after it.
+    graph = step_graph.chained(graph)
     schedule = cross.get("pipeline_schedule")
     gaps = what_if_idle.gaps_on_common_clock(idle_gaps, cross["clock"],
                                              cross.get("kineto_shift_ns"))

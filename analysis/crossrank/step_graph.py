@@ -12,12 +12,13 @@ end F, its step end E; per matched instance one node L, its last arrival. Edges:
 
 Each node but S lasts `duration` = its measured time - the latest measured time of its
 predecessors, so that propagating the measured durations gives back every measured time.
-Shortening durations and propagating again answers what-if questions.
+Shortening durations and propagating again answers what-if questions, on the graph `chained`
+joins step to step (each rank's E to its next S).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -45,6 +46,9 @@ class StepGraph:
     level_starts: np.ndarray  # edges of level k: [level_starts[k], level_starts[k + 1])
     ops: pd.DataFrame      # the matched ops of the analysed steps, on the common clock
     steps: pd.DataFrame    # rank, step, start_ns, end_ns (common clock) of the analysed steps
+    # Each rank's step end joined to its next step's start (chained): a change in one step
+    # moves every later one
+    chained: bool = False
 
     @property
     def step_ends(self) -> np.ndarray:
@@ -124,6 +128,27 @@ def build(ops: pd.DataFrame, steps: pd.DataFrame) -> StepGraph:
     return StepGraph(time=time, duration=duration, kind=kind, rank=rank, step=step,
                      op_row=op_row, src=src, dst=dst, level_starts=level_starts, ops=ops,
                      steps=steps)
+
+
+def chained(graph: StepGraph) -> StepGraph:
+    """The graph with an edge from each rank's step end E to its start S of the next step
+    (step + 1, where analysed), whose duration is the time between them: what-if answers
+    then carry a step's change into the steps after it, as a rank that ends a step late starts
+    the next one late (docs/critical-path.md, "Steps in a row")."""
+    steps = graph.steps
+    rows = pd.MultiIndex.from_arrays([steps["rank"].to_numpy("int64"),
+                                      steps["step"].to_numpy("int64")])
+    following = rows.get_indexer(pd.MultiIndex.from_arrays(
+        [steps["rank"].to_numpy("int64"), steps["step"].to_numpy("int64") + 1]))
+    joined = np.flatnonzero(following >= 0)
+    starts, ends = graph.step_starts, graph.step_ends  # one of each per row of steps
+    src, dst = ends[joined], starts[following[joined]]
+    duration = graph.duration.copy()
+    duration[dst] = graph.time[dst] - graph.time[src]
+    src, dst, level_starts = _by_level(np.concatenate([graph.src, src]),
+                                       np.concatenate([graph.dst, dst]), len(graph.time))
+    return replace(graph, duration=duration, src=src, dst=dst, level_starts=level_starts,
+                   chained=True)
 
 
 def _host_chain(steps: pd.DataFrame, ops: pd.DataFrame, base_i: int, base_f: int):

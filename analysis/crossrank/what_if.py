@@ -2,15 +2,17 @@
 ends compared (docs/critical-path.md).
 
 - `rank_on_time`: rank R's host work before each of its issues set to the median of the other
-  members' work before the same instance (where that is shorter);
+  members' work before the same instance, and its work after its last op to its step's end to
+  the other ranks' median in that step (where that is shorter);
 - `transfer_overlapped`: a collective's transfer (op, group, size bucket) set to 0;
 - `transfer_at_busbw`: that transfer at a given bus bandwidth (where that is shorter);
 - the pipeline's (what_if_pipeline) and the idle gaps' (what_if_idle) changes, passed in.
 
 saved_ms_per_step = the mean over analysed steps (a change's own steps where it names them) of
-(latest step end measured - latest step end predicted); predicted_step_ms = the mean measured
-step time (every rank and analysed step) - saved_ms_per_step. Every change is propagated at
-once, one column per change.
+the step's own saving: (latest step end measured - latest step end predicted), less that of the
+step before where the graph is chained and the steps follow each other; predicted_step_ms = the
+mean measured step time (every rank and analysed step) - saved_ms_per_step. Every change is
+propagated at once, one column per change.
 """
 
 from __future__ import annotations
@@ -53,16 +55,30 @@ def nodes_of_ops(graph: StepGraph, kind: int) -> np.ndarray:
 def rank_on_time(graph: StepGraph, rank: int, duration: np.ndarray) -> np.ndarray:
     """Durations with `rank`'s work before each collective it issues at most the other
     members' median before the same instance (p2p ops are left alone: pipeline stages do
-    different work)."""
+    different work), and its work after its last op to the end of a step with a collective
+    of its at most the median of the other ranks' in that step."""
     issues = nodes_of_ops(graph, ISSUE)
     ops = graph.ops
+    collective = ~ops["op"].isin(P2P_OPS).to_numpy()
     work = pd.DataFrame({"instance": ops["instance"].to_numpy(), "rank": ops["rank"].to_numpy(),
                          "work": duration[issues]})
-    mine = (ops["rank"].to_numpy() == rank) & ~ops["op"].isin(P2P_OPS).to_numpy()
+    mine = (ops["rank"].to_numpy() == rank) & collective
     others = work[~mine].groupby("instance")["work"].median()
     median = work.loc[mine, "instance"].map(others).to_numpy(dtype="float64")
     changed = duration.copy()
     own = issues[mine]
+    shorter = np.isfinite(median) & (median < duration[own])
+    changed[own[shorter]] = np.rint(median[shorter]).astype(np.int64)
+    # The tail of its step: a rank that ends a step late starts the next late (on the chained
+    # graph, its peers then wait for it at the next step's first collective).
+    ends = graph.step_ends
+    tails = pd.DataFrame({"step": graph.step[ends], "rank": graph.rank[ends],
+                          "work": duration[ends]})
+    with_collective = set(ops.loc[mine, "step"].tolist())
+    own_tail = (tails["rank"].to_numpy() == rank) & tails["step"].isin(with_collective).to_numpy()
+    others = tails[tails["rank"].to_numpy() != rank].groupby("step")["work"].median()
+    median = tails.loc[own_tail, "step"].map(others).to_numpy(dtype="float64")
+    own = ends[own_tail]
     shorter = np.isfinite(median) & (median < duration[own])
     changed[own[shorter]] = np.rint(median[shorter]).astype(np.int64)
     return changed
@@ -101,9 +117,10 @@ def _changes(graph: StepGraph, busbw_gbps: float | None) -> list[Change]:
         changes.append(Change({
             "change": f"rank {rank} on time", "kind": "rank_on_time", "ranks": [int(rank)],
             "assumptions": f"rank {rank}'s host work before each op it issues set to the median "
-                           f"of the other members' before the same op, where shorter; the "
-                           f"rest of every rank's work, and every transfer, unchanged; "
-                           f"{IGNORED}"}, shortened))
+                           f"of the other members' before the same op, and its work after its "
+                           f"last op to its step's end to the other ranks' median, where "
+                           f"shorter; the rest of every rank's work, and every transfer, "
+                           f"unchanged; {IGNORED}"}, shortened))
     group = _groups(ops).to_numpy()
     moved = ops.assign(group=group).groupby("group")["transfer_ns"].sum()
     for name in moved[moved > 0].sort_values(ascending=False).index[:MOST_CHANGES]:
@@ -151,6 +168,10 @@ def answers(graph: StepGraph, busbw_gbps: float | None = None,
     latest = step_ends(graph, propagate(graph, durations))
     saved_per_step = (latest[:, :1] - latest[:, 1:]) / 1e6
     numbers = np.unique(graph.step[graph.step_ends])
+    if graph.chained:
+        # A step's own saving: its end moved less the move it took over from the step before.
+        follows = np.flatnonzero(np.diff(numbers) == 1) + 1
+        saved_per_step[follows] -= ((latest[:, :1] - latest[:, 1:]) / 1e6)[follows - 1]
     measured = measured_step_ms(graph)
     rows = []
     for j, change in enumerate(changes):

@@ -37,9 +37,13 @@ def test_the_late_rank_on_time_saves_its_lateness_every_step():
     by_change, answers = run(*late_rank(), world_size=2)
     on_time = by_change["rank 1 on time"]
     assert on_time["kind"] == "rank_on_time" and on_time["ranks"] == [1]
-    assert on_time["saved_ms_per_step"] == 25.0
-    # measured: (40 + 41) / 2 ms per step; predicted 25 ms less
-    assert on_time["predicted_step_ms"] == 15.5
+    # Step 1: its 25 ms late, and its 4 ms after the op at rank 0's 3: both end at 15 ms, not
+    # 41 (26 saved). Each later step starts that much earlier (the chained graph keeps each
+    # rank's 59 and 60 ms between steps) and saves its own 25: rank 0, starting 1 ms later,
+    # is then the last to arrive.
+    assert on_time["saved_ms_per_step"] == (26 + 25 + 25 + 25) / 4
+    # measured: (40 + 41) / 2 ms per step
+    assert on_time["predicted_step_ms"] == 40.5 - 25.25
     assert answers[0] is on_time  # largest saving first
     assert "rank 0 on time" not in by_change  # rank 0 made no one wait
 
@@ -53,7 +57,7 @@ def test_an_overlapped_transfer_saves_it_and_a_faster_link_saves_part_of_it():
     assert overlapped["predicted_step_ms"] == 38.5
     faster = by_change[f"{group} at 0.004096 GB/s busbw"]
     assert faster["kind"] == "transfer_at_busbw" and faster["saved_ms_per_step"] == 1.0
-    assert [a["saved_ms_per_step"] for a in answers] == [25.0, 2.0, 1.0]
+    assert [a["saved_ms_per_step"] for a in answers] == [25.25, 2.0, 1.0]
     assert all(list(a) == what_if.WHAT_IF_KEYS for a in answers)
 
 
@@ -78,12 +82,13 @@ def test_a_rank_late_only_because_it_waited_is_not_an_answer_the_first_rank_is()
 
 def test_the_median_of_the_other_members_sets_the_late_ranks_work():
     # four ranks work 10, 12, 20 and 40 ms before one all_reduce (2 ms): rank 3 on time works
-    # the median of 10, 12 and 20, 12 ms, and the last arrival becomes rank 2's at 20 ms
+    # the median of 10, 12 and 20, 12 ms, and the last arrival becomes rank 2's at 20 ms; its
+    # 2 ms after the op become the others' 1: every rank ends at 23 ms, not 44
     rows = [op(r, w * MS + STEP, 42 * MS + STEP, step=1, size=4)
             for r, w in enumerate((10, 12, 20, 40))]
     by_change, _ = run(rows, {0: 43, 1: 43, 2: 43, 3: 44}, [1], world_size=4)
-    assert by_change["rank 3 on time"]["saved_ms_per_step"] == 20.0
-    assert by_change["rank 3 on time"]["predicted_step_ms"] == 43.25 - 20.0
+    assert by_change["rank 3 on time"]["saved_ms_per_step"] == 21.0
+    assert by_change["rank 3 on time"]["predicted_step_ms"] == 43.25 - 21.0
     # only the last arriver made the others wait: no other rank is asked about
     assert [name for name in by_change if name.endswith("on time")] == ["rank 3 on time"]
 
@@ -99,7 +104,9 @@ def test_the_saving_is_the_mean_over_steps_of_the_latest_step_end():
     cross = cross_rank_pass(frame(stepped_rows), stepped, offsets, 2)
     answers = critical_path.analyse(cross, stepped)["what_if"]
     on_time = next(a for a in answers if a["change"] == "rank 1 on time")
-    assert on_time["saved_ms_per_step"] == pytest.approx((25 + 5) / 2)
+    # step 1 saves 25 + 1 (its 4 ms after the op at rank 0's 3); step 2 starts 26 ms earlier
+    # and saves its own 5, its last ms taken by rank 0, which starts 1 ms after rank 1
+    assert on_time["saved_ms_per_step"] == pytest.approx((26 + 5) / 2)
 
 
 def test_every_change_is_propagated_in_one_pass_per_column():
@@ -113,5 +120,5 @@ def test_every_change_is_propagated_in_one_pass_per_column():
     both = step_graph.propagate(graph, np.column_stack([graph.duration, shortened]))
     alone = step_graph.propagate(graph, shortened)
     assert np.array_equal(both[:, 1], alone[:, 0])
-    assert what_if.step_ends(graph, both).tolist() == [[STEP + 41 * MS, STEP + 16 * MS],
-                                                       [2 * STEP + 41 * MS, 2 * STEP + 16 * MS]]
+    assert what_if.step_ends(graph, both).tolist() == [[STEP + 41 * MS, STEP + 15 * MS],
+                                                       [2 * STEP + 41 * MS, 2 * STEP + 15 * MS]]
