@@ -13,6 +13,9 @@
    beside the predicted one, side by side in one run. The aim: within +-20%.
    - ddp-straggle: workloads/ddp.py --straggle 1:25 (busy host work before the forward), with
      the DDP bucket hook; the top what-if ("rank 1 on time");
+   - ddp-straggle-tail: workloads/ddp.py --straggle-tail 1:25 (busy host work before the
+     optimizer step: rank 1 ends each step late, the others wait at the next step's first
+     all-reduce); "rank 1 on time";
    - pipeline-straggle: workloads/pipeline.py --straggle 1:20 (a slow stage: host work before
      its step's schedule); "pipeline bubble at its theoretical ...";
    - slow-data: workloads/ddp.py --slow-data 1:20 (rank 1's DataLoader sleeps in each batch);
@@ -97,6 +100,8 @@ def speed(steps: int, ranks: int) -> None:
 EXPERIMENTS = {
     "ddp-straggle": ("workloads/ddp.py", "--straggle", "1:25", ["--ddp-bucket-hook"],
                      "rank_on_time", "rank {rank} on time"),
+    "ddp-straggle-tail": ("workloads/ddp.py", "--straggle-tail", "1:25", [],
+                          "rank_on_time", "rank {rank} on time"),
     "pipeline-straggle": ("workloads/pipeline.py", "--straggle", "1:20", [],
                           "pipeline_bubble_theoretical", None),
     "slow-data": ("workloads/ddp.py", "--slow-data", "1:20", [], "idle_cause_removed",

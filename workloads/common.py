@@ -208,6 +208,11 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
     faults.add_argument("--straggle", type=rank_and(float, "MS"), metavar="RANK:MS",
                         help="RANK spends MS ms of host time in a busy loop before the forward "
                              "pass of every step; every rank then logs its step times")
+    faults.add_argument("--straggle-tail", type=rank_and(float, "MS"), metavar="RANK:MS",
+                        help="RANK spends MS ms in a busy loop after its backward pass, before "
+                             "its optimizer step, in every step: it ends each step late, as a "
+                             "rank that logs or checkpoints there, and the others wait for it "
+                             "at the next step's first collective")
     faults.add_argument("--slow-data", type=_slow_data, metavar="RANK:MS",
                         help="RANK's DataLoader (every rank's with all:MS) sleeps MS ms in each "
                              "batch it loads, inside the loader's __next__")
@@ -228,7 +233,7 @@ CRASH_PAUSE_S = 2.0
 
 class Faults:
     """The fault flags of one rank: call ``before_forward(step)`` at the start of every step,
-    ``after_step(step)`` after its optimizer step."""
+    ``before_optimizer(step)`` before its optimizer step, ``after_step(step)`` after it."""
 
     def __init__(self, args, rank: int, device: torch.device):
         self.args, self.rank, self.device = args, rank, device
@@ -257,6 +262,11 @@ class Faults:
         straggle = getattr(self.args, "straggle", None)
         if straggle is not None and straggle[0] == self.rank:
             busy_wait(straggle[1])
+
+    def before_optimizer(self, step: int) -> None:
+        tail = getattr(self.args, "straggle_tail", None)
+        if tail is not None and tail[0] == self.rank:
+            busy_wait(tail[1])
 
     def after_step(self, step: int) -> None:
         if getattr(self.args, "straggle", None) is not None:

@@ -15,8 +15,9 @@ collective that is not part of DDP's traffic.
 
 Without WORLD_SIZE in the environment it runs as a 1-rank world.
 
-Faults for trying the tracer and the analysis: --straggle RANK:MS, --slow-data RANK:MS,
---hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and --pg-timeout-s S (see --help).
+Faults for trying the tracer and the analysis: --straggle RANK:MS, --straggle-tail RANK:MS,
+--slow-data RANK:MS, --hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and
+--pg-timeout-s S (see --help).
 
     torchrun --nproc-per-node 2 workloads/ddp.py --steps 20 --grad-accum 2 --amp
 """
@@ -84,6 +85,7 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
                     loss = F.cross_entropy(model(inputs), targets) / args.grad_accum
                 loss.backward()
             step_loss += loss.detach()
+        faults.before_optimizer(step)
         optimizer.step()
         losses.append(step_loss.item())
         log(f"step {step} loss {losses[-1]:.6f}")

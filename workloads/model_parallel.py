@@ -16,8 +16,9 @@ are whole on every rank.
 
 Without WORLD_SIZE in the environment it runs as a 1-rank world (a 1-device mesh).
 
-Faults for trying the tracer and the analysis: --straggle RANK:MS, --slow-data RANK:MS,
---hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and --pg-timeout-s S (see --help).
+Faults for trying the tracer and the analysis: --straggle RANK:MS, --straggle-tail RANK:MS,
+--slow-data RANK:MS, --hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and
+--pg-timeout-s S (see --help).
 
     torchrun --nproc-per-node 2 workloads/model_parallel.py --steps 20
 """
@@ -87,6 +88,7 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
             first_step = {"first_logits": logits.detach().cpu(),
                           "first_grads": {name: local_shard(p.grad).detach().cpu().clone()
                                           for name, p in model.named_parameters()}}
+        faults.before_optimizer(step)
         optimizer.step()
         losses.append(loss.item())
         log(f"step {step} loss {losses[-1]:.6f}")

@@ -19,8 +19,9 @@ with the full model's parameter names (blocks.2.fc1.weight, head.weight on the l
 
 A single rank (no WORLD_SIZE, or --nproc-per-node 1) runs a one-stage pipeline.
 
-Faults for trying the tracer and the analysis: --straggle RANK:MS, --slow-data RANK:MS,
---hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and --pg-timeout-s S (see --help).
+Faults for trying the tracer and the analysis: --straggle RANK:MS, --straggle-tail RANK:MS,
+--slow-data RANK:MS, --hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and
+--pg-timeout-s S (see --help).
 
     torchrun --nproc-per-node 2 workloads/pipeline.py --steps 20 --schedule 1f1b --microbatches 4
 """
@@ -110,6 +111,7 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
         else:
             schedule.step(*step_inputs)
         # The schedule already divided the gradients by the number of microbatches.
+        faults.before_optimizer(step)
         optimizer.step()
         if is_last:
             losses.append(torch.stack(microbatch_losses).mean().item())

@@ -15,8 +15,10 @@ def parse(*argv):
 
 
 def test_rank_and_value_flags_give_the_rank_and_the_number():
-    args = parse("--straggle", "1:25", "--hang", "0:3", "--slow-data", "1:20")
-    assert (args.straggle, args.hang, args.slow_data) == ((1, 25.0), (0, 3), (1, 20.0))
+    args = parse("--straggle", "1:25", "--hang", "0:3", "--slow-data", "1:20",
+                 "--straggle-tail", "0:5")
+    assert (args.straggle, args.hang, args.slow_data, args.straggle_tail) == (
+        (1, 25.0), (0, 3), (1, 20.0), (0, 5.0))
 
 
 def test_slow_data_on_every_rank_has_no_rank():
