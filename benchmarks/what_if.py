@@ -98,7 +98,7 @@ def speed(steps: int, ranks: int) -> None:
 # name: (workload, its fault flag, the default cost, tracer options, the what-if's kind, and
 # the change it must name, "{rank}" the injected rank; None: the top answer of the kind)
 EXPERIMENTS = {
-    "ddp-straggle": ("workloads/ddp.py", "--straggle", "1:25", ["--ddp-bucket-hook"],
+    "ddp-straggle": ("workloads/ddp.py", "--straggle", "1:25", [],
                      "rank_on_time", "rank {rank} on time"),
     "ddp-straggle-tail": ("workloads/ddp.py", "--straggle-tail", "1:25", [],
                           "rank_on_time", "rank {rank} on time"),
