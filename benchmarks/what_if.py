@@ -11,8 +11,8 @@
    the matching what-if from the loaded run, then the same command without the cost: its
    measured mean step time (rank{R}.steps.jsonl, the steps the what-if covered, every rank)
    beside the predicted one, side by side in one run. The aim: within +-20%.
-   - ddp-straggle: workloads/ddp.py --straggle 1:25 (busy host work before the forward), with
-     the DDP bucket hook; the top what-if ("rank 1 on time");
+   - ddp-straggle: workloads/ddp.py --straggle 1:25 (busy host work before the forward), the
+     tracer's default options; the top what-if ("rank 1 on time");
    - ddp-straggle-tail: workloads/ddp.py --straggle-tail 1:25 (busy host work before the
      optimizer step: rank 1 ends each step late, the others wait at the next step's first
      all-reduce); "rank 1 on time";
