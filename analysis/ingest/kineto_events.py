@@ -336,12 +336,11 @@ class EventColumns:
             args = events[i].args
             if args is not None:
                 self.comm.append((self.rows + int(i), self._comm_values(args)))
-        modelled = place_flags[places, 2] & name_flags[names, 2] & ~is_comm
-        for i in np.flatnonzero(modelled):
-            args = events[i].args
-            # An op without arguments keeps a text too: the FLOP count names what it lacks.
-            self.op_args.append((self.rows + int(i), _NO_ARGS if args is None
-                                 else self._op_args_text(args)))
+        modelled = np.flatnonzero(place_flags[places, 2] & name_flags[names, 2] & ~is_comm)
+        if len(modelled):
+            rows = (modelled + self.rows).tolist()
+            self.op_args += zip(rows, self._op_args_texts([events[i].args
+                                                           for i in modelled.tolist()]))
         for column, values in (("name", names), ("place", places), ("ts_ns", ts_ns),
                                ("dur_ns", dur_ns), ("stream", stream),
                                ("correlation", correlation), ("is_gpu", is_gpu),
@@ -384,17 +383,24 @@ class EventColumns:
                                 f"{value}, outside {low}..{high}{unit}); {then}")
         return problems + self.notes
 
-    def _op_args_text(self, args: _Args) -> str:
-        """OP_ARGS_COLUMN's text of one op's arguments, the same str for the same text (a step's
-        ops repeat their shapes). Joined from the Raw values' buffers, with no copy of each."""
-        dims, types, concrete, flops = (args.input_dims, args.input_type, args.concrete_inputs,
-                                        args.flops)
-        key = b",".join((dims if len(dims) else _NULL, types if len(types) else _NULL,
-                         concrete if len(concrete) else _NULL, flops if len(flops) else _NULL))
-        known = self._op_texts.get(key)
-        if known is None:
-            known = self._op_texts[key] = "[" + key.decode("utf-8", "replace") + "]"
-        return known
+    def _op_args_texts(self, arguments: list) -> list[str]:
+        """OP_ARGS_COLUMN's text of each op's arguments (None: the event has none, which the
+        FLOP count names too), the same str for the same text (a step's ops repeat their
+        shapes). Joined from the Raw values' buffers, with no copy of each; a loop of its own,
+        as it runs once per modelled op."""
+        known, join, null = self._op_texts, b",".join, _NULL
+        texts = []
+        for args in arguments:
+            if args is None:
+                texts.append(_NO_ARGS)
+                continue
+            key = join((args.input_dims or null, args.input_type or null,
+                        args.concrete_inputs or null, args.flops or null))
+            text = known.get(key)
+            if text is None:
+                text = known[key] = "[" + key.decode("utf-8", "replace") + "]"
+            texts.append(text)
+        return texts
 
     def _comm_values(self, args: _Args) -> tuple:
         """The comm columns (TEXT_COLUMNS then NUMBER_COLUMNS) of one event's arguments; a size

@@ -21,7 +21,7 @@ from analysis.core.limits import max_trace_bytes
 from analysis.ingest.parsed_trace import parse_trace
 
 OP_COLUMNS = ["name", "tid", "ts_ns", "end_ns", "flops", "input_dims", "input_type",
-              "concrete_inputs"]
+              "concrete_inputs", "args_key"]
 
 
 def _number(value) -> float:
@@ -45,8 +45,9 @@ def _decoded(text: str) -> tuple:
 def ops_of_events(events: pd.DataFrame) -> pd.DataFrame:
     """One row per host op of the events frame whose arguments the decoder kept: OP_COLUMNS,
     times in ns as in the events frame, `flops` NaN where the trace has none, the three other
-    arguments as decoded (lists) or None. Sorted by thread, start, and the longer first where two
-    start at the same time (an op before those nested in it)."""
+    arguments as decoded (lists) or None, and `args_key`, the same int for the ops of one name
+    and one argument text (their lists are the same objects). Sorted by thread, start, and the
+    longer first where two start at the same time (an op before those nested in it)."""
     texts = events[OP_ARGS_COLUMN].to_numpy(dtype=object) if len(events) else np.zeros(0, object)
     rows = np.flatnonzero(pd.notna(texts))
     codes, distinct = pd.factorize(texts[rows])
@@ -67,12 +68,14 @@ def ops_of_events(events: pd.DataFrame) -> pd.DataFrame:
 
     name_texts, name_codes = _texts_and_codes(events["name"], rows)
     flops = np.array([d[3] for d in decoded], dtype=np.float64)
+    args_key = pd.factorize(name_codes.astype(np.int64) * max(len(decoded), 1) + codes)[0]
     return pd.DataFrame({
         "name": pd.Series(name_texts[name_codes], dtype=object),
         "tid": pd.Series(tid_texts[tid_codes[order]], dtype=object),
         "ts_ns": ts_ns[order], "end_ns": end_ns[order],
         "flops": flops[codes] if len(rows) else np.zeros(0, dtype=np.float64),
         "input_dims": argument(0), "input_type": argument(1), "concrete_inputs": argument(2),
+        "args_key": args_key.astype(np.int64),
     }, columns=OP_COLUMNS)
 
 
@@ -90,6 +93,10 @@ def read_ops(paths: list[Path]) -> pd.DataFrame:
               for p in paths]
     if len(frames) == 1:
         return frames[0]
+    offset = 0
+    for frame in frames:  # one file's keys apart from another's
+        frame["args_key"] += offset
+        offset += int(frame["args_key"].max()) + 1 if len(frame) else 0
     return pd.concat(frames, ignore_index=True).sort_values(
         ["tid", "ts_ns", "end_ns"], ascending=[True, True, False], kind="stable",
         ignore_index=True)
