@@ -60,7 +60,21 @@ def _parser() -> argparse.ArgumentParser:
                         type=_regex,
                         help="device kernels whose name matches REGEX (searched, case-"
                              "sensitive) also count as communication; repeatable")
+    parser.add_argument("--peak-tflops", type=_positive, metavar="TFLOPS",
+                        help="the peak TFLOP/s that MFU and the roofline take for every rank "
+                             "(default: the one the tracer recorded, else the datasheet's for "
+                             "the device and the steps' dtype; docs/mfu.md)")
     return parser
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
 
 
 def _regex(text: str) -> re.Pattern:
@@ -123,7 +137,7 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
             where = run_dir if run_dir is not None else Path(args.paths[0])
             report = analyse_run(loaded, name=where.name or str(where), path=str(where),
                                  steps_spec=args.steps, hta_compatible=args.hta_compatible,
-                                 progress=progress)
+                                 progress=progress, peak_tflops=args.peak_tflops)
         for problem in report.problems:
             print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
         reports.append(report)

@@ -6,6 +6,7 @@ from analysis import open_run
 run = open_run("traces/20261129-220609-ddp", steps="3-5")
 run.per_step          # our breakdown and the per-step table, one row per (rank, step)
 run.per_rank, run.collectives, run.setup_collectives, run.idle_gaps, run.findings, run.problems
+run.mfu, run.roofline  # MFU per rank and step, the slowest ops against the roofline
 ```
 
 Each table is computed once, on first use; all are plain DataFrames (docs/analysis.md).
@@ -20,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import crossrank
-from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
+from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace, known_rank
 from analysis.core.steps import parse_step_spec
 from analysis.crossrank import critical_path
 from analysis.crossrank.report import with_transfer_bandwidth
@@ -29,10 +30,12 @@ from analysis.findings import bottlenecks, notes, stop, stop_traces, verdict
 from analysis.findings.captures import analysed_captures
 from analysis.ingest.captures import group_captures
 from analysis.ingest.load import load_path
+from analysis.rank import flops
 from analysis.rank import tables as ranks
 from analysis.rank.comm import ops as communication
 from analysis.rank.hta import hta_temporal_breakdown
 from analysis.rank.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
+from analysis.rank.roofline import with_roofline
 from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown, rank_totals
 from analysis.rank.summary import rank_tables
 from analysis.report import output
@@ -46,11 +49,71 @@ def _rank_table(trace: RankTrace, name: str, build: Callable[[RankTrace], pd.Dat
     return found if found is not None else build(trace.with_events())
 
 
+def flop_tables(trace: RankTrace) -> dict:
+    """The rank's "step_flops" and "op_roofline" (flops.rank_flops_tables): those its reduce
+    kept, else computed from its events."""
+    found = {name: trace.reduced.get(name) for name in ("step_flops", "op_roofline")}
+    if all(table is not None for table in found.values()):
+        return found
+    return flops.rank_flops_tables(trace.with_events())
+
+
+def mfu_of_run(traces: list[RankTrace], per_step: pd.DataFrame,
+               peak_tflops: float | None = None,
+               tables_of: Callable[[RankTrace], dict] = flop_tables) -> pd.DataFrame:
+    """flops.mfu_table of the run: each rank's step_flops (`tables_of`), `per_step` its profiled
+    breakdown rows with the communication split (split_communication), each rank's peak by
+    flops.rank_peak (`peak_tflops`, else its run_start's, else the datasheet's)."""
+    frames, peaks_of = [], {}
+    for trace in traces:
+        if not trace.has_trace:
+            continue
+        step_flops = tables_of(trace)["step_flops"]
+        frames.append(step_flops)
+        peaks_of[known_rank(trace)] = flops.rank_peak(trace, flops.rank_dtype(step_flops),
+                                                      peak_tflops)
+    every = (pd.concat(frames, ignore_index=True) if frames
+             else pd.DataFrame(columns=flops.STEP_FLOPS_COLUMNS))
+    return flops.mfu_table(every, per_step, peaks_of)
+
+
+ROOFLINE_OPS_PER_RANK = 10
+# The `roofline` table: roofline.with_roofline's columns, with the rank and its peak's source.
+ROOFLINE_COLUMNS = ["rank", "name", "kind", "dtype", "calls", "flops", "bytes", "time_ns",
+                    "time_from", "achieved_tflops", "achieved_gbps", "intensity", "peak_tflops",
+                    "peak_source", "peak_gbps", "ridge", "bound", "roofline_tflops",
+                    "pct_of_roofline"]
+
+
+def roofline_of_run(traces: list[RankTrace], peak_tflops: float | None = None,
+                    per_rank: int = ROOFLINE_OPS_PER_RANK,
+                    tables_of: Callable[[RankTrace], dict] = flop_tables) -> pd.DataFrame:
+    """Each rank's `per_rank` slowest op groups (name, kind, dtype; summed over its analysed
+    steps; `tables_of`) against its roofline: the rank's peak (as its MFU's) and the datasheet
+    bandwidth of its device where known (docs/mfu.md, "In the report")."""
+    frames = []
+    for trace in traces:
+        if not trace.has_trace:
+            continue
+        tables = tables_of(trace)
+        by_op = tables["op_roofline"].head(per_rank)
+        if not len(by_op):
+            continue
+        peak, source = flops.rank_peak(trace, flops.rank_dtype(tables["step_flops"]),
+                                       peak_tflops)
+        frames.append(with_roofline(by_op, peak, flops.rank_peak_gbps(trace))
+                      .assign(peak_source=source))
+    if not frames:
+        return pd.DataFrame(columns=ROOFLINE_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[ROOFLINE_COLUMNS]
+
+
 def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None = None,
-                hta_compatible: bool = False, progress: Progress | None = None
-                ) -> output.RunReport:
+                hta_compatible: bool = False, progress: Progress | None = None,
+                peak_tflops: float | None = None) -> output.RunReport:
     """All the tables for one loaded run: ours, then the communication, rank, cross-rank and
-    bottleneck analyses (analysis.rank.comm.ops, .ranks, .crossrank, .bottlenecks). A table that
+    bottleneck analyses (analysis.rank.comm.ops, .ranks, .crossrank, .bottlenecks), and MFU and
+    the roofline (analysis.rank.flops; `peak_tflops` overrides every rank's peak). A table that
     fails becomes a problem naming it, and the rest is still reported. `progress` shows the
     per-rank phases (analysis.report.progress)."""
     problems = list(loaded.problems)
@@ -89,6 +152,17 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     report.per_step = per_step = split_communication(
         per_step, cross["waits"] if cross is not None else None)
     report.totals = rank_totals(per_step)
+    # MFU of the profiled steps, whose waiting is the split's (docs/mfu.md); each rank's FLOPs
+    # found once for both tables.
+    found: dict = {}
+
+    def tables_of(trace: RankTrace) -> dict:
+        if id(trace) not in found:
+            found[id(trace)] = flop_tables(trace)
+        return found[id(trace)]
+
+    table("mfu", lambda: mfu_of_run(traces, per_step, peak_tflops, tables_of))
+    table("roofline", lambda: roofline_of_run(traces, peak_tflops, tables_of=tables_of))
     # The analysed steps: every recorded step (of --steps), the profiled ones with their
     # kernel-level split (docs/definitions.md, "Analysed steps").
     analysed = per_step
@@ -301,11 +375,13 @@ class Run:
     """One analysed run: its ranks, problems and every table as a DataFrame."""
 
     def __init__(self, loaded: LoadResult, name: str, path: str,
-                 steps_spec: str | None = None, hta_compatible: bool = False):
+                 steps_spec: str | None = None, hta_compatible: bool = False,
+                 peak_tflops: float | None = None):
         self.loaded = loaded
         self.name = name
         self.path = path
-        self._options = {"steps_spec": steps_spec, "hta_compatible": hta_compatible}
+        self._options = {"steps_spec": steps_spec, "hta_compatible": hta_compatible,
+                         "peak_tflops": peak_tflops}
 
     @cached_property
     def report(self) -> output.RunReport:
@@ -339,6 +415,10 @@ class Run:
                                                     "(set-up), grouped as the collectives are.")
     findings = _table("bottlenecks", "The bottleneck findings, largest share of step time first.")
     notes = _table("notes", "What the analysis could not tell (no share of step time).")
+    mfu = _table("mfu", "MFU per rank and profiled step, with the points it loses "
+                        "(docs/mfu.md).")
+    roofline = _table("roofline", "Each rank's slowest op groups against its roofline "
+                                  "(docs/mfu.md).")
     verdict = _part("verdict", "The verdict the report opens with (docs/report.md).")
     captures = _part("captures", "The capture windows (slow step or on demand), each with its "
                                  "steps' mean step, waits and late rank (docs/report.md).")
@@ -356,9 +436,11 @@ class Run:
 
 def open_run(path, steps: str | None = None, *, run: str | None = None,
              hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
-             comm_kernels: tuple = (), keep_events: bool = True) -> Run:
+             comm_kernels: tuple = (), keep_events: bool = True,
+             peak_tflops: float | None = None) -> Run:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, trace files),
-    with the options of the command line (`steps` as in --steps, e.g. "3-5,7");
+    with the options of the command line (`steps` as in --steps, e.g. "3-5,7"; `peak_tflops` as
+    --peak-tflops, every rank's peak for MFU);
     `keep_events=False` holds each rank's reduced results instead of its events, for runs of
     many ranks (docs/analysis.md, "Large runs and Dask"). Raises
     NothingToAnalyse when `path` holds no trace, ValueError for a bad `steps`."""
@@ -368,4 +450,4 @@ def open_run(path, steps: str | None = None, *, run: str | None = None,
     where = loaded.run_dir if loaded.run_dir is not None else Path(
         path[0] if isinstance(path, (list, tuple)) else path)
     return Run(loaded, name=where.name or str(where), path=str(where), steps_spec=steps,
-               hta_compatible=hta_compatible)
+               hta_compatible=hta_compatible, peak_tflops=peak_tflops)

@@ -15,10 +15,16 @@ import re
 EVENT_COLUMNS = [
     "name", "cat", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "stream", "correlation",
     "is_gpu", "is_comm", "collective", "in_nelems", "out_nelems", "comm_dtype", "group_size",
-    "pg_name", "pg_desc", "input_dims", "input_type",
+    "pg_name", "pg_desc", "input_dims", "input_type", "op_args",
 ]
 # The arguments of communication events: text (or None), and numbers (NaN where absent).
-TEXT_COLUMNS = ("collective", "comm_dtype", "pg_name", "pg_desc", "input_dims", "input_type")
+COMM_TEXT_COLUMNS = ("collective", "comm_dtype", "pg_name", "pg_desc", "input_dims",
+                     "input_type")
+# The arguments that the FLOP count reads, of the host ops the perf model knows
+# (analysis.core.op_names): the JSON text [Input Dims, Input type, Concrete Inputs, flops], each
+# null where the event has none; None on every other event.
+OP_ARGS_COLUMN = "op_args"
+TEXT_COLUMNS = (*COMM_TEXT_COLUMNS, OP_ARGS_COLUMN)
 NUMBER_COLUMNS = ("in_nelems", "out_nelems", "group_size")
 # The ProfilerStep spans of a trace: one row per step number.
 STEP_COLUMNS = ["step", "start_ns", "end_ns"]

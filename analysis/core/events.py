@@ -16,6 +16,7 @@ import pandas as pd
 from analysis.core.event_kinds import (  # noqa: F401  (re-exported)
     COMM_KERNEL_PATTERNS,
     COMM_KERNEL_RE,
+    COMM_TEXT_COLUMNS,
     CPU_OP_CAT,
     DATA_LOADING_RE,
     EVENT_COLUMNS,
@@ -30,6 +31,7 @@ from analysis.core.event_kinds import (  # noqa: F401  (re-exported)
     LEGACY_CATS,
     MEMORY_CATS,
     NUMBER_COLUMNS,
+    OP_ARGS_COLUMN,
     PROFILER_STEP_RE,
     PYTHON_CAT,
     RUNTIME_CATS,

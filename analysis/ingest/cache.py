@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from analysis.ingest.parse_ahead import DecodeAhead
 
 # Bump when the events frame or the cache layout changes: old cache files are then ignored.
-CACHE_FORMAT = 4
+CACHE_FORMAT = 5
 # The most a footer may hold (its schema, the steps and the problems): a larger one is not ours.
 MAX_FOOTER_BYTES = 64 << 20
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from analysis.core.event_kinds import (
     COMM_KERNEL_RE,
+    CPU_OP_CAT,
     GPU_CATS,
     HOST_COMM_RE,
     HOST_OP_CATS,
@@ -34,6 +35,7 @@ from analysis.core.limits import (
     outside,
     shown,
 )
+from analysis.core.op_names import is_modelled_op
 
 
 # ---- the typed decoder ---------------------------------------------------------------------------
@@ -49,9 +51,13 @@ class _Args(msgspec.Struct, gc=False):
     group_size: Any = msgspec.field(default=None, name="Group size")
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
-    # Raw: kept as undecoded JSON text, and only turned into a str for the few comm events.
+    # Raw: kept as undecoded JSON text, and only turned into a str for the few comm events and
+    # the host ops the perf model knows (analysis.core.op_names).
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""),
+                                                 name="Concrete Inputs")
+    flops: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""))
 
 
 class KinetoEvent(msgspec.Struct, gc=False):
@@ -246,26 +252,30 @@ class ValueCodes:
                            dtype=np.int32, count=n)
 
 
-# (comm kernel, host comm) of the names seen so far in this process: a worker reads many ranks
-# of the same program, and the kernel pattern is slow on long templated names.
-_FLAGS_OF_NAME: dict[str, tuple[bool, bool]] = {}
+# (comm kernel, host comm, modelled op) of the names seen so far in this process: a worker reads
+# many ranks of the same program, and the kernel pattern is slow on long templated names.
+_FLAGS_OF_NAME: dict[str, tuple[bool, bool, bool]] = {}
 _FLAGS_OF_NAME_MAX = 1 << 16
 
 
-def _name_flags(name: str) -> tuple[bool, bool]:
+def _name_flags(name: str) -> tuple[bool, bool, bool]:
     flags = _FLAGS_OF_NAME.get(name)
     if flags is None:
         if len(_FLAGS_OF_NAME) >= _FLAGS_OF_NAME_MAX:
             _FLAGS_OF_NAME.clear()
         flags = _FLAGS_OF_NAME[name] = (bool(COMM_KERNEL_RE.search(name)),
-                                        bool(HOST_COMM_RE.match(name)))
+                                        bool(HOST_COMM_RE.match(name)), is_modelled_op(name))
     return flags
 
 
-def _place_flags(place: tuple) -> tuple[bool, bool]:
-    """(device work, host op) of a (cat, pid, tid) place."""
+def _place_flags(place: tuple) -> tuple[bool, bool, bool]:
+    """(device work, host op, cpu_op) of a (cat, pid, tid) place."""
     cat = normal_cat(place[0])
-    return cat in GPU_CATS, cat in HOST_OP_CATS
+    return cat in GPU_CATS, cat in HOST_OP_CATS, cat == CPU_OP_CAT
+
+
+_NULL = b"null"  # an argument the event does not have, in OP_ARGS_COLUMN's text
+_NO_ARGS = "[null,null,null,null]"  # OP_ARGS_COLUMN's text of an op without arguments
 
 
 class EventColumns:
@@ -278,6 +288,9 @@ class EventColumns:
         self.parts: dict[str, list[np.ndarray]] = {c: [] for c in (
             "name", "place", "ts_ns", "dur_ns", "stream", "correlation", "is_gpu", "is_comm")}
         self.comm: list[tuple] = []  # (row, comm column values) of communication events
+        # (row, op_args text) of the host ops the perf model knows; each distinct text once
+        self.op_args: list[tuple[int, str]] = []
+        self._op_texts: dict[bytes, str] = {}
         self.rows = 0
         self.bad = {"ts": 0, "dur": 0}
         # Per field (_RANGES): [events out of range, the first such value as read].
@@ -287,7 +300,8 @@ class EventColumns:
         self.rank: int | None = None
         self.notes: list[str] = []
         self.float_timestamps = False
-        self._flags = {"name": [], "place": []}  # per code: (comm kernel, host comm) / (gpu, host)
+        # per code: (comm kernel, host comm, modelled op) / (gpu, host, cpu_op)
+        self._flags = {"name": [], "place": []}
 
     def add(self, chunk: list[KinetoEvent]) -> None:
         # HTA's pandas frame gets float64 timestamps when any event's ts is a float (or missing).
@@ -322,6 +336,11 @@ class EventColumns:
             args = events[i].args
             if args is not None:
                 self.comm.append((self.rows + int(i), self._comm_values(args)))
+        modelled = np.flatnonzero(place_flags[places, 2] & name_flags[names, 2] & ~is_comm)
+        if len(modelled):
+            rows = (modelled + self.rows).tolist()
+            self.op_args += zip(rows, self._op_args_texts([events[i].args
+                                                           for i in modelled.tolist()]))
         for column, values in (("name", names), ("place", places), ("ts_ns", ts_ns),
                                ("dur_ns", dur_ns), ("stream", stream),
                                ("correlation", correlation), ("is_gpu", is_gpu),
@@ -343,12 +362,12 @@ class EventColumns:
         return ns, far
 
     def _lookup(self, kind: str, codes: ValueCodes, flags_of) -> np.ndarray:
-        """(code -> two flags) for every code so far, computed once per distinct value."""
+        """(code -> three flags) for every code so far, computed once per distinct value."""
         known = self._flags[kind]
         values = list(codes.codes_of)
         for value in values[len(known):]:
             known.append(flags_of(codes.text(value)))
-        return np.array(known, dtype=bool).reshape(len(known), 2)
+        return np.array(known, dtype=bool).reshape(len(known), 3)
 
     def problems(self, path: Path) -> list[str]:
         where = f"{path}: rank {self.rank}" if self.rank is not None else str(path)
@@ -363,6 +382,25 @@ class EventColumns:
                 problems.append(f"{where}: {count} events have '{field}' out of range (first "
                                 f"{value}, outside {low}..{high}{unit}); {then}")
         return problems + self.notes
+
+    def _op_args_texts(self, arguments: list) -> list[str]:
+        """OP_ARGS_COLUMN's text of each op's arguments (None: the event has none, which the
+        FLOP count names too), the same str for the same text (a step's ops repeat their
+        shapes). Joined from the Raw values' buffers, with no copy of each; a loop of its own,
+        as it runs once per modelled op."""
+        known, join, null = self._op_texts, b",".join, _NULL
+        texts = []
+        for args in arguments:
+            if args is None:
+                texts.append(_NO_ARGS)
+                continue
+            key = join((args.input_dims or null, args.input_type or null,
+                        args.concrete_inputs or null, args.flops or null))
+            text = known.get(key)
+            if text is None:
+                text = known[key] = "[" + key.decode("utf-8", "replace") + "]"
+            texts.append(text)
+        return texts
 
     def _comm_values(self, args: _Args) -> tuple:
         """The comm columns (TEXT_COLUMNS then NUMBER_COLUMNS) of one event's arguments; a size

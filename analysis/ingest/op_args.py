@@ -2,50 +2,26 @@
 `flops` (where the trace has it), `Input Dims`, `Input type` and `Concrete Inputs` (recorded
 with record_shapes).
 
-The events frame (analysis.core.frames) keeps these arguments for communication events only, so
-they are read here, from the rank's trace file(s) again, only when FLOPs are asked for.
+The trace decoder keeps these arguments, for the ops the perf model knows only, in the events
+frame's `op_args` column (analysis.core.event_kinds): they are read from there, with no second
+read of the trace file, and each distinct text is decoded once.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
-from typing import Any
 
-import msgspec
 import numpy as np
 import pandas as pd
 
-from analysis.core.event_kinds import CPU_OP_CAT, normal_cat
+from analysis.core.event_kinds import OP_ARGS_COLUMN
 from analysis.core.limits import max_trace_bytes
-from analysis.ingest.kineto import read_trace_bytes
+from analysis.ingest.parsed_trace import parse_trace
 
 OP_COLUMNS = ["name", "tid", "ts_ns", "end_ns", "flops", "input_dims", "input_type",
-              "concrete_inputs"]
-
-
-class _OpArgs(msgspec.Struct, gc=False):
-    flops: Any = None
-    input_dims: Any = msgspec.field(default=None, name="Input Dims")
-    input_type: Any = msgspec.field(default=None, name="Input type")
-    concrete_inputs: Any = msgspec.field(default=None, name="Concrete Inputs")
-
-
-class _OpEvent(msgspec.Struct, gc=False):
-    name: Any = None
-    cat: Any = None
-    ph: Any = None
-    ts: Any = None
-    dur: Any = None
-    tid: Any = None
-    args: _OpArgs | None = None
-
-
-class _OpDocument(msgspec.Struct, gc=False):
-    traceEvents: list[_OpEvent] | None = None
-
-
-_DECODER = msgspec.json.Decoder(_OpDocument)
+              "concrete_inputs", "args_key"]
 
 
 def _number(value) -> float:
@@ -55,41 +31,72 @@ def _number(value) -> float:
     return number if math.isfinite(number) and number >= 0 else math.nan
 
 
+def _decoded(text: str) -> tuple:
+    """(input_dims, input_type, concrete_inputs, flops) of one op_args text: a list or None
+    each, and the flops a number or NaN."""
+    try:
+        dims, types, concrete, flops = json.loads(text)
+    except (ValueError, TypeError):
+        return None, None, None, math.nan
+    return (dims if isinstance(dims, list) else None, types if isinstance(types, list) else None,
+            concrete if isinstance(concrete, list) else None, _number(flops))
+
+
+def ops_of_events(events: pd.DataFrame) -> pd.DataFrame:
+    """One row per host op of the events frame whose arguments the decoder kept: OP_COLUMNS,
+    times in ns as in the events frame, `flops` NaN where the trace has none, the three other
+    arguments as decoded (lists) or None, and `args_key`, the same int for the ops of one name
+    and one argument text (their lists are the same objects). Sorted by thread, start, and the
+    longer first where two start at the same time (an op before those nested in it)."""
+    texts = events[OP_ARGS_COLUMN].to_numpy(dtype=object) if len(events) else np.zeros(0, object)
+    rows = np.flatnonzero(pd.notna(texts))
+    codes, distinct = pd.factorize(texts[rows])
+    decoded = [_decoded(t) for t in distinct]
+    tid_texts, tid_codes = _texts_and_codes(events["tid"], rows)
+    ts_ns = events["ts_ns"].to_numpy()[rows].astype(np.int64)
+    end_ns = events["end_ns"].to_numpy()[rows].astype(np.int64)
+    # By thread (as text), start, and the longer first; stable: in file order otherwise.
+    order = np.lexsort((-end_ns, ts_ns, np.argsort(np.argsort(tid_texts, kind="stable"),
+                                                   kind="stable")[tid_codes]))
+    rows, codes = rows[order], codes[order]
+
+    def argument(i: int) -> pd.Series:
+        values = np.empty(len(decoded), dtype=object)
+        values[:] = [d[i] for d in decoded]
+        return pd.Series(values[codes] if len(rows) else np.zeros(0, dtype=object),
+                         dtype=object)
+
+    name_texts, name_codes = _texts_and_codes(events["name"], rows)
+    flops = np.array([d[3] for d in decoded], dtype=np.float64)
+    args_key = pd.factorize(name_codes.astype(np.int64) * max(len(decoded), 1) + codes)[0]
+    return pd.DataFrame({
+        "name": pd.Series(name_texts[name_codes], dtype=object),
+        "tid": pd.Series(tid_texts[tid_codes[order]], dtype=object),
+        "ts_ns": ts_ns[order], "end_ns": end_ns[order],
+        "flops": flops[codes] if len(rows) else np.zeros(0, dtype=np.float64),
+        "input_dims": argument(0), "input_type": argument(1), "concrete_inputs": argument(2),
+        "args_key": args_key.astype(np.int64),
+    }, columns=OP_COLUMNS)
+
+
+def _texts_and_codes(column: pd.Series, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a categorical column's categories as str objects, each converted once; the codes of
+    its values at `rows`)."""
+    values = column.array
+    texts = np.array([str(c) for c in values.categories], dtype=object)
+    return texts, values.codes[rows].astype(np.intp)
+
+
 def read_ops(paths: list[Path]) -> pd.DataFrame:
-    """One row per complete cpu_op event of the files: OP_COLUMNS, times in ns as in the
-    events frame, `flops` NaN where the trace has none, the two shape arguments as decoded
-    (lists) or None."""
-    rows: dict[str, list] = {c: [] for c in OP_COLUMNS}
-    for path in paths:
-        document = _DECODER.decode(read_trace_bytes(Path(path), max_trace_bytes()))
-        for e in document.traceEvents or ():
-            if e.ph != "X" or normal_cat(e.cat) != CPU_OP_CAT:
-                continue
-            ts, dur = _number(e.ts), _number(e.dur)
-            if ts != ts or dur != dur:
-                continue
-            args = e.args
-            rows["name"].append(str(e.name))
-            rows["tid"].append(str(e.tid))
-            rows["ts_ns"].append(round(ts * 1000))
-            rows["end_ns"].append(round((ts + dur) * 1000))
-            rows["flops"].append(math.nan if args is None else _number(args.flops))
-            dims = None if args is None else args.input_dims
-            types = None if args is None else args.input_type
-            rows["input_dims"].append(dims if isinstance(dims, list) else None)
-            rows["input_type"].append(types if isinstance(types, list) else None)
-            concrete = None if args is None else args.concrete_inputs
-            rows["concrete_inputs"].append(concrete if isinstance(concrete, list) else None)
-    frame = pd.DataFrame({
-        "name": pd.Series(rows["name"], dtype=object),
-        "tid": pd.Series(rows["tid"], dtype=object),
-        "ts_ns": np.asarray(rows["ts_ns"], dtype=np.int64),
-        "end_ns": np.asarray(rows["end_ns"], dtype=np.int64),
-        "flops": np.asarray(rows["flops"], dtype=np.float64),
-        "input_dims": pd.Series(rows["input_dims"], dtype=object),
-        "input_type": pd.Series(rows["input_type"], dtype=object),
-        "concrete_inputs": pd.Series(rows["concrete_inputs"], dtype=object),
-    })
-    # An op before those nested in it, where both start at the same time: the longer first.
-    return frame.sort_values(["tid", "ts_ns", "end_ns"], ascending=[True, True, False],
-                             kind="stable", ignore_index=True)
+    """ops_of_events of the trace files, parsed as the analysis parses them (no cache)."""
+    frames = [ops_of_events(parse_trace(Path(p), max_bytes=max_trace_bytes()).events)
+              for p in paths]
+    if len(frames) == 1:
+        return frames[0]
+    offset = 0
+    for frame in frames:  # one file's keys apart from another's
+        frame["args_key"] += offset
+        offset += int(frame["args_key"].max()) + 1 if len(frame) else 0
+    return pd.concat(frames, ignore_index=True).sort_values(
+        ["tid", "ts_ns", "end_ns"], ascending=[True, True, False], kind="stable",
+        ignore_index=True)

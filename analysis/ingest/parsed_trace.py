@@ -11,8 +11,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.events import (
+    COMM_TEXT_COLUMNS,
     HOST_OP_CATS,
     NUMBER_COLUMNS,
+    OP_ARGS_COLUMN,
     PROFILER_STEP_RE,
     TEXT_COLUMNS,
     cat_is,
@@ -82,13 +84,18 @@ def decoded_events(decoded: EventColumns) -> pd.DataFrame:
     if decoded.comm:
         count = len(decoded.comm)
         rows = np.fromiter((row for row, _ in decoded.comm), dtype=np.intp, count=count)
-        for column, values in zip(TEXT_COLUMNS + NUMBER_COLUMNS,
+        for column, values in zip(COMM_TEXT_COLUMNS + NUMBER_COLUMNS,
                                   zip(*(values for _, values in decoded.comm))):
             if column in text:
                 # As objects: a list of texts would be read as a string array.
                 text[column][rows] = np.fromiter(values, dtype=object, count=count)
             else:
                 numbers[column][rows] = values
+    if decoded.op_args:
+        count = len(decoded.op_args)
+        rows = np.fromiter((row for row, _ in decoded.op_args), dtype=np.intp, count=count)
+        text[OP_ARGS_COLUMN][rows] = np.fromiter((t for _, t in decoded.op_args), dtype=object,
+                                                 count=count)
     places = list(decoded.places.codes_of)
     place = joined("place", np.int32)
     by_place = {}

@@ -9,109 +9,171 @@ twice. Where the trace gives torch.profiler's own `flops` for the op counted, th
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
 from analysis.core import peaks
 from analysis.core.model import RankTrace, known_rank
-from analysis.ingest.op_args import read_ops
+from analysis.ingest.op_args import ops_of_events
+from analysis.rank.layers import step_windows
 from analysis.rank.op_model import COMPUTE_KINDS, dtype_of, op_model
+from analysis.rank.roofline import op_times, roofline_by_op
 
 OP_FLOPS_COLUMNS = ["name", "tid", "ts_ns", "end_ns", "kind", "dtype", "flops", "bytes",
-                    "counted", "flops_from", "step"]
+                    "counted", "flops_from", "step", "in_step"]
+STEP_FLOPS_COLUMNS = ["rank", "step", "flops_per_step", "dtype", "memory_bytes",
+                      "ops_without_shapes"]
 MFU_COLUMNS = ["rank", "step", "flops_per_step", "achieved_tflops", "mfu_pct", "peak_tflops",
-               "peak_source", "dtype", "step_ns", "lost_transfer_pts", "lost_waiting_pts",
-               "lost_idle_pts", "lost_compute_pts"]
+               "peak_source", "dtype", "ops_without_shapes", "step_ns", "lost_transfer_pts",
+               "lost_waiting_pts", "lost_idle_pts", "lost_compute_pts"]
+LOST_COLUMNS = ["lost_transfer_pts", "lost_waiting_pts", "lost_idle_pts", "lost_compute_pts"]
 
 
 def op_flops(ops: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each op of `ops` (analysis.ingest.op_args.read_ops) with its kind, dtype, FLOPs and bytes
-    (NaN where unknown), whether it is `counted` (a compute op with no compute op nested in it,
-    or a memory op with no memory op nested in it), where its FLOPs come from ("profiler",
-    "shapes" or ""), and the step whose span holds its start (-1: none)."""
-    known: dict = {}  # once per distinct (name, shapes, types, scalars): a step repeats them
-    modelled = []
-    for args in zip(ops["name"], ops["input_dims"], ops["input_type"], ops["concrete_inputs"]):
-        key = repr(args)
-        if key not in known:
-            known[key] = op_model(*args)
-        modelled.append(known[key])
-    frame = ops[["name", "tid", "ts_ns", "end_ns"]].copy()
-    frame["kind"] = pd.Series([m[0] for m in modelled], dtype=object, index=frame.index)
-    frame["dtype"] = pd.Series([dtype_of(t) for t in ops["input_type"]], dtype=object,
-                               index=frame.index)
-    flops = np.array([m[1] for m in modelled], dtype=np.float64)
+    """Each op of `ops` (analysis.ingest.op_args.ops_of_events) with its kind, dtype, FLOPs and
+    bytes (NaN where unknown), whether it is `counted` (a compute op with no compute op nested
+    in it, or a memory op with no memory op nested in it), where its FLOPs come from
+    ("profiler", "shapes" or ""), the step whose span holds its start (-1: none) and whether
+    one does (`in_step`; a trace analysed whole is the one window -1)."""
+    # Once per distinct (name, shapes, types, scalars): a step repeats them.
+    names = ops["name"].to_numpy(dtype=object)
+    dims, types, concrete = (ops[c].to_numpy(dtype=object)
+                             for c in ("input_dims", "input_type", "concrete_inputs"))
+    _, first, codes = np.unique(_args_keys(ops), return_index=True, return_inverse=True)
+    modelled = [(*op_model(names[i], dims[i], types[i], concrete[i]), dtype_of(types[i]))
+                for i in first.tolist()]
+
+    def per_op(position: int, dtype) -> np.ndarray:
+        values = np.empty(len(modelled), dtype=dtype)
+        values[:] = [m[position] for m in modelled]
+        return values[codes]
+
+    kind = per_op(0, object)
+    flops = per_op(1, np.float64)
     given = ops["flops"].to_numpy(dtype=np.float64)
-    is_compute = frame["kind"].isin(COMPUTE_KINDS).to_numpy()
+    is_compute = np.array([m[0] in COMPUTE_KINDS for m in modelled], dtype=bool)[codes]
+    is_memory = np.array([m[0] == "memory" for m in modelled], dtype=bool)[codes]
     from_profiler = is_compute & (given > 0)
     flops = np.where(from_profiler, given, flops)
-    frame["flops"] = flops
-    frame["bytes"] = [m[2] for m in modelled]
-    frame["counted"] = _innermost(frame, is_compute) | _innermost(
-        frame, (frame["kind"] == "memory").to_numpy())
-    frame["flops_from"] = np.where(from_profiler, "profiler",
-                                   np.where(np.isfinite(flops), "shapes", ""))
-    frame["step"] = _step_of(frame["ts_ns"].to_numpy(), steps)
-    return frame[OP_FLOPS_COLUMNS]
+    starts, ends = ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy()
+    tids = ops["tid"].to_numpy()
+    step, in_step = _step_of(starts, steps)
+    return pd.DataFrame({
+        "name": _texts(names), "tid": _texts(tids), "ts_ns": starts, "end_ns": ends,
+        "kind": _texts(kind), "dtype": _texts(per_op(3, object)), "flops": flops,
+        "bytes": per_op(2, np.float64),
+        "counted": _innermost(starts, ends, tids, is_compute)
+        | _innermost(starts, ends, tids, is_memory),
+        "flops_from": _texts(np.where(from_profiler, "profiler",
+                                      np.where(np.isfinite(flops), "shapes", ""))),
+        "step": step, "in_step": in_step}, columns=OP_FLOPS_COLUMNS)
 
 
-def _innermost(frame: pd.DataFrame, of_family: np.ndarray) -> np.ndarray:
+def _args_keys(ops: pd.DataFrame) -> np.ndarray:
+    """The same int for ops of one name and one set of arguments: ops_of_events' `args_key`;
+    for a frame without it, the ids of the argument lists (alive in `ops` while they are read,
+    so an id names one list; equal lists of other ids are only modelled twice)."""
+    if "args_key" in ops.columns:
+        return ops["args_key"].to_numpy(dtype=np.int64)
+    index_of: dict = {}
+    keys = zip(ops["name"].tolist(), map(id, ops["input_dims"]), map(id, ops["input_type"]),
+               map(id, ops["concrete_inputs"]))
+    return np.fromiter((index_of.setdefault(key, len(index_of)) for key in keys),
+                       dtype=np.int64, count=len(ops))
+
+
+def _texts(values) -> pd.Series:
+    """Text values as an object column: pandas' own str dtype costs more to select from."""
+    return pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)
+
+
+def _innermost(starts: np.ndarray, ends: np.ndarray, tids: np.ndarray,
+               of_family: np.ndarray) -> np.ndarray:
     """Ops of the family with no op of the family nested in them on their thread (ops sorted
-    by thread, start and longest first, as read_ops gives them)."""
+    by thread, start and longest first, as ops_of_events gives them). Ops on a thread nest as calls
+    do: an op has one nested in it exactly when the next op of the family on its thread starts
+    before it ends and ends no later (its first nested op)."""
     counted = of_family.copy()
-    starts, ends = frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()
-    tids = frame["tid"].to_numpy()
-    stack: list[int] = []
-    tid = None
-    for i in np.flatnonzero(of_family).tolist():
-        if tids[i] != tid:
-            stack, tid = [], tids[i]
-        while stack and ends[stack[-1]] <= starts[i]:
-            stack.pop()
-        if stack and ends[i] <= ends[stack[-1]]:
-            for j in stack:  # every enclosing op of the family has one nested in it
-                counted[j] = False
-        stack.append(i)
+    rows = np.flatnonzero(of_family)
+    if len(rows) < 2:
+        return counted
+    begin, end, thread = starts[rows], ends[rows], tids[rows]
+    nested_next = ((thread[1:] == thread[:-1]) & (begin[1:] < end[:-1])
+                   & (end[1:] <= end[:-1]))
+    counted[rows[:-1][nested_next]] = False
     return counted
 
 
-def _step_of(ts_ns: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:
+def _step_of(ts_ns: np.ndarray, steps: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
+    """(the step of each start, -1 outside every step; whether it is inside one: a trace
+    analysed whole is one window numbered -1 too)."""
     if steps is None or not len(steps):
-        return np.full(len(ts_ns), -1, dtype=np.int64)
+        return np.full(len(ts_ns), -1, dtype=np.int64), np.zeros(len(ts_ns), dtype=bool)
     order = np.argsort(steps["start_ns"].to_numpy(), kind="stable")
     start = steps["start_ns"].to_numpy()[order]
     end = steps["end_ns"].to_numpy()[order]
     number = steps["step"].to_numpy()[order]
     at = np.searchsorted(start, ts_ns, side="right") - 1
     inside = (at >= 0) & (ts_ns < end[np.clip(at, 0, None)])
-    return np.where(inside, number[np.clip(at, 0, None)], -1).astype(np.int64)
+    return np.where(inside, number[np.clip(at, 0, None)], -1).astype(np.int64), inside
 
 
 def rank_op_flops(trace: RankTrace) -> pd.DataFrame:
-    """op_flops of a rank's trace file(s), assigned to its selected steps."""
-    return op_flops(read_ops([trace.path, *trace.extra_paths]), trace.steps)
+    """op_flops of a rank's events (the arguments the decoder kept: analysis.ingest.op_args),
+    assigned to its analysis windows: its selected steps, or its whole trace as one window
+    (step -1) where it has no ProfilerStep."""
+    return op_flops(ops_of_events(trace.events), step_windows(trace))
 
 
 def step_flops(op_table: pd.DataFrame, rank=None) -> pd.DataFrame:
-    """Per step: the counted model FLOPs (compute ops), the dtype that carries most of them,
-    the counted memory ops' bytes, and the compute ops without shapes (not counted)."""
-    inside = op_table[op_table["step"] >= 0]
-    compute = inside[inside["counted"] & inside["kind"].isin(COMPUTE_KINDS)]
-    rows = []
-    for step in sorted(set(inside["step"].tolist())):
-        mine = compute[compute["step"] == step]
-        known = mine[np.isfinite(mine["flops"].to_numpy())]
-        by_dtype = known.groupby(known["dtype"].fillna("unknown"))["flops"].sum()
-        memory = inside[(inside["step"] == step) & inside["counted"]
-                        & (inside["kind"] == "memory")]
-        rows.append({"rank": rank, "step": int(step), "flops_per_step": float(known["flops"].sum()),
-                     "dtype": str(by_dtype.idxmax()) if len(by_dtype) else None,
-                     "memory_bytes": float(np.nansum(memory["bytes"].to_numpy())),
-                     "ops_without_shapes": int(len(mine) - len(known))})
-    return pd.DataFrame(rows, columns=["rank", "step", "flops_per_step", "dtype", "memory_bytes",
-                                       "ops_without_shapes"])
+    """Per step holding a modelled op: the counted model FLOPs (compute ops; NaN where every
+    compute op of the step lacks its shapes, 0 where it has none), the dtype that carries most
+    of them, the counted memory ops' bytes, and the compute ops without shapes (not
+    counted)."""
+    inside = op_table["in_step"].to_numpy(dtype=bool)
+    steps, of_op = np.unique(op_table["step"].to_numpy(dtype=np.int64)[inside],
+                             return_inverse=True)
+    n = len(steps)
+    counted = op_table["counted"].to_numpy(dtype=bool)[inside]
+    kind = op_table["kind"].to_numpy(dtype=object)[inside]
+    flops = op_table["flops"].to_numpy(dtype=float)[inside]
+    compute = counted & pd.Series(kind, dtype=object).isin(COMPUTE_KINDS).to_numpy()
+    known = compute & np.isfinite(flops)
+    calls = np.bincount(of_op[compute], minlength=n)
+    found = np.bincount(of_op[known], minlength=n)
+    total = np.bincount(of_op[known], weights=flops[known], minlength=n)
+    memory = counted & (kind == "memory")
+    nbytes = op_table["bytes"].to_numpy(dtype=float)[inside]
+    with_bytes = memory & np.isfinite(nbytes)
+    memory_bytes = np.bincount(of_op[with_bytes], weights=nbytes[with_bytes], minlength=n)
+    # The dtype carrying most FLOPs; of equal ones, the first by name.
+    dtype = op_table["dtype"].to_numpy(dtype=object)[inside][known]
+    names, of_dtype = pd.factorize(np.where(pd.isna(dtype), "unknown", dtype).astype(object),
+                                   sort=True)
+    width = max(len(of_dtype), 1)
+    pair = of_op[known] * width + names
+    by_dtype = np.bincount(pair, weights=flops[known], minlength=n * width).astype(
+        float).reshape(n, width)
+    by_dtype[np.bincount(pair, minlength=n * width).reshape(n, width) == 0] = -np.inf
+    carrying = np.where(found > 0, np.asarray(of_dtype, dtype=object)[
+        by_dtype.argmax(axis=1)] if len(of_dtype) else None, None)
+    return pd.DataFrame({
+        "rank": pd.Series([rank] * n, dtype=object), "step": steps.astype(int),
+        "flops_per_step": np.where((found > 0) | (calls == 0), total, np.nan),
+        "dtype": _texts(carrying), "memory_bytes": memory_bytes,
+        "ops_without_shapes": (calls - found).astype(int)}, columns=STEP_FLOPS_COLUMNS)
+
+
+def rank_flops_tables(trace: RankTrace) -> dict:
+    """{"step_flops": step_flops of the rank, "op_roofline": its counted ops of the analysis
+    windows summed by op (roofline.roofline_by_op, with its rank; no peak needed)}: what the
+    per-rank reduce keeps (analysis.rank.summary), from one rank_op_flops of its events."""
+    ops = rank_op_flops(trace)
+    rank = known_rank(trace)
+    inside = ops[ops["in_step"].to_numpy(dtype=bool)]
+    by_op = roofline_by_op(op_times(inside, trace.events))
+    by_op.insert(0, "rank", rank)
+    return {"step_flops": step_flops(ops, rank), "op_roofline": by_op}
 
 
 def run_start_of(trace: RankTrace):
@@ -141,97 +203,118 @@ def rank_peak(trace: RankTrace, dtype: str | None, peak_tflops: float | None = N
     return float(value), f"datasheet: {row.device}"
 
 
-def mfu_rows(flops: pd.DataFrame, per_step: pd.DataFrame, peak: tuple,
-             waits: pd.DataFrame | None = None) -> pd.DataFrame:
-    """MFU_COLUMNS for one rank's steps: `flops` from step_flops, `per_step` its rows of
-    analysis.rank.step_breakdown.breakdown_per_step, `peak` (TFLOP/s, source), `waits` its rows
-    of analysis.crossrank's rank_step_waits (None: no waiting is split from transfer).
-
-    The lost points add up to 100 - mfu_pct exactly (docs/mfu.md, "MFU and the points lost")."""
-    joined = per_step.merge(flops.drop(columns=["rank"]), on="step", how="inner")
-    if waits is not None and len(waits):
-        joined = joined.merge(waits[["step", "wait_for_peers_ms"]], on="step", how="left")
-    else:
-        joined["wait_for_peers_ms"] = 0.0
-    peak_tflops, source = peak
-    rows = []
-    for row in joined.itertuples(index=False):
-        step_ns = float(row.step_ns)
-        achieved = row.flops_per_step / (step_ns * 1e-9) / 1e12 if step_ns > 0 else math.nan
-        out = {"rank": known_rank_value(row.rank), "step": int(row.step),
-               "flops_per_step": row.flops_per_step, "achieved_tflops": achieved,
-               "peak_tflops": peak_tflops, "peak_source": source, "dtype": row.dtype,
-               "step_ns": int(row.step_ns)}
-        out.update(_lost_points(row, step_ns, peak_tflops))
-        rows.append(out)
-    return pd.DataFrame(rows, columns=MFU_COLUMNS)
+def rank_peak_gbps(trace: RankTrace) -> float | None:
+    """The datasheet memory bandwidth (GB/s) of the device the rank's run_start names, or None
+    (a CPU, a foreign trace, a part not in analysis.core.peaks)."""
+    start = run_start_of(trace)
+    row = peaks.device_peak(getattr(start, "device_name", None)) if start is not None else None
+    return float(row.memory_gbps) if row is not None else None
 
 
-def known_rank_value(rank):
-    return None if rank is None or (isinstance(rank, float) and math.isnan(rank)) else int(rank)
+def rank_dtype(flops: pd.DataFrame) -> str | None:
+    """The dtype that most of a rank's steps (step_flops rows) carry their FLOPs in."""
+    dtype = flops["dtype"].dropna().mode() if len(flops) else pd.Series([], dtype=object)
+    return str(dtype.iloc[0]) if len(dtype) else None
 
 
-def _lost_points(row, step_ns: float, peak_tflops: float | None) -> dict:
-    nan = math.nan
-    if not peak_tflops or step_ns <= 0:
-        return {"mfu_pct": nan, "lost_transfer_pts": nan, "lost_waiting_pts": nan,
-                "lost_idle_pts": nan, "lost_compute_pts": nan}
-    ideal_ns = row.flops_per_step / (peak_tflops * 1e3)  # FLOPs at the peak, in ns
-    exposed = float(row.comm_only_ns)
-    waiting = min(float(row.wait_for_peers_ms or 0.0) * 1e6, exposed)
-    if waiting != waiting:  # NaN: a step without matched ops
-        waiting = 0.0
-    compute = float(row.compute_only_ns + row.overlap_ns)
-    transfer = exposed - waiting + float(row.memcpy_ns)
-    idle = float(row.idle_ns)
-    mfu = 100.0 * ideal_ns / step_ns
-    lost = {"lost_transfer_pts": 100.0 * transfer / step_ns,
-            "lost_waiting_pts": 100.0 * waiting / step_ns,
-            "lost_idle_pts": 100.0 * idle / step_ns}
-    # Compute time beyond the FLOPs' time at the peak: with the five parts of the breakdown
-    # adding up to step_ns, the four add up to 100 - mfu.
-    lost["lost_compute_pts"] = 100.0 * (compute - ideal_ns) / step_ns
-    return {"mfu_pct": mfu, **lost}
+def mfu_table(flops: pd.DataFrame, per_step: pd.DataFrame, peaks_of: dict) -> pd.DataFrame:
+    """MFU_COLUMNS per rank and profiled step: `flops` the step_flops rows of every rank,
+    `per_step` the run's profiled breakdown rows with the communication split
+    (analysis.crossrank.waits.split_communication: its peer_wait_ns is the waiting; NaN, no
+    waits known, is none), `peaks_of` {rank: (peak TFLOP/s, source)} (rank_peak; a rank
+    missing has no peak).
 
-
-def mfu_table(ranks: list[RankTrace], per_step: pd.DataFrame, waits: pd.DataFrame | None = None,
-              peak_tflops: float | None = None, tf32: bool = False) -> pd.DataFrame:
-    """MFU_COLUMNS per rank and step: the ranks of a loaded run, `per_step` the run's
-    breakdown_per_step rows of every rank, `waits` the cross-rank rank_step_waits (or None),
-    `peak_tflops` an override of every rank's peak."""
-    frames = []
-    for trace in ranks:
-        if not trace.has_trace:
-            continue
-        rank = known_rank(trace)
-        flops = step_flops(rank_op_flops(trace), rank)
-        mine = per_step[per_step["rank"].map(known_rank_value) == rank]
-        if not len(flops) or not len(mine):
-            continue
-        dtype = flops["dtype"].dropna().mode()
-        peak = rank_peak(trace, dtype.iloc[0] if len(dtype) else None, peak_tflops, tf32)
-        rank_waits = None
-        if waits is not None and len(waits):
-            rank_waits = waits[waits["rank"].map(known_rank_value) == rank]
-        frames.append(mfu_rows(flops, mine, peak, rank_waits))
-    if not frames:
+    A rank without a modelled op in any step has no row; a profiled step of a rank that has
+    some, but not in that step, has 0 FLOPs. The lost points add up to 100 - mfu_pct exactly
+    (docs/mfu.md, "MFU and the points lost")."""
+    if not len(flops) or not len(per_step):
         return pd.DataFrame(columns=MFU_COLUMNS)
-    return pd.concat(frames, ignore_index=True)
+    # Each profiled step of a rank with step_flops rows, and its row there (-1: none).
+    flop_ranks = _rank_keys(flops["rank"])
+    row_of = {key: i for i, key in enumerate(zip(flop_ranks.tolist(),
+                                                  flops["step"].astype(np.int64).tolist()))}
+    step_ranks = _rank_keys(per_step["rank"])
+    kept = np.isin(step_ranks, flop_ranks)
+    joined = per_step[kept]
+    keys = step_ranks[kept]
+    at = np.array([row_of.get(key, -1) for key in zip(
+        keys.tolist(), joined["step"].astype(np.int64).tolist())], dtype=np.intp)
+    has_ops = at >= 0
+
+    def of_flops(column: str, missing) -> np.ndarray:
+        values = flops[column].to_numpy()
+        found = values[np.clip(at, 0, None)] if len(values) else np.zeros(len(at))
+        return np.where(has_ops, found, missing)
+
+    flops_per_step = of_flops("flops_per_step", 0.0).astype(float)
+    step_ns = joined["step_ns"].to_numpy(dtype=float)
+    peak = np.array([peaks_of.get(None if k < 0 else int(k), (None, None))[0] or np.nan
+                     for k in keys.tolist()], dtype=float)
+    source = [peaks_of.get(None if k < 0 else int(k), (None, None))[1] for k in keys.tolist()]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        achieved = np.where(step_ns > 0, flops_per_step / (step_ns * 1e-9) / 1e12, np.nan)
+        ideal_ns = flops_per_step / (peak * 1e3)  # the FLOPs at the peak, in ns
+        judged = (peak > 0) & (step_ns > 0) & np.isfinite(flops_per_step)
+
+        def points(ns) -> np.ndarray:
+            return np.where(judged, 100.0 * np.asarray(ns, dtype=float) / step_ns, np.nan)
+
+        exposed = joined["comm_only_ns"].to_numpy(dtype=float)
+        waiting = np.nan_to_num(joined["peer_wait_ns"].to_numpy(dtype=float), nan=0.0)
+        compute = (joined["compute_only_ns"].to_numpy(dtype=float)
+                   + joined["overlap_ns"].to_numpy(dtype=float))
+        # Compute time beyond the FLOPs' time at the peak: with the five parts of the breakdown
+        # adding up to step_ns, the four lost points add up to 100 - mfu.
+        lost = {"lost_transfer_pts": points(exposed - waiting
+                                            + joined["memcpy_ns"].to_numpy(dtype=float)),
+                "lost_waiting_pts": points(waiting),
+                "lost_idle_pts": points(joined["idle_ns"].to_numpy(dtype=float)),
+                "lost_compute_pts": points(compute - ideal_ns)}
+        mfu = points(ideal_ns)
+    dtype = of_flops("dtype", None)
+    without = of_flops("ops_without_shapes", 0).astype(float)
+    return pd.DataFrame({
+        "rank": pd.Series([None if k < 0 else int(k) for k in keys.tolist()], dtype=object),
+        "step": joined["step"].to_numpy(dtype=np.int64), "flops_per_step": flops_per_step,
+        "achieved_tflops": achieved, "mfu_pct": mfu, "peak_tflops": peak,
+        "peak_source": pd.Series(source, dtype=object),
+        "dtype": _texts([d if isinstance(d, str) else None for d in dtype]),
+        "ops_without_shapes": np.nan_to_num(without, nan=0.0).astype(np.int64),
+        "step_ns": joined["step_ns"].to_numpy(dtype=np.int64), **lost}, columns=MFU_COLUMNS)
 
 
-def mfu_records(table: pd.DataFrame) -> list[dict]:
-    """mfu_table's rows as JSON-ready dicts: plain ints, floats and strs, None for NaN."""
-    records = []
-    for row in table.to_dict("records"):
-        records.append({key: _plain(value) for key, value in row.items()})
-    return records
+def _rank_keys(ranks: pd.Series) -> np.ndarray:
+    """A rank column as int64 keys, -1 for the unknown rank (None or NaN)."""
+    return pd.to_numeric(ranks.astype(object), errors="coerce").fillna(-1).to_numpy(
+        dtype=np.int64)
 
 
-def _plain(value):
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return None if math.isnan(value) else float(value)
-    return value
+def mfu_per_rank(table: pd.DataFrame) -> pd.DataFrame:
+    """Per rank of an mfu_table: its profiled steps, the mean over them of the FLOPs per step,
+    the achieved TFLOP/s, MFU and each lost-point column (the means add up as the steps'
+    do: to 100 - MFU), its peak and source, and its compute ops without shapes (summed)."""
+    columns = ["rank", "steps", "flops_per_step", "achieved_tflops", "peak_tflops",
+               "peak_source", "mfu_pct", *LOST_COLUMNS, "ops_without_shapes"]
+    if table is None or not len(table):
+        return pd.DataFrame(columns=columns)
+    keys, first, of_row = np.unique(_rank_keys(table["rank"]), return_index=True,
+                                    return_inverse=True)
+    found = {"rank": pd.Series([None if k < 0 else int(k) for k in keys.tolist()],
+                               dtype=object),
+             "steps": np.bincount(of_row, minlength=len(keys))}
+    for column in ("flops_per_step", "achieved_tflops", "mfu_pct", *LOST_COLUMNS):
+        values = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
+        known = np.isfinite(values)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            found[column] = (np.bincount(of_row[known], weights=values[known],
+                                         minlength=len(keys))
+                             / np.bincount(of_row[known], minlength=len(keys)))
+    # A rank's peak is the same in each of its rows: its first row's.
+    found["peak_tflops"] = pd.to_numeric(table["peak_tflops"], errors="coerce").to_numpy(
+        dtype=float)[first]
+    found["peak_source"] = pd.Series(table["peak_source"].to_numpy(dtype=object)[first],
+                                     dtype=object)
+    found["ops_without_shapes"] = np.bincount(
+        of_row, weights=table["ops_without_shapes"].to_numpy(dtype=float),
+        minlength=len(keys)).astype(np.int64)
+    return pd.DataFrame(found, columns=columns)

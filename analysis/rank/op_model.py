@@ -13,6 +13,15 @@ import ast
 import math
 import re
 
+from analysis.core.op_names import (  # noqa: F401  (the op names, re-exported)
+    ATTENTION_BACKWARD_OPS,
+    ATTENTION_OPS,
+    CONV_OPS,
+    ELEMENTWISE_RE,
+    GEMM_OPS,
+    NORM_RE,
+    is_compute_op,
+)
 from analysis.core.peaks import DTYPE_OF_TYPE
 
 COMPUTE_KINDS = ("gemm", "conv", "attention")
@@ -20,34 +29,6 @@ BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "doub
 _ELEMENT_OF_TYPE = {"double": 8, "float": 4, "c10::BFloat16": 2, "c10::Half": 2,
                     "long int": 8, "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1,
                     "short int": 2}
-
-GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
-            "aten::linear", "aten::_addmm_activation"}
-CONV_OPS = {"aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution",
-            "aten::_convolution", "aten::convolution_backward"}
-ATTENTION_OPS = {
-    "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
-    "aten::_scaled_dot_product_cudnn_attention",
-    "aten::_scaled_dot_product_flash_attention_for_cpu",
-    "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
-    "aten::scaled_dot_product_attention",
-}
-ATTENTION_BACKWARD_OPS = {
-    "aten::_scaled_dot_product_flash_attention_backward",
-    "aten::_scaled_dot_product_efficient_attention_backward",
-    "aten::_scaled_dot_product_cudnn_attention_backward",
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-    "aten::_flash_attention_backward", "aten::_efficient_attention_backward",
-}
-NORM_RE = re.compile(r"^aten::(?:native_)?(?:layer|batch|group|rms|_fused_rms)_norm"
-                     r"(?:_backward)?$|^aten::_batch_norm_impl_index(?:_backward)?$")
-ELEMENTWISE_RE = re.compile(
-    r"^aten::(?:add|sub|mul|div|neg|exp|log|sqrt|rsqrt|pow|relu|gelu|silu|sigmoid|tanh|"
-    r"clamp|clamp_min|clamp_max|threshold|where|abs|sign|reciprocal|addcmul|addcdiv|lerp|"
-    r"maximum|minimum|copy|fill|zero|softmax|_softmax|log_softmax|_log_softmax|dropout|"
-    r"native_dropout|masked_fill|erf|sin|cos|square|sum|mean|"
-    r"threshold_backward|gelu_backward|silu_backward|sigmoid_backward|tanh_backward|"
-    r"_softmax_backward_data|_log_softmax_backward_data|native_dropout_backward)_?$")
 
 
 def dtype_of(types) -> str | None:
@@ -214,8 +195,7 @@ def op_model(name: str, dims, types, concrete=None) -> tuple[str | None, float, 
     """(kind, FLOPs, bytes) of one op; (None, nan, nan) for an op the model does not know, and
     (kind, nan, nan) for a known op whose shapes were not recorded."""
     nan = math.nan
-    if name in GEMM_OPS or name in CONV_OPS or name in ATTENTION_OPS \
-            or name in ATTENTION_BACKWARD_OPS:
+    if is_compute_op(name):
         kind = ("gemm" if name in GEMM_OPS else "conv" if name in CONV_OPS else "attention")
         flops = (gemm_flops(name, dims) if kind == "gemm" else conv_flops(name, dims, concrete)
                  if kind == "conv" else attention_flops(name, dims))

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.events import with_events
-from analysis.rank import issuers
+from analysis.rank import flops, issuers
 from analysis.rank.comm import events as comm_events
 from analysis.rank.comm import ops as communication
 from analysis.rank.comm.kernel_names import named_kernels
@@ -60,7 +60,11 @@ def _plain_column(column: pd.Series, rows, index) -> pd.Series:
 
 # The per-rank tables: concatenated over ranks by analysis.run.
 RANK_TABLES = {"per_step": breakdown_per_step, "idle_gaps": idle_gaps,
-               "comm_ops": communication.comm_ops}
+               "comm_ops": communication.comm_ops,
+               # FLOPs per step and the ops summed by op (docs/mfu.md): analysis.run's mfu and
+               # roofline tables.
+               "step_flops": lambda trace: flops.rank_flops_tables(trace)["step_flops"],
+               "op_roofline": lambda trace: flops.rank_flops_tables(trace)["op_roofline"]}
 # The per-rank summaries: combined across ranks by the analysis that needs each.
 RANK_SUMMARIES = {
     "hta": hta_rank_summary,  # analysis.rank.hta.hta_temporal_breakdown
@@ -81,6 +85,11 @@ def rank_tables(trace) -> dict:
         # The activity layers found once, for the per-step breakdown and the idle gaps both.
         builds["per_step"] = lambda trace: breakdown_per_step(trace, kind_layers)
         builds["idle_gaps"] = lambda trace: idle_gaps(trace, kind_layers)
+    flop_tables = _flop_tables(trace)
+    if flop_tables is not None:
+        # The ops' FLOPs found once, for the FLOPs per step and the roofline both.
+        builds["step_flops"] = lambda trace: flop_tables["step_flops"]
+        builds["op_roofline"] = lambda trace: flop_tables["op_roofline"]
     join = _kernel_join(trace.events)
     if join is not None:
         # The kernels' host ops found once, for the ops and the cross-rank pass both.
@@ -101,6 +110,15 @@ def _kind_and_layers(trace) -> tuple | None:
     computes it again, and fails where it did)."""
     try:
         return kind_and_layers(trace)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _flop_tables(trace) -> dict | None:
+    """flops.rank_flops_tables of the trace; None where it fails (each table then computes it
+    again, and fails where it did)."""
+    try:
+        return flops.rank_flops_tables(trace)
     except Exception:  # noqa: BLE001
         return None
 

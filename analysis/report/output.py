@@ -26,6 +26,7 @@ from analysis.report.breakdown_text import (  # noqa: F401
     split_known,
 )
 from analysis.report.critical import critical_path_json, critical_path_text  # noqa: F401
+from analysis.report.mfu import mfu_json, mfu_text
 from analysis.report.text_tables import TEXT_MAX_ROWS  # noqa: F401 (the report's limit)
 from analysis.report.text_tables import text_table as _table
 from analysis.report.values import (  # noqa: F401 (the writers' helpers, used from here)
@@ -131,6 +132,7 @@ def run_document(report: RunReport) -> dict:
         "cross_rank": (cross_rank_json(report.cross_rank)
                        if report.cross_rank is not None else None),
         **critical_path_json(report.critical),
+        **mfu_json(report.tables.get("mfu"), report.tables.get("roofline")),
         "captures": plain(report.captures),
         "unavailable": dict(report.unavailable),
         "stop_diagnosis": (None if report.stop is None else {
@@ -184,7 +186,7 @@ def csv_tables(report: RunReport) -> dict[str, pd.DataFrame]:
         "idle_gaps": report.idle_gaps,
     }
     for name in ("per_rank", "comm_ops", "collectives", "setup_collectives", "bottlenecks",
-                 "notes"):
+                 "notes", "mfu", "roofline"):
         if name in report.tables:
             tables[name] = report.tables[name]
     if report.critical is not None:
@@ -394,6 +396,10 @@ def text_report(report: RunReport) -> str:
                                       "peak_rss_bytes": "peak rss"})
         lines.append(_table(shown.round(1), "Ranks", "  transfer ms, waiting ms: mean per step"
                             if split else ""))
+    if not report.per_step.empty:
+        mfu = mfu_text(report.tables.get("mfu"), report.tables.get("roofline"))
+        if mfu:
+            lines.append(mfu)
     bottlenecks = report.tables.get("bottlenecks")
     if bottlenecks is not None and not report.per_step.empty:
         lines.append("Bottlenecks")

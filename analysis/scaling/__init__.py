@@ -68,7 +68,8 @@ def _frame(ranks: list, name: str) -> pd.DataFrame:
 
 
 def _cross_rank_parts(loaded, per_step: pd.DataFrame, problems: list[str], where: str):
-    """(shares of the profiled steps, bandwidth table, straggler ranks) of one run."""
+    """(shares of the profiled steps, bandwidth table, straggler ranks, waits per rank and
+    step or None) of one run."""
     from analysis.crossrank import cross_rank
     from analysis.crossrank.report import rank_bars
 
@@ -81,7 +82,24 @@ def _cross_rank_parts(loaded, per_step: pd.DataFrame, problems: list[str], where
     except Exception as exc:  # the per-rank breakdown still gives the parts, without waits
         problems.append(f"{where}: cross-rank analysis failed: {type(exc).__name__}: {exc}")
     shares = st.part_shares(rank_bars(per_step, waits)) if len(per_step) else None
-    return shares, bandwidth, stragglers
+    return shares, bandwidth, stragglers, waits
+
+
+def _mean_mfu(loaded, per_step: pd.DataFrame, waits, problems: list[str], where: str) -> float:
+    """The run's MFU, %: the mean over every rank's profiled steps of the run's analysis's mfu
+    table (analysis.run.mfu_of_run); NaN where no rank has one."""
+    from analysis.crossrank.waits import split_communication
+    from analysis.run import mfu_of_run
+
+    if not len(per_step):
+        return float("nan")
+    try:
+        mfu = mfu_of_run(loaded.ranks, split_communication(per_step, waits))
+    except Exception as exc:  # the rest of the row stands without it
+        problems.append(f"{where}: mfu table failed: {type(exc).__name__}: {exc}")
+        return float("nan")
+    values = pd.to_numeric(mfu["mfu_pct"], errors="coerce") if len(mfu) else pd.Series([])
+    return float(values.mean()) if values.notna().any() else float("nan")
 
 
 def load_run(path: Path, samples_per_step: float | None = None,
@@ -112,7 +130,8 @@ def load_run(path: Path, samples_per_step: float | None = None,
                         f"to compare; trace it with python -m tracer.record")
     per_step = pd.concat([breakdown_per_step(t) for t in loaded.ranks] or [empty_breakdown()],
                          ignore_index=True)
-    shares, bandwidth, stragglers = _cross_rank_parts(loaded, per_step, problems, str(path))
+    shares, bandwidth, stragglers, waits = _cross_rank_parts(loaded, per_step, problems,
+                                                             str(path))
     if shares is None and not steps.empty:
         problems.append(f"{path}: no profiled step in its Kineto traces: step time and "
                         f"throughput only, no parts")
@@ -122,7 +141,8 @@ def load_run(path: Path, samples_per_step: float | None = None,
     row = st.run_row(steps, shares, samples_per_step, warmup_steps, cpu) if not steps.empty \
         else {"step_ms": float("nan")}
     row.update(run=path.name, path=str(path), world_size=world_size, nnodes=nnodes,
-               stragglers=",".join(map(str, stragglers)))
+               stragglers=",".join(map(str, stragglers)),
+               mfu_pct=_mean_mfu(loaded, per_step, waits, problems, str(path)))
     bandwidth = bandwidth.assign(run=path.name, world_size=world_size, nnodes=nnodes)
     return row, bandwidth, problems
 
@@ -173,7 +193,8 @@ TEXT_COLUMNS = [("world_size", "ranks", "{:.0f}"), ("nnodes", "nodes", "{:.0f}")
                 ("speedup", "speedup", "{:.2f}"), ("efficiency_pct", "eff %", "{:.1f}"),
                 ("compute_pct", "compute %", "{:.1f}"), ("transfer_pct", "transfer %", "{:.1f}"),
                 ("waiting_pct", "waiting %", "{:.1f}"), ("idle_pct", "idle %", "{:.1f}"),
-                ("comm_share_pct", "comm %", "{:.1f}"), ("peak_memory_mib", "peak MiB", "{:.0f}"),
+                ("comm_share_pct", "comm %", "{:.1f}"), ("mfu_pct", "MFU %", "{:.1f}"),
+                ("peak_memory_mib", "peak MiB", "{:.0f}"),
                 ("host_cpu_pct", "host cpu %", "{:.0f}")]
 
 
@@ -192,7 +213,8 @@ def text_report(result: Study) -> str:
     if result.warnings:
         lines += ["Warnings:"] + [f"  ! {w}" for w in result.warnings] + [""]
     header = [label for _, label, _ in TEXT_COLUMNS]
-    body = [[_cell(row[c], form) for c, _, form in TEXT_COLUMNS] for _, row in table.iterrows()]
+    body = [[_cell(row.get(c), form) for c, _, form in TEXT_COLUMNS]
+            for _, row in table.iterrows()]
     widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
     lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths)))
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in body]

@@ -161,7 +161,9 @@ def scaling_table(runs: pd.DataFrame, mode: str | None = None) -> tuple[pd.DataF
     runs = runs[runs["step_ms"].notna() & (runs["step_ms"] > 0)]
     keys = ["world_size", "nnodes"]
     grouped = runs.groupby(keys, sort=True)
-    table = grouped[["step_ms", "samples_per_step", *PARTS, HIDDEN, "host_cpu_pct"]].mean()
+    means = ["step_ms", "samples_per_step", *PARTS, HIDDEN, "host_cpu_pct",
+             *(["mfu_pct"] if "mfu_pct" in runs.columns else [])]
+    table = grouped[means].mean()
     table["step_ms_min"] = grouped["step_ms"].min()
     table["step_ms_max"] = grouped["step_ms"].max()
     table["runs"] = grouped.size()

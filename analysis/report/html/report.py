@@ -23,9 +23,11 @@ from analysis.report.breakdown_text import split_known
 from analysis.report.html import svg
 from analysis.report.html.assets import SCRIPT, STYLE
 from analysis.report.html.svg import esc
+from analysis.report.mfu import mfu_bars, missing_reason
 
 MS = 1e6
 SECTIONS = {"header": "Run", "findings": "Findings", "ranks": "Where each rank's step time goes",
+            "mfu": "MFU and the points it loses",
             "heatmap": "Step time per rank and step", "gantt": "Chosen steps, per rank",
             "collectives": "Collectives", "critical": "Critical path and what-if",
             "samples": "Device samples and memory",
@@ -180,6 +182,29 @@ def _setup_collectives(setup: pd.DataFrame | None) -> str:
                 "ranks": ("ranks", "d")}))
 
 
+def _mfu(mfu: pd.DataFrame | None, roofline: pd.DataFrame | None) -> str:
+    """The MFU attribution plot (per rank: MFU and the points lost to transfer, waiting, idle
+    and compute below the roofline, means over its profiled steps) and the slowest ops against
+    their roofline."""
+    if mfu is None:
+        return '<p class="none">not computed (the problems say why)</p>'
+    reason = missing_reason(mfu)
+    if reason is not None:
+        return f'<p class="none">{esc(reason)}</p>'
+    labels, parts, values = mfu_bars(mfu)
+    plot = (svg.stacked_bars(labels, parts, values, "% of step time (mean)") if labels else
+            '<p class="none">no peak known for any rank: no MFU (--peak-tflops gives one)</p>')
+    table = "" if roofline is None or roofline.empty else (
+        "<h3>Slowest ops against their roofline</h3>" + html_table(roofline, {
+            "rank": ("rank", "d"), "name": ("op", None), "kind": ("kind", None),
+            "dtype": ("dtype", None), "calls": ("calls", "d"), "time_ns": ("ms", _ms),
+            "time_from": ("from", None), "achieved_tflops": ("TFLOP/s", ".4g"),
+            "achieved_gbps": ("GB/s", ".4g"), "intensity": ("FLOP/B", ".3g"),
+            "bound": ("bound", None), "roofline_tflops": ("roofline TFLOP/s", ".4g"),
+            "pct_of_roofline": ("% of roofline", ".1f")}))
+    return ("<p>The lost points add up to 100 &minus; MFU (docs/mfu.md).</p>" + plot + table)
+
+
 def path_ranks(critical: dict | None, step: int) -> dict:
     """{rank: "category ms, ..."} of the ranks on one step's critical path."""
     if not critical or critical["critical_path"].empty:
@@ -248,11 +273,12 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                findings: pd.DataFrame | None, ranks: list, problems: list,
                cross: dict | None = None, notes: pd.DataFrame | None = None,
                verdict: dict | None = None, setup: pd.DataFrame | None = None,
-               critical: dict | None = None) -> str:
+               critical: dict | None = None, mfu: pd.DataFrame | None = None,
+               roofline: pd.DataFrame | None = None) -> str:
     """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None;
     `notes` and `verdict` are analysis.findings.notes' and .verdict's; `setup` the set-up
     collectives; `critical` analysis.crossrank.critical_path's result, whose path marks the
-    ranks on it in the chosen steps' Gantt rows."""
+    ranks on it in the chosen steps' Gantt rows; `mfu` and `roofline` analysis.run's tables."""
     waits = cross.get("waits") if cross else None
     steps = sorted(int(s) for s in per_step["step"].unique()) if len(per_step) else []
     header = (f"<p><b>{esc(name)}</b> &mdash; <code>{esc(path)}</code><br>"
@@ -281,6 +307,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                    if split_known(per_rank) else
                    {"exposed_comm_pct": ("exposed comm % (not split)", ".1f")}),
                 "status": ("status", None)})))
+        body.append(_section("mfu", _mfu(mfu, roofline)))
         grid = per_step.pivot_table(index="rank", columns="step", values="step_ns") / MS
         body.append(_section("heatmap", svg.heat_map(
             [f"rank {int(r)}" for r in grid.index], [str(int(c)) for c in grid.columns],
@@ -305,7 +332,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
         body.append(_section("gantt", "<p>Wheel to zoom, drag to pan, double-click to reset."
                                       "</p>" + "".join(parts_html)))
     else:
-        for key in ("ranks", "heatmap", "gantt"):
+        for key in ("ranks", "mfu", "heatmap", "gantt"):
             body.append(_section(key, '<p class="none">no step was analysed</p>'))
     body.append(_section("collectives", _collectives(collectives, cross)
                          + _setup_collectives(setup)))
@@ -335,7 +362,7 @@ def write_html_report(report, path) -> dict:
                       tables.get("per_rank"), tables.get("collectives"),
                       tables.get("bottlenecks"), report.ranks, problems, cross,
                       tables.get("notes"), report.verdict, tables.get("setup_collectives"),
-                      report.critical)
+                      report.critical, tables.get("mfu"), tables.get("roofline"))
     data = page.encode("utf-8")
     Path(path).write_bytes(data)
     return {"path": Path(path), "bytes": len(data), "seconds": time.monotonic() - started}

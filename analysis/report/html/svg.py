@@ -12,6 +12,7 @@ from html import escape
 PALETTE = {
     "compute": "#4c78a8", "overlap": "#72b7b2", "transfer": "#f58518", "waiting": "#e45756",
     "comm": "#f58518", "memcpy": "#b279a2", "idle": "#d4d4d4",
+    "MFU": "#54a24b", "compute below roofline": "#9d755d",
 }
 SERIES = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2",
           "#ff9da6", "#9d755d", "#bab0ac"]

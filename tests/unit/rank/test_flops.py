@@ -15,9 +15,11 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from analysis.core.frames import steps_frame
+from analysis.crossrank.waits import split_communication
 from analysis.ingest.op_args import read_ops
 from analysis.rank import flops
 from analysis.rank.op_model import COMPUTE_KINDS, op_model
+from analysis.report.values import records
 from helpers.launch import DATA
 
 
@@ -152,6 +154,7 @@ def test_ops_are_given_the_step_whose_span_holds_their_start_and_summed_per_step
                 ("aten::mm", "1", 300, 310, [[4, 8], [8, 2]], FLOAT2)])
     table = flops.op_flops(ops, steps_frame([3, 4], [0, 100], [100, 200]))
     assert table["step"].tolist() == [3, 4, 4, -1]
+    assert table["in_step"].tolist() == [True, True, True, False]
     per_step = flops.step_flops(table, rank=0)
     assert per_step["step"].tolist() == [3, 4]
     assert per_step["flops_per_step"].tolist() == [128.0, 256.0 + 128.0]
@@ -193,50 +196,87 @@ def test_old_traces_without_concrete_inputs_leave_their_convolutions_uncounted()
     assert len(gemms) > 0 and gemms["flops"].notna().all()
 
 
-def _step(**parts):
+def _step(waits=None, **parts):
+    """One profiled step of known parts, its communication split by `waits`
+    (split_communication, as analysis.run gives the mfu table)."""
     row = {"rank": 0, "step": 1, "compute_only_ns": 0, "comm_only_ns": 0, "overlap_ns": 0,
            "memcpy_ns": 0, "idle_ns": 0}
     row.update(parts)
     row["step_ns"] = sum(row[c] for c in ("compute_only_ns", "comm_only_ns", "overlap_ns",
                                           "memcpy_ns", "idle_ns"))
-    return pd.DataFrame([row])
+    return split_communication(pd.DataFrame([row]), waits)
+
+
+def _step_flops(value, rank=0):
+    return pd.DataFrame({"rank": [rank], "step": [1], "flops_per_step": [value],
+                         "dtype": ["fp32"], "memory_bytes": [0.0], "ops_without_shapes": [0]})
 
 
 def test_mfu_and_its_lost_points_on_a_step_of_known_parts():
-    per_step = _step(compute_only_ns=400_000, overlap_ns=100_000, comm_only_ns=300_000,
-                     memcpy_ns=50_000, idle_ns=150_000)
-    step_flops = pd.DataFrame({"rank": [0], "step": [1], "flops_per_step": [2.5e8],
-                               "dtype": ["fp32"]})
     waits = pd.DataFrame({"rank": [0], "step": [1], "wait_for_peers_ms": [0.2]})
-    row = flops.mfu_rows(step_flops, per_step, (1.0, "option"), waits).iloc[0]
+    per_step = _step(waits, compute_only_ns=400_000, overlap_ns=100_000, comm_only_ns=300_000,
+                     memcpy_ns=50_000, idle_ns=150_000)
+    row = flops.mfu_table(_step_flops(2.5e8), per_step, {0: (1.0, "option")}).iloc[0]
     assert row["achieved_tflops"] == pytest.approx(0.25)  # 2.5e8 FLOP in 1 ms
     assert row["mfu_pct"] == pytest.approx(25.0)
     assert row["lost_waiting_pts"] == pytest.approx(20.0)
     assert row["lost_transfer_pts"] == pytest.approx(15.0)  # 0.1 ms exposed transfer + 0.05 copy
     assert row["lost_idle_pts"] == pytest.approx(15.0)
     assert row["lost_compute_pts"] == pytest.approx(25.0)  # 0.5 ms computing for 0.25 ideal
-    total = row[["lost_transfer_pts", "lost_waiting_pts", "lost_idle_pts",
-                 "lost_compute_pts"]].sum()
+    total = row[flops.LOST_COLUMNS].sum()
     assert total == pytest.approx(100.0 - row["mfu_pct"], abs=1e-12)
 
 
-def test_waiting_is_bounded_by_the_exposed_communication_and_no_peak_gives_no_mfu():
-    per_step = _step(compute_only_ns=600, comm_only_ns=100, idle_ns=300)
-    step_flops = pd.DataFrame({"rank": [0], "step": [1], "flops_per_step": [300.0],
-                               "dtype": ["fp32"]})
+def test_waiting_is_the_splits_bounded_by_the_exposed_communication_and_no_peak_gives_no_mfu():
     waits = pd.DataFrame({"rank": [0], "step": [1], "wait_for_peers_ms": [5.0]})
-    row = flops.mfu_rows(step_flops, per_step, (1e-3, "measured"), waits).iloc[0]
+    per_step = _step(waits, compute_only_ns=600, comm_only_ns=100, idle_ns=300)
+    row = flops.mfu_table(_step_flops(300.0), per_step, {0: (1e-3, "measured")}).iloc[0]
     assert row["lost_waiting_pts"] == pytest.approx(10.0) and row["lost_transfer_pts"] == 0
     assert row["mfu_pct"] == pytest.approx(30.0)  # 300 FLOP at 1 GFLOP/s: 300 ns of 1000
     assert row["lost_compute_pts"] == pytest.approx(30.0)
-    none = flops.mfu_rows(step_flops, per_step, (None, None))
+    none = flops.mfu_table(_step_flops(300.0), _step(None, compute_only_ns=600,
+                                                     comm_only_ns=100, idle_ns=300), {})
     assert math.isnan(none["mfu_pct"].iloc[0])
     assert none["achieved_tflops"].iloc[0] == pytest.approx(0.3e-3)
-    record = flops.mfu_records(none)[0]
+    record = records(none)[0]
     assert list(record) == flops.MFU_COLUMNS
     assert record["mfu_pct"] is None and record["peak_source"] is None
     assert record["rank"] == 0 and record["step_ns"] == 1000 and type(record["step_ns"]) is int
     json.dumps(record, allow_nan=False)
+
+
+def test_without_waits_nothing_is_waiting_and_a_step_without_a_modelled_op_has_no_flops():
+    per_step = pd.concat([_step(None, compute_only_ns=600, comm_only_ns=400),
+                          _step(None, compute_only_ns=1000).assign(step=2)], ignore_index=True)
+    table = flops.mfu_table(_step_flops(500.0), per_step, {0: (1e-3, "option")})
+    assert table["step"].tolist() == [1, 2]
+    assert table["lost_waiting_pts"].tolist() == [0.0, 0.0]
+    assert table["lost_transfer_pts"].tolist() == pytest.approx([40.0, 0.0])
+    assert table["flops_per_step"].tolist() == [500.0, 0.0]
+    assert table["mfu_pct"].tolist() == pytest.approx([50.0, 0.0])
+    assert table["lost_compute_pts"].tolist() == pytest.approx([10.0, 100.0])
+
+
+def test_a_rank_whose_compute_ops_lack_shapes_has_no_flops_and_no_mfu():
+    ops = _ops([("aten::mm", "1", 5, 10, None, None), ("aten::add", "1", 20, 30, None, None)])
+    per_step = flops.step_flops(flops.op_flops(ops, steps_frame([1], [0], [100])), rank=0)
+    assert per_step["ops_without_shapes"].tolist() == [1]
+    assert math.isnan(per_step["flops_per_step"].iloc[0])
+    row = flops.mfu_table(per_step, _step(None, compute_only_ns=100), {0: (1.0, "option")})
+    assert math.isnan(row["flops_per_step"].iloc[0]) and math.isnan(row["mfu_pct"].iloc[0])
+    assert row["ops_without_shapes"].tolist() == [1]
+
+
+def test_the_mean_per_rank_keeps_the_lost_points_adding_up():
+    per_step = pd.concat([_step(None, compute_only_ns=600, comm_only_ns=400),
+                          _step(None, compute_only_ns=900, idle_ns=100).assign(step=2)],
+                         ignore_index=True)
+    flops_of = pd.concat([_step_flops(500.0), _step_flops(200.0).assign(step=2)])
+    by_rank = flops.mfu_per_rank(flops.mfu_table(flops_of, per_step, {0: (1e-3, "option")}))
+    row = by_rank.iloc[0]
+    assert (row["rank"], row["steps"], row["peak_source"]) == (0, 2, "option")
+    assert row["mfu_pct"] == pytest.approx(35.0) and row["flops_per_step"] == 350.0
+    assert row[flops.LOST_COLUMNS].sum() == pytest.approx(100.0 - row["mfu_pct"])
 
 
 class _Start:

@@ -65,3 +65,25 @@ def test_ops_summed_by_name_slowest_first():
     assert table["name"].tolist() == ["aten::add", "aten::mm"]
     assert table["calls"].tolist() == [2, 2] and table["time_ns"].tolist() == [4000, 2000]
     assert table["achieved_tflops"].tolist() == pytest.approx([0.5e-3, 2.0])
+
+
+def test_a_sum_of_ops_is_judged_by_the_same_arithmetic_as_one_op():
+    ops = roofline.op_roofline(OPS, peak_tflops=100.0, peak_gbps=1000.0)
+    by_op = roofline.roofline_by_op(ops)
+    assert "ridge" not in by_op.columns  # no peak needed to sum
+    judged = roofline.with_roofline(by_op, 100.0, 1000.0).set_index("name")
+    for op in ops.itertuples():
+        for column in ("achieved_tflops", "intensity", "ridge", "roofline_tflops",
+                       "pct_of_roofline", "bound"):
+            assert judged.loc[op.name, column] == pytest.approx(getattr(op, column)), column
+    assert judged.loc["aten::mm", "peak_gbps"] == 1000.0
+    unknown = roofline.with_roofline(by_op, None, None)
+    assert unknown["roofline_tflops"].isna().all() and unknown["bound"].isna().all()
+
+
+def test_an_op_timed_on_the_device_and_on_the_host_sums_both_and_says_so():
+    mm = roofline.op_roofline(OPS, 100.0, 1000.0).iloc[[0]]
+    ops = pd.concat([mm.assign(time_from="device"), mm.assign(time_from="host")])
+    table = roofline.roofline_by_op(ops)
+    assert table["time_from"].tolist() == ["device+host"]
+    assert table["calls"].tolist() == [2] and table["time_ns"].tolist() == [2000]

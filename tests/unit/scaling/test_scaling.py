@@ -11,6 +11,7 @@ import pytest
 from analysis import scaling
 from analysis.scaling import table as st
 from analysis.scaling.svg import scaling_svg
+from helpers.flops_run import write_flops_run
 from tracer import sweep
 
 MS = 1_000_000
@@ -233,3 +234,15 @@ def test_the_sweep_splits_its_command_line():
         sweep.main(["--nproc", "1", "--run-name", "x", "train.py"])
     with pytest.raises(SystemExit):
         sweep.main(["--nproc", "0", "train.py"])
+
+
+def test_mfu_against_world_size_is_the_mean_over_each_runs_profiled_steps(tmp_path, capsys):
+    write_flops_run(tmp_path / "ws1-n1-r0", 1, peak=(10.0, "measured"), steps_ms=(300, 1, 20))
+    write_flops_run(tmp_path / "ws2-n1-r0", 2, peak=(4.0, "option"), steps_ms=(300, 1, 20))
+    result = scaling.study([tmp_path], use_cache=False)
+    assert result.runs["mfu_pct"].tolist() == pytest.approx([20.0, 50.0])
+    assert result.table["mfu_pct"].tolist() == pytest.approx([20.0, 50.0])
+    text = scaling.text_report(result)
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("ranks"))
+    assert "MFU %" in header
+    assert scaling.document(result)["world_sizes"][1]["mfu_pct"] == pytest.approx(50.0)
