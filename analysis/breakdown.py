@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.core.limits import max_trace_bytes
-from analysis.core.step_spec import at_least_one, parse_step_spec, steps_argument
+from analysis.core.step_spec import (
+    at_least_one,
+    parse_step_spec,
+    positive_number,
+    steps_argument,
+)
 from analysis.core.terminal import terminal_safe
 from analysis.ingest import parse_ahead
 from analysis.ingest.parallel import SchedulerUnavailable
@@ -60,21 +65,12 @@ def _parser() -> argparse.ArgumentParser:
                         type=_regex,
                         help="device kernels whose name matches REGEX (searched, case-"
                              "sensitive) also count as communication; repeatable")
-    parser.add_argument("--peak-tflops", type=_positive, metavar="TFLOPS",
+    parser.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
                         help="the peak TFLOP/s that MFU and the roofline take for every rank "
                              "(default: the one the tracer recorded, else the datasheet's for "
                              "the device and the steps' dtype; docs/mfu.md)")
     return parser
 
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return value
 
 
 def _regex(text: str) -> re.Pattern:

@@ -56,3 +56,14 @@ def at_least_one(text: str) -> int:
     if number < 1:
         raise ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
     return number
+
+
+def positive_number(text: str) -> float:
+    """argparse type: a finite number above 0 (--peak-tflops)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.core.model import UNKNOWN_RANK
+from analysis.core.step_spec import positive_number
 from analysis.core.terminal import terminal_safe
 from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir
 from analysis.rank.summary import rank_tables
@@ -85,16 +86,18 @@ def _cross_rank_parts(loaded, per_step: pd.DataFrame, problems: list[str], where
     return shares, bandwidth, stragglers, waits
 
 
-def _mean_mfu(loaded, per_step: pd.DataFrame, waits, problems: list[str], where: str) -> float:
+def _mean_mfu(loaded, per_step: pd.DataFrame, waits, problems: list[str], where: str,
+              peak_tflops: float | None = None) -> float:
     """The run's MFU, %: the mean over every rank's profiled steps of the run's analysis's mfu
-    table (analysis.run.mfu_of_run); NaN where no rank has one."""
+    table (analysis.run.mfu_of_run; `peak_tflops` overrides every rank's peak); NaN where no
+    rank has one."""
     from analysis.crossrank.waits import split_communication
     from analysis.run import mfu_of_run
 
     if not len(per_step):
         return float("nan")
     try:
-        mfu = mfu_of_run(loaded.ranks, split_communication(per_step, waits))
+        mfu = mfu_of_run(loaded.ranks, split_communication(per_step, waits), peak_tflops)
     except Exception as exc:  # the rest of the row stands without it
         problems.append(f"{where}: mfu table failed: {type(exc).__name__}: {exc}")
         return float("nan")
@@ -103,8 +106,8 @@ def _mean_mfu(loaded, per_step: pd.DataFrame, waits, problems: list[str], where:
 
 
 def load_run(path: Path, samples_per_step: float | None = None,
-             warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True
-             ) -> tuple[dict, pd.DataFrame, list[str]]:
+             warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True,
+             peak_tflops: float | None = None) -> tuple[dict, pd.DataFrame, list[str]]:
     """One run's row (`scaling_table.run_row` plus run, path, world_size, nnodes, stragglers),
     its transfer-based bandwidth table and its problems."""
     from analysis.ingest.load import load_path
@@ -142,18 +145,21 @@ def load_run(path: Path, samples_per_step: float | None = None,
         else {"step_ms": float("nan")}
     row.update(run=path.name, path=str(path), world_size=world_size, nnodes=nnodes,
                stragglers=",".join(map(str, stragglers)),
-               mfu_pct=_mean_mfu(loaded, per_step, waits, problems, str(path)))
+               mfu_pct=_mean_mfu(loaded, per_step, waits, problems, str(path), peak_tflops))
     bandwidth = bandwidth.assign(run=path.name, world_size=world_size, nnodes=nnodes)
     return row, bandwidth, problems
 
 
 def study(paths: list[Path], mode: str | None = None, samples_per_step: float | None = None,
-          warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True) -> Study:
-    """Load every run that `paths` name and compare them."""
+          warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True,
+          peak_tflops: float | None = None) -> Study:
+    """Load every run that `paths` name and compare them; `peak_tflops` overrides every rank's
+    peak in the MFU column."""
     rows, bandwidths, problems = [], [], []
     for folder in run_folders(paths):
         try:
-            row, bandwidth, found = load_run(folder, samples_per_step, warmup_steps, use_cache)
+            row, bandwidth, found = load_run(folder, samples_per_step, warmup_steps, use_cache,
+                                             peak_tflops)
         except NothingToAnalyse as exc:
             problems.append(f"{folder}: {exc}")
             continue
@@ -278,6 +284,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--html", type=Path, metavar="FILE",
                         help="also write a self-contained page with the plot and the report")
     parser.add_argument("--no-cache", action="store_true", help="do not use the Parquet cache")
+    parser.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
+                        help="every rank's peak for the MFU column (default: each run's "
+                             "recorded or measured peak, else the device's datasheet; "
+                             "docs/mfu.md)")
     return parser.parse_args(argv)
 
 
@@ -285,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         result = study(args.paths, args.mode, args.samples_per_step, args.warmup_steps,
-                       use_cache=not args.no_cache)
+                       use_cache=not args.no_cache, peak_tflops=args.peak_tflops)
     except NothingToAnalyse as exc:
         print(terminal_safe(f"ranktrace: error: {exc}"), file=sys.stderr)
         return 1

@@ -246,3 +246,15 @@ def test_mfu_against_world_size_is_the_mean_over_each_runs_profiled_steps(tmp_pa
     header = next(line for line in text.splitlines() if line.lstrip().startswith("ranks"))
     assert "MFU %" in header
     assert scaling.document(result)["world_sizes"][1]["mfu_pct"] == pytest.approx(50.0)
+
+
+def test_peak_tflops_overrides_every_runs_peak_in_the_mfu_column(tmp_path, capsys):
+    write_flops_run(tmp_path / "ws1-n1-r0", 1, peak=(10.0, "measured"), steps_ms=(300, 1, 20))
+    write_flops_run(tmp_path / "ws2-n1-r0", 2, peak=(4.0, "option"), steps_ms=(300, 1, 20))
+    # 20% of 10 TFLOP/s and 50% of 4 are 2 TFLOP/s achieved: 40% of a 5 TFLOP/s peak in both
+    assert scaling.main([str(tmp_path), "--peak-tflops", "5", "--format", "json",
+                         "--no-cache"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [s["mfu_pct"] for s in document["world_sizes"]] == pytest.approx([40.0, 40.0])
+    with pytest.raises(SystemExit):
+        scaling.parse_args([str(tmp_path), "--peak-tflops", "0"])
