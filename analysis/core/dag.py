@@ -15,8 +15,8 @@ NEVER = np.iinfo(np.int64).min
 
 def by_level(src: np.ndarray, dst: np.ndarray, n: int):
     """Edges sorted by the level of their target (sources 0, else 1 + the predecessors'
-    highest), and where each level starts. Levels are found frontier by frontier (Kahn's
-    order), so each edge is visited once however deep the graph."""
+    highest), then by target, and where each level starts. Levels are found frontier by
+    frontier (Kahn's order), so each edge is visited once however deep the graph."""
     by_src = np.argsort(src, kind="stable")
     out_start = np.searchsorted(src[by_src], np.arange(n + 1))
     waiting = np.bincount(dst, minlength=n)
@@ -36,7 +36,7 @@ def by_level(src: np.ndarray, dst: np.ndarray, n: int):
     if done < n:  # pragma: no cover - the edges follow measured order
         raise ValueError("the dependency graph has a cycle")
     edge_level = level[dst]
-    order = np.argsort(edge_level, kind="stable")
+    order = np.lexsort((dst, edge_level))  # by level, then target: propagate reduces runs
     counts = np.bincount(edge_level, minlength=int(level.max(initial=0)) + 1)
     return src[order], dst[order], np.concatenate([[0], np.cumsum(counts)])
 
@@ -50,17 +50,21 @@ def latest_predecessor(time: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np
 
 def propagate(graph, durations: np.ndarray) -> np.ndarray:
     """Node times for each column of `durations` (nodes x scenarios) on `graph` (its `time`,
-    `src`, `dst` and `level_starts`, edges as `by_level` sorts them): sources keep their
-    measured time, every other node = the latest of its predecessors + its duration."""
+    `src`, `dst` and `level_starts`, edges as `by_level` sorts them: by level, then target):
+    sources keep their measured time, every other node = the latest of its predecessors + its
+    duration."""
     durations = durations.reshape(len(graph.time), -1)
     times = np.repeat(graph.time[:, None], durations.shape[1], axis=1)
+    # Where each target's run of edges begins: edges are sorted by level, then target.
+    dst = graph.dst
+    runs = np.flatnonzero(np.concatenate([[True], dst[1:] != dst[:-1]]))
+    bounds = np.searchsorted(runs, graph.level_starts)
     for k in range(1, len(graph.level_starts) - 1):
-        lo, hi = graph.level_starts[k], graph.level_starts[k + 1]
-        if lo == hi:
+        first, stop = bounds[k], bounds[k + 1]
+        if first == stop:
             continue
-        src, dst = graph.src[lo:hi], graph.dst[lo:hi]
-        targets, of_target = np.unique(dst, return_inverse=True)
-        latest = np.full((len(targets), durations.shape[1]), NEVER)
-        np.maximum.at(latest, of_target, times[src])
+        lo, hi = graph.level_starts[k], graph.level_starts[k + 1]
+        targets = dst[runs[first:stop]]
+        latest = np.maximum.reduceat(times[graph.src[lo:hi]], runs[first:stop] - lo, axis=0)
         times[targets] = latest + durations[targets]
     return times

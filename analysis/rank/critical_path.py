@@ -37,7 +37,9 @@ PATH_COLUMNS = ["step", "rank", "category", "ms"]
 PATH_STEP_COLUMNS = ["step", "path_ms", "end_rank", "start_rank", "step_ms"]
 SEGMENT_COLUMNS = ["step", "rank", "category", "start_ns", "end_ns"]
 CATEGORIES = ("cpu", "idle", "launch", "kernel", "comm_kernel", "memcpy", "memset")
-DEVICE_CATEGORY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+CPU, IDLE, LAUNCH, KERNEL, COMM_KERNEL, MEMCPY, MEMSET = range(len(CATEGORIES))
+DEVICE_CATEGORY = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
+_NAMES = np.array(CATEGORIES, dtype=object)
 
 
 @dataclass
@@ -50,7 +52,7 @@ class RankGraph:
     step: np.ndarray      # row of `steps` the node belongs to
     thread: np.ndarray    # host thread code (H, E), else -1
     busy: np.ndarray      # DEVICE: the op's own duration; else 0
-    device_category: np.ndarray  # DEVICE: kernel, comm_kernel, memcpy, memset; else ""
+    device_category: np.ndarray  # DEVICE: KERNEL, COMM_KERNEL, MEMCPY, MEMSET; else -1
     src: np.ndarray
     dst: np.ndarray
     level_starts: np.ndarray | None  # set by steps_alone, for dag.propagate
@@ -81,8 +83,9 @@ def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
     corr = events["correlation"].to_numpy("int64")
     cat = events["cat"]
     runtime = _codes_where(cat, lambda c: normal_cat(c) in RUNTIME_CATS) & ~gpu
-    thread_of = pd.factorize(events["pid"].astype(str).to_numpy(object) + "/"
-                             + events["tid"].astype(str).to_numpy(object))[0]
+    tid_codes = events["tid"].cat.codes.to_numpy().astype(np.int64)
+    thread_of = pd.factorize(events["pid"].cat.codes.to_numpy().astype(np.int64)
+                             * (len(events["tid"].cat.categories) + 1) + tid_codes)[0]
     # Device ops, and the host call that launched each (its first runtime call by correlation).
     dev = np.flatnonzero(gpu & (corr >= 0))
     calls = np.flatnonzero(runtime)
@@ -134,11 +137,11 @@ def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
                              np.full(n_dev, -1)])
     busy = np.concatenate([np.zeros(3 * n_steps + n_host, np.int64), end[dev] - ts[dev]])
     comm = events["is_comm"].to_numpy(bool)[dev]
-    d_cat = np.array([DEVICE_CATEGORY.get(normal_cat(c), "kernel")
-                      for c in cat.cat.categories] + ["kernel"], dtype=object)[
+    d_cat = np.array([DEVICE_CATEGORY.get(normal_cat(c), KERNEL)
+                      for c in cat.cat.categories] + [KERNEL], dtype=np.int8)[
         cat.cat.codes.to_numpy()[dev]]
-    d_cat = np.where(comm, "comm_kernel", d_cat)
-    device_category = np.concatenate([np.full(base_k, "", dtype=object), d_cat])
+    d_cat = np.where(comm, COMM_KERNEL, d_cat)
+    device_category = np.concatenate([np.full(base_k, -1, dtype=np.int8), d_cat])
 
     h_node, k_node = base_h + np.arange(n_host), base_k + np.arange(n_dev)
     src, dst = [], []
@@ -333,14 +336,15 @@ def trace_paths(graph: RankGraph, rank: int) -> tuple[pd.DataFrame, pd.DataFrame
     for row in range(n_steps):
         start, v = int(s_time[row]), 2 * n_steps + row
         while v >= 0 and v != row:
-            low = time[v] - duration[v]
-            if time[v] > start and duration[v]:
+            t, d = time[v], duration[v]
+            low = t - d
+            if t > start and d:
                 nodes.append(v)
-                lows.append(max(low, start))
-                of_step.append(row)
+                lows.append(low if low > start else start)
             if low <= start:
                 break
             v = pred[v]
+        of_step.extend([row] * (len(nodes) - len(of_step)))
     nodes = np.array(nodes, np.int64)
     low = np.array(lows, np.int64)
     high = graph.time[nodes]
@@ -352,7 +356,8 @@ def trace_paths(graph: RankGraph, rank: int) -> tuple[pd.DataFrame, pd.DataFrame
     path = (rows.groupby(["step", "category"], sort=True)["ns"].sum().reset_index()
             if len(rows) else pd.DataFrame(columns=["step", "category", "ns"]))
     path = pd.DataFrame({"step": path["step"].astype("int64"), "rank": int(rank),
-                         "category": path["category"], "ms": path["ns"].astype(float) / 1e6},
+                         "category": _NAMES[path["category"].to_numpy(np.int64)],
+                         "ms": path["ns"].astype(float) / 1e6},
                         columns=PATH_COLUMNS)
     sink = graph.time[2 * n_steps + np.arange(n_steps)]
     summary = pd.DataFrame({"step": steps["step"].to_numpy("int64"),
@@ -375,12 +380,12 @@ def _parts(graph: RankGraph, nodes, low, high, chosen) -> dict:
     host = ~device
     work[host] = covered(graph, graph.thread[nodes[host]], low[host], high[host])
     binding_kind = graph.kind[np.clip(chosen[nodes], 0, None)]
-    wait = np.where(binding_kind == HOST, "launch", "idle")
-    first_cat = np.where(device, wait, "cpu")
+    wait = np.where(binding_kind == HOST, LAUNCH, IDLE)
+    first_cat = np.where(device, wait, CPU)
     first_end = np.where(device, cut, low + work)
-    second_cat = np.where(device, graph.device_category[nodes], "idle")
+    second_cat = np.where(device, graph.device_category[nodes], IDLE)
     node = np.concatenate([nodes, nodes])
-    return {"node": node, "category": np.concatenate([first_cat, second_cat]).astype(object),
+    return {"node": node, "category": np.concatenate([first_cat, second_cat]).astype(np.int64),
             "start": np.concatenate([low, first_end]), "end": np.concatenate([first_end, high]),
             "order": np.concatenate([np.arange(len(nodes)) * 2 + 1, np.arange(len(nodes)) * 2])}
 
@@ -398,7 +403,7 @@ def _segments(graph: RankGraph, parts: dict, rank: int) -> pd.DataFrame:
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(step)) - 1
     return pd.DataFrame({"step": graph.steps["step"].to_numpy("int64")[step[first]],
-                         "rank": int(rank), "category": category[first],
+                         "rank": int(rank), "category": _NAMES[category[first]],
                          "start_ns": start[first], "end_ns": end[last]},
                         columns=SEGMENT_COLUMNS).astype(
         {"step": "int64", "rank": "int64", "start_ns": "int64", "end_ns": "int64"})
@@ -466,10 +471,9 @@ def what_if(graph: RankGraph, rank: int) -> list[dict]:
     return sorted(answers, key=lambda w: -w["saved_ms_per_step"])
 
 
-def analyse(trace, events: pd.DataFrame | None = None, answer_what_if: bool = False) -> dict:
+def analyse(trace, events: pd.DataFrame | None = None, answer_what_if: bool = True) -> dict:
     """The critical path of each step of one rank (`trace`: its rank and steps; `events`: its
-    events frame, default trace.events); with `answer_what_if`, what-if answers on it (off by
-    default: propagating a graph as deep as a step's launches costs more than the path)."""
+    events frame, default trace.events) and, with `answer_what_if`, what-if answers on it."""
     events = trace.events if events is None else events
     steps = trace.steps
     if events is None or steps is None or not len(steps) or not events["is_gpu"].any():

@@ -114,7 +114,7 @@ def test_resnet_steps_are_covered_exactly(resnet):
     tail = steps["path_ms"] - steps["step_ms"]
     assert (tail > 8).all() and (tail < 17).all()
     segments = result["critical_path_segments"]
-    for step, rows in segments.groupby("step"):
+    for _step, rows in segments.groupby("step"):
         assert (rows["start_ns"].to_numpy()[1:] == rows["end_ns"].to_numpy()[:-1]).all()
     assert set(result["critical_path"]["category"]) <= set(cp.CATEGORIES)
 
