@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import crossrank
+from analysis.core.events import with_events
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace, known_rank
 from analysis.core.steps import parse_step_spec
 from analysis.crossrank import critical_path
@@ -30,6 +31,7 @@ from analysis.findings import bottlenecks, notes, stop, stop_traces, verdict
 from analysis.findings.captures import analysed_captures
 from analysis.ingest.captures import group_captures
 from analysis.ingest.load import load_path
+from analysis.rank import critical_path as rank_critical_path
 from analysis.rank import flops
 from analysis.rank import tables as ranks
 from analysis.rank.comm import ops as communication
@@ -348,17 +350,38 @@ def _cross_rank(loaded: LoadResult, per_step: pd.DataFrame | None,
 def _critical_path(cross: dict | None, report: output.RunReport,
                    profiled: pd.DataFrame) -> dict | None:
     """The critical path and what-if answers (docs/critical-path.md) of the cross-rank result,
-    with the report's idle gaps known in the `profiled` (rank, step) rows, or None: without
-    the pass, or with one problem saying why the model failed."""
+    with the report's idle gaps known in the `profiled` (rank, step) rows. Without the pass, or
+    with no step it analyses, a run of one rank with GPU events gets that rank's own path
+    (analysis.rank.critical_path; docs/critical-path.md, "One rank on a GPU"). None where there
+    is neither, or with one problem saying why the model failed."""
     if cross is None:
-        return None
+        return _one_rank_path(report)
     try:
-        return critical_path.analyse(cross, idle_gaps=report.idle_gaps, profiled=profiled)
+        result = critical_path.analyse(cross, idle_gaps=report.idle_gaps, profiled=profiled)
     except Exception as exc:  # the rest of the report stands without it
         why = f"{type(exc).__name__}: {exc}"
         report.problems.append(f"critical path analysis failed ({why}); no what-if answer")
         report.unavailable["critical_path"] = why
         return None
+    if not len(result["critical_path_steps"]):  # no analysed step across ranks: one rank
+        return _one_rank_path(report) or result
+    return result
+
+
+def _one_rank_path(report: output.RunReport) -> dict | None:
+    """The single-rank critical path of a run of one traced rank with device ops, or None."""
+    traces = [t for t in report.ranks if t.has_trace]
+    if len(traces) != 1:
+        return None
+    try:
+        result = ((traces[0].reduced or {}).get("critical_path")
+                  or rank_critical_path.analyse(with_events(traces[0])))
+    except Exception as exc:  # the rest of the report stands without it
+        why = f"{type(exc).__name__}: {exc}"
+        report.problems.append(f"critical path analysis failed ({why}); no what-if answer")
+        report.unavailable["critical_path"] = why
+        return None
+    return result if len(result["critical_path_steps"]) else None
 
 
 def _table(name: str, doc: str) -> property:

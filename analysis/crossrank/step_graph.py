@@ -24,11 +24,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
+from analysis.core.dag import NEVER, propagate  # noqa: F401  (propagate: re-exported)
+from analysis.core.dag import by_level as _by_level
 from analysis.crossrank.clock import to_common_clock
 from analysis.crossrank.grouped import cummax_by_group, group_starts
 
 START, ISSUE, ARRIVAL, LAST, END_OF_OP, STEP_END = range(6)
-NEVER = np.iinfo(np.int64).min
 
 
 @dataclass
@@ -216,48 +217,3 @@ def _queue_edges(ops: pd.DataFrame, base_a: int, base_f: int):
     p2p = ops["op"].isin(P2P_OPS).to_numpy()[order]
     keep = queued & (previous >= 0) & ~p2p
     return base_f + order[previous[keep]], base_a + order[keep]
-
-
-def _by_level(src: np.ndarray, dst: np.ndarray, n: int):
-    """Edges sorted by the level of their target (sources 0, else 1 + the predecessors'
-    highest), and where each level starts. Levels are found frontier by frontier (Kahn's
-    order), so each edge is visited once however deep the graph."""
-    by_src = np.argsort(src, kind="stable")
-    out_start = np.searchsorted(src[by_src], np.arange(n + 1))
-    waiting = np.bincount(dst, minlength=n)
-    level = np.zeros(n, dtype=np.int64)
-    frontier = np.flatnonzero(waiting == 0)
-    done, depth = len(frontier), 0
-    while len(frontier):
-        depth += 1
-        counts = out_start[frontier + 1] - out_start[frontier]
-        firsts = np.repeat(out_start[frontier] - np.cumsum(counts) + counts, counts)
-        edges = by_src[firsts + np.arange(counts.sum())]
-        targets = dst[edges]
-        np.subtract.at(waiting, targets, 1)
-        level[targets] = depth  # the last frontier to reach a node sets its level
-        frontier = np.unique(targets[waiting[targets] == 0])
-        done += len(frontier)
-    if done < n:  # pragma: no cover - the edges follow measured order
-        raise ValueError("the step graph has a cycle")
-    edge_level = level[dst]
-    order = np.argsort(edge_level, kind="stable")
-    counts = np.bincount(edge_level, minlength=int(level.max(initial=0)) + 1)
-    return src[order], dst[order], np.concatenate([[0], np.cumsum(counts)])
-
-
-def propagate(graph: StepGraph, durations: np.ndarray) -> np.ndarray:
-    """Node times for each column of `durations` (nodes x scenarios): sources keep their
-    measured time, every other node = the latest of its predecessors + its duration."""
-    durations = durations.reshape(len(graph.time), -1)
-    times = np.repeat(graph.time[:, None], durations.shape[1], axis=1)
-    for k in range(1, len(graph.level_starts) - 1):
-        lo, hi = graph.level_starts[k], graph.level_starts[k + 1]
-        if lo == hi:
-            continue
-        src, dst = graph.src[lo:hi], graph.dst[lo:hi]
-        targets, of_target = np.unique(dst, return_inverse=True)
-        latest = np.full((len(targets), durations.shape[1]), NEVER)
-        np.maximum.at(latest, of_target, times[src])
-        times[targets] = latest + durations[targets]
-    return times

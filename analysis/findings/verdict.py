@@ -79,7 +79,8 @@ def what_if_line(what_if: list | None, steps: int | None = None) -> str | None:
     """The top what-if answer (docs/critical-path.md) in words: "if rank 1 were on time: 15.20
     ms per step instead of 41.00 (-63%)", with the number of steps its means are over where
     given; None without an answer that saves at least MIN_WAIT_MS per step. An estimate that
-    is not propagated on the graph (the pipeline with more microbatches) is not quoted."""
+    is not propagated on the graph (the pipeline with more microbatches), or a change of scale
+    (host work halved), is not quoted."""
     answers = [w for w in what_if or [] if w.get("kind") not in ESTIMATES]
     if not answers:
         return None
@@ -95,8 +96,9 @@ def what_if_line(what_if: list | None, steps: int | None = None) -> str | None:
             f"{over} (docs/critical-path.md).")
 
 
-# What-if kinds the verdict does not quote: estimates from a formula, not the graph.
-ESTIMATES = ("pipeline_microbatches",)
+# What-if kinds the verdict does not quote: estimates from a formula, not the graph; and a
+# change of scale that removes no cause (one rank's host work halved, docs/critical-path.md).
+ESTIMATES = ("pipeline_microbatches", "host_work_halved")
 
 
 def _conditional(answer: dict) -> str:

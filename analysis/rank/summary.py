@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.events import with_events
-from analysis.rank import flops, issuers
+from analysis.rank import critical_path, flops, issuers
 from analysis.rank.comm import events as comm_events
 from analysis.rank.comm import ops as communication
 from analysis.rank.comm.kernel_names import named_kernels
@@ -72,6 +72,10 @@ RANK_SUMMARIES = {
     "ddp_accumulation": lambda trace: issuers.ddp_accumulation([trace]),  # ddp_accumulation
     "comm_events": _comm_events,  # analysis.crossrank.frames.run_frames
     "event_count": lambda trace: len(trace.events),
+    # analysis.run's path of a run of one rank: computed only where the trace names no other
+    # rank, else read again from the events where the run turns out to hold one trace.
+    "critical_path": lambda trace: (critical_path.analyse(trace)
+                                    if (trace.world_size or 1) <= 1 else None),
 }
 
 
