@@ -143,6 +143,8 @@ def load_run(path: Path, samples_per_step: float | None = None,
            else float("nan"))
     row = st.run_row(steps, shares, samples_per_step, warmup_steps, cpu) if not steps.empty \
         else {"step_ms": float("nan")}
+    kinds = set(per_step["kind"].dropna()) if "kind" in per_step.columns else set()
+    row.update(trace_kind="gpu" if "gpu" in kinds else ("cpu" if kinds else None))
     row.update(run=path.name, path=str(path), world_size=world_size, nnodes=nnodes,
                stragglers=",".join(map(str, stragglers)),
                mfu_pct=_mean_mfu(loaded, per_step, waits, problems, str(path), peak_tflops))

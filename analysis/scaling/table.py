@@ -33,6 +33,13 @@ SUGGESTIONS = {
             "launch overhead (torch.compile, CUDA graphs) or synchronisation",
     "copies": "host-device copies: pin memory, copy with non_blocking, keep data on the device",
 }
+# Where every run's traces are CPU traces, no device waits: what the idle time is there.
+CPU_SUGGESTIONS = {
+    "idle": "the ranks' threads ran no op: data loading (DataLoader workers), Python between "
+            "ops and steps (logging, checkpointing) or synchronisation",
+    "copies": "memory copies between ops: keep tensors in place, avoid .contiguous() and dtype "
+              "round trips",
+}
 SATURATED_CPU_PCT = 90.0
 # A baseline whose timed steps spread more than this is noisy (docs/scaling.md, "Warnings"):
 # the coefficient of variation (population standard deviation over mean) or IQR over median.
@@ -168,6 +175,10 @@ def scaling_table(runs: pd.DataFrame, mode: str | None = None) -> tuple[pd.DataF
     table["step_ms_max"] = grouped["step_ms"].max()
     table["runs"] = grouped.size()
     table["peak_memory_bytes"] = grouped["peak_memory_bytes"].max()
+    if "trace_kind" in runs.columns:  # "gpu" where any repeat has a GPU trace
+        table["trace_kind"] = grouped["trace_kind"].agg(
+            lambda kinds: "gpu" if (kinds == "gpu").any() else kinds.dropna().max()
+            if kinds.notna().any() else None)
     for column in ("step_cv_pct", "step_iqr_pct"):  # the noisiest repeat's
         table[column] = (grouped[column].max() if column in runs.columns
                          else pd.Series(np.nan, index=table.index))
@@ -221,6 +232,8 @@ def attribution(table: pd.DataFrame) -> pd.DataFrame:
         for cause, value in _cause_ms(row).items():
             lost = value - k * base_causes[cause]
             suggestion = SUGGESTIONS[cause]
+            if cause in CPU_SUGGESTIONS and row.get("trace_kind") == "cpu":
+                suggestion = CPU_SUGGESTIONS[cause]
             if cause == "compute" and row["host_cpu_pct"] >= SATURATED_CPU_PCT:
                 suggestion = CPU_SUGGESTION.format(pct=row["host_cpu_pct"]) + "; " + suggestion
             rows.append({"world_size": int(row["world_size"]), "nnodes": int(row["nnodes"]),

@@ -68,6 +68,19 @@ def test_attribution_is_exact_and_adds_up_to_the_lost_efficiency():
         "compute"]
 
 
+@pytest.mark.parametrize("kinds, device_words", [(("cpu", "cpu", "cpu"), False),
+                                                  (("gpu", "gpu", "gpu"), True),
+                                                  ((None, None, None), True)])
+def test_idle_advice_speaks_of_a_device_only_where_the_traces_have_one(kinds, device_words):
+    table, _ = st.scaling_table(STRONG.assign(trace_kind=list(kinds)), "strong")
+    advice = st.attribution(table).set_index(["world_size", "cause"])["suggestion"]
+    for world in (2, 4):
+        assert ("device" in advice[(world, "idle")]) == device_words
+        assert ("device" in advice[(world, "copies")]) == device_words
+    assert advice[(4, "idle")] == (st.SUGGESTIONS["idle"] if device_words
+                                   else st.CPU_SUGGESTIONS["idle"])
+
+
 def test_weak_scaling_from_the_recorded_global_batch():
     runs = _runs([(1, 100.0, (90, 0, 0, 0, 10, 0), 32),
                   (2, 110.0, (90, 0, 10, 0, 10, 0), 64),
