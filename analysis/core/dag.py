@@ -3,14 +3,31 @@ cross-rank step graph (analysis.crossrank.step_graph) and one rank's GPU graph
 (analysis.rank.critical_path) both use it.
 
 A graph is its nodes' measured times and its edges (src, dst), sorted by the level of their
-target with `by_level`; `propagate` gives every node's time for other node durations.
+target with `by_level`; `propagate` gives every node's time for other node durations. Both
+analyses give their result in one shape: the frames of PATH_COLUMNS, PATH_STEP_COLUMNS and
+SEGMENT_COLUMNS and the what-if list (`no_critical_path` where there is none).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 NEVER = np.iinfo(np.int64).min
+
+# A critical-path result: "critical_path" (the path's time per step, rank and category),
+# "critical_path_steps" (per step), "critical_path_segments" (its stretches of time) and
+# "what_if" (docs/critical-path.md).
+PATH_COLUMNS = ["step", "rank", "category", "ms"]
+PATH_STEP_COLUMNS = ["step", "path_ms", "end_rank", "start_rank", "step_ms"]
+SEGMENT_COLUMNS = ["step", "rank", "category", "start_ns", "end_ns"]
+
+
+def no_critical_path() -> dict:
+    """The result of a critical-path analysis with no step to analyse."""
+    return {"critical_path": pd.DataFrame(columns=PATH_COLUMNS),
+            "critical_path_steps": pd.DataFrame(columns=PATH_STEP_COLUMNS),
+            "critical_path_segments": pd.DataFrame(columns=SEGMENT_COLUMNS), "what_if": []}
 
 
 def by_level(src: np.ndarray, dst: np.ndarray, n: int):

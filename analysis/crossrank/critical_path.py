@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core import dag
+from analysis.core.dag import PATH_COLUMNS, PATH_STEP_COLUMNS, SEGMENT_COLUMNS  # noqa: F401
 from analysis.crossrank import step_graph, what_if, what_if_idle, what_if_pipeline
 from analysis.crossrank.grouped import group_starts
 from analysis.crossrank.step_graph import (
@@ -25,14 +27,10 @@ from analysis.crossrank.step_graph import (
     END_OF_OP,
     ISSUE,
     LAST,
-    NEVER,
     STEP_END,
     StepGraph,
 )
 
-PATH_COLUMNS = ["step", "rank", "category", "ms"]
-PATH_STEP_COLUMNS = ["step", "path_ms", "end_rank", "start_rank", "step_ms"]
-SEGMENT_COLUMNS = ["step", "rank", "category", "start_ns", "end_ns"]
 CATEGORIES = ("compute", "transfer", "queued", "clock")
 
 
@@ -41,8 +39,7 @@ def binding_predecessors(graph: StepGraph) -> np.ndarray:
     end before the host's previous event (the host waited for the op), the instance's last
     arriver as the waits name it, then the lowest rank."""
     src, dst, time = graph.src, graph.dst, graph.time
-    latest = np.full(len(time), NEVER)
-    np.maximum.at(latest, dst, time[src])
+    latest = dag.latest_predecessor(time, src, dst)
     binding = time[src] == latest[dst]
     src, dst = src[binding], dst[binding]
     preferred = (graph.kind[src] == END_OF_OP) | (
@@ -149,9 +146,7 @@ def analyse(cross: dict, steps: pd.DataFrame | None = None,
     steps = cross.get("steps") if steps is None else steps
     ops = cross.get("ops")
     if ops is None or steps is None or ops.empty or steps.empty:
-        return {"critical_path": pd.DataFrame(columns=PATH_COLUMNS),
-                "critical_path_steps": pd.DataFrame(columns=PATH_STEP_COLUMNS),
-                "critical_path_segments": pd.DataFrame(columns=SEGMENT_COLUMNS), "what_if": []}
+        return dag.no_critical_path()
     if "timed" in ops.columns and not ops["timed"].all():
         # An op timed at issue only (gloo's Flight Recorder entries) cannot have ended before its
         # last member arrived: that is its end here, with no transfer (docs/critical-path.md).

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
-from analysis.core.dag import NEVER, propagate  # noqa: F401  (propagate: re-exported)
+from analysis.core.dag import NEVER, latest_predecessor, propagate  # noqa: F401  (propagate: re-exported)
 from analysis.core.dag import by_level as _by_level
 from analysis.crossrank.clock import to_common_clock
 from analysis.crossrank.grouped import cummax_by_group, group_starts
@@ -122,8 +122,7 @@ def build(ops: pd.DataFrame, steps: pd.DataFrame) -> StepGraph:
     on_last = kind[dst] == LAST
     np.maximum.at(last, dst[on_last], time[src[on_last]])
     time[base_l:] = last[base_l:]
-    latest = np.full(n, NEVER)
-    np.maximum.at(latest, dst, time[src])
+    latest = latest_predecessor(time, src, dst)
     duration = np.where(latest == NEVER, 0, time - latest)
     src, dst, level_starts = _by_level(src, dst, n)
     return StepGraph(time=time, duration=duration, kind=kind, rank=rank, step=step,

@@ -59,29 +59,28 @@ def rank_on_time(graph: StepGraph, rank: int, duration: np.ndarray) -> np.ndarra
     of its at most the median of the other ranks' in that step."""
     issues = nodes_of_ops(graph, ISSUE)
     ops = graph.ops
-    collective = ~ops["op"].isin(P2P_OPS).to_numpy()
-    work = pd.DataFrame({"instance": ops["instance"].to_numpy(), "rank": ops["rank"].to_numpy(),
-                         "work": duration[issues]})
-    mine = (ops["rank"].to_numpy() == rank) & collective
-    others = work[~mine].groupby("instance")["work"].median()
-    median = work.loc[mine, "instance"].map(others).to_numpy(dtype="float64")
+    mine = (ops["rank"].to_numpy() == rank) & ~ops["op"].isin(P2P_OPS).to_numpy()
     changed = duration.copy()
-    own = issues[mine]
-    shorter = np.isfinite(median) & (median < duration[own])
-    changed[own[shorter]] = np.rint(median[shorter]).astype(np.int64)
+    _at_most_median(changed, duration, issues, ops["instance"].to_numpy(), mine, ~mine)
     # The tail of its step: a rank that ends a step late starts the next late (on the chained
     # graph, its peers then wait for it at the next step's first collective).
     ends = graph.step_ends
-    tails = pd.DataFrame({"step": graph.step[ends], "rank": graph.rank[ends],
-                          "work": duration[ends]})
-    with_collective = set(ops.loc[mine, "step"].tolist())
-    own_tail = (tails["rank"].to_numpy() == rank) & tails["step"].isin(with_collective).to_numpy()
-    others = tails[tails["rank"].to_numpy() != rank].groupby("step")["work"].median()
-    median = tails.loc[own_tail, "step"].map(others).to_numpy(dtype="float64")
-    own = ends[own_tail]
-    shorter = np.isfinite(median) & (median < duration[own])
-    changed[own[shorter]] = np.rint(median[shorter]).astype(np.int64)
+    step, on_rank = graph.step[ends], graph.rank[ends] == rank
+    own_tail = on_rank & np.isin(step, ops.loc[mine, "step"].to_numpy())
+    _at_most_median(changed, duration, ends, step, own_tail, ~on_rank)
     return changed
+
+
+def _at_most_median(changed: np.ndarray, duration: np.ndarray, nodes: np.ndarray,
+                    group: np.ndarray, own: np.ndarray, others: np.ndarray) -> None:
+    """Set each of `nodes` where `own` to the median duration of the nodes where `others` of
+    its `group`, where that is shorter (in `changed`)."""
+    work = pd.Series(duration[nodes])
+    median = pd.Series(group[own]).map(work[others].groupby(group[others]).median()
+                                       ).to_numpy(dtype="float64")
+    mine = nodes[own]
+    shorter = np.isfinite(median) & (median < duration[mine])
+    changed[mine[shorter]] = np.rint(median[shorter]).astype(np.int64)
 
 
 def _groups(ops: pd.DataFrame) -> pd.Series:

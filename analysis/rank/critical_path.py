@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import dag
+from analysis.core.dag import PATH_COLUMNS, SEGMENT_COLUMNS
 from analysis.rank.gpu_graph import (  # noqa: F401  (build, CATEGORIES: re-exported)
     _NAMES,
     CATEGORIES,
@@ -33,16 +34,6 @@ from analysis.rank.gpu_graph import (  # noqa: F401  (build, CATEGORIES: re-expo
     build,
     covered,
 )
-
-PATH_COLUMNS = ["step", "rank", "category", "ms"]
-PATH_STEP_COLUMNS = ["step", "path_ms", "end_rank", "start_rank", "step_ms"]
-SEGMENT_COLUMNS = ["step", "rank", "category", "start_ns", "end_ns"]
-
-
-def _empty() -> dict:
-    return {"critical_path": pd.DataFrame(columns=PATH_COLUMNS),
-            "critical_path_steps": pd.DataFrame(columns=PATH_STEP_COLUMNS),
-            "critical_path_segments": pd.DataFrame(columns=SEGMENT_COLUMNS), "what_if": []}
 
 
 def trace_paths(graph: RankGraph, rank: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -198,10 +189,10 @@ def analyse(trace, events: pd.DataFrame | None = None, answer_what_if: bool = Tr
     events = trace.events if events is None else events
     steps = trace.steps
     if events is None or steps is None or not len(steps) or not events["is_gpu"].any():
-        return _empty()
+        return dag.no_critical_path()
     graph = build(events, steps[["step", "start_ns", "end_ns"]])
     if graph is None:
-        return _empty()
+        return dag.no_critical_path()
     path, summary, segments = trace_paths(graph, trace.rank)
     return {"critical_path": path, "critical_path_steps": summary,
             "critical_path_segments": segments,
