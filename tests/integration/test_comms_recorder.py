@@ -391,10 +391,13 @@ def test_recorder_is_a_part_that_fails_once_and_tells_the_session(one_rank, capf
 # ---- a rank crashes: the other rank's error is the one it would print untraced ------------------
 def rank_error(folder, traced: bool) -> list[str]:
     """Rank 0's traceback and error line when rank 1 exits at step 3 of workloads/ddp.py."""
-    # --monitor-interval 5: torchrun would otherwise stop rank 0 before it prints its error.
+    # --monitor-interval: torchrun stops rank 0 at its first check after rank 1 exits, which
+    # falls anywhere in the interval; rank 0 must have printed its error by then. At 5 s, on
+    # the 2-core CI machine with another test session beside it, the untraced run once lost
+    # the race.
     result = launch(DDP, "--hidden", "16", "--layers", "2", "--batch-size", "8", "--steps", "4",
                     "--crash", "1:3", "--pg-timeout-s", "30", nproc=2,
-                    torchrun=["--monitor-interval", "5"],
+                    torchrun=["--monitor-interval", "10"],
                     tracer=["--out", folder] if traced else None, timeout=300)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.startswith("[rank0]:")]
