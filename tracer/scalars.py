@@ -6,9 +6,10 @@ file there; tags start with `rank{R}/` so the ranks' series never mix. `docs/vie
 the tags and their units.
 
 This writes TensorBoard's event format itself (TFRecord framing of `Event` protos, which is all
-`SummaryWriter` does underneath) because it runs at every step end: one `Event` carrying all of
-a step's values costs about 40 us (mostly the pure-Python CRC), where `SummaryWriter.add_scalar`
-costs about 30 us per value, over 200 us a step, plus a writer thread. Records are buffered and
+`SummaryWriter` does underneath) because it runs for every step: one `Event` carrying all of a
+step's values, where `SummaryWriter.add_scalar` costs about 30 us per value, over 200 us a step,
+plus a writer thread. The frames' CRC-32C is google-crc32c's C code: tensorboard's own is pure
+Python, about 40 us an event on the step-end worker (docs/benchmarks.md). Records are buffered and
 written at least every `flush_s` seconds, so a crash loses about that much. A failure to write
 switches the writer off with one line on stderr and a note in `error`; training goes on.
 """
@@ -21,8 +22,8 @@ import socket
 import struct
 import time
 
+import google_crc32c
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from tracer.buffered import BufferedFile
 from tracer.schema import DeviceSample, StepRecord
@@ -63,6 +64,12 @@ def event_file_name(rank: int) -> str:
     host = socket.gethostname().replace(os.sep, "_") or "host"
     return (f"events.out.tfevents.{int(time.time()):010d}.{host}.{os.getpid()}."
             f"{next(_writer_ids)}.rank{rank}")
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of `data` (the same value as tensorboard's pure-Python one)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def _frame(data: bytes) -> bytes:

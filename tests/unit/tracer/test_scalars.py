@@ -237,3 +237,16 @@ def test_bad_record_does_not_raise(tmp_path, capsys):
     assert len(capsys.readouterr().err.splitlines()) == 1
     writer.close()
 
+
+
+def test_frame_checksums_are_tensorboards_own():
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+
+    from tracer.scalars import masked_crc32c
+
+    # The empty string, one byte, a length header and a whole event, as TFRecord frames them.
+    for data in (b"", b"\x00", b"\x08\x00\x00\x00\x00\x00\x00\x00", bytes(range(256)) * 3):
+        assert masked_crc32c(data) == pywrap_tensorflow.masked_crc32c(data)
+    # CRC-32C's check value (RFC 3720), masked as TFRecord masks it.
+    crc = 0xE3069283
+    assert masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
