@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tracer import schema
 from tracer.part import Part
+from tracer.procfs import StatmRss
 
 MAX_HISTORY_ENTRIES = 100_000  # several KB each in the snapshot; bounded like torch's examples
 
@@ -29,18 +30,6 @@ def _attach_oom_observer(observer) -> None:
     torch._C._cuda_attach_out_of_memory_observer(observer)
 
 
-class _StatmRss:
-    """Resident set size from /proc/self/statm: a few microseconds, where psutil takes 15."""
-
-    def __init__(self):
-        self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
-        self._page = os.sysconf("SC_PAGE_SIZE")
-        self.rss()  # fail now, not at the first step, if the format is unexpected
-
-    def rss(self) -> int:
-        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
-
-
 class _PsutilRss:
     def __init__(self, process):
         self._process = process
@@ -51,8 +40,8 @@ class _PsutilRss:
 
 def _rss_reader():
     try:
-        return _StatmRss()
-    except (OSError, ValueError, IndexError):  # not Linux
+        return StatmRss()
+    except (OSError, ValueError):  # not Linux
         pass
     try:
         import psutil
