@@ -53,7 +53,7 @@ def _rss_reader():
 
 def open_step_memory(setup):
     """The registry's factory of the per-step memory figures (a tracer.registry.PartSetup)."""
-    return setup.build(StepMemory)
+    return setup.build(StepMemory if setup.use_cuda else HostStepMemory)
 
 
 def open_snapshots(setup):
@@ -105,6 +105,13 @@ class StepMemory(Part):
     def rss(self) -> int | None:
         """The process's resident memory now; None where it cannot be read."""
         return self._rss.rss() if self._rss is not None else None
+
+
+class HostStepMemory(StepMemory):
+    """StepMemory where torch sees no CUDA device, so that no script can use one: the RSS
+    alone, and nothing on the training thread at a step's end."""
+
+    step_fields = Part.step_fields
 
 
 class MemorySnapshots(Part):
