@@ -250,3 +250,24 @@ def test_frame_checksums_are_tensorboards_own():
     # CRC-32C's check value (RFC 3720), masked as TFRecord masks it.
     crc = 0xE3069283
     assert masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_events_are_the_bytes_of_freshly_built_protos(tmp_path):
+    """Kept events are filled in anew each time: every value, the step and the wall time of
+    each event are its own, whichever set of tags came before."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    from tracer.scalars import _frame
+
+    writer = ScalarsWriter(str(tmp_path), rank=0)
+    sent = []
+    writer.append = lambda data, step: sent.append(data) or True
+    batches = [(1, T0, [("a", 1.5), ("b", 2)]), (2, T0 + 5, [("a", -3.25), ("b", 7)]),
+               (3, T0 + 9, [("a", 0.0)]), (4, T0 + 11, [("a", 4.0), ("b", 1e-9)])]
+    for step, t_ns, values in batches:
+        writer._write(step, t_ns, values, step)
+    expected = [_frame(event_pb2.Event(wall_time=t_ns / 1e9, step=step, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in values]
+    )).SerializeToString()) for step, t_ns, values in batches]
+    assert sent == expected
+    writer.close()
