@@ -7,6 +7,8 @@ falls on all of them alike:
 
 * bare:           torchrun workloads/ddp.py
 * traced:         torchrun -m tracer.record --skip-first <steps - 30> ... (window at the very end)
+* baseline:       traced with the tracer of another checkout (`--baseline CHECKOUT`): the same
+                  workload and probe, to compare two commits' tracers side by side
 * traced-window:  torchrun -m tracer.record with windows back to back (wait 0, warmup 1, active 3)
 * profiler:       the same schedule with a bare torch.profiler and tensorboard_trace_handler,
                   with the tracer's default profiler options (operator input shapes recorded)
@@ -66,8 +68,9 @@ sys.path.insert(0, str(REPO))
 
 from tracer.config import TracerConfig  # noqa: E402  (the tracer's default profiler options)
 
-WORKLOAD = "workloads/ddp.py"
-PROBE = "benchmarks/overhead_probe.py"
+# Absolute: a `baseline` run starts in another checkout, whose tracer package it imports.
+WORKLOAD = str(REPO / "workloads" / "ddp.py")
+PROBE = str(REPO / "benchmarks" / "overhead_probe.py")
 DISCARD = 10  # first steps left out of every comparison
 WINDOW = dict(wait=0, warmup=1, active=3)
 TRACER_SWITCHES = {"comms": "--no-comms", "sampler": "--no-sampler", "profiler": "--no-profiler"}
@@ -84,7 +87,7 @@ FR_MODES = {"traced-no-fr": ["--no-flight-recorder"]}
 # Traced with the slow-step watch on (--capture-slow-steps; --max-captures 0 keeps its windows
 # out of the steps compared, so that this is what watching costs between windows).
 CAPTURE_MODES = {"capture": ["--capture-slow-steps", "--max-captures", "0"]}
-MODES = ("bare", "traced", *PARTS_ON, "traced-window", "profiler", "profiler-no-shapes",
+MODES = ("bare", "traced", "baseline", *PARTS_ON, "traced-window", "profiler", "profiler-no-shapes",
          "bare-again", *ISSUE_MODES, *FR_MODES, *CAPTURE_MODES)
 WINDOW_MODES = ("traced-window", "profiler", "profiler-no-shapes")  # windows back to back
 DEFAULT_MODES = ("bare", "traced", "traced-window", "profiler", "bare-again")
@@ -106,6 +109,10 @@ def parse_args():
     p.add_argument("--flight-recorder", action="store_true",
                    help="run bare, traced, traced-no-fr and bare-again: the Flight Recorder "
                         "part's cost side by side")
+    p.add_argument("--baseline", metavar="CHECKOUT",
+                   help="also run `baseline`: traced with the tracer of another checkout of "
+                        "this repository (say `git worktree add /tmp/old COMMIT`), side by side "
+                        "with this one's")
     p.add_argument("--count-calls", action="store_true",
                    help="instead of timing, count the main thread's function calls per step "
                         f"over steps {COUNT_SPAN[0]}-{COUNT_SPAN[1]} of each mode, once (exact "
@@ -126,7 +133,7 @@ def command(mode: str, steps: int, nproc: int, stamps: str, out: str,
     if count_calls:
         probe += ["--count-calls", f"{COUNT_SPAN[0]}:{COUNT_SPAN[1]}"]
     skip_first = str(window_skip_first(mode, steps))
-    if mode == "traced":
+    if mode in ("traced", "baseline"):
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
     elif mode in ISSUE_MODES or mode in FR_MODES or mode in CAPTURE_MODES:
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
@@ -153,7 +160,8 @@ def mode_actions(mode: str, steps: int) -> list:
     """torch.profiler.schedule's action for each step of a run of `mode` (NONE without one)."""
     from torch.profiler import ProfilerAction, schedule
 
-    if mode in ("traced", "+profiler", *WINDOW_MODES, *ISSUE_MODES, *FR_MODES, *CAPTURE_MODES):
+    if mode in ("traced", "baseline", "+profiler", *WINDOW_MODES, *ISSUE_MODES, *FR_MODES,
+                *CAPTURE_MODES):
         repeat = 0 if mode in WINDOW_MODES else 1
         fn = schedule(skip_first=window_skip_first(mode, steps), repeat=repeat, **WINDOW)
         return [fn(k) for k in range(steps + 1)]
@@ -204,8 +212,10 @@ def run_all(args, modes: list[str], work: str):
         for mode in modes:
             stamps = os.path.join(work, f"{mode}.{repeat}")
             started = time.monotonic()
+            # `python -m tracer.record` imports the tracer of the folder it starts in
             result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work),
-                                    cwd=REPO, env=env, capture_output=True, text=True)
+                                    cwd=args.baseline if mode == "baseline" else REPO, env=env,
+                                    capture_output=True, text=True)
             if result.returncode != 0:
                 sys.exit(f"{mode} run failed:\n{result.stderr[-3000:]}")
             probe = json.loads(Path(stamps + ".rank0").read_text())
@@ -239,7 +249,8 @@ def count_calls(args, modes: list[str], work: str) -> None:
     for mode in modes:
         stamps = os.path.join(work, f"{mode}.calls")
         result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work, True),
-                                cwd=REPO, env=env, capture_output=True, text=True)
+                                cwd=args.baseline if mode == "baseline" else REPO, env=env,
+                                capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"{mode} run failed:\n{result.stderr[-3000:]}")
         calls = json.loads(Path(stamps + ".rank0").read_text())["calls"]
@@ -380,6 +391,10 @@ def flight_report(pooled, per_repeat) -> None:
 def main() -> None:
     args = parse_args()
     modes = list(MODES) if args.bisect else ["bare"] + [m for m in args.modes if m != "bare"]
+    if args.baseline:
+        modes += [] if "baseline" in modes else ["baseline"]
+    else:
+        modes = [m for m in modes if m != "baseline"]
     if args.issue_records:
         modes = ["bare", *ISSUE_MODES, "bare-again"]
     if args.flight_recorder:
