@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from tracer.peak import measure_cpu_tflops  # noqa: E402
+from tracer.probes.peak_tflops import measure_cpu_tflops  # noqa: E402
 
 SETTINGS = {"no shapes": {}, "record_shapes": {"record_shapes": True},
             "record_shapes + with_flops": {"record_shapes": True, "with_flops": True}}

@@ -19,7 +19,7 @@ from torch import nn
 
 from tracer import schema
 from tracer.comms import CommsRecorder
-from tracer.jsonl import JsonlWriter
+from tracer.parts.record_files import JsonlWriter
 from workloads.common import cleanup
 
 SPAWN_DEADLINE_S = 240

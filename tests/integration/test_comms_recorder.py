@@ -369,7 +369,7 @@ def test_bucket_hook_comes_from_the_config_only(one_rank, monkeypatch):
 
 
 def test_recorder_is_a_part_that_fails_once_and_tells_the_session(one_rank, capfd):
-    from tracer.part import Part
+    from tracer.parts.part import Part
     recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
     told = []
     recorder.on_failure, recorder.rank = told.append, 2

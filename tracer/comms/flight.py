@@ -26,8 +26,8 @@ from tracer.comms.flight_entries import (
     span_index,
     within_span,
 )
-from tracer.log import say
-from tracer.part import Part
+from tracer.parts.log import say
+from tracer.parts.part import Part
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 OLD_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # torch's older name, which it still reads

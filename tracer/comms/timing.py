@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from tracer import schema
-from tracer.log import say
+from tracer.parts.log import say
 
 MAX_PENDING_FUNCTIONAL = 10_000  # outputs that are never waited on must not pile up forever
 

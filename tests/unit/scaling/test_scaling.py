@@ -12,7 +12,7 @@ from analysis import scaling
 from analysis.scaling import table as st
 from analysis.scaling.svg import scaling_svg
 from helpers.flops_run import write_flops_run
-from tracer import sweep
+from ranktrace import sweep
 
 MS = 1_000_000
 

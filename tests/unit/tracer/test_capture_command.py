@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from tracer import schema
-from tracer.capture import CaptureError, ask, check_run, main
+from tracer.capture.capture_command import CaptureError, ask, check_run, main
 
 
 def write_manifest(run, rank: int, pid: int, ended: bool, host: str | None = None,

@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from helpers.launch import REPO
-from tracer import peak, schema
+from tracer import schema
 from tracer.config import ConfigError, TracerConfig
+from tracer.probes import peak_tflops
 
 
 def test_the_cpu_measurement_is_bounded_and_leaves_rng_threads_and_grad_mode_alone():
     rng, threads = torch.random.get_rng_state(), torch.get_num_threads()
     interop = torch.get_num_interop_threads()
     start = time.perf_counter()
-    measured = peak.measure_cpu_tflops()
+    measured = peak_tflops.measure_cpu_tflops()
     assert time.perf_counter() - start < 1.0  # 0.2 s budget, plus the first call's set-up
     assert 0 < measured < 100
     assert torch.equal(torch.random.get_rng_state(), rng)
@@ -26,7 +27,8 @@ def test_the_cpu_measurement_is_bounded_and_leaves_rng_threads_and_grad_mode_alo
 
 
 def test_after_the_measurement_a_script_can_still_set_its_thread_counts():
-    code = ("from tracer import peak; import torch; peak.measure_cpu_tflops(0.05); "
+    code = ("from tracer.probes import peak_tflops; import torch; "
+            "peak_tflops.measure_cpu_tflops(0.05); "
             "torch.set_num_interop_threads(1); torch.set_num_threads(1); print('ok')")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
@@ -34,10 +36,10 @@ def test_after_the_measurement_a_script_can_still_set_its_thread_counts():
 
 
 def test_the_part_records_the_option_or_its_measurement_in_run_start():
-    given = peak.PeakPart(12.5, "option")
+    given = peak_tflops.PeakPart(12.5, "option")
     given.start()
     assert given.run_start_fields() == {"peak_tflops": 12.5, "peak_source": "option"}
-    measured = peak.PeakPart(None, "measured")
+    measured = peak_tflops.PeakPart(None, "measured")
     measured.start()
     fields = measured.run_start_fields()
     assert fields["peak_source"] == "measured" and fields["peak_tflops"] > 0

@@ -11,8 +11,12 @@ import psutil
 import pytest
 
 from tracer import schema
-from tracer.jsonl import JsonlWriter
-from tracer.sampler import DeviceSampler, nvml_handle_for_cuda_device, sustained_lag_pct
+from tracer.parts.record_files import JsonlWriter
+from tracer.probes.device_sampler import (
+    DeviceSampler,
+    nvml_handle_for_cuda_device,
+    sustained_lag_pct,
+)
 
 HANG_GUARD_S = 10.0  # only bounds how long a broken sampler can stall the suite
 

@@ -7,8 +7,9 @@ import threading
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tracer import buffered, schema
-from tracer.scalars import MIB, ScalarsWriter
+from tracer import schema
+from tracer.parts import buffered_file
+from tracer.parts.tensorboard_scalars import MIB, ScalarsWriter
 from tracer.schema import DeviceSample, StepRecord
 
 T0 = 1_790_000_000_000_000_000  # ns
@@ -180,7 +181,7 @@ def test_sampler_thread_and_training_thread_together(tmp_path):
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_full_disk_at_start_switches_off_with_one_line(tmp_path, monkeypatch, capsys):
     # /dev/full fails every write with ENOSPC, as a full disk does.
-    monkeypatch.setattr(buffered, "open", lambda path, mode: open("/dev/full", "wb"),
+    monkeypatch.setattr(buffered_file, "open", lambda path, mode: open("/dev/full", "wb"),
                         raising=False)
     writer = ScalarsWriter(str(tmp_path), rank=5, flush_s=0.0)
     for step in range(3):

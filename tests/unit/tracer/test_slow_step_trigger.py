@@ -10,11 +10,9 @@ from torch.profiler import ProfilerAction, schedule
 
 from helpers.tracer_files import load_trace
 from tracer import schema
-from tracer.capture_log import FileLog
-from tracer.capture_part import CaptureWatch, _Window
-from tracer.config import ConfigError, TracerConfig, resolve
-from tracer.rundir import LaunchInfo
-from tracer.slow_steps import (
+from tracer.capture.capture_requests import FileLog
+from tracer.capture.capture_watch import CaptureWatch, _Window
+from tracer.capture.slow_steps import (
     COOLDOWN_WINDOWS,
     HISTORY,
     MARGIN_STEPS,
@@ -25,6 +23,8 @@ from tracer.slow_steps import (
     margin_steps,
     place_window,
 )
+from tracer.config import ConfigError, TracerConfig, resolve
+from tracer.session.run_folder import LaunchInfo
 
 MS = 1_000_000
 
@@ -215,7 +215,7 @@ def traced_steps(folder) -> list[list[str]]:
 
 
 def test_the_driver_opens_a_planned_window_at_its_step_beside_the_fixed_one(tmp_path):
-    from tracer.profiling import ProfilerDriver
+    from tracer.probes.profiler import ProfilerDriver
 
     config = TracerConfig(skip_first=2, wait=0, warmup=1, active=2, repeat=1)  # traces 3-4
     driver = ProfilerDriver(config, str(tmp_path), 1, use_cuda=False)
@@ -228,7 +228,7 @@ def test_the_driver_opens_a_planned_window_at_its_step_beside_the_fixed_one(tmp_
 
 
 def test_a_window_planned_as_its_step_passes_is_dropped_and_noted(tmp_path):
-    from tracer.profiling import ProfilerDriver
+    from tracer.probes.profiler import ProfilerDriver
 
     driver = ProfilerDriver(TracerConfig(repeat=1, skip_first=0, wait=0, active=1, warmup=0),
                             str(tmp_path), 0, use_cuda=False)

@@ -15,12 +15,13 @@ import torch.distributed as dist
 
 from helpers.launch import REPO
 from helpers.tracer_files import load_trace, read_jsonl
-from tracer import registry, schema
-from tracer.clocksync import measure_clock_offset
+from tracer import schema
 from tracer.config import TracerConfig
-from tracer.memory import MemorySnapshots, StepMemory
-from tracer.part import Part
-from tracer.registry import PartEntry
+from tracer.parts.part import Part
+from tracer.probes.clock_sync import measure_clock_offset
+from tracer.probes.memory import MemorySnapshots, StepMemory
+from tracer.session import part_registry
+from tracer.session.part_registry import PartEntry
 
 
 # ---- clock offset ---------------------------------------------------------------------------
@@ -193,7 +194,7 @@ def test_device_name_comes_from_nvml_for_the_visible_device(monkeypatch):
     import sys
     import types
 
-    from tracer.manifest import _device_name
+    from tracer.session.manifest import _device_name
 
     calls = []
     fake = types.SimpleNamespace(
@@ -210,7 +211,7 @@ def test_device_name_comes_from_nvml_for_the_visible_device(monkeypatch):
 def test_profiler_asks_for_cuda_activity_only_with_a_gpu(tmp_path, monkeypatch):
     import torch.profiler as tp
 
-    from tracer.profiling import ProfilerDriver
+    from tracer.probes.profiler import ProfilerDriver
 
     seen = []
 
@@ -229,7 +230,7 @@ def test_profiler_asks_for_cuda_activity_only_with_a_gpu(tmp_path, monkeypatch):
 
 
 def test_profiler_exists_only_around_its_windows(tmp_path):
-    from tracer.profiling import ProfilerDriver
+    from tracer.probes.profiler import ProfilerDriver
 
     driver = ProfilerDriver(TracerConfig(skip_first=2, wait=1, warmup=1, active=2, repeat=2),
                             str(tmp_path), 3, use_cuda=False)
@@ -251,7 +252,7 @@ def test_profiler_exists_only_around_its_windows(tmp_path):
 
 
 def test_comms_writer_gives_each_steps_algbw_once(tmp_path):
-    from tracer.jsonl import CommsWriter
+    from tracer.parts.record_files import CommsWriter
 
     writer = CommsWriter(str(tmp_path / "c.jsonl"), "comms")
     for step, nbytes, us in ((0, 5, 1.0), (1, 1_000_000, 500.0), (1, 3_000_000, 1500.0),
@@ -270,7 +271,7 @@ def test_comms_writer_gives_each_steps_algbw_once(tmp_path):
 def test_a_part_fails_once_with_one_line_naming_its_rank_and_tells_the_session(capsys):
     import logging
 
-    from tracer.part import Part
+    from tracer.parts.part import Part
 
     root = logging.getLogger()
     handler = logging.StreamHandler()  # a script's own logging set-up doubles nothing
@@ -292,16 +293,17 @@ def session_in_process(tmp_path, monkeypatch):
     """open(entries, **options): a Session of this process over `entries` (default: the real
     registry), every optional part off unless `options` says otherwise; its worker makes no
     pass of its own, so that the closer's last pass writes every step record."""
-    from tracer import log, stepworker
-    from tracer.rundir import LaunchInfo
-    from tracer.session import Session
+    from tracer.parts import log
+    from tracer.session.rank_session import Session
+    from tracer.session.run_folder import LaunchInfo
+    from tracer.steps import step_worker
 
-    monkeypatch.setattr(stepworker, "PERIOD_S", 3600.0)
+    monkeypatch.setattr(step_worker, "PERIOD_S", 3600.0)
     opened = []
 
     def open_session(entries=None, **options):
         if entries is not None:
-            monkeypatch.setattr(registry, "REGISTRY", list(entries))
+            monkeypatch.setattr(part_registry, "REGISTRY", list(entries))
         off = dict(no_profiler=True, no_sampler=True, no_comms=True, no_scalars=True)
         config = TracerConfig(out=str(tmp_path), run_name="run", **{**off, **options})
         session = Session(config, "train.py", [], LaunchInfo())
@@ -377,7 +379,7 @@ def test_parts_are_built_started_stopped_and_closed_in_the_registrys_orders(
 
 
 def test_the_registry_keeps_the_orders_the_tracer_has_always_used():
-    entries = registry.REGISTRY
+    entries = part_registry.REGISTRY
 
     def by(order):
         return [e.name for e in sorted((e for e in entries if getattr(e, order) is not None),
@@ -427,7 +429,7 @@ def test_a_failing_part_is_noted_once_and_not_called_again_while_training_goes_o
             return {"samples_missed_pct": 12.5}  # what it did before it failed still counts
 
     events = []
-    session = session_in_process([*registry.REGISTRY,
+    session = session_in_process([*part_registry.REGISTRY,
                                   toy_entry("toy", events, FailsAtFirstStep)])
     for _ in range(4):
         session.manual_step()
@@ -472,10 +474,10 @@ def test_a_new_part_adds_its_fields_with_no_change_to_the_session(session_in_pro
         def run_end_fields(self):
             return {"toy_steps": self.steps}
 
-    monkeypatch.setattr(registry, "REGISTRY", list(registry.REGISTRY))
-    registry.register(PartEntry("toy", lambda setup: setup.build(StepCounter)))
+    monkeypatch.setattr(part_registry, "REGISTRY", list(part_registry.REGISTRY))
+    part_registry.register(PartEntry("toy", lambda setup: setup.build(StepCounter)))
     with pytest.raises(ValueError, match="registered already"):
-        registry.register(PartEntry("toy", lambda setup: None))
+        part_registry.register(PartEntry("toy", lambda setup: None))
     session = session_in_process()
     for _ in range(3):
         session.manual_step()
@@ -489,7 +491,7 @@ def test_a_part_switched_off_or_not_importable_is_left_out_and_the_rest_goes_on(
         session_in_process, capsys):
     events = []
     session = session_in_process(
-        [*registry.REGISTRY, toy_entry("toy", events, off_option="no_scalars"),
+        [*part_registry.REGISTRY, toy_entry("toy", events, off_option="no_scalars"),
          PartEntry("missing", "no_such_module:open_it")])
     session.manual_step()
     session.close("ok", 0)
@@ -507,9 +509,9 @@ def test_a_part_switched_off_or_not_importable_is_left_out_and_the_rest_goes_on(
 def test_the_tracer_imports_nothing_of_the_analysis_and_the_sweep_runs_it_apart(tmp_path):
     import subprocess
 
-    code = ("import sys, tracer.record, tracer.sweep, tracer.comms, tracer.scalars, "
-            "tracer.sampler\n"
-            "from tracer.sweep import run_scaling_report\n"
+    code = ("import sys, tracer.record, tracer.sweep, tracer.comms, "
+            "tracer.parts.tensorboard_scalars, tracer.probes.device_sampler\n"
+            "from ranktrace.sweep import run_scaling_report\n"
             "code = run_scaling_report([sys.argv[1], '--format', 'json'])\n"
             "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'analysis'))\n")
     empty = tmp_path / "no-runs"

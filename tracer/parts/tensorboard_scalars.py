@@ -24,7 +24,7 @@ import time
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-from tracer.buffered import BufferedFile
+from tracer.parts.buffered_file import BufferedFile
 from tracer.schema import DeviceSample, StepRecord
 
 MIB = 1024 * 1024  # memory sizes are shown in MiB, as torch.cuda and nvidia-smi show them

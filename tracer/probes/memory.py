@@ -12,7 +12,7 @@ import pickle
 from collections.abc import Callable
 
 from tracer import schema
-from tracer.part import Part
+from tracer.parts.part import Part
 
 MAX_HISTORY_ENTRIES = 100_000  # several KB each in the snapshot; bounded like torch's examples
 

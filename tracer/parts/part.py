@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from tracer.log import say
+from tracer.parts.log import say
 
 _fail_lock = threading.Lock()  # two threads failing one part at once still report it once
 

@@ -19,9 +19,10 @@ import threading
 import time
 import warnings
 
-from tracer import log, schema
+from tracer import schema
 from tracer.config import TracerConfig
-from tracer.part import Part
+from tracer.parts import log
+from tracer.parts.part import Part
 
 GZIP_LEVEL = 6  # torch's own default (9) takes about twice as long for a few percent less
 # Above this many active steps a window's events held in memory until export grow RSS by
@@ -38,7 +39,7 @@ def open_profiler(setup):
                 f"until each window ends; memory grows with each active step "
                 f"(docs/tracer.md, Record sizes and memory)", "profiler")
     if driver is not None:  # windows on demand and, with --capture-slow-steps, on slow steps
-        from tracer.capture_part import open_capture
+        from tracer.capture.capture_watch import open_capture
 
         open_capture(setup, driver)
     return driver

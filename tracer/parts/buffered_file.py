@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tracer.part import Part
+from tracer.parts.part import Part
 
 
 class RecordBudget:

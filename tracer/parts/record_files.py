@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 
 from tracer import schema
-from tracer.buffered import BufferedFile, RecordBudget
+from tracer.parts.buffered_file import BufferedFile, RecordBudget
 
 __all__ = ["CommsWriter", "JsonlWriter", "RecordBudget", "SamplesWriter", "StepsWriter"]
 

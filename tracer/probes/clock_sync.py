@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from tracer import schema
-from tracer.part import Part
+from tracer.parts.part import Part
 
 CLOCK_ROUND_TRIPS = 8
 CLOCK_TIMEOUT_S = 30.0

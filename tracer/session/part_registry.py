@@ -14,10 +14,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tracer.buffered import RecordBudget
 from tracer.config import TracerConfig
-from tracer.part import Part
-from tracer.rundir import LaunchInfo
+from tracer.parts.buffered_file import RecordBudget
+from tracer.parts.part import Part
+from tracer.session.run_folder import LaunchInfo
 
 
 @dataclass(frozen=True)
@@ -44,23 +44,24 @@ class PartEntry:
 
 
 REGISTRY: list[PartEntry] = [
-    PartEntry("steps", "tracer.jsonl:open_steps_file"),
+    PartEntry("steps", "tracer.parts.record_files:open_steps_file"),
     PartEntry("comms", "tracer.comms:open_comms", off_option="no_comms", start_order=2,
               close_order=4),
     # After comms, which it needs; its last drain comes before comms closes the issued file.
     PartEntry("flight", "tracer.comms.flight:open_flight", off_option="no_flight_recorder",
               close_order=3),
-    PartEntry("sampler", "tracer.sampler:open_sampler", off_option="no_sampler", start_order=4,
-              close_order=5),
-    PartEntry("scalars", "tracer.scalars:open_scalars", off_option="no_scalars"),
-    PartEntry("memory", "tracer.memory:open_step_memory"),
-    PartEntry("memory_snapshot", "tracer.memory:open_snapshots", start_order=5),
-    PartEntry("profiler", "tracer.profiling:open_profiler", off_option="no_profiler",
+    PartEntry("sampler", "tracer.probes.device_sampler:open_sampler", off_option="no_sampler",
+              start_order=4, close_order=5),
+    PartEntry("scalars", "tracer.parts.tensorboard_scalars:open_scalars",
+              off_option="no_scalars"),
+    PartEntry("memory", "tracer.probes.memory:open_step_memory"),
+    PartEntry("memory_snapshot", "tracer.probes.memory:open_snapshots", start_order=5),
+    PartEntry("profiler", "tracer.probes.profiler:open_profiler", off_option="no_profiler",
               start_order=6, starts_last=True, close_order=1),
-    PartEntry("spawn_watch", "tracer.spawnwatch:open_spawn_watch", start_order=3,
+    PartEntry("spawn_watch", "tracer.probes.spawn_watch:open_spawn_watch", start_order=3,
               close_order=2),
-    PartEntry("clock", "tracer.clocksync:open_clock_sync", start_order=1, close_order=6),
-    PartEntry("peak", "tracer.peak:open_peak"),
+    PartEntry("clock", "tracer.probes.clock_sync:open_clock_sync", start_order=1, close_order=6),
+    PartEntry("peak", "tracer.probes.peak_tflops:open_peak"),
 ]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from tracer.part import Part
+from tracer.parts.part import Part
 
 MEASURE_BUDGET_S = 0.2
 MATMUL_SIZE = 256  # 2 * 256^3 = 34 MFLOP a product: a few ms on one core

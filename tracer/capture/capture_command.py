@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tracer import schema
-from tracer.capture_log import FileLog
+from tracer.capture.capture_requests import FileLog
 
 ANSWER_TIMEOUT_S = 10.0  # a live rank answers on its next step-end worker pass (0.2 s)
 

@@ -18,17 +18,20 @@ import time
 import msgspec
 
 import tracer
-from tracer import log, registry, schema, stacks
-from tracer.buffered import BufferedFile, RecordBudget
+from tracer import schema
 from tracer.config import TracerConfig
-from tracer.manifest import Manifest, host_name, versions
-from tracer.part import Part
-from tracer.registry import PartEntry, PartSetup
-from tracer.rundir import LaunchInfo, RunDirError, remove_rank_files, resolve_run_dir
-from tracer.sigterm import SIGTERM_EXIT_CODE, SigtermHandling, die_by_sigterm
-from tracer.stepclock import StepClock
-from tracer.stepworker import StepWorker
-from tracer.summary import ScriptOutcome, recorded_anything, summary_lines
+from tracer.hangs import stack_dumps
+from tracer.hangs.sigterm import SIGTERM_EXIT_CODE, SigtermHandling, die_by_sigterm
+from tracer.parts import log
+from tracer.parts.buffered_file import BufferedFile, RecordBudget
+from tracer.parts.part import Part
+from tracer.session import part_registry
+from tracer.session.manifest import Manifest, host_name, versions
+from tracer.session.part_registry import PartEntry, PartSetup
+from tracer.session.run_folder import LaunchInfo, RunDirError, remove_rank_files, resolve_run_dir
+from tracer.session.script_end import ScriptOutcome, recorded_anything, summary_lines
+from tracer.steps.step_clock import StepClock
+from tracer.steps.step_worker import StepWorker
 
 _FAILED = object()  # what Session._guarded returns when the call raised
 # The Part hooks the session calls; each on the parts in use that override it.
@@ -104,7 +107,7 @@ class Session:
         if c.max_record_mb > 0:
             self.record_budget = RecordBudget(int(c.max_record_mb * 1e6), self._record_cap_reached)
         use_cuda = torch.cuda.is_available()
-        for entry in list(registry.REGISTRY):
+        for entry in list(part_registry.REGISTRY):
             if entry.is_on(c):
                 self._build(entry, use_cuda)
         self._refresh_hooks()
@@ -122,7 +125,7 @@ class Session:
         self.clock.start_ns = time.time_ns()
 
     def _build(self, entry: PartEntry, use_cuda: bool) -> None:
-        build, why = registry.factory(entry)
+        build, why = part_registry.factory(entry)
         if build is None:
             self._report(entry.name, why)
             return
@@ -371,7 +374,7 @@ class Session:
         if outcome.exception is not None:
             for part in self._hooked["on_script_exception"]:
                 self._guarded(part, part.on_script_exception, outcome.exception)
-        if outcome.exception is not None and not stacks.was_dumped(outcome.exception):
+        if outcome.exception is not None and not stack_dumps.was_dumped(outcome.exception):
             # It never passed through a collective's wrapper (DDP's reducer raises the group's
             # timeout from C++): the stop diagnosis still needs where this rank was.
             self._sigterm.dump_stacks("exception", skip_current=False, exc=outcome.exception)

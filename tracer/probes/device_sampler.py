@@ -34,8 +34,8 @@ import threading
 import time
 
 from tracer import schema
-from tracer.jsonl import SamplesWriter
-from tracer.part import Part
+from tracer.parts.part import Part
+from tracer.parts.record_files import SamplesWriter
 
 _UNSUPPORTED_CODES = {3, 4, 13}  # NVML_ERROR_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND
 _NVLINK_MAX_LINKS = 18

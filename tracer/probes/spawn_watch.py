@@ -21,8 +21,8 @@ import sys
 import types
 from collections.abc import Callable
 
-from tracer.log import say
-from tracer.part import Part
+from tracer.parts.log import say
+from tracer.parts.part import Part
 
 _MODULES = ("torch.multiprocessing.spawn", "torch.multiprocessing")
 

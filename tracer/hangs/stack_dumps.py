@@ -15,11 +15,12 @@ import sys
 import threading
 import time
 
+import tracer
 from tracer import schema
 
 # A script that catches the errors of its collectives in a loop must not fill the disk.
 MAX_DUMPS = 20
-_TRACER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TRACER_DIR = os.path.dirname(os.path.abspath(tracer.__file__)) + os.sep
 _lock = threading.Lock()
 _dumps = 0
 # The exceptions dumped, held (at most MAX_DUMPS) so that no other object takes their id.

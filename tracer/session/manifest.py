@@ -11,7 +11,7 @@ import socket
 import time
 
 from tracer import schema
-from tracer.jsonl import JsonlWriter
+from tracer.parts.record_files import JsonlWriter
 
 
 class Manifest:
@@ -63,7 +63,7 @@ def _device_name(cuda_index: int) -> str | None:
     try:
         import pynvml
 
-        from tracer.sampler import nvml_handle_for_cuda_device
+        from tracer.probes.device_sampler import nvml_handle_for_cuda_device
 
         pynvml.nvmlInit()
         try:

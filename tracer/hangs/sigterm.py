@@ -13,7 +13,8 @@ import threading
 import time
 
 import tracer
-from tracer import schema, stacks
+from tracer import schema
+from tracer.hangs import stack_dumps
 
 # After SIGTERM the main thread gets this long to wrap up (it normally does so within
 # milliseconds); if it is stuck in a C call, the watcher thread wraps up without it.
@@ -220,8 +221,8 @@ class SigtermHandling:
         except Exception:
             pending = []
         path = os.path.join(run_dir, schema.STACKS_FILE.format(rank=session.rank))
-        stacks.dump(path, session.rank, reason, pending, exc, skip_current=skip_current,
-                    where_raised=exc is not None)
+        stack_dumps.dump(path, session.rank, reason, pending, exc, skip_current=skip_current,
+                         where_raised=exc is not None)
         if comms is not None:
             try:
                 comms.flush()

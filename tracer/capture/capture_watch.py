@@ -14,15 +14,15 @@ from __future__ import annotations
 import time
 
 from tracer import schema
-from tracer.capture_log import FileLog, StoreLog
-from tracer.part import Part
-from tracer.slow_steps import (
+from tracer.capture.capture_requests import FileLog, StoreLog
+from tracer.capture.slow_steps import (
     ON_DEMAND_MARGIN_S,
     CapturePlan,
     SlowStepRule,
     margin_steps,
     place_window,
 )
+from tracer.parts.part import Part
 
 
 def open_capture(setup, driver) -> Part | None:
@@ -152,7 +152,7 @@ class CaptureWatch(Part):
 
     def fail_softly(self, message: str) -> None:
         """One line; capturing goes on."""
-        from tracer.log import say
+        from tracer.parts.log import say
 
         say(message, self.name, self.rank)
 
