@@ -8,6 +8,7 @@ Sweep options and tracer options (docs/tracer.md) go before the script, in any o
 word after the script is the script's. Each launch is `torchrun --nproc-per-node N -m
 tracer.record --out SWEEP --run-name ws{W}-n{nodes}-r{K} [tracer options] script.py [args]`; its
 output goes to `SWEEP/ws{W}-n{nodes}-r{K}.log`, and `SWEEP/sweep.jsonl` lists every launch.
+The scaling study (analysis.scaling) then runs in this process.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from analysis import scaling
 from tracer.config import ConfigError, TracerConfig, option_name, resolve
 
 # Tracer options the sweep sets itself.
@@ -122,8 +124,8 @@ def torchrun_command(launch: dict, args, sweep_dir: Path, tracer_words: list[str
 
 
 def _child_env() -> dict:
-    """The environment of the launches and of the report, whose `-m tracer.record` and
-    `-m analysis.scaling` import from this checkout wherever the sweep was started."""
+    """The environment of the launches, whose `-m tracer.record` imports from this checkout
+    wherever the sweep was started."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -144,24 +146,17 @@ def run_launch(command: list[str], log: Path, timeout: float | None) -> tuple[in
 
 
 def run_scaling_report(argv: list[str]) -> int:
-    """`python -m analysis.scaling ARGV` on this sweep's stdout and stderr; its exit code.
-
-    A process of its own, so that the tracer imports nothing of the analysis (the contract
-    in pyproject.toml)."""
-    command = [sys.executable, "-m", "analysis.scaling", *argv]
-    sys.stdout.flush()
-    sys.stderr.flush()
+    """`python -m analysis.scaling ARGV`, in this process, on its stdout and stderr; its exit
+    code."""
     try:
-        code = subprocess.run(command, env=_child_env()).returncode
-    except OSError as exc:
-        code, why = 1, f"could not start ({exc.strerror or exc})"
-    else:
-        why = f"exited with {code}" if code > 0 else f"was killed by signal {-code}"
+        code = scaling.main(argv)
+    except SystemExit as exc:  # argparse's exit, as the command would have exited
+        code = exc.code if isinstance(exc.code, int) else 1
     if code == 0:
         return 0
-    print(f"ranktrace sweep: the scaling report (python {' '.join(command[1:])}) {why}",
-          file=sys.stderr)
-    return code if code > 0 else 1
+    print(f"ranktrace sweep: the scaling report (python -m analysis.scaling {' '.join(argv)}) "
+          f"exited with {code}", file=sys.stderr)
+    return code
 
 
 def analysis_argv(args, sweep_dir: Path) -> list[str]:

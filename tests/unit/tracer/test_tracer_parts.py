@@ -1,10 +1,9 @@
 """The tracer's parts on their own: clock offsets, memory figures and snapshots, the profiler
 driver, the comms file's writer, and how a part fails; the session driving parts through the
-registry; and the sweep's scaling report, run apart from the tracer."""
+registry."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.launch import REPO
 from helpers.tracer_files import load_trace, read_jsonl
 from tracer import schema
 from tracer.config import TracerConfig
@@ -503,23 +501,3 @@ def test_a_part_switched_off_or_not_importable_is_left_out_and_the_rest_goes_on(
     assert f"ranktrace: rank0 missing: {message}" in capsys.readouterr().err.splitlines()
     run_end = _records(session, "manifest")[-1]
     assert (run_end["steps"], run_end["windows"]) == (1, 0)  # no profiler: no windows
-
-
-# ---- the sweep and the analysis -------------------------------------------------------------
-def test_the_tracer_imports_nothing_of_the_analysis_and_the_sweep_runs_it_apart(tmp_path):
-    import subprocess
-
-    code = ("import sys, tracer.record, tracer.sweep, tracer.comms, "
-            "tracer.parts.tensorboard_scalars, tracer.probes.device_sampler\n"
-            "from ranktrace.sweep import run_scaling_report\n"
-            "code = run_scaling_report([sys.argv[1], '--format', 'json'])\n"
-            "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'analysis'))\n")
-    empty = tmp_path / "no-runs"
-    empty.mkdir()
-    done = subprocess.run([sys.executable, "-c", code, str(empty)], capture_output=True,
-                          text=True, cwd=REPO, timeout=120)
-    assert done.stdout == "1 []\n"  # its exit code; and no analysis module in this process
-    assert done.stderr.splitlines() == [
-        f"ranktrace: error: {empty}: neither a run folder nor a folder of runs",
-        f"ranktrace sweep: the scaling report (python -m analysis.scaling {empty} --format "
-        f"json) exited with 1"]
