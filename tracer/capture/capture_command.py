@@ -2,11 +2,11 @@
 
     python -m tracer.capture RUN [--steps N]
 
-RUN is the run folder (traces/<run>). The ask is a file in it (tracer.capture_log); one live rank
-answers it on its next step-end worker pass with the window's steps, from its own step plus a
-margin, and every rank opens that window (docs/tracer.md, Capturing slow steps). Exit codes: 0
-asked and answered, 1 the run cannot be asked (ended, no live rank, not a run folder, no answer),
-2 usage.
+RUN is the run folder (traces/<run>). The ask is a file in it (tracer.capture.capture_requests);
+one live rank answers it on its next step-end worker pass with the window's steps, from its own
+step plus a margin, and every rank opens that window (docs/tracer.md, Capturing slow steps). Exit
+codes: 0 asked and answered, 1 the run cannot be asked (ended, no live rank, not a run folder, no
+answer), 2 usage.
 """
 
 from __future__ import annotations

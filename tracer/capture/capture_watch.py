@@ -1,10 +1,11 @@
 """Windows off the profiler's fixed schedule, at the same steps on every rank (docs/tracer.md,
 Capturing slow steps).
 
-`CaptureWatch` reads the ordered list of capture requests (tracer.capture_log) on each pass of
-the step-end worker, decides with tracer.slow_steps.CapturePlan which it opens, and plans each in
-the profiler driver, which opens it on the training thread at its step; `SlowStepWatch` also
-judges this rank's step times (--capture-slow-steps) and asks for a window when one is slow.
+`CaptureWatch` reads the ordered list of capture requests (tracer.capture.capture_requests) on
+each pass of the step-end worker, decides with tracer.capture.slow_steps.CapturePlan which it
+opens, and plans each in the profiler driver, which opens it on the training thread at its step;
+`SlowStepWatch` also judges this rank's step times (--capture-slow-steps) and asks for a window
+when one is slow.
 Nothing here runs on the training thread. Each window is noted in the manifest (CaptureRecord)
 once it has closed; a rank that learnt of it too late says so.
 """
@@ -26,7 +27,7 @@ from tracer.parts.part import Part
 
 
 def open_capture(setup, driver) -> Part | None:
-    """The capture watcher of the profiler driver `driver` (built by tracer.profiling)."""
+    """The capture watcher of the profiler driver `driver` (built by tracer.probes.profiler)."""
     c = setup.config
     if c.capture_slow_steps:
         return setup.build(SlowStepWatch, c, setup.launch, setup.run_dir, driver,

@@ -21,7 +21,7 @@ MIN_HISTORY = 5  # steps in the median before a step is judged
 COOLDOWN_WINDOWS = 2  # after a window, this many window lengths pass before the next trigger
 MARGIN_STEPS = 3  # the fewest steps between a trigger and its window's first warm-up step
 # And at least this long at the pace of the steps since the slow one: every rank reads the
-# request within one step-end worker pass (tracer.stepworker.PERIOD_S, 0.2 s) of its writing.
+# request within one step-end worker pass (tracer.steps.step_worker.PERIOD_S, 0.2 s) of its writing.
 MARGIN_S = 0.5
 # On demand, at the pace of the last steps: the request may come through files of a shared file
 # system, which other machines may see later.

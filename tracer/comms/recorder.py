@@ -75,7 +75,7 @@ class IssuesFile:
 
 def open_comms(setup):
     """The registry's factory of the comms file and the recorder that writes it (a
-    tracer.registry.PartSetup)."""
+    tracer.session.part_registry.PartSetup)."""
     writer = setup.open_writer(schema.COMMS_FILE, CommsWriter)
     if writer is None:
         return None

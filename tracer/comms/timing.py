@@ -79,7 +79,8 @@ class Timing:
         self.writer = writer
         self.issues_writer = issues_writer
         self._positions: dict = {}  # pg (collectives) or (pg, op, peer) (p2p) -> next position
-        # Issued ops whose CommRecord is not written yet, by id, for stack dumps (tracer.stacks).
+        # Issued ops whose CommRecord is not written yet, by id, for stack dumps
+        # (tracer.hangs.stack_dumps).
         self.outstanding: dict[int, Pending] = {}
         self.current_step = current_step
         self.use_cuda = bool(use_cuda)

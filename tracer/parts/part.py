@@ -7,9 +7,9 @@ its listener (the session, which notes it in the manifest and stops using the pa
 part does nothing more; training goes on.
 
 What a part adds to the run goes through the hooks below, which the session calls on every part
-in use, in the order of tracer.registry; a hook that raises fails its part. Overriding a hook is
-all it takes to take part: the session calls a hook only on the parts that override it, so the
-training's step end pays only for the parts that have something to do there.
+in use, in the order of tracer.session.part_registry; a hook that raises fails its part.
+Overriding a hook is all it takes to take part: the session calls a hook only on the parts that
+override it, so the training's step end pays only for the parts that have something to do there.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Part:
         """The step's record is queued (the profiler steps here: a window it closes, exported
         then, must not hold back the record, which SIGTERM's wrap-up may need to write)."""
 
-    # ---- the step-end worker's pass (tracer.stepworker): what can wait a fraction of a second -
+    # ---- the step-end worker's pass (tracer.steps.step_worker): what can wait a moment -----------
     def on_worker_pass(self) -> None:
         """A pass begins: gather what completed since the last one (not in the closer's last
         pass, which comes after `on_script_end`)."""

@@ -2,8 +2,8 @@
 
 Each writer appends msgspec records to `<name>.tmp` and renames it to `<name>` on close, so a
 reader never mistakes a half-written file for a finished one; after a crash the `.tmp` file
-still holds everything up to the last flush (tracer.buffered: flushing, the record budget and
-what a write error does).
+still holds everything up to the last flush (tracer.parts.buffered_file: flushing, the record
+budget and what a write error does).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import collections
 from tracer import schema
 from tracer.parts.buffered_file import BufferedFile, RecordBudget
 
-__all__ = ["CommsWriter", "JsonlWriter", "RecordBudget", "SamplesWriter", "StepsWriter"]
+__all__ = ["CommsWriter", "JsonlWriter", "SamplesWriter"]
 
 
 class JsonlWriter(BufferedFile):
@@ -34,18 +34,6 @@ class JsonlWriter(BufferedFile):
         if self.append(line, (record.step if step is None else step)
                        if self.budget is not None else None):
             self.records += 1
-
-
-class StepsWriter(JsonlWriter):
-    """The steps file's writer: every finished step record, as the session hands it on."""
-
-    def on_step_record(self, record, notes: dict) -> None:
-        self.write(record)
-
-
-def open_steps_file(setup):
-    """The registry's factory of the steps file (a tracer.registry.PartSetup)."""
-    return setup.open_writer(schema.STEPS_FILE, StepsWriter)
 
 
 class CommsWriter(JsonlWriter):

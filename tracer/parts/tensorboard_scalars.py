@@ -73,7 +73,7 @@ def _frame(data: bytes) -> bytes:
 
 
 def open_scalars(setup):
-    """The registry's factory of the scalars writer (a tracer.registry.PartSetup)."""
+    """The registry's factory of the scalars writer (a tracer.session.part_registry.PartSetup)."""
     return setup.build(ScalarsWriter, setup.run_dir, setup.rank, budget=setup.budget)
 
 
@@ -82,7 +82,7 @@ class ScalarsWriter(BufferedFile):
     off_what = "TensorBoard scalars are off"
 
     def __init__(self, run_dir: str, rank: int, flush_s: float = 1.0, budget=None):
-        """`budget`: a tracer.buffered.RecordBudget shared with the record files
+        """`budget`: a tracer.parts.buffered_file.RecordBudget shared with the record files
         (--max-record-mb)."""
         super().__init__(flush_s, budget)
         self.rank = rank

@@ -23,7 +23,7 @@ CLOCK_KEY_PREFIX = "ranktrace/clock"
 
 
 def open_clock_sync(setup):
-    """The registry's factory of the clock sync (a tracer.registry.PartSetup)."""
+    """The registry's factory of the clock sync (a tracer.session.part_registry.PartSetup)."""
     return setup.build(ClockSync, setup.write_manifest, setup.launch.attempt)
 
 

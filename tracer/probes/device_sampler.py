@@ -111,7 +111,7 @@ def sustained_lag_pct(asked: float, taken: int) -> float | None:
 
 def open_sampler(setup):
     """The registry's factory of the samples file and the sampler that writes it (a
-    tracer.registry.PartSetup)."""
+    tracer.session.part_registry.PartSetup)."""
     writer = setup.open_writer(schema.SAMPLES_FILE, SamplesWriter, setup.current_step)
     if writer is None:
         return None

@@ -63,12 +63,13 @@ def _rss_reader():
 
 
 def open_step_memory(setup):
-    """The registry's factory of the per-step memory figures (a tracer.registry.PartSetup)."""
+    """The registry's factory of the per-step memory figures (a
+    tracer.session.part_registry.PartSetup)."""
     return setup.build(StepMemory)
 
 
 def open_snapshots(setup):
-    """The registry's factory of the memory snapshots (a tracer.registry.PartSetup)."""
+    """The registry's factory of the memory snapshots (a tracer.session.part_registry.PartSetup)."""
     return setup.build(MemorySnapshots, setup.run_dir, setup.rank,
                        setup.config.memory_snapshot, setup.current_step)
 

@@ -31,7 +31,7 @@ ACTIVE_STEPS_WARNING = 100
 
 
 def open_profiler(setup):
-    """The registry's factory of the profiler driver (a tracer.registry.PartSetup)."""
+    """The registry's factory of the profiler driver (a tracer.session.part_registry.PartSetup)."""
     c = setup.config
     driver = setup.build(ProfilerDriver, c, setup.run_dir, setup.rank, setup.use_cuda)
     if c.active > ACTIVE_STEPS_WARNING and setup.rank == 0:
@@ -62,7 +62,7 @@ class ProfilerDriver(Part):
         self._idle = None  # ProfilerAction.NONE, once torch.profiler is imported
         self._step = 0  # the step now running, as the tracer numbers them
         self._due: int | None = None  # the next step that needs a profiler; None: never again
-        # Windows off the fixed schedule (tracer.capture_part), planned by another thread:
+        # Windows off the fixed schedule (tracer.capture.capture_watch), planned by another thread:
         # (open step, first traced step, last traced step), in step order. `_capture_due` is the
         # first one's open step, the one thing the training thread reads between windows.
         self._captures: tuple[tuple[int, int, int], ...] = ()

@@ -28,7 +28,7 @@ _MODULES = ("torch.multiprocessing.spawn", "torch.multiprocessing")
 
 
 def open_spawn_watch(setup):
-    """The registry's factory of the spawn watch (a tracer.registry.PartSetup)."""
+    """The registry's factory of the spawn watch (a tracer.session.part_registry.PartSetup)."""
     return setup.build(SpawnWatch, _say_untraced)
 
 

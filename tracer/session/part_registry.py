@@ -1,9 +1,9 @@
 """The tracer's parts, in the one list the session goes by: their names, the option that switches
 each off, how each is built, and when each starts and stops.
 
-The session builds the parts in REGISTRY's order and calls their hooks (tracer.part.Part) in that
-order; it starts them in `start_order` and stops them in `close_order`, then closes every file
-in REGISTRY's order. A part is one entry here, its own module (the part, and the factory that
+The session builds the parts in REGISTRY's order and calls their hooks (tracer.parts.part.Part)
+in that order; it starts them in `start_order` and stops them in `close_order`, then closes every
+file in REGISTRY's order. A part is one entry here, its own module (the part, and the factory that
 builds it from a PartSetup), its option in tracer.config and its fields in tracer.schema.
 """
 
@@ -44,7 +44,7 @@ class PartEntry:
 
 
 REGISTRY: list[PartEntry] = [
-    PartEntry("steps", "tracer.parts.record_files:open_steps_file"),
+    PartEntry("steps", "tracer.steps.steps_file:open_steps_file"),
     PartEntry("comms", "tracer.comms:open_comms", off_option="no_comms", start_order=2,
               close_order=4),
     # After comms, which it needs; its last drain comes before comms closes the issued file.
@@ -96,7 +96,7 @@ class PartSetup:
     use_cuda: bool
     budget: RecordBudget | None  # --max-record-mb, shared by the record files
     current_step: Callable[[], int]
-    track_step_ends: Callable[[], object]  # tracer.stepclock.StepClock.track_ends
+    track_step_ends: Callable[[], object]  # tracer.steps.step_clock.StepClock.track_ends
     write_manifest: Callable[[object], None]
     add: Callable[[Part], Part | None]  # None: it failed while being built
     report: Callable[[str, str], None]  # (part name, message): one line and a manifest error

@@ -1,10 +1,10 @@
 """One rank's tracing session: the run folder, the parts, their failures, and the run's end.
 
-Every part (tracer.part.Part) is built here from its tracer.registry entry, told to report its
-failure to the session, and closed at the end; the session calls each part's hooks and knows no
-part by name. A part that fails is noted in the manifest and no longer used; the others go on.
-Steps are ended by tracer.stepclock, written by tracer.stepworker; SIGTERM is handled by
-tracer.sigterm through `end_by_sigterm`.
+Every part (tracer.parts.part.Part) is built here from its tracer.session.part_registry entry,
+told to report its failure to the session, and closed at the end; the session calls each part's
+hooks and knows no part by name. A part that fails is noted in the manifest and no longer used;
+the others go on. Steps are ended by tracer.steps.step_clock, written by
+tracer.steps.step_worker; SIGTERM is handled by tracer.hangs.sigterm through `end_by_sigterm`.
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ class Session:
 
     def _write_pending(self, drain: bool = True) -> None:
         """Step records, their scalars and the samples' scalars that piled up (the worker's
-        pass every stepworker.PERIOD_S, and the closer's last one)."""
+        pass every step_worker.PERIOD_S, and the closer's last one)."""
         if drain:
             for part in self._hooked["on_worker_pass"]:
                 self._guarded(part, part.on_worker_pass)

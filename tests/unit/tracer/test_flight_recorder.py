@@ -130,7 +130,7 @@ def test_the_ring_size_is_the_users_or_set_for_torch():
 
 
 class Setup:
-    """What open_flight uses of a tracer.registry.PartSetup."""
+    """What open_flight uses of a tracer.session.part_registry.PartSetup."""
 
     def __init__(self, comms):
         self.comms, self.reported, self.added = comms, [], []

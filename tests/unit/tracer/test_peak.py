@@ -1,5 +1,5 @@
-"""The peak the tracer records (tracer.peak): measured on CPU within its bound without touching
-the script's random numbers, threads or grad mode; or --peak-tflops."""
+"""The peak the tracer records (tracer.probes.peak_tflops): measured on CPU within its bound
+without touching the script's random numbers, threads or grad mode; or --peak-tflops."""
 
 import subprocess
 import sys

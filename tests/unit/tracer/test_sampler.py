@@ -1,4 +1,5 @@
-"""Tests of tracer.sampler: psutil samples, periodic flushing, the NVML path with a fake pynvml."""
+"""Tests of tracer.probes.device_sampler: psutil samples, periodic flushing, the NVML path with
+a fake pynvml."""
 
 from __future__ import annotations
 
