@@ -11,20 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.comms_ranks import StepCounter, ToyNet
+from helpers.comms_ranks import ListWriter, StepCounter, ToyNet
 from helpers.launch import DDP, launch
 from tracer.comms import CommsRecorder
 
 
 # ---- single-process tests (1-rank gloo group in the pytest process) -----------------------------
-class ListWriter:
-    def __init__(self):
-        self.records = []
-
-    def write(self, record):
-        self.records.append(record)
-
-
 @pytest.fixture
 def recorder_factory(one_rank):
     made = []
