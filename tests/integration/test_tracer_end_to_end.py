@@ -1,7 +1,7 @@
 """The tracer end to end: run folders, what traced runs write, and how steps are counted. One
 traced 2-rank DDP run (the shared run `ddp-bucket-hook`, which the TensorBoard tests read too)
-is shared by the end-to-end checks. Options: tests/test_config.py; the parts on their own:
-tests/test_tracer_parts.py."""
+is shared by the end-to-end checks. Options: tests/unit/tracer/test_config.py; the parts on
+their own: tests/unit/tracer/ (one folder per folder of tracer/)."""
 
 from __future__ import annotations
 
