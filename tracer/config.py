@@ -4,7 +4,8 @@ Every field is an option `--field-name` and an environment variable `RANKTRACE_F
 (the same name, upper case); the command line wins over the environment, the environment over
 the default. Booleans are flags on the command line and 1/0, true/false, yes/no, on/off in the
 environment. Unknown options and unknown RANKTRACE_* variables are errors, so a typo never
-silently falls back to a default. The command line is parsed by argparse, with the script and
+silently falls back to a default; the analysis's own variables (tracer.environment) are let
+through. The command line is parsed by argparse, with the script and
 its arguments as one REMAINDER, as torchrun does.
 """
 
@@ -19,7 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-ENV_PREFIX = "RANKTRACE_"
+from tracer.environment import ANALYSIS_VARIABLES, PREFIX
+
+ENV_PREFIX = PREFIX
 USAGE = "python -m tracer.record [tracer options] SCRIPT [script args]"
 
 
@@ -181,16 +184,18 @@ def _convert(kind: type, text: str, where: str):
 
 
 def from_env(environ: Mapping[str, str]) -> dict:
-    """The RANKTRACE_* variables as field values; unknown ones are errors."""
+    """The RANKTRACE_* variables as field values; the analysis's are let through, any other
+    unknown one is an error."""
     fields = {env_name(f.name): f for f in dataclasses.fields(TracerConfig)}
     values = {}
     for key, text in environ.items():
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(ENV_PREFIX) or key in ANALYSIS_VARIABLES:
             continue
         f = fields.get(key)
         if f is None:
             known = ", ".join(sorted(fields))
-            raise ConfigError(f"unknown environment variable {key} (known: {known})")
+            raise ConfigError(f"unknown environment variable {key} (known: {known}; the "
+                              f"analysis's: {', '.join(ANALYSIS_VARIABLES)})")
         values[f.name] = _convert(_field_type(f), text, key)
     return values
 

@@ -8,9 +8,11 @@ import re
 
 import pytest
 
+from analysis.core import limits
 from helpers.launch import REPO, TINY, launch
 from tracer import config as config_mod
 from tracer.config import ConfigError, TracerConfig
+from tracer.environment import ANALYSIS_VARIABLES
 
 
 # ---- options --------------------------------------------------------------------------------
@@ -64,6 +66,34 @@ def test_environment_sets_options_and_the_command_line_wins():
 def test_bad_options_are_errors_that_name_them(argv, env, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         config_mod.resolve(argv, env)
+
+
+# ---- the analysis's environment variables ----------------------------------------------------
+@pytest.mark.parametrize("variable", ANALYSIS_VARIABLES)
+def test_the_analysiss_variables_are_let_through_by_the_tracer(variable):
+    config, script, _ = config_mod.resolve(["s.py"], {variable: "64", "RANKTRACE_ACTIVE": "2"})
+    assert script == "s.py" and config == TracerConfig(active=2)
+
+
+def test_no_tracer_variable_takes_an_analysis_variables_name():
+    tracer_names = {config_mod.env_name(f.name) for f in dataclasses.fields(TracerConfig)}
+    assert len(tracer_names) == len(dataclasses.fields(TracerConfig))
+    assert not tracer_names & set(ANALYSIS_VARIABLES)
+    assert all(name.startswith(config_mod.ENV_PREFIX) for name in ANALYSIS_VARIABLES)
+
+
+def test_every_ranktrace_variable_the_analysis_reads_is_listed_for_the_tracer():
+    named = {name for path in (REPO / "analysis").rglob("*.py")
+             for name in re.findall(r"RANKTRACE_[A-Z_]+", path.read_text())}
+    assert named and named <= set(ANALYSIS_VARIABLES)
+    assert limits.MAX_TRACE_ENV in ANALYSIS_VARIABLES
+
+
+def test_an_unknown_variable_is_still_an_error_naming_both_lists():
+    with pytest.raises(ConfigError, match="unknown environment variable RANKTRACE_MAX_TRACE "
+                                          r"\(known: .*RANKTRACE_ACTIVE.*; the analysis's: "
+                                          "RANKTRACE_MAX_TRACE_MB\\)"):
+        config_mod.resolve(["s.py"], {"RANKTRACE_MAX_TRACE": "64"})
 
 
 def _documented_options() -> dict[str, tuple[str, str]]:
