@@ -2,7 +2,8 @@
 
 Every field is an option `--field-name` and an environment variable `RANKTRACE_FIELD_NAME`
 (the same name, upper case); the command line wins over the environment, the environment over
-the default. Booleans are flags on the command line and 1/0, true/false, yes/no, on/off in the
+the default. Booleans are two flags on the command line, `--field` and `--no-field` (a field
+named no_thing: `--no-thing` and `--thing`), and 1/0, true/false, yes/no, on/off in the
 environment. Unknown options and unknown RANKTRACE_* variables are errors, so a typo never
 silently falls back to a default; the analysis's own variables (tracer.environment) are let
 through. The command line is parsed by argparse, with the script and
@@ -150,6 +151,31 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
+# A boolean field named no_<thing> (no_profiler) is an off switch: `--no-thing` sets it, and
+# `--thing` is its opposite (never `--no-no-thing`).
+_OFF_SWITCH = "no_"
+
+
+def switch_options(field_name: str) -> tuple[str, str]:
+    """A boolean field's two options: (the one that sets it, the one that clears it)."""
+    if field_name.startswith(_OFF_SWITCH):
+        return option_name(field_name), option_name(field_name[len(_OFF_SWITCH):])
+    return option_name(field_name), "--no-" + field_name.replace("_", "-")
+
+
+class _OffSwitchAction(argparse.BooleanOptionalAction):
+    """BooleanOptionalAction for a field named no_<thing>, given `--thing`: `--no-thing` sets
+    the field True, `--thing` sets it False; --help lists `--no-thing` first."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.option_strings = self.option_strings[::-1]
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string in self.option_strings:
+            setattr(namespace, self.dest, option_string.startswith("--no-"))
+
+
 # In TracerConfig's docstring: "name: help" at the left margin, continued on indented lines.
 # Options whose value may be left out: the value they then take.
 _OPTIONAL_VALUE = {"capture_slow_steps": 2.0}
@@ -232,8 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(TracerConfig):
         kind, option = _field_type(f), option_name(f.name)
         if kind is bool:
-            parser.add_argument(option, action="store_true", default=argparse.SUPPRESS,
-                                help=f"{helps[f.name]} [{env_name(f.name)}]")
+            sets, clears = switch_options(f.name)
+            off_switch = f.name.startswith(_OFF_SWITCH)
+            default = "" if off_switch else f" (default: {'on' if f.default else 'off'})"
+            parser.add_argument(clears if off_switch else sets, dest=f.name,
+                                action=_OffSwitchAction if off_switch
+                                else argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS,
+                                help=f"{helps[f.name]}{default} [{env_name(f.name)}]")
         else:
             default = f" (default: {f.default})" if f.default != "" else ""
             optional = ({"nargs": "?", "const": _OPTIONAL_VALUE[f.name]}
@@ -244,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [script args]",
                         help="the training script and its own arguments")
     return parser
+
+
+def option_arities() -> dict[str, int | str]:
+    """Each option string of the command line (both forms of a boolean) -> 0 for a flag, 1 for
+    an option with a value, "?" for one whose value may be left out (_OPTIONAL_VALUE)."""
+    actions = build_parser()._option_string_actions
+    return {string: 1 if action.nargs is None else action.nargs
+            for string, action in actions.items() if action.dest != "help"}
 
 
 def _optional_values(argv: list[str]) -> list[str]:
