@@ -126,7 +126,10 @@ def is_run_dir(folder: Path) -> bool:
 
 def stray_notes(folder: Path) -> list[str]:
     """One line per JSON file in `folder` that the analysis does not read (folder_contents)."""
-    contents = folder_contents(folder)
+    return _notes(folder_contents(folder))
+
+
+def _notes(contents: FolderContents) -> list[str]:
     why = ("not one of the run's traces (*.pt.trace.json[.gz] beside the tracer's records)"
            if contents.is_run else "a file beside run folders, not a run")
     return [f"{path}: ignored: {why}" for path in contents.strays]
@@ -196,14 +199,15 @@ def resolve(paths: list[Path], run: str | None = None, all_runs: bool = False) -
             names = ", ".join(r.name for r in find_runs(folder)) or "none"
             raise NothingToAnalyse(f"{folder}: no run named {run!r} (runs: {names})")
         folder = candidate
-    if is_run_dir(folder):
-        return Resolved([(folder, trace_files(folder))], stray_notes(folder))
+    contents = folder_contents(folder)
+    if contents.is_run:
+        return Resolved([(folder, contents.traces)], _notes(contents))
     runs = find_runs(folder)
     if not runs:
         raise NothingToAnalyse(f"{folder}: no Kineto trace (*.json, *.json.gz) and no run "
                                f"folder with one")
     chosen = runs if all_runs else runs[-1:]
-    notes = stray_notes(folder) + [n for r in chosen for n in stray_notes(r)]
+    notes = _notes(contents) + [n for r in chosen for n in stray_notes(r)]
     return Resolved([(r, trace_files(r)) for r in chosen], notes)
 
 
