@@ -31,8 +31,9 @@ from tracer.part import Part
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 # NCCL times each op with CUDA events, and FR entries get its duration_ms, only with this set
-# when the process group is created.
+# when the process group is created; torch still reads the older name as well.
 NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+OLD_NCCL_TIMING_ENV = "NCCL_ENABLE_TIMING"
 # With one hardware queue, NCCL's timing events keep its kernels from overlapping with compute
 # (pytorch/pytorch#143890): timing is then left off unless the user asks for it.
 CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
@@ -89,10 +90,12 @@ def buffer_size(environ) -> int:
 
 def nccl_timing(environ) -> bool:
     """Whether NCCL will time its ops: TORCH_NCCL_ENABLE_TIMING=1 is set in `environ` (before
-    the script creates its process groups, which read it) unless the user set it, whose value
-    is kept, or set CUDA_DEVICE_MAX_CONNECTIONS=1 (CONNECTIONS_ENV). gloo ignores it."""
-    if NCCL_TIMING_ENV in environ:
-        return environ[NCCL_TIMING_ENV].strip().lower() in ("1", "true", "yes", "y", "on")
+    the script creates its process groups, which read it) unless the user set it or its older
+    name, whose value is kept, or set CUDA_DEVICE_MAX_CONNECTIONS=1 (CONNECTIONS_ENV). gloo
+    ignores it."""
+    for name in (NCCL_TIMING_ENV, OLD_NCCL_TIMING_ENV):
+        if name in environ:
+            return environ[name].strip().lower() in ("1", "true", "yes", "y", "on")
     if environ.get(CONNECTIONS_ENV, "").strip() == "1":
         return False
     environ[NCCL_TIMING_ENV] = "1"

@@ -13,14 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.flight_entries import (
-    MAIN_THREAD,
-    T0,
-    Dumps,
-    FakeRecorder,
-    ddp_gloo_entries,
-    dump_json,
-)
+from helpers import flight_entries as captured
 from tracer import schema
 from tracer.comms.flight import FlightRecorder
 from tracer.comms.fsdp import AfterImport
@@ -33,6 +26,7 @@ from tracer.comms.owners import (
 )
 from tracer.comms.patching import thread
 
+MAIN_THREAD, T0 = captured.MAIN_THREAD, captured.T0
 CAPTURED = "0"  # the captured entries' process group
 MIB = 1 << 20
 # The captured run's DDP(nn.Linear(10, 10)): built from T0 - 1 ms to T0 + 3 ms, its shape check
@@ -88,14 +82,14 @@ def test_buckets_fit_the_cap_after_the_rebuild_and_are_whole_groups_before_it():
 
 def test_every_native_op_of_the_captured_ddp_run_is_ddps():
     owners = owners_of_the_captured_run()
-    recorder = FakeRecorder()
+    recorder = captured.FakeRecorder()
     recorder.owners = owners
     # The parameter broadcast and the barrier went through hooked calls (the hooks' own ops).
-    recorder_spans = [[MAIN_THREAD, T0 + 2_700_000, T0 + 2_900_000],
-                      [MAIN_THREAD, T0 + 14_700_000, T0 + 14_900_000]]
-    part = FlightRecorder(recorder, Dumps(dump_json(ddp_gloo_entries())), collections.deque(),
-                          1024, clock_ns=lambda: T0 + 10**9)
-    recorder.issue_spans.extend(recorder_spans)
+    hooked = [[MAIN_THREAD, T0 + 2_700_000, T0 + 2_900_000],
+              [MAIN_THREAD, T0 + 14_700_000, T0 + 14_900_000]]
+    dump = captured.Dumps(captured.dump_json(captured.ddp_gloo_entries()))
+    part = FlightRecorder(recorder, dump, collections.deque(), 1024, clock_ns=lambda: T0 + 10**9)
+    recorder.issue_spans.extend(hooked)
     part.drain()
     written = [(r.op, r.dtype, r.bytes, r.issuer) for r in recorder.writer.records]
     assert written == [

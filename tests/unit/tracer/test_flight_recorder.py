@@ -134,10 +134,11 @@ def test_nccl_timing_is_turned_on_unless_the_user_set_it():
     environ = {"MASTER_ADDR": "127.0.0.1"}
     assert flight.nccl_timing(environ) is True
     assert environ == {"MASTER_ADDR": "127.0.0.1", "TORCH_NCCL_ENABLE_TIMING": "1"}
-    for value, timed in (("0", False), ("1", True), ("true", True)):
-        environ = {"TORCH_NCCL_ENABLE_TIMING": value}
-        assert flight.nccl_timing(environ) is timed
-        assert environ == {"TORCH_NCCL_ENABLE_TIMING": value}  # the user's value is kept
+    for name in ("TORCH_NCCL_ENABLE_TIMING", "NCCL_ENABLE_TIMING"):  # torch reads both
+        for value, timed in (("0", False), ("1", True), ("true", True)):
+            environ = {name: value}
+            assert flight.nccl_timing(environ) is timed
+            assert environ == {name: value}  # the user's value is kept, and nothing added
     # One hardware queue: timing events would keep NCCL from overlapping with compute.
     environ = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     assert flight.nccl_timing(environ) is False and "TORCH_NCCL_ENABLE_TIMING" not in environ
