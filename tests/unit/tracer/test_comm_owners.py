@@ -211,3 +211,15 @@ def test_a_hook_fires_once_after_an_import_and_leaves_no_trace(tmp_path, monkeyp
     finally:
         finder.remove()
         sys.modules.pop("ranktrace_probe_package", None)
+
+
+def test_a_construction_is_forgotten_once_the_flight_recorder_has_read_past_it():
+    owners = Owners(clock_ns=iter([100, 200, 300, 500]).__next__)
+    done = owners.building(schema.ISSUER_DDP)
+    owners.built(done)              # 100 to 200
+    still = owners.building(schema.ISSUER_FSDP2)  # from 300, not finished
+    owners.prune(250)
+    assert list(owners.spans) == [still]
+    assert owners.of_native("broadcast", "0", "int64", 6, str(threading.get_ident()),
+                            400) == "fsdp2"
+    owners.built(still)
