@@ -11,6 +11,7 @@ fired), or at install where it already is imported.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.abc
 import sys
 
@@ -18,6 +19,13 @@ from tracer.comms.owners import fsdp1_sizes, fsdp2_sizes
 from tracer.schema import ISSUER_FSDP1, ISSUER_FSDP2
 
 FSDP_PACKAGE = "torch.distributed.fsdp"
+# (module, class, issuer, what its units issue): a torch without one of them observes the other
+UNITS = (
+    ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel",
+     ISSUER_FSDP1, fsdp1_sizes),
+    ("torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup", ISSUER_FSDP2,
+     fsdp2_sizes),
+)
 
 
 def group_name(pg) -> str:
@@ -55,10 +63,13 @@ class FsdpHooks:
             self.recorder.fail("observing FSDP's constructors", exc)
 
     def _observe_units(self) -> None:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-        self._observe(FullyShardedDataParallel, ISSUER_FSDP1, fsdp1_sizes)
-        self._observe(FSDPParamGroup, ISSUER_FSDP2, fsdp2_sizes)
+        for module_name, class_name, issuer, sizes_of in UNITS:
+            try:
+                cls = getattr(importlib.import_module(module_name), class_name, None)
+            except ImportError:
+                cls = None
+            if cls is not None:
+                self._observe(cls, issuer, sizes_of)
 
     def _observe(self, cls, issuer: str, sizes_of) -> None:
         """cls.__init__ marks its thread as building a unit of `issuer`, then notes the sizes of

@@ -223,3 +223,35 @@ def test_a_construction_is_forgotten_once_the_flight_recorder_has_read_past_it()
     assert owners.of_native("broadcast", "0", "int64", 6, str(threading.get_ident()),
                             400) == "fsdp2"
     owners.built(still)
+
+
+class BuiltUnit:
+    """A stand-in for an FSDP unit class: its constructor issues nothing, its unit one size."""
+
+    def __init__(self, elements):
+        self.elements = elements
+        self.issuer_while_built = thread.issuer
+
+
+def test_a_torch_without_one_unit_class_still_observes_the_other(monkeypatch):
+    from tracer.comms import fsdp
+    from tracer.comms.patching import Patches
+    monkeypatch.setattr(fsdp, "FSDP_PACKAGE", __name__)  # imported already: observed at install
+    monkeypatch.setattr(fsdp, "UNITS", (
+        ("ranktrace_no_such_module", "FullyShardedDataParallel", "fsdp1", None),
+        (__name__, "BuiltUnit", "fsdp2", lambda unit, name: [("0", "all_gather", unit.elements)]),
+    ))
+    original = BuiltUnit.__init__
+    recorder = types.SimpleNamespace(active=True, failed=[])
+    recorder.fail = lambda what, exc=None: recorder.failed.append(what)
+    owners, patches = Owners(), Patches(lambda *a: None)
+    hooks = fsdp.FsdpHooks(recorder, owners)
+    hooks.install(patches)
+    try:
+        unit = BuiltUnit(144)
+        assert unit.issuer_while_built == "fsdp2" and thread.issuer is None
+        assert owners.fsdp == {("0", "all_gather", 144): "fsdp2"} and recorder.failed == []
+    finally:
+        hooks.uninstall()
+        patches.restore()
+    assert BuiltUnit.__init__ is original
