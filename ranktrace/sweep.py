@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from analysis import scaling
-from tracer.config import ConfigError, TracerConfig, option_name, resolve
+from tracer.config import ConfigError, option_arities, resolve
 
 # Tracer options the sweep sets itself.
 OWNED_TRACER_OPTIONS = ("--out", "--run-name")
@@ -77,8 +77,9 @@ def split_words(parser: argparse.ArgumentParser, argv: list[str]
     """(sweep words, tracer words, SCRIPT and its args): options are taken up to the first word
     that is neither a sweep nor a tracer option nor an option's value."""
     sweep_takes = {s: a.nargs != 0 for s, a in parser._option_string_actions.items()}
-    tracer_takes = {option_name(f): str(t) != "bool"
-                    for f, t in TracerConfig.__annotations__.items()}
+    # both forms of a tracer boolean (--record-shapes, --no-record-shapes) are flags; an option
+    # whose number may be left out (--capture-slow-steps) takes the next word only if a number
+    tracer_takes = option_arities()
     sweep, tracer, i = [], [], 0
     while i < len(argv):
         name = argv[i].partition("=")[0]
@@ -86,6 +87,8 @@ def split_words(parser: argparse.ArgumentParser, argv: list[str]
             target, takes = sweep, sweep_takes[name]
         elif name in tracer_takes:
             target, takes = tracer, tracer_takes[name]
+            if takes == "?":
+                takes = i + 1 < len(argv) and _is_number(argv[i + 1])
         else:
             break
         target.append(argv[i])
@@ -94,6 +97,14 @@ def split_words(parser: argparse.ArgumentParser, argv: list[str]
             target.append(argv[i])
         i += 1
     return sweep, tracer, argv[i:]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def launches(args) -> list[dict]:

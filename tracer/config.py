@@ -2,9 +2,11 @@
 
 Every field is an option `--field-name` and an environment variable `RANKTRACE_FIELD_NAME`
 (the same name, upper case); the command line wins over the environment, the environment over
-the default. Booleans are flags on the command line and 1/0, true/false, yes/no, on/off in the
+the default. Booleans are two flags on the command line, `--field` and `--no-field` (a field
+named no_thing: `--no-thing` and `--thing`), and 1/0, true/false, yes/no, on/off in the
 environment. Unknown options and unknown RANKTRACE_* variables are errors, so a typo never
-silently falls back to a default. The command line is parsed by argparse, with the script and
+silently falls back to a default; the analysis's own variables (tracer.environment) are let
+through. The command line is parsed by argparse, with the script and
 its arguments as one REMAINDER, as torchrun does.
 """
 
@@ -19,7 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-ENV_PREFIX = "RANKTRACE_"
+from tracer.environment import ANALYSIS_VARIABLES, PREFIX
+
+ENV_PREFIX = PREFIX
 USAGE = "python -m tracer.record [tracer options] SCRIPT [script args]"
 
 
@@ -147,6 +151,31 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
+# A boolean field named no_<thing> (no_profiler) is an off switch: `--no-thing` sets it, and
+# `--thing` is its opposite (never `--no-no-thing`).
+_OFF_SWITCH = "no_"
+
+
+def switch_options(field_name: str) -> tuple[str, str]:
+    """A boolean field's two options: (the one that sets it, the one that clears it)."""
+    if field_name.startswith(_OFF_SWITCH):
+        return option_name(field_name), option_name(field_name[len(_OFF_SWITCH):])
+    return option_name(field_name), "--no-" + field_name.replace("_", "-")
+
+
+class _OffSwitchAction(argparse.BooleanOptionalAction):
+    """BooleanOptionalAction for a field named no_<thing>, given `--thing`: `--no-thing` sets
+    the field True, `--thing` sets it False; --help lists `--no-thing` first."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.option_strings = self.option_strings[::-1]
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string in self.option_strings:
+            setattr(namespace, self.dest, option_string.startswith("--no-"))
+
+
 # In TracerConfig's docstring: "name: help" at the left margin, continued on indented lines.
 # Options whose value may be left out: the value they then take.
 _OPTIONAL_VALUE = {"capture_slow_steps": 2.0}
@@ -181,16 +210,18 @@ def _convert(kind: type, text: str, where: str):
 
 
 def from_env(environ: Mapping[str, str]) -> dict:
-    """The RANKTRACE_* variables as field values; unknown ones are errors."""
+    """The RANKTRACE_* variables as field values; the analysis's are let through, any other
+    unknown one is an error."""
     fields = {env_name(f.name): f for f in dataclasses.fields(TracerConfig)}
     values = {}
     for key, text in environ.items():
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(ENV_PREFIX) or key in ANALYSIS_VARIABLES:
             continue
         f = fields.get(key)
         if f is None:
             known = ", ".join(sorted(fields))
-            raise ConfigError(f"unknown environment variable {key} (known: {known})")
+            raise ConfigError(f"unknown environment variable {key} (known: {known}; the "
+                              f"analysis's: {', '.join(ANALYSIS_VARIABLES)})")
         values[f.name] = _convert(_field_type(f), text, key)
     return values
 
@@ -227,8 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(TracerConfig):
         kind, option = _field_type(f), option_name(f.name)
         if kind is bool:
-            parser.add_argument(option, action="store_true", default=argparse.SUPPRESS,
-                                help=f"{helps[f.name]} [{env_name(f.name)}]")
+            sets, clears = switch_options(f.name)
+            off_switch = f.name.startswith(_OFF_SWITCH)
+            default = "" if off_switch else f" (default: {'on' if f.default else 'off'})"
+            parser.add_argument(clears if off_switch else sets, dest=f.name,
+                                action=_OffSwitchAction if off_switch
+                                else argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS,
+                                help=f"{helps[f.name]}{default} [{env_name(f.name)}]")
         else:
             default = f" (default: {f.default})" if f.default != "" else ""
             optional = ({"nargs": "?", "const": _OPTIONAL_VALUE[f.name]}
@@ -239,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [script args]",
                         help="the training script and its own arguments")
     return parser
+
+
+def option_arities() -> dict[str, int | str]:
+    """Each option string of the command line (both forms of a boolean) -> 0 for a flag, 1 for
+    an option with a value, "?" for one whose value may be left out (_OPTIONAL_VALUE)."""
+    actions = build_parser()._option_string_actions
+    return {string: 1 if action.nargs is None else action.nargs
+            for string, action in actions.items() if action.dest != "help"}
 
 
 def _optional_values(argv: list[str]) -> list[str]:

@@ -68,6 +68,29 @@ def test_uninstall_restores_every_patched_attribute(one_rank):
     assert recorder.error is None
 
 
+def test_fsdp_constructors_alone_are_observed_and_put_back(one_rank):
+    """FSDP imported before install: its two constructors are wrapped at once, no import hook is
+    left behind, and uninstall puts the very same functions back."""
+    import sys
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from tracer.comms.fsdp import AfterImport
+    before = (FullyShardedDataParallel.__init__, FSDPParamGroup.__init__,
+              FullyShardedDataParallel.forward, FSDPParamGroup.pre_forward)
+    recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
+    recorder.install()
+    try:
+        assert FullyShardedDataParallel.__init__.__wrapped__ is before[0]
+        assert FSDPParamGroup.__init__.__wrapped__ is before[1]
+        assert (FullyShardedDataParallel.forward, FSDPParamGroup.pre_forward) == before[2:]
+        assert not [f for f in sys.meta_path if isinstance(f, AfterImport)]
+    finally:
+        recorder.uninstall()
+    assert (FullyShardedDataParallel.__init__, FSDPParamGroup.__init__) == before[:2]
+
+
 def test_compiled_code_reaches_nothing_patched(one_rank):
     """Inductor's lowerings and compiled graphs hold the _c10d_functional ops: they stay torch's."""
     from torch.nn.parallel import DistributedDataParallel as DDP

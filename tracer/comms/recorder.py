@@ -12,7 +12,9 @@ from collections.abc import Callable
 from tracer import schema
 from tracer.comms.c10d import C10dHooks
 from tracer.comms.ddp import DdpHooks
+from tracer.comms.fsdp import FsdpHooks
 from tracer.comms.functional import FunctionalHooks
+from tracer.comms.owners import Owners
 from tracer.comms.patching import Patches
 from tracer.comms.timing import Timing
 from tracer.hangs import stack_dumps
@@ -112,9 +114,11 @@ class CommsRecorder(Part):
         self.timing = Timing(writer, current_step, use_cuda, event_factory, wait_timeout_s,
                              self.fail, self.issues if issue_records else None)
         self._patches = Patches(self.fail)
+        self.owners = Owners()  # the DDP and FSDP units built: who issued each op
         self.c10d = C10dHooks(self)
         self.functional = FunctionalHooks(self)
-        self.ddp = DdpHooks(self, bool(ddp_bucket_hook))
+        self.ddp = DdpHooks(self, bool(ddp_bucket_hook), self.owners)
+        self.fsdp = FsdpHooks(self, self.owners)
         self._at_last_step = (0, 0)  # (ops, bytes) at the last step end
 
     @property
@@ -175,7 +179,9 @@ class CommsRecorder(Part):
             self.c10d.install(self._patches)
             self.functional.install(self._patches)
             self.ddp.install(self._patches)
+            self.fsdp.install(self._patches)
         except Exception as exc:  # a torch without one of these pieces: leave nothing half-patched
+            self.fsdp.uninstall()
             self._patches.restore()
             self.fail("install", exc)
             return
@@ -184,6 +190,7 @@ class CommsRecorder(Part):
 
     def uninstall(self) -> None:
         self.active = False
+        self.fsdp.uninstall()
         self._patches.restore()
         self._installed = False
         if self.functional.compiled_collectives:

@@ -175,7 +175,8 @@ def _ops_from_records(comms: pd.DataFrame, rank, trace) -> pd.DataFrame:
         "step": _col(comms, "step"),
         "op": ops,
         "source": _col(comms, "source"),
-        "issuer": issuers.issuers_from_records(_col(comms, "source"), ops, trace),
+        "issuer": issuers.issuers_from_records(_col(comms, "source"), ops, trace,
+                                               _col(comms, "issuer")),
         "pg": _col(comms, "pg").map(lambda pg: None if pg is None or pd.isna(pg) else str(pg)),
         "pg_size": _col(comms, "pg_size"),
         "dtype": _col(comms, "dtype").map(

@@ -189,6 +189,21 @@ def test_command_line_on_a_sweep_folder(tmp_path, capsys):
     assert csv["efficiency_pct"].tolist() == pytest.approx([100.0, 12.5])
 
 
+def test_the_json_document_saved_into_the_sweep_folder_leaves_the_next_study_alike(tmp_path,
+                                                                                  capsys):
+    _write_run(tmp_path / "ws1-n1-r0", 1, [300, 50, 20, 20, 20], {"samples_per_step": 32})
+    _write_run(tmp_path / "ws2-n1-r0", 2, [300, 50, 25, 25, 25], {"samples_per_step": 32})
+    saved = tmp_path / "scaling.json"
+    saved.write_text("")  # `> SWEEP/scaling.json` creates the file before the command runs
+    assert scaling.main([str(tmp_path), "--format", "json", "--no-cache"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert scaling.main([str(tmp_path), "--format", "json", "--no-cache"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == json.loads(saved.read_text())
+    assert [s["step_ms"] for s in json.loads(out)["world_sizes"]] == pytest.approx([20.0, 25.0])
+    assert f"ranktrace: note: {saved}: ignored: a file beside run folders, not a run" in err
+
+
 def test_command_line_names_a_run_without_step_records(tmp_path, capsys):
     _write_run(tmp_path / "ws1-n1-r0", 1, [300, 50, 20, 20])
     _write_run(tmp_path / "ws2-n1-r0", 2, [300, 50, 20, 20])

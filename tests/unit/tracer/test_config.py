@@ -8,9 +8,12 @@ import re
 
 import pytest
 
+from analysis.core import limits
 from helpers.launch import REPO, TINY, launch
+from ranktrace import sweep
 from tracer import config as config_mod
 from tracer.config import ConfigError, TracerConfig
+from tracer.environment import ANALYSIS_VARIABLES
 
 
 # ---- options --------------------------------------------------------------------------------
@@ -56,7 +59,8 @@ def test_environment_sets_options_and_the_command_line_wins():
     (["--samples-per-step", "-8", "s.py"], {}, "--samples-per-step must be >= 0"),
     (["s.py"], {"RANKTRACE_NO_PROFILER": "maybe"}, "RANKTRACE_NO_PROFILER must be one of"),
     (["--run-name", "a/b", "s.py"], {}, "--run-name must be a plain folder name"),
-    (["--record-shapes=1", "s.py"], {}, "--record-shapes: ignored explicit argument '1'"),
+    (["--record-shapes=1", "s.py"], {},
+     "--record-shapes/--no-record-shapes: ignored explicit argument '1'"),
     (["--active"], {}, "--active: expected one argument"),
     (["--max-record-mb", "-1", "s.py"], {}, "--max-record-mb must be >= 0"),
     (["--active", "2"], {}, "no script given"),
@@ -66,12 +70,85 @@ def test_bad_options_are_errors_that_name_them(argv, env, message):
         config_mod.resolve(argv, env)
 
 
-def _documented_options() -> dict[str, tuple[str, str]]:
-    """docs/tracer.md's options table: option -> (environment variable, meaning)."""
+# ---- booleans: --thing / --no-thing ------------------------------------------------------------
+BOOLEANS = [f.name for f in dataclasses.fields(TracerConfig) if str(f.type) == "bool"]
+
+
+def test_record_shapes_on_by_default_is_turned_off_on_the_command_line():
+    assert config_mod.resolve(["s.py"], {})[0].record_shapes is True
+    assert config_mod.resolve(["--no-record-shapes", "s.py"], {})[0].record_shapes is False
+    on_in_env = {"RANKTRACE_RECORD_SHAPES": "1"}
+    assert config_mod.resolve(["--no-record-shapes", "s.py"], on_in_env)[0].record_shapes is False
+    assert config_mod.resolve(["--no-record-shapes", "--record-shapes", "s.py"],
+                              {})[0].record_shapes is True  # the last one given wins
+
+
+@pytest.mark.parametrize("name", BOOLEANS)
+def test_every_boolean_is_set_and_cleared_on_the_command_line_over_the_environment(name):
+    sets, clears = config_mod.switch_options(name)
+    assert sets == config_mod.option_name(name)  # the option of old, unchanged
+    env = config_mod.env_name(name)
+    assert getattr(config_mod.resolve([sets, "s.py"], {env: "0"})[0], name) is True
+    assert getattr(config_mod.resolve([clears, "s.py"], {env: "1"})[0], name) is False
+    assert getattr(config_mod.resolve(["s.py"], {env: "yes"})[0], name) is True
+    assert config_mod.option_arities()[sets] == config_mod.option_arities()[clears] == 0
+
+
+def test_off_switches_keep_their_flag_and_gain_its_opposite():
+    assert config_mod.switch_options("no_profiler") == ("--no-profiler", "--profiler")
+    assert config_mod.switch_options("no_flight_recorder") == ("--no-flight-recorder",
+                                                               "--flight-recorder")
+    assert config_mod.switch_options("with_stack") == ("--with-stack", "--no-with-stack")
+    assert not [o for o in config_mod.option_arities() if o.startswith("--no-no-")]
+    shown = config_mod.build_parser().format_help()
+    assert "--no-no-" not in shown and "--no-profiler, --profiler" in shown
+    assert "--record-shapes, --no-record-shapes" in shown
+
+
+def test_the_sweep_passes_both_forms_of_a_boolean_to_the_tracer():
+    words, tracer_words, script = sweep.split_words(sweep.build_parser(), [
+        "--nproc", "1,2", "--no-record-shapes", "--comms", "--capture-slow-steps", "train.py",
+        "--no-comms"])
+    assert words == ["--nproc", "1,2"]
+    assert tracer_words == ["--no-record-shapes", "--comms", "--capture-slow-steps"]
+    assert script == ["train.py", "--no-comms"]
+
+
+# ---- the analysis's environment variables ----------------------------------------------------
+@pytest.mark.parametrize("variable", ANALYSIS_VARIABLES)
+def test_the_analysiss_variables_are_let_through_by_the_tracer(variable):
+    config, script, _ = config_mod.resolve(["s.py"], {variable: "64", "RANKTRACE_ACTIVE": "2"})
+    assert script == "s.py" and config == TracerConfig(active=2)
+
+
+def test_no_tracer_variable_takes_an_analysis_variables_name():
+    tracer_names = {config_mod.env_name(f.name) for f in dataclasses.fields(TracerConfig)}
+    assert len(tracer_names) == len(dataclasses.fields(TracerConfig))
+    assert not tracer_names & set(ANALYSIS_VARIABLES)
+    assert all(name.startswith(config_mod.ENV_PREFIX) for name in ANALYSIS_VARIABLES)
+
+
+def test_every_ranktrace_variable_the_analysis_reads_is_listed_for_the_tracer():
+    named = {name for path in (REPO / "analysis").rglob("*.py")
+             for name in re.findall(r"RANKTRACE_[A-Z_]+", path.read_text())}
+    assert named and named <= set(ANALYSIS_VARIABLES)
+    assert limits.MAX_TRACE_ENV in ANALYSIS_VARIABLES
+
+
+def test_an_unknown_variable_is_still_an_error_naming_both_lists():
+    with pytest.raises(ConfigError, match="unknown environment variable RANKTRACE_MAX_TRACE "
+                                          r"\(known: .*RANKTRACE_ACTIVE.*; the analysis's: "
+                                          "RANKTRACE_MAX_TRACE_MB\\)"):
+        config_mod.resolve(["s.py"], {"RANKTRACE_MAX_TRACE": "64"})
+
+
+def _documented_options() -> dict[str, tuple[str, str, str]]:
+    """docs/tracer.md's options table: option -> (environment variable, meaning, the whole
+    option cell)."""
     doc = (REPO / "docs" / "tracer.md").read_text()
-    rows = re.findall(r"^\| `(--[a-z-]+)[^`]*` \| `(RANKTRACE_[A-Z_]+)` \| [^|]+ \| (.+) \|$",
+    rows = re.findall(r"^\| `((--[a-z-]+)[^`]*)` \| `(RANKTRACE_[A-Z_]+)` \| [^|]+ \| (.+) \|$",
                       doc, re.M)
-    return {option: (env, meaning) for option, env, meaning in rows}
+    return {option: (env, meaning, cell) for cell, option, env, meaning in rows}
 
 
 def test_help_text_and_docs_table_list_the_same_options():
@@ -85,6 +162,8 @@ def test_help_text_and_docs_table_list_the_same_options():
         option, help_line = config_mod.option_name(f.name), helps[f.name]
         assert help_line, f"{f.name} has no line in TracerConfig's docstring"
         assert documented[option][0] == config_mod.env_name(f.name)
+        if str(f.type) == "bool":
+            assert documented[option][2] == " / ".join(config_mod.switch_options(f.name))
         assert option in shown and "".join(help_line.split()) in shown, f"{option} not in --help"
 
 

@@ -7,11 +7,12 @@ import pytest
 from helpers.flight_entries import MAIN_THREAD, T0, ddp_gloo_entries, gloo_entry, nccl_entry
 from tracer import schema
 from tracer.comms.flight_entries import (
+    RETIRE_WAIT_NS,
     FrEntry,
     is_done,
     native_op,
     op_name,
-    payload_bytes,
+    payload,
     span_index,
     within_span,
 )
@@ -38,16 +39,17 @@ def test_profiling_names_map_to_comm_ops(name, expected):
 
 def test_sizes_follow_the_nccl_tests_convention():
     entries = [entry(e) for e in ddp_gloo_entries()]
-    # all_gather: the gathered output, 2 parts of one int64
-    assert payload_bytes("all_gather", entries[0], 2) == ("int64", 16)
-    assert payload_bytes("broadcast", entries[2], 2) == ("float32", 440)
-    assert payload_bytes("all_reduce", entries[3], 2) == ("float32", 440)
-    assert payload_bytes("broadcast", entries[4], 2) == ("int32", 12)
-    assert payload_bytes("barrier", entries[7], 2) == ("none", 0)
+    # (dtype, elements, bytes); all_gather: the gathered output, 2 parts of one int64
+    assert payload("all_gather", entries[0], 2) == ("int64", 2, 16)
+    assert payload("broadcast", entries[2], 2) == ("float32", 110, 440)
+    assert payload("all_reduce", entries[3], 2) == ("float32", 110, 440)
+    assert payload("broadcast", entries[4], 2) == ("int32", 3, 12)
+    assert payload("barrier", entries[7], 2) == ("none", 0, 0)
     gather = entry(gloo_entry(9, 9, "gloo:gather", T0, [[5]], ["Half"], []))
-    assert payload_bytes("gather", gather, 4) == ("float16", 40)
+    assert payload("gather", gather, 4) == ("float16", 20, 40)
     scatter = entry(gloo_entry(9, 9, "gloo:scatter", T0, [], ["Double"], [[3]]))
-    assert payload_bytes("scatter", scatter, 4) == ("float64", 96)
+    assert payload("scatter", scatter, 4) == ("float64", 12, 96)
+    assert native_op(entries[3], 2, 0).elements == 110
 
 
 def test_a_gloo_entry_becomes_an_issue_timed_native_record():
@@ -80,8 +82,24 @@ def test_an_nccl_entry_without_timing_is_issue_timed_and_waits_until_done():
     started = entry(nccl_entry(3, 4, T0, state="started"))
     assert not is_done(started)
     done = entry(nccl_entry(3, 4, T0, state="completed"))
-    assert is_done(done)
+    assert is_done(done, T0)
     assert native_op(done, 2, 0).comm_record(done).timing == "issue"
+
+
+def test_an_nccl_entry_seen_complete_waits_for_the_watchdog_that_times_it():
+    # torch's dump marks an entry completed as soon as its end event has run; the watchdog
+    # retires it later, and only then sets duration_ms (TORCH_NCCL_ENABLE_TIMING=1).
+    seen = entry(nccl_entry(3, 4, T0, state="completed", retired=False))
+    completed = seen.time_discovered_completed_ns
+    assert completed == T0 + 5000
+    assert not is_done(seen, completed + RETIRE_WAIT_NS - 1)
+    retired = entry(nccl_entry(3, 4, T0, state="completed", duration_ms=0.25))
+    assert is_done(retired, completed + 1)
+    assert native_op(retired, 2, 0).comm_record(retired).duration_us == pytest.approx(250.0)
+    # never retired: written untimed once it has waited long enough, or at the last drain
+    assert is_done(seen, completed + RETIRE_WAIT_NS)
+    assert is_done(seen, None)
+    assert not is_done(entry(nccl_entry(3, 4, T0, state="started")), None)
 
 
 def test_native_p2p_takes_its_peer_from_the_name_and_its_position_from_p2p_seq():

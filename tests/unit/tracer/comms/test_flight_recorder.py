@@ -3,6 +3,7 @@ creation time, step records' counts, ring overruns, ops that complete later, and
 on (tracer.comms.flight)."""
 
 import collections
+import os
 
 import pytest
 
@@ -129,6 +130,35 @@ def test_the_ring_size_is_the_users_or_set_for_torch():
     assert flight.buffer_size({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}) == 0
 
 
+def test_nccl_timing_is_turned_on_unless_the_user_set_it():
+    environ = {"MASTER_ADDR": "127.0.0.1"}
+    assert flight.nccl_timing(environ) is True
+    assert environ == {"MASTER_ADDR": "127.0.0.1", "TORCH_NCCL_ENABLE_TIMING": "1"}
+    for name in ("TORCH_NCCL_ENABLE_TIMING", "NCCL_ENABLE_TIMING"):  # torch reads both
+        for value, timed in (("0", False), ("1", True), ("true", True)):
+            environ = {name: value}
+            assert flight.nccl_timing(environ) is timed
+            assert environ == {name: value}  # the user's value is kept, and nothing added
+    # One hardware queue: timing events would keep NCCL from overlapping with compute.
+    environ = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert flight.nccl_timing(environ) is False and "TORCH_NCCL_ENABLE_TIMING" not in environ
+    environ = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCH_NCCL_ENABLE_TIMING": "1"}
+    assert flight.nccl_timing(environ) is True
+
+
+def test_the_ranks_environment_gets_nccl_timing_when_the_part_starts(monkeypatch):
+    # set first, so that monkeypatch removes what open_flight sets when the test ends
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "unset")
+    monkeypatch.delenv("TORCH_NCCL_ENABLE_TIMING")
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
+    assert flight.open_flight(Setup(FakeRecorder())) is not None
+    assert os.environ["TORCH_NCCL_ENABLE_TIMING"] == "1"
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "0")
+    assert flight.open_flight(Setup(FakeRecorder())) is not None
+    assert os.environ["TORCH_NCCL_ENABLE_TIMING"] == "0"
+
+
 class Setup:
     """What open_flight uses of a tracer.session.part_registry.PartSetup."""
 
@@ -173,6 +203,7 @@ def test_a_ring_size_of_0_keeps_it_off_with_one_line(monkeypatch):
 
 def test_the_part_reads_this_torchs_own_dump(monkeypatch):
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "0")
     recorder = FakeRecorder()
     part = flight.open_flight(Setup(recorder))
     # The ring is the process's: empty in a fresh one, or holding the ops of process groups
