@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from analysis import scaling
-from tracer.config import ConfigError, option_arities, resolve
+from tracer.options.config import ConfigError, option_arities, resolve
 
 # Tracer options the sweep sets itself.
 OWNED_TRACER_OPTIONS = ("--out", "--run-name")

@@ -23,7 +23,7 @@ import sys
 import types
 import zipfile
 
-from tracer.config import ConfigError, resolve
+from tracer.options.config import ConfigError, resolve
 from tracer.session.rank_session import Session
 from tracer.session.run_folder import LaunchInfo, RunDirError
 from tracer.session.script_end import ScriptOutcome

@@ -1,7 +1,7 @@
 """The tracer end to end: run folders, what traced runs write, and how steps are counted. One
 traced 2-rank DDP run (the shared run `ddp-bucket-hook`, which the TensorBoard tests read too)
-is shared by the end-to-end checks. Options: tests/unit/tracer/test_config.py; the parts on
-their own: tests/unit/tracer/ (one folder per folder of tracer/)."""
+is shared by the end-to-end checks. Options: tests/unit/tracer/options/test_config.py; the parts
+on their own: tests/unit/tracer/ (one folder per folder of tracer/)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from helpers import tracer_files as h
 from helpers.launch import DDP, REPO, TINY, launch, torchrun_env
 from helpers.runs import DDP_STEPS, DEFAULT_STEPS, RUNS
 from tracer import schema
-from tracer.config import TracerConfig
+from tracer.options.config import TracerConfig
 from tracer.session.run_folder import LaunchInfo, RunDirError, create_unique, resolve_run_dir
 from tracer.session.script_end import NO_STEPS_HINT, summary_lines
 

@@ -20,7 +20,7 @@ import time
 import warnings
 
 from tracer import schema
-from tracer.config import TracerConfig
+from tracer.options.config import TracerConfig
 from tracer.parts import log
 from tracer.parts.part import Part
 

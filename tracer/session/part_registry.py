@@ -4,7 +4,7 @@ each off, how each is built, and when each starts and stops.
 The session builds the parts in REGISTRY's order and calls their hooks (tracer.parts.part.Part)
 in that order; it starts them in `start_order` and stops them in `close_order`, then closes every
 file in REGISTRY's order. A part is one entry here, its own module (the part, and the factory that
-builds it from a PartSetup), its option in tracer.config and its fields in tracer.schema.
+builds it from a PartSetup), its option in tracer.options.config and its fields in tracer.schema.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tracer.config import TracerConfig
+from tracer.options.config import TracerConfig
 from tracer.parts.buffered_file import RecordBudget
 from tracer.parts.part import Part
 from tracer.session.run_folder import LaunchInfo

@@ -19,9 +19,9 @@ import msgspec
 
 import tracer
 from tracer import schema
-from tracer.config import TracerConfig
 from tracer.hangs import stack_dumps
 from tracer.hangs.sigterm import SIGTERM_EXIT_CODE, SigtermHandling, die_by_sigterm
+from tracer.options.config import TracerConfig
 from tracer.parts import log
 from tracer.parts.buffered_file import BufferedFile, RecordBudget
 from tracer.parts.part import Part

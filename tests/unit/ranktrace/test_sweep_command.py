@@ -39,6 +39,15 @@ def test_the_sweep_splits_its_command_line():
         sweep.main(["--nproc", "0", "train.py"])
 
 
+def test_the_sweep_passes_both_forms_of_a_boolean_to_the_tracer():
+    words, tracer_words, script = sweep.split_words(sweep.build_parser(), [
+        "--nproc", "1,2", "--no-record-shapes", "--comms", "--capture-slow-steps", "train.py",
+        "--no-comms"])
+    assert words == ["--nproc", "1,2"]
+    assert tracer_words == ["--no-record-shapes", "--comms", "--capture-slow-steps"]
+    assert script == ["train.py", "--no-comms"]
+
+
 def test_the_scaling_report_runs_in_the_sweeps_process_and_a_failure_is_named(tmp_path,
                                                                               capsys):
     empty = tmp_path / "no-runs"

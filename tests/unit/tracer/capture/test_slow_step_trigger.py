@@ -23,7 +23,7 @@ from tracer.capture.slow_steps import (
     margin_steps,
     place_window,
 )
-from tracer.config import ConfigError, TracerConfig, resolve
+from tracer.options.config import ConfigError, TracerConfig, resolve
 from tracer.session.run_folder import LaunchInfo
 
 MS = 1_000_000

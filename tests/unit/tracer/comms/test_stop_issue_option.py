@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tracer import config as config_mod
 from tracer import schema
 from tracer.comms import CommsRecorder
+from tracer.options import config as config_mod
 
 
 class PathWriter:

@@ -10,7 +10,7 @@ import torch
 
 from helpers.launch import REPO
 from tracer import schema
-from tracer.config import ConfigError, TracerConfig
+from tracer.options.config import ConfigError, TracerConfig
 from tracer.probes import peak_tflops
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.profiler as tp
 
 from helpers.tracer_files import load_trace
-from tracer.config import TracerConfig
+from tracer.options.config import TracerConfig
 from tracer.probes.profiler import ProfilerDriver
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from helpers.tracer_files import read_jsonl
 from tracer import schema
-from tracer.config import TracerConfig
+from tracer.options.config import TracerConfig
 from tracer.parts.part import Part
 from tracer.session import part_registry
 from tracer.session.part_registry import PartEntry

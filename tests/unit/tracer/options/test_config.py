@@ -10,10 +10,9 @@ import pytest
 
 from analysis.core import limits
 from helpers.launch import REPO, TINY, launch
-from ranktrace import sweep
-from tracer import config as config_mod
-from tracer.config import ConfigError, TracerConfig
-from tracer.environment import ANALYSIS_VARIABLES
+from tracer.options import config as config_mod
+from tracer.options.config import ConfigError, TracerConfig
+from tracer.options.environment import ANALYSIS_VARIABLES
 
 
 # ---- options --------------------------------------------------------------------------------
@@ -103,15 +102,6 @@ def test_off_switches_keep_their_flag_and_gain_its_opposite():
     shown = config_mod.build_parser().format_help()
     assert "--no-no-" not in shown and "--no-profiler, --profiler" in shown
     assert "--record-shapes, --no-record-shapes" in shown
-
-
-def test_the_sweep_passes_both_forms_of_a_boolean_to_the_tracer():
-    words, tracer_words, script = sweep.split_words(sweep.build_parser(), [
-        "--nproc", "1,2", "--no-record-shapes", "--comms", "--capture-slow-steps", "train.py",
-        "--no-comms"])
-    assert words == ["--nproc", "1,2"]
-    assert tracer_words == ["--no-record-shapes", "--comms", "--capture-slow-steps"]
-    assert script == ["train.py", "--no-comms"]
 
 
 # ---- the analysis's environment variables ----------------------------------------------------

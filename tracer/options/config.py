@@ -5,8 +5,8 @@ Every field is an option `--field-name` and an environment variable `RANKTRACE_F
 the default. Booleans are two flags on the command line, `--field` and `--no-field` (a field
 named no_thing: `--no-thing` and `--thing`), and 1/0, true/false, yes/no, on/off in the
 environment. Unknown options and unknown RANKTRACE_* variables are errors, so a typo never
-silently falls back to a default; the analysis's own variables (tracer.environment) are let
-through. The command line is parsed by argparse, with the script and
+silently falls back to a default; the analysis's own variables (tracer.options.environment) are
+let through. The command line is parsed by argparse, with the script and
 its arguments as one REMAINDER, as torchrun does.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tracer.environment import ANALYSIS_VARIABLES, PREFIX
+from tracer.options.environment import ANALYSIS_VARIABLES, PREFIX
 
 ENV_PREFIX = PREFIX
 USAGE = "python -m tracer.record [tracer options] SCRIPT [script args]"
