@@ -441,7 +441,8 @@ def cross_rank_json(result: dict) -> dict:
     stragglers = result["stragglers"]
     return {
         "clock": _records_of(result["clock"], ["rank", "offset_ns", "uncertainty_ns", "source",
-                                            "drift_ns_per_s", "disagreement_ns"]),
+                                            "drift_ns_per_s", "disagreement_ns",
+                                            "estimate_from"]),
         "stragglers": _records_of(stragglers[stragglers["fires"].astype(bool)],
                                ["rank", "caused_wait_ms_per_step", "share_pct", "collectives",
                                 "evidence"]),
