@@ -242,7 +242,7 @@ def _optional(frame: pd.DataFrame | None, columns: list[str]) -> pd.DataFrame:
 COLLECTIVES_TEXT = {
     "op": "op", "issuer": "issuer", "pg": "pg", "size_bucket": "size", "count": "count",
     "transfer_busbw_gbps": "busbw GB/s", "transfer_algbw_gbps": "algbw GB/s",
-    "ms_per_step": "ms/step",
+    "ms_per_step": "ms/step", "time_from": "time from",
     "total_us": "total us", "mean_us": "mean us", "busbw_gbps": "busbw by duration",
     "algbw_gbps": "algbw by duration", "ranks": "ranks",
 }
