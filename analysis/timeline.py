@@ -41,7 +41,7 @@ def _offset_of(clock: pd.DataFrame, rank: int):
     if table is None or rank not in table.index:
         return lambda ns: np.asarray(ns, dtype="int64")
     offset = float(table.loc[rank, "offset_ns"])
-    drift = float(table.loc[rank, "drift_ns_per_s"] or 0.0) / 1e9
+    drift = float(np.nan_to_num(table.loc[rank, "drift_ns_per_s"])) / 1e9  # NaN: none fitted
     t0 = clock.attrs.get("t0", 0)
 
     def shift(ns):
