@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from tracer.environment import MAX_TRACE_ENV
+from tracer.options.environment import MAX_TRACE_ENV
 
 # Ranks in one job: the largest jobs run ~10^5 ranks; anything per rank stays cheap up to this.
 MAX_WORLD_SIZE = 1 << 20
@@ -86,8 +86,8 @@ def int_within(value, low: int, high: int) -> bool:
 
 # The most JSON one trace file may hold (decompressed): a file read a chunk at a time takes about
 # 0.7 bytes of memory per byte of JSON, its events frame about 0.5 (docs/analysis.md, "Large runs
-# and Dask"). RANKTRACE_MAX_TRACE_MB (MAX_TRACE_ENV, named in tracer.environment, which the
-# tracer lets through) overrides it.
+# and Dask"). RANKTRACE_MAX_TRACE_MB (MAX_TRACE_ENV, named in tracer.options.environment, which
+# the tracer lets through) overrides it.
 MAX_TRACE_MB = 2048
 # A file that defeats chunking is decoded whole, which takes about four times the memory: it may
 # hold only this share of the limit.

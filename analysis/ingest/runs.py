@@ -22,7 +22,7 @@ def cache_file(trace: Path) -> Path:
     return trace.parent / CACHE_DIR / (trace.name + ".parquet")
 
 
-# What the tracer leaves of a trace when it is killed while writing one (tracer/profiling.py),
+# What the tracer leaves of a trace when it is killed while writing one (tracer/probes/profiler.py),
 # best first: Kineto's export, complete but not yet gzipped (`<trace>.raw.tmp`); the gzipped
 # copy not yet renamed (`<trace>.tmp`); Kineto's own export still being written.
 UNRENAMED_SUFFIXES = (".raw" + schema.TEMP_SUFFIX, schema.TEMP_SUFFIX,

@@ -11,20 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.comms_ranks import StepCounter, ToyNet
+from helpers.comms_ranks import ListWriter, StepCounter, ToyNet
 from helpers.launch import DDP, launch
 from tracer.comms import CommsRecorder
 
 
 # ---- single-process tests (1-rank gloo group in the pytest process) -----------------------------
-class ListWriter:
-    def __init__(self):
-        self.records = []
-
-    def write(self, record):
-        self.records.append(record)
-
-
 @pytest.fixture
 def recorder_factory(one_rank):
     made = []
@@ -392,7 +384,7 @@ def test_bucket_hook_comes_from_the_config_only(one_rank, monkeypatch):
 
 
 def test_recorder_is_a_part_that_fails_once_and_tells_the_session(one_rank, capfd):
-    from tracer.part import Part
+    from tracer.parts.part import Part
     recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
     told = []
     recorder.on_failure, recorder.rank = told.append, 2

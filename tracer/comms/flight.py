@@ -26,8 +26,8 @@ from tracer.comms.flight_entries import (
     span_index,
     within_span,
 )
-from tracer.log import say
-from tracer.part import Part
+from tracer.parts.log import say
+from tracer.parts.part import Part
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 # NCCL times each op with CUDA events, and FR entries get its duration_ms, only with this set
@@ -41,7 +41,7 @@ OLD_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # torch's older name, which it 
 # Entries the ring keeps when the user set no size: a full dump and its decode take about 10 us
 # per entry with the GIL held (docs/benchmarks.md), so 512 cost about 5 ms at most per drain.
 BUFFER_SIZE = 512
-MIN_INTERVAL_S = 0.2  # at most one drain per step-end worker pass (tracer.stepworker.PERIOD_S)
+MIN_INTERVAL_S = 0.2  # at most one drain per step-end worker pass (step_worker.PERIOD_S)
 MAX_INTERVAL_S = 2.0  # step records wait for the drain after their end: at most this long
 FILL_SHARE = 0.5  # drain before the ring holds this share of entries new since the last drain
 COST_SHARE = 0.0025  # and no more often than a dump's time / this (0.25% of the wall time)
@@ -111,7 +111,8 @@ class FlightRecorder(Part):
     def __init__(self, recorder, dump: Callable[[], bytes | str], step_ends, size: int, *,
                  clock_ns: Callable[[], int] = time.time_ns):
         """`recorder`: the comms part (its writer, issued file, issue spans and counts);
-        `dump()` FR's JSON; `step_ends` tracer.stepclock.StepClock.ends; `size` the ring's."""
+        `dump()` FR's JSON; `step_ends` tracer.steps.step_clock.StepClock.ends; `size` the
+        ring's."""
         self.recorder = recorder
         self.rank = getattr(recorder, "rank", None)
         self._dump = dump

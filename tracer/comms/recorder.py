@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tracer import schema, stacks
+from tracer import schema
 from tracer.comms.c10d import C10dHooks
 from tracer.comms.ddp import DdpHooks
 from tracer.comms.fsdp import FsdpHooks
@@ -17,9 +17,10 @@ from tracer.comms.functional import FunctionalHooks
 from tracer.comms.owners import Owners
 from tracer.comms.patching import Patches
 from tracer.comms.timing import Timing
-from tracer.jsonl import CommsWriter
-from tracer.log import say
-from tracer.part import Part
+from tracer.hangs import stack_dumps
+from tracer.parts.log import say
+from tracer.parts.part import Part
+from tracer.parts.record_files import CommsWriter
 
 FLUSH_S = 1.0  # an op's completion record is on disk at most this long after it completes
 
@@ -76,7 +77,7 @@ class IssuesFile:
 
 def open_comms(setup):
     """The registry's factory of the comms file and the recorder that writes it (a
-    tracer.registry.PartSetup)."""
+    tracer.session.part_registry.PartSetup)."""
     writer = setup.open_writer(schema.COMMS_FILE, CommsWriter)
     if writer is None:
         return None
@@ -223,8 +224,8 @@ class CommsRecorder(Part):
         stacks and the ops still pending, then let the exception go on as it was."""
         if self.issues is None:
             return
-        stacks.dump(self.issues.stacks_path, self.issues.rank, "exception",
-                    self.timing.not_completed(), exc)
+        stack_dumps.dump(self.issues.stacks_path, self.issues.rank, "exception",
+                         self.timing.not_completed(), exc)
         self.flush()
 
     def fail(self, what: str, exc: BaseException | None = None) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from tracer import schema
-from tracer.log import say
+from tracer.parts.log import say
 
 MAX_PENDING_FUNCTIONAL = 10_000  # outputs that are never waited on must not pile up forever
 
@@ -80,7 +80,8 @@ class Timing:
         self.writer = writer
         self.issues_writer = issues_writer
         self._positions: dict = {}  # pg (collectives) or (pg, op, peer) (p2p) -> next position
-        # Issued ops whose CommRecord is not written yet, by id, for stack dumps (tracer.stacks).
+        # Issued ops whose CommRecord is not written yet, by id, for stack dumps
+        # (tracer.hangs.stack_dumps).
         self.outstanding: dict[int, Pending] = {}
         self.current_step = current_step
         self.use_cuda = bool(use_cuda)
