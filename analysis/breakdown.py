@@ -24,7 +24,7 @@ from analysis.core.step_spec import (
 from analysis.core.terminal import terminal_safe
 from analysis.ingest import parse_ahead
 from analysis.ingest.parallel import SchedulerUnavailable
-from analysis.ingest.runs import NothingToAnalyse, resolve_runs
+from analysis.ingest.runs import NothingToAnalyse, resolve
 from analysis.report.progress import Progress
 
 if TYPE_CHECKING:
@@ -90,10 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     steps = parse_step_spec(args.steps) if args.steps else None
     try:
-        runs = resolve_runs([Path(p) for p in args.paths], run=args.run, all_runs=args.all)
+        resolved = resolve([Path(p) for p in args.paths], run=args.run, all_runs=args.all)
     except NothingToAnalyse as exc:
         print(terminal_safe(f"ranktrace: nothing analysed: {exc}"), file=sys.stderr)
         return 1
+    for note in resolved.notes:
+        print(terminal_safe(f"ranktrace: note: {note}"), file=sys.stderr)
+    runs = resolved.runs
     ahead = parse_ahead.start([f for _, files in runs for f in files], max_bytes,
                               use_cache=not args.no_cache, jobs=args.jobs,
                               scheduler=args.scheduler)

@@ -23,8 +23,8 @@ import pandas as pd
 from analysis.core.model import UNKNOWN_RANK, LoadResult
 from analysis.core.steps import format_ranges, parse_step_spec
 from analysis.core.terminal import terminal_safe
-from analysis.ingest.load import load_path
-from analysis.ingest.runs import NothingToAnalyse
+from analysis.ingest.load import load_files
+from analysis.ingest.runs import NothingToAnalyse, resolve
 from analysis.rank.summary import rank_tables
 from analysis.report import timeline_events as te
 from analysis.report.progress import Progress
@@ -41,7 +41,7 @@ def _offset_of(clock: pd.DataFrame, rank: int):
     if table is None or rank not in table.index:
         return lambda ns: np.asarray(ns, dtype="int64")
     offset = float(table.loc[rank, "offset_ns"])
-    drift = float(table.loc[rank, "drift_ns_per_s"] or 0.0) / 1e9
+    drift = float(np.nan_to_num(table.loc[rank, "drift_ns_per_s"])) / 1e9  # NaN: none fitted
     t0 = clock.attrs.get("t0", 0)
 
     def shift(ns):
@@ -297,12 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_mb <= 0:
         parser.error("--max-mb must be positive")
     try:
-        with Progress() as progress:
-            run = load_path(args.run, chosen, use_cache=not args.no_cache, progress=progress,
-                            reduce_rank=rank_tables)
+        resolved = resolve([args.run])
     except NothingToAnalyse as exc:
         print(terminal_safe(f"ranktrace: nothing to draw: {exc}"), file=sys.stderr)
         return 1
+    for note in resolved.notes:
+        print(terminal_safe(f"ranktrace: note: {note}"), file=sys.stderr)
+    (run_dir, files), = resolved.runs
+    with Progress() as progress:
+        run = load_files(files, run_dir, chosen, use_cache=not args.no_cache, progress=progress,
+                         reduce_rank=rank_tables)
     gathered = gather(run)
     for problem in run.problems + gathered["problems"]:
         print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)

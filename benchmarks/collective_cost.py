@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracer.comms.recorder import CommsRecorder  # noqa: E402
-from tracer.jsonl import CommsWriter  # noqa: E402
+from tracer.parts.record_files import CommsWriter  # noqa: E402
 
 
 def call_cpu_ns(ops: int, tensor) -> list[int]:

@@ -13,7 +13,8 @@ whatever the tracer does at its end. At each step end it reads three clocks:
 * `thread_cpu_ns`: CPU time of the main thread, the one that runs the training step.
 
 Under the tracer it also times, on the main thread's CPU clock, the tracer's own step end
-(`tracer_step_end_ns`, one figure per step).
+(`tracer_step_end_ns`, one figure per step), and with `--part-costs` every hook of every part
+on its own thread's clock (`part_costs`, see PartCosts).
 
 With several ranks each writes `OUT.json.rank<R>`; with one, OUT.json. Beside the stamps it
 writes what explains them: per-thread CPU time and context switches over the measured steps (from
@@ -172,6 +173,47 @@ def _drop_part(tracing, name: str):
     return part
 
 
+class PartCosts:
+    """Benchmark-only: CPU time, on the calling thread's clock, spent in each hook of each tracer
+    part in use (`part.hook`), in the step-end worker's passes (`worker.pass`, every hook of a
+    pass together), in the sampler's samples (`sampler.sample`) and in reading torch's Flight
+    Recorder (`flight.dump`). Load inflates every figure alike, so that their shares say where
+    the tracer's time goes; each wrapped call adds two clock reads (about 1 us)."""
+
+    def __init__(self):
+        self.spent: dict[str, list[int]] = {}  # key -> [ns, calls]
+
+    def wrap(self, key: str, fn):
+        spent = self.spent.setdefault(key, [0, 0])
+
+        def timed(*args, **kwargs):
+            started = time.thread_time_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.thread_time_ns() - started
+                spent[1] += 1
+
+        return timed
+
+    def install(self, tracing) -> None:
+        from tracer.session.rank_session import _HOOKS
+
+        for part in tracing.parts:
+            for hook in _HOOKS:
+                if part in tracing._hooked.get(hook, ()):
+                    setattr(part, hook, self.wrap(f"{part.name}.{hook}", getattr(part, hook)))
+        tracing._refresh_hooks()
+        worker = tracing.worker
+        worker._write_pending = self.wrap("worker.pass", worker._write_pending)
+        sampler = tracing.in_use("sampler")
+        if sampler is not None:
+            sampler._take_sample = self.wrap("sampler.sample", sampler._take_sample)
+        flight = tracing.in_use("flight")
+        if flight is not None:
+            flight._dump = self.wrap("flight.dump", flight._dump)
+
+
 class CallCounter:
     """Counts every Python and C function call of the main thread over a span of steps.
 
@@ -196,9 +238,11 @@ class CallCounter:
 class StepProbe:
     """Stamps each step end with the wall clock, the process's and the main thread's CPU."""
 
-    def __init__(self, profile=None, count_calls: tuple[int, int] | None = None):
+    def __init__(self, profile=None, count_calls: tuple[int, int] | None = None,
+                 part_costs: bool = False):
         self.profile = profile
         self.count_calls = count_calls
+        self.part_costs = PartCosts() if part_costs else None
         self.counter: CallCounter | None = None
         self.start_ns: int | None = None  # perf_counter_ns when the script starts
         self.wall_ns: list[int] = []
@@ -247,6 +291,8 @@ class StepProbe:
         tracing = getattr(tracer._step_callback, "__self__", None)
         if tracing is None:
             return
+        if self.part_costs is not None:
+            self.part_costs.install(tracing)
         clock, on_step_end = tracing.clock, tracing.clock.on_step_end
         spent = self.tracer_step_end_ns
 
@@ -277,6 +323,7 @@ class StepProbe:
                 "gc_ns": self.gc_ns, "threads_from_step": THREAD_WINDOW_FROM,
                 "threads": threads, "state": self.state,
                 "tracer_step_end_ns": self.tracer_step_end_ns,
+                "part_costs": None if self.part_costs is None else self.part_costs.spent,
                 "calls": None if self.counter is None else {
                     "steps": self.count_calls[1] - self.count_calls[0],
                     "counts": self.counter.calls}}
@@ -308,7 +355,8 @@ def output_path(out: str, rank: int) -> Path:
 
 def run_probe(out: str, script: str, script_args: list[str], profiler: str | None = None,
               pin: bool = False, tracer_off: list[str] = (),
-              count_calls: tuple[int, int] | None = None, record_shapes: bool = False) -> None:
+              count_calls: tuple[int, int] | None = None, record_shapes: bool = False,
+              part_costs: bool = False) -> None:
     """Run `script` as __main__ with `script_args`, stamping each step end; write OUT."""
     rank = int(os.environ.get("RANK", "0"))
     if pin:
@@ -320,7 +368,7 @@ def run_probe(out: str, script: str, script_args: list[str], profiler: str | Non
         profile = bare_profiler(profiler, tempfile.mkdtemp(prefix="bare-profiler-",
                                                            dir=os.path.dirname(out) or None), rank,
                                 record_shapes)
-    probe = StepProbe(profile, count_calls)
+    probe = StepProbe(profile, count_calls, part_costs)
     probe.install()
     sys.argv = [script, *script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
@@ -365,11 +413,13 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"tracer parts to switch off: {', '.join(TRACER_PARTS_WITHOUT_OPTION)}")
     p.add_argument("--count-calls", type=step_span, metavar="FROM:TO",
                    help="count the main thread's function calls from step end FROM to TO")
+    p.add_argument("--part-costs", action="store_true",
+                   help="time each hook of each tracer part on its thread's CPU clock")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     run_probe(args.out, args.script, args.script_args, args.profiler, args.pin, args.tracer_off,
-              args.count_calls, args.record_shapes)
+              args.count_calls, args.record_shapes, args.part_costs)
 
 
 if __name__ == "__main__":

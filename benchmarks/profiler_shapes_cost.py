@@ -6,7 +6,7 @@ training thread (one intra-op thread by default), while torch.profiler records i
 three settings: neither option, record_shapes, record_shapes with with_flops. Each setting
 profiles `--steps` steps, then exports the trace (its time and gzipped size are reported too),
 `--repeat` times in turn; the medians are printed with their spread. Outside the windows there
-is no profiler object at all (tracer/profiling.py), so these options cost nothing there by
+is no profiler object at all (tracer/probes/profiler.py), so these options cost nothing there by
 construction; the first line reports unprofiled steps for reference.
 
     python benchmarks/profiler_shapes_cost.py --steps 20 --repeat 7
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from tracer.peak import measure_cpu_tflops  # noqa: E402
+from tracer.probes.peak_tflops import measure_cpu_tflops  # noqa: E402
 
 SETTINGS = {"no shapes": {}, "record_shapes": {"record_shapes": True},
             "record_shapes + with_flops": {"record_shapes": True, "with_flops": True}}

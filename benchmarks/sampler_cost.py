@@ -17,8 +17,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tracer.jsonl import JsonlWriter  # noqa: E402
-from tracer.sampler import DeviceSampler  # noqa: E402
+from tracer.parts.record_files import JsonlWriter  # noqa: E402
+from tracer.probes.device_sampler import DeviceSampler  # noqa: E402
 
 BUDGET_PCT = 1.0
 

@@ -66,7 +66,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tracer.config import TracerConfig  # noqa: E402  (the tracer's default profiler options)
+from tracer.options.config import TracerConfig  # noqa: E402  (the tracer's default profiler options)
 
 # Absolute: a `baseline` run starts in another checkout, whose tracer package it imports.
 WORKLOAD = str(REPO / "workloads" / "ddp.py")
@@ -113,6 +113,9 @@ def parse_args():
                    help="also run `baseline`: traced with the tracer of another checkout of "
                         "this repository (say `git worktree add /tmp/old COMMIT`), side by side "
                         "with this one's")
+    p.add_argument("--part-costs", action="store_true",
+                   help="in traced runs, also time each hook of each tracer part on its "
+                        "thread's CPU clock and print where the tracer's time goes")
     p.add_argument("--count-calls", action="store_true",
                    help="instead of timing, count the main thread's function calls per step "
                         f"over steps {COUNT_SPAN[0]}-{COUNT_SPAN[1]} of each mode, once (exact "
@@ -126,10 +129,10 @@ def window_skip_first(mode: str, steps: int) -> int:
 
 
 def command(mode: str, steps: int, nproc: int, stamps: str, out: str,
-            count_calls: bool = False) -> list[str]:
+            count_calls: bool = False, part_costs: bool = False) -> list[str]:
     head = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}"]
-    probe = [PROBE, "--out", stamps, "--pin"]
+    probe = [PROBE, "--out", stamps, "--pin"] + (["--part-costs"] if part_costs else [])
     if count_calls:
         probe += ["--count-calls", f"{COUNT_SPAN[0]}:{COUNT_SPAN[1]}"]
     skip_first = str(window_skip_first(mode, steps))
@@ -213,7 +216,8 @@ def run_all(args, modes: list[str], work: str):
             stamps = os.path.join(work, f"{mode}.{repeat}")
             started = time.monotonic()
             # `python -m tracer.record` imports the tracer of the folder it starts in
-            result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work),
+            result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work,
+                                            part_costs=args.part_costs),
                                     cwd=args.baseline if mode == "baseline" else REPO, env=env,
                                     capture_output=True, text=True)
             if result.returncode != 0:
@@ -224,6 +228,11 @@ def run_all(args, modes: list[str], work: str):
                 for kind in ("outside", "inside"):
                     pooled[mode][clock][kind] += periods[clock][kind]
             pooled[mode]["step_end_us"] += periods["step_end_us"]
+            for key, (ns, calls) in (probe.get("part_costs") or {}).items():
+                costs = pooled[mode].setdefault("part_costs", {}).setdefault(key, [0, 0, 0])
+                costs[0] += ns
+                costs[1] += calls
+                costs[2] += len(probe["wall_ns"])
             per_repeat[mode].append({kind: median_or_none(periods["wall_ns"][kind])
                                      for kind in ("outside", "inside")})
             first = probe["threads_from_step"]
@@ -308,6 +317,21 @@ def report(pooled, per_repeat, threads, modes: list[str]) -> None:
                           if us >= 1 or switches >= 1)
         print(f"{mode:>13}: {shown}")
     tracer_cpu_report(pooled, threads, modes)
+    part_costs_report(pooled, modes)
+
+
+def part_costs_report(pooled, modes: list[str]) -> None:
+    """Per traced mode run with --part-costs: CPU per step (the whole run, its window
+    included) and per call of each hook, largest first."""
+    for mode in modes:
+        costs = pooled[mode].get("part_costs")
+        if not costs:
+            continue
+        print(f"\n{mode}: where the tracer's CPU goes, rank 0, every step of the runs (us per "
+              f"step, us per call, calls); worker.pass holds the hooks of the worker's passes")
+        for key, (ns, calls, steps) in sorted(costs.items(), key=lambda kv: -kv[1][0]):
+            if calls:
+                print(f"  {key:>32} {ns / 1e3 / steps:8.1f} {ns / 1e3 / calls:9.1f} {calls:7d}")
 
 
 def tracer_cpu_report(pooled, threads, modes: list[str]) -> None:

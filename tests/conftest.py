@@ -2,7 +2,8 @@
 process group, and the integration tests' shared runs. The suite mirrors the package:
 tests/unit/<stage>/ for each floor of analysis/ and for the tracer, tests/integration/ for
 traced runs, tests/golden/ for the stored documents; shared builders and the one launcher are
-in tests/helpers/ (imported as `helpers.*`; no test module imports another)."""
+in tests/helpers/ (imported as `helpers.*`; no test module imports another). tests/README.md
+explains the layout and how to add a test."""
 
 from pathlib import Path
 

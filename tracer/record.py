@@ -23,10 +23,10 @@ import sys
 import types
 import zipfile
 
-from tracer.config import ConfigError, resolve
-from tracer.rundir import LaunchInfo, RunDirError
-from tracer.session import Session
-from tracer.summary import ScriptOutcome
+from tracer.options.config import ConfigError, resolve
+from tracer.session.rank_session import Session
+from tracer.session.run_folder import LaunchInfo, RunDirError
+from tracer.session.script_end import ScriptOutcome
 
 _TRACEBACK_HIDDEN_FILES = {__file__, runpy.__file__, "<frozen runpy>"}
 

@@ -72,6 +72,14 @@ COMM_SOURCES: tuple[str, ...] = CommSource.__args__  # type: ignore[attr-defined
 TIMING_ISSUE = "issue"  # CommRecord.timing of an op whose end is unknown
 NATIVE_SOURCE = "native"
 
+# Which framework issued an op itself (CommRecord.issuer, IssueRecord.issuer): DDP (its gradient
+# buckets, its start-up checks and broadcasts, its comm hooks' ops), FSDP1
+# (FullyShardedDataParallel) or FSDP2 (fully_shard). The tracer infers it from the units it saw
+# built (docs/tracer.md, Collective hooks: who issued an op); absent: none of these, or not known.
+CommIssuer = Literal["ddp", "fsdp1", "fsdp2"]
+COMM_ISSUERS: tuple[str, ...] = CommIssuer.__args__  # type: ignore[attr-defined]
+ISSUER_DDP, ISSUER_FSDP1, ISSUER_FSDP2 = COMM_ISSUERS
+
 
 def bus_factor(op: str, group_size: int) -> float:
     """busbw / algbw for `op` over `group_size` ranks, as nccl-tests defines it.
@@ -129,6 +137,9 @@ class CommRecord(msgspec.Struct, omit_defaults=True):
     # The op ended with an error (the process group's timeout, a dead peer); end_ns is when the
     # error was seen
     failed: bool = False
+    # One of COMM_ISSUERS: DDP or FSDP issued it; absent otherwise, and in files written before
+    # the field existed (source then tells how it was issued).
+    issuer: str | None = None
 
 
 class IssueRecord(msgspec.Struct, omit_defaults=True):
@@ -157,6 +168,7 @@ class IssueRecord(msgspec.Struct, omit_defaults=True):
     issue_ns: int  # host clock when the op was issued (CommRecord.start_ns)
     peer: int | None = None
     async_op: bool = False
+    issuer: str | None = None  # as CommRecord.issuer
 
 
 class StackFrame(msgspec.Struct, omit_defaults=True):

@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from tracer.options.environment import MAX_TRACE_ENV
+
 # Ranks in one job: the largest jobs run ~10^5 ranks; anything per rank stays cheap up to this.
 MAX_WORLD_SIZE = 1 << 20
 # Optimizer steps of one run: 2^31 is 68 years at one step a second.
@@ -84,9 +86,9 @@ def int_within(value, low: int, high: int) -> bool:
 
 # The most JSON one trace file may hold (decompressed): a file read a chunk at a time takes about
 # 0.7 bytes of memory per byte of JSON, its events frame about 0.5 (docs/analysis.md, "Large runs
-# and Dask"). RANKTRACE_MAX_TRACE_MB overrides it.
+# and Dask"). RANKTRACE_MAX_TRACE_MB (MAX_TRACE_ENV, named in tracer.options.environment, which
+# the tracer lets through) overrides it.
 MAX_TRACE_MB = 2048
-MAX_TRACE_ENV = "RANKTRACE_MAX_TRACE_MB"
 # A file that defeats chunking is decoded whole, which takes about four times the memory: it may
 # hold only this share of the limit.
 WHOLE_DECODE_SHARE = 4

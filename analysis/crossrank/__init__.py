@@ -7,16 +7,23 @@ The JSON document's `cross_rank` object is the report's (analysis.report.output)
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
 from analysis.crossrank import findings as cross_findings
-from analysis.crossrank.clock import clock_table, to_common_clock
+from analysis.crossrank.clock import clock_table, to_common_clock, unplaced_rows
 from analysis.crossrank.culprit import STRAGGLER_COLUMNS, find_stragglers
 from analysis.crossrank.frames import run_frames
 from analysis.crossrank.matching import match_ops
 from analysis.crossrank.pipeline import PIPELINE_COLUMNS, pipeline_bubbles, schedule_of
-from analysis.crossrank.waits import op_bandwidth, op_waits, rank_step_waits, transfer_bandwidth
+from analysis.crossrank.waits import (
+    op_bandwidth,
+    op_waits,
+    rank_step_waits,
+    transfer_bandwidth,
+    with_unknown_waits,
+)
 from analysis.rank import pipeline_schedule
 
 
@@ -29,9 +36,10 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
     Kineto trace alone. `pipeline_schedule` is the pipeline's stages, microbatches, virtual
     stages and theoretical bubble (crossrank.pipeline.schedule_of), None without p2p ops.
 
-    `notes` are what the pass saw but cannot tell for sure (a rank last in every clean step, in
-    too few steps to rule out chance): a list of rows shaped as findings with "kind" "note",
-    shown apart from the findings and never ranked with them.
+    `notes` are what the pass saw but cannot tell for sure (a rank whose clock is not known, a
+    clock_sync that the collectives contradict, a rank last in every clean step in too few
+    steps to rule out chance): a list of rows shaped as findings with "kind" "note", shown
+    apart from the findings and never ranked with them.
 
     The straggler and pipeline passes stand on the matched ops and fail alone: a pass that
     raises gives an empty frame, and `failed` names it with the error ({pass: "Type: message"},
@@ -40,11 +48,17 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
     matched, mismatches = match_ops(ops, world_size, coverage, trace_ranks)
     ranks = set(ops["rank"]) | set(steps["rank"]) | {reference}
     clock = clock_table(matched, clock_sync, ranks, reference)
-    common = to_common_clock(matched, clock)
+    # An instance with a member whose clock is not known cannot be placed in time: it is left
+    # out of the waits (unknown, not 0) and names no straggler (docs/cross-rank.md, "One clock").
+    unplaced = unplaced_rows(matched, clock)
+    placed = (matched.assign(instance=np.where(unplaced, -1, matched["instance"]))
+              if unplaced.any() else matched)
+    common = to_common_clock(placed, clock)
     waits = op_bandwidth(op_waits(common))
     failed: dict[str, str] = {}
     result = {
-        "clock": clock, "ops": waits, "waits": rank_step_waits(waits, steps),
+        "clock": clock, "ops": waits,
+        "waits": with_unknown_waits(rank_step_waits(waits, steps), matched[unplaced]),
         "bandwidth": transfer_bandwidth(waits),
         "stragglers": _alone("stragglers", failed, STRAGGLER_COLUMNS,
                              lambda: find_stragglers(waits, steps, events, clock)),
@@ -54,7 +68,8 @@ def analyse(ops: pd.DataFrame, steps: pd.DataFrame, clock_sync: pd.DataFrame, wo
         "pipeline_schedule": schedule_of(waits, microbatches, virtual_stages),
         "failed": failed,
     }
-    result["notes"] = cross_findings.too_few_steps(result)
+    result["notes"] = (cross_findings.clock_notes(clock, matched[unplaced])
+                       + cross_findings.too_few_steps(result))
     return result
 
 

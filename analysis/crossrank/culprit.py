@@ -160,8 +160,8 @@ def _own_clock(times: np.ndarray, rank: int, clock: pd.DataFrame | None) -> np.n
         return times
     row = clock.set_index("rank").loc[rank]
     t0 = clock.attrs.get("t0", 0)
-    return times + np.rint(row["offset_ns"] + row["drift_ns_per_s"] / 1e9 * (times - t0)
-                           ).astype("int64")
+    drift = float(np.nan_to_num(row["drift_ns_per_s"])) / 1e9  # NaN: none fitted, none applied
+    return times + np.rint(row["offset_ns"] + drift * (times - t0)).astype("int64")
 
 
 def _evidence(mine: pd.DataFrame, rank: int, events: dict | None, clock, steps: int) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.crossrank.clock import COLLECTIVES, NONE
 from analysis.crossrank.culprit import MIN_SHARE_PCT, steps_needed
 
 
@@ -83,6 +84,48 @@ def too_few_steps(result: dict) -> list:
                       f"(--active {needed + 1}) or more windows (--repeat).")
         notes.append({**finding_row(f"too few steps to name rank {rank} late",
                                     row["share_pct"], evidence, suggestion, str(rank)),
+                      "kind": "note"})
+    return notes
+
+
+def clock_notes(clock: pd.DataFrame, unplaced: pd.DataFrame) -> list:
+    """Notes on the clock (docs/cross-rank.md, "One clock"): a rank whose clock is not known
+    while it met others in collectives (`unplaced`: those ops), and a rank whose clock_sync the
+    collectives contradict (its estimate is used)."""
+    notes = []
+    by_rank = clock.set_index("rank")
+    unknown = sorted({int(r) for r in unplaced["rank"]} & set(
+        int(r) for r in by_rank.index[by_rank["source"] == NONE]))
+    if unknown:
+        named = ", ".join(str(r) for r in unknown)
+        steps = unplaced["step"].nunique()
+        evidence = (f"Rank(s) {named} have no clock_sync record and no matched collective with a "
+                    f"known end (their ops are timed at issue only, and no profiled step times "
+                    f"them), so their clocks cannot be put on rank 0's. Waiting for peers cannot "
+                    f"be told from transfer in the {steps} step(s) in which they met other "
+                    f"ranks in a collective, and no rank is named late from them.")
+        suggestion = ("Keep the profiler window on (the default): its steps time the "
+                      "collectives, which place each rank's clock; and check why the tracer "
+                      "recorded no clock_sync (it is measured right after init_process_group; "
+                      "its error line says why it was not).")
+        notes.append({**finding_row(f"clock of rank(s) {named} unknown", float("nan"), evidence,
+                                    suggestion, named), "kind": "note"})
+    rejected = by_rank[(by_rank["source"] == COLLECTIVES)
+                       & by_rank["clock_sync_offset_ns"].notna()]
+    for rank, row in rejected.iterrows():
+        sync_ms = row["clock_sync_offset_ns"] / 1e6
+        evidence = (f"Rank {rank}'s clock_sync puts its clock {sync_ms:.3f} ms from rank 0's, "
+                    f"its collectives' completions "
+                    f"{row['estimate_offset_ns'] / 1e6:.3f} ms (+- "
+                    f"{row['uncertainty_ns'] / 1e6:.3f} ms, {int(row['instances'])} instances, "
+                    f"ends from the {row['estimate_from'] or 'ops'}). clock_sync's offset would "
+                    f"have an op complete on one member before another member issued it, so the "
+                    f"collectives' estimate is used.")
+        suggestion = ("A clock that stepped or drifted after clock_sync was measured (NTP "
+                      "adjusting it during a long job), or a sync that went wrong: check the "
+                      "hosts' time synchronisation (chronyc tracking, timedatectl).")
+        notes.append({**finding_row(f"clock_sync of rank {rank} disagrees with its collectives",
+                                    float("nan"), evidence, suggestion, str(rank)),
                       "kind": "note"})
     return notes
 

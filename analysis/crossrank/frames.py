@@ -23,11 +23,17 @@ from analysis.crossrank.distinct import by_value as _by_value
 from analysis.crossrank.distinct import float64_of
 from analysis.rank.comm.kernel_names import named_kernels
 from analysis.rank.comm.ops import canonical_dtype, canonical_op, windows_hold_what_records_lack
+from analysis.rank.comm.profiled import (
+    FROM_PROFILED,
+    FROM_RECORDS,
+    FROM_TRACE,
+    pair_with_profiled,
+)
 from analysis.rank.comm.sizes import distinct_message_sizes
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "pg_size", "op", "bytes", "dtype", "step", "issue_ns", "end_ns",
-              "peer", "queue", "timed"]
+              "peer", "queue", "timed", "time_from"]
 # A comm record whose backend gave no completion (gloo's Flight Recorder entries): its end is its
 # issue, and only its issue is known (docs/cross-rank.md, "Ops timed at issue only").
 ISSUE_ONLY = "issue"
@@ -51,7 +57,10 @@ def typed_ops(frame: pd.DataFrame) -> pd.DataFrame:
     # An op's end is known unless said otherwise (Kineto events and timed records have one).
     frame["timed"] = frame["timed"].astype("object").where(frame["timed"].notna(), True).astype(
         bool)
-    for column in ("pg", "op", "dtype", "queue"):
+    # Where a timed op's end comes from (rank.comm.profiled); None for an op without one.
+    frame["time_from"] = frame["time_from"].astype("object").where(
+        frame["time_from"].notna() & frame["timed"], None)
+    for column in ("pg", "op", "dtype", "queue", "time_from"):
         frame[column] = frame[column].astype("object")
     return frame.reset_index(drop=True)
 
@@ -72,6 +81,7 @@ def ops_from_records(comms: pd.DataFrame, rank: int) -> pd.DataFrame:
         "step": frame["step"], "issue_ns": frame["start_ns"], "end_ns": frame["end_ns"],
         "peer": frame["peer"] if "peer" in frame.columns else np.nan,
         "timed": (timing != ISSUE_ONLY).to_numpy(),
+        "time_from": FROM_RECORDS,
     })
     frame = frame[frame["op"].notna() & (frame["step"] >= FIRST_RECORD_STEP)]
     frame = frame.sort_values("issue_ns", kind="stable")
@@ -155,7 +165,9 @@ def ops_from_events(comm: pd.DataFrame, steps: pd.DataFrame, world_size) -> pd.D
         "step": step[order].astype("int64"), "issue_ns": issued[order],
         "end_ns": _int64_at(chosen["end_ns"], order), "peer": np.full(len(order), np.nan),
         "queue": pd.Series(queue[order], dtype=object, copy=False),
-        "timed": np.ones(len(order), dtype=bool)})
+        "timed": np.ones(len(order), dtype=bool),
+        "time_from": pd.Series(np.full(len(order), FROM_TRACE, dtype=object), dtype=object,
+                               copy=False)})
 
 
 def _objects_at(column: pd.Series, order: np.ndarray) -> pd.Series:
@@ -282,6 +294,31 @@ def _window_shows_unrecorded_all_reduce(trace, from_records: pd.DataFrame) -> bo
     return bool((ops == "all_reduce").any())
 
 
+def _untimed_in_window(from_records: pd.DataFrame, trace_steps: pd.DataFrame) -> bool:
+    """Some of the rank's record ops timed at issue only fall in its profiled steps."""
+    if trace_steps is None or not len(trace_steps):
+        return False
+    untimed = ~from_records["timed"].to_numpy(dtype=bool)
+    return bool((untimed & from_records["step"].isin(trace_steps["step"]).to_numpy()).any())
+
+
+def with_profiled_ends(records: pd.DataFrame, window: pd.DataFrame) -> pd.DataFrame:
+    """One rank's record ops with the end of each op timed at issue only taken from the same op
+    of its profiled steps (`window`: the rank's ops from its trace, on the records' clock), where
+    analysis.rank.comm.profiled pairs them: `timed` then, `time_from` "profiled steps". An end
+    is never before its own issue (the trace's clock is put on the records' within a few us)."""
+    rows = pair_with_profiled(records, window.reset_index(drop=True))
+    use = (rows >= 0) & ~records["timed"].to_numpy(dtype=bool)
+    if not use.any():
+        return records
+    out = records.copy()
+    issue = out["issue_ns"].to_numpy("int64")[use]
+    out.loc[use, "end_ns"] = np.maximum(window["end_ns"].to_numpy("int64")[rows[use]], issue)
+    out.loc[use, "timed"] = True
+    out.loc[use, "time_from"] = FROM_PROFILED
+    return out
+
+
 def _step_arrays(steps: pd.DataFrame) -> dict:
     # Arrays, not a frame: selecting columns costs more per rank than the rank's few steps.
     return {column: steps[column].to_numpy() for column in ("step", "start_ns", "end_ns")}
@@ -314,6 +351,9 @@ def run_frames(run) -> dict:
     ops, steps, syncs, events, comm, trace_steps = [], [], [], {}, [], []
     trace_ranks = set()
     shifts = {}
+    # Ranks whose records hold ops timed at issue only in profiled steps: {rank: the position of
+    # its records' ops in `ops`}, and the comm events and steps of their traces.
+    untimed_at, profiled, profiled_steps = {}, [], []
     for trace in run.ranks:
         if trace.rank == UNKNOWN_RANK:
             continue
@@ -340,6 +380,11 @@ def run_frames(run) -> dict:
         if len(from_records) or from_window:
             if len(from_records):
                 ops.append(from_records)
+                if (has_events and shift is not None and not from_window
+                        and _untimed_in_window(from_records, trace.steps)):
+                    untimed_at[trace.rank] = len(ops) - 1
+                    profiled.append((_rank_comm(trace), trace.rank, shift))
+                    profiled_steps.append((_step_arrays(trace.steps), trace.rank, shift))
             if record_steps is not None and len(record_steps):
                 rank_steps = record_steps[record_steps["step"] >= FIRST_RECORD_STEP]
             if from_window:
@@ -367,6 +412,11 @@ def run_frames(run) -> dict:
             # On the clock of the rank's ops: its records', or the trace's own.
             shifts[trace.rank] = moved = shift or 0
             events[trace.rank] = (trace, moved)
+    if profiled:
+        window = ops_from_events(_stacked(profiled, ("ts_ns", "end_ns")),
+                                 _stacked(profiled_steps, ("start_ns", "end_ns")), run.world_size)
+        for rank, at in untimed_at.items():
+            ops[at] = with_profiled_ends(ops[at], window[window["rank"].to_numpy() == rank])
     if comm:
         ops.append(ops_from_events(_stacked(comm, ("ts_ns", "end_ns")),
                                    _stacked(trace_steps, ("start_ns", "end_ns")) if trace_steps

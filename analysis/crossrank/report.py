@@ -22,10 +22,16 @@ def _nothing(frame) -> bool:
 
 
 def clock_rows(result: dict) -> pd.DataFrame:
-    """Per rank: offset to rank 0's clock and its uncertainty (ms), source, drift."""
+    """Per rank: offset to rank 0's clock and its uncertainty (ms), source, drift (NaN: none
+    fitted), and what the collectives' estimate stands on (instances, where their ends come
+    from)."""
     clock = result.get("clock")
     if _nothing(clock):
         return pd.DataFrame()
+    instances = clock["instances"].astype("int64")
+    sources = clock["estimate_from"] if "estimate_from" in clock else pd.Series(None, clock.index)
+    estimated = [f"{n} instances" + (f", {s}" if isinstance(s, str) else "") if n else None
+                 for n, s in zip(instances.tolist(), sources.tolist())]
     return pd.DataFrame({
         "rank": clock["rank"].astype("int64"),
         "offset ms": clock["offset_ns"] / MS,
@@ -33,6 +39,7 @@ def clock_rows(result: dict) -> pd.DataFrame:
         "source": clock["source"],
         "drift ns/s": clock["drift_ns_per_s"],
         "clock_sync - estimate ms": clock["disagreement_ns"] / MS,
+        "estimated from": pd.Series(estimated, index=clock.index, dtype="str"),
     })
 
 

@@ -118,6 +118,20 @@ def rank_step_waits(waits: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
     })
 
 
+def with_unknown_waits(table: pd.DataFrame, unknown: pd.DataFrame) -> pd.DataFrame:
+    """`table` (rank_step_waits) with its times NaN in the (rank, step) pairs of `unknown`: the
+    rank-steps holding an op whose members' clocks cannot be put on one clock, in which waiting
+    for peers cannot be told from transfer."""
+    if unknown.empty or table.empty:
+        return table
+    keys = unknown[["rank", "step"]].drop_duplicates().astype("int64").assign(unknown=True)
+    hit = table[["rank", "step"]].astype("int64").merge(keys, on=["rank", "step"], how="left")
+    mask = hit["unknown"].fillna(False).to_numpy(dtype=bool)
+    out = table.copy()
+    out.loc[mask, ["wait_for_peers_ms", "transfer_ms", "queued_ms"]] = np.nan
+    return out
+
+
 def _bus_factors(op: pd.Series, size: pd.Series) -> np.ndarray:
     pairs = pd.DataFrame({"op": op, "n": size}).drop_duplicates()
     factors = {(o, n): schema.bus_factor(o, n) for o, n in zip(pairs["op"], pairs["n"])}

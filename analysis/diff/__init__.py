@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return 1
         a, b = sides
+    for note in dict.fromkeys([*a.notes, *b.notes]):  # --capture: one folder, both sides
+        print(terminal_safe(f"ranktrace: note: {note}"), file=sys.stderr)
     result = diff_compare.compare(a, b, seed=args.seed, resamples=args.resamples, top=args.top,
                                   noise_floor_pct=args.noise_floor_pct)
     for problem in result["problems"]:

@@ -14,7 +14,7 @@ from analysis.crossrank.report import MS, rank_bars
 from analysis.diff import ops as diff_ops
 from analysis.findings import bottlenecks
 from analysis.ingest.load import load_files
-from analysis.ingest.runs import resolve_runs
+from analysis.ingest.runs import resolve
 from analysis.rank import pipeline_schedule
 from analysis.rank.comm.ops import size_bucket
 from analysis.rank.summary import rank_tables
@@ -36,14 +36,17 @@ class Side:
     cross: list = field(default_factory=list)  # per run: crossrank's result, or None
     problems: list[str] = field(default_factory=list)
     steps: list[int] | None = None  # --steps
+    # JSON files in its folders that are neither traces nor records (a saved report), ignored
+    notes: list[str] = field(default_factory=list)
 
 
 def load_side(path: Path, steps: list[int] | None, use_cache: bool = True,
               jobs: int | None = None) -> Side:
     """A run folder is one run; a folder of runs is every run in it, taken as repeats of one
     configuration. Raises analysis.ingest.runs.NothingToAnalyse when `path` holds no trace."""
-    side = Side(path=str(path), runs=[], steps=steps)
-    for run_dir, files in resolve_runs([path], all_runs=True):
+    resolved = resolve([path], all_runs=True)
+    side = Side(path=str(path), runs=[], steps=steps, notes=resolved.notes)
+    for run_dir, files in resolved.runs:
         loaded = load_files(files, run_dir, steps=steps, use_cache=use_cache, jobs=jobs,
                             reduce_rank=rank_tables)
         where = run_dir if run_dir is not None else path

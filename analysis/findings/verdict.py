@@ -33,17 +33,21 @@ def analysed_rows(per_step: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def mean_waits(per_step: pd.DataFrame | None, cross_rank: dict | None) -> pd.Series | None:
-    """Each rank's mean wait for peers per analysed step, ms (a step without a wait counts 0);
-    None where the cross-rank pass has no waits."""
+    """Each rank's mean wait for peers per analysed step, ms (a step without a wait counts 0, a
+    step whose wait is unknown does not count: a rank with only such steps is left out); None
+    where the cross-rank pass has no waits, or none known."""
     steps = analysed_rows(per_step)
     waits = cross_rank.get("waits") if cross_rank else None
     if waits is None or waits.empty or steps.empty:
         return None
     keys = steps[["rank", "step"]].astype("int64")
     merged = keys.merge(waits[["rank", "step", "wait_for_peers_ms"]].astype(
-        {"rank": "int64", "step": "int64"}), on=["rank", "step"], how="left")
-    merged["wait_for_peers_ms"] = merged["wait_for_peers_ms"].fillna(0.0)
-    return merged.groupby("rank")["wait_for_peers_ms"].mean()
+        {"rank": "int64", "step": "int64"}), on=["rank", "step"], how="left", indicator=True)
+    absent = (merged.pop("_merge") == "left_only").to_numpy()
+    merged.loc[absent, "wait_for_peers_ms"] = 0.0
+    # NaN: the cross-rank pass could not put the step's collectives on one clock.
+    merged = merged.dropna(subset=["wait_for_peers_ms"])
+    return merged.groupby("rank")["wait_for_peers_ms"].mean() if len(merged) else None
 
 
 def _waits_line(per_step, findings: pd.DataFrame, cross_rank: dict | None, alone: bool,
@@ -65,6 +69,9 @@ def _waits_line(per_step, findings: pd.DataFrame, cross_rank: dict | None, alone
                     f"rank {int(r)} {w:.2f} ms" for r, w in waited.items())
             return "The other ranks wait for " + " and ".join(parts) + others + "."
     waited = mean_waits(per_step, cross_rank)
+    if waited is None and cross_rank and len(cross_rank.get("waits", ())):
+        return ("Who waits for whom is not known: no rank's collectives could be put on one clock "
+                "(see the notes).")
     if waited is None:
         return "Who waits for whom is not known: the cross-rank pass matched no collective."
     if (waited < MIN_WAIT_MS).all():

@@ -3,10 +3,11 @@ ranktrace file name gives (file names from tracer.schema)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.core.limits import MAX_WORLD_SIZE
-from analysis.ingest.records import manifest_world_sizes, record_ranks
+from analysis.ingest.records import RECORD_FILE_RE, manifest_world_sizes, record_ranks
 from tracer import schema
 
 # Any Chrome/Kineto JSON trace: ours (schema.KINETO_TRACE_RE, a subset) or another tool's, such
@@ -21,7 +22,7 @@ def cache_file(trace: Path) -> Path:
     return trace.parent / CACHE_DIR / (trace.name + ".parquet")
 
 
-# What the tracer leaves of a trace when it is killed while writing one (tracer/profiling.py),
+# What the tracer leaves of a trace when it is killed while writing one (tracer/probes/profiler.py),
 # best first: Kineto's export, complete but not yet gzipped (`<trace>.raw.tmp`); the gzipped
 # copy not yet renamed (`<trace>.tmp`); Kineto's own export still being written.
 UNRENAMED_SUFFIXES = (".raw" + schema.TEMP_SUFFIX, schema.TEMP_SUFFIX,
@@ -46,10 +47,28 @@ def is_unrenamed(path: Path) -> bool:
     return final_name(path.name) != path.name
 
 
-def trace_files(folder: Path) -> list[Path]:
-    """The trace files of a run folder, with the best file the tracer left unrenamed of each
-    trace it was killed while writing (only where the renamed trace is not there)."""
-    entries = list(folder.iterdir())
+# How torch.profiler's export names a trace (`<worker>.<span>.pt.trace.json[.gz]`, ours and
+# tensorboard_trace_handler's): in a folder that holds such a trace or the tracer's records, the
+# only JSON files read as traces. Another tool's traces, named freely, are read where a folder
+# holds nothing else to go by.
+PROFILER_TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+
+
+@dataclass(frozen=True)
+class FolderContents:
+    """What one folder holds for the analysis, told from the names of its entries."""
+
+    traces: list[Path]  # the trace files read, best unrenamed file of each included
+    strays: list[Path]  # JSON files that are neither the run's traces nor its records: ignored
+    record_ranks: set[int]  # ranks with a record file of the tracer (schema.RECORD_FILES)
+
+    @property
+    def is_run(self) -> bool:
+        return bool(self.traces) or bool(self.record_ranks)
+
+
+def _best_of_each(entries: list[Path]) -> list[Path]:
+    """Each trace once: its renamed file, else the best file the tracer left unrenamed of it."""
     found = {p.name: p for p in entries if is_trace_file(p)}
     unrenamed: dict[str, Path] = {}
     for suffix in UNRENAMED_SUFFIXES:
@@ -61,23 +80,80 @@ def trace_files(folder: Path) -> list[Path]:
     return sorted([*found.values(), *unrenamed.values()])
 
 
+def _is_profiler_trace(path: Path) -> bool:
+    return final_name(path.name).endswith(PROFILER_TRACE_SUFFIXES)
+
+
+def folder_contents(folder: Path) -> FolderContents:
+    """A folder is a run by its records: the tracer's record files or torch.profiler's trace
+    files make it one, and every other JSON file in it is a stray. A folder with neither is a
+    run of other tools' traces, every JSON file one, unless it holds folders with traces or
+    records in them: it is then a folder of runs, and its own JSON files are strays (a command's
+    output saved beside the runs)."""
+    entries = list(folder.iterdir())
+    json_files = _best_of_each(entries)
+    ranks = record_ranks(folder)
+    named = [p for p in json_files if _is_profiler_trace(p)]
+    others = [p for p in json_files if not _is_profiler_trace(p)]
+    if named or ranks or not others:
+        return FolderContents(traces=named, strays=others, record_ranks=ranks)
+    if any(_holds_traces_or_records(child) for child in _subfolders(entries)):
+        return FolderContents(traces=[], strays=others, record_ranks=ranks)
+    return FolderContents(traces=others, strays=[], record_ranks=ranks)
+
+
+def _subfolders(entries: list[Path]) -> list[Path]:
+    return sorted(p for p in entries if p.is_dir() and p.name != CACHE_DIR)
+
+
+def _holds_traces_or_records(folder: Path) -> bool:
+    try:
+        return any(is_trace_file(p) or RECORD_FILE_RE.match(p.name) for p in folder.iterdir())
+    except OSError:  # unreadable: named when it is the one analysed, not here
+        return False
+
+
+def trace_files(folder: Path) -> list[Path]:
+    """The trace files of a run folder (folder_contents), with the best file the tracer left
+    unrenamed of each trace it was killed while writing (only where the renamed trace is not
+    there)."""
+    return folder_contents(folder).traces
+
+
 def is_run_dir(folder: Path) -> bool:
-    return bool(trace_files(folder)) or bool(record_ranks(folder))
+    return folder_contents(folder).is_run
+
+
+def stray_notes(folder: Path) -> list[str]:
+    """One line per JSON file in `folder` that the analysis does not read (folder_contents)."""
+    return _notes(folder_contents(folder))
+
+
+def _notes(contents: FolderContents) -> list[str]:
+    why = ("not one of the run's traces (*.pt.trace.json[.gz] beside the tracer's records)"
+           if contents.is_run else "a file beside run folders, not a run")
+    return [f"{path}: ignored: {why}" for path in contents.strays]
+
+
+def _run_files(run: Path) -> list[Path]:
+    """The files the analysis reads in a run folder: its traces and its record files."""
+    contents = folder_contents(run)
+    return [*contents.traces, *(p for p in run.iterdir() if RECORD_FILE_RE.match(p.name))]
 
 
 def find_runs(folder: Path) -> list[Path]:
     """Run folders inside `folder` (one level down, or two for a folder of trace sets), oldest
-    first by their newest file."""
+    first by their newest trace or record file (not by what a command wrote there since: a
+    report, a timeline, tables)."""
     runs = []
-    for child in sorted(p for p in folder.iterdir() if p.is_dir() and p.name != CACHE_DIR):
+    for child in _subfolders(list(folder.iterdir())):
         if is_run_dir(child):
             runs.append(child)
         else:
-            runs += [g for g in sorted(child.iterdir())
-                     if g.is_dir() and g.name != CACHE_DIR and is_run_dir(g)]
+            runs += [g for g in _subfolders(list(child.iterdir())) if is_run_dir(g)]
 
     def newest(run: Path) -> float:
-        return max((p.stat().st_mtime for p in run.iterdir() if p.is_file()), default=0.0)
+        return max((p.stat().st_mtime for p in _run_files(run) if p.is_file()), default=0.0)
 
     return sorted(runs, key=lambda r: (newest(r), str(r)))
 
@@ -86,9 +162,23 @@ class NothingToAnalyse(Exception):
     """PATH holds no trace; the message says what was looked at."""
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """The runs that PATH names, and a note for each stray file met on the way there."""
+
+    runs: list[tuple[Path | None, list[Path]]]  # (run folder or None, trace files) per run
+    notes: list[str]
+
+
 def resolve_runs(paths: list[Path], run: str | None = None, all_runs: bool = False
                  ) -> list[tuple[Path | None, list[Path]]]:
     """(run folder or None, trace files) for each run that PATH names."""
+    return resolve(paths, run, all_runs).runs
+
+
+def resolve(paths: list[Path], run: str | None = None, all_runs: bool = False) -> Resolved:
+    """The runs that PATH names (resolve_runs), with the notes on the stray files (JSON files
+    that are neither traces nor records) of the folders read."""
     files = [p for p in paths if p.is_file()]
     folders = [p for p in paths if p.is_dir()]
     missing = [p for p in paths if not p.exists()]
@@ -97,9 +187,11 @@ def resolve_runs(paths: list[Path], run: str | None = None, all_runs: bool = Fal
     if files and folders:
         raise NothingToAnalyse("give either trace files or one folder, not both")
     if files:
-        return [(None, files)]
+        return Resolved([(None, files)], [])
     if len(folders) > 1:
-        return [one_run_of_folders(folders, run)]
+        run_dir, traces = one_run_of_folders(folders, run)
+        notes = [n for f in folders for n in stray_notes(f / run if run is not None else f)]
+        return Resolved([(run_dir, traces)], notes)
     folder = folders[0]
     if run is not None:
         candidate = folder / run
@@ -107,14 +199,16 @@ def resolve_runs(paths: list[Path], run: str | None = None, all_runs: bool = Fal
             names = ", ".join(r.name for r in find_runs(folder)) or "none"
             raise NothingToAnalyse(f"{folder}: no run named {run!r} (runs: {names})")
         folder = candidate
-    if is_run_dir(folder):
-        return [(folder, trace_files(folder))]
+    contents = folder_contents(folder)
+    if contents.is_run:
+        return Resolved([(folder, contents.traces)], _notes(contents))
     runs = find_runs(folder)
     if not runs:
         raise NothingToAnalyse(f"{folder}: no Kineto trace (*.json, *.json.gz) and no run "
                                f"folder with one")
     chosen = runs if all_runs else runs[-1:]
-    return [(r, trace_files(r)) for r in chosen]
+    notes = _notes(contents) + [n for r in chosen for n in stray_notes(r)]
+    return Resolved([(r, trace_files(r)) for r in chosen], notes)
 
 
 def one_run_of_folders(folders: list[Path], run: str | None = None) -> tuple[Path, list[Path]]:

@@ -3,9 +3,12 @@
 The issuer decides which advice fits (docs/report.md, "Who issued an op"): DDP's gradient
 buckets, FSDP1 or FSDP2 (`fully_shard`), functional collectives (tensor parallelism, DTensor),
 point-to-point traffic, or a plain `torch.distributed` call. The evidence is what the run holds:
-the tracer's `source` field on its records, and in Kineto traces the host spans that torch opens
-around the code issuing an op (`FSDP::all_gather`, `FullyShardedDataParallel._pre_forward`,
-`_c10d_functional::all_reduce`, `DistributedDataParallel.forward`, `PP:0F1`).
+the tracer's `issuer` and `source` fields on its records (the tracer names DDP's and FSDP's own
+ops from the units it saw built: docs/tracer.md, Collective hooks), and in Kineto traces the host
+spans that torch opens around the code issuing an op (`FSDP::all_gather`,
+`FullyShardedDataParallel._pre_forward`, `_c10d_functional::all_reduce`,
+`DistributedDataParallel.forward`, `PP:0F1`). Both name an op with the same words: the tracer's
+issuers are `schema.COMM_ISSUERS`.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import pandas as pd
 from analysis.core.comm_names import P2P_OPS, canonical_op
 from analysis.core.events import distinct_names, matches
 from analysis.core.frame_columns import flags, values_at
+from tracer import schema
 
-DDP = "ddp"
-FSDP1 = "fsdp1"
-FSDP2 = "fsdp2"
+DDP = schema.ISSUER_DDP
+FSDP1 = schema.ISSUER_FSDP1
+FSDP2 = schema.ISSUER_FSDP2
 FUNCTIONAL = "functional"  # torch.distributed._functional_collectives: TP, DTensor
 P2P = "p2p"
 C10D = "c10d"  # a torch.distributed call outside DDP and FSDP: the script's own or a library's
@@ -173,12 +177,20 @@ def _each_op(op: np.ndarray, function) -> np.ndarray:
     return results[codes]
 
 
-def issuers_from_records(comms_source: pd.Series, ops: pd.Series, trace) -> pd.Series:
-    """The issuer of each recorded op: the tracer's source, with c10d all-gathers and
-    reduce-scatters given to FSDP when the rank's trace shows FSDP's spans."""
+def issuers_from_records(comms_source: pd.Series, ops: pd.Series, trace,
+                         recorded: pd.Series | None = None) -> pd.Series:
+    """The issuer of each recorded op: the tracer's `recorded` issuer (CommRecord.issuer: DDP
+    or FSDP) where it names one; else its source, with c10d all-gathers and reduce-scatters
+    given to FSDP when the rank's trace shows FSDP's spans (records written before the issuer
+    field)."""
     seen = frameworks_seen(trace)
+    if recorded is None:
+        recorded = pd.Series(None, index=comms_source.index, dtype=object)
     result = []
-    for source, op in zip(comms_source, ops):
+    for source, op, named in zip(comms_source, ops, recorded):
+        if isinstance(named, str) and named in schema.COMM_ISSUERS:
+            result.append(named)
+            continue
         issuer = _RECORD_SOURCES.get(source if isinstance(source, str) else "", UNKNOWN)
         if issuer == C10D:
             issuer = next((i for i in _RUN_LEVEL.get(op, ()) if i in seen and i != DDP), C10D)

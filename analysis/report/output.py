@@ -242,7 +242,7 @@ def _optional(frame: pd.DataFrame | None, columns: list[str]) -> pd.DataFrame:
 COLLECTIVES_TEXT = {
     "op": "op", "issuer": "issuer", "pg": "pg", "size_bucket": "size", "count": "count",
     "transfer_busbw_gbps": "busbw GB/s", "transfer_algbw_gbps": "algbw GB/s",
-    "ms_per_step": "ms/step",
+    "ms_per_step": "ms/step", "time_from": "time from",
     "total_us": "total us", "mean_us": "mean us", "busbw_gbps": "busbw by duration",
     "algbw_gbps": "algbw by duration", "ranks": "ranks",
 }
@@ -441,7 +441,8 @@ def cross_rank_json(result: dict) -> dict:
     stragglers = result["stragglers"]
     return {
         "clock": _records_of(result["clock"], ["rank", "offset_ns", "uncertainty_ns", "source",
-                                            "drift_ns_per_s", "disagreement_ns"]),
+                                            "drift_ns_per_s", "disagreement_ns",
+                                            "estimate_from"]),
         "stragglers": _records_of(stragglers[stragglers["fires"].astype(bool)],
                                ["rank", "caused_wait_ms_per_step", "share_pct", "collectives",
                                 "evidence"]),

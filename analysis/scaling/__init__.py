@@ -20,7 +20,7 @@ import pandas as pd
 from analysis.core.model import UNKNOWN_RANK
 from analysis.core.step_spec import positive_number
 from analysis.core.terminal import terminal_safe
-from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir
+from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir, stray_notes
 from analysis.rank.summary import rank_tables
 from analysis.report.output import plain, records
 from analysis.scaling import table as st
@@ -42,6 +42,9 @@ class Study:
     problems: list[str] = field(default_factory=list)
     # what makes the numbers doubtful (table.warnings): a noisy baseline, efficiency above 100%
     warnings: list[str] = field(default_factory=list)
+    # JSON files that are neither traces nor records (this study's own output saved in the
+    # sweep folder), ignored
+    notes: list[str] = field(default_factory=list)
 
 
 def run_folders(paths: list[Path]) -> list[Path]:
@@ -158,7 +161,9 @@ def study(paths: list[Path], mode: str | None = None, samples_per_step: float | 
     """Load every run that `paths` name and compare them; `peak_tflops` overrides every rank's
     peak in the MFU column."""
     rows, bandwidths, problems = [], [], []
-    for folder in run_folders(paths):
+    folders = run_folders(paths)
+    notes = [n for f in dict.fromkeys([*paths, *folders]) for n in stray_notes(f)]
+    for folder in folders:
         try:
             row, bandwidth, found = load_run(folder, samples_per_step, warmup_steps, use_cache,
                                              peak_tflops)
@@ -181,7 +186,7 @@ def study(paths: list[Path], mode: str | None = None, samples_per_step: float | 
     bandwidth = _bandwidth_table(pd.concat(bandwidths, ignore_index=True))
     return Study(runs=runs, table=table, attribution=st.attribution(table),
                  bandwidth=bandwidth, mode=mode_info, problems=problems,
-                 warnings=st.warnings(table))
+                 warnings=st.warnings(table), notes=notes)
 
 
 def _bandwidth_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -301,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     except NothingToAnalyse as exc:
         print(terminal_safe(f"ranktrace: error: {exc}"), file=sys.stderr)
         return 1
+    for note in result.notes:
+        print(terminal_safe(f"ranktrace: note: {note}"), file=sys.stderr)
     for problem in result.problems:
         print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
     if args.format == "json":

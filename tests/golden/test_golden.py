@@ -3,7 +3,7 @@ with the one written in tests/data/golden/ (tests/data/golden/README.md).
 
 A refactor of the analysis must leave these documents as they are. A change that means to alter
 the numbers or the wording rewrites them, on purpose and in the same commit:
-`python tests/test_golden.py` (then read the diff).
+`python tests/golden/test_golden.py` (then read the diff).
 
 The only run-dependent values are the paths of the trace files, which depend on where the
 repository lies: the test data folder is written as `<data>` in the stored documents.

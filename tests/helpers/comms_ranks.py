@@ -1,7 +1,8 @@
-"""Helpers of the tracer.comms tests: a recorder writing to a file, and scenarios run on a group
-of gloo CPU ranks started with torch.multiprocessing, each rank writing what it saw to a JSON file
-(tests/integration/: test_comms_records_on_ranks.py, test_ddp_gradients_unchanged_by_bucket_hook.py,
-test_comms_recorder.py)."""
+"""Helpers of the tracer.comms tests: a recorder writing to a file or to a list, and scenarios run
+on a group of gloo CPU ranks started with torch.multiprocessing, each rank writing what it saw to
+a JSON file (tests/integration/: test_comms_records_on_ranks.py,
+test_ddp_gradients_unchanged_by_bucket_hook.py, test_comms_recorder.py;
+tests/unit/tracer/comms/)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,20 @@ from torch import nn
 
 from tracer import schema
 from tracer.comms import CommsRecorder
-from tracer.jsonl import JsonlWriter
+from tracer.parts.record_files import JsonlWriter
 from workloads.common import cleanup
 
 SPAWN_DEADLINE_S = 240
+
+
+class ListWriter:
+    """A comms writer that keeps the records it is given, in `records`."""
+
+    def __init__(self):
+        self.records = []
+
+    def write(self, record):
+        self.records.append(record)
 
 
 class StepCounter:

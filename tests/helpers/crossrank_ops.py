@@ -9,6 +9,12 @@ MS = 1_000_000
 NO_SYNC = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])
 
 
+def synced(ranks, uncertainty_ns=1_000):
+    """clock_sync records measuring every rank's clock equal to rank 0's: ops that place no
+    clock of their own (p2p alone, issue times alone) are then read on one clock."""
+    return pd.DataFrame({"rank": list(ranks), "offset_ns": 0, "uncertainty_ns": uncertainty_ns})
+
+
 def op(rank, issue, end, step=0, name="all_reduce", pg="0", size=2, nbytes=4096,
        dtype="float32", peer=None, queue=None, timed=True):
     """One op; `timed` False: timed at issue only (its end is its issue, as the records say)."""

@@ -40,9 +40,11 @@ def ddp_gloo_entries() -> list[dict]:
 
 
 def nccl_entry(record_id: int, seq: int, created_ns: int, state="completed", duration_ms=None,
-               name="nccl:all_reduce", sizes=((1024,),), dtype="BFloat16", p2p_seq=0):
+               name="nccl:all_reduce", sizes=((1024,),), dtype="BFloat16", p2p_seq=0,
+               retired=None):
+    """`retired`: the watchdog has retired it (None: once completed, as it soon is)."""
     entry = gloo_entry(record_id, seq, name, created_ns, [list(s) for s in sizes], [dtype],
-                       retired=state == "completed")
+                       retired=state == "completed" if retired is None else retired)
     entry.update(state=state, p2p_seq_id=p2p_seq, is_p2p=p2p_seq > 0,
                  time_discovered_started_ns=created_ns + 1000,
                  time_discovered_completed_ns=created_ns + 5000 if state == "completed" else 0)

@@ -176,7 +176,7 @@ def _all_reduce_counted_once(doc):
 
 
 def _unrenamed(suffix, cut=False):
-    """What a rank SIGKILLed while the tracer wrote its trace leaves (tracer/profiling.py):
+    """What a rank SIGKILLed while the tracer wrote its trace leaves (tracer/probes/profiler.py):
     Kineto's export not yet gzipped (.raw.tmp), the gzipped copy not yet renamed (.tmp), or
     Kineto's export half written (.raw.tmp.tmp)."""
     def damage(run):

@@ -42,7 +42,10 @@ def _records(run: Path, rank: int) -> None:
     end = schema.RunEnd(rank=rank, end_ns=RECORDS_CLOCK_NS + len(STEPS) * STEP_US * US,
                         status="ok", exit_code=0, steps=len(STEPS), windows=1, samples=0,
                         comm_ops=len(STEPS) * MICROBATCHES, bytes_written=0, errors=0)
-    write_jsonl(run / schema.MANIFEST_FILE.format(rank=rank), [start, end])
+    # One host: the clocks agree (p2p ops alone would not place them).
+    sync = schema.ClockSync(rank=rank, offset_ns=0, uncertainty_ns=1_000, round_trips=8,
+                            backend="gloo", world_size=2)
+    write_jsonl(run / schema.MANIFEST_FILE.format(rank=rank), [start, sync, end])
     steps, ops = [], []
     for n in STEPS:
         base = RECORDS_CLOCK_NS + n * STEP_US * US

@@ -25,7 +25,7 @@ def shifted_copy(run: Path, target: Path, rank: int, shift_ns: int) -> Path:
             record = json.loads(line)
             if record.get("kind") == "clock_sync":
                 continue
-            for key in ("start_ns", "end_ns", "t_ns"):
+            for key in ("start_ns", "end_ns", "t_ns", "issue_ns"):
                 if isinstance(record.get(key), int):
                     record[key] += shift_ns
             lines.append(json.dumps(record))

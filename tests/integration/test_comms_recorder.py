@@ -11,20 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.comms_ranks import StepCounter, ToyNet
+from helpers.comms_ranks import ListWriter, StepCounter, ToyNet
 from helpers.launch import DDP, launch
 from tracer.comms import CommsRecorder
 
 
 # ---- single-process tests (1-rank gloo group in the pytest process) -----------------------------
-class ListWriter:
-    def __init__(self):
-        self.records = []
-
-    def write(self, record):
-        self.records.append(record)
-
-
 @pytest.fixture
 def recorder_factory(one_rank):
     made = []
@@ -74,6 +66,29 @@ def test_uninstall_restores_every_patched_attribute(one_rank):
     after = patched_attributes()
     assert all(after[key] is before[key] for key in before)
     assert recorder.error is None
+
+
+def test_fsdp_constructors_alone_are_observed_and_put_back(one_rank):
+    """FSDP imported before install: its two constructors are wrapped at once, no import hook is
+    left behind, and uninstall puts the very same functions back."""
+    import sys
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from tracer.comms.fsdp import AfterImport
+    before = (FullyShardedDataParallel.__init__, FSDPParamGroup.__init__,
+              FullyShardedDataParallel.forward, FSDPParamGroup.pre_forward)
+    recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
+    recorder.install()
+    try:
+        assert FullyShardedDataParallel.__init__.__wrapped__ is before[0]
+        assert FSDPParamGroup.__init__.__wrapped__ is before[1]
+        assert (FullyShardedDataParallel.forward, FSDPParamGroup.pre_forward) == before[2:]
+        assert not [f for f in sys.meta_path if isinstance(f, AfterImport)]
+    finally:
+        recorder.uninstall()
+    assert (FullyShardedDataParallel.__init__, FSDPParamGroup.__init__) == before[:2]
 
 
 def test_compiled_code_reaches_nothing_patched(one_rank):
@@ -369,7 +384,7 @@ def test_bucket_hook_comes_from_the_config_only(one_rank, monkeypatch):
 
 
 def test_recorder_is_a_part_that_fails_once_and_tells_the_session(one_rank, capfd):
-    from tracer.part import Part
+    from tracer.parts.part import Part
     recorder = CommsRecorder(ListWriter(), lambda: 0, use_cuda=False)
     told = []
     recorder.on_failure, recorder.rank = told.append, 2

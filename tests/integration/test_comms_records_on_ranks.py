@@ -172,6 +172,29 @@ def scenario_dtensor(rank, world, folder):
             "x_grad_finite": bool(torch.isfinite(x.grad).all())}
 
 
+def scenario_fsdp(rank, world, folder):
+    """FSDP1 and FSDP2 units (one forward and backward each), then a plain all-gather."""
+    recorder, writer, step = start_recorder(folder, rank, "fsdp")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    torch.manual_seed(0)
+    step.value = 1
+    fsdp1 = FullyShardedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(),
+                                                   nn.Linear(16, 3)),
+                                     device_id=torch.device("cpu"))
+    fsdp1(torch.randn(4, 8)).sum().backward()
+    step.value = 2
+    fsdp2 = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    mesh = init_device_mesh("cpu", (world,))
+    fully_shard(fsdp2[0], mesh=mesh)
+    fully_shard(fsdp2, mesh=mesh)
+    fsdp2(torch.randn(4, 8)).sum().backward()
+    step.value = 3
+    dist.all_gather_single(torch.empty(world * 5), torch.ones(5))
+    records = finish_recorder(recorder, writer)
+    return {"records": records, "error": recorder.error}
+
+
 def scenario_pipeline(rank, world, folder):
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
     recorder, writer, step = start_recorder(folder, rank, "pipeline")
@@ -199,7 +222,7 @@ def scenario_pipeline(rank, world, folder):
 def two_ranks(tmp_path_factory):
     scenarios = {"c10d": scenario_c10d, "ddp_buckets": scenario_ddp_buckets,
                  "ddp_user_hooks": scenario_ddp_user_hooks, "dtensor": scenario_dtensor,
-                 "pipeline": scenario_pipeline}
+                 "pipeline": scenario_pipeline, "fsdp": scenario_fsdp}
     return run_ranks(2, scenarios, tmp_path_factory.mktemp("two_ranks"))
 
 
@@ -306,6 +329,7 @@ def test_ddp_bucket_records_match_bucket_sizes(two_ranks):
         broadcasts = [r for r in records if r["op"] == "broadcast" and r["source"] == "ddp"]
         # DDP's initial sync
         assert [r["bytes"] for r in broadcasts] == [sum(weights), 3 * half_mib]
+        assert {r["issuer"] for r in ddp + broadcasts} == {"ddp"}
 
 
 def test_ddp_user_hooks_are_called_and_labelled(two_ranks):
@@ -316,7 +340,7 @@ def test_ddp_user_hooks_are_called_and_labelled(two_ranks):
         assert result["calls_late"] == 4
         assert "can only be called once" in result["second_register_error"]
         at_seven = [r for r in result["records"] if r["step"] == 7 and r["op"] == "all_reduce"]
-        assert all(r["source"] == "ddp" for r in at_seven)
+        assert all(r["source"] == "ddp" and r["issuer"] == "ddp" for r in at_seven)
         total = (16 * 8 + 32 * 16 + 24 * 32 + 10 * 24) * F32
         # `early` (user hook, first backward: one bucket), `builtin` (ALLREDUCE twin, one bucket).
         assert sorted(r["bytes"] for r in at_seven) == [total, total]
@@ -353,3 +377,24 @@ def test_pipeline_p2p_records(two_ranks):
                            + [("send", microbatch_bytes, 1 - rank)] * 2)
 
 
+
+
+def test_fsdp_units_collectives_are_named_fsdp1_and_fsdp2(two_ranks):
+    # FSDP1 flattens 8*16 + 16 + 16*3 + 3 = 195 parameters, padded to 196 for 2 ranks. FSDP2
+    # shards each parameter along dim 0, padded to 2 ranks: the inner unit's 16x8 weight and 16
+    # bias (144 elements), the root's 3x16 weight and 3 bias padded to 4 rows (64 + 4 = 68).
+    for rank in (0, 1):
+        result = scenario_result(two_ranks, "fsdp", rank)
+        assert result["error"] is None
+        named = sorted((r["step"], r["op"], r["bytes"] // F32, r.get("issuer"))
+                       for r in result["records"] if r["op"] in ("all_gather", "reduce_scatter"))
+        assert named == [
+            (1, "all_gather", 196, "fsdp1"), (1, "reduce_scatter", 196, "fsdp1"),
+            # forward: the root, then the inner unit; backward: the inner unit again
+            (2, "all_gather", 68, "fsdp2"), (2, "all_gather", 144, "fsdp2"),
+            (2, "all_gather", 144, "fsdp2"),
+            (2, "reduce_scatter", 68, "fsdp2"), (2, "reduce_scatter", 144, "fsdp2"),
+            (3, "all_gather", 10, None),  # the script's own: no unit has this size
+        ]
+        assert all(r["source"] == "c10d" for r in result["records"] if r["step"] in (1, 2, 3)
+                   and r["op"] in ("all_gather", "reduce_scatter"))

@@ -21,7 +21,10 @@ import pytest
 from analysis import open_run
 from analysis.crossrank.culprit import steps_needed
 from helpers.launch import DDP, popen, run_module
+from helpers.run_copies import shifted_copy
 from helpers.runs import ACTIVE, DDP_DELAY_MS, DEFAULT_STEPS, EVEN_RUNS, SMALL, STEPS, WINDOW
+
+SHIFT_NS = 80_000_000
 
 
 def _check(done, what: str) -> None:
@@ -103,6 +106,33 @@ def test_the_top_what_if_of_a_default_run_is_the_late_rank_on_time(shared_runs):
     even = open_run(shared_runs["ddp-even-0"].run_dir, use_cache=False).document()
     clean_ms = np.mean([row["step_ns"] for row in even["steps"]]) / 1e6
     assert 0.5 * clean_ms <= top["predicted_step_ms"] <= 2 * clean_ms
+
+
+def test_a_default_runs_clock_moved_80_ms_is_placed_by_its_profiled_steps(shared_runs,
+                                                                           tmp_path):
+    """The same run with rank 1's clock moved 80 ms in every file and its clock_sync removed:
+    its records are timed at issue only (gloo), and the default window's 3 steps time them, which
+    places rank 1's clock (docs/cross-rank.md, "One clock"): within 1 ms, or where the machine's
+    load made rank 1's busy threads see most completions late, within the uncertainty the
+    estimate states. The late rank is the same."""
+    run = shared_runs["ddp-late-default"].run_dir
+    after, document = _cross_rank(shifted_copy(run, tmp_path / "shifted", 1, SHIFT_NS))
+    clock = after["clock"].set_index("rank").loc[1]
+    assert (clock["source"], clock["estimate_from"]) == ("collectives", "profiled steps")
+    assert abs(clock["offset_ns"] - SHIFT_NS) <= max(1_000_000, clock["uncertainty_ns"])
+    assert _named(document)[:1] == [1]
+
+
+def test_the_ddp_all_reduce_of_a_default_run_is_timed_from_its_profiled_steps(shared_runs):
+    """At the default options on gloo DDP's bucket all-reduces are Flight Recorder records timed
+    at issue only; the profiled steps' gloo ops time them, and the collectives table ranks the
+    row first by its time per step (docs/report.md, "Ops timed from the profiled steps")."""
+    document = open_run(shared_runs["ddp-even-0"].run_dir, use_cache=False).document()
+    row = document["collectives"][0]
+    assert (row["op"], row["time_from"]) == ("all_reduce", "profiled steps")
+    assert row["ms_per_step"] > 0 and row["busbw_gbps"] > 0
+    # ddp.py's two buckets in every step after set-up, on both ranks
+    assert (row["count"], row["rank_steps"]) == (4 * (DEFAULT_STEPS - 1), 2 * (DEFAULT_STEPS - 1))
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from helpers.launch import REPO
 from helpers.runs import DDP_STEPS, RUNS
 from tracer import schema
-from tracer.scalars import ScalarsWriter
+from tracer.parts.tensorboard_scalars import ScalarsWriter
 from tracer.schema import StepRecord
 
 _spec = importlib.util.spec_from_file_location("tb_profiler_view",

@@ -1,7 +1,7 @@
 """The tracer end to end: run folders, what traced runs write, and how steps are counted. One
 traced 2-rank DDP run (the shared run `ddp-bucket-hook`, which the TensorBoard tests read too)
-is shared by the end-to-end checks. Options: tests/test_config.py; the parts on their own:
-tests/test_tracer_parts.py."""
+is shared by the end-to-end checks. Options: tests/unit/tracer/options/test_config.py; the parts
+on their own: tests/unit/tracer/ (one folder per folder of tracer/)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from analysis import open_run
 from helpers import tracer_files as h
 from helpers.launch import DDP, REPO, TINY, launch, torchrun_env
-from helpers.runs import DDP_STEPS, RUNS
+from helpers.runs import DDP_STEPS, DEFAULT_STEPS, RUNS
 from tracer import schema
-from tracer.config import TracerConfig
-from tracer.rundir import LaunchInfo, RunDirError, create_unique, resolve_run_dir
-from tracer.summary import NO_STEPS_HINT, summary_lines
+from tracer.options.config import TracerConfig
+from tracer.session.run_folder import LaunchInfo, RunDirError, create_unique, resolve_run_dir
+from tracer.session.script_end import NO_STEPS_HINT, summary_lines
 
 
 # ---- run folders ----------------------------------------------------------------------------
@@ -65,7 +66,7 @@ def test_other_ranks_learn_rank_0s_error_or_give_up_after_the_timeout(tmp_path):
 
 def test_default_run_name_is_a_timestamp_and_the_script_stem():
     stamp = time.mktime((2026, 3, 4, 5, 6, 7, 0, 0, -1))
-    from tracer.rundir import default_run_name
+    from tracer.session.run_folder import default_run_name
 
     assert default_run_name("workloads/ddp.py", stamp) == "20260304-050607-ddp"
 
@@ -259,7 +260,7 @@ def test_ddp_run_folder_holds_every_file_and_nothing_half_written(ddp_run):
                    for n in names)
         if importlib.util.find_spec("tracer.comms"):
             assert schema.COMMS_FILE.format(rank=rank) in names
-        if importlib.util.find_spec("tracer.sampler"):
+        if importlib.util.find_spec("tracer.probes.device_sampler"):
             assert schema.SAMPLES_FILE.format(rank=rank) in names
     # HTA and torch-tb-profiler load every .json/.gz in the folder as a trace.
     strays = [
@@ -318,7 +319,7 @@ def test_ddp_scalars_get_every_step_and_every_sample(ddp_run):
         assert [step for step, _ in times] == list(range(DDP_STEPS))
         for (_, ms), record in zip(times, steps):
             assert ms == pytest.approx((record.end_ns - record.start_ns) / 1e6, rel=1e-5)
-        if importlib.util.find_spec("tracer.sampler"):
+        if importlib.util.find_spec("tracer.probes.device_sampler"):
             assert len(points[f"rank{rank}/samples/train_step"]) == h.run_end(run_dir, rank).samples
 
 
@@ -366,7 +367,7 @@ def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
             (run_dir / schema.MANIFEST_FILE.format(rank=rank)).read_bytes().splitlines(True)[-1]
         )
         assert end.bytes_written == sum(p.stat().st_size for p in rank_files) - len(end_line)
-        if importlib.util.find_spec("tracer.sampler"):
+        if importlib.util.find_spec("tracer.probes.device_sampler"):
             assert start.sampler_source == "psutil" and end.samples > 0
             samples = h.read_jsonl(run_dir / schema.SAMPLES_FILE.format(rank=rank))
             assert len(samples) == end.samples
@@ -379,6 +380,35 @@ def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
         )
         assert (int(line["samples"]), int(line["comm_ops"])) == (end.samples, end.comm_ops)
         assert Path(line["run_dir"]) == run_dir
+
+
+def test_a_default_ddp_run_names_its_gradient_all_reduces_ddp_at_4_bytes_a_parameter(
+        shared_runs):
+    """Default options: DDP's buckets come from torch's Flight Recorder (source native), are
+    named DDP's, and add up to the fp32 gradients every step, in the records and in the
+    analysis's collectives table."""
+    from workloads.common import build_model, make_parser
+    run = shared_runs["ddp-even-0"]
+    spec = RUNS["ddp-even-0"]
+    assert (spec.script, spec.tracer) == (DDP, ())
+    args = make_parser("").parse_args(list(spec.args))  # the workload's own defaults
+    params = sum(p.numel() for p in build_model(args.hidden, args.layers, args.seed).parameters())
+    gradient_bytes = 4 * params
+    for rank in (0, 1):
+        comms = h.read_jsonl(run.run_dir / schema.COMMS_FILE.format(rank=rank), schema.CommRecord)
+        all_reduces = [r for r in comms if r.op == "all_reduce"]
+        assert {(r.source, r.issuer, r.dtype) for r in all_reduces} == {
+            ("native", "ddp", "float32")}
+        per_step = dict.fromkeys(range(DEFAULT_STEPS), 0)
+        for r in all_reduces:
+            per_step[r.step] += r.bytes
+        assert per_step == dict.fromkeys(range(DEFAULT_STEPS), gradient_bytes)
+        # DDP's start-up checks and parameter broadcast, and its bucket rebuild: DDP's too
+        assert {r.issuer for r in comms} == {"ddp"}
+    document = open_run(run.run_dir, use_cache=False).document()
+    (row,) = [c for c in document["collectives"] if c["op"] == "all_reduce"]
+    assert row["issuer"] == "ddp"
+    assert row["total_bytes"] / row["rank_steps"] == gradient_bytes
 
 
 def test_trace_format_doc_describes_every_field_and_file():

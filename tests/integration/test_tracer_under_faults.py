@@ -18,9 +18,9 @@ from tensorboard.compat.proto import event_pb2
 
 from helpers import tracer_files as h
 from helpers.launch import TINY, launch, popen, torchrun_env
-from tracer import scalars as scalars_mod
 from tracer import schema
-from tracer.jsonl import RecordBudget
+from tracer.parts import tensorboard_scalars as scalars_mod
+from tracer.parts.buffered_file import RecordBudget
 
 FAST = ["--no-profiler", "--no-sampler", "--no-comms"]
 

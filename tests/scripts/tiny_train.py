@@ -71,7 +71,7 @@ class NoSpaceFile:
 def break_steps_file():
     import gc
 
-    from tracer.jsonl import JsonlWriter
+    from tracer.parts.record_files import JsonlWriter
 
     for obj in gc.get_objects():
         if isinstance(obj, JsonlWriter) and obj.name == "steps" and not obj.closed:

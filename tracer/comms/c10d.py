@@ -18,6 +18,7 @@ from tracer.comms.patching import (
     thread,
 )
 from tracer.comms.timing import tensor_bytes
+from tracer.schema import ISSUER_DDP
 
 # name -> (CommRecord.op, parameter holding the payload, how it counts, source, peer params, async)
 # "one": a tensor; "list": a list of tensors; "lists": a list of lists; "per_rank": one tensor
@@ -153,7 +154,7 @@ class C10dHooks:
     def _c10d_wrapper(self, name, original, positions, spec):
         import torch
         op, payload_name, payload_kind, source, peer_names, fixed_async = spec
-        hooks, timing = self, self.timing
+        hooks, timing, owners = self, self.timing, self.recorder.owners
 
         def describe(args, kwargs):
             if torch.compiler.is_compiling():
@@ -174,8 +175,9 @@ class C10dHooks:
                 argument(args, kwargs, positions, "async_op", False))
             peer = (hooks._global_peer(pg, positions, args, kwargs, peer_names) if peer_names
                     else None)
-            pending = timing.begin(op, thread.source or source, pg_name, pg_size, tensor, nbytes,
-                                   async_op, peer)
+            issued_as = thread.source or source
+            pending = timing.begin(op, issued_as, pg_name, pg_size, tensor, nbytes, async_op, peer,
+                                   owners.of_hooked(op, issued_as, pg_name, tensor, nbytes))
             return pending, hooks._coalescing_list(pg)
 
         def complete(described, result):
@@ -290,8 +292,10 @@ class C10dHooks:
             group_info = hooks.group_info(process_group) if tensors else None
             if group_info is None:
                 return None
+            # DDP's parameter and buffer broadcasts; FSDP1's sync_module_states while it builds
             return timing.begin("broadcast", "ddp", group_info[1], group_info[2], tensors[0],
-                                sum(tensor_bytes(t) for t in tensors), False, None)
+                                sum(tensor_bytes(t) for t in tensors), False, None,
+                                thread.issuer or ISSUER_DDP)
 
         def complete(pending, _result):
             timing.issued(pending)

@@ -1,24 +1,30 @@
-"""DDP: labels the ops of a user's comm hook "ddp", and, only with --ddp-bucket-hook, times each
-gradient bucket with a comm hook that reduces exactly as DDP does without one.
+"""DDP: notes each DDP module built (its ops are DDP's: tracer.comms.owners), labels the ops of a
+user's comm hook "ddp", and, only with --ddp-bucket-hook, times each gradient bucket with a comm
+hook that reduces exactly as DDP does without one.
 
 Without that option no hook is registered: DDP's C++ reducer all-reduces its buckets as it
 would untraced, so a failing bucket all-reduce raises gloo's or NCCL's own error, and the
-buckets are seen in the profiler's windows only (docs/tracer.md, Collective hooks).
+buckets are read from torch's Flight Recorder (tracer.comms.flight; docs/tracer.md, Collective
+hooks).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 
+from tracer.comms.owners import ddp_unit
 from tracer.comms.patching import thread
-from tracer.schema import DDP_BUCKETS_FROM_HOOK, DDP_BUCKETS_FROM_PROFILER
+from tracer.schema import DDP_BUCKETS_FROM_HOOK, DDP_BUCKETS_FROM_PROFILER, ISSUER_DDP
 
 
 class DdpHooks:
-    def __init__(self, recorder, bucket_hook: bool):
+    def __init__(self, recorder, bucket_hook: bool, owners=None):
+        """`owners`: where the DDP modules built are noted (tracer.comms.owners.Owners)."""
         self.recorder = recorder
         self.bucket_hook = bucket_hook
+        self.owners = owners
         self.default_reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @property
@@ -46,25 +52,46 @@ class DdpHooks:
             return original_register(reducer, state, labelled)
 
         patches.patch(dist, "_register_comm_hook", _register_comm_hook)
+        self._install_init(patches, DDP, original_register)
         if self.bucket_hook:
-            self._install_bucket_hook(patches, DDP, original_register)
+            self._install_builtin_hooks(patches, DDP)
 
-    def _install_bucket_hook(self, patches, DDP, original_register) -> None:
-        import torch.distributed as dist
-        hooks, recorder = self, self.recorder
+    def _install_init(self, patches, DDP, original_register) -> None:
+        """DDP's construction: its ops are DDP's, and the module built is noted (its process
+        group and what its buckets can be), with the timing hook where --ddp-bucket-hook asks.
+        Construction never runs inside a compiled region: DDP.forward is left alone, so
+        torch.compile(DDP(model)) traces exactly what it would untraced."""
+        hooks, recorder, owners = self, self.recorder, self.owners
         original_init = DDP.__init__
-        original_builtin = DDP._register_builtin_comm_hook
 
-        # Registered at construction, which never runs inside a compiled region: DDP.forward is
-        # left alone, so torch.compile(DDP(model)) traces exactly what it would untraced.
         @functools.wraps(original_init)
         def __init__(ddp, *args, **kwargs):
-            original_init(ddp, *args, **kwargs)
-            if recorder.active:
+            if not recorder.active:
+                return original_init(ddp, *args, **kwargs)
+            span = owners.building(ISSUER_DDP) if owners is not None else None
+            try:
+                original_init(ddp, *args, **kwargs)
+            finally:
+                if owners is not None:
+                    owners.built(span)
+            try:
+                if owners is not None:
+                    owners.add_ddp(ddp_unit(ddp, str(ddp.process_group.group_name),
+                                            time.time_ns()))
+            except Exception as exc:
+                recorder.fail("noting a DDP module", exc)
+            if hooks.bucket_hook and recorder.active:
                 try:
                     hooks._attach_default_hook(ddp, original_register)
                 except Exception as exc:
                     recorder.fail("registering the DDP timing hook", exc)
+
+        patches.patch(DDP, "__init__", __init__)
+
+    def _install_builtin_hooks(self, patches, DDP) -> None:
+        import torch.distributed as dist
+        hooks, recorder = self, self.recorder
+        original_builtin = DDP._register_builtin_comm_hook
 
         @functools.wraps(original_builtin)
         def _register_builtin_comm_hook(ddp, comm_hook_type):
@@ -80,7 +107,6 @@ class DdpHooks:
             ddp.logger._set_comm_hook_name(str(comm_hook_type))
             dist._register_comm_hook(ddp.reducer, ddp.process_group, twin)
 
-        patches.patch(DDP, "__init__", __init__)
         patches.patch(DDP, "_register_builtin_comm_hook", _register_builtin_comm_hook)
 
     def _attach_default_hook(self, ddp, original_register) -> None:

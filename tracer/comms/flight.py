@@ -26,15 +26,22 @@ from tracer.comms.flight_entries import (
     span_index,
     within_span,
 )
-from tracer.log import say
-from tracer.part import Part
+from tracer.parts.log import say
+from tracer.parts.part import Part
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+# NCCL times each op with CUDA events, and FR entries get its duration_ms, only with this set
+# when the process group is created; torch still reads the older name as well.
+NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+OLD_NCCL_TIMING_ENV = "NCCL_ENABLE_TIMING"
+# With one hardware queue, NCCL's timing events keep its kernels from overlapping with compute
+# (pytorch/pytorch#143890): timing is then left off unless the user asks for it.
+CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 OLD_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # torch's older name, which it still reads
 # Entries the ring keeps when the user set no size: a full dump and its decode take about 10 us
 # per entry with the GIL held (docs/benchmarks.md), so 512 cost about 5 ms at most per drain.
 BUFFER_SIZE = 512
-MIN_INTERVAL_S = 0.2  # at most one drain per step-end worker pass (tracer.stepworker.PERIOD_S)
+MIN_INTERVAL_S = 0.2  # at most one drain per step-end worker pass (step_worker.PERIOD_S)
 MAX_INTERVAL_S = 2.0  # step records wait for the drain after their end: at most this long
 FILL_SHARE = 0.5  # drain before the ring holds this share of entries new since the last drain
 COST_SHARE = 0.0025  # and no more often than a dump's time / this (0.25% of the wall time)
@@ -61,6 +68,7 @@ def open_flight(setup):
                                f"torch's C++ code (DDP's buckets) are recorded in the profiler's "
                                f"windows only")
         return None
+    nccl_timing(os.environ)
     return setup.build(FlightRecorder, recorder, lambda: dump(includeCollectives=True,
                                                               onlyActive=False),
                        setup.track_step_ends(), size)
@@ -80,6 +88,20 @@ def buffer_size(environ) -> int:
     return BUFFER_SIZE
 
 
+def nccl_timing(environ) -> bool:
+    """Whether NCCL will time its ops: TORCH_NCCL_ENABLE_TIMING=1 is set in `environ` (before
+    the script creates its process groups, which read it) unless the user set it or its older
+    name, whose value is kept, or set CUDA_DEVICE_MAX_CONNECTIONS=1 (CONNECTIONS_ENV). gloo
+    ignores it."""
+    for name in (NCCL_TIMING_ENV, OLD_NCCL_TIMING_ENV):
+        if name in environ:
+            return environ[name].strip().lower() in ("1", "true", "yes", "y", "on")
+    if environ.get(CONNECTIONS_ENV, "").strip() == "1":
+        return False
+    environ[NCCL_TIMING_ENV] = "1"
+    return True
+
+
 class FlightRecorder(Part):
     """Drains the FR ring on the step-end worker; its last drain at the script's end (a clean
     one, an exception such as a process group's timeout, SIGTERM)."""
@@ -89,7 +111,8 @@ class FlightRecorder(Part):
     def __init__(self, recorder, dump: Callable[[], bytes | str], step_ends, size: int, *,
                  clock_ns: Callable[[], int] = time.time_ns):
         """`recorder`: the comms part (its writer, issued file, issue spans and counts);
-        `dump()` FR's JSON; `step_ends` tracer.stepclock.StepClock.ends; `size` the ring's."""
+        `dump()` FR's JSON; `step_ends` tracer.steps.step_clock.StepClock.ends; `size` the
+        ring's."""
         self.recorder = recorder
         self.rank = getattr(recorder, "rank", None)
         self._dump = dump
@@ -163,15 +186,16 @@ class FlightRecorder(Part):
         new_ids = [e.record_id for e in entries if e.record_id > self._last_id]
         if new_ids and new_ids[0] > self._last_id + 1:
             self._count_lost(new_ids[0] - self._last_id - 1)
+        done_by = None if final else now
         for entry in entries:
             if entry.record_id > self._last_id:
                 self._last_id = entry.record_id
                 if within_span(spans, entry):
                     self.hooked += 1
                 else:
-                    self._issue(entry, dump)
+                    self._issue(entry, dump, done_by)
             waiting = self._waiting.get(entry.record_id)
-            if waiting is not None and is_done(entry):
+            if waiting is not None and is_done(entry, done_by):
                 del self._waiting[entry.record_id]
                 self._write(waiting, entry)
         if entries:
@@ -184,7 +208,9 @@ class FlightRecorder(Part):
         if final:
             self._say_unknown()
 
-    def _issue(self, entry, dump) -> None:
+    def _issue(self, entry, dump, done_by: int | None) -> None:
+        """Record a new entry: its IssueRecord now, its CommRecord once it is done (is_done's
+        `now_ns`: `done_by`)."""
         pg = entry.process_group[0] if entry.process_group else ""
         op = native_op(entry, self._pg_size(pg, dump), self._step_of(entry.time_created_ns),
                        lambda local: global_rank(pg, local))
@@ -192,6 +218,10 @@ class FlightRecorder(Part):
             name = entry.profiling_name
             self.unknown[name] = self.unknown.get(name, 0) + 1
             return
+        owners = getattr(self.recorder, "owners", None)
+        if owners is not None:
+            op.issuer = owners.of_native(op.op, op.pg, op.dtype, op.elements, entry.thread_id,
+                                         entry.time_created_ns)
         self.ops += 1
         self.recorder.native_ops += 1
         counts = self._per_step.setdefault(op.step, [0, 0])
@@ -200,7 +230,7 @@ class FlightRecorder(Part):
         issues = getattr(self.recorder.timing, "issues_writer", None)
         if issues is not None:
             issues.write(op.issue_record())
-        if is_done(entry):
+        if is_done(entry, done_by):
             self._write(op, entry)
         else:
             self._waiting[entry.record_id] = op
@@ -222,6 +252,9 @@ class FlightRecorder(Part):
         spans = self._spans
         while spans and spans[0][2] is not None and spans[0][2] < before_ns:
             spans.popleft()
+        owners = getattr(self.recorder, "owners", None)
+        if owners is not None:
+            owners.prune(before_ns)
 
     def _pace(self, spent_s: float, new: int) -> None:
         """The next drain: soon enough that the ring cannot fill with new entries at the rate

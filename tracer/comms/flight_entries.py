@@ -28,7 +28,10 @@ class FrEntry(msgspec.Struct):
     state: str = ""
     retired: bool = False
     thread_id: str = ""
-    duration_ms: float | None = None  # NCCL with TORCH_NCCL_ENABLE_TIMING=1: CUDA events'
+    # NCCL: when torch saw the op complete (host clock, 0 before); gloo: always 0
+    time_discovered_completed_ns: int = 0
+    # NCCL with TORCH_NCCL_ENABLE_TIMING=1: CUDA events' time, set when the watchdog retires it
+    duration_ms: float | None = None
 
 
 class FrDump(msgspec.Struct):
@@ -92,11 +95,11 @@ def _elements(sizes: list[list[int]]) -> int:
     return total
 
 
-def payload_bytes(op: str, entry: FrEntry, pg_size: int) -> tuple[str, int]:
-    """(dtype name, nccl-tests size S in bytes) as CommRecord.bytes defines it."""
+def payload(op: str, entry: FrEntry, pg_size: int) -> tuple[str, int, int]:
+    """(dtype name, elements, nccl-tests size S in bytes) as CommRecord.bytes defines it."""
     dtypes = entry.input_dtypes or entry.output_dtypes
     if op == "barrier" or not dtypes:
-        return "none", 0
+        return "none", 0, 0
     name, item = DTYPES.get(dtypes[0], (dtypes[0].lower(), 0))
     n = max(int(pg_size), 1)
     inputs, outputs = _elements(entry.input_sizes), _elements(entry.output_sizes)
@@ -108,12 +111,24 @@ def payload_bytes(op: str, entry: FrEntry, pg_size: int) -> tuple[str, int]:
         elements = n * outputs  # every member's part
     else:  # all_reduce, broadcast, reduce, send, recv, all_to_all, reduce_scatter: the input
         elements = inputs
-    return name, elements * item
+    return name, elements, elements * item
 
 
-def is_done(entry: FrEntry) -> bool:
-    """The op completed (gloo: retired; NCCL: its watchdog saw it complete)."""
-    return entry.retired or entry.state == "completed"
+# An NCCL entry that torch saw complete is retired by its watchdog (which sets duration_ms with
+# TORCH_NCCL_ENABLE_TIMING=1) within about 0.1 s; one still not retired this long after is
+# written without waiting for it any longer.
+RETIRE_WAIT_NS = 2_000_000_000
+
+
+def is_done(entry: FrEntry, now_ns: int | None = None) -> bool:
+    """The op completed and its record can be written: retired (gloo: its work finished; NCCL:
+    the watchdog saw it complete, and timed it where timing is on); or, NCCL, seen complete but
+    not retired RETIRE_WAIT_NS before `now_ns` (None: the last drain, which waits no more)."""
+    if entry.retired:
+        return True
+    if entry.state != "completed":
+        return False
+    return now_ns is None or now_ns - entry.time_discovered_completed_ns >= RETIRE_WAIT_NS
 
 
 class NativeOp(msgspec.Struct):
@@ -128,12 +143,14 @@ class NativeOp(msgspec.Struct):
     nbytes: int
     issue_ns: int
     peer: int | None = None
+    elements: int = 0  # the payload's elements, counted as nbytes is
+    issuer: str | None = None  # CommRecord.issuer (tracer.comms.owners)
 
     def issue_record(self) -> schema.IssueRecord:
         return schema.IssueRecord(
             step=self.step, op=self.op, source=schema.NATIVE_SOURCE, pg=self.pg,
             pg_size=self.pg_size, position=self.position, dtype=self.dtype, bytes=self.nbytes,
-            issue_ns=self.issue_ns, peer=self.peer)
+            issue_ns=self.issue_ns, peer=self.peer, issuer=self.issuer)
 
     def comm_record(self, entry: FrEntry) -> schema.CommRecord:
         """Its CommRecord once `entry` (its latest state) is done: CUDA-event duration where FR
@@ -149,7 +166,8 @@ class NativeOp(msgspec.Struct):
             step=self.step, op=self.op, source=schema.NATIVE_SOURCE, pg=self.pg,
             pg_size=self.pg_size, dtype=self.dtype, bytes=self.nbytes, start_ns=self.issue_ns,
             end_ns=self.issue_ns + duration_ns, duration_us=duration_ns / 1e3, timing=timing,
-            algbw_gbps=algbw, busbw_gbps=busbw, peer=self.peer, position=self.position)
+            algbw_gbps=algbw, busbw_gbps=busbw, peer=self.peer, position=self.position,
+            issuer=self.issuer)
 
 
 def native_op(entry: FrEntry, pg_size: int, step: int, global_rank=None) -> NativeOp | None:
@@ -160,7 +178,7 @@ def native_op(entry: FrEntry, pg_size: int, step: int, global_rank=None) -> Nati
         return None
     op, src, dst = named
     pg = entry.process_group[0] if entry.process_group else ""
-    dtype, nbytes = payload_bytes(op, entry, pg_size)
+    dtype, elements, nbytes = payload(op, entry, pg_size)
     p2p = op in ("send", "recv")
     seq = entry.p2p_seq_id if p2p else entry.collective_seq_id
     peer = None
@@ -168,7 +186,8 @@ def native_op(entry: FrEntry, pg_size: int, step: int, global_rank=None) -> Nati
         local = dst if op == "send" else src
         peer = global_rank(local) if global_rank is not None else local
     return NativeOp(step=step, op=op, pg=pg, pg_size=pg_size, position=max(int(seq) - 1, 0),
-                    dtype=dtype, nbytes=nbytes, issue_ns=entry.time_created_ns, peer=peer)
+                    dtype=dtype, nbytes=nbytes, issue_ns=entry.time_created_ns, peer=peer,
+                    elements=elements)
 
 
 # ---- which entries the hooks issued -------------------------------------------------------------

@@ -14,6 +14,7 @@ import torch
 class ThreadState(threading.local):
     depth = 0  # >0 while inside a wrapped call: inner wrapped calls must not record again
     source = None  # "ddp" while a DDP comm hook runs on this thread
+    issuer = None  # a schema.COMM_ISSUERS value while that framework builds a unit on this thread
     coalescing = ()  # stack of (process group, [pending]) for open _coalescing_manager blocks
 
 

@@ -9,15 +9,18 @@ import threading
 import time
 from collections.abc import Callable
 
-from tracer import schema, stacks
+from tracer import schema
 from tracer.comms.c10d import C10dHooks
 from tracer.comms.ddp import DdpHooks
+from tracer.comms.fsdp import FsdpHooks
 from tracer.comms.functional import FunctionalHooks
+from tracer.comms.owners import Owners
 from tracer.comms.patching import Patches
 from tracer.comms.timing import Timing
-from tracer.jsonl import CommsWriter
-from tracer.log import say
-from tracer.part import Part
+from tracer.hangs import stack_dumps
+from tracer.parts.log import say
+from tracer.parts.part import Part
+from tracer.parts.record_files import CommsWriter
 
 FLUSH_S = 1.0  # an op's completion record is on disk at most this long after it completes
 
@@ -74,7 +77,7 @@ class IssuesFile:
 
 def open_comms(setup):
     """The registry's factory of the comms file and the recorder that writes it (a
-    tracer.registry.PartSetup)."""
+    tracer.session.part_registry.PartSetup)."""
     writer = setup.open_writer(schema.COMMS_FILE, CommsWriter)
     if writer is None:
         return None
@@ -111,9 +114,11 @@ class CommsRecorder(Part):
         self.timing = Timing(writer, current_step, use_cuda, event_factory, wait_timeout_s,
                              self.fail, self.issues if issue_records else None)
         self._patches = Patches(self.fail)
+        self.owners = Owners()  # the DDP and FSDP units built: who issued each op
         self.c10d = C10dHooks(self)
         self.functional = FunctionalHooks(self)
-        self.ddp = DdpHooks(self, bool(ddp_bucket_hook))
+        self.ddp = DdpHooks(self, bool(ddp_bucket_hook), self.owners)
+        self.fsdp = FsdpHooks(self, self.owners)
         self._at_last_step = (0, 0)  # (ops, bytes) at the last step end
 
     @property
@@ -174,7 +179,9 @@ class CommsRecorder(Part):
             self.c10d.install(self._patches)
             self.functional.install(self._patches)
             self.ddp.install(self._patches)
+            self.fsdp.install(self._patches)
         except Exception as exc:  # a torch without one of these pieces: leave nothing half-patched
+            self.fsdp.uninstall()
             self._patches.restore()
             self.fail("install", exc)
             return
@@ -183,6 +190,7 @@ class CommsRecorder(Part):
 
     def uninstall(self) -> None:
         self.active = False
+        self.fsdp.uninstall()
         self._patches.restore()
         self._installed = False
         if self.functional.compiled_collectives:
@@ -216,8 +224,8 @@ class CommsRecorder(Part):
         stacks and the ops still pending, then let the exception go on as it was."""
         if self.issues is None:
             return
-        stacks.dump(self.issues.stacks_path, self.issues.rank, "exception",
-                    self.timing.not_completed(), exc)
+        stack_dumps.dump(self.issues.stacks_path, self.issues.rank, "exception",
+                         self.timing.not_completed(), exc)
         self.flush()
 
     def fail(self, what: str, exc: BaseException | None = None) -> bool:

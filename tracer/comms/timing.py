@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from tracer import schema
-from tracer.log import say
+from tracer.parts.log import say
 
 MAX_PENDING_FUNCTIONAL = 10_000  # outputs that are never waited on must not pile up forever
 
@@ -41,12 +41,13 @@ class Pending:
 
     __slots__ = ("step", "op", "source", "pg", "pg_size", "dtype", "nbytes", "start_ns", "t0",
                  "async_op", "peer", "device", "start_event", "end_event", "duration_ns", "keep",
-                 "position", "failed")
+                 "position", "failed", "issuer")
 
-    def __init__(self, step, op, source, pg, pg_size, dtype, nbytes, async_op, peer, device):
+    def __init__(self, step, op, source, pg, pg_size, dtype, nbytes, async_op, peer, device,
+                 issuer=None):
         self.step, self.op, self.source, self.pg, self.pg_size = step, op, source, pg, pg_size
         self.dtype, self.nbytes, self.async_op = dtype, nbytes, async_op
-        self.peer, self.device = peer, device
+        self.peer, self.device, self.issuer = peer, device, issuer
         self.start_event = self.end_event = self.duration_ns = self.keep = self.position = None
         self.failed = False
         self.start_ns = time.time_ns()
@@ -66,7 +67,7 @@ def issue_record(pending) -> schema.IssueRecord:
         step=pending.step, op=pending.op, source=pending.source, pg=pending.pg,
         pg_size=pending.pg_size, position=pending.position, dtype=pending.dtype,
         bytes=pending.nbytes, issue_ns=pending.start_ns, peer=pending.peer,
-        async_op=pending.async_op)
+        async_op=pending.async_op, issuer=pending.issuer)
 
 
 class Timing:
@@ -79,7 +80,8 @@ class Timing:
         self.writer = writer
         self.issues_writer = issues_writer
         self._positions: dict = {}  # pg (collectives) or (pg, op, peer) (p2p) -> next position
-        # Issued ops whose CommRecord is not written yet, by id, for stack dumps (tracer.stacks).
+        # Issued ops whose CommRecord is not written yet, by id, for stack dumps
+        # (tracer.hangs.stack_dumps).
         self.outstanding: dict[int, Pending] = {}
         self.current_step = current_step
         self.use_cuda = bool(use_cuda)
@@ -100,11 +102,13 @@ class Timing:
         self.functional_pending: collections.OrderedDict = collections.OrderedDict()
 
     # ---- issue ----------------------------------------------------------------------------------
-    def begin(self, op, source, pg_name, pg_size, tensor, nbytes, async_op, peer) -> Pending:
+    def begin(self, op, source, pg_name, pg_size, tensor, nbytes, async_op, peer,
+              issuer=None) -> Pending:
+        """`issuer`: CommRecord.issuer (tracer.comms.owners), None where none is known."""
         pending = Pending(int(self.current_step()), op, source, pg_name, pg_size,
                           dtype_name(tensor.dtype) if tensor is not None else "none",
                           int(nbytes), bool(async_op), peer,
-                          tensor.device if tensor is not None else None)
+                          tensor.device if tensor is not None else None, issuer)
         key = pg_name if peer is None else (pg_name, op, peer)
         position = pending.position = self._positions.get(key, 0)
         self._positions[key] = position + 1
@@ -309,7 +313,7 @@ class Timing:
             duration_us=duration_ns / 1e3,
             timing="host" if pending.start_event is None else "cuda_event",
             algbw_gbps=algbw, busbw_gbps=busbw, peer=pending.peer, async_op=pending.async_op,
-            position=pending.position, failed=pending.failed)
+            position=pending.position, failed=pending.failed, issuer=pending.issuer)
         self.outstanding.pop(id(pending), None)
         self._recycle(pending)
         self.writer.write(record)

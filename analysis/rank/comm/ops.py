@@ -34,12 +34,18 @@ from analysis.rank.comm.ops_table import frame_of as _frame_of
 from analysis.rank.comm.ops_table import int64 as _int64
 from analysis.rank.comm.ops_table import objects as _objects
 from analysis.rank.comm.ops_table import typed_columns as _typed_columns
+from analysis.rank.comm.profiled import (
+    FROM_PROFILED,
+    FROM_RECORDS,
+    FROM_TRACE,
+    pair_with_profiled,
+)
 from tracer import schema
 
 COLLECTIVES_COLUMNS = [
     "op", "issuer", "pg", "pg_id", "pg_size", "size_bucket", "bucket_min_bytes", "count",
     "total_bytes", "total_us", "mean_us", "algbw_gbps", "busbw_gbps", "ranks", "rank_steps",
-    "slowest_rank", "slowest_rank_busbw_gbps", "ms_per_step",
+    "slowest_rank", "slowest_rank_busbw_gbps", "ms_per_step", "time_from",
 ]
 UNKNOWN_BUCKET = "unknown"
 # The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast):
@@ -77,7 +83,7 @@ def comm_ops(trace, join=None) -> pd.DataFrame:
     comms = getattr(records, "comms", None) if records is not None else None
     rank = known_rank(trace)
     if isinstance(comms, pd.DataFrame) and len(comms):
-        frame = _ops_from_records(comms, rank, trace)
+        frame = _with_profiled_times(_ops_from_records(comms, rank, trace), comms, trace, join)
         traced = (_trace_columns(trace, rank, join)
                   if _ddp_buckets_in_windows_only(records) and not _has_native(comms) else None)
         if traced is not None:
@@ -161,6 +167,7 @@ def _trace_columns(trace, rank, join=None) -> dict | None:
         "algbw_gbps": np.full(len(index), np.nan),
         "busbw_gbps": np.full(len(index), np.nan),
         "origin": _objects(["trace"] * len(index)),
+        "time_from": _objects([FROM_TRACE] * len(index)),
     }
 
 
@@ -175,7 +182,8 @@ def _ops_from_records(comms: pd.DataFrame, rank, trace) -> pd.DataFrame:
         "step": _col(comms, "step"),
         "op": ops,
         "source": _col(comms, "source"),
-        "issuer": issuers.issuers_from_records(_col(comms, "source"), ops, trace),
+        "issuer": issuers.issuers_from_records(_col(comms, "source"), ops, trace,
+                                               _col(comms, "issuer")),
         "pg": _col(comms, "pg").map(lambda pg: None if pg is None or pd.isna(pg) else str(pg)),
         "pg_size": _col(comms, "pg_size"),
         "dtype": _col(comms, "dtype").map(
@@ -183,11 +191,52 @@ def _ops_from_records(comms: pd.DataFrame, rank, trace) -> pd.DataFrame:
         "bytes": pd.to_numeric(_col(comms, "bytes"), errors="coerce"),
         "duration_us": pd.to_numeric(_col(comms, "duration_us"), errors="coerce"),
         "origin": "records",
+        "time_from": FROM_RECORDS,
     })
     frame.loc[frame["duration_us"] < 0, "duration_us"] = np.nan
     # Timed at issue only (no completion from the backend): the op's time is unknown, not 0,
     # and so are its bandwidths.
-    frame.loc[(_col(comms, "timing") == ISSUE_ONLY).to_numpy(dtype=bool), "duration_us"] = np.nan
+    issue_only = (_col(comms, "timing") == ISSUE_ONLY).to_numpy(dtype=bool)
+    frame.loc[issue_only, "duration_us"] = np.nan
+    frame.loc[issue_only, "time_from"] = None
+    return frame
+
+
+def _with_profiled_times(frame: pd.DataFrame, comms: pd.DataFrame, trace, join=None
+                         ) -> pd.DataFrame:
+    """The record ops with the time of each one timed at issue only taken from the same op in
+    the rank's profiled steps (analysis.rank.comm.profiled), `time_from` "profiled steps": the
+    worker thread's gloo op, or the NCCL kernels, of the trace."""
+    untimed = frame["time_from"].isna().to_numpy() & frame["duration_us"].isna().to_numpy()
+    steps = getattr(trace, "steps", None)
+    events = getattr(trace, "events", None)
+    if (not untimed.any() or steps is None or not len(steps) or not isinstance(
+            events, pd.DataFrame) or events.empty
+            or any(c not in events.columns for c in REQUIRED_EVENT_COLUMNS)):
+        return frame
+    in_window = frame["step"].isin(steps["step"]).to_numpy(dtype=bool)
+    if not (untimed & in_window).any():
+        return frame
+    traced = op_columns(events, steps, getattr(trace, "all_steps", None),
+                        getattr(trace, "world_size", None), join)
+    if traced is None:
+        return frame
+    profiled = pd.DataFrame({name: list(traced[name]) for name in
+                             ("step", "op", "pg", "bytes", "duration_us", "host_ts")})
+    profiled = profiled.sort_values("host_ts", kind="stable").reset_index(drop=True)
+    # Records in issue order: native ones are written after the ops issued after them.
+    order = np.argsort(pd.to_numeric(_col(comms, "start_ns"), errors="coerce").to_numpy(
+        "float64"), kind="stable")
+    rows = np.full(len(frame), -1, dtype=np.int64)
+    rows[order] = pair_with_profiled(frame.iloc[order], profiled)
+    use = untimed & (rows >= 0)
+    duration = profiled["duration_us"].to_numpy("float64")[rows[use]]
+    use[use] = ~np.isnan(duration)
+    if not use.any():
+        return frame
+    frame = frame.copy()
+    frame.loc[use, "duration_us"] = profiled["duration_us"].to_numpy("float64")[rows[use]]
+    frame.loc[use, "time_from"] = FROM_PROFILED
     return frame
 
 
@@ -252,13 +301,16 @@ _COLLECTIVES_DTYPES = {
     "pg_size": "Int64", "bucket_min_bytes": "float64", "count": "int64", "total_bytes": "float64",
     "total_us": "float64", "mean_us": "float64", "algbw_gbps": "float64", "busbw_gbps": "float64",
     "ranks": "int64", "rank_steps": "int64", "slowest_rank": "Int64",
-    "slowest_rank_busbw_gbps": "float64", "ms_per_step": "float64",
+    "slowest_rank_busbw_gbps": "float64", "ms_per_step": "float64", "time_from": "str",
 }
 
 
 # The columns of the ops that collectives_table reads.
 _GROUPED_COLUMNS = ["rank", "step", "op", "issuer", "pg", "pg_desc", "pg_size", "bytes",
-                    "duration_us", "origin"]
+                    "duration_us", "origin", "time_from"]
+# The steps an op's time covers: its origin's, or the profiled steps' (origin "trace") for a
+# record timed from them.
+PROFILED_ORIGIN = "trace"
 
 
 def analysed_steps_of(ops: pd.DataFrame) -> dict:
@@ -266,9 +318,13 @@ def analysed_steps_of(ops: pd.DataFrame) -> dict:
     where the caller knows no better (a step without any op of the rank's source is missed)."""
     if not isinstance(ops, pd.DataFrame) or ops.empty:
         return {}
-    keyed = pd.DataFrame({"rank": pd.to_numeric(ops["rank"], errors="coerce"),
-                          "origin": _col(ops, "origin").astype(object),
-                          "step": pd.to_numeric(ops["step"], errors="coerce")}).dropna()
+    rank = pd.to_numeric(ops["rank"], errors="coerce")
+    step = pd.to_numeric(ops["step"], errors="coerce")
+    profiled = (_col(ops, "time_from") == FROM_PROFILED).to_numpy(dtype=bool)
+    keyed = pd.concat([  # a record timed from the profiled steps also covers one of them
+        pd.DataFrame({"rank": rank, "origin": _col(ops, "origin").astype(object), "step": step}),
+        pd.DataFrame({"rank": rank[profiled], "origin": PROFILED_ORIGIN, "step": step[profiled]}),
+    ]).dropna()
     counts = keyed.groupby(["rank", "origin"])["step"].nunique()
     return {(int(rank), origin): int(n) for (rank, origin), n in counts.items()}
 
@@ -289,7 +345,11 @@ def collectives_table(ops: pd.DataFrame, analysed_steps: dict | None = None) -> 
     ms_per_step: its cost per analysed step, the mean over its ranks of each rank's timed ops'
     time over the steps that rank's source of ops covered (`analysed_steps`, {(rank, origin):
     steps}; by default analysed_steps_of(ops)), so that ops recorded in every step and ops
-    seen in a few profiled steps compare. Sorted by ms_per_step, largest first.
+    seen in a few profiled steps compare (a record timed from the profiled steps counts over
+    the rank's profiled steps, {(rank, "trace"): steps}); time_from: where the times come from,
+    "records", "profiled steps" (records timed at issue only, timed by the same ops of the
+    profiled steps), "trace" or several of them, None where no op has a time. Sorted by
+    ms_per_step, largest first.
     """
     if not isinstance(ops, pd.DataFrame) or ops.empty or "op" not in ops.columns:
         return empty_collectives()
@@ -322,7 +382,9 @@ def collectives_table(ops: pd.DataFrame, analysed_steps: dict | None = None) -> 
     ranks = groups.distinct(ranked, rank_values)
     stepped = ranked & ~step.isna()
     rank_steps = groups.distinct(stepped, rank_values, step.to_numpy("int64", na_value=0))
-    per_step = _ms_per_step(groups, ranks, ranked, rank_values, columns["origin"],
+    # A record timed from the profiled steps costs its time over the profiled steps.
+    covers = np.where(columns["time_from"] == FROM_PROFILED, PROFILED_ORIGIN, columns["origin"])
+    per_step = _ms_per_step(groups, ranks, ranked, rank_values, covers,
                             np.where(has_time, duration_us, 0.0),
                             analysed_steps if analysed_steps is not None
                             else analysed_steps_of(ops))
@@ -357,6 +419,8 @@ def collectives_table(ops: pd.DataFrame, analysed_steps: dict | None = None) -> 
         "slowest_rank": pd.array(slowest_ranks, dtype="Int64"),
         "slowest_rank_busbw_gbps": slowest_busbw,
         "ms_per_step": np.where(timed_count > 0, per_step, np.nan),
+        "time_from": pd.array(_time_sources(groups, columns["time_from"], has_time),
+                              dtype="str"),
     }
     order = _table_order(table)
     return pd.DataFrame({name: [values[i] for i in order] if isinstance(values, list)
@@ -388,6 +452,17 @@ def _table_order(table: dict) -> np.ndarray:
     # np.lexsort: the last key first, each sort stable.
     return np.lexsort([np.nan_to_num(low, nan=0.0), np.isnan(low), *codes,
                        -np.nan_to_num(cost, nan=0.0), np.isnan(cost)])
+
+
+def _time_sources(groups: _Groups, time_from: np.ndarray, has_time: np.ndarray) -> list:
+    """Per group: where its ops' times come from (analysis.rank.comm.profiled), the distinct
+    sources of its timed ops in a fixed order ("records, profiled steps"), None without any."""
+    order = {FROM_RECORDS: 0, FROM_PROFILED: 1, FROM_TRACE: 2}
+    found: list[set] = [set() for _ in range(len(groups.first))]
+    for group, source in zip(groups.of[has_time].tolist(), time_from[has_time].tolist()):
+        if source is not None:
+            found[group].add(source)
+    return [", ".join(sorted(f, key=lambda s: (order.get(s, 3), s))) or None for f in found]
 
 
 def _filled(values: np.ndarray, missing) -> np.ndarray:

@@ -8,7 +8,7 @@ import pandas as pd
 
 OPS_COLUMNS = [
     "rank", "step", "op", "source", "issuer", "pg", "pg_desc", "pg_size", "dtype", "bytes",
-    "duration_us", "algbw_gbps", "busbw_gbps", "origin",
+    "duration_us", "algbw_gbps", "busbw_gbps", "origin", "time_from",
 ]
 
 

@@ -163,7 +163,7 @@ def _collectives(collectives: pd.DataFrame | None, cross: dict | None) -> str:
         "op": ("op", None), "issuer": ("issuer", None), "pg": ("group", None),
         "pg_size": ("size", "d"),
         "size_bucket": ("message size", None), "count": ("count", "d"),
-        "ms_per_step": ("ms per step", ".3f"),
+        "ms_per_step": ("ms per step", ".3f"), "time_from": ("time from", None),
         "total_bytes": ("bytes", ".0f"), "mean_us": ("mean µs", ".1f"),
         "transfer_busbw_gbps": ("busbw GB/s (transfer)", ".3f"),
         "busbw_gbps": ("busbw GB/s (duration)", ".3f"),

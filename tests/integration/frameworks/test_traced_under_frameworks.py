@@ -69,18 +69,21 @@ def test_every_optimizer_step_is_a_step_record(framework_runs, framework):
 
 @needs_native_records
 def test_every_step_all_reduces_4_bytes_per_parameter_in_ddp_buckets(framework_runs, framework):
-    """DDP's buckets (source native, float32) sum to the fp32 gradients, every step on every rank.
-    The frameworks' own scalar collectives are hooked c10d calls, never native: Lightning's
-    sync_dist all-reduce of the loss (4 bytes), HF's all_gather of the batch's token count."""
+    """DDP's buckets (source native, float32, named DDP's) sum to the fp32 gradients, every step
+    on every rank. The frameworks' own scalar collectives are hooked c10d calls, never native
+    nor DDP's: Lightning's sync_dist all-reduce of the loss (4 bytes), HF's all_gather of the
+    batch's token count."""
     run = framework_runs[framework, "traced"]
     gradient_bytes = 4 * run.result["params"]
     for rank in (0, 1):
         comms = _records(run.run_dir / schema.COMMS_FILE.format(rank=rank), schema.CommRecord)
         per_step = {step: 0 for step in range(STEPS)}
         for r in comms:
-            if r.op == "all_reduce" and r.source == NATIVE and r.dtype == "float32":
+            if r.op == "all_reduce" and r.issuer == "ddp":
+                assert (r.source, r.dtype) == (NATIVE, "float32")
                 per_step[r.step] = per_step.get(r.step, 0) + r.bytes
         assert per_step == {step: gradient_bytes for step in range(STEPS)}, rank
+        assert not [r for r in comms if r.source == "c10d" and r.issuer is not None]
 
 
 def test_the_undelayed_run_has_no_false_finding(framework_runs, framework):
@@ -91,8 +94,11 @@ def test_the_undelayed_run_has_no_false_finding(framework_runs, framework):
     assert not [t for t in titles if "straggler" in t.lower()], titles
     texts = _texts(document)
     assert not [t for t in texts if "no collective" in t.lower()]
-    # DDP's gradient all-reduces are seen
-    assert any(c["op"] == "all_reduce" for c in document["collectives"])
+    # DDP's gradient all-reduces are seen, named DDP's, 4 bytes a parameter each step
+    gradients = [c for c in document["collectives"]
+                 if c["op"] == "all_reduce" and c["issuer"] == "ddp"]
+    assert sum(c["total_bytes"] for c in gradients) / gradients[0]["rank_steps"] == (
+        4 * run.result["params"])
 
 
 @needs_native_records

@@ -175,11 +175,13 @@ def test_a_bucket_queued_behind_the_one_before_it_passes_the_path_to_that_ones_e
 
 
 def test_an_end_stamped_before_its_last_arrival_is_negative_clock_time_on_the_path():
-    # rank 0's op ends at 29 ms, 1 ms before rank 1 arrived at 30 (clock error)
+    # rank 0's op ends at 29 ms, 1 ms before rank 1 arrived at 30 (clock error, within the 2 ms
+    # that clock_sync vouches for: it stands against the op's causality bounds)
     rows = [op(0, 10 * MS, 29 * MS, step=1), op(1, 30 * MS, 32 * MS, step=1)]
     stepped = steps_of({0: 40, 1: 33}, [1]).assign(start_ns=0,
                                                    end_ns=lambda f: f["end_ns"] - STEP)
-    path = critical_path.analyse(cross(rows, stepped, 2), stepped)
+    sync = zero_offsets(range(2)).assign(uncertainty_ns=[0, 2 * MS])
+    path = critical_path.analyse(cross_rank_pass(frame(rows), stepped, sync, 2), stepped)
     assert path_of(path) == {(0, "compute"): 11.0, (0, "clock"): -1.0, (1, "compute"): 30.0}
     assert path["critical_path_steps"]["path_ms"].tolist() == [40.0]
 

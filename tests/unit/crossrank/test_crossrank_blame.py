@@ -6,7 +6,7 @@ import pytest
 
 from analysis.crossrank import analyse
 from analysis.report.output import cross_rank_json
-from helpers.crossrank_ops import MS, NO_SYNC, frame, op, steps_frame
+from helpers.crossrank_ops import MS, frame, op, steps_frame, synced
 
 STEPS = 10
 SYNCED = pd.DataFrame({"rank": [1, 2], "offset_ns": [0, 0], "uncertainty_ns": [1_000, 1_000]})
@@ -70,7 +70,8 @@ def test_pipeline_transfer_counts_overlapping_transfers_once():
                  op(1, t + 2 * MS, t + 3 * MS, step=s, name="send", peer=0)]
     work = pd.DataFrame([{"rank": r, "step": s, "step_ns": 100 * MS, "work_ns": 50 * MS}
                          for r in range(2) for s in range(2)])
-    result = analyse(frame(rows), steps_frame([0, 1], [0, 1]), NO_SYNC, 2, work=work)
+    # p2p ops place no clock: the ranks' clock_sync does
+    result = analyse(frame(rows), steps_frame([0, 1], [0, 1]), synced([0, 1]), 2, work=work)
     table = result["pipeline"].set_index("rank")
     assert table.loc[0, "transfer_pct"] == pytest.approx(10.0)
     assert table.loc[0, "idle_pct"] == pytest.approx(40.0)

@@ -44,9 +44,11 @@ def test_ops_from_events_are_sorted_typed_and_sized_as_worked_out_by_hand():
     assert {c: str(t) for c, t in ops.dtypes.items()} == {
         "rank": "int64", "pg": "object", "pg_size": "int64", "op": "object",
         "bytes": "float64", "dtype": "object", "step": "int64", "issue_ns": "int64",
-        "end_ns": "int64", "peer": "float64", "queue": "object", "timed": "bool"}
+        "end_ns": "int64", "peer": "float64", "queue": "object", "timed": "bool",
+        "time_from": "object"}
     assert all(type(v) is str for c in ("pg", "op", "dtype", "queue") for v in ops[c])
     assert ops["peer"].isna().all()
+    assert ops["time_from"].tolist() == ["trace"] * 3
 
 
 def test_ops_outside_every_step_and_ranks_without_steps_are_left_out():

@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from analysis.crossrank import analyse
 from analysis.crossrank.frames import ops_from_records
@@ -27,11 +26,8 @@ def _three_buckets(late_ms=25):
     return frame(rows)
 
 
-@pytest.mark.parametrize("sync", [NO_SYNC, NO_SYNC.iloc[:0]], ids=["clock_sync", "none"])
-def test_issue_only_waits_follow_the_late_rank_once_not_once_per_bucket(sync):
-    # Without clock_sync the ops' completions would set the clock; issue-only ops have none,
-    # so their issue times are never read as a clock offset (which would hide the late rank).
-    result = analyse(_three_buckets(), steps_frame([0, 1], [1]), sync, 2)
+def test_issue_only_waits_follow_the_late_rank_once_not_once_per_bucket():
+    result = analyse(_three_buckets(), steps_frame([0, 1], [1]), NO_SYNC, 2)
     assert result["clock"].set_index("rank").loc[1, "offset_ns"] == 0
     ops = result["ops"].sort_values(["rank", "issue_ns"])
     mine = ops[ops["rank"] == 0]
@@ -49,11 +45,38 @@ def test_issue_only_waits_follow_the_late_rank_once_not_once_per_bucket(sync):
     assert ops["transfer_algbw_gbps"].isna().all()
 
 
+def test_without_clock_sync_issue_times_place_no_clock_and_name_no_straggler():
+    # Issue-only ops have no completion: their issue times are never read as a clock offset
+    # (which would hide a late rank), and without clock_sync rank 1's clock is not known. Who
+    # waited cannot be told, so no wait is given (NaN, not 0) and no rank is named late, in a
+    # run long enough to name rank 1 if its clock were known; a note says why.
+    rows = []
+    for s in range(1, 13):
+        for k in range(2):
+            rows += [issue_only(0, (s * 100 + k) * MS, step=s),
+                     issue_only(1, (s * 100 + 25 + k) * MS, step=s)]
+    steps = steps_frame([0, 1], range(1, 13))
+    named = analyse(frame(rows), steps, NO_SYNC, 2)
+    assert named["stragglers"].set_index("rank").loc[1, "fires"]  # on one clock: named
+    result = analyse(frame(rows), steps, NO_SYNC.iloc[:0], 2)
+    clock = result["clock"].set_index("rank")
+    assert (clock.loc[1, "source"], clock.loc[1, "offset_ns"]) == ("none", 0)
+    assert result["ops"].empty and result["stragglers"].empty
+    assert result["waits"][["wait_for_peers_ms", "transfer_ms", "queued_ms"]].isna().all().all()
+    assert len(result["waits"]) == 24
+    (note,) = result["notes"]
+    assert note["kind"] == "note" and note["finding"] == "clock of rank(s) 1 unknown"
+    assert "in the 12 step(s)" in note["evidence"]
+
+
 def test_an_issue_only_wait_is_not_clipped_by_its_unknown_end():
-    # A timed op's wait is clipped to its own end; an issue-only op's end says nothing.
+    # A timed op's wait is clipped to its own end; an issue-only op's end says nothing. (Rank
+    # 0's timed op ends 8 ms before rank 1 issued: a clock error, which a clock_sync vouching
+    # for 10 ms allows.)
     timed = frame([op(0, 0, 2 * MS, step=1), op(1, 10 * MS, 11 * MS, step=1)])
     untimed = frame([issue_only(0, 0, step=1), issue_only(1, 10 * MS, step=1)])
-    clipped = analyse(timed, steps_frame([0, 1], [1]), NO_SYNC, 2)["ops"]
+    loose = NO_SYNC.assign(uncertainty_ns=10 * MS)
+    clipped = analyse(timed, steps_frame([0, 1], [1]), loose, 2)["ops"]
     whole = analyse(untimed, steps_frame([0, 1], [1]), NO_SYNC, 2)["ops"]
     assert clipped.loc[clipped["rank"] == 0, "wait_ns"].item() == 2 * MS
     assert whole.loc[whole["rank"] == 0, "wait_ns"].item() == 10 * MS

@@ -10,7 +10,7 @@ from analysis.crossrank.matching import match_ops
 from analysis.crossrank.pipeline import theory_bubble_pct
 from analysis.crossrank.waits import op_waits, transfer_bandwidth
 from analysis.report.output import cross_rank_json
-from helpers.crossrank_ops import MS, NO_SYNC, frame, op, steps_frame
+from helpers.crossrank_ops import MS, NO_SYNC, frame, op, steps_frame, synced
 
 
 # ---- matching ------------------------------------------------------------------------------------
@@ -332,7 +332,7 @@ def test_pipeline_bubble_split_and_theory():
     work = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [0, 1, 0, 1],
                          "step_ns": [100 * MS] * 4,
                          "work_ns": [80 * MS, 80 * MS, 60 * MS, 60 * MS]})
-    result = analyse(frame(rows), steps_frame([0, 1], [0, 1]), NO_SYNC, 2, work=work)
+    result = analyse(frame(rows), steps_frame([0, 1], [0, 1]), synced([0, 1]), 2, work=work)
     table = result["pipeline"].set_index("rank")
     assert table.loc[1, "measured_bubble_pct"] == pytest.approx(40.0)
     assert table.loc[1, "recv_wait_pct"] == pytest.approx(12.0)  # 4 x 3 ms of 100 ms
@@ -432,13 +432,14 @@ def test_a_completion_the_waiting_member_saw_late_does_not_bound_the_offset():
 
 
 def test_a_change_in_lateness_is_not_fitted_as_clock_drift():
-    # 16 instances over 1 s: rank 1, last to arrive, sees the completion 1.7 ms late in the
-    # first 6 and at once after. A line through that step is 2.7 ms per second, far beyond what
-    # a clock drifts (NTP slews at most 500 us per second); the offset stays 80 ms.
+    # 40 instances over 2.6 s (enough to fit a drift): rank 1, last to arrive, sees the
+    # completion 1.7 ms late in the first 15 and at once after. A line through that step is
+    # over 1 ms per second, beyond what a clock drifts (NTP slews at most 500 us per second):
+    # no drift, and the offset stays 80 ms.
     rows = []
-    for i in range(16):
+    for i in range(40):
         t = 1_000 * MS + i * 65 * MS
-        late = 1.7 * MS if i < 6 else 0
+        late = 1.7 * MS if i < 15 else 0
         rows += [op(0, t, t + 30.5 * MS, step=i),
                  op(1, t + 30 * MS + 80 * MS, t + 30.5 * MS + 80 * MS + late, step=i)]
     matched, _ = match_ops(frame(rows), world_size=2)

@@ -76,10 +76,14 @@ def test_no_matched_synchronising_collective_leaves_the_clock_unestimated():
                            pd.DataFrame({"rank": [0], "step": [0]}))
     estimate = estimate_offsets(matched)
     assert estimate.empty and list(estimate.columns) == [
-        "rank", "offset_ns", "drift", "uncertainty_ns", "instances", "t0"]
+        "rank", "offset_ns", "drift", "uncertainty_ns", "instances", "t0", "estimate_from",
+        "low_ns", "high_ns"]
     table = clock_table(matched, NO_CLOCK_SYNC, {0, 1})
     assert table["source"].tolist() == ["reference", "none"]
     assert table["offset_ns"].tolist() == [0, 0] and table.attrs["t0"] == 0
+    # Rank 1's clock is not known: neither its drift nor its uncertainty is.
+    assert table["drift_ns_per_s"].isna().tolist() == [False, True]
+    assert table["uncertainty_ns"].isna().tolist() == [False, True]
 
 
 def test_matched_ops_get_their_waits_and_unmatched_steps_zeros():

@@ -37,7 +37,9 @@ def _run(folder: Path, ddp_buckets: str) -> Path:
         end = schema.RunEnd(rank=rank, end_ns=1, status="ok", exit_code=0, steps=len(STEPS),
                             windows=1, samples=0, comm_ops=len(STEPS), bytes_written=0,
                             errors=0)
-        write_jsonl(folder / schema.MANIFEST_FILE.format(rank=rank), [start, end])
+        sync = schema.ClockSync(rank=rank, offset_ns=0, uncertainty_ns=1_000, round_trips=8,
+                                backend="nccl", world_size=2)
+        write_jsonl(folder / schema.MANIFEST_FILE.format(rank=rank), [start, sync, end])
         steps, ops = [], []
         for n in STEPS:
             base = RECORDS_CLOCK_NS + (n - 1) * STEP_US * US

@@ -11,7 +11,8 @@ from analysis import open_run
 from analysis.findings import stop
 from analysis.report import output
 from helpers.tracer_files import write_jsonl
-from tracer import schema, stacks
+from tracer import schema
+from tracer.hangs import stack_dumps
 
 T0 = 1_800_000_000_000_000_000
 MB = 1_062_952
@@ -232,8 +233,8 @@ def _raise_here():
 
 def test_an_exception_dump_written_after_unwinding_gives_the_frames_it_was_raised_through(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(stacks, "_dumps", 0)
-    monkeypatch.setattr(stacks, "_dumped", [])
+    monkeypatch.setattr(stack_dumps, "_dumps", 0)
+    monkeypatch.setattr(stack_dumps, "_dumped", [])
     path = tmp_path / "rank0.stacks.jsonl"
     try:
         _raise_here()
@@ -243,10 +244,10 @@ def test_an_exception_dump_written_after_unwinding_gives_the_frames_it_was_raise
         raise ValueError("wrapped") from caught
     except ValueError as exc:
         wrapped = exc
-    assert not stacks.was_dumped(wrapped)
-    assert stacks.dump(str(path), 0, "exception", [], caught, where_raised=True)
-    assert stacks.was_dumped(caught) and stacks.was_dumped(wrapped)
-    assert not stacks.was_dumped(RuntimeError("another"))
+    assert not stack_dumps.was_dumped(wrapped)
+    assert stack_dumps.dump(str(path), 0, "exception", [], caught, where_raised=True)
+    assert stack_dumps.was_dumped(caught) and stack_dumps.was_dumped(wrapped)
+    assert not stack_dumps.was_dumped(RuntimeError("another"))
     dump = msgspec.json.decode(path.read_bytes(), type=schema.StackDump)
     main = next(t for t in dump.threads if t.main).frames
     source, first = inspect.getsourcelines(

@@ -91,3 +91,23 @@ def test_step_spans_are_taken_by_start_with_unknown_starts_last():
     starts, ends = issuers._spans_by_start(steps.assign(start_ns=[30.0, np.nan, 20.0, 10.0]))
     assert starts.tolist()[:3] == [10.0, 20.0, 30.0] and np.isnan(starts[3])
     assert ends.tolist() == [12.0, 25.0, 35.0, 15.0]
+
+
+def test_recorded_issuers_name_ops_and_agree_with_the_trace_of_the_same_ops():
+    # A DDP rank: its forward, then in backward the reducer's bucket all-reduce, which the trace
+    # gives to DDP (outside every marked span, with DDP's forward in the trace) and the tracer's
+    # record names DDP's (CommRecord.issuer).
+    trace = rank_of(events_frame([host_event("DistributedDataParallel.forward", 0, 10),
+                                  host_event("gloo:all_reduce", 20, 1)]))
+    from_trace = issuers.issuers_of_ops(trace, np.array(["all_reduce"], dtype=object),
+                                        np.array([20.0]) * MS, ["1"], ["1"], np.array([True]))
+    source = pd.Series(["native", "native", "c10d", "c10d", "ddp", "c10d", "native"])
+    ops = pd.Series(["all_reduce", "all_reduce", "all_gather", "all_gather", "broadcast",
+                     "reduce_scatter", "broadcast"])
+    recorded = pd.Series(["ddp", None, "fsdp2", None, "ddp", "fsdp1", "mystery"])
+    found = issuers.issuers_from_records(source, ops, trace, recorded)
+    assert found.tolist() == ["ddp", "unknown", "fsdp2", "c10d", "ddp", "fsdp1", "unknown"]
+    assert found[0] == from_trace[0] == "ddp"
+    # Records written before the field: the source alone, as before
+    assert issuers.issuers_from_records(source, ops, trace).tolist() == [
+        "unknown", "unknown", "c10d", "c10d", "ddp", "c10d", "unknown"]

@@ -90,5 +90,11 @@ def test_the_scaling_plot_has_no_colliding_texts():
                           "transfer_ms": [0.0, 1.0, 2.0], "waiting_ms": [0.0, 0.5, 1.0],
                           "idle_ms": [1.0, 1.0, 1.0]})
     chart = scaling_svg(table)
-    for part in re.findall(r'<svg y="\d+" width="\d+" height="\d+">(.*?)</svg></svg>', chart):
+    parts = re.findall(r'<svg y="\d+" width="\d+" height="\d+">(.*?)</svg></svg>', chart)
+    # the efficiency plot above the stacked step-time bars, each with its axis titles
+    expected = [{"world size (ranks)", "parallel efficiency %", "1", "2", "4"},
+                {"ms per step", "1 ranks", "2 ranks", "4 ranks"}]
+    assert len(parts) == len(expected)
+    for part, labels in zip(parts, expected):
+        assert labels <= {b[0] for b in text_boxes(part)}
         assert collisions(part) == []

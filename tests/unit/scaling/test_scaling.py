@@ -1,6 +1,6 @@
 """The scaling study on synthetic sweeps with known step times and parts: exact speedups,
 efficiencies and attribution (docs/scaling.md), the command line on run folders written by hand,
-the plot, and how the sweep splits its command line."""
+and the plot."""
 
 import json
 import xml.etree.ElementTree as ET
@@ -12,7 +12,6 @@ from analysis import scaling
 from analysis.scaling import table as st
 from analysis.scaling.svg import scaling_svg
 from helpers.flops_run import write_flops_run
-from tracer import sweep
 
 MS = 1_000_000
 
@@ -190,6 +189,21 @@ def test_command_line_on_a_sweep_folder(tmp_path, capsys):
     assert csv["efficiency_pct"].tolist() == pytest.approx([100.0, 12.5])
 
 
+def test_the_json_document_saved_into_the_sweep_folder_leaves_the_next_study_alike(tmp_path,
+                                                                                  capsys):
+    _write_run(tmp_path / "ws1-n1-r0", 1, [300, 50, 20, 20, 20], {"samples_per_step": 32})
+    _write_run(tmp_path / "ws2-n1-r0", 2, [300, 50, 25, 25, 25], {"samples_per_step": 32})
+    saved = tmp_path / "scaling.json"
+    saved.write_text("")  # `> SWEEP/scaling.json` creates the file before the command runs
+    assert scaling.main([str(tmp_path), "--format", "json", "--no-cache"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert scaling.main([str(tmp_path), "--format", "json", "--no-cache"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == json.loads(saved.read_text())
+    assert [s["step_ms"] for s in json.loads(out)["world_sizes"]] == pytest.approx([20.0, 25.0])
+    assert f"ranktrace: note: {saved}: ignored: a file beside run folders, not a run" in err
+
+
 def test_command_line_names_a_run_without_step_records(tmp_path, capsys):
     _write_run(tmp_path / "ws1-n1-r0", 1, [300, 50, 20, 20])
     _write_run(tmp_path / "ws2-n1-r0", 2, [300, 50, 20, 20])
@@ -226,27 +240,6 @@ def test_the_plot_is_one_svg_with_a_bar_per_world_size():
     assert "4 ranks: compute 25 ms per step" in titles
     assert "2 ranks: waiting 4 ms per step" in titles
     assert any(p.get("points") for p in root.iter("{http://www.w3.org/2000/svg}polyline"))
-
-
-def test_the_sweep_splits_its_command_line():
-    parser = sweep.build_parser()
-    words, tracer_words, script = sweep.split_words(parser, [
-        "--nproc", "1,2", "--active", "2", "--repeats=2", "--no-sampler", "train.py",
-        "--steps", "5", "--nproc", "9"])
-    assert words == ["--nproc", "1,2", "--repeats=2"]
-    assert tracer_words == ["--active", "2", "--no-sampler"]
-    assert script == ["train.py", "--steps", "5", "--nproc", "9"]
-    args = parser.parse_args(words + ["--nnodes", "1,2", "--node-rank", "1"])
-    plan = sweep.launches(args)
-    assert [(p["world_size"], p["nnodes"], p["repeat"]) for p in plan] == [
-        (2, 2, 0), (2, 2, 1), (4, 2, 0), (4, 2, 1)]  # node 1 takes no part in 1-node launches
-    command = sweep.torchrun_command(plan[0], args, sweep.Path("S"), tracer_words, script)
-    assert "--nnodes=2" in command and "--node-rank=1" in command
-    assert command[command.index("--run-name") + 1] == "ws2-n2-r0"
-    with pytest.raises(SystemExit):
-        sweep.main(["--nproc", "1", "--run-name", "x", "train.py"])
-    with pytest.raises(SystemExit):
-        sweep.main(["--nproc", "0", "train.py"])
 
 
 def test_mfu_against_world_size_is_the_mean_over_each_runs_profiled_steps(tmp_path, capsys):

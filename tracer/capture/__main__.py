@@ -1,0 +1,3 @@
+from tracer.capture.capture_command import main
+
+raise SystemExit(main())

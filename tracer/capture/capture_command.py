@@ -1,0 +1,131 @@
+"""Ask every rank of a running job to profile the next steps, at the same step numbers.
+
+    python -m tracer.capture RUN [--steps N]
+
+RUN is the run folder (traces/<run>). The ask is a file in it (tracer.capture.capture_requests);
+one live rank answers it on its next step-end worker pass with the window's steps, from its own
+step plus a margin, and every rank opens that window (docs/tracer.md, Capturing slow steps). Exit
+codes: 0 asked and answered, 1 the run cannot be asked (ended, no live rank, not a run folder, no
+answer), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from tracer import schema
+from tracer.capture.capture_requests import FileLog
+
+ANSWER_TIMEOUT_S = 10.0  # a live rank answers on its next step-end worker pass (0.2 s)
+
+
+class CaptureError(RuntimeError):
+    """The run cannot be asked; the message says why."""
+
+
+def _shown(text: str) -> str:
+    """`text` with control characters escaped, for the terminal."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _manifest(path: Path) -> list:
+    decoder = schema.decoder(schema.ManifestRecord)
+    records = []
+    for line in path.read_bytes().splitlines():
+        try:
+            records.append(decoder.decode(line))
+        except Exception:
+            continue  # a line cut short, or a kind this version does not know
+    return records
+
+
+def _manifests(run: Path) -> dict[int, Path]:
+    found = {}
+    for path in sorted(run.iterdir()):
+        rank, _, rest = path.name.partition(".")
+        worker = schema.RANK_WORKER_RE.match(rank)
+        if worker and rest in ("manifest.jsonl", "manifest.jsonl" + schema.TEMP_SUFFIX):
+            found.setdefault(int(worker["rank"]), path)
+    return found
+
+
+def _alive(start: schema.RunStart) -> bool:
+    if start.host != socket.gethostname():
+        return True  # another machine's process: cannot be told from here
+    try:
+        os.kill(start.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def check_run(run: Path) -> None:
+    """CaptureError unless some rank of the run in `run` is live and profiling."""
+    if not run.is_dir():
+        raise CaptureError(f"no run folder {str(run)!r}")
+    manifests = _manifests(run)
+    if not manifests:
+        raise CaptureError(f"{str(run)!r} holds no rank manifest: not a run folder")
+    records = {rank: _manifest(path) for rank, path in manifests.items()}
+    live = [rank for rank, recs in records.items()
+            if not any(isinstance(r, schema.RunEnd) for r in recs)]
+    if not live:
+        raise CaptureError(f"the run in {str(run)!r} has ended (every rank wrote run_end)")
+    starts = [next((r for r in records[rank] if isinstance(r, schema.RunStart)), None)
+              for rank in live]
+    starts = [s for s in starts if s is not None and _alive(s)]
+    if not starts:
+        raise CaptureError(f"no live rank in {str(run)!r}: each rank without a run_end has no "
+                           f"running process (it crashed or was killed)")
+    if starts[0].config.get("no_profiler"):
+        raise CaptureError(f"the run in {str(run)!r} runs with --no-profiler")
+
+
+def ask(run: Path, steps: int | None, timeout_s: float = ANSWER_TIMEOUT_S
+        ) -> tuple[int, schema.CaptureRequest]:
+    """Ask the ranks of `run` for a window; (ask number, the request that answers it)."""
+    check_run(run)
+    number = FileLog(str(run), schema.CAPTURE_ASK_FILE, schema.CaptureAsk).append(
+        schema.CaptureAsk(steps=steps or 0, t_ns=time.time_ns()))
+    answers = FileLog(str(run))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for _, request in answers.read_new():
+            if request is not None and request.ask == number:
+                return number, request
+        time.sleep(0.05)
+    raise CaptureError(f"no rank of the run in {str(run)!r} answered within {timeout_s:g} s "
+                       f"(ask {number} stays in the folder; is the run still going?)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tracer.capture", description=__doc__
+                                     .split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("run", metavar="RUN", help="the run folder of the running job")
+    parser.add_argument("--steps", type=int, help="steps to trace (default: the run's --active)")
+    args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    run = Path(args.run)
+    try:
+        number, request = ask(run, args.steps)
+    except (CaptureError, OSError) as exc:
+        why = str(exc) if isinstance(exc, CaptureError) else f"cannot write in {str(run)!r} ({exc})"
+        print(_shown(f"ranktrace: capture: {why}"), file=sys.stderr)
+        return 1
+    last = request.first_step + request.steps - 1
+    print(_shown(f"every rank of {run} will profile steps {request.first_step}-{last} (ask "
+                 f"{number}); traces land in {run} as rank<R>.<ns>.pt.trace.json.gz; a rank "
+                 f"already past step {request.first_step - 1} says so on its stderr"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""One rank's tracing session: the run folder, the manifest, the parts it builds from the part
+registry, and how the script ended (docs/tracer.md)."""
