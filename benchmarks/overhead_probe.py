@@ -197,10 +197,11 @@ class PartCosts:
         return timed
 
     def install(self, tracing) -> None:
-        from tracer.session.rank_session import _HOOKS
-
+        # The session's module, wherever the tracer of this run keeps it (--baseline runs an
+        # older one)
+        hooks = sys.modules[type(tracing).__module__]._HOOKS
         for part in tracing.parts:
-            for hook in _HOOKS:
+            for hook in hooks:
                 if part in tracing._hooked.get(hook, ()):
                     setattr(part, hook, self.wrap(f"{part.name}.{hook}", getattr(part, hook)))
         tracing._refresh_hooks()
