@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import re
 import sys
 from pathlib import Path
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
              ahead: parse_ahead.DecodeAhead | None) -> int:
     # Imported here, while the trace is decoded beside them (analysis.ingest.parse_ahead).
+    from functools import partial
+
     import pandas as pd
 
     from analysis.ingest.load import load_files
@@ -128,7 +131,10 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
                                 comm_kernels=tuple(args.comm_kernel),
                                 scheduler=args.scheduler,
                                 # Only the HTML report draws from the events once reduced.
-                                keep_events=args.html is not None, reduce_rank=rank_tables,
+                                keep_events=args.html is not None,
+                                # A run of one file: its critical path on the second core.
+                                reduce_rank=partial(rank_tables, path_beside=not args.scheduler
+                                                    and (args.jobs or 2) > 1),
                                 decoded_ahead=ahead)
             # What is loaded lives until this one-shot process ends: the cyclic collector would
             # only rescan it (millions of objects at a thousand ranks) each time it runs.
@@ -191,5 +197,20 @@ def _write(report: RunReport, option: str, target: Path, write) -> bool:
     return True
 
 
+def exit_now(code: int) -> None:
+    """End the command with `code` once its output is flushed, without the interpreter's
+    finalization: it would free what the analysis built (the events, the tables, every
+    module) object by object, about 45 ms for a 50 MB trace, where the system frees the
+    process's memory at once. Every file the command writes is closed and every process it
+    started is reaped by then; output that cannot be flushed (a closed pipe) ends the usual
+    way, with its usual message."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:
+        raise SystemExit(code) from None
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from analysis.core.events import with_events
+from analysis.core.forked import ComputedElsewhereFailed, ForkedResult
 
 # The key of a reduction's failures: {table or summary name: "ExceptionType: message"}.
 FAILED = "failed"
@@ -43,11 +44,20 @@ def raise_if_failed(trace, *names: str) -> None:
 
 
 def reduced_table(trace, name: str, build: Callable):
-    """The rank's `name`: its reduction's (None included, a summary's value), the failure its
-    reduction recorded (ReducedTableFailed), else build(the rank with its events), which reads
-    them again only where the rank was neither reduced nor holds them."""
+    """The rank's `name`: its reduction's (None included, a summary's value; one computed beside,
+    analysis.core.forked, waited for), the failure its reduction recorded (ReducedTableFailed),
+    else build(the rank with its events), which reads them again only where the rank was
+    neither reduced nor holds them."""
     reduced = getattr(trace, "reduced", None) or {}
     if name in reduced:
-        return reduced[name]
+        found = reduced[name]
+        if isinstance(found, ForkedResult):  # still being computed beside: waited for once
+            try:
+                reduced[name] = found = found.result()
+            except ComputedElsewhereFailed as exc:
+                del reduced[name]
+                reduced.setdefault(FAILED, {})[name] = exc.why
+                raise_if_failed(trace, name)
+        return found
     raise_if_failed(trace, name)
     return build(with_events(trace))

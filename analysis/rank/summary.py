@@ -10,9 +10,12 @@ that takes it reports that failure.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 
+from analysis.core.forked import ForkedResult, can_fork
 from analysis.rank import critical_path, flops, issuers
 from analysis.rank.comm import events as comm_events
 from analysis.rank.comm import ops as communication
@@ -74,7 +77,7 @@ RANK_SUMMARIES = {
     "comm_events": _comm_events,  # analysis.crossrank.frames.run_frames
     "event_count": lambda trace: len(trace.events),
     # analysis.run's path of a run of one traced rank (rank_tables says where it is built).
-    "critical_path": lambda trace: critical_path.analyse(trace),
+    "critical_path": lambda trace, events=None: critical_path.analyse(trace, events),
     # analysis.findings.stop_traces: the collectives of every step of a trace, for the stop
     # diagnosis of a run folder without comm records (rank_tables says where it is built).
     "stop_trace_ops": lambda trace: comm_events.ops_from_events(
@@ -82,7 +85,8 @@ RANK_SUMMARIES = {
 }
 
 
-def rank_tables(trace, only_trace: bool = False, run_folder: bool = False) -> dict:
+def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
+                path_beside: bool = False) -> dict:
     """The tables and summaries computed from one rank's events alone, by name; one that fails
     is named in the result's FAILED ({name: "ExceptionType: message"}) instead, and the analysis
     that takes it reports that failure (analysis.rank.reduced).
@@ -91,10 +95,20 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False) -> di
     again: the one-rank critical path where the rank may be the run's only traced one (the run
     has one trace file, `only_trace`, or the trace names no world size above 1); the trace's
     collectives of every step for a rank of a run folder (`run_folder`) whose records hold no
-    comm op (traced with --no-comms), the only ranks whose stop diagnosis reads them."""
+    comm op (traced with --no-comms), the only ranks whose stop diagnosis reads them.
+
+    `path_beside`: a run's one trace has its critical path, the slowest of them, computed in a
+    forked child on the machine's second core (analysis.core.forked) while the rest are
+    computed here, and the analyses after them; its value is a ForkedResult until it is taken
+    (analysis.rank.reduced)."""
     builds = {**RANK_TABLES, **RANK_SUMMARIES}
+    found: dict = {}
     if not (only_trace or (trace.world_size or 1) <= 1):
         del builds["critical_path"]
+    elif path_beside and only_trace and can_fork() and trace.events is not None:
+        # The events as they are now: the caller drops them once the rank is reduced.
+        found["critical_path"] = ForkedResult(partial(builds.pop("critical_path"), trace,
+                                                      trace.events))
     records = getattr(trace, "records", None)
     if not run_folder or records is None or len(records.comms):
         del builds["stop_trace_ops"]
@@ -114,7 +128,6 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False) -> di
         builds["comm_ops"] = lambda trace: communication.comm_ops(trace, join)
         builds["comm_events"] = lambda trace: _comm_events(
             trace, comm_events.kernel_host_ops(trace.events, join))
-    found: dict = {}
     for name, build in builds.items():
         try:
             found[name] = build(trace)
