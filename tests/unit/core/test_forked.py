@@ -26,7 +26,7 @@ def _frames(n: int) -> dict:
 
 def test_the_value_is_computed_in_another_process_and_equals_the_one_computed_here():
     beside = ForkedResult(lambda: _frames(100_000))
-    child = beside._pid
+    child = beside._child._pid
     value = beside.result()
     pd.testing.assert_frame_equal(value["frame"], _frames(100_000)["frame"])
     assert value["pid"] == child != os.getpid()
@@ -62,14 +62,14 @@ def test_without_a_fork_the_value_is_computed_here(monkeypatch):
 
     monkeypatch.setattr(forked.os, "fork", no_fork)
     beside = ForkedResult(lambda: os.getpid())
-    assert beside._pid is None and beside.result() == os.getpid()
+    assert beside._child is None and beside.result() == os.getpid()
 
 
 def test_pickled_it_travels_as_its_value_and_close_ends_an_untaken_child():
     assert pickle.loads(pickle.dumps(ForkedResult(lambda: [1, 2, 3]))) == [1, 2, 3]
     untaken = ForkedResult(lambda: _frames(100_000))
-    child = untaken._pid
+    child = untaken._child._pid
     untaken.close()
-    assert untaken._pid is None
+    assert untaken._child._pid is None
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)
