@@ -24,6 +24,7 @@ from analysis.core.step_spec import (
 )
 from analysis.core.terminal import terminal_safe
 from analysis.ingest import parse_ahead
+from analysis.ingest.kineto import gc_paused
 from analysis.ingest.parallel import SchedulerUnavailable
 from analysis.ingest.runs import NothingToAnalyse, resolve
 from analysis.report.progress import Progress
@@ -113,15 +114,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
              ahead: parse_ahead.DecodeAhead | None) -> int:
-    # Imported here, while the trace is decoded beside them (analysis.ingest.parse_ahead).
-    from functools import partial
+    # Imported here, while the trace is decoded beside them (analysis.ingest.parse_ahead), with
+    # the cyclic collector paused: it would scan the modules' objects again and again while
+    # they are made (a tenth of the imports' time), and they live as long as the process.
+    with gc_paused():
+        from functools import partial
 
-    import pandas as pd
+        import pandas as pd
 
-    from analysis.ingest.load import load_files
-    from analysis.rank.summary import rank_tables
-    from analysis.report import output
-    from analysis.run import analyse_run
+        from analysis.ingest.load import load_files
+        from analysis.rank.summary import rank_tables
+        from analysis.report import output
+        from analysis.run import analyse_run
+    gc.freeze()
 
     reports = []
     for run_dir, files in runs:

@@ -147,19 +147,31 @@ def propagate_once(graph: RankGraph, durations: np.ndarray) -> np.ndarray:
     any order: sources keep their measured time, every other node = the latest of its
     predecessors + its duration. Kahn's order, an edge at a time in Python, two scenarios a
     pass: a step of the GPU graph is thousands of levels deep with a few nodes each, where
-    dag.by_level and dag.propagate spend their time in numpy calls per level."""
-    durations = durations.reshape(len(graph.time), -1)
+    dag.by_level and dag.propagate spend their time in numpy calls per level. The nodes that
+    precede none (each step's last event, T, which every node precedes) are set after it, on
+    arrays."""
+    durations = durations.reshape(len(graph.time), -1).astype(np.int64)
     n, scenarios = durations.shape
-    order = np.argsort(graph.src, kind="stable")
-    targets = graph.dst[order].tolist()
-    out_start = np.searchsorted(graph.src[order], np.arange(n + 1)).tolist()
-    waiting = np.bincount(graph.dst, minlength=n).tolist()
+    leads = np.bincount(graph.src, minlength=n) > 0
+    inner = leads[graph.dst]  # edges into a node that precedes another
+    src, dst = graph.src[inner], graph.dst[inner]
+    order = np.argsort(src, kind="stable")
+    targets = dst[order].tolist()
+    out_start = np.searchsorted(src[order], np.arange(n + 1)).tolist()
+    waiting = np.bincount(dst, minlength=n).tolist()
     columns = []
     for k in range(0, scenarios, 2):
         pair = durations[:, [k, min(k + 1, scenarios - 1)]]
         columns += _two_scenarios(graph.time.tolist(), targets, out_start, list(waiting),
                                   pair[:, 0].tolist(), pair[:, 1].tolist())
-    return np.array(columns[:scenarios], dtype=np.int64).T.reshape(n, scenarios)
+    times = np.array(columns[:scenarios], dtype=np.int64).T.reshape(n, scenarios)
+    last = ~inner
+    if last.any():
+        ends = np.unique(graph.dst[last])
+        latest = np.full((n, scenarios), dag.NEVER)
+        np.maximum.at(latest, graph.dst[last], times[graph.src[last]])
+        times[ends] = latest[ends] + durations[ends]
+    return times
 
 
 def _two_scenarios(time: list, targets: list, out_start: list, left: list, first: list,
