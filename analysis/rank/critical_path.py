@@ -176,7 +176,8 @@ def propagate_once(graph: RankGraph, durations: np.ndarray) -> np.ndarray:
 
 def _two_scenarios(time: list, targets: list, out_start: list, left: list, first: list,
                    second: list) -> list[list]:
-    """propagate_once's loop for two scenarios' durations (`first`, `second`): [times, times]."""
+    """propagate_once's loop for two scenarios' durations (`first`, `second`): [times, times].
+    A node's time is set as its last predecessor's edge arrives."""
     n = len(time)
     times, other = list(time), list(time)  # sources keep theirs; every other node is set below
     latest, latest_other = [dag.NEVER] * n, [dag.NEVER] * n
@@ -186,16 +187,19 @@ def _two_scenarios(time: list, targets: list, out_start: list, left: list, first
         for u in frontier:
             time_u, other_u = times[u], other[u]
             for v in targets[out_start[u]:out_start[u + 1]]:
-                if time_u > latest[v]:
-                    latest[v] = time_u
-                if other_u > latest_other[v]:
-                    latest_other[v] = other_u
-                left[v] -= 1
-                if not left[v]:
-                    ready.append(v)
-        for v in ready:
-            times[v] = latest[v] + first[v]
-            other[v] = latest_other[v] + second[v]
+                waits = left[v] - 1
+                left[v] = waits
+                if waits:
+                    if time_u > latest[v]:
+                        latest[v] = time_u
+                    if other_u > latest_other[v]:
+                        latest_other[v] = other_u
+                    continue
+                before = latest[v]
+                times[v] = (time_u if time_u > before else before) + first[v]
+                before = latest_other[v]
+                other[v] = (other_u if other_u > before else before) + second[v]
+                ready.append(v)
         frontier = ready
     return [times, other]
 
