@@ -32,6 +32,7 @@ class ForkedChild:
     returned. Raises OSError where no process or pipe can be had."""
 
     def __init__(self, compute: Callable[[], Any]):
+        self._pid: int | None = None
         read_fd, write_fd = os.pipe()
         try:
             pid = os.fork()
@@ -46,8 +47,7 @@ class ForkedChild:
             os.close(read_fd)
             _answer_in_child(compute, write_fd)  # never returns
         os.close(write_fd)
-        self._pid: int | None = pid
-        self._read_fd = read_fd
+        self._pid, self._read_fd = pid, read_fd
 
     @property
     def waiting(self) -> bool:
@@ -67,7 +67,8 @@ class ForkedChild:
         return pickle.loads(data) if data else None
 
     def close(self) -> None:
-        """Stop the child if nobody took its answer (the caller failed before it)."""
+        """Stop the child if nobody took its answer (the caller failed before it, or never
+        needed it)."""
         if self._pid is None:
             return
         os.close(self._read_fd)
@@ -76,6 +77,9 @@ class ForkedChild:
         except ProcessLookupError:
             pass
         self._pid = _reaped(self._pid)
+
+    def __del__(self):
+        self.close()
 
 
 class ComputedElsewhereFailed(Exception):

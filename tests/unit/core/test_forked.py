@@ -73,3 +73,11 @@ def test_pickled_it_travels_as_its_value_and_close_ends_an_untaken_child():
     assert untaken._child._pid is None
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)
+
+
+def test_a_child_whose_answer_is_never_taken_ends_with_its_holder():
+    untaken = ForkedResult(lambda: _frames(100_000))
+    child = untaken._child._pid
+    del untaken
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)
