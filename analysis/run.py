@@ -37,6 +37,7 @@ from analysis.rank import tables as ranks
 from analysis.rank.comm import ops as communication
 from analysis.rank.hta import hta_temporal_breakdown
 from analysis.rank.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
+from analysis.rank.reduced import failure_text, raise_if_failed, reduced_table
 from analysis.rank.roofline import with_roofline
 from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown, rank_totals
 from analysis.rank.summary import rank_tables
@@ -45,19 +46,30 @@ from analysis.report.progress import Progress
 from tracer import schema
 
 
-def _rank_table(trace: RankTrace, name: str, build: Callable[[RankTrace], pd.DataFrame]
-                ) -> pd.DataFrame:
-    found = trace.reduced.get(name)
-    return found if found is not None else build(trace.with_events())
+def _rank_rows(traces: list[RankTrace], name: str, build: Callable[[RankTrace], pd.DataFrame],
+               problems: list[str]) -> list[pd.DataFrame]:
+    """Each rank's table `name` (analysis.rank.reduced.reduced_table); a rank whose table
+    failed is one problem naming its file, rank and the table, and has no rows in it."""
+    frames = []
+    for trace in traces:
+        try:
+            frames.append(reduced_table(trace, name, build))
+        except Exception as exc:  # one rank's failure must not cost the others
+            problems.append(f"{trace.path}: {trace.label}: {name} table failed "
+                            f"({failure_text(exc)}); the rank has no rows in it")
+    return frames
+
+
+FLOP_TABLES = ("step_flops", "op_roofline")
 
 
 def flop_tables(trace: RankTrace) -> dict:
     """The rank's "step_flops" and "op_roofline" (flops.rank_flops_tables): those its reduce
-    kept, else computed from its events."""
-    found = {name: trace.reduced.get(name) for name in ("step_flops", "op_roofline")}
-    if all(table is not None for table in found.values()):
-        return found
-    return flops.rank_flops_tables(trace.with_events())
+    kept, the failure it recorded (ReducedTableFailed), else computed from its events."""
+    if all(name in trace.reduced for name in FLOP_TABLES):
+        return {name: trace.reduced[name] for name in FLOP_TABLES}
+    raise_if_failed(trace, *FLOP_TABLES)
+    return flops.rank_flops_tables(with_events(trace))
 
 
 def mfu_of_run(traces: list[RankTrace], per_step: pd.DataFrame,
@@ -121,10 +133,10 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     problems = list(loaded.problems)
     traces = loaded.ranks
     over = progress.over if progress is not None else (lambda items, phase: items)
-    per_step = pd.concat([_rank_table(t, "per_step", breakdown_per_step)
-                          for t in over(traces, "time breakdown")]
+    per_step = pd.concat(_rank_rows(over(traces, "time breakdown"), "per_step",
+                                    breakdown_per_step, problems)
                          or [empty_breakdown()], ignore_index=True)
-    gaps = pd.concat([_rank_table(t, "idle_gaps", idle_gaps) for t in over(traces, "idle gaps")]
+    gaps = pd.concat(_rank_rows(over(traces, "idle gaps"), "idle_gaps", idle_gaps, problems)
                      or [idle_gaps_empty()], ignore_index=True)
     report = output.RunReport(
         name=name, path=path, files=[str(f) for f in loaded.files],
@@ -137,15 +149,15 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
         try:
             result = build()
         except Exception as exc:  # one table's failure must not cost the others
-            problems.append(f"{name} table failed: {type(exc).__name__}: {exc}")
-            report.unavailable[name] = f"{type(exc).__name__}: {exc}"
+            problems.append(f"{name} table failed: {failure_text(exc)}")
+            report.unavailable[name] = failure_text(exc)
             return None
         report.tables[name] = result
         return result
 
     selected = parse_step_spec(steps_spec) if steps_spec else None
     every_op = table("comm_ops", lambda: pd.concat(
-        [_rank_table(t, "comm_ops", communication.comm_ops)
+        [reduced_table(t, "comm_ops", communication.comm_ops)
          for t in over(traces, "collectives")]
         or [communication.empty_ops()], ignore_index=True))
     cross = _cross_rank(loaded, per_step, report, selected)
@@ -369,15 +381,17 @@ def _critical_path(cross: dict | None, report: output.RunReport,
 
 
 def _one_rank_path(report: output.RunReport) -> dict | None:
-    """The single-rank critical path of a run of one traced rank with device ops, or None."""
+    """The single-rank critical path of a run of one traced rank with device ops, or None:
+    the one its reduction built (analysis.rank.summary.rank_tables builds it wherever the rank
+    may be the run's only traced one), else computed from its events."""
     traces = [t for t in report.ranks if t.has_trace]
     if len(traces) != 1:
         return None
     try:
-        result = ((traces[0].reduced or {}).get("critical_path")
-                  or rank_critical_path.analyse(with_events(traces[0])))
+        result = reduced_table(traces[0], "critical_path",
+                               lambda trace: rank_critical_path.analyse(trace))
     except Exception as exc:  # the rest of the report stands without it
-        why = f"{type(exc).__name__}: {exc}"
+        why = failure_text(exc)
         report.problems.append(f"critical path analysis failed ({why}); no what-if answer")
         report.unavailable["critical_path"] = why
         return None

@@ -21,6 +21,7 @@ from analysis.core.model import UNKNOWN_RANK
 from analysis.findings.stop import group_members
 from analysis.findings.stop_text import mbytes, op_signature, ranks_text
 from analysis.rank.comm.events import ops_from_events
+from analysis.rank.reduced import reduced_table
 
 TRACE_OP_COLUMNS = ["rank", "step", "pg", "pg_size", "op", "bytes", "dtype", "issue_ns"]
 COVERAGE_COLUMNS = ["rank", "step"]
@@ -40,9 +41,9 @@ def trace_ops(ranks) -> tuple[pd.DataFrame, pd.DataFrame]:
         if trace.rank == UNKNOWN_RANK or not trace.has_trace:
             continue
         every = trace.all_steps if trace.all_steps is not None else trace.steps
-        # Events dropped after loading are read again, a rank at a time (RankTrace.with_events).
-        frame = ops_from_events(trace.with_events().events, every, every, trace.rank,
-                                trace.world_size)
+        # Built where the rank was reduced (its events are dropped once it is), else here.
+        frame = reduced_table(trace, "stop_trace_ops", lambda t, every=every: ops_from_events(
+            t.events, every, every, t.rank, t.world_size))
         if not frame.empty:
             # gloo's CPU ops name no group: one unnamed group, its members those that issued
             ops.append(frame.rename(columns={"host_ts": "issue_ns"})

@@ -14,6 +14,7 @@ own claims (docs/reliability.md, "Damaged and hostile input").
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,7 @@ class RankReduction:
     per-rank tables and summaries there (`tables`, given by the caller: the rank floor's
     rank_tables) while the events are at hand."""
 
-    tables: Callable[[RankTrace], dict]
+    tables: Callable[..., dict]  # tables(trace, only_trace=..., run_folder=...)
     steps: list[int] | None
     hta_compatible: bool
     comm_kernels: tuple
@@ -88,6 +89,9 @@ class RankReduction:
     drop_events: bool = False
     # The command's RANKTRACE_MAX_TRACE_MB, in bytes: a worker's environment may differ.
     max_bytes: int | None = None
+    # The run has one trace file: its rank may be the run's only traced one, whatever world
+    # size the trace names, and gets what only such a rank needs (its own critical path).
+    only_trace: bool = False
 
 
 def _read_trace_job(args: tuple[str, bool, int, RankReduction | None, DecodeAhead | None]):
@@ -122,7 +126,7 @@ def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, int, RankTrac
         return None  # unranked: only the whole run tells which rank it is analysed as
     trace = _rank_trace(parsed, rank, [], parsed.path.parent if how.with_records else None,
                         how.steps, how.hta_compatible, how.comm_kernels, how.max_bytes)
-    trace.reduced = how.tables(trace)
+    trace.reduced = how.tables(trace, only_trace=how.only_trace, run_folder=how.with_records)
     trace.events = None  # the parsed file's own travel back, when they are kept
     return rank, len(parsed.problems), trace
 
@@ -133,19 +137,38 @@ def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
                decoded_ahead: DecodeAhead | None = None) -> list:
     # Read here, not in the workers: a cluster's workers do not share this process's environment.
     max_bytes = max_trace_bytes()
+    # A file of a rank's several profiler windows is reduced once merged, in this process: its
+    # worker keeps its events, which would otherwise be read again here.
+    reductions = _reductions(files, reduction)
     if not scheduler:
         return run_jobs(_read_trace_job,
-                        [(str(f), use_cache, max_bytes, reduction,
-                          decoded_ahead if len(files) == 1 else None) for f in files],
+                        [(str(f), use_cache, max_bytes, how,
+                          decoded_ahead if len(files) == 1 else None)
+                         for f, how in zip(files, reductions)],
                         jobs=jobs, progress=progress)
     # Cluster workers have their own working folder: they get absolute paths, and the results
     # name each file as it was given here, as a local run does.
     given = {str(f.absolute()): str(f) for f in files}
-    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes, reduction, None)
+    how_of = {str(f.absolute()): how for f, how in zip(files, reductions)}
+    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes, how_of[path], None)
                                           for path in given],
                        scheduler=scheduler, progress=progress)
     return [_named_as_given(result, absolute, shown)
             for result, (absolute, shown) in zip(results, given.items())]
+
+
+def _reductions(files: list[Path], reduction: RankReduction | None
+                ) -> list[RankReduction | None]:
+    """Each file's reduction: None for a file whose name shares its Kineto worker (rank and
+    process) with another's, one of a rank's several profiler windows, which load_files
+    merges and then reduces; `reduction` with `only_trace` for the run's one file."""
+    if reduction is None:
+        return [None] * len(files)
+    if len(files) == 1:
+        return [dataclasses.replace(reduction, only_trace=True)]
+    workers = Counter(kineto_worker(f) for f in files)
+    return [None if (worker := kineto_worker(f)) is not None and workers[worker] > 1
+            else reduction for f in files]
 
 
 def _named_as_given(result, absolute: str, shown: str):
@@ -164,16 +187,18 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
                hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
                progress: Progress | None = None, comm_kernels: tuple = (),
                scheduler: str | None = None, keep_events: bool = True,
-               reduce_rank: Callable[[RankTrace], dict] | None = None,
+               reduce_rank: Callable[..., dict] | None = None,
                decoded_ahead: DecodeAhead | None = None) -> LoadResult:
     """Parse trace files (in parallel processes when several) into one RankTrace per rank.
 
-    `reduce_rank`: the per-rank tables and summaries of a RankTrace (the rank floor's
-    rank_tables), computed where each file is parsed while its events are at hand; without it
-    every table is computed later from the events. `keep_events=False` (which needs
-    `reduce_rank`): each rank's events frame is dropped once reduced (`RankTrace.events` is None;
-    `with_events()` reads it again), so that memory holds O(ranks x steps + collectives), not
-    every event of every rank.
+    `reduce_rank(trace, only_trace=..., run_folder=...)`: the per-rank tables and summaries of
+    a RankTrace (the rank floor's rank_tables), computed where each file is parsed while its
+    events are at hand (a rank of several files once they are merged, here); `only_trace` says
+    that the rank may be the run's only traced one (the run has one trace file, or one rank),
+    `run_folder` that a run folder was given; without it every table is computed later from the
+    events. `keep_events=False` (which needs `reduce_rank`): each rank's events frame is dropped
+    once reduced (`RankTrace.events` is None; `with_events()` reads it again), so that memory
+    holds O(ranks x steps + collectives), not every event of every rank.
 
     `scheduler`: the address of a Dask scheduler whose workers parse the files instead
     (analysis.ingest.parallel); they must see the files at the same paths. Raises
@@ -270,7 +295,8 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
                                  hta_compatible, comm_kernels))
         ranks[-1].read_events = reader
         if not keep_events:
-            ranks[-1].reduced = reduce_rank(ranks[-1])
+            ranks[-1].reduced = reduce_rank(ranks[-1], only_trace=len(by_rank) == 1,
+                                            run_folder=run_dir is not None)
             ranks[-1].events = None
 
     ranks.sort(key=lambda r: (r.rank == UNKNOWN_RANK, r.rank, str(r.path)))
@@ -417,7 +443,7 @@ def load_path(path, steps=None, *, run: str | None = None,
               hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
               progress: Progress | None = None, comm_kernels: tuple = (),
               scheduler: str | None = None, keep_events: bool = True,
-              reduce_rank: Callable[[RankTrace], dict] | None = None) -> LoadResult:
+              reduce_rank: Callable[..., dict] | None = None) -> LoadResult:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, a trace file);
     `keep_events` and `reduce_rank` as in load_files.
 

@@ -8,6 +8,7 @@ failures in its result, so that one bad file never stops the others.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Sequence
 
@@ -35,7 +36,8 @@ def run_jobs(job: Callable, items: Sequence, jobs: int | None = None,
         # (analysis.ingest.parse_ahead), which should start as early as it can.
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # gc.enable: a worker collects whether or not its caller had paused its collector.
+        with ProcessPoolExecutor(max_workers=jobs, initializer=gc.enable) as pool:
             for done, result in enumerate(pool.map(job, items), start=1):
                 results.append(result)
                 if progress is not None:

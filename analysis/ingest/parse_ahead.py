@@ -4,10 +4,11 @@ Importing pandas and the analysis takes the command about as long as decoding a 
 (0.3 s each for a 50 MB trace on a typical core). When a run has one trace file to parse, the
 command forks a child before those imports (`start`); the child decodes the file with
 analysis.ingest.kineto.decode_trace, which needs neither, and hands the columns back through a pipe
-when the command gets to the file (`DecodeAhead.take`, called by analysis.ingest.cache.read_trace).
-The result, and any refusal of the file, is what decoding it in the command would give: a
-child that fails any other way just leaves the file to be decoded there. The pipe carries only
-what the child pickled; nothing read from a file is ever unpickled.
+when the command gets to the file (`DecodeAhead.take`, called by analysis.ingest.cache.read_trace;
+the child is an analysis.core.forked.ForkedChild). The result, and any refusal of the file, is
+what decoding it in the command would give: a child that fails any other way just leaves the
+file to be decoded there. The pipe carries only what the child pickled; nothing read from a
+file is ever unpickled.
 
 The command imports numpy and the decoder before it forks (importing this module does): a child
 that imported them itself, at the same time as the command's own imports, finished later.
@@ -16,11 +17,10 @@ that imported them itself, at the same time as the command's own imports, finish
 from __future__ import annotations
 
 import os
-import pickle
-import signal
 import sys
 from pathlib import Path
 
+from analysis.core.forked import ForkedChild
 from analysis.ingest.kineto import DecodedTrace, TraceReadError, decode_trace
 from analysis.ingest.runs import cache_file
 
@@ -53,76 +53,38 @@ def start(files: list[Path], max_bytes: int, use_cache: bool, jobs: int | None,
 
 
 class DecodeAhead:
-    """One trace file being decoded in a child process."""
+    """One trace file being decoded in a child process (analysis.core.forked)."""
 
     def __init__(self, path: Path, max_bytes: int):
         self.path = path
         self.max_bytes = max_bytes
-        read_fd, write_fd = os.pipe()
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(read_fd)
-            os.close(write_fd)
-            raise
-        if pid == 0:
-            os.close(read_fd)
-            _decode_in_child(path, max_bytes, write_fd)  # never returns
-        os.close(write_fd)
-        self._pid: int | None = pid
-        self._read_fd = read_fd
+        self._child = ForkedChild(lambda: _decoded(path, max_bytes))
 
     def take(self, path: Path, max_bytes: int) -> DecodedTrace | None:
         """The child's columns of `path` decoded within `max_bytes`; None when it decoded
         another file (or limit), failed, or was taken already. Raises the TraceReadError that
         decoding the file here would raise."""
-        if self._pid is None or Path(path) != self.path or max_bytes != self.max_bytes:
+        if not self._child.waiting or Path(path) != self.path or max_bytes != self.max_bytes:
             return None
-        try:
-            with os.fdopen(self._read_fd, "rb") as pipe:
-                data = pipe.read()
-        finally:
-            self._pid = self._reap(self._pid)
-        if not data:  # the child died before it could answer
+        answer = self._child.answer()
+        if answer is None:  # the child died before it could answer
             return None
-        kind, value = pickle.loads(data)
+        kind, value = answer
         if kind == "refused":
             raise TraceReadError(path, value)
         return value if kind == "decoded" else None
 
     def close(self) -> None:
         """Stop the child if nobody took its result (the command failed before the file)."""
-        if self._pid is None:
-            return
-        os.close(self._read_fd)
-        try:
-            os.kill(self._pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._pid = self._reap(self._pid)
-
-    @staticmethod
-    def _reap(pid: int) -> None:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+        self._child.close()
 
 
-def _decode_in_child(path: Path, max_bytes: int, write_fd: int) -> None:
-    """The child's whole life: decode, answer, and leave without running any of the parent's
-    exit handlers or flushing its buffers."""
+def _decoded(path: Path, max_bytes: int) -> tuple:
+    """The child's answer: ("decoded", the columns), ("refused", why), or ("failed", None) for
+    any other failure, which decoding the file in the command then reports."""
     try:
-        try:
-            outcome = ("decoded", decode_trace(path, max_bytes=max_bytes))
-        except TraceReadError as exc:
-            outcome = ("refused", exc.reason)
-        except Exception:  # noqa: BLE001  (the command decodes it again, and reports it)
-            outcome = ("failed", None)
-        data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
-        with os.fdopen(write_fd, "wb") as pipe:
-            pipe.write(data)
-    except BaseException:  # noqa: BLE001, S110  (an interrupted or orphaned child just ends)
-        pass
-    finally:
-        os._exit(0)
+        return ("decoded", decode_trace(path, max_bytes=max_bytes))
+    except TraceReadError as exc:
+        return ("refused", exc.reason)
+    except Exception:  # noqa: BLE001
+        return ("failed", None)

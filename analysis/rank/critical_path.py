@@ -121,12 +121,13 @@ def _segments(graph: RankGraph, parts: dict, rank: int) -> pd.DataFrame:
         {"step": "int64", "rank": "int64", "start_ns": "int64", "end_ns": "int64"})
 
 
-def steps_alone(graph: RankGraph) -> RankGraph:
+def steps_alone(graph: RankGraph, sort: bool = True) -> RankGraph:
     """The graph with each step on its own: the edges between steps dropped (the previous
     step's end to the start, device ops of the step before that the step's ops follow or wait
     for), a node left without a predecessor hung from its step's start, durations measured
     again (a wait on a dropped edge becomes part of the node's own time), edges sorted by
-    level. Each step is then as deep as its own work, and the steps propagate side by side."""
+    level (for dag.propagate; `sort=False` leaves them unsorted, for propagate_once). Each
+    step is then as deep as its own work, and the steps propagate side by side."""
     within = graph.step[graph.src] == graph.step[graph.dst]
     src, dst = graph.src[within], graph.dst[within]
     latest = dag.latest_predecessor(graph.time, src, dst)
@@ -135,8 +136,72 @@ def steps_alone(graph: RankGraph) -> RankGraph:
     dst = np.concatenate([dst, orphan])
     latest = dag.latest_predecessor(graph.time, src, dst)
     duration = np.where(latest == dag.NEVER, 0, graph.time - latest)
-    src, dst, level_starts = dag.by_level(src, dst, len(graph.time))
+    level_starts = None
+    if sort:
+        src, dst, level_starts = dag.by_level(src, dst, len(graph.time))
     return replace(graph, duration=duration, src=src, dst=dst, level_starts=level_starts)
+
+
+def propagate_once(graph: RankGraph, durations: np.ndarray) -> np.ndarray:
+    """dag.propagate's node times (nodes x scenarios) for `durations`, on `graph`'s edges in
+    any order: sources keep their measured time, every other node = the latest of its
+    predecessors + its duration. Kahn's order, an edge at a time in Python, two scenarios a
+    pass: a step of the GPU graph is thousands of levels deep with a few nodes each, where
+    dag.by_level and dag.propagate spend their time in numpy calls per level. The nodes that
+    precede none (each step's last event, T, which every node precedes) are set after it, on
+    arrays."""
+    durations = durations.reshape(len(graph.time), -1).astype(np.int64)
+    n, scenarios = durations.shape
+    leads = np.bincount(graph.src, minlength=n) > 0
+    inner = leads[graph.dst]  # edges into a node that precedes another
+    src, dst = graph.src[inner], graph.dst[inner]
+    order = np.argsort(src, kind="stable")
+    targets = dst[order].tolist()
+    out_start = np.searchsorted(src[order], np.arange(n + 1)).tolist()
+    waiting = np.bincount(dst, minlength=n).tolist()
+    columns = []
+    for k in range(0, scenarios, 2):
+        pair = durations[:, [k, min(k + 1, scenarios - 1)]]
+        columns += _two_scenarios(graph.time.tolist(), targets, out_start, list(waiting),
+                                  pair[:, 0].tolist(), pair[:, 1].tolist())
+    times = np.array(columns[:scenarios], dtype=np.int64).T.reshape(n, scenarios)
+    last = ~inner
+    if last.any():
+        ends = np.unique(graph.dst[last])
+        latest = np.full((n, scenarios), dag.NEVER)
+        np.maximum.at(latest, graph.dst[last], times[graph.src[last]])
+        times[ends] = latest[ends] + durations[ends]
+    return times
+
+
+def _two_scenarios(time: list, targets: list, out_start: list, left: list, first: list,
+                   second: list) -> list[list]:
+    """propagate_once's loop for two scenarios' durations (`first`, `second`): [times, times].
+    A node's time is set as its last predecessor's edge arrives."""
+    n = len(time)
+    times, other = list(time), list(time)  # sources keep theirs; every other node is set below
+    latest, latest_other = [dag.NEVER] * n, [dag.NEVER] * n
+    frontier = [v for v in range(n) if not left[v]]
+    while frontier:
+        ready = []
+        for u in frontier:
+            time_u, other_u = times[u], other[u]
+            for v in targets[out_start[u]:out_start[u + 1]]:
+                waits = left[v] - 1
+                left[v] = waits
+                if waits:
+                    if time_u > latest[v]:
+                        latest[v] = time_u
+                    if other_u > latest_other[v]:
+                        latest_other[v] = other_u
+                    continue
+                before = latest[v]
+                times[v] = (time_u if time_u > before else before) + first[v]
+                before = latest_other[v]
+                other[v] = (other_u if other_u > before else before) + second[v]
+                ready.append(v)
+        frontier = ready
+    return [times, other]
 
 
 def what_if(graph: RankGraph, rank: int) -> list[dict]:
@@ -155,9 +220,9 @@ def what_if(graph: RankGraph, rank: int) -> list[dict]:
     work = covered(graph, graph.thread[rows], graph.time[rows] - graph.duration[rows],
                    graph.time[rows])
     halved[rows] -= work // 2
-    alone = steps_alone(graph)
+    alone = steps_alone(graph, sort=False)
     shorter = alone.duration - graph.duration  # the waits the dropped edges leave, kept
-    times = dag.propagate(alone, np.column_stack([no_latency, halved]) + shorter[:, None])
+    times = propagate_once(alone, np.column_stack([no_latency, halved]) + shorter[:, None])
     n_steps = len(graph.steps)
     starts, sinks = np.arange(n_steps), 2 * n_steps + np.arange(n_steps)
     measured = graph.time[sinks] - graph.time[starts]

@@ -19,6 +19,7 @@ from analysis.core.events import (
     matches,
 )
 from analysis.core.model import RankTrace, known_rank
+from analysis.rank.reduced import reduced_table
 
 HTA_COLUMNS = ["rank", "idle_us", "compute_us", "non_compute_us", "kernel_time_us", "note"]
 
@@ -69,19 +70,18 @@ def hta_temporal_breakdown(traces: list[RankTrace]) -> pd.DataFrame:
 
     A rank whose events were dropped after loading brings its worker's `hta_rank_summary`.
     """
-    summaries = [trace.reduced.get("hta") or hta_rank_summary(trace.with_events())
-                 for trace in traces]
+    summaries = [reduced_table(trace, "hta", hta_rank_summary) for trace in traces]
     step_names = set().union(*(s["step_names"] for s in summaries))
     filtering = len(step_names) >= 2
     # HTA shifts every rank by the run's earliest start before summing; summing raw epoch
     # microseconds (~1e15 each) in float64 would lose whole microseconds.
     origin = min((s["origin"] for s in summaries if s["origin"] is not None), default=0)
     rows = []
-    for trace, summary in zip(traces, summaries):
+    for summary in summaries:
         if summary["exact"] or summary["origin"] == origin:
             rows.append(summary["rows"][filtering])
         else:
-            rows.append(_hta_rank_of(trace.with_events(), origin, step_names, filtering))
+            rows.append(_row_from_origin(summary, origin, filtering))
     return pd.DataFrame(rows, columns=HTA_COLUMNS)
 
 
@@ -89,17 +89,42 @@ def hta_rank_summary(trace: RankTrace) -> dict:
     """What hta_temporal_breakdown needs of one rank: its ProfilerStep names, its earliest start
     (the run's origin is the earliest of all), and its row with and without HTA's step window,
     shifted by its own earliest start. `exact`: every time is whole microseconds, so that the
-    rows do not depend on the origin (float64 sums of integers); otherwise they are computed
-    again with the run's origin."""
+    rows do not depend on the origin (float64 sums of integers); otherwise `kernels` holds what
+    the rows are computed again from with the run's origin (_row_from_origin): the start and
+    duration of each event with a stream, in order of start, and which of them each row sums."""
     step_names = {c for c in distinct_names(trace.events["name"]) if "ProfilerStep" in c}
     ts_us, dur_us, kept = _hta_times(trace)
     origin = int(ts_us[kept].min()) if kept.any() else None
     exact = bool(trace.float_timestamps
                  or (trace.events["dur_ns"].to_numpy(np.int64)[kept] % 1000 == 0).all())
     names = _NameMasks(trace.events["name"], step_names)
-    rows = {filtering: _hta_rank_of(trace, origin or 0, step_names, filtering,
-                                    (ts_us, dur_us, kept), names) for filtering in (False, True)}
-    return {"step_names": step_names, "origin": origin, "exact": exact, "rows": rows}
+    ts = (ts_us - (origin or 0)).astype(np.float64)
+    selected = {filtering: _hta_kernels(trace, ts, kept, names, filtering)
+                for filtering in (False, True)}
+    rows = {filtering: _hta_row(trace, ts, ts + dur_us, found, names)
+            for filtering, found in selected.items()}
+    summary = {"step_names": step_names, "origin": origin, "exact": exact, "rows": rows}
+    if not exact:
+        order = names.by_start(ts, trace.events["stream"].to_numpy() != -1)
+        summary["kernels"] = {
+            "ts_us": ts_us[order], "dur_us": dur_us[order],
+            "sums": {filtering: found if isinstance(found, str)
+                     else (found[0][order], found[1][order])
+                     for filtering, found in selected.items()}}
+    return summary
+
+
+def _row_from_origin(summary: dict, origin: int, filtering: bool) -> dict:
+    """The rank's row (`filtering` HTA's step window or not) with its times shifted by the
+    run's `origin`, from its summary's `kernels`: what _hta_rank_of gives on its events."""
+    row = dict(summary["rows"][filtering])
+    kernels = summary["kernels"]
+    sums = kernels["sums"][filtering]
+    if isinstance(sums, str):  # no kernel HTA keeps: the note, whatever the origin
+        return row
+    ts = (kernels["ts_us"] - origin).astype(np.float64)
+    end = ts + kernels["dur_us"]
+    return _with_times(row, ts, end, *sums, np.arange(len(ts)))
 
 
 class _NameMasks:
@@ -130,11 +155,11 @@ class _NameMasks:
         return self.found[kind]
 
 
-def _hta_rank_of(trace: RankTrace, origin: int, step_names: set[str], filtering: bool,
-                 times: tuple | None = None, names: _NameMasks | None = None) -> dict:
-    ts_us, dur_us, kept = times if times is not None else _hta_times(trace)
+def _hta_rank_of(trace: RankTrace, origin: int, step_names: set[str], filtering: bool) -> dict:
+    """The rank's row with its times shifted by `origin`."""
+    ts_us, dur_us, kept = _hta_times(trace)
     ts = (ts_us - origin).astype(np.float64)
-    names = names or _NameMasks(trace.events["name"], step_names)
+    names = _NameMasks(trace.events["name"], step_names)
     return _hta_rank(trace, ts, ts + dur_us, kept, names, filtering)
 
 
@@ -161,8 +186,14 @@ def _merged(ts: np.ndarray, end: np.ndarray, rows: np.ndarray, by_start: np.ndar
 
 def _hta_rank(trace: RankTrace, ts: np.ndarray, end: np.ndarray, kept: np.ndarray,
               names: _NameMasks, filtering: bool) -> dict:
-    row = {"rank": known_rank(trace), "idle_us": np.nan, "compute_us": np.nan,
-           "non_compute_us": np.nan, "kernel_time_us": np.nan, "note": ""}
+    return _hta_row(trace, ts, end, _hta_kernels(trace, ts, kept, names, filtering), names)
+
+
+def _hta_kernels(trace: RankTrace, ts: np.ndarray, kept: np.ndarray, names: _NameMasks,
+                 filtering: bool) -> tuple[np.ndarray, np.ndarray] | str:
+    """(the kernels HTA sums, the compute ones among them), masks of the events; or the note
+    saying why HTA keeps no kernel. Comparisons of starts only: `ts` may be shifted by any
+    whole number of microseconds."""
     events = trace.events
     stream = events["stream"].to_numpy()
     correlation = events["correlation"].to_numpy()
@@ -172,20 +203,35 @@ def _hta_rank(trace: RankTrace, ts: np.ndarray, end: np.ndarray, kept: np.ndarra
     if filtering:
         is_step = on_host & names.get("step", on_host)
         if not is_step.any():
-            row["note"] = "no ProfilerStep on this rank: HTA keeps no kernel here (and fails)"
-            return row
+            return "no ProfilerStep on this rank: HTA keeps no kernel here (and fails)"
         last_start = ts[is_step].max()
         host_kept = on_host & (ts < last_start)
         device_kept = on_device & _launched_by(correlation, host_kept, on_device)
         kept = host_kept | device_kept
     kernels = kept & (stream != -1)
     if not kernels.any():
-        row["note"] = "no GPU kernels: HTA's temporal breakdown fails on such traces"
-        return row
-    by_start = names.by_start(ts, stream != -1)
-    busy, first, last = _merged(ts, end, kernels, by_start)
+        return "no GPU kernels: HTA's temporal breakdown fails on such traces"
     # Evaluated on every event with a stream: exact for the kernels of either row.
-    compute = kernels & names.get("compute", stream != -1)
+    return kernels, kernels & names.get("compute", stream != -1)
+
+
+def _hta_row(trace: RankTrace, ts: np.ndarray, end: np.ndarray,
+             found: tuple[np.ndarray, np.ndarray] | str, names: _NameMasks) -> dict:
+    """The rank's row of HTA's columns for _hta_kernels' result `found`."""
+    row = {"rank": known_rank(trace), "idle_us": np.nan, "compute_us": np.nan,
+           "non_compute_us": np.nan, "kernel_time_us": np.nan, "note": ""}
+    if isinstance(found, str):
+        row["note"] = found
+        return row
+    by_start = names.by_start(ts, trace.events["stream"].to_numpy() != -1)
+    return _with_times(row, ts, end, *found, by_start)
+
+
+def _with_times(row: dict, ts: np.ndarray, end: np.ndarray, kernels: np.ndarray,
+                compute: np.ndarray, by_start: np.ndarray) -> dict:
+    """`row` with HTA's sums over the `kernels` and `compute` masks (`by_start`: the positions
+    of every event with a stream in stable order of start)."""
+    busy, first, last = _merged(ts, end, kernels, by_start)
     compute_busy = _merged(ts, end, compute, by_start)[0] if compute.any() else 0.0
     kernel_time = last - first
     idle = kernel_time - busy

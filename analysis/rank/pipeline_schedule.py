@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from analysis.core.events import distinct_names, with_events
+from analysis.core.events import distinct_names
 from analysis.core.model import known_rank
 from analysis.rank.issuers import host_events
+from analysis.rank.reduced import reduced_table
 
 _ACTION_RE = re.compile(r"^PP:\(?(\d+)(F|B|I|W)(\d+)?")
 _GPIPE_RE = re.compile(r"^(?:Forward|Backward) \d+$")
@@ -50,8 +51,7 @@ def detect(traces) -> PipelineSchedule:
 
 
 def _schedule_of(trace) -> PipelineSchedule:
-    found = getattr(trace, "reduced", {}).get("pipeline_schedule")
-    return found if found is not None else rank_schedule(with_events(trace))
+    return reduced_table(trace, "pipeline_schedule", rank_schedule)
 
 
 def rank_schedule(trace) -> PipelineSchedule:

@@ -2,17 +2,20 @@
 and Dask"): its per-rank tables and the few summaries that the run-wide analyses need.
 
 `rank_tables(trace)` runs where the rank's file is parsed (a local worker process or a Dask
-worker); every run-wide analysis takes these results instead of the events where a rank has
-them, and reads the events again (`RankTrace.with_events()`) only where it does not, so that the
-result is the same whichever way the rank was loaded.
+worker); every run-wide analysis takes these results (analysis.rank.reduced) instead of the
+events where a rank has them, so that the result is the same whichever way the rank was loaded
+and no trace is decoded twice. A table that fails there is recorded as failed, and the analysis
+that takes it reports that failure.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 
-from analysis.core.events import with_events
+from analysis.core.forked import ForkedResult, can_fork
 from analysis.rank import critical_path, flops, issuers
 from analysis.rank.comm import events as comm_events
 from analysis.rank.comm import ops as communication
@@ -20,6 +23,7 @@ from analysis.rank.comm.kernel_names import named_kernels
 from analysis.rank.hta import hta_rank_summary
 from analysis.rank.idle import idle_gaps
 from analysis.rank.pipeline_schedule import rank_schedule
+from analysis.rank.reduced import FAILED, reduced_table
 from analysis.rank.step_breakdown import breakdown_per_step, kind_and_layers
 
 # The columns of the communication events that crossrank.frames.ops_from_events reads.
@@ -72,18 +76,42 @@ RANK_SUMMARIES = {
     "ddp_accumulation": lambda trace: issuers.ddp_accumulation([trace]),  # ddp_accumulation
     "comm_events": _comm_events,  # analysis.crossrank.frames.run_frames
     "event_count": lambda trace: len(trace.events),
-    # analysis.run's path of a run of one rank: computed only where the trace names no other
-    # rank, else read again from the events where the run turns out to hold one trace.
-    "critical_path": lambda trace: (critical_path.analyse(trace)
-                                    if (trace.world_size or 1) <= 1 else None),
+    # analysis.run's path of a run of one traced rank (rank_tables says where it is built).
+    "critical_path": lambda trace, events=None: critical_path.analyse(trace, events),
+    # analysis.findings.stop_traces: the collectives of every step of a trace, for the stop
+    # diagnosis of a run folder without comm records (rank_tables says where it is built).
+    "stop_trace_ops": lambda trace: comm_events.ops_from_events(
+        trace.events, _every_step(trace), _every_step(trace), trace.rank, trace.world_size),
 }
 
 
-def rank_tables(trace) -> dict:
-    """The tables and summaries computed from one rank's events alone, by name. One that fails
-    is left out: the analysis that needs it computes it again from the events, and reports the
-    failure."""
+def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
+                path_beside: bool = False) -> dict:
+    """The tables and summaries computed from one rank's events alone, by name; one that fails
+    is named in the result's FAILED ({name: "ExceptionType: message"}) instead, and the analysis
+    that takes it reports that failure (analysis.rank.reduced).
+
+    What only some runs need is built where it may be needed, since the events are not read
+    again: the one-rank critical path where the rank may be the run's only traced one (the run
+    has one trace file, `only_trace`, or the trace names no world size above 1); the trace's
+    collectives of every step for a rank of a run folder (`run_folder`) whose records hold no
+    comm op (traced with --no-comms), the only ranks whose stop diagnosis reads them.
+
+    `path_beside`: a run's one trace has its critical path, the slowest of them, computed in a
+    forked child on the machine's second core (analysis.core.forked) while the rest are
+    computed here, and the analyses after them; its value is a ForkedResult until it is taken
+    (analysis.rank.reduced)."""
     builds = {**RANK_TABLES, **RANK_SUMMARIES}
+    found: dict = {}
+    if not (only_trace or (trace.world_size or 1) <= 1):
+        del builds["critical_path"]
+    elif path_beside and only_trace and can_fork() and trace.events is not None:
+        # The events as they are now: the caller drops them once the rank is reduced.
+        found["critical_path"] = ForkedResult(partial(builds.pop("critical_path"), trace,
+                                                      trace.events))
+    records = getattr(trace, "records", None)
+    if not run_folder or records is None or len(records.comms):
+        del builds["stop_trace_ops"]
     kind_layers = _kind_and_layers(trace)
     if kind_layers is not None:
         # The activity layers found once, for the per-step breakdown and the idle gaps both.
@@ -100,13 +128,17 @@ def rank_tables(trace) -> dict:
         builds["comm_ops"] = lambda trace: communication.comm_ops(trace, join)
         builds["comm_events"] = lambda trace: _comm_events(
             trace, comm_events.kernel_host_ops(trace.events, join))
-    found = {}
     for name, build in builds.items():
         try:
             found[name] = build(trace)
-        except Exception:  # noqa: S112  (computed again, and reported, by the analysis)
-            continue
+        except Exception as exc:  # noqa: BLE001  (reported by the analysis that takes it)
+            found.setdefault(FAILED, {})[name] = f"{type(exc).__name__}: {exc}"
     return found
+
+
+def _every_step(trace):
+    """Every ProfilerStep span of the trace, before --steps selection."""
+    return trace.all_steps if trace.all_steps is not None else trace.steps
 
 
 def _kind_and_layers(trace) -> tuple | None:
@@ -139,5 +171,5 @@ def _kernel_join(events) -> comm_events.KernelJoin | None:
 def ddp_accumulation(traces) -> str | None:
     """issuers.ddp_accumulation over the run, from each rank's own verdict."""
     return issuers.strongest_verdict([
-        trace.reduced["ddp_accumulation"] if "ddp_accumulation" in getattr(trace, "reduced", {})
-        else issuers.ddp_accumulation([with_events(trace)]) for trace in traces or []])
+        reduced_table(trace, "ddp_accumulation", lambda t: issuers.ddp_accumulation([t]))
+        for trace in traces or []])

@@ -223,12 +223,23 @@ def test_strict_fails_on_any_problem_and_passes_without(capsys, tmp_path):
     assert run_cli(capsys, complete, "--strict")[0] == 0
 
 
-def test_module_entry_point(tmp_path):
+def test_module_entry_point(tmp_path, capsys):
     run = small_run(tmp_path / "run")
     done = run_module("analysis.breakdown", run, "--format", "json", "--no-cache", timeout=120)
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["ranks"]) == 2
     assert done.stderr == ""  # runpy's warning about a module imported before it ran, say
+    # The command ends at once once its output is out (breakdown.exit_now): its exit status and
+    # every line, the warnings on stderr included, as main() gives them.
+    missing_rank = small_run(tmp_path / "missing", ranks=(0,))
+    done = run_module("analysis.breakdown", missing_rank, "--strict", "--no-cache",
+                      timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == ("ranktrace: --strict: 1 problem(s), see the "
+                                            "warnings above")
+    assert "rank 1 of world size 2 has no trace here" in done.stderr
+    assert (done.returncode, done.stdout, done.stderr) == run_cli(capsys, missing_rank,
+                                                                  "--strict", "--no-cache")
 
 
 # ---- a real run of the tracer ------------------------------------------------------------------

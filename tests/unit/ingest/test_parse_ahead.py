@@ -45,7 +45,7 @@ def _children() -> set[int]:
 
 def test_columns_decoded_ahead_make_the_same_trace_as_decoding_here():
     ahead = parse_ahead.DecodeAhead(NCCL, LIMIT)
-    child = ahead._pid
+    child = ahead._child._pid
     decoded = ahead.take(NCCL, LIMIT)
     assert decoded is not None and decoded.columns.rows > 10_000
     there = parsed_trace.parse_trace(NCCL, decoded=decoded)
@@ -76,7 +76,7 @@ def test_a_refused_file_raises_the_error_decoding_it_here_raises(tmp_path):
 
 def test_another_file_or_limit_is_not_answered_and_close_ends_the_child():
     ahead = parse_ahead.DecodeAhead(NCCL, LIMIT)
-    child = ahead._pid
+    child = ahead._child._pid
     assert ahead.take(NCCL.with_name("other.json.gz"), LIMIT) is None
     assert ahead.take(NCCL, LIMIT - 1) is None
     assert child in _children()

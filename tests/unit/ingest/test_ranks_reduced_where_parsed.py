@@ -3,14 +3,20 @@ analysis.rank.summary): the same as from the loaded run, for the same steps and 
 kernels; and a run whose events were dropped after loading reports what a run that kept them
 does."""
 
+import shutil
+
 import pandas as pd
 import pytest
 
 from analysis.ingest.load import load_path
+from analysis.rank import critical_path, summary
+from analysis.rank.comm.events import ops_from_events
 from analysis.rank.hta import _hta_rank_of, hta_temporal_breakdown
+from analysis.rank.reduced import FAILED, ReducedTableFailed, reduced_table
 from analysis.rank.summary import RANK_SUMMARIES, RANK_TABLES, rank_tables
 from analysis.report import output
 from analysis.run import analyse_run
+from helpers.launch import DATA
 from helpers.synthetic import TraceBuilder, trace_name
 
 US = 1000
@@ -40,7 +46,10 @@ def test_worker_tables_are_those_of_the_loaded_rank_with_its_steps_and_kernels(t
     loaded = load_path(run, "2-3", use_cache=False, jobs=2, comm_kernels=("my_exchange",),
                        reduce_rank=rank_tables)
     for trace in loaded.ranks:
-        assert set(trace.reduced) == set(TABLES) | set(RANK_SUMMARIES)
+        # Two trace files naming world size 2, and no records: neither the one-rank critical
+        # path nor the collectives of a stop diagnosis can be needed.
+        assert set(trace.reduced) == (set(TABLES) | set(RANK_SUMMARIES)) - {"critical_path",
+                                                                             "stop_trace_ops"}
         for name, build in TABLES.items():
             pd.testing.assert_frame_equal(trace.reduced[name], build(trace))
         pd.testing.assert_frame_equal(trace.reduced["comm_events"],
@@ -110,7 +119,8 @@ def test_several_windows_of_a_rank_are_merged_and_then_dropped(tmp_path):
 
 def test_hta_columns_of_sub_microsecond_durations_do_not_depend_on_dropping(tmp_path):
     # Whole-microsecond starts with fractional durations: HTA's float sums depend on the run's
-    # earliest start, which a worker cannot know; such a rank is computed again from its events.
+    # earliest start, which a worker cannot know; such a rank's row is computed again from the
+    # kernels its summary keeps.
     run = tmp_path / "run"
     for rank, offset in ((0, 0), (1, 3_000_001)):
         b = TraceBuilder(rank=rank, world_size=2)
@@ -121,6 +131,8 @@ def test_hta_columns_of_sub_microsecond_durations_do_not_depend_on_dropping(tmp_
         b.write(run / trace_name(rank))
     dropped = load_path(run, use_cache=False, jobs=2, keep_events=False, reduce_rank=rank_tables)
     assert not any(t.reduced["hta"]["exact"] for t in dropped.ranks)
+    for trace in dropped.ranks:  # computed from the summaries alone: nothing is read again
+        trace.read_events = None
     table = hta_temporal_breakdown(dropped.ranks)
     # HTA's rows on float64 times from the run's earliest start (rank 0's first step, 1000 us),
     # as a run whose events are all held computes them.
@@ -130,3 +142,53 @@ def test_hta_columns_of_sub_microsecond_durations_do_not_depend_on_dropping(tmp_
     assert table.to_dict("records") == expected
     # Rank 1's row from its own earliest start (the worker's) differs: the test tells them apart.
     assert dropped.ranks[1].reduced["hta"]["rows"][True] != expected[1]
+
+
+def test_a_runs_one_trace_gets_its_own_critical_path_whatever_world_size_it_names(tmp_path):
+    run = write_run(tmp_path / "run", [rank_trace(1)])  # rank 1 of world size 2, alone here
+    dropped = load_path(run, use_cache=False, keep_events=False, reduce_rank=rank_tables)
+    kept = load_path(run, use_cache=False)
+    path = dropped.ranks[0].reduced["critical_path"]
+    expected = critical_path.analyse(kept.ranks[0])
+    assert len(path["critical_path_steps"]) == 4
+    for name in ("critical_path", "critical_path_steps", "critical_path_segments"):
+        pd.testing.assert_frame_equal(path[name], expected[name])
+    assert path["what_if"] == expected["what_if"]
+    # Two files: no rank can be the run's only one.
+    two = write_run(tmp_path / "two", [rank_trace(0), rank_trace(1)])
+    loaded = load_path(two, use_cache=False, jobs=2, keep_events=False, reduce_rank=rank_tables)
+    assert not any("critical_path" in t.reduced for t in loaded.ranks)
+
+
+def test_a_rank_without_comm_records_keeps_the_collectives_of_its_stop_diagnosis(tmp_path):
+    run = shutil.copytree(DATA / "ddp_cpu", tmp_path / "run")
+    (run / "rank1.comms.jsonl").unlink()
+    dropped = load_path(run, use_cache=False, jobs=2, keep_events=False, reduce_rank=rank_tables)
+    kept = load_path(run, use_cache=False, jobs=2)
+    with_comms, without = dropped.ranks
+    assert "stop_trace_ops" not in with_comms.reduced
+    ops = without.reduced["stop_trace_ops"]
+    trace = kept.ranks[1]
+    expected = ops_from_events(trace.events, trace.all_steps, trace.all_steps, 1, 2)
+    # Two buckets a step in its two profiled steps.
+    assert ops["step"].tolist() == [2, 2, 3, 3] and set(ops["op"]) == {"all_reduce"}
+    pd.testing.assert_frame_equal(ops, expected)
+
+
+def test_a_failure_where_the_rank_is_reduced_is_kept_and_raised_where_the_table_is_taken(
+        tmp_path, monkeypatch):
+    def broken(trace):
+        raise ValueError("no schedule")
+
+    monkeypatch.setitem(summary.RANK_SUMMARIES, "pipeline_schedule", broken)
+    run = write_run(tmp_path / "run", [rank_trace(0)])
+    dropped = load_path(run, use_cache=False, keep_events=False, reduce_rank=rank_tables)
+    trace, = dropped.ranks
+    assert trace.reduced[FAILED] == {"pipeline_schedule": "ValueError: no schedule"}
+    assert "per_step" in trace.reduced
+    with pytest.raises(ReducedTableFailed, match="rank 0's pipeline_schedule failed where its "
+                                                 "trace was parsed: ValueError: no schedule"):
+        reduced_table(trace, "pipeline_schedule", broken)
+    # A rank that was never reduced has its table computed from its events.
+    kept = load_path(run, use_cache=False)
+    assert reduced_table(kept.ranks[0], "no such table", lambda t: len(t.events)) > 0

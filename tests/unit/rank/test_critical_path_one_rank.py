@@ -124,3 +124,12 @@ def test_resnet_graph_propagates_to_its_measured_times(resnet):
     graph = cp.build(trace.events, trace.steps)
     alone = cp.steps_alone(graph)
     assert np.array_equal(dag.propagate(alone, alone.duration)[:, 0], graph.time)
+    # The what-if's one pass over the unsorted edges gives dag.propagate's times, for any
+    # number of scenarios.
+    unsorted = cp.steps_alone(graph, sort=False)
+    assert unsorted.level_starts is None and np.array_equal(unsorted.duration, alone.duration)
+    assert np.array_equal(cp.propagate_once(unsorted, unsorted.duration)[:, 0], graph.time)
+    scenarios = np.column_stack([alone.duration, alone.duration // 2, alone.duration * 3])
+    once = cp.propagate_once(unsorted, scenarios)
+    assert once.shape == (len(graph.time), 3) and (once[:, 1] < graph.time).any()
+    assert np.array_equal(once, dag.propagate(alone, scenarios))

@@ -1,0 +1,153 @@
+"""Work done in a forked child process while the caller goes on with its own, on a machine's
+second core: the command's decoding of its one trace while it imports pandas
+(analysis.ingest.parse_ahead), and a run's one-rank critical path beside the rest of the
+analysis (analysis.rank.summary).
+
+The child shares the caller's memory as it was at the fork (nothing is copied to it), computes,
+and hands back its answer, pickled by itself, through a pipe; nothing read from a file is ever
+unpickled. It leaves without running any of the caller's exit handlers or flushing its buffers
+(the caller's output is the caller's to write). A child that cannot be started, or dies before
+it answers, answers nothing: its caller does the work itself.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def can_fork() -> bool:
+    """Whether work can be done beside the caller: a Linux machine with a second core."""
+    return (sys.platform.startswith("linux") and hasattr(os, "fork")
+            and (os.cpu_count() or 1) >= 2)
+
+
+class ForkedChild:
+    """compute() running in a forked child from creation; `answer()` waits for what it
+    returned. Raises OSError where no process or pipe can be had."""
+
+    def __init__(self, compute: Callable[[], Any]):
+        self._pid: int | None = None
+        read_fd, write_fd = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
+        if pid == 0:
+            # The child ends once it answers: a collection of what the caller made would only
+            # rescan it (40 ms after decoding a 50 MB trace, before its answer is sent).
+            gc.disable()
+            os.close(read_fd)
+            _answer_in_child(compute, write_fd)  # never returns
+        os.close(write_fd)
+        self._pid, self._read_fd = pid, read_fd
+
+    @property
+    def waiting(self) -> bool:
+        """Whether its answer is still to be taken."""
+        return self._pid is not None
+
+    def answer(self) -> Any | None:
+        """What compute() returned (once); None where the child died before answering, or
+        the answer was taken already."""
+        if self._pid is None:
+            return None
+        try:
+            with os.fdopen(self._read_fd, "rb") as pipe:
+                data = pipe.read()
+        finally:
+            self._pid = _reaped(self._pid)
+        return pickle.loads(data) if data else None
+
+    def close(self) -> None:
+        """Stop the child if nobody took its answer (the caller failed before it, or never
+        needed it)."""
+        if self._pid is None:
+            return
+        os.close(self._read_fd)
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._pid = _reaped(self._pid)
+
+    def __del__(self):
+        self.close()
+
+
+class ComputedElsewhereFailed(Exception):
+    """The computation failed in the child: `why` is its "ExceptionType: message"."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
+
+
+class ForkedResult:
+    """A value being computed by compute() in a ForkedChild; `result()` waits for it, and
+    computes it here where the child could not be started or died. Pickled, it is its result
+    (waited for), so that it travels as the value would."""
+
+    def __init__(self, compute: Callable[[], Any]):
+        self._compute = compute
+        self._outcome: tuple | None = None
+        try:
+            self._child: ForkedChild | None = ForkedChild(lambda: _outcome_of(compute))
+        except OSError:
+            self._child = None  # no process or pipe to spare: computed here when taken
+
+    def result(self) -> Any:
+        """The value; raises ComputedElsewhereFailed where the computation raised."""
+        if self._outcome is None:
+            answer = self._child.answer() if self._child is not None else None
+            self._outcome = answer or _outcome_of(self._compute)
+            self._compute = None  # what it holds (a rank's events) is not needed any more
+        kind, value = self._outcome
+        if kind == "failed":
+            raise ComputedElsewhereFailed(value)
+        return value
+
+    def close(self) -> None:
+        """Stop the child if nobody took the result."""
+        if self._child is not None:
+            self._child.close()
+
+    def __reduce__(self):
+        return _value, (self.result(),)
+
+
+def _value(value):
+    return value
+
+
+def _outcome_of(compute: Callable[[], Any]) -> tuple:
+    try:
+        return ("done", compute())
+    except Exception as exc:  # noqa: BLE001  (raised as ComputedElsewhereFailed when taken)
+        return ("failed", f"{type(exc).__name__}: {exc}")
+
+
+def _reaped(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _answer_in_child(compute: Callable[[], Any], write_fd: int) -> None:
+    """The child's whole life: compute, answer, and leave."""
+    try:
+        data = pickle.dumps(compute(), protocol=pickle.HIGHEST_PROTOCOL)
+        with os.fdopen(write_fd, "wb") as pipe:
+            pipe.write(data)
+    except BaseException:  # noqa: BLE001, S110  (a failed, interrupted or orphaned child ends)
+        pass
+    finally:
+        os._exit(0)

@@ -1,0 +1,83 @@
+"""analysis.core.forked: a value computed in a forked child is the value computed here; a
+failure there is raised when it is taken; a child that dies leaves it to be computed here."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.core import forked
+from analysis.core.forked import ComputedElsewhereFailed, ForkedResult
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="values are computed beside on Linux only")
+
+
+def _frames(n: int) -> dict:
+    # Larger than a pipe's buffer: the child blocks until the value is taken.
+    return {"frame": pd.DataFrame({"a": np.arange(n), "b": np.arange(n) * 0.5}),
+            "pid": os.getpid()}
+
+
+def test_the_value_is_computed_in_another_process_and_equals_the_one_computed_here():
+    beside = ForkedResult(lambda: _frames(100_000))
+    child = beside._child._pid
+    value = beside.result()
+    pd.testing.assert_frame_equal(value["frame"], _frames(100_000)["frame"])
+    assert value["pid"] == child != os.getpid()
+    assert beside.result() is value  # taken once
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)  # reaped
+
+
+def test_a_failure_in_the_child_is_raised_when_the_value_is_taken():
+    def broken():
+        raise ValueError("no step end")
+
+    beside = ForkedResult(broken)
+    with pytest.raises(ComputedElsewhereFailed, match="^ValueError: no step end$") as failed:
+        beside.result()
+    assert failed.value.why == "ValueError: no step end"
+
+
+def test_a_child_that_dies_leaves_the_value_to_be_computed_here():
+    here = os.getpid()
+
+    def dies_in_the_child():
+        if os.getpid() != here:
+            os._exit(3)
+        return "computed here"
+
+    assert ForkedResult(dies_in_the_child).result() == "computed here"
+
+
+def test_without_a_fork_the_value_is_computed_here(monkeypatch):
+    def no_fork():
+        raise OSError("no process to spare")
+
+    monkeypatch.setattr(forked.os, "fork", no_fork)
+    beside = ForkedResult(lambda: os.getpid())
+    assert beside._child is None and beside.result() == os.getpid()
+
+
+def test_pickled_it_travels_as_its_value_and_close_ends_an_untaken_child():
+    assert pickle.loads(pickle.dumps(ForkedResult(lambda: [1, 2, 3]))) == [1, 2, 3]
+    untaken = ForkedResult(lambda: _frames(100_000))
+    child = untaken._child._pid
+    untaken.close()
+    assert untaken._child._pid is None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)
+
+
+def test_a_child_whose_answer_is_never_taken_ends_with_its_holder():
+    untaken = ForkedResult(lambda: _frames(100_000))
+    child = untaken._child._pid
+    del untaken
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)
