@@ -9,7 +9,8 @@ This writes TensorBoard's event format itself (TFRecord framing of `Event` proto
 `SummaryWriter` does underneath) because it runs for every step: one `Event` carrying all of a
 step's values, where `SummaryWriter.add_scalar` costs about 30 us per value, over 200 us a step,
 plus a writer thread. The frames' CRC-32C is google-crc32c's C code: tensorboard's own is pure
-Python, about 40 us an event on the step-end worker (docs/benchmarks.md). Records are buffered and
+Python, about 40 us an event on the step-end worker (docs/benchmarks.md), and is used only where
+google-crc32c is missing. Records are buffered and
 written at least every `flush_s` seconds, so a crash loses about that much. A failure to write
 switches the writer off with one line on stderr and a note in `error`; training goes on.
 """
@@ -23,8 +24,12 @@ import struct
 import threading
 import time
 
-import google_crc32c
 from tensorboard.compat.proto import event_pb2, summary_pb2
+
+try:
+    from google_crc32c import value as _crc32c
+except ImportError:  # a dependency, but the scalars go on without it, 40 us an event slower
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as _crc32c
 
 from tracer.parts.buffered_file import BufferedFile
 from tracer.schema import DeviceSample, StepRecord
@@ -72,7 +77,7 @@ def event_file_name(rank: int) -> str:
 
 def masked_crc32c(data: bytes) -> int:
     """TFRecord's masked CRC-32C of `data` (the same value as tensorboard's pure-Python one)."""
-    crc = google_crc32c.value(data)
+    crc = _crc32c(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 

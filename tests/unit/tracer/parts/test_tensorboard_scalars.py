@@ -272,3 +272,22 @@ def test_events_are_the_bytes_of_freshly_built_protos(tmp_path):
     )).SerializeToString()) for step, t_ns, values in batches]
     assert sent == expected
     writer.close()
+
+
+def test_frames_are_checksummed_alike_without_google_crc32c():
+    """Where google-crc32c is missing, tensorboard's pure-Python CRC-32C frames the same bytes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import tracer
+
+    code = ("import sys; sys.modules['google_crc32c'] = None\n"
+            "from tracer.parts import tensorboard_scalars as t\n"
+            "print(t._crc32c.__module__, t.masked_crc32c(b'123456789'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(tracer.__file__).parents[1])  # where `import tracer` finds it
+    module, value = out.stdout.split()
+    crc = 0xE3069283  # CRC-32C's check value (RFC 3720)
+    assert module.startswith("tensorboard.")
+    assert int(value) == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
