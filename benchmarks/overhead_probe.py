@@ -12,6 +12,10 @@ whatever the tracer does at its end. At each step end it reads three clocks:
 * `process_cpu_ns`: CPU time of the whole process, every thread (the tracer's and gloo's too);
 * `thread_cpu_ns`: CPU time of the main thread, the one that runs the training step.
 
+Under the tracer it also times, on the main thread's CPU clock, the tracer's own step end
+(`tracer_step_end_ns`, one figure per step), and with `--part-costs` every hook of every part
+on its own thread's clock (`part_costs`, see PartCosts).
+
 With several ranks each writes `OUT.json.rank<R>`; with one, OUT.json. Beside the stamps it
 writes what explains them: per-thread CPU time and context switches over the measured steps (from
 `/proc/self/task`), garbage collections, and the interpreter and torch state that could make a
@@ -21,7 +25,8 @@ profiler, the GIL switch interval, signal handlers). `benchmarks/tracer_overhead
 
 `--profiler skip_first,wait,warmup,active,repeat` runs a bare torch.profiler with that schedule
 (CPU, plus CUDA where available; gzipped traces next to OUT), stepped at each step end: the
-yardstick for the tracer inside its windows.
+yardstick for the tracer inside its windows; `--record-shapes` has it record operator input
+shapes, as the tracer's profiler does by default.
 
 `--tracer-off scalars,memory,steps` switches off, inside a traced run, parts of the tracer that
 have no option of their own, so that the benchmark can measure each part alone: `scalars` (the
@@ -63,9 +68,23 @@ def pin_to_one_core(local_rank: int) -> None:
             pass  # a thread that just ended
 
 
+def thread_cpu_clocks() -> dict[int, int]:
+    """Native thread id -> CPU ns, read from the thread's own CPU clock (ns resolution) for
+    every Python thread; the others (gloo's, the autograd engine's) only have /proc's ticks."""
+    clocks = {}
+    for thread in threading.enumerate():
+        try:
+            clocks[thread.native_id] = time.clock_gettime_ns(
+                time.pthread_getcpuclockid(thread.ident))
+        except (OSError, TypeError, AttributeError):
+            pass  # ended meanwhile, or not started
+    return clocks
+
+
 def thread_table() -> dict[str, dict]:
     """Per thread of this process: CPU ns (user + system) and voluntary/involuntary switches."""
     names = {t.native_id: t.name for t in threading.enumerate()}
+    clocks = thread_cpu_clocks()
     ticks_ns = 1e9 / os.sysconf("SC_CLK_TCK")
     table = {}
     for tid in os.listdir("/proc/self/task"):
@@ -79,8 +98,9 @@ def thread_table() -> dict[str, dict]:
                         if line.endswith(tuple("0123456789")) and "ctxt_switches" in line)
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
         name = names.get(int(tid), comm)
+        ticks = int((int(fields[11]) + int(fields[12])) * ticks_ns)
         table[f"{name}[{tid}]"] = {
-            "cpu_ns": int((int(fields[11]) + int(fields[12])) * ticks_ns),
+            "cpu_ns": clocks.get(int(tid), ticks),
             "voluntary": int(switches.get("voluntary_ctxt_switches", 0)),
             "involuntary": int(switches.get("nonvoluntary_ctxt_switches", 0))}
     return table
@@ -153,6 +173,48 @@ def _drop_part(tracing, name: str):
     return part
 
 
+class PartCosts:
+    """Benchmark-only: CPU time, on the calling thread's clock, spent in each hook of each tracer
+    part in use (`part.hook`), in the step-end worker's passes (`worker.pass`, every hook of a
+    pass together), in the sampler's samples (`sampler.sample`) and in reading torch's Flight
+    Recorder (`flight.dump`). Load inflates every figure alike, so that their shares say where
+    the tracer's time goes; each wrapped call adds two clock reads (about 1 us)."""
+
+    def __init__(self):
+        self.spent: dict[str, list[int]] = {}  # key -> [ns, calls]
+
+    def wrap(self, key: str, fn):
+        spent = self.spent.setdefault(key, [0, 0])
+
+        def timed(*args, **kwargs):
+            started = time.thread_time_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.thread_time_ns() - started
+                spent[1] += 1
+
+        return timed
+
+    def install(self, tracing) -> None:
+        # The session's module, wherever the tracer of this run keeps it (--baseline runs an
+        # older one)
+        hooks = sys.modules[type(tracing).__module__]._HOOKS
+        for part in tracing.parts:
+            for hook in hooks:
+                if part in tracing._hooked.get(hook, ()):
+                    setattr(part, hook, self.wrap(f"{part.name}.{hook}", getattr(part, hook)))
+        tracing._refresh_hooks()
+        worker = tracing.worker
+        worker._write_pending = self.wrap("worker.pass", worker._write_pending)
+        sampler = tracing.in_use("sampler")
+        if sampler is not None:
+            sampler._take_sample = self.wrap("sampler.sample", sampler._take_sample)
+        flight = tracing.in_use("flight")
+        if flight is not None:
+            flight._dump = self.wrap("flight.dump", flight._dump)
+
+
 class CallCounter:
     """Counts every Python and C function call of the main thread over a span of steps.
 
@@ -177,12 +239,16 @@ class CallCounter:
 class StepProbe:
     """Stamps each step end with the wall clock, the process's and the main thread's CPU."""
 
-    def __init__(self, profile=None, count_calls: tuple[int, int] | None = None):
+    def __init__(self, profile=None, count_calls: tuple[int, int] | None = None,
+                 part_costs: bool = False):
         self.profile = profile
         self.count_calls = count_calls
+        self.part_costs = PartCosts() if part_costs else None
         self.counter: CallCounter | None = None
         self.start_ns: int | None = None  # perf_counter_ns when the script starts
         self.wall_ns: list[int] = []
+        # The main thread's CPU in the tracer's own step end, per step (traced runs only)
+        self.tracer_step_end_ns: list[int] = []
         self.process_cpu_ns: list[int] = []
         self.thread_cpu_ns: list[int] = []
         self.gc_collections = [0, 0, 0]
@@ -195,6 +261,7 @@ class StepProbe:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         register_optimizer_step_post_hook(self.on_step)
+        self._time_tracer_step_end()
         gc.callbacks.append(self._on_gc)
         self.start_ns = time.perf_counter_ns()
 
@@ -216,6 +283,29 @@ class StepProbe:
             elif len(self.wall_ns) == self.count_calls[1]:
                 sys.setprofile(None)
 
+    def _time_tracer_step_end(self) -> None:
+        """Benchmark-only: time, on the main thread's CPU clock, what the tracer does at each
+        step end (its tracer.stepclock callback), when the script runs under the tracer. Two
+        clock reads a step (about 1 us) are added to the traced step."""
+        import tracer
+
+        tracing = getattr(tracer._step_callback, "__self__", None)
+        if tracing is None:
+            return
+        if self.part_costs is not None:
+            self.part_costs.install(tracing)
+        clock, on_step_end = tracing.clock, tracing.clock.on_step_end
+        spent = self.tracer_step_end_ns
+
+        def timed(*args) -> None:
+            started = time.thread_time_ns()
+            try:
+                on_step_end(*args)
+            finally:
+                spent.append(time.thread_time_ns() - started)
+
+        clock.on_step_end = timed
+
     def _on_gc(self, phase: str, info: dict) -> None:
         if len(self.wall_ns) < THREAD_WINDOW_FROM:
             return
@@ -233,12 +323,14 @@ class StepProbe:
                 "thread_cpu_ns": self.thread_cpu_ns, "gc_collections": self.gc_collections,
                 "gc_ns": self.gc_ns, "threads_from_step": THREAD_WINDOW_FROM,
                 "threads": threads, "state": self.state,
+                "tracer_step_end_ns": self.tracer_step_end_ns,
+                "part_costs": None if self.part_costs is None else self.part_costs.spent,
                 "calls": None if self.counter is None else {
                     "steps": self.count_calls[1] - self.count_calls[0],
                     "counts": self.counter.calls}}
 
 
-def bare_profiler(spec: str, trace_dir: str, rank: int):
+def bare_profiler(spec: str, trace_dir: str, rank: int, record_shapes: bool = False):
     """A started torch.profiler with schedule `skip_first,wait,warmup,active,repeat`."""
     import torch
     from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
@@ -252,7 +344,8 @@ def bare_profiler(spec: str, trace_dir: str, rank: int):
         schedule=schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active,
                           repeat=repeat),
         on_trace_ready=tensorboard_trace_handler(trace_dir, worker_name=f"rank{rank}",
-                                                 use_gzip=True))
+                                                 use_gzip=True),
+        record_shapes=record_shapes)
     profile.start()
     return profile
 
@@ -263,7 +356,8 @@ def output_path(out: str, rank: int) -> Path:
 
 def run_probe(out: str, script: str, script_args: list[str], profiler: str | None = None,
               pin: bool = False, tracer_off: list[str] = (),
-              count_calls: tuple[int, int] | None = None) -> None:
+              count_calls: tuple[int, int] | None = None, record_shapes: bool = False,
+              part_costs: bool = False) -> None:
     """Run `script` as __main__ with `script_args`, stamping each step end; write OUT."""
     rank = int(os.environ.get("RANK", "0"))
     if pin:
@@ -273,8 +367,9 @@ def run_probe(out: str, script: str, script_args: list[str], profiler: str | Non
     profile = None
     if profiler:
         profile = bare_profiler(profiler, tempfile.mkdtemp(prefix="bare-profiler-",
-                                                           dir=os.path.dirname(out) or None), rank)
-    probe = StepProbe(profile, count_calls)
+                                                           dir=os.path.dirname(out) or None), rank,
+                                record_shapes)
+    probe = StepProbe(profile, count_calls, part_costs)
     probe.install()
     sys.argv = [script, *script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
@@ -312,15 +407,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pin", action="store_true", help="pin each rank to its own core")
     p.add_argument("--profiler", metavar="SPEC",
                    help="bare torch.profiler, schedule skip_first,wait,warmup,active,repeat")
+    p.add_argument("--record-shapes", action="store_true",
+                   help="the bare profiler records operator input shapes (as the tracer does "
+                        "by default)")
     p.add_argument("--tracer-off", type=parts_list, default=[], metavar="PARTS",
                    help=f"tracer parts to switch off: {', '.join(TRACER_PARTS_WITHOUT_OPTION)}")
     p.add_argument("--count-calls", type=step_span, metavar="FROM:TO",
                    help="count the main thread's function calls from step end FROM to TO")
+    p.add_argument("--part-costs", action="store_true",
+                   help="time each hook of each tracer part on its thread's CPU clock")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     run_probe(args.out, args.script, args.script_args, args.profiler, args.pin, args.tracer_off,
-              args.count_calls)
+              args.count_calls, args.record_shapes, args.part_costs)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,12 @@ falls on all of them alike:
 
 * bare:           torchrun workloads/ddp.py
 * traced:         torchrun -m tracer.record --skip-first <steps - 30> ... (window at the very end)
+* baseline:       traced with the tracer of another checkout (`--baseline CHECKOUT`): the same
+                  workload and probe, to compare two commits' tracers side by side
 * traced-window:  torchrun -m tracer.record with windows back to back (wait 0, warmup 1, active 3)
-* profiler:       the same schedule with a bare torch.profiler and tensorboard_trace_handler
+* profiler:       the same schedule with a bare torch.profiler and tensorboard_trace_handler,
+                  with the tracer's default profiler options (operator input shapes recorded)
+* profiler-no-shapes: the same without shapes (what recording the shapes costs a step)
 * bare-again:     bare once more, as a control: bare-again / bare is the noise floor
 * hook:           traced with --ddp-bucket-hook (DDP's buckets are recorded ops)
 * hook-no-issue:  hook with --no-issue-records: hook / hook-no-issue is what the issue-time
@@ -35,7 +39,8 @@ its end. Printed per mode, as ratios of median step times against bare:
 * outside windows: over steps where the profiler is idle (goal for traced / bare: < 1.01), wall
   time, the main thread's CPU time and the process's CPU time (every thread, the tracer's too);
 * inside windows: traced-window / profiler, over recording steps whose end does not export a
-  trace (goal < 1.03).
+  trace (goal < 1.03); with profiler-no-shapes also against a profiler without shapes, and
+  profiler / profiler-no-shapes, what the shapes cost.
 
 CPU time is the steadier figure while other work runs on the machine; the per-repeat wall
 ratios and the noise floor say how far the wall figures can be trusted. `--count-calls` counts
@@ -59,8 +64,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORKLOAD = "workloads/ddp.py"
-PROBE = "benchmarks/overhead_probe.py"
+sys.path.insert(0, str(REPO))
+
+from tracer.options.config import TracerConfig  # noqa: E402  (the tracer's default profiler options)
+
+# Absolute: a `baseline` run starts in another checkout, whose tracer package it imports.
+WORKLOAD = str(REPO / "workloads" / "ddp.py")
+PROBE = str(REPO / "benchmarks" / "overhead_probe.py")
 DISCARD = 10  # first steps left out of every comparison
 WINDOW = dict(wait=0, warmup=1, active=3)
 TRACER_SWITCHES = {"comms": "--no-comms", "sampler": "--no-sampler", "profiler": "--no-profiler"}
@@ -77,8 +87,9 @@ FR_MODES = {"traced-no-fr": ["--no-flight-recorder"]}
 # Traced with the slow-step watch on (--capture-slow-steps; --max-captures 0 keeps its windows
 # out of the steps compared, so that this is what watching costs between windows).
 CAPTURE_MODES = {"capture": ["--capture-slow-steps", "--max-captures", "0"]}
-MODES = ("bare", "traced", *PARTS_ON, "traced-window", "profiler", "bare-again", *ISSUE_MODES,
-         *FR_MODES, *CAPTURE_MODES)
+MODES = ("bare", "traced", "baseline", *PARTS_ON, "traced-window", "profiler", "profiler-no-shapes",
+         "bare-again", *ISSUE_MODES, *FR_MODES, *CAPTURE_MODES)
+WINDOW_MODES = ("traced-window", "profiler", "profiler-no-shapes")  # windows back to back
 DEFAULT_MODES = ("bare", "traced", "traced-window", "profiler", "bare-again")
 CLOCKS = ("wall_ns", "thread_cpu_ns", "process_cpu_ns")
 COUNT_SPAN = (20, 50)  # steps whose calls --count-calls counts: before any window of any mode
@@ -98,6 +109,13 @@ def parse_args():
     p.add_argument("--flight-recorder", action="store_true",
                    help="run bare, traced, traced-no-fr and bare-again: the Flight Recorder "
                         "part's cost side by side")
+    p.add_argument("--baseline", metavar="CHECKOUT",
+                   help="also run `baseline`: traced with the tracer of another checkout of "
+                        "this repository (say `git worktree add /tmp/old COMMIT`), side by side "
+                        "with this one's")
+    p.add_argument("--part-costs", action="store_true",
+                   help="in traced runs, also time each hook of each tracer part on its "
+                        "thread's CPU clock and print where the tracer's time goes")
     p.add_argument("--count-calls", action="store_true",
                    help="instead of timing, count the main thread's function calls per step "
                         f"over steps {COUNT_SPAN[0]}-{COUNT_SPAN[1]} of each mode, once (exact "
@@ -107,18 +125,18 @@ def parse_args():
 
 # ---- the driver ------------------------------------------------------------------------------
 def window_skip_first(mode: str, steps: int) -> int:
-    return DISCARD if mode in ("traced-window", "profiler") else steps - 30
+    return DISCARD if mode in WINDOW_MODES else steps - 30
 
 
 def command(mode: str, steps: int, nproc: int, stamps: str, out: str,
-            count_calls: bool = False) -> list[str]:
+            count_calls: bool = False, part_costs: bool = False) -> list[str]:
     head = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}"]
-    probe = [PROBE, "--out", stamps, "--pin"]
+    probe = [PROBE, "--out", stamps, "--pin"] + (["--part-costs"] if part_costs else [])
     if count_calls:
         probe += ["--count-calls", f"{COUNT_SPAN[0]}:{COUNT_SPAN[1]}"]
     skip_first = str(window_skip_first(mode, steps))
-    if mode == "traced":
+    if mode in ("traced", "baseline"):
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
     elif mode in ISSUE_MODES or mode in FR_MODES or mode in CAPTURE_MODES:
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
@@ -126,9 +144,11 @@ def command(mode: str, steps: int, nproc: int, stamps: str, out: str,
     elif mode == "traced-window":
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first, "--repeat",
                  "0"] + [f"--{k}={v}" for k, v in WINDOW.items()]
-    elif mode == "profiler":
+    elif mode in ("profiler", "profiler-no-shapes"):
         probe += ["--profiler", f"{skip_first},{WINDOW['wait']},{WINDOW['warmup']},"
                                 f"{WINDOW['active']},0"]
+        if mode == "profiler" and TracerConfig().record_shapes:
+            probe += ["--record-shapes"]
     elif mode in PARTS_ON:
         on = PARTS_ON[mode]
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
@@ -143,9 +163,9 @@ def mode_actions(mode: str, steps: int) -> list:
     """torch.profiler.schedule's action for each step of a run of `mode` (NONE without one)."""
     from torch.profiler import ProfilerAction, schedule
 
-    if mode in ("traced", "+profiler", "traced-window", "profiler", *ISSUE_MODES, *FR_MODES,
+    if mode in ("traced", "baseline", "+profiler", *WINDOW_MODES, *ISSUE_MODES, *FR_MODES,
                 *CAPTURE_MODES):
-        repeat = 0 if mode in ("traced-window", "profiler") else 1
+        repeat = 0 if mode in WINDOW_MODES else 1
         fn = schedule(skip_first=window_skip_first(mode, steps), repeat=repeat, **WINDOW)
         return [fn(k) for k in range(steps + 1)]
     return [ProfilerAction.NONE] * (steps + 1)
@@ -168,6 +188,13 @@ def selected_periods(result: dict, mode: str, steps: int) -> dict[str, dict[str,
                 periods[clock]["outside"].append(ms)
             elif acts[k] in recording:
                 periods[clock]["inside"].append(ms)
+    # The tracer's own step end on the main thread (us), at the end of the same steps outside
+    # windows.
+    step_end = result.get("tracer_step_end_ns") or []
+    periods["step_end_us"] = [step_end[k] / 1e3 for k in range(DISCARD, min(len(step_end),
+                                                                            len(acts) - 1))
+                              if acts[k] == ProfilerAction.NONE
+                              and acts[k + 1] == ProfilerAction.NONE]
     return periods
 
 
@@ -180,14 +207,19 @@ def run_all(args, modes: list[str], work: str):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKTRACE_")}
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     pooled = {m: {c: {"outside": [], "inside": []} for c in CLOCKS} for m in modes}
+    for m in modes:
+        pooled[m]["step_end_us"] = []
     per_repeat = {m: [] for m in modes}
     threads = {m: {} for m in modes}
     for repeat in range(args.repeats):
         for mode in modes:
             stamps = os.path.join(work, f"{mode}.{repeat}")
             started = time.monotonic()
-            result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work),
-                                    cwd=REPO, env=env, capture_output=True, text=True)
+            # `python -m tracer.record` imports the tracer of the folder it starts in
+            result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work,
+                                            part_costs=args.part_costs),
+                                    cwd=args.baseline if mode == "baseline" else REPO, env=env,
+                                    capture_output=True, text=True)
             if result.returncode != 0:
                 sys.exit(f"{mode} run failed:\n{result.stderr[-3000:]}")
             probe = json.loads(Path(stamps + ".rank0").read_text())
@@ -195,6 +227,12 @@ def run_all(args, modes: list[str], work: str):
             for clock in CLOCKS:
                 for kind in ("outside", "inside"):
                     pooled[mode][clock][kind] += periods[clock][kind]
+            pooled[mode]["step_end_us"] += periods["step_end_us"]
+            for key, (ns, calls) in (probe.get("part_costs") or {}).items():
+                costs = pooled[mode].setdefault("part_costs", {}).setdefault(key, [0, 0, 0])
+                costs[0] += ns
+                costs[1] += calls
+                costs[2] += len(probe["wall_ns"])
             per_repeat[mode].append({kind: median_or_none(periods["wall_ns"][kind])
                                      for kind in ("outside", "inside")})
             first = probe["threads_from_step"]
@@ -220,7 +258,8 @@ def count_calls(args, modes: list[str], work: str) -> None:
     for mode in modes:
         stamps = os.path.join(work, f"{mode}.calls")
         result = subprocess.run(command(mode, args.steps, args.nproc, stamps, work, True),
-                                cwd=REPO, env=env, capture_output=True, text=True)
+                                cwd=args.baseline if mode == "baseline" else REPO, env=env,
+                                capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"{mode} run failed:\n{result.stderr[-3000:]}")
         calls = json.loads(Path(stamps + ".rank0").read_text())["calls"]
@@ -252,7 +291,7 @@ def report(pooled, per_repeat, threads, modes: list[str]) -> None:
           f"{'proc CPU':>9} {'ratio':>7}   wall ratio per repeat")
     bare = {clock: med("bare", clock) for clock in CLOCKS}
     for mode in modes:
-        if mode in ("traced-window", "profiler"):
+        if mode in WINDOW_MODES:
             continue
         cells = []
         for clock in CLOCKS:
@@ -264,23 +303,70 @@ def report(pooled, per_repeat, threads, modes: list[str]) -> None:
         issue_report(pooled, per_repeat)
     if "traced" in modes and "traced-no-fr" in modes:
         flight_report(pooled, per_repeat)
-    if "traced-window" in modes and "profiler" in modes:
-        inside = med("traced-window", "wall_ns", "inside")
-        yardstick = med("profiler", "wall_ns", "inside")
-        cpu = (med("traced-window", "thread_cpu_ns", "inside")
-               / med("profiler", "thread_cpu_ns", "inside"))
-        print(f"\ninside windows: traced-window / torch.profiler = {inside / yardstick:.4f} "
-              f"(goal < 1.03; {inside:.3f} / {yardstick:.3f} ms, "
-              f"{len(pooled['traced-window']['wall_ns']['inside'])} steps); per repeat "
-              f"{paired('traced-window', 'profiler', 'inside')}; main CPU ratio {cpu:.4f}")
-    print("\nrank 0's threads from step 10 on: CPU per step (us; /proc counts in 10 ms ticks, "
-          "so small figures are coarse) / voluntary context switches (wake-ups and GIL waits) "
-          "per second")
+    for yardstick_mode in ("profiler", "profiler-no-shapes"):
+        if "traced-window" in modes and yardstick_mode in modes:
+            inside_report(pooled, paired, "traced-window", yardstick_mode)
+    if "profiler" in modes and "profiler-no-shapes" in modes:
+        inside_report(pooled, paired, "profiler", "profiler-no-shapes")
+    print("\nrank 0's threads from step 10 on: CPU per step (us; Python threads from their own "
+          "CPU clocks, the others from /proc in 10 ms ticks, so their small figures are coarse) "
+          "/ voluntary context switches (wake-ups and GIL waits) per second")
     for mode in modes:
         shown = ", ".join(f"{name} {us:.0f}/{switches:.0f}" for name, (us, switches) in
                           sorted(threads[mode].items(), key=lambda kv: -kv[1][0])
                           if us >= 1 or switches >= 1)
         print(f"{mode:>13}: {shown}")
+    tracer_cpu_report(pooled, threads, modes)
+    part_costs_report(pooled, modes)
+
+
+def part_costs_report(pooled, modes: list[str]) -> None:
+    """Per traced mode run with --part-costs: CPU per step (the whole run, its window
+    included) and per call of each hook, largest first."""
+    for mode in modes:
+        costs = pooled[mode].get("part_costs")
+        if not costs:
+            continue
+        print(f"\n{mode}: where the tracer's CPU goes, rank 0, every step of the runs (us per "
+              f"step, us per call, calls); worker.pass holds the hooks of the worker's passes")
+        for key, (ns, calls, steps) in sorted(costs.items(), key=lambda kv: -kv[1][0]):
+            if calls:
+                print(f"  {key:>32} {ns / 1e3 / steps:8.1f} {ns / 1e3 / calls:9.1f} {calls:7d}")
+
+
+def tracer_cpu_report(pooled, threads, modes: list[str]) -> None:
+    """Per traced mode: the tracer's step end on the main thread (median over steps outside
+    windows) and its own threads' CPU per step, against a bare step's main-thread CPU."""
+    bare_cpu_us = median_or_none(pooled["bare"]["thread_cpu_ns"]["outside"]) * 1e3
+    print("\nthe tracer's CPU per step, rank 0: its step end on the main thread (median outside "
+          "windows) + its threads (ranktrace-*), as a share of a bare step's main-thread CPU "
+          f"({bare_cpu_us:.0f} us)")
+    for mode in modes:
+        step_end = median_or_none(pooled[mode]["step_end_us"])
+        if step_end is None:
+            continue
+        own = {name: us for name, (us, _) in threads[mode].items()
+               if name.startswith("ranktrace-") and name != "ranktrace-sigterm"}
+        total = step_end + sum(own.values())
+        parts = ", ".join(f"{name} {us:.0f}" for name, us in sorted(own.items()))
+        wall_us = median_or_none(pooled[mode]["wall_ns"]["outside"]) * 1e3
+        print(f"{mode:>13}: step end {step_end:.1f} us + {parts} = {total:.0f} us "
+              f"({total / bare_cpu_us * 100:.2f}%; {total / wall_us * 100:.2f}% of its "
+              f"median step's wall time, {wall_us / 1e3:.2f} ms)")
+
+
+def inside_report(pooled, paired, mode: str, yardstick_mode: str) -> None:
+    """`mode` against `yardstick_mode` over recording steps: pooled medians, wall and CPU."""
+    def med(m, clock):
+        return median_or_none(pooled[m][clock]["inside"])
+
+    inside, yardstick = med(mode, "wall_ns"), med(yardstick_mode, "wall_ns")
+    cpu = med(mode, "thread_cpu_ns") / med(yardstick_mode, "thread_cpu_ns")
+    goal = "goal < 1.03; " if (mode, yardstick_mode) == ("traced-window", "profiler") else ""
+    print(f"\ninside windows: {mode} / {yardstick_mode} = {inside / yardstick:.4f} "
+          f"({goal}{inside:.3f} / {yardstick:.3f} ms, {len(pooled[mode]['wall_ns']['inside'])} "
+          f"steps); per repeat {paired(mode, yardstick_mode, 'inside')}; main CPU ratio "
+          f"{cpu:.4f}")
 
 
 def issue_report(pooled, per_repeat) -> None:
@@ -329,6 +415,10 @@ def flight_report(pooled, per_repeat) -> None:
 def main() -> None:
     args = parse_args()
     modes = list(MODES) if args.bisect else ["bare"] + [m for m in args.modes if m != "bare"]
+    if args.baseline:
+        modes += [] if "baseline" in modes else ["baseline"]
+    else:
+        modes = [m for m in modes if m != "baseline"]
     if args.issue_records:
         modes = ["bare", *ISSUE_MODES, "bare-again"]
     if args.flight_recorder:

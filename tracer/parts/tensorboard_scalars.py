@@ -6,9 +6,11 @@ file there; tags start with `rank{R}/` so the ranks' series never mix. `docs/vie
 the tags and their units.
 
 This writes TensorBoard's event format itself (TFRecord framing of `Event` protos, which is all
-`SummaryWriter` does underneath) because it runs at every step end: one `Event` carrying all of
-a step's values costs about 40 us (mostly the pure-Python CRC), where `SummaryWriter.add_scalar`
-costs about 30 us per value, over 200 us a step, plus a writer thread. Records are buffered and
+`SummaryWriter` does underneath) because it runs for every step: one `Event` carrying all of a
+step's values, where `SummaryWriter.add_scalar` costs about 30 us per value, over 200 us a step,
+plus a writer thread. The frames' CRC-32C is google-crc32c's C code: tensorboard's own is pure
+Python, about 40 us an event on the step-end worker (docs/benchmarks.md), and is used only where
+google-crc32c is missing. Records are buffered and
 written at least every `flush_s` seconds, so a crash loses about that much. A failure to write
 switches the writer off with one line on stderr and a note in `error`; training goes on.
 """
@@ -19,16 +21,24 @@ import itertools
 import os
 import socket
 import struct
+import threading
 import time
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+try:
+    from google_crc32c import value as _crc32c
+except ImportError:  # a dependency, but the scalars go on without it, 40 us an event slower
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as _crc32c
 
 from tracer.parts.buffered_file import BufferedFile
 from tracer.schema import DeviceSample, StepRecord
 
 MIB = 1024 * 1024  # memory sizes are shown in MiB, as torch.cuda and nvidia-smi show them
 MB = 1e6  # transfer volumes and rates are decimal, like GB/s in the schema
+# Sets of tags whose Event is kept for reuse: a step's and a sample's, each with or without its
+# optional values; more only from a stream of samples whose fields come and go.
+MAX_KEPT_EVENTS = 32
 
 # DeviceSample fields that describe the sampled accelerator, with their tag names and scales.
 _GPU_FIELDS = (
@@ -65,6 +75,12 @@ def event_file_name(rank: int) -> str:
             f"{next(_writer_ids)}.rank{rank}")
 
 
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of `data` (the same value as tensorboard's pure-Python one)."""
+    crc = _crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def _frame(data: bytes) -> bytes:
     """One TFRecord: length, its masked CRC-32C, the payload, the payload's masked CRC-32C."""
     header = struct.pack("<Q", len(data))
@@ -96,6 +112,8 @@ class ScalarsWriter(BufferedFile):
         # those at the same or a later step), and several samples fall within one training
         # step: device samples are numbered on their own.
         self._sample_index = 0
+        self._events: dict[tuple[str, ...], event_pb2.Event] = {}  # see _event_of
+        self._event_lock = threading.Lock()
         try:
             os.makedirs(run_dir, exist_ok=True)
             self.open_file(os.path.join(run_dir, event_file_name(rank)), "xb")
@@ -164,9 +182,24 @@ class ScalarsWriter(BufferedFile):
     def _write(self, step: int, t_ns: int, values: list, train_step: int) -> None:
         """One event at TensorBoard step `step`; `train_step` (the training step) is for the
         budget."""
-        summary = summary_pb2.Summary(value=[
-            summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in values])
-        data = _frame(event_pb2.Event(wall_time=t_ns / 1e9, step=step,
-                                      summary=summary).SerializeToString())
+        tags = tuple(tag for tag, _ in values)
+        with self._event_lock:
+            event = self._event_of(tags)
+            event.wall_time = t_ns / 1e9
+            event.step = step
+            for value, (_, number) in zip(event.summary.value, values):
+                value.simple_value = number
+            data = _frame(event.SerializeToString())
         if self.append(data, train_step):
             self.events += 1
+
+    def _event_of(self, tags: tuple[str, ...]):
+        """The Event whose summary holds `tags`, in that order, kept for the next event with
+        the same tags: filling it in costs a third of building one (protobuf objects)."""
+        event = self._events.get(tags)
+        if event is None:
+            if len(self._events) >= MAX_KEPT_EVENTS:
+                self._events.clear()
+            event = self._events[tags] = event_pb2.Event(summary=summary_pb2.Summary(value=[
+                summary_pb2.Summary.Value(tag=tag) for tag in tags]))
+        return event

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tracer import schema
 from tracer.parts.part import Part
+from tracer.probes.procfs import StatmRss
 
 MAX_HISTORY_ENTRIES = 100_000  # several KB each in the snapshot; bounded like torch's examples
 
@@ -29,18 +30,6 @@ def _attach_oom_observer(observer) -> None:
     torch._C._cuda_attach_out_of_memory_observer(observer)
 
 
-class _StatmRss:
-    """Resident set size from /proc/self/statm: a few microseconds, where psutil takes 15."""
-
-    def __init__(self):
-        self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
-        self._page = os.sysconf("SC_PAGE_SIZE")
-        self.rss()  # fail now, not at the first step, if the format is unexpected
-
-    def rss(self) -> int:
-        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
-
-
 class _PsutilRss:
     def __init__(self, process):
         self._process = process
@@ -51,8 +40,8 @@ class _PsutilRss:
 
 def _rss_reader():
     try:
-        return _StatmRss()
-    except (OSError, ValueError, IndexError):  # not Linux
+        return StatmRss()
+    except (OSError, ValueError):  # not Linux
         pass
     try:
         import psutil
@@ -65,7 +54,7 @@ def _rss_reader():
 def open_step_memory(setup):
     """The registry's factory of the per-step memory figures (a
     tracer.session.part_registry.PartSetup)."""
-    return setup.build(StepMemory)
+    return setup.build(StepMemory if setup.use_cuda else HostStepMemory)
 
 
 def open_snapshots(setup):
@@ -117,6 +106,13 @@ class StepMemory(Part):
     def rss(self) -> int | None:
         """The process's resident memory now; None where it cannot be read."""
         return self._rss.rss() if self._rss is not None else None
+
+
+class HostStepMemory(StepMemory):
+    """StepMemory where torch sees no CUDA device, so that no script can use one: the RSS
+    alone, and nothing on the training thread at a step's end."""
+
+    step_fields = Part.step_fields
 
 
 class MemorySnapshots(Part):

@@ -191,7 +191,11 @@ class ProfilerDriver(Part):
         self._step += 1
         try:
             if self._profile is None:
-                self._open_if_due()
+                # Between windows nothing is due at almost every step: said here, without a
+                # call, as this runs at every step end on the training thread.
+                due = self._due
+                if self._capture_due is not None or (due is not None and self._step >= due):
+                    self._open_if_due()
                 return
             if self.error is not None:
                 self._shut_down()
@@ -210,10 +214,11 @@ class ProfilerDriver(Part):
             self._shut_down()
 
     def step_fields(self) -> dict:
-        return {"in_profiler_window": self.recording}
+        profile = self._profile  # self.recording, written out (every step end)
+        return {"in_profiler_window": profile is not None
+                and profile.current_action != self._idle}
 
-    def on_step(self) -> None:
-        self.step()
+    on_step = step
 
     def on_script_end(self, clean: bool, on_main: bool) -> None:
         if on_main:

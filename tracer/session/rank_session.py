@@ -45,6 +45,11 @@ def _overrides(part: Part, hook: str) -> bool:
     return getattr(type(part), hook) is not getattr(Part, hook)
 
 
+def _part_raised(part: Part, exc: Exception) -> None:
+    """A hook of `part` raised `exc`: the part fails (and the session stops using it)."""
+    part.fail(f"{type(exc).__name__}: {exc}; {part.name} is off")
+
+
 def _quietly(fn) -> None:
     try:
         fn()
@@ -215,7 +220,7 @@ class Session:
         try:
             return fn(*args)
         except Exception as exc:
-            part.fail(f"{type(exc).__name__}: {exc}; {part.name} is off")
+            _part_raised(part, exc)
             return _FAILED
 
     def _record_cap_reached(self, step: int) -> None:
@@ -250,17 +255,25 @@ class Session:
                 self._sigterm.handle_on_main()
 
     def _record_step(self, step: int, start_ns: int, end_ns: int) -> None:
-        """The main thread's share of a step end: what must be read exactly at the boundary."""
+        """The main thread's share of a step end: what must be read exactly at the boundary.
+
+        The hooks are called as `_guarded` would, written out: this runs at every step, after
+        the training has pushed the tracer's code out of the caches, where each call costs."""
         fields = {}
-        for part in self._hooked["step_fields"]:
-            given = self._guarded(part, part.step_fields)
-            if given is not _FAILED:
-                fields.update(given)
+        hooked = self._hooked
+        for part in hooked["step_fields"]:
+            try:
+                fields.update(part.step_fields())
+            except Exception as exc:
+                _part_raised(part, exc)
         self.worker.records.append(schema.StepRecord(
             step=step, start_ns=start_ns, end_ns=end_ns, samples=self.samples_per_step,
             **fields))
-        for part in self._hooked["on_step"]:
-            self._guarded(part, part.on_step)
+        for part in hooked["on_step"]:
+            try:
+                part.on_step()
+            except Exception as exc:
+                _part_raised(part, exc)
 
     def _write_pending(self, drain: bool = True) -> None:
         """Step records, their scalars and the samples' scalars that piled up (the worker's

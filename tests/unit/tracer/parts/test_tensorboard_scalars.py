@@ -238,3 +238,56 @@ def test_bad_record_does_not_raise(tmp_path, capsys):
     assert len(capsys.readouterr().err.splitlines()) == 1
     writer.close()
 
+
+
+def test_frame_checksums_are_tensorboards_own():
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+
+    from tracer.parts.tensorboard_scalars import masked_crc32c
+
+    # The empty string, one byte, a length header and a whole event, as TFRecord frames them.
+    for data in (b"", b"\x00", b"\x08\x00\x00\x00\x00\x00\x00\x00", bytes(range(256)) * 3):
+        assert masked_crc32c(data) == pywrap_tensorflow.masked_crc32c(data)
+    # CRC-32C's check value (RFC 3720), masked as TFRecord masks it.
+    crc = 0xE3069283
+    assert masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_events_are_the_bytes_of_freshly_built_protos(tmp_path):
+    """Kept events are filled in anew each time: every value, the step and the wall time of
+    each event are its own, whichever set of tags came before."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    from tracer.parts.tensorboard_scalars import _frame
+
+    writer = ScalarsWriter(str(tmp_path), rank=0)
+    sent = []
+    writer.append = lambda data, step: sent.append(data) or True
+    batches = [(1, T0, [("a", 1.5), ("b", 2)]), (2, T0 + 5, [("a", -3.25), ("b", 7)]),
+               (3, T0 + 9, [("a", 0.0)]), (4, T0 + 11, [("a", 4.0), ("b", 1e-9)])]
+    for step, t_ns, values in batches:
+        writer._write(step, t_ns, values, step)
+    expected = [_frame(event_pb2.Event(wall_time=t_ns / 1e9, step=step, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in values]
+    )).SerializeToString()) for step, t_ns, values in batches]
+    assert sent == expected
+    writer.close()
+
+
+def test_frames_are_checksummed_alike_without_google_crc32c():
+    """Where google-crc32c is missing, tensorboard's pure-Python CRC-32C frames the same bytes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import tracer
+
+    code = ("import sys; sys.modules['google_crc32c'] = None\n"
+            "from tracer.parts import tensorboard_scalars as t\n"
+            "print(t._crc32c.__module__, t.masked_crc32c(b'123456789'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(tracer.__file__).parents[1])  # where `import tracer` finds it
+    module, value = out.stdout.split()
+    crc = 0xE3069283  # CRC-32C's check value (RFC 3720)
+    assert module.startswith("tensorboard.")
+    assert int(value) == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF

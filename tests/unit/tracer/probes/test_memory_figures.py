@@ -81,6 +81,24 @@ def test_step_memory_reports_peaks_per_step_and_resets_them():
     assert memory.rss() == 12345
 
 
+def test_step_memory_without_cuda_does_nothing_at_a_step_end():
+    from tracer.parts.part import Part
+    from tracer.probes.memory import open_step_memory
+
+    class Setup:
+        def __init__(self, use_cuda):
+            self.use_cuda = use_cuda
+
+        def build(self, cls, *args):
+            return cls(*args)
+
+    host = open_step_memory(Setup(use_cuda=False))
+    # The session calls only the hooks a part overrides: none on the training thread here.
+    assert type(host).step_fields is Part.step_fields
+    assert host.pass_fields()["rss_bytes"] > 0
+    assert type(open_step_memory(Setup(use_cuda=True))).step_fields is StepMemory.step_fields
+
+
 def test_step_memory_leaves_cuda_alone_until_the_script_initialises_it():
     cuda = FakeCuda(initialized=False)
     assert StepMemory(cuda=cuda, process=FakeProcess()).take() == {}
