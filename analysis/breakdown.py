@@ -30,7 +30,7 @@ from analysis.ingest.runs import NothingToAnalyse, resolve
 from analysis.report.progress import Progress
 
 if TYPE_CHECKING:
-    from analysis.report.output import RunReport
+    from analysis.report.text_report import RunReport
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,9 +125,9 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
         import pandas as pd
 
         from analysis.ingest.load import load_files
-        from analysis.rank.summary import rank_tables
-        from analysis.report import output
-        from analysis.run import analyse_run
+        from analysis.rank.reduction import rank_tables
+        from analysis.report import text_report as output
+        from analysis.run.analysed_run import analyse_run
         gc.freeze()
 
     reports = []

@@ -25,7 +25,7 @@ from analysis.core.steps import format_ranges, parse_step_spec
 from analysis.core.terminal import terminal_safe
 from analysis.ingest.load import load_files
 from analysis.ingest.runs import NothingToAnalyse, resolve
-from analysis.rank.summary import rank_tables
+from analysis.rank.reduction import rank_tables
 from analysis.report import timeline_events as te
 from analysis.report.progress import Progress
 from tracer import schema
@@ -63,7 +63,7 @@ def gather(run: LoadResult) -> dict:
     plus the clock table, the critical path's segments (None where unknown) and the problems
     met."""
     from analysis.crossrank import analyse, critical_path
-    from analysis.crossrank.frames import run_frames
+    from analysis.crossrank.run_frames import run_frames
     from analysis.rank.layers import training_threads
 
     frames = run_frames(run)

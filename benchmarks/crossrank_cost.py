@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from analysis.crossrank import cross_rank  # noqa: E402
 from analysis.ingest.load import load_path  # noqa: E402
-from analysis.run import analyse_run  # noqa: E402
+from analysis.run.analysed_run import analyse_run  # noqa: E402
 from tests.helpers.synthetic import TraceBuilder, trace_name  # noqa: E402
 
 STEP_US = 100_000

@@ -45,8 +45,8 @@ import pandas as pd  # noqa: E402
 
 from analysis.crossrank import analyse as cross_rank_pass  # noqa: E402
 from analysis.crossrank import critical_path  # noqa: E402
-from analysis.crossrank.frames import typed_ops  # noqa: E402
-from analysis.run import open_run  # noqa: E402
+from analysis.crossrank.run_frames import typed_ops  # noqa: E402
+from analysis.run.analysed_run import open_run  # noqa: E402
 from tests.helpers.launch import torchrun_env  # noqa: E402
 
 MS = 1_000_000

@@ -1,6 +1,6 @@
 """Longest-path propagation on a dependency graph held as arrays (docs/critical-path.md): the
 cross-rank step graph (analysis.crossrank.step_graph) and one rank's GPU graph
-(analysis.rank.critical_path) both use it.
+(analysis.rank.one_rank_path) both use it.
 
 A graph is its nodes' measured times and its edges (src, dst), sorted by the level of their
 target with `by_level`; `propagate` gives every node's time for other node durations. Both

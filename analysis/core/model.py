@@ -73,7 +73,7 @@ class RankTrace:
     # The trace's distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, ...).
     process_groups: list[dict] = field(default_factory=list)
     # {name: table or summary}: what was computed of this rank where its file was parsed
-    # (analysis.rank.summary); `events` is None when the events were dropped afterwards.
+    # (analysis.rank.reduction); `events` is None when the events were dropped afterwards.
     reduced: dict = field(default_factory=dict)
     # Reads this rank's events frame again once dropped (given by analysis.ingest.load, which
     # knows the files, the cache and the communication kernels they were loaded with).

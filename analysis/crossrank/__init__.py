@@ -2,7 +2,7 @@
 from transfer, the rank that made the others wait, and pipeline bubbles (docs/cross-rank.md).
 
 `analyse(...)` is pure (frames in, frames out); `cross_rank(run)` adapts a LoadResult to it.
-The JSON document's `cross_rank` object is the report's (analysis.report.output).
+The JSON document's `cross_rank` object is the report's (analysis.report.text_report).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from analysis.core.comm_names import P2P_OPS
 from analysis.crossrank import findings as cross_findings
 from analysis.crossrank.clock import clock_table, to_common_clock, unplaced_rows
 from analysis.crossrank.culprit import STRAGGLER_COLUMNS, find_stragglers
-from analysis.crossrank.frames import run_frames
 from analysis.crossrank.matching import match_ops
 from analysis.crossrank.pipeline import PIPELINE_COLUMNS, pipeline_bubbles, schedule_of
+from analysis.crossrank.run_frames import run_frames
 from analysis.crossrank.waits import (
     op_bandwidth,
     op_waits,

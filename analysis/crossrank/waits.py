@@ -14,7 +14,7 @@ import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
 from analysis.crossrank.grouped import cummax_by_group, group_starts, union_lengths
-from analysis.rank.comm.ops import size_bucket
+from analysis.rank.comm.comm_ops import size_bucket
 from tracer import schema
 
 WAITS_COLUMNS = ["rank", "step", "wait_for_peers_ms", "transfer_ms", "queued_ms", "ops"]

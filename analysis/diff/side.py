@@ -10,15 +10,15 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.model import UNKNOWN_RANK
-from analysis.crossrank.report import MS, rank_bars
-from analysis.diff import ops as diff_ops
+from analysis.crossrank.report_tables import MS, rank_bars
+from analysis.diff import operators as diff_ops
 from analysis.findings import bottlenecks
 from analysis.ingest.load import load_files
 from analysis.ingest.runs import resolve
 from analysis.rank import pipeline_schedule
-from analysis.rank.comm.ops import size_bucket
-from analysis.rank.summary import rank_tables
-from analysis.run import Run
+from analysis.rank.comm.comm_ops import size_bucket
+from analysis.rank.reduction import rank_tables
+from analysis.run.analysed_run import Run
 from tracer import schema
 
 CATEGORIES = ["compute", "overlap", "transfer", "waiting", "comm", "memcpy", "idle"]
@@ -92,7 +92,7 @@ def step_times(side: Side) -> pd.DataFrame:
 def categories(side: Side) -> pd.DataFrame:
     """rank, steps and the mean ms per step of each category, over the side's runs (weighted
     by their steps). Transfer and waiting split the exposed communication where the cross-rank
-    pass has waits (analysis.crossrank.report.rank_bars); `comm` is the unsplit part. Waiting
+    pass has waits (analysis.crossrank.report_tables.rank_bars); `comm` is the unsplit part. Waiting
     for peers is the mean over every analysed step (docs/definitions.md, "Analysed steps"); the
     kernel-level parts over the profiled ones; `steps` counts the analysed steps."""
     frames = []

@@ -44,7 +44,7 @@ from analysis.findings.labels import (
     run_kind,
 )
 from analysis.findings.notes import ALONE, ranks_alone
-from analysis.findings.resources import (  # noqa: F401 (thresholds of the resource findings)
+from analysis.findings.resource_findings import (  # noqa: F401 (thresholds of the resource findings)
     BUSBW_FLOOR_GBPS,
     FRAGMENTATION_PCT,
     LARGE_MESSAGE_BYTES,
@@ -56,7 +56,7 @@ from analysis.findings.resources import (  # noqa: F401 (thresholds of the resou
     _memory_near_capacity,
 )
 from analysis.rank import pipeline_schedule
-from analysis.rank import summary as rank_summary
+from analysis.rank import reduction as rank_summary
 from analysis.rank.idle_activity import idle_by_activity
 
 FINDING_COLUMNS = ["finding", "share_pct", "evidence", "suggestion", "ranks", "ms_per_step"]

@@ -9,7 +9,7 @@ import pandas as pd
 
 from analysis.core.steps import format_ranges
 from analysis.rank import issuers
-from analysis.rank.comm.ops import UNKNOWN_BUCKET, UNKNOWN_PG
+from analysis.rank.comm.comm_ops import UNKNOWN_BUCKET, UNKNOWN_PG
 
 
 def rank_list(ranks) -> str:

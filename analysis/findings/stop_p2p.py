@@ -3,8 +3,8 @@ rank D and the k-th recv by D from S on one group (their IssueRecord positions, 
 op and peer); per (group, S, D) the first k where one side never posted its op, the two disagree on
 size or dtype, or neither completed (docs/reliability.md, Definitions).
 
-Pure: DataFrame in, DataFrame out, rows in analysis.findings.stop's GROUP_COLUMNS plus `src` and
-`dst`.
+Pure: DataFrame in, DataFrame out, rows in analysis.findings.stop_diagnosis's GROUP_COLUMNS plus
+`src` and `dst`.
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG
 from analysis.core.model import UNKNOWN_RANK
-from analysis.findings.stop import group_members
+from analysis.findings.stop_diagnosis import group_members
 from analysis.findings.stop_text import mbytes, op_signature, ranks_text
-from analysis.rank.comm.events import ops_from_events
+from analysis.rank.comm.event_ops import ops_from_events
 from analysis.rank.reduced import reduced_table
 
 TRACE_OP_COLUMNS = ["rank", "step", "pg", "pg_size", "op", "bytes", "dtype", "issue_ns"]

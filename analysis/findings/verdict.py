@@ -133,7 +133,7 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     (no finding, some note), "nothing found", or "no step". `limits`
     names the finding with the most ms per step; `change` is the first sentence of its
     suggestion; `lines` are the verdict as the writers print it, with one "Captured:" line per
-    capture window (analysis.findings.captures)."""
+    capture window (analysis.findings.capture_windows)."""
     steps = analysed_rows(per_step)
     if steps.empty:
         line = "No step was analysed: there is no verdict (the warnings say why)."

@@ -167,7 +167,7 @@ def step_flops(op_table: pd.DataFrame, rank=None) -> pd.DataFrame:
 def rank_flops_tables(trace: RankTrace) -> dict:
     """{"step_flops": step_flops of the rank, "op_roofline": its counted ops of the analysis
     windows summed by op (roofline.roofline_by_op, with its rank; no peak needed)}: what the
-    per-rank reduce keeps (analysis.rank.summary), from one rank_op_flops of its events."""
+    per-rank reduce keeps (analysis.rank.reduction), from one rank_op_flops of its events."""
     ops = rank_op_flops(trace)
     rank = known_rank(trace)
     inside = ops[ops["in_step"].to_numpy(dtype=bool)]

@@ -1,5 +1,5 @@
 """One rank's dependency graph of host calls and device ops per profiled step, for its
-critical path (analysis.rank.critical_path; docs/critical-path.md, "One rank on a GPU").
+critical path (analysis.rank.one_rank_path; docs/critical-path.md, "One rank on a GPU").
 
 Nodes, per step: its start S and end E (the ProfilerStep span), a sink T (the step's last event,
 host or device); per host call that launches device work (a runtime call whose correlation id a

@@ -1,5 +1,5 @@
 """A rank's table or summary as the run-wide analyses take it: the one its reduction kept
-(analysis.rank.summary.rank_tables, run where the rank's file was parsed), the failure that
+(analysis.rank.reduction.rank_tables, run where the rank's file was parsed), the failure that
 reduction recorded, or, for a rank that was not reduced, one computed from its events.
 
 A failure is raised where the table is taken, not computed again: the rank's events were

@@ -21,8 +21,8 @@ from analysis.core.model import UNKNOWN_RANK
 from analysis.core.step_spec import positive_number
 from analysis.core.terminal import terminal_safe
 from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir, stray_notes
-from analysis.rank.summary import rank_tables
-from analysis.report.output import plain, records
+from analysis.rank.reduction import rank_tables
+from analysis.report.text_report import plain, records
 from analysis.scaling import table as st
 from tracer import schema
 
@@ -75,7 +75,7 @@ def _cross_rank_parts(loaded, per_step: pd.DataFrame, problems: list[str], where
     """(shares of the profiled steps, bandwidth table, straggler ranks, waits per rank and
     step or None) of one run."""
     from analysis.crossrank import cross_rank
-    from analysis.crossrank.report import rank_bars
+    from analysis.crossrank.report_tables import rank_bars
 
     waits, bandwidth, stragglers = None, pd.DataFrame(), []
     try:
@@ -95,7 +95,7 @@ def _mean_mfu(loaded, per_step: pd.DataFrame, waits, problems: list[str], where:
     table (analysis.run.mfu_of_run; `peak_tflops` overrides every rank's peak); NaN where no
     rank has one."""
     from analysis.crossrank.waits import split_communication
-    from analysis.run import mfu_of_run
+    from analysis.run.analysed_run import mfu_of_run
 
     if not len(per_step):
         return float("nan")
@@ -319,10 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(terminal_safe(text_report(result)))
     if args.svg is not None:
-        from analysis.scaling.svg import scaling_svg
+        from analysis.scaling.efficiency_plot import scaling_svg
         args.svg.write_text(scaling_svg(result.table, result.warnings))
     if args.html is not None:
-        from analysis.scaling.svg import scaling_page
+        from analysis.scaling.efficiency_plot import scaling_page
         title = "ranktrace scaling study: " + ", ".join(str(p) for p in args.paths)
         args.html.write_text(scaling_page(title, result.table, text_report(result),
                                           result.warnings))

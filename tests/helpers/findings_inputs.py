@@ -14,7 +14,7 @@ from analysis.findings.bottlenecks import (
     FINDING_COLUMNS,
     find_bottlenecks,
 )
-from analysis.rank.comm.ops import COLLECTIVES_COLUMNS
+from analysis.rank.comm.comm_ops import COLLECTIVES_COLUMNS
 from tracer import schema
 
 MS = 1_000_000
@@ -109,7 +109,7 @@ def late_rank_1(steps=12):
     """Rank 1 arrives 30 ms late at every step's DDP all-reduce; the transfer takes 2 ms.
     (per-step table, collectives, the cross-rank result)"""
     from analysis.crossrank import analyse
-    from analysis.crossrank.frames import typed_ops
+    from analysis.crossrank.run_frames import typed_ops
     rows = []
     for s in range(steps):
         arrive = s * 100 * MS + 60 * MS

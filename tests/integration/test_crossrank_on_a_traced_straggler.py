@@ -8,10 +8,10 @@ import pytest
 
 from analysis.crossrank import cross_rank
 from analysis.ingest.load import load_path
-from analysis.rank.summary import rank_tables
-from analysis.report import output
-from analysis.report.output import cross_rank_json
-from analysis.run import analyse_run
+from analysis.rank.reduction import rank_tables
+from analysis.report import text_report as output
+from analysis.report.text_report import cross_rank_json
+from analysis.run.analysed_run import analyse_run
 from helpers.run_copies import shifted_copy
 from helpers.runs import STRAGGLE_DDP_DELAY_MS
 

@@ -13,7 +13,7 @@ import pytest
 
 from analysis import open_run
 from analysis.rank import flops
-from analysis.report import output
+from analysis.report import text_report as output
 from helpers.launch import REPO, torchrun_env
 from helpers.runs import LINEAR_DDP
 

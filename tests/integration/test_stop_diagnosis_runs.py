@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from analysis import open_run
-from analysis.report import output
+from analysis.report import text_report as output
 from helpers import tracer_files as h
 from helpers.launch import DDP, REPO, launch
 from tracer import schema

@@ -1,4 +1,4 @@
-"""The spans around a communication op (analysis.rank.comm.events): the innermost enclosing span,
+"""The spans around a communication op (analysis.rank.comm.event_ops): the innermost enclosing span,
 for each (thread, time) the latest-starting span on that thread that holds the time, which joins a
 kernel (through its runtime launch) or a gloo op to the host call that issued it; and the
 ProfilerStep that holds the time each op was issued at."""

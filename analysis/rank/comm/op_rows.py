@@ -1,6 +1,6 @@
 """One op row built from a trace event's communication arguments (docs/report.md, "Where ops
 come from"): a call whose execution the trace lacks, and gloo ops, joined to their calls row by
-row (analysis.rank.comm.events builds kernels' ops by column)."""
+row (analysis.rank.comm.event_ops builds kernels' ops by column)."""
 
 from __future__ import annotations
 

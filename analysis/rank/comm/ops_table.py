@@ -1,4 +1,4 @@
-"""The ops table (analysis.rank.comm.ops.comm_ops): its columns and their types, Int64 counts,
+"""The ops table (analysis.rank.comm.comm_ops.comm_ops): its columns and their types, Int64 counts,
 float64 measures and object text with None for missing, built from any frame or from arrays."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The message of each op that analysis.rank.comm.events builds from a trace's kernels: its size,
+"""The message of each op that analysis.rank.comm.event_ops builds from a trace's kernels: its size,
 element type and process group, read from the event that sizes it (its call, its own args, or
 the nccl:*/c10d:: op around its launch), one column at a time; and the bytes of any ops'
 messages, once per distinct message (the cross-rank ops' too)."""

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from analysis.crossrank import analyse
-from analysis.report.output import cross_rank_json
+from analysis.report.text_report import cross_rank_json
 from helpers.crossrank_ops import MS, frame, op, steps_frame, synced
 
 STEPS = 10

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from analysis.crossrank import analyse, cross_rank
-from analysis.crossrank.frames import run_frames
+from analysis.crossrank.run_frames import run_frames
 from analysis.ingest.load import load_path
-from analysis.report.output import cross_rank_json
+from analysis.report.text_report import cross_rank_json
 from helpers.launch import DATA
 from helpers.run_copies import shifted_copy
 

@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from analysis.crossrank import cross_rank
-from analysis.crossrank.frames import run_frames
+from analysis.crossrank.run_frames import run_frames
 from analysis.ingest.load import load_path
-from analysis.report.output import cross_rank_json
+from analysis.report.text_report import cross_rank_json
 from helpers.launch import DATA
 
 TRACES = DATA / "hta" / "trace_filter"

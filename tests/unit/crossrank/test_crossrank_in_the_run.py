@@ -11,10 +11,10 @@ import pytest
 
 from analysis import breakdown as cli
 from analysis import crossrank
-from analysis import run as run_module
 from analysis.ingest.load import load_path
-from analysis.report.output import cross_rank_json
-from analysis.run import analyse_run
+from analysis.report.text_report import cross_rank_json
+from analysis.run import analysed_run as run_module
+from analysis.run.analysed_run import analyse_run
 from helpers.late_rank_run import (
     AHEAD_NS,
     LATE_US,

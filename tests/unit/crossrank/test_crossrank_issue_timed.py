@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.crossrank import analyse
-from analysis.crossrank.frames import ops_from_records
+from analysis.crossrank.run_frames import ops_from_records
 from helpers.crossrank_ops import MS, frame, issue_only, op, steps_frame
 
 # The ranks' clocks measured equal: the waits below are read on one clock as written.

@@ -9,7 +9,7 @@ from analysis.crossrank.clock import clock_table, estimate_offsets, to_common_cl
 from analysis.crossrank.matching import match_ops
 from analysis.crossrank.pipeline import theory_bubble_pct
 from analysis.crossrank.waits import op_waits, transfer_bandwidth
-from analysis.report.output import cross_rank_json
+from analysis.report.text_report import cross_rank_json
 from helpers.crossrank_ops import MS, NO_SYNC, frame, op, steps_frame, synced
 
 

@@ -8,9 +8,9 @@ import pandas as pd
 
 from analysis.crossrank import analyse
 from analysis.crossrank.clock import clock_table, estimate_offsets
-from analysis.crossrank.frames import typed_ops
 from analysis.crossrank.grouped import cummax_by_group, group_starts, union_lengths
 from analysis.crossrank.matching import match_ops
+from analysis.crossrank.run_frames import typed_ops
 from analysis.crossrank.waits import WAITS_COLUMNS, op_waits, rank_step_waits
 
 NO_CLOCK_SYNC = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])

@@ -6,7 +6,7 @@ lost and no op counts twice (docs/cross-rank.md, "Ops")."""
 from pathlib import Path
 
 from analysis.ingest.load import load_path
-from analysis.run import analyse_run
+from analysis.run.analysed_run import analyse_run
 from helpers.synthetic import TraceBuilder, trace_name
 from helpers.tracer_files import write_jsonl
 from tracer import schema

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from analysis.diff import compare as diff_compare
-from analysis.diff import output as diff_output
 from analysis.diff import side as diff_side
+from analysis.diff import writers as diff_output
 from analysis.diff.compare import EVERY_RANK
 
 ROLES = {0: "rank 0", 1: "rank 1"}

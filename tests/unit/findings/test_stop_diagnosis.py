@@ -1,4 +1,5 @@
-"""The stop diagnosis (analysis.findings.stop) on hand-built records whose answers are known."""
+"""The stop diagnosis (analysis.findings.stop_diagnosis) on hand-built records whose answers are
+known."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import msgspec
 import pandas as pd
 
 from analysis import open_run
-from analysis.findings import stop
-from analysis.report import output
+from analysis.findings import stop_diagnosis as stop
+from analysis.report import text_report as output
 from helpers.tracer_files import write_jsonl
 from tracer import schema
 from tracer.hangs import stack_dumps

@@ -1,5 +1,5 @@
 """Per-rank tables and summaries computed where each file is parsed (analysis.ingest.load,
-analysis.rank.summary): the same as from the loaded run, for the same steps and communication
+analysis.rank.reduction): the same as from the loaded run, for the same steps and communication
 kernels; and a run whose events were dropped after loading reports what a run that kept them
 does."""
 
@@ -9,13 +9,14 @@ import pandas as pd
 import pytest
 
 from analysis.ingest.load import load_path
-from analysis.rank import critical_path, summary
-from analysis.rank.comm.events import ops_from_events
+from analysis.rank import one_rank_path as critical_path
+from analysis.rank import reduction as summary
+from analysis.rank.comm.event_ops import ops_from_events
 from analysis.rank.hta import _hta_rank_of, hta_temporal_breakdown
 from analysis.rank.reduced import FAILED, ReducedTableFailed, reduced_table
-from analysis.rank.summary import RANK_SUMMARIES, RANK_TABLES, rank_tables
-from analysis.report import output
-from analysis.run import analyse_run
+from analysis.rank.reduction import RANK_SUMMARIES, RANK_TABLES, rank_tables
+from analysis.report import text_report as output
+from analysis.run.analysed_run import analyse_run
 from helpers.launch import DATA
 from helpers.synthetic import TraceBuilder, trace_name
 

@@ -1,4 +1,4 @@
-"""The single-rank critical path on GPU traces (analysis.rank.critical_path,
+"""The single-rank critical path on GPU traces (analysis.rank.one_rank_path,
 docs/critical-path.md, "One rank on a GPU"): exact paths on hand-built traces, and the real
 Kineto trace's steps covered exactly."""
 
@@ -9,8 +9,8 @@ import pytest
 
 from analysis.core import dag
 from analysis.ingest.load import load_path
-from analysis.rank import critical_path as cp
-from analysis.run import open_run
+from analysis.rank import one_rank_path as cp
+from analysis.run.analysed_run import open_run
 from helpers.launch import DATA
 from helpers.synthetic import TraceBuilder, trace_name
 

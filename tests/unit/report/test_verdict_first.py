@@ -1,13 +1,13 @@
-"""The report opens with the verdict (analysis.report.output): the text report's first screen, the
-JSON document's `verdict` and `notes`, and bytes in the text tables as binary units."""
+"""The report opens with the verdict (analysis.report.text_report): the text report's first screen,
+the JSON document's `verdict` and `notes`, and bytes in the text tables as binary units."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analysis.report.output import human_bytes, plain, run_document, text_report
-from analysis.run import open_run
+from analysis.report.text_report import human_bytes, plain, run_document, text_report
+from analysis.run.analysed_run import open_run
 from helpers.synthetic import TraceBuilder, trace_name
 
 

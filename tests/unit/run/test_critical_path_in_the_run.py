@@ -9,8 +9,8 @@ import pytest
 
 from analysis.crossrank import critical_path
 from analysis.ingest.load import load_path
-from analysis.report.output import csv_tables, run_document, text_report
-from analysis.run import analyse_run
+from analysis.report.text_report import csv_tables, run_document, text_report
+from analysis.run.analysed_run import analyse_run
 from helpers.late_rank_run import late_rank_run
 
 
@@ -76,7 +76,7 @@ def test_a_failing_model_is_one_problem_and_the_report_stands(tmp_path, monkeypa
 
 
 def test_the_html_page_marks_the_path_in_the_gantt_and_lists_the_answers(tmp_path):
-    from analysis.report.html.report import path_ranks, write_html_report
+    from analysis.report.html.page import path_ranks, write_html_report
 
     report = _report(late_rank_run(tmp_path / "run"))
     assert path_ranks(report.critical, 1) == {0: "compute 0.30 ms, transfer 0.11 ms",

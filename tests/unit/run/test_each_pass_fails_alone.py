@@ -6,7 +6,7 @@ import pytest
 
 from analysis import crossrank
 from analysis.ingest.load import load_path
-from analysis.run import analyse_run
+from analysis.run.analysed_run import analyse_run
 from helpers.pipeline_run import pipeline_run
 
 

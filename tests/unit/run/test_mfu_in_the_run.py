@@ -12,11 +12,11 @@ import pytest
 from analysis import open_run
 from analysis.breakdown import main
 from analysis.rank import flops
-from analysis.rank.summary import rank_tables
-from analysis.report import output
+from analysis.rank.reduction import rank_tables
+from analysis.report import text_report as output
 from analysis.report.html import write_html_report
 from analysis.report.mfu import NO_FLOPS_NO_OPS, NO_FLOPS_NO_SHAPES
-from analysis.run import ROOFLINE_COLUMNS
+from analysis.run.analysed_run import ROOFLINE_COLUMNS
 from helpers.flops_run import KERNEL_US, MM_BYTES, MM_FLOPS, STEP_US, write_flops_run
 from helpers.launch import DATA
 

@@ -15,11 +15,11 @@ import pytest
 
 from analysis import open_run
 from analysis.crossrank.waits import split_communication
-from analysis.rank.comm.ops import collectives_table
+from analysis.rank.comm.comm_ops import collectives_table
 from analysis.rank.comm.ops_table import typed_ops
 from analysis.rank.step_breakdown import rank_totals
 from analysis.rank.tables import per_rank_table
-from analysis.run import analysed_ops
+from analysis.run.analysed_run import analysed_ops
 
 RUN = Path(__file__).resolve().parents[2] / "data" / "ddp_cpu"
 
@@ -183,7 +183,7 @@ def test_a_step_outside_every_window_keeps_its_whole_wait():
 
 
 def test_the_text_report_says_which_steps_its_tables_cover():
-    from analysis.report.output import text_report
+    from analysis.report.text_report import text_report
     text = text_report(open_run(RUN, use_cache=False).report)
     assert ("steps: 4 analysed (1-4, every recorded step); the kernel-level split (time "
             "breakdown, idle, the findings that say so) is measured in the 2 profiled (2-3)"

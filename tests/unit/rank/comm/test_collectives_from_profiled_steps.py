@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from analysis.ingest.load import load_path
-from analysis.rank.comm.ops import collectives_table, comm_ops
-from analysis.rank.summary import rank_tables
-from analysis.run import analyse_run
+from analysis.rank.comm.comm_ops import collectives_table, comm_ops
+from analysis.rank.reduction import rank_tables
+from analysis.run.analysed_run import analyse_run
 from helpers.launch import DATA
 
 RUN = DATA / "ddp_gloo"

@@ -1,4 +1,4 @@
-"""A rank's communication ops from its trace's events (analysis.rank.comm.events and ops) against
+"""A rank's communication ops from its trace's events (analysis.rank.comm.event_ops and ops) against
 answers worked out by hand on small built ranks: each kernel sized its own way, the ops' order
 and steps, their bandwidths, the DDP buckets that records without the comm hook take from the
 trace, and the rank's tables built from one join."""
@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.rank import summary as rank_summary
+from analysis.rank import reduction as rank_summary
+from analysis.rank.comm import comm_ops as communication
 from analysis.rank.comm import enclosing
-from analysis.rank.comm import events as comm_events
-from analysis.rank.comm import ops as communication
+from analysis.rank.comm import event_ops as comm_events
 from analysis.rank.comm.kernel_names import named_kernels
 from helpers.comm_events import (
     MS,

@@ -1,4 +1,5 @@
-"""analysis.rank.comm.ops: op names, nccl-tests sizes, bandwidths, joins, the collectives table."""
+"""analysis.rank.comm.comm_ops: op names, nccl-tests sizes, bandwidths, joins, the collectives
+table."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.rank.comm.ops import (
+from analysis.rank.comm.comm_ops import (
     COLLECTIVES_COLUMNS,
     OPS_COLUMNS,
     UNKNOWN_OP,

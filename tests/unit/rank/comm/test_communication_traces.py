@@ -12,7 +12,7 @@ import pytest
 
 from analysis.core.model import RankTrace
 from analysis.ingest.load import load_path
-from analysis.rank.comm.ops import collectives_table, comm_ops
+from analysis.rank.comm.comm_ops import collectives_table, comm_ops
 from helpers.comm_events import comm_records, event, events_frame, make_trace, records_with
 from helpers.launch import DATA
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from analysis.core.model import known_rank
 from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges
-from analysis.crossrank import report as cross_report
+from analysis.crossrank import report_tables as cross_report
 from analysis.report.breakdown_text import (  # noqa: F401
     UNSPLIT,
     _breakdown_text,
@@ -67,14 +67,14 @@ class RunReport:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # the other analyses' tables
     unavailable: dict[str, str] = field(default_factory=dict)  # table -> why it is missing
     cross_rank: dict | None = None  # analysis.crossrank.cross_rank's frames; None if it failed
-    # analysis.findings.stop.stop_diagnosis; None for a run that ended well
+    # analysis.findings.stop_diagnosis.stop_diagnosis; None for a run that ended well
     stop: dict | None = None
     # analysis.findings.verdict.run_verdict: the lines the report opens with
     verdict: dict | None = None
     # analysis.crossrank.critical_path.analyse: the critical path per step and the what-if
     # answers; None where the cross-rank pass or the model failed
     critical: dict | None = None
-    # analysis.findings.captures.analysed_captures: the capture windows and what they show
+    # analysis.findings.capture_windows.analysed_captures: the capture windows and what they show
     captures: list = field(default_factory=list)
 
     def step_table(self) -> pd.DataFrame:

@@ -23,7 +23,7 @@ from analysis.core.comm_names import (  # noqa: F401  (the names are part of thi
 )
 from analysis.core.model import known_rank
 from analysis.rank import issuers
-from analysis.rank.comm.events import REQUIRED_EVENT_COLUMNS, op_columns
+from analysis.rank.comm.event_ops import REQUIRED_EVENT_COLUMNS, op_columns
 from analysis.rank.comm.op_rows import col as _col
 from analysis.rank.comm.ops_table import (  # noqa: F401  (OPS_COLUMNS and empty_ops: this module's too)
     OPS_COLUMNS,

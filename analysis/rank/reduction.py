@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.forked import ForkedResult, can_fork
-from analysis.rank import critical_path, flops, issuers
-from analysis.rank.comm import events as comm_events
-from analysis.rank.comm import ops as communication
+from analysis.rank import flops, issuers
+from analysis.rank import one_rank_path as critical_path
+from analysis.rank.comm import comm_ops as communication
+from analysis.rank.comm import event_ops as comm_events
 from analysis.rank.comm.kernel_names import named_kernels
 from analysis.rank.hta import hta_rank_summary
 from analysis.rank.idle import idle_gaps
@@ -74,7 +75,7 @@ RANK_SUMMARIES = {
     "hta": hta_rank_summary,  # analysis.rank.hta.hta_temporal_breakdown
     "pipeline_schedule": rank_schedule,  # analysis.rank.pipeline_schedule.detect
     "ddp_accumulation": lambda trace: issuers.ddp_accumulation([trace]),  # ddp_accumulation
-    "comm_events": _comm_events,  # analysis.crossrank.frames.run_frames
+    "comm_events": _comm_events,  # analysis.crossrank.run_frames.run_frames
     "event_count": lambda trace: len(trace.events),
     # analysis.run's path of a run of one traced rank (rank_tables says where it is built).
     "critical_path": lambda trace, events=None: critical_path.analyse(trace, events),

@@ -1,7 +1,7 @@
 """The capture windows in the run's analysis (docs/report.md, "Capture windows"): each window the
-tracer opened on a slow step or on demand (analysis.ingest.captures), with what its steps show
-against the steps before it: the mean step, each rank's wait for peers, and the rank the others
-waited for. The verdict quotes them; the writers print them as they are.
+tracer opened on a slow step or on demand (analysis.ingest.capture_records), with what its
+steps show against the steps before it: the mean step, each rank's wait for peers, and the
+rank the others waited for. The verdict quotes them; the writers print them as they are.
 """
 
 from __future__ import annotations

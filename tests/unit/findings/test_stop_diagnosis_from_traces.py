@@ -13,7 +13,7 @@ import pandas as pd
 from analysis import open_run
 from analysis.findings import stop_traces
 from analysis.ingest.load import load_path
-from analysis.report import output
+from analysis.report import text_report as output
 from helpers.launch import DATA
 from helpers.synthetic import TraceBuilder, trace_name
 

@@ -15,14 +15,14 @@ import pandas as pd
 
 from analysis.core import intervals
 from analysis.core.model import UNKNOWN_RANK
-from analysis.crossrank.report import (
+from analysis.crossrank.report_tables import (
     rank_bars,
     with_transfer_bandwidth,
 )
 from analysis.report.breakdown_text import split_known
-from analysis.report.html import svg
+from analysis.report.html import charts as svg
 from analysis.report.html.assets import SCRIPT, STYLE
-from analysis.report.html.svg import esc
+from analysis.report.html.charts import esc
 from analysis.report.mfu import mfu_bars, missing_reason
 
 MS = 1e6

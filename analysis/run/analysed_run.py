@@ -25,23 +25,24 @@ from analysis.core.events import with_events
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace, known_rank
 from analysis.core.steps import parse_step_spec
 from analysis.crossrank import critical_path
-from analysis.crossrank.report import with_transfer_bandwidth
+from analysis.crossrank.report_tables import with_transfer_bandwidth
 from analysis.crossrank.waits import split_communication, wait_windows
-from analysis.findings import bottlenecks, notes, stop, stop_traces, verdict
-from analysis.findings.captures import analysed_captures
-from analysis.ingest.captures import group_captures
+from analysis.findings import bottlenecks, notes, stop_traces, verdict
+from analysis.findings import stop_diagnosis as stop
+from analysis.findings.capture_windows import analysed_captures
+from analysis.ingest.capture_records import group_captures
 from analysis.ingest.load import load_path
-from analysis.rank import critical_path as rank_critical_path
 from analysis.rank import flops
+from analysis.rank import one_rank_path as rank_critical_path
 from analysis.rank import tables as ranks
-from analysis.rank.comm import ops as communication
+from analysis.rank.comm import comm_ops as communication
 from analysis.rank.hta import hta_temporal_breakdown
 from analysis.rank.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
 from analysis.rank.reduced import failure_text, raise_if_failed, reduced_table
+from analysis.rank.reduction import rank_tables
 from analysis.rank.roofline import with_roofline
 from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown, rank_totals
-from analysis.rank.summary import rank_tables
-from analysis.report import output
+from analysis.report import text_report as output
 from analysis.report.progress import Progress
 from tracer import schema
 
@@ -126,7 +127,7 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
                 hta_compatible: bool = False, progress: Progress | None = None,
                 peak_tflops: float | None = None) -> output.RunReport:
     """All the tables for one loaded run: ours, then the communication, rank, cross-rank and
-    bottleneck analyses (analysis.rank.comm.ops, .ranks, .crossrank, .bottlenecks), and MFU and
+    bottleneck analyses (analysis.rank.comm.comm_ops, .ranks, .crossrank, .bottlenecks), and MFU and
     the roofline (analysis.rank.flops; `peak_tflops` overrides every rank's peak). A table that
     fails becomes a problem naming it, and the rest is still reported. `progress` shows the
     per-rank phases (analysis.report.progress)."""
@@ -231,7 +232,8 @@ def _captures(loaded: LoadResult, steps_of: pd.DataFrame, cross: dict | None,
 
 
 def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
-    """analysis.findings.stop on a run that did not end well; a failure becomes a problem."""
+    """analysis.findings.stop_diagnosis on a run that did not end well; a failure becomes a
+    problem."""
     statuses = {t.rank: t.status for t in loaded.ranks if t.rank != UNKNOWN_RANK}
     if loaded.run_dir is None or not stop.needs_diagnosis(statuses):
         return
@@ -364,7 +366,7 @@ def _critical_path(cross: dict | None, report: output.RunReport,
     """The critical path and what-if answers (docs/critical-path.md) of the cross-rank result,
     with the report's idle gaps known in the `profiled` (rank, step) rows. Without the pass, or
     with no step it analyses, a run of one rank with GPU events gets that rank's own path
-    (analysis.rank.critical_path; docs/critical-path.md, "One rank on a GPU"). None where there
+    (analysis.rank.one_rank_path; docs/critical-path.md, "One rank on a GPU"). None where there
     is neither, or with one problem saying why the model failed."""
     if cross is None:
         return _one_rank_path(report)
@@ -382,7 +384,7 @@ def _critical_path(cross: dict | None, report: output.RunReport,
 
 def _one_rank_path(report: output.RunReport) -> dict | None:
     """The single-rank critical path of a run of one traced rank with device ops, or None:
-    the one its reduction built (analysis.rank.summary.rank_tables builds it wherever the rank
+    the one its reduction built (analysis.rank.reduction.rank_tables builds it wherever the rank
     may be the run's only traced one), else computed from its events."""
     traces = [t for t in report.ranks if t.has_trace]
     if len(traces) != 1:
