@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.model import UNKNOWN_RANK, LoadResult
-from analysis.core.steps import format_ranges, parse_step_spec
+from analysis.core.step_spec import format_ranges, parse_step_spec
 from analysis.core.terminal import terminal_safe
 from analysis.ingest.load import load_files
 from analysis.ingest.runs import NothingToAnalyse, resolve

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.model import StepsEnded
-from analysis.core.step_spec import format_ranges, parse_step_spec  # noqa: F401  (re-exported)
+from analysis.core.step_spec import format_ranges
 
 WHOLE_TRACE_STEP = -1  # the step number of the one window of a trace without ProfilerStep
 

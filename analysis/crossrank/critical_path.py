@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import dag
-from analysis.core.dag import PATH_COLUMNS, PATH_STEP_COLUMNS, SEGMENT_COLUMNS  # noqa: F401
+from analysis.core.dag import PATH_COLUMNS, SEGMENT_COLUMNS
 from analysis.crossrank import step_graph, what_if, what_if_idle, what_if_pipeline
 from analysis.crossrank.grouped import group_starts
 from analysis.crossrank.step_graph import (

@@ -16,16 +16,12 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG
+from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG, canonical_dtype, canonical_op
 from analysis.core.model import UNKNOWN_RANK
 from analysis.core.steps import step_at
 from analysis.crossrank.distinct import by_value as _by_value
 from analysis.crossrank.distinct import float64_of
-from analysis.rank.comm.comm_ops import (
-    canonical_dtype,
-    canonical_op,
-    windows_hold_what_records_lack,
-)
+from analysis.rank.comm.comm_ops import windows_hold_what_records_lack
 from analysis.rank.comm.kernel_names import named_kernels
 from analysis.rank.comm.profiled import (
     FROM_PROFILED,

@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
-from analysis.crossrank.step_graph import END_OF_OP, ISSUE, StepGraph, propagate
+from analysis.core.dag import propagate
+from analysis.crossrank.step_graph import END_OF_OP, ISSUE, StepGraph
 from analysis.rank.comm.comm_ops import size_bucket
 from tracer import schema
 

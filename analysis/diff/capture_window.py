@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.core.steps import format_ranges
+from analysis.core.step_spec import format_ranges
 from analysis.diff.side import Side, load_side
 from analysis.ingest.records import read_records, record_ranks
 from tracer import schema

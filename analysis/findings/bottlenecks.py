@@ -37,20 +37,13 @@ from analysis.findings.inputs import (
 )
 from analysis.findings.labels import (
     collective_text,
-    group_label,  # noqa: F401 (the findings' group label, as the tests read it)
     issuer_of,
     ms,
     rank_list,
     run_kind,
 )
 from analysis.findings.notes import ALONE, ranks_alone
-from analysis.findings.resource_findings import (  # noqa: F401 (thresholds of the resource findings)
-    BUSBW_FLOOR_GBPS,
-    FRAGMENTATION_PCT,
-    LARGE_MESSAGE_BYTES,
-    MEMORY_NEAR_CAPACITY_PCT,
-    MIN_BANDWIDTH_SHARE_PCT,
-    PEER_BUSBW_FRACTION,
+from analysis.findings.resource_findings import (
     TOP_COLLECTIVES,
     _low_bus_bandwidth,
     _memory_near_capacity,

@@ -8,20 +8,23 @@ died, and where each rank's main thread was (docs/reliability.md, Stop diagnosis
 
 from __future__ import annotations
 
+import datetime
 import linecache
 import os
 import re
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pandas as pd
 
-from analysis.core.comm_names import P2P_OPS
-from analysis.findings.stop_p2p import diagnose_p2p
-from analysis.findings.stop_text import clock_text, mbytes, op_signature
-from analysis.findings.stop_text import ranks_text as _ranks
+from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG
+from analysis.core.model import UNKNOWN_RANK
+from analysis.core.step_spec import format_ranges
 from analysis.ingest.record_checks import checked_dumps
 from analysis.ingest.records import read_jsonl, records_frame, records_path
+from analysis.rank.comm.event_ops import ops_from_events
+from analysis.rank.reduced import reduced_table
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "space", "pg_size", "position", "op", "bytes", "dtype", "peer",
@@ -211,7 +214,7 @@ def diagnose_groups(ops: pd.DataFrame, statuses: dict, world_size: int) -> pd.Da
         missing = [r for r in members if r not in issued]
         first = at.iloc[0]
         byop_signature = at.assign(sig=at.apply(op_signature, axis=1)).groupby("sig")["rank"]
-        signatures = "; ".join(f"{sig} on {_ranks(ranks)}" for sig, ranks in sorted(
+        signatures = "; ".join(f"{sig} on {ranks_text(ranks)}" for sig, ranks in sorted(
             byop_signature, key=lambda item: min(item[1])))
         counts = at.assign(sig=at.apply(op_signature, axis=1))["sig"].value_counts()
         odd = []
@@ -260,10 +263,10 @@ def group_text(row: dict) -> str:
     last = (f"#{row['last_completed_position']}" if row["last_completed_position"] >= 0
             else "none")
     if row["kind"] == "missing":
-        text = (f"{_ranks(row['missing_ranks'])} never issued {what}, which "
-                f"{_ranks(row['issued_ranks'])} waited in from {since}")
+        text = (f"{ranks_text(row['missing_ranks'])} never issued {what}, which "
+                f"{ranks_text(row['issued_ranks'])} waited in from {since}")
     elif row["kind"] == "mismatch" and row["odd_ranks"]:
-        text = (f"{_ranks(row['odd_ranks'])} issued {row['op']} #{row['position']} on {group} "
+        text = (f"{ranks_text(row['odd_ranks'])} issued {row['op']} #{row['position']} on {group} "
                 f"unlike the others: {row['signatures']} (from {since})")
     elif row["kind"] == "mismatch":
         text = (f"ranks issued {row['op']} #{row['position']} on {group} differently: "
@@ -271,7 +274,7 @@ def group_text(row: dict) -> str:
     else:
         text = f"{what} was issued by every member from {since} and never completed"
     if row["dead_ranks"]:
-        text += f"; {_ranks(row['dead_ranks'])} died (no run_end)"
+        text += f"; {ranks_text(row['dead_ranks'])} died (no run_end)"
     return text + f"; last position every member completed: {last}"
 
 
@@ -331,3 +334,229 @@ def stop_diagnosis(ops: pd.DataFrame, frames: pd.DataFrame, statuses: dict,
                     "involved; the stop came outside them")
     lines = list(groups["text"]) or [fallback]
     return {"groups": groups, "ranks": ranks, "lines": lines + [r["text"] for r in ranks]}
+
+
+# ---- how the diagnosis writes sizes, rank lists and clock times ---------------------------------
+def mbytes(nbytes) -> str:
+    if nbytes != nbytes:
+        return "? B"
+    nbytes = int(nbytes)
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def ranks_text(ranks) -> str:
+    ranks = sorted(int(r) for r in ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranges(ranks)
+
+
+def clock_text(t_ns) -> str:
+    """Local wall-clock time of a host-clock nanosecond stamp."""
+    return datetime.datetime.fromtimestamp(int(t_ns) / 1e9).strftime("%H:%M:%S")
+
+
+def op_signature(row) -> str:
+    """What the members must agree on at a position: op, size and dtype."""
+    return f"{row['op']} {mbytes(row['bytes'])} {row['dtype']}"
+
+
+# ---- point-to-point ops -------------------------------------------------------------------------
+def diagnose_p2p(ops: pd.DataFrame, dead: list[int], columns: list[str]) -> pd.DataFrame:
+    """One row per (group, src, dst) whose sends and recvs stopped short; `dead`: ranks without
+    run_end (their unflushed completions prove nothing, as for collectives)."""
+    frame = ops[ops["op"].isin(P2P_OPS) & ops["peer"].notna()].copy()
+    if "space" in frame:
+        # Native send/recv (NCCL's, from C++) count positions over every peer of the group, so
+        # send #k and recv #k need not be a pair: left out (the hooks see Python's send/recv).
+        frame = frame[frame["space"].fillna("") == ""]
+    out_columns = columns + ["src", "dst"]
+    if frame.empty:
+        return pd.DataFrame(columns=out_columns)
+    frame.loc[frame["rank"].isin(dead), "completed"] = True
+    sends = frame["op"] == "send"
+    frame["src"] = np.where(sends, frame["rank"], frame["peer"]).astype(int)
+    frame["dst"] = np.where(sends, frame["peer"], frame["rank"]).astype(int)
+    rows = []
+    for (pg, src, dst), pair in frame.groupby(["pg", "src", "dst"], sort=True):
+        found = _first_unmatched(pair)
+        if found is not None:
+            rows.append({"pg": pg, "space": "", "src": int(src), "dst": int(dst),
+                         "odd_ranks": [],
+                         "dead_ranks": [r for r in dead if r in (src, dst)], **found})
+    rows.sort(key=lambda row: row["waiting_since_ns"])
+    result = pd.DataFrame(rows, columns=out_columns)
+    result["text"] = [p2p_text(row) for row in result.to_dict("records")]
+    return result
+
+
+def _first_unmatched(pair: pd.DataFrame) -> dict | None:
+    by_op = {op: rows.drop_duplicates("position").set_index("position")
+             for op, rows in pair.groupby("op")}
+    sends, recvs = by_op.get("send"), by_op.get("recv")
+    positions = sorted(set(sends.index if sends is not None else [])
+                       | set(recvs.index if recvs is not None else []))
+    last_done = -1
+    for position in positions:
+        send = sends.loc[position] if sends is not None and position in sends.index else None
+        recv = recvs.loc[position] if recvs is not None and position in recvs.index else None
+        posted = [(op, row) for op, row in (("send", send), ("recv", recv)) if row is not None]
+        if len(posted) == 1:
+            kind = "missing"
+        elif (send["bytes"], send["dtype"]) != (recv["bytes"], recv["dtype"]):
+            kind = "mismatch"
+        elif not (send["completed"] and recv["completed"]):
+            kind = "not_completed"
+        else:
+            last_done = int(position)
+            continue
+        first_op, first = posted[0]
+        issued = sorted(int(row["rank"]) for _, row in posted)
+        src, dst = int(pair["src"].iloc[0]), int(pair["dst"].iloc[0])
+        return {"kind": kind, "position": int(position), "op": first_op,
+                "bytes": first["bytes"], "dtype": first["dtype"],
+                "last_completed_position": last_done, "issued_ranks": issued,
+                "missing_ranks": [r for r in (src, dst) if r not in issued],
+                "waiting_since_ns": int(min(row["issue_ns"] for _, row in posted)),
+                "signatures": "; ".join(f"{op} {mbytes(row['bytes'])} {row['dtype']} on rank "
+                                        f"{int(row['rank'])}" for op, row in posted)}
+    return None
+
+
+def p2p_text(row: dict) -> str:
+    src, dst, position, pg = row["src"], row["dst"], row["position"], row["pg"]
+    since = clock_text(row["waiting_since_ns"])
+    last = (f"#{row['last_completed_position']}" if row["last_completed_position"] >= 0
+            else "none")
+    if row["kind"] == "missing" and row["op"] == "send":
+        text = (f"rank {dst} never posted recv #{position} from rank {src} on group {pg}, "
+                f"for rank {src}'s send ({mbytes(row['bytes'])} {row['dtype']}) waiting from "
+                f"{since}")
+    elif row["kind"] == "missing":
+        text = (f"rank {src} never posted send #{position} to rank {dst} on group {pg}, "
+                f"for rank {dst}'s recv ({mbytes(row['bytes'])} {row['dtype']}) waiting from "
+                f"{since}")
+    elif row["kind"] == "mismatch":
+        text = (f"send/recv #{position} rank {src} -> rank {dst} on group {pg} disagree: "
+                f"{row['signatures']} (from {since})")
+    else:
+        text = (f"send/recv #{position} rank {src} -> rank {dst} on group {pg} "
+                f"({mbytes(row['bytes'])} {row['dtype']}) was posted by both from {since} and "
+                f"never completed")
+    if row["dead_ranks"]:
+        text += f"; {ranks_text(row['dead_ranks'])} died (no run_end)"
+    return text + f"; last pair both completed: {last}"
+
+
+# ---- from Kineto traces alone -------------------------------------------------------------------
+TRACE_OP_COLUMNS = ["rank", "step", "pg", "pg_size", "op", "bytes", "dtype", "issue_ns"]
+COVERAGE_COLUMNS = ["rank", "step"]
+TRACE_GROUP_COLUMNS = ["pg", "kind", "step", "position", "op", "bytes", "dtype",
+                       "last_alike", "issued_ranks", "missing_ranks", "odd_ranks",
+                       "covering_ranks", "signatures", "text"]
+CAVEAT = ("from Kineto traces alone: each covers only its profiler window, so a rank is named "
+          "only in a step its trace covers")
+
+
+def trace_ops(ranks) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(collectives, coverage) of loaded ranks (analysis.core.model.RankTrace) from their traces:
+    every collective in every window, the step it was issued in, and the steps each trace
+    covers. A trace without ProfilerStep is one window, numbered as analysis.core.steps does."""
+    ops, coverage = [], []
+    for trace in ranks:
+        if trace.rank == UNKNOWN_RANK or not trace.has_trace:
+            continue
+        every = trace.all_steps if trace.all_steps is not None else trace.steps
+        # Built where the rank was reduced (its events are dropped once it is), else here.
+        frame = reduced_table(trace, "stop_trace_ops", lambda t, every=every: ops_from_events(
+            t.events, every, every, t.rank, t.world_size))
+        if not frame.empty:
+            # gloo's CPU ops name no group: one unnamed group, its members those that issued
+            ops.append(frame.rename(columns={"host_ts": "issue_ns"})
+                       .reindex(columns=TRACE_OP_COLUMNS)
+                       .assign(pg=lambda f: f["pg"].fillna(UNKNOWN_PG)))
+        steps = (every["step"].dropna().astype("int64").tolist()
+                 if isinstance(every, pd.DataFrame) and not every.empty else [])
+        if not steps and not frame.empty:
+            steps = sorted(frame["step"].dropna().astype("int64").unique())
+        coverage += [{"rank": int(trace.rank), "step": int(s)} for s in steps]
+    ops_frame = (pd.concat(ops, ignore_index=True) if ops
+                 else pd.DataFrame(columns=TRACE_OP_COLUMNS))
+    return ops_frame, pd.DataFrame(coverage, columns=COVERAGE_COLUMNS).drop_duplicates()
+
+
+def diagnose_traces(ops: pd.DataFrame, coverage: pd.DataFrame, world_size: int) -> dict | None:
+    """Per process group, the first (step, position) in a step that two or more members'
+    traces cover where some of them hold no collective (kind `missing`: their trace ends short)
+    or hold different ones (`mismatch`); None when every group's traces agree (a run whose
+    traces agree, clean or not, gets no diagnosis from them)."""
+    collectives = ops[~ops["op"].isin(P2P_OPS) & ops["step"].notna()].copy()
+    collectives["step"] = collectives["step"].astype("int64")
+    collectives = collectives.sort_values(["rank", "issue_ns"], kind="stable")
+    collectives["position"] = collectives.groupby(["rank", "pg", "step"]).cumcount()
+    covered = coverage.groupby("step")["rank"].agg(lambda r: set(int(x) for x in r))
+    rows = []
+    for pg in sorted(collectives["pg"].dropna().unique(), key=str):
+        members = group_members(collectives, pg, world_size)
+        found = _first_trace_parting(collectives[collectives["pg"] == pg], members, covered)
+        if found is not None:
+            rows.append({"pg": pg, **found})
+    if not rows:
+        return None
+    groups = pd.DataFrame(rows, columns=TRACE_GROUP_COLUMNS)
+    groups["text"] = [trace_group_text(row) for row in groups.to_dict("records")]
+    return {"groups": groups, "ranks": [], "lines": list(groups["text"]) + [CAVEAT]}
+
+
+def _first_trace_parting(group: pd.DataFrame, members: list[int], covered: pd.Series
+                         ) -> dict | None:
+    last = None
+    for step, in_step in group.groupby("step", sort=True):
+        covering = sorted(r for r in members if r in covered.get(step, set()))
+        if len(covering) < 2:
+            continue
+        in_step = in_step[in_step["rank"].isin(covering)]
+        for position, at in in_step.groupby("position", sort=True):
+            at = at.drop_duplicates("rank").sort_values("rank")
+            issued = [int(r) for r in at["rank"]]
+            signatures = at.apply(op_signature, axis=1)
+            if len(issued) < len(covering):
+                kind = "missing"
+            elif signatures.nunique() > 1:
+                kind = "mismatch"
+            else:
+                last = (int(step), int(position))
+                continue
+            counts = signatures.value_counts()
+            odd = []
+            if kind == "mismatch" and counts.iloc[0] > counts.iloc[1]:
+                odd = [r for r, s in zip(issued, signatures) if s != counts.index[0]]
+            first = at.iloc[0]
+            return {"kind": kind, "step": int(step), "position": int(position),
+                    "op": first["op"], "bytes": first["bytes"], "dtype": first["dtype"],
+                    "last_alike": last, "issued_ranks": issued,
+                    "missing_ranks": [r for r in covering if r not in issued],
+                    "odd_ranks": odd, "covering_ranks": covering,
+                    "signatures": "; ".join(
+                        f"{sig} on {ranks_text(list(at['rank'][signatures == sig]))}"
+                        for sig in dict.fromkeys(signatures))}
+    return None
+
+
+def trace_group_text(row: dict) -> str:
+    where = f"#{row['position']} of step {row['step']} on group {row['pg']}"
+    last = ("step {} #{}".format(*row["last_alike"]) if row["last_alike"] is not None
+            else "none")
+    if row["kind"] == "missing":
+        known = [part for part, ok in ((mbytes(row["bytes"]), row["bytes"] == row["bytes"]),
+                                       (str(row["dtype"]), isinstance(row["dtype"], str))) if ok]
+        size = f" ({' '.join(known)})" if known else ""
+        text = (f"the trace of {ranks_text(row['missing_ranks'])} holds no {row['op']} "
+                f"{where}{size}, which the trace of {ranks_text(row['issued_ranks'])} holds")
+    elif row["odd_ranks"]:
+        text = (f"{ranks_text(row['odd_ranks'])} issued collective {where} unlike the others: "
+                f"{row['signatures']}")
+    else:
+        text = f"ranks issued collective {where} differently: {row['signatures']}"
+    return text + f"; last position every trace holds alike: {last}"

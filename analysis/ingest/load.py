@@ -2,7 +2,7 @@
 records and the selected steps.
 
 The pieces live in modules of their own: the data model (analysis.core.model), the frame contract
-(analysis.core.frames), Kineto decoding (analysis.ingest.kineto, analysis.ingest.kineto_events), the
+(analysis.core.frames), Kineto decoding (analysis.ingest.kineto), the
 Parquet cache (analysis.ingest.cache), which files a PATH names (analysis.ingest.runs), the tracer's
 records (analysis.ingest.records), a rank's profiler windows (analysis.ingest.windows) and step
 selection (analysis.core.steps). A file that cannot be read, whatever the reason, becomes a
@@ -26,7 +26,8 @@ from analysis.core.events import mark_comm_kernels
 from analysis.core.frames import empty_events, steps_frame
 from analysis.core.limits import MAX_WORLD_SIZE, max_trace_bytes, shown
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
-from analysis.core.steps import format_ranges, parse_step_spec, select_steps
+from analysis.core.step_spec import format_ranges, parse_step_spec
+from analysis.core.steps import select_steps
 from analysis.ingest.cache import read_trace
 from analysis.ingest.kineto import TraceReadError
 from analysis.ingest.parallel import run_jobs

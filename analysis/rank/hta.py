@@ -10,14 +10,13 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
-from analysis.core.events import (
+from analysis.core.event_kinds import (
     HTA_COMM_RE,
     HTA_DEVICE_SYNC_NAMES,
     HTA_MEMORY_RE,
     HTA_NON_COMPUTE_RE,
-    distinct_names,
-    matches,
 )
+from analysis.core.events import distinct_names, matches
 from analysis.core.model import RankTrace, known_rank
 from analysis.rank.reduced import reduced_table
 

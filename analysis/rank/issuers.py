@@ -21,7 +21,7 @@ import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS, canonical_op
 from analysis.core.events import distinct_names, matches
-from analysis.core.frame_columns import flags, values_at
+from analysis.core.frames import flags, values_at
 from tracer import schema
 
 DDP = schema.ISSUER_DDP

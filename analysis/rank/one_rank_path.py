@@ -19,9 +19,8 @@ import pandas as pd
 
 from analysis.core import dag
 from analysis.core.dag import PATH_COLUMNS, SEGMENT_COLUMNS
-from analysis.rank.gpu_graph import (  # noqa: F401  (build, CATEGORIES: re-exported)
+from analysis.rank.gpu_graph import (
     _NAMES,
-    CATEGORIES,
     CPU,
     DEVICE,
     HOST,

@@ -79,7 +79,7 @@ RANK_SUMMARIES = {
     "event_count": lambda trace: len(trace.events),
     # analysis.run's path of a run of one traced rank (rank_tables says where it is built).
     "critical_path": lambda trace, events=None: critical_path.analyse(trace, events),
-    # analysis.findings.stop_traces: the collectives of every step of a trace, for the stop
+    # analysis.findings.stop_diagnosis: the collectives of every step of a trace, for the stop
     # diagnosis of a run folder without comm records (rank_tables says where it is built).
     "stop_trace_ops": lambda trace: comm_events.ops_from_events(
         trace.events, _every_step(trace), _every_step(trace), trace.rank, trace.world_size),

@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.core.model import known_rank
-from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges
+from analysis.core.step_spec import format_ranges
+from analysis.core.steps import WHOLE_TRACE_STEP
 from analysis.crossrank import report_tables as cross_report
 from analysis.report.breakdown_text import (  # noqa: F401
     UNSPLIT,

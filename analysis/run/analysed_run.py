@@ -23,11 +23,11 @@ import pandas as pd
 from analysis import crossrank
 from analysis.core.events import with_events
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace, known_rank
-from analysis.core.steps import parse_step_spec
+from analysis.core.step_spec import parse_step_spec
 from analysis.crossrank import critical_path
 from analysis.crossrank.report_tables import with_transfer_bandwidth
 from analysis.crossrank.waits import split_communication, wait_windows
-from analysis.findings import bottlenecks, notes, stop_traces, verdict
+from analysis.findings import bottlenecks, notes, verdict
 from analysis.findings import stop_diagnosis as stop
 from analysis.findings.capture_windows import analysed_captures
 from analysis.ingest.capture_records import group_captures
@@ -250,7 +250,7 @@ def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
                                           loaded.world_size or len(statuses), exceptions)
         if ops.empty and report.stop is not None:
             # No comms record (--no-comms): what the ranks' Kineto windows hold is compared.
-            traced = stop_traces.diagnose_traces(*stop_traces.trace_ops(loaded.ranks),
+            traced = stop.diagnose_traces(*stop.trace_ops(loaded.ranks),
                                                  loaded.world_size or len(statuses))
             if traced is not None:
                 report.stop["groups"] = traced["groups"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.core.frame_columns import (
+from analysis.core.frames import (
     category_matches,
     each_distinct,
     object_array,

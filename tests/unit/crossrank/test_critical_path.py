@@ -4,6 +4,7 @@ ops and steps whose paths are known exactly (docs/critical-path.md)."""
 import numpy as np
 import pandas as pd
 
+from analysis.core import dag
 from analysis.crossrank import analyse as cross_rank_pass
 from analysis.crossrank import critical_path, step_graph
 from helpers.crossrank_ops import MS, frame, op
@@ -95,7 +96,7 @@ def test_measured_durations_propagate_back_to_every_measured_time():
     result, stepped = chain_run()
     graph = step_graph.build(result["ops"], step_graph.steps_on_common_clock(
         stepped, result["clock"]))
-    times = step_graph.propagate(graph, graph.duration)
+    times = dag.propagate(graph, graph.duration)
     assert np.array_equal(times[:, 0], graph.time)
     # S, E per rank, I A F per op, one L per instance
     assert len(graph.time) == 2 * 3 + 3 * 4 + 2
@@ -120,7 +121,7 @@ def test_an_op_ending_after_the_next_issue_does_not_hold_that_issue():
 def test_the_paths_segments_run_in_time_order_with_one_slice_per_rank_and_category():
     result = critical_path.analyse(*late_rank_run(steps=(1,)))
     segments = result["critical_path_segments"]
-    assert list(segments.columns) == critical_path.SEGMENT_COLUMNS
+    assert list(segments.columns) == dag.SEGMENT_COLUMNS
     # rank 1: 35 ms of work from its step start at 100 ms, 2 ms transfer, 4 ms to its step end
     assert segments[["rank", "category", "start_ns", "end_ns"]].values.tolist() == [
         [1, "compute", STEP, STEP + 35 * MS], [1, "transfer", STEP + 35 * MS, STEP + 37 * MS],
@@ -152,7 +153,7 @@ def test_no_ops_gives_empty_frames_and_no_answers():
     empty = critical_path.analyse({"ops": pd.DataFrame(), "clock": pd.DataFrame()},
                                   pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns"]))
     assert empty["critical_path"].empty and empty["what_if"] == []
-    assert list(empty["critical_path"].columns) == critical_path.PATH_COLUMNS
+    assert list(empty["critical_path"].columns) == dag.PATH_COLUMNS
 
 
 def test_a_bucket_queued_behind_the_one_before_it_passes_the_path_to_that_ones_end():

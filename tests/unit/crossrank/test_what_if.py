@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.core import dag
 from analysis.crossrank import analyse as cross_rank_pass
 from analysis.crossrank import critical_path, step_graph, what_if
 from helpers.crossrank_ops import MS, frame, op
@@ -117,8 +118,8 @@ def test_every_change_is_propagated_in_one_pass_per_column():
     cross = cross_rank_pass(frame(rows), stepped, offsets, 2)
     graph = step_graph.build(cross["ops"], stepped)
     shortened = what_if.rank_on_time(graph, 1, graph.duration)
-    both = step_graph.propagate(graph, np.column_stack([graph.duration, shortened]))
-    alone = step_graph.propagate(graph, shortened)
+    both = dag.propagate(graph, np.column_stack([graph.duration, shortened]))
+    alone = dag.propagate(graph, shortened)
     assert np.array_equal(both[:, 1], alone[:, 0])
     assert what_if.step_ends(graph, both).tolist() == [[STEP + 41 * MS, STEP + 15 * MS],
                                                        [2 * STEP + 41 * MS, 2 * STEP + 15 * MS]]

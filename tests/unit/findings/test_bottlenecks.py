@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.findings import bottlenecks
+from analysis.findings import bottlenecks, resource_findings
 from analysis.findings.bottlenecks import (
     FINDING_COLUMNS,
     find_bottlenecks,
@@ -379,10 +379,10 @@ def test_one_rank_has_no_imbalance_and_memory_below_capacity_no_finding():
                              "peak_reserved_pct": [50.0, np.nan],
                              "device_used_pct": [95.0, 91.0]})
     # rank 0: reserved (50%) is what counts; rank 1: NVML's 91% without a reserved figure
-    (finding,) = bottlenecks._memory_near_capacity(per_rank)
+    (finding,) = resource_findings._memory_near_capacity(per_rank)
     assert finding["ranks"] == "1" and "rank 1: 91.0% in use (NVML)" in finding["evidence"]
     per_rank["device_used_pct"] = [95.0, 89.0]
-    assert bottlenecks._memory_near_capacity(per_rank) == []
+    assert resource_findings._memory_near_capacity(per_rank) == []
 
 
 def test_low_bus_bandwidth_ignores_barriers_and_small_messages():
@@ -392,9 +392,9 @@ def test_low_bus_bandwidth_ignores_barriers_and_small_messages():
     table = groups([("barrier", "16-32 MiB", 16 * MIB, 3000.0),
                     ("all_reduce", "1-2 MiB", MIB, 1000.0)])
     table["busbw_gbps"] = 1.0
-    assert bottlenecks._low_bus_bandwidth(steps, "gpu", table) == []
+    assert resource_findings._low_bus_bandwidth(steps, "gpu", table) == []
     table.loc[1, ["size_bucket", "bucket_min_bytes"]] = ["16-32 MiB", 16.0 * MIB]
-    (finding,) = bottlenecks._low_bus_bandwidth(steps, "gpu", table)
+    (finding,) = resource_findings._low_bus_bandwidth(steps, "gpu", table)
     # saves 1000 * (1 - 1/5) of 4000 us of comm, times 50% of step time spent communicating
     assert finding["share_pct"] == 10.0
 

@@ -9,6 +9,7 @@ import pytest
 
 from analysis.core import dag
 from analysis.ingest.load import load_path
+from analysis.rank import gpu_graph
 from analysis.rank import one_rank_path as cp
 from analysis.run.analysed_run import open_run
 from helpers.launch import DATA
@@ -80,7 +81,7 @@ def test_a_trace_without_device_ops_has_no_path(tmp_path):
 
 def test_what_if_launch_latency_removed_is_propagated_exactly(tmp_path):
     trace = load_one(three_launches(), tmp_path)
-    graph = cp.build(trace.events, trace.steps)
+    graph = gpu_graph.build(trace.events, trace.steps)
     alone = cp.steps_alone(graph)
     # Propagating the measured durations gives back every measured time.
     assert np.array_equal(dag.propagate(alone, alone.duration)[:, 0], graph.time)
@@ -116,12 +117,12 @@ def test_resnet_steps_are_covered_exactly(resnet):
     segments = result["critical_path_segments"]
     for _step, rows in segments.groupby("step"):
         assert (rows["start_ns"].to_numpy()[1:] == rows["end_ns"].to_numpy()[:-1]).all()
-    assert set(result["critical_path"]["category"]) <= set(cp.CATEGORIES)
+    assert set(result["critical_path"]["category"]) <= set(gpu_graph.CATEGORIES)
 
 
 def test_resnet_graph_propagates_to_its_measured_times(resnet):
     trace, _ = resnet
-    graph = cp.build(trace.events, trace.steps)
+    graph = gpu_graph.build(trace.events, trace.steps)
     alone = cp.steps_alone(graph)
     assert np.array_equal(dag.propagate(alone, alone.duration)[:, 0], graph.time)
     # The what-if's one pass over the unsorted edges gives dag.propagate's times, for any

@@ -15,8 +15,7 @@ import pytest
 
 from analysis import open_run
 from analysis.crossrank.waits import split_communication
-from analysis.rank.comm.comm_ops import collectives_table
-from analysis.rank.comm.ops_table import typed_ops
+from analysis.rank.comm.comm_ops import collectives_table, typed_ops
 from analysis.rank.step_breakdown import rank_totals
 from analysis.rank.tables import per_rank_table
 from analysis.run.analysed_run import analysed_ops

@@ -177,7 +177,7 @@ def test_bandwidths_of_each_op_as_worked_out_by_hand():
     (pd.Series(["3", None, 7], dtype=object), [3, None, 7]),
 ])
 def test_count_columns_are_the_rounded_integers(values, expected):
-    found = communication._int64(values)
+    found = communication.int64(values)
     assert found.dtype == "Int64"
     assert [None if v is pd.NA else v for v in found.tolist()] == expected
     assert found is not values.array  # a copy: the ops table owns its columns
