@@ -44,13 +44,6 @@ def cat_is(events: pd.DataFrame, cats) -> np.ndarray:
     return matches(events["cat"], lambda c: c in cats)
 
 
-def with_events(trace):
-    """The trace with its events frame: RankTrace.with_events() (which reads them again where
-    they were dropped after loading), or the object itself where it has no such method."""
-    reread = getattr(trace, "with_events", None)
-    return reread() if reread is not None else trace
-
-
 def distinct_names(names: pd.Series) -> list[str]:
     """The categories of a categorical column, as text."""
     return [str(c) for c in names.array.categories]

@@ -14,8 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.core.contracts import rank_table
+
 if TYPE_CHECKING:
     import pandas as pd
+
+    from analysis.core.contracts import RankTables
 
 # The rank of a trace that names none, among several (shown as "rank ?"): ranks are ints, so
 # that a rank column is int64 and a rank compares and sorts without a None check.
@@ -72,9 +76,10 @@ class RankTrace:
     status: str | None = None
     # The trace's distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, ...).
     process_groups: list[dict] = field(default_factory=list)
-    # {name: table or summary}: what was computed of this rank where its file was parsed
-    # (analysis.rank.reduction); `events` is None when the events were dropped afterwards.
-    reduced: dict = field(default_factory=dict)
+    # What the per-rank reduction computed of this rank where its file was parsed
+    # (analysis.rank.reduction); None where the run was loaded without it. `events` is None
+    # when the events were dropped afterwards.
+    tables: RankTables | None = None
     # Reads this rank's events frame again once dropped (given by analysis.ingest.load, which
     # knows the files, the cache and the communication kernels they were loaded with).
     read_events: Callable[[RankTrace], pd.DataFrame] | None = None
@@ -93,7 +98,12 @@ class RankTrace:
         """Complete events in the rank's trace(s), whether or not they are still held."""
         if self.events is not None:
             return len(self.events)
-        return int(self.reduced.get("event_count", 0))
+        return self.tables.event_count if self.tables is not None else 0
+
+    def table(self, name: str):
+        """The rank's table or summary `name`, as its reduction made it
+        (analysis.core.contracts.rank_table)."""
+        return rank_table(self, name)
 
     def with_events(self) -> RankTrace:
         """This rank with its events frame: itself, or, when its events were dropped after

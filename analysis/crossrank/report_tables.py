@@ -25,7 +25,7 @@ def clock_rows(result: dict) -> pd.DataFrame:
     """Per rank: offset to rank 0's clock and its uncertainty (ms), source, drift (NaN: none
     fitted), and what the collectives' estimate stands on (instances, where their ends come
     from)."""
-    clock = result.get("clock")
+    clock = result.clock
     if _nothing(clock):
         return pd.DataFrame()
     instances = clock["instances"].astype("int64")
@@ -45,7 +45,7 @@ def clock_rows(result: dict) -> pd.DataFrame:
 
 def mean_waits(result: dict) -> pd.DataFrame:
     """Per rank: mean wait_for_peers and transfer per analysed step (ms), and the steps."""
-    waits = result.get("waits")
+    waits = result.waits
     if _nothing(waits):
         return pd.DataFrame(columns=["rank", "steps", "wait_for_peers_ms", "transfer_ms"])
     by_rank = waits.groupby("rank")
@@ -58,7 +58,7 @@ def mean_waits(result: dict) -> pd.DataFrame:
 
 def firing_stragglers(result: dict) -> pd.DataFrame:
     """The ranks named by "ranks wait for rank R", largest caused wait first."""
-    stragglers = result.get("stragglers")
+    stragglers = result.stragglers
     if _nothing(stragglers):
         return pd.DataFrame(columns=["rank", "caused_wait_ms_per_step", "share_pct"])
     fires = stragglers[stragglers["fires"].astype(bool)]
@@ -66,7 +66,7 @@ def firing_stragglers(result: dict) -> pd.DataFrame:
 
 
 def pipeline_rows(result: dict) -> pd.DataFrame:
-    pipeline = result.get("pipeline")
+    pipeline = result.pipeline
     if _nothing(pipeline):
         return pd.DataFrame()
     return pipeline[["rank", "measured_bubble_pct", "theory_bubble_pct", "recv_wait_pct",
@@ -80,7 +80,7 @@ def text_tables(result: dict) -> list[tuple[str, pd.DataFrame]]:
         ("Stragglers: ranks the others wait for (docs/cross-rank.md thresholds)",
          firing_stragglers(result)),
         ("Waiting for peers and transfer, mean per step (ms)", mean_waits(result)),
-        ("Mismatched collectives", result.get("mismatches", pd.DataFrame())),
+        ("Mismatched collectives", result.mismatches),
         ("Pipeline bubble per stage, measured against theory (% of step time)",
          pipeline_rows(result)),
     ]
@@ -88,15 +88,15 @@ def text_tables(result: dict) -> list[tuple[str, pd.DataFrame]]:
 
 def csv_tables(result: dict) -> dict[str, pd.DataFrame]:
     """File stem -> table written by --out (cross_rank_*.csv)."""
-    stragglers = result["stragglers"]
+    stragglers = result.stragglers
     return {
-        "cross_rank_clock": result["clock"],
-        "cross_rank_waits": result["waits"],
+        "cross_rank_clock": result.clock,
+        "cross_rank_waits": result.waits,
         "cross_rank_stragglers": stragglers.drop(columns=["collectives", "evidence"],
                                                  errors="ignore"),
-        "cross_rank_mismatches": result["mismatches"],
-        "cross_rank_pipeline": result["pipeline"],
-        "cross_rank_bandwidth": result["bandwidth"],
+        "cross_rank_mismatches": result.mismatches,
+        "cross_rank_pipeline": result.pipeline,
+        "cross_rank_bandwidth": result.bandwidth,
     }
 
 
@@ -105,7 +105,7 @@ def with_transfer_bandwidth(collectives: pd.DataFrame, cross: dict | None) -> pd
     (docs/cross-rank.md) beside the duration-based ones, matched on op, group id, group size
     and size bucket; NaN where no op of the row had a positive transfer."""
     table = collectives.copy()
-    bandwidth = cross.get("bandwidth") if cross is not None else None
+    bandwidth = cross.bandwidth if cross is not None else None
     columns = ["transfer_us", "transfer_algbw_gbps", "transfer_busbw_gbps"]
     if bandwidth is None or bandwidth.empty or table.empty:
         for column in columns:

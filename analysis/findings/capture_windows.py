@@ -32,7 +32,7 @@ def analysed_captures(windows: list[dict], per_step: pd.DataFrame | None,
         inside = rows[rows["step"].isin(steps)]
         start = window["step"] if window.get("step") is not None else window["first_step"]
         before = rows[rows["step"] < start]
-        means = mean_waits(inside, {"waits": waits})
+        means = mean_waits(inside, waits)
         waited = {} if means is None else {int(r): float(w) for r, w in means.items()}
         mean_ms, before_ms = _mean_ms(inside["step_ns"]), _mean_ms(before["step_ns"])
         late = None

@@ -3,28 +3,28 @@ process group, the last position every member completed, the first position wher
 parted (some never issued it, or issued it differently), who waited there since when, which rank
 died, and where each rank's main thread was (docs/reliability.md, Stop diagnosis).
 
-`read_stop_inputs` reads the files; everything else is pure, DataFrame in, DataFrame out.
+Collectives are compared by their position on each group; a send and its recv pair as the k-th
+send from rank S to rank D and the k-th recv by D from S on one group. A run without the tracer's
+comms records (a foreign run, or one traced with --no-comms) is diagnosed from the collectives
+each rank's Kineto trace(s) hold in its profiler windows (From Kineto traces alone).
+
+What it reads (issue records, stack dumps, comm records, how each rank ended) is ingest's
+(analysis.ingest.stop_records: a StopInputs); everything here is pure, DataFrame in, DataFrame
+out, and `diagnose` gives the StopDiagnosis.
 """
 
 from __future__ import annotations
 
 import datetime
-import linecache
-import os
-import re
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG
+from analysis.core.contracts import StopDiagnosis, StopInputs
 from analysis.core.model import UNKNOWN_RANK
 from analysis.core.step_spec import format_ranges
-from analysis.ingest.record_checks import checked_dumps
-from analysis.ingest.records import read_jsonl, records_frame, records_path
-from analysis.rank.comm.event_ops import ops_from_events
-from analysis.rank.reduced import reduced_table
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "space", "pg_size", "position", "op", "bytes", "dtype", "peer",
@@ -33,82 +33,9 @@ GROUP_COLUMNS = ["pg", "space", "kind", "position", "op", "bytes", "dtype",
                  "last_completed_position",
                  "issued_ranks", "missing_ranks", "odd_ranks", "waiting_since_ns", "dead_ranks",
                  "signatures", "text"]
-FRAME_COLUMNS = ["rank", "reason", "t_ns", "depth", "file", "line", "function", "code"]
-TOP_FRAMES = 3  # innermost frames of each rank's main thread shown
 NO_OPS_LINE = ("no rank has comms records (traced with --no-comms, or none written), so the "
                "ops at the stop are unknown")
 BAD_ENDS = ("failed", "interrupted", schema.STATUS_NO_END)
-
-
-# ---- reading ------------------------------------------------------------------------------------
-def read_stop_inputs(run_dir: Path, ranks: list[int], world_size: int | None = None
-                     ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """(issue records, stack dumps' main-thread frames, problems) of `ranks` in `run_dir`; each
-    value out of range set aside as in the other record files (analysis.ingest.record_checks):
-    an issue record or a dump whose required value it is, an issue's peer alone. `world_size`
-    (the run's, where known) bounds peer and pg_size."""
-    columns = [f.name for f in msgspec.structs.fields(schema.IssueRecord)] + ["rank"]
-    issued, frames, problems = [pd.DataFrame(columns=columns)], [], []
-    for rank in ranks:
-        path = records_path(run_dir, schema.ISSUED_FILE, rank)
-        if path is not None:
-            found, bad = read_jsonl(path, schema.IssueRecord, rank)
-            frame, checked = records_frame(found, schema.IssueRecord, rank, path, world_size)
-            problems += bad + checked
-            issued.append(frame)
-        path = run_dir / schema.STACKS_FILE.format(rank=rank)
-        if path.is_file():
-            dumps, bad = read_jsonl(path, schema.StackDump, rank)
-            dumps, checked = checked_dumps(dumps, path, rank)
-            problems += bad + checked
-            frames += dump_frames(dumps, rank)
-    issued_frame = pd.concat([f for f in issued if not f.empty] or issued[:1],
-                             ignore_index=True).reindex(columns=columns)
-    return issued_frame, pd.DataFrame(frames, columns=FRAME_COLUMNS), problems
-
-
-def dump_frames(dumps: list, rank: int) -> list[dict]:
-    """The main thread's innermost frames (depth 0 innermost) of `rank`'s first dump at a stop
-    (a collective's error, SIGTERM: the first is where it got stuck, later ones are on the way
-    out), else of its last SIGUSR1 dump."""
-    if not dumps:
-        return []
-    stops = [d for d in dumps if d.reason != "sigusr1"]
-    dump = stops[0] if stops else dumps[-1]
-    main = next((t for t in dump.threads if t.main), None)
-    if main is None:
-        return []
-    inner = list(reversed(main.frames))
-    shown = list(range(min(TOP_FRAMES, len(inner))))
-    if not any(is_script_frame(inner[d].file) for d in shown):
-        # Stuck inside a library (torch's backward): where the script called it, too.
-        shown += [next((d for d in range(len(shown), len(inner))
-                        if is_script_frame(inner[d].file)), None)]
-    return [{"rank": rank, "reason": dump.reason, "t_ns": dump.t_ns, "depth": d,
-             "file": inner[d].file, "line": inner[d].line, "function": inner[d].function,
-             "code": source_line(inner[d].file, inner[d].line, dump.t_ns)}
-            for d in shown if d is not None]
-
-
-def is_script_frame(path: str) -> bool:
-    """Not an installed package's, nor the interpreter's (frozen modules, the standard
-    library)."""
-    parts = Path(path).parts
-    in_stdlib = any(re.fullmatch(r"python\d+\.\d+", name) and parts[i - 1].startswith("lib")
-                    for i, name in enumerate(parts[1:-1], 1))
-    return not (path.startswith("<") or "site-packages" in parts or "dist-packages" in parts
-                or in_stdlib)
-
-
-def source_line(path: str, line: int, at_ns: int) -> str:
-    """The line of a frame where its file is readable here and unchanged since the dump (read
-    as text, never run); "" otherwise."""
-    try:
-        if os.stat(path).st_mtime_ns > at_ns:
-            return ""
-    except OSError:
-        return ""
-    return linecache.getline(path, line).strip()
 
 
 # ---- the ops each rank issued and completed -----------------------------------------------------
@@ -307,11 +234,28 @@ def _short(path: str) -> str:
     return path
 
 
+def diagnose(inputs: StopInputs, ranks) -> StopDiagnosis | None:
+    """The stop diagnosis of a run folder from what ingest read (`inputs`), None for a run
+    every rank ended "ok"; with no comms record at all, what the ranks' Kineto windows hold is
+    compared (`ranks`: the loaded ranks, whose reductions kept their collectives)."""
+    ops = stop_ops(inputs.issued, inputs.completed)
+    diagnosis = stop_diagnosis(ops, inputs.frames, inputs.statuses, inputs.world_size,
+                               inputs.exceptions)
+    if diagnosis is None or not ops.empty:
+        return diagnosis
+    # No comms record (--no-comms): what the ranks' Kineto windows hold is compared.
+    traced = diagnose_traces(*trace_ops(ranks), inputs.world_size)
+    if traced is None:
+        return diagnosis
+    return StopDiagnosis(groups=traced.groups, ranks=diagnosis.ranks,
+                         lines=traced.lines + [r["text"] for r in diagnosis.ranks])
+
+
 def stop_diagnosis(ops: pd.DataFrame, frames: pd.DataFrame, statuses: dict,
-                   world_size: int, exceptions: dict | None = None) -> dict | None:
-    """The whole diagnosis, None for a run every rank ended "ok": `groups` (diagnose_groups),
-    `ranks` (status, top frames and run_end's exception of each rank) and `lines` (the
-    plain-text report)."""
+                   world_size: int, exceptions: dict | None = None) -> StopDiagnosis | None:
+    """The diagnosis of the ops each rank issued and completed (stop_ops), None for a run every
+    rank ended "ok": `groups` (diagnose_groups), `ranks` (status, top frames and run_end's
+    exception of each rank) and `lines` (the plain-text report)."""
     exceptions = exceptions or {}
     if not needs_diagnosis(statuses):
         return None
@@ -333,7 +277,8 @@ def stop_diagnosis(ops: pd.DataFrame, frames: pd.DataFrame, statuses: dict,
         fallback = ("every collective and send/recv issued was completed by every rank it "
                     "involved; the stop came outside them")
     lines = list(groups["text"]) or [fallback]
-    return {"groups": groups, "ranks": ranks, "lines": lines + [r["text"] for r in ranks]}
+    return StopDiagnosis(groups=groups, ranks=ranks,
+                         lines=lines + [r["text"] for r in ranks])
 
 
 # ---- how the diagnosis writes sizes, rank lists and clock times ---------------------------------
@@ -460,17 +405,20 @@ CAVEAT = ("from Kineto traces alone: each covers only its profiler window, so a 
 
 
 def trace_ops(ranks) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(collectives, coverage) of loaded ranks (analysis.core.model.RankTrace) from their traces:
-    every collective in every window, the step it was issued in, and the steps each trace
-    covers. A trace without ProfilerStep is one window, numbered as analysis.core.steps does."""
+    """(collectives, coverage) of loaded ranks (analysis.core.model.RankTrace) from their traces
+    (their reductions' stop_trace_ops): every collective in every window, the step it was
+    issued in, and the steps each trace covers. A trace without ProfilerStep is one window,
+    numbered as analysis.core.steps does."""
     ops, coverage = [], []
     for trace in ranks:
         if trace.rank == UNKNOWN_RANK or not trace.has_trace:
             continue
+        # Built where the rank was reduced, for a rank of a run folder without comm records
+        # (analysis.rank.reduction.rank_tables); a rank without records has none to compare.
+        frame = trace.table("stop_trace_ops")
+        if frame is None:
+            continue
         every = trace.all_steps if trace.all_steps is not None else trace.steps
-        # Built where the rank was reduced (its events are dropped once it is), else here.
-        frame = reduced_table(trace, "stop_trace_ops", lambda t, every=every: ops_from_events(
-            t.events, every, every, t.rank, t.world_size))
         if not frame.empty:
             # gloo's CPU ops name no group: one unnamed group, its members those that issued
             ops.append(frame.rename(columns={"host_ts": "issue_ns"})
@@ -486,7 +434,8 @@ def trace_ops(ranks) -> tuple[pd.DataFrame, pd.DataFrame]:
     return ops_frame, pd.DataFrame(coverage, columns=COVERAGE_COLUMNS).drop_duplicates()
 
 
-def diagnose_traces(ops: pd.DataFrame, coverage: pd.DataFrame, world_size: int) -> dict | None:
+def diagnose_traces(ops: pd.DataFrame, coverage: pd.DataFrame,
+                    world_size: int) -> StopDiagnosis | None:
     """Per process group, the first (step, position) in a step that two or more members'
     traces cover where some of them hold no collective (kind `missing`: their trace ends short)
     or hold different ones (`mismatch`); None when every group's traces agree (a run whose
@@ -506,7 +455,7 @@ def diagnose_traces(ops: pd.DataFrame, coverage: pd.DataFrame, world_size: int) 
         return None
     groups = pd.DataFrame(rows, columns=TRACE_GROUP_COLUMNS)
     groups["text"] = [trace_group_text(row) for row in groups.to_dict("records")]
-    return {"groups": groups, "ranks": [], "lines": list(groups["text"]) + [CAVEAT]}
+    return StopDiagnosis(groups=groups, lines=list(groups["text"]) + [CAVEAT])
 
 
 def _first_trace_parting(group: pd.DataFrame, members: list[int], covered: pd.Series

@@ -232,6 +232,11 @@ def ddp_accumulation(traces) -> str | None:
     return strongest_verdict(verdicts)
 
 
+def run_ddp_accumulation(traces) -> str | None:
+    """ddp_accumulation over the run, from each rank's own verdict (its reduction's)."""
+    return strongest_verdict([trace.table("ddp_accumulation") for trace in traces or []])
+
+
 def strongest_verdict(verdicts) -> str | None:
     """The run's verdict from its ranks' (None where a rank cannot tell): a skipped sync
     anywhere, else accumulation anywhere, else none."""

@@ -12,10 +12,10 @@ from analysis.report.values import plain, records
 def critical_path_steps_text(critical: dict) -> pd.DataFrame:
     """Per analysed step: the path's length, the ranks that end and start it, and its time by
     rank and category (ms)."""
-    steps = critical["critical_path_steps"]
+    steps = critical.critical_path_steps
     if steps is None or steps.empty:
         return pd.DataFrame()
-    path = critical["critical_path"]
+    path = critical.critical_path
     parts: dict = {}
     for row in records(path):
         parts.setdefault(row["step"], []).append(
@@ -39,7 +39,7 @@ def critical_path_text(critical: dict) -> str:
     return "\n".join([
         _table(critical_path_steps_text(critical), "Critical path per step "
                "(docs/critical-path.md; waiting for peers is never on it)"),
-        _table(what_if_text(critical["what_if"]), "What if (largest saving first)",
+        _table(what_if_text(critical.what_if), "What if (largest saving first)",
                "  saved ms/step: mean over the analysed steps; what the model ignores: "
                "docs/critical-path.md")])
 
@@ -51,9 +51,9 @@ def critical_path_json(critical: dict | None) -> dict:
     if critical is None:
         return {"critical_path": None, "what_if": []}
     by_step: dict = {}
-    for row in records(critical["critical_path"]):
+    for row in records(critical.critical_path):
         by_step.setdefault(row["step"], []).append(
             {"rank": row["rank"], "category": row["category"], "ms": row["ms"]})
     steps = [{**row, "by_rank": by_step.get(row["step"], [])}
-             for row in records(critical["critical_path_steps"])]
-    return {"critical_path": steps, "what_if": [plain(w) for w in critical["what_if"]]}
+             for row in records(critical.critical_path_steps)]
+    return {"critical_path": steps, "what_if": [plain(w) for w in critical.what_if]}

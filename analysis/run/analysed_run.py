@@ -1,4 +1,5 @@
-"""Analysing a run: every table for one loaded run, and `open_run`, the front for notebooks.
+"""Analysing a run: every table of one loaded run, each computed on first use, and `open_run`,
+the front for notebooks.
 
 ```python
 from analysis import open_run
@@ -9,468 +10,362 @@ run.per_rank, run.collectives, run.setup_collectives, run.idle_gaps, run.finding
 run.mfu, run.roofline  # MFU per rank and step, the slowest ops against the roofline
 ```
 
-Each table is computed once, on first use; all are plain DataFrames (docs/analysis.md).
+Each table is computed once, on first use, with what it needs and nothing more (`run.roofline`
+computes no cross-rank pass); all are plain DataFrames (docs/analysis.md). `run.report` computes
+every table, as the command line prints them (analysis.core.contracts.RunReport).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
 
 from analysis import crossrank
-from analysis.core.events import with_events
-from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace, known_rank
+from analysis.core.contracts import CriticalPath, CrossRank, RunReport, StopDiagnosis, Verdict
+from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.step_spec import parse_step_spec
 from analysis.crossrank import critical_path
 from analysis.crossrank.report_tables import with_transfer_bandwidth
-from analysis.crossrank.waits import split_communication, wait_windows
-from analysis.findings import bottlenecks, notes, verdict
-from analysis.findings import stop_diagnosis as stop
+from analysis.crossrank.waits import with_waits
+from analysis.findings import bottlenecks, notes, stop_diagnosis, verdict
 from analysis.findings.capture_windows import analysed_captures
 from analysis.ingest.capture_records import group_captures
-from analysis.ingest.load import load_path
+from analysis.ingest.stop_records import stop_inputs
 from analysis.rank import flops
-from analysis.rank import one_rank_path as rank_critical_path
-from analysis.rank import tables as ranks
-from analysis.rank.comm import comm_ops as communication
+from analysis.rank import tables as rank_tables
+from analysis.rank.comm import comm_ops
 from analysis.rank.hta import hta_temporal_breakdown
-from analysis.rank.idle import idle_gaps, idle_gaps_empty, idle_summary, label_peer_waits
-from analysis.rank.reduced import failure_text, raise_if_failed, reduced_table
-from analysis.rank.reduction import rank_tables
-from analysis.rank.roofline import with_roofline
-from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown, rank_totals
-from analysis.report import text_report as output
+from analysis.rank.idle import idle_gaps_empty
+from analysis.rank.step_breakdown import empty_breakdown, record_step_rows
+from analysis.report import json_document
 from analysis.report.progress import Progress
-from tracer import schema
+from analysis.run.guarded import Guarded
+from analysis.run.loading import load_run_path
 
 
-def _rank_rows(traces: list[RankTrace], name: str, build: Callable[[RankTrace], pd.DataFrame],
-               problems: list[str]) -> list[pd.DataFrame]:
-    """Each rank's table `name` (analysis.rank.reduced.reduced_table); a rank whose table
-    failed is one problem naming its file, rank and the table, and has no rows in it."""
-    frames = []
-    for trace in traces:
-        try:
-            frames.append(reduced_table(trace, name, build))
-        except Exception as exc:  # one rank's failure must not cost the others
-            problems.append(f"{trace.path}: {trace.label}: {name} table failed "
-                            f"({failure_text(exc)}); the rank has no rows in it")
-    return frames
+class Run:
+    """One loaded run and every table of its analysis, each computed on first use (a table that
+    fails is None, and a problem says why)."""
 
+    def __init__(self, loaded: LoadResult, name: str, path: str,
+                 steps_spec: str | None = None, hta_compatible: bool = False,
+                 peak_tflops: float | None = None, progress: Progress | None = None):
+        self.loaded = loaded
+        self.name = name
+        self.path = path
+        self.steps_spec = steps_spec
+        self.hta_compatible = hta_compatible
+        self.peak_tflops = peak_tflops
+        self._selected = parse_step_spec(steps_spec) if steps_spec else None
+        self._progress = progress
+        self._guarded = Guarded()
 
-FLOP_TABLES = ("step_flops", "op_roofline")
+    # ---- the run as loaded -----------------------------------------------------------------------
+    @property
+    def ranks(self) -> list[RankTrace]:
+        """One RankTrace per rank: its events frame, steps, the tracer's records and its
+        tables (RankTrace.table)."""
+        return self.loaded.ranks
 
+    @property
+    def problems_met(self) -> list[str]:
+        """The problems of the tables computed so far (the load's are loaded.problems)."""
+        return list(self._guarded.problems)
 
-def flop_tables(trace: RankTrace) -> dict:
-    """The rank's "step_flops" and "op_roofline" (flops.rank_flops_tables): those its reduce
-    kept, the failure it recorded (ReducedTableFailed), else computed from its events."""
-    if all(name in trace.reduced for name in FLOP_TABLES):
-        return {name: trace.reduced[name] for name in FLOP_TABLES}
-    raise_if_failed(trace, *FLOP_TABLES)
-    return flops.rank_flops_tables(with_events(trace))
+    @property
+    def problems(self) -> list[str]:
+        """Everything that could not be read or computed, each naming file and rank (every
+        table is computed for it)."""
+        return self.report.problems
 
+    @property
+    def unavailable(self) -> dict[str, str]:
+        """The tables computed so far that could not be, and why."""
+        return dict(self._guarded.unavailable)
 
-def mfu_of_run(traces: list[RankTrace], per_step: pd.DataFrame,
-               peak_tflops: float | None = None,
-               tables_of: Callable[[RankTrace], dict] = flop_tables) -> pd.DataFrame:
-    """flops.mfu_table of the run: each rank's step_flops (`tables_of`), `per_step` its profiled
-    breakdown rows with the communication split (split_communication), each rank's peak by
-    flops.rank_peak (`peak_tflops`, else its run_start's, else the datasheet's)."""
-    frames, peaks_of = [], {}
-    for trace in traces:
-        if not trace.has_trace:
-            continue
-        step_flops = tables_of(trace)["step_flops"]
-        frames.append(step_flops)
-        peaks_of[known_rank(trace)] = flops.rank_peak(trace, flops.rank_dtype(step_flops),
-                                                      peak_tflops)
-    every = (pd.concat(frames, ignore_index=True) if frames
-             else pd.DataFrame(columns=flops.STEP_FLOPS_COLUMNS))
-    return flops.mfu_table(every, per_step, peaks_of)
+    def _over(self, phase: str) -> list[RankTrace]:
+        """The ranks, with the progress of a per-rank phase shown (analysis.report.progress)."""
+        traces = self.loaded.ranks
+        return self._progress.over(traces, phase) if self._progress is not None else traces
 
+    def _rank_rows(self, name: str, phase: str, empty: pd.DataFrame) -> pd.DataFrame:
+        """Every rank's table `name`, as its reduction made it; a rank whose table failed is
+        one problem naming its file, rank and the table, and has no rows in it."""
+        frames = []
+        for trace in self._over(phase):
+            frame = self._guarded.part(
+                None, lambda trace=trace: trace.table(name),
+                f"{trace.path}: {trace.label}: {name} table failed ({{why}}); the rank has no "
+                f"rows in it")
+            if frame is not None:
+                frames.append(frame)
+        return pd.concat(frames or [empty], ignore_index=True)
 
-ROOFLINE_OPS_PER_RANK = 10
-# The `roofline` table: roofline.with_roofline's columns, with the rank and its peak's source.
-ROOFLINE_COLUMNS = ["rank", "name", "kind", "dtype", "calls", "flops", "bytes", "time_ns",
-                    "time_from", "achieved_tflops", "achieved_gbps", "intensity", "peak_tflops",
-                    "peak_source", "peak_gbps", "ridge", "bound", "roofline_tflops",
-                    "pct_of_roofline"]
+    # ---- the breakdown ---------------------------------------------------------------------------
+    @cached_property
+    def _profiled(self) -> pd.DataFrame:
+        """Every rank's breakdown of its profiled steps, before the cross-rank waits."""
+        return self._rank_rows("per_step", "time breakdown", empty_breakdown())
 
+    @cached_property
+    def _gaps(self) -> pd.DataFrame:
+        """Every rank's idle gaps, before the waits for peers are told."""
+        return self._rank_rows("idle_gaps", "idle gaps", idle_gaps_empty())
 
-def roofline_of_run(traces: list[RankTrace], peak_tflops: float | None = None,
-                    per_rank: int = ROOFLINE_OPS_PER_RANK,
-                    tables_of: Callable[[RankTrace], dict] = flop_tables) -> pd.DataFrame:
-    """Each rank's `per_rank` slowest op groups (name, kind, dtype; summed over its analysed
-    steps; `tables_of`) against its roofline: the rank's peak (as its MFU's) and the datasheet
-    bandwidth of its device where known (docs/mfu.md, "In the report")."""
-    frames = []
-    for trace in traces:
-        if not trace.has_trace:
-            continue
-        tables = tables_of(trace)
-        by_op = tables["op_roofline"].head(per_rank)
-        if not len(by_op):
-            continue
-        peak, source = flops.rank_peak(trace, flops.rank_dtype(tables["step_flops"]),
-                                       peak_tflops)
-        frames.append(with_roofline(by_op, peak, flops.rank_peak_gbps(trace))
-                      .assign(peak_source=source))
-    if not frames:
-        return pd.DataFrame(columns=ROOFLINE_COLUMNS)
-    return pd.concat(frames, ignore_index=True)[ROOFLINE_COLUMNS]
+    @cached_property
+    def hta(self) -> pd.DataFrame:
+        """HTA 0.5.0's temporal breakdown, one row per rank."""
+        return hta_temporal_breakdown(self.loaded.ranks)
+
+    @cached_property
+    def _waited(self):
+        """The breakdown with the cross-rank waits applied (crossrank.waits.with_waits): the
+        profiled steps, and every recorded step (of --steps) as an analysed one unless
+        HTA-compatible (docs/definitions.md, "Analysed steps")."""
+        recorded = (None if self.hta_compatible else
+                    record_step_rows(self.loaded.ranks, self._profiled, self._selected))
+        return with_waits(self._profiled, recorded, self._gaps, self.cross_rank)
+
+    @property
+    def breakdown(self) -> pd.DataFrame:
+        """Our time breakdown, one row per (rank, profiled step), its communication split into
+        transfer and waiting for peers (docs/definitions.md)."""
+        return self._waited.per_step
+
+    @property
+    def totals(self) -> pd.DataFrame:
+        """The breakdown summed over each rank's steps."""
+        return self._waited.totals
+
+    @property
+    def idle_gaps(self) -> pd.DataFrame:
+        """Every idle gap and what the host was doing."""
+        return self._waited.idle_gaps
+
+    @property
+    def idle(self) -> pd.DataFrame:
+        """Idle time per rank and what the host was doing."""
+        return self._waited.idle
+
+    # ---- across ranks ----------------------------------------------------------------------------
+    @cached_property
+    def cross_rank(self) -> CrossRank | None:
+        """The cross-rank pass (clock, ops, waits, bandwidth, stragglers, mismatches, pipeline;
+        docs/cross-rank.md), None where it failed."""
+        profiled = self._profiled
+        work = None
+        if len(profiled):
+            work = profiled[["rank", "step", "step_ns"]].assign(
+                work_ns=rank_tables.work_ns(profiled)).dropna(subset=["rank"])
+            work = work.astype({"rank": "int64", "step": "int64"})
+        cross = self._guarded.part(
+            "cross_rank", lambda: crossrank.cross_rank(self.loaded, work=work,
+                                                       steps=self._selected),
+            "cross-rank analysis failed ({why}); waiting for peers is not told from transfer")
+        for part, why in (cross.failed if cross is not None else {}).items():
+            # the rest of the pass stands
+            self._guarded.problems.append(f"cross-rank {part} analysis failed ({why}); the rest "
+                                          f"of the cross-rank analysis stands")
+            self._guarded.unavailable[f"cross_rank_{part}"] = why
+        return cross
+
+    @cached_property
+    def critical(self) -> CriticalPath | None:
+        """The critical path per analysed step and the what-if answers
+        (docs/critical-path.md), with the idle gaps known in the profiled (rank, step) rows;
+        without the pass, or with no step it analyses, a run of one rank with GPU events gets
+        that rank's own path (docs/critical-path.md, "One rank on a GPU"). None where there is
+        neither, or where the model failed."""
+        cross = self.cross_rank
+        if cross is None:
+            return self._one_rank_path()
+        result = self._guarded.part(
+            "critical_path", lambda: critical_path.analyse(
+                cross, idle_gaps=self.idle_gaps, profiled=self.breakdown[["rank", "step"]]),
+            "critical path analysis failed ({why}); no what-if answer")
+        if result is None:
+            return None
+        if not len(result.critical_path_steps):  # no analysed step across ranks: one rank
+            return self._one_rank_path() or result
+        return result
+
+    def _one_rank_path(self) -> CriticalPath | None:
+        """The single-rank critical path of a run of one traced rank with device ops, as its
+        reduction built it (analysis.rank.reduction.rank_tables builds it wherever the rank
+        may be the run's only traced one), or None."""
+        traces = [t for t in self.loaded.ranks if t.has_trace]
+        if len(traces) != 1:
+            return None
+        result = self._guarded.part(
+            "critical_path", lambda: traces[0].table("critical_path"),
+            "critical path analysis failed ({why}); no what-if answer")
+        return result if result is not None and len(result.critical_path_steps) else None
+
+    # ---- the run's tables ------------------------------------------------------------------------
+    @cached_property
+    def mfu(self) -> pd.DataFrame | None:
+        """MFU per rank and profiled step, with the points it loses (docs/mfu.md)."""
+        return self._guarded.table("mfu", lambda: flops.mfu_of_run(
+            self.loaded.ranks, self.breakdown, self.peak_tflops))
+
+    @cached_property
+    def roofline(self) -> pd.DataFrame | None:
+        """Each rank's slowest op groups against its roofline (docs/mfu.md)."""
+        return self._guarded.table("roofline", lambda: flops.roofline_of_run(
+            self.loaded.ranks, self.peak_tflops))
+
+    @cached_property
+    def per_rank(self) -> pd.DataFrame | None:
+        """One row per rank: step time, breakdown, memory, utilisation."""
+        return self._guarded.table("per_rank", lambda: rank_tables.per_rank_table(
+            self._waited.analysed, self.loaded.ranks))
+
+    @cached_property
+    def _step_rows(self) -> pd.DataFrame | None:
+        return self._guarded.table("per_step", lambda: rank_tables.per_step_table(
+            self._waited.analysed, self.loaded.ranks))
+
+    @property
+    def per_step(self) -> pd.DataFrame:
+        """The breakdown with memory, utilisation and spread across ranks, one row per analysed
+        (rank, step) (docs/report.md); the breakdown where it could not be built."""
+        rows = self._step_rows
+        return rows if rows is not None else self.breakdown
+
+    @cached_property
+    def _every_op(self) -> pd.DataFrame | None:
+        """Every collective and p2p op of every rank (its reduction's), set-up included."""
+        return self._guarded.table("comm_ops", lambda: pd.concat(
+            [trace.table("comm_ops") for trace in self._over("collectives")]
+            or [comm_ops.empty_ops()], ignore_index=True))
+
+    @cached_property
+    def _ops(self) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+        """(the ops of the analysed steps, the set-up ops)."""
+        every = self._every_op
+        return comm_ops.analysed_ops(every, self._selected) if every is not None else None
+
+    @property
+    def comm_ops(self) -> pd.DataFrame | None:
+        """Every collective and p2p op of every rank in the analysed steps."""
+        return self._ops[0] if self._ops is not None else None
+
+    @cached_property
+    def setup_collectives(self) -> pd.DataFrame | None:
+        """Collectives issued before the first step (set-up), grouped as the collectives are."""
+        if self._ops is None:
+            return None
+        return self._guarded.table("setup_collectives",
+                                   lambda: comm_ops.collectives_table(self._ops[1]))
+
+    @cached_property
+    def collectives(self) -> pd.DataFrame | None:
+        """Ops of the analysed steps grouped by op, process group and size, costliest per step
+        first, with the transfer-based bandwidth of the cross-rank pass."""
+        if self._ops is None:
+            return None
+        ops = self._ops[0]
+        return self._guarded.table("collectives", lambda: with_transfer_bandwidth(
+            comm_ops.collectives_table(
+                ops, comm_ops.steps_covered(self.loaded.ranks, ops, self._selected)),
+            self.cross_rank))
+
+    # ---- findings --------------------------------------------------------------------------------
+    @cached_property
+    def findings(self) -> pd.DataFrame | None:
+        """The bottleneck findings, largest share of step time first."""
+        return self._guarded.table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
+            self.per_step, self.per_rank, self.collectives, self.idle_gaps, self.loaded.ranks,
+            cross_rank=self.cross_rank))
+
+    @cached_property
+    def notes(self) -> pd.DataFrame | None:
+        """What the analysis could not tell (no share of step time)."""
+        return self._guarded.table("notes", lambda: notes.find_notes(
+            self.per_step, self.collectives, self.loaded.ranks, self.cross_rank))
+
+    @cached_property
+    def captures(self) -> list[dict]:
+        """The capture windows (slow step or on demand), each with its steps' mean step, waits
+        and late rank (docs/report.md, "Capture windows")."""
+        records = {int(t.rank): t.records for t in self.loaded.ranks
+                   if t.rank != UNKNOWN_RANK and t.records is not None}
+        if not records:
+            return []
+
+        def analysed() -> list[dict]:
+            windows, problems = group_captures(records)
+            self._guarded.problems.extend(problems)
+            cross = self.cross_rank
+            return analysed_captures(windows, self.per_step,
+                                     cross.waits if cross is not None else None)
+
+        found = self._guarded.part("captures", analysed, "capture windows failed ({why})")
+        return found if found is not None else []
+
+    @cached_property
+    def verdict(self) -> Verdict:
+        """The verdict the report opens with (docs/report.md)."""
+        return verdict.run_verdict(self.per_step, self.findings, self.notes, self.cross_rank,
+                                   self.critical, self.captures)
+
+    @cached_property
+    def stop(self) -> StopDiagnosis | None:
+        """The stop diagnosis of a run folder that did not end well (docs/reliability.md), None
+        for one that did."""
+        loaded = self.loaded
+        statuses = {t.rank: t.status for t in loaded.ranks if t.rank != UNKNOWN_RANK}
+        if loaded.run_dir is None or not stop_diagnosis.needs_diagnosis(statuses):
+            return None
+
+        def diagnosed() -> StopDiagnosis | None:
+            inputs = stop_inputs(loaded)
+            self._guarded.problems.extend(inputs.problems)
+            return stop_diagnosis.diagnose(inputs, loaded.ranks)
+
+        return self._guarded.part("stop_diagnosis", diagnosed, "stop diagnosis failed ({why})")
+
+    # ---- the whole report ------------------------------------------------------------------------
+    @cached_property
+    def report(self) -> RunReport:
+        """Every table, as the command line prints them, computed in the order their problems
+        are told: the ranks' tables, the cross-rank pass, the run's tables, the findings, the
+        stop diagnosis."""
+        loaded = self.loaded
+        # In the order of the report's problems.
+        parts = {name: getattr(self, name) for name in (
+            "_profiled", "_gaps", "hta", "_every_op", "cross_rank", "_waited", "mfu", "roofline",
+            "per_rank", "_step_rows", "critical", "setup_collectives", "collectives", "findings",
+            "notes", "captures", "verdict", "stop")}
+        waited = parts["_waited"]
+        return RunReport(
+            name=self.name, path=self.path, files=[str(f) for f in loaded.files],
+            world_size=loaded.world_size, steps_spec=self.steps_spec,
+            hta_compatible=self.hta_compatible, ranks=loaded.ranks,
+            problems=[*loaded.problems, *self._guarded.problems],
+            unavailable=dict(self._guarded.unavailable), per_step=waited.per_step,
+            totals=waited.totals, hta=parts["hta"], idle=waited.idle,
+            idle_gaps=waited.idle_gaps, step_rows=parts["_step_rows"],
+            per_rank=parts["per_rank"], comm_ops=self.comm_ops,
+            collectives=parts["collectives"], setup_collectives=parts["setup_collectives"],
+            findings=parts["findings"], notes=parts["notes"], mfu=parts["mfu"],
+            roofline=parts["roofline"], cross_rank=parts["cross_rank"],
+            critical=parts["critical"], verdict=parts["verdict"], captures=parts["captures"],
+            stop=parts["stop"])
+
+    def document(self) -> dict:
+        """The JSON document of `--format json`."""
+        return json_document.run_document(self.report)
 
 
 def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None = None,
                 hta_compatible: bool = False, progress: Progress | None = None,
-                peak_tflops: float | None = None) -> output.RunReport:
-    """All the tables for one loaded run: ours, then the communication, rank, cross-rank and
-    bottleneck analyses (analysis.rank.comm.comm_ops, .ranks, .crossrank, .bottlenecks), and MFU and
-    the roofline (analysis.rank.flops; `peak_tflops` overrides every rank's peak). A table that
-    fails becomes a problem naming it, and the rest is still reported. `progress` shows the
-    per-rank phases (analysis.report.progress)."""
-    problems = list(loaded.problems)
-    traces = loaded.ranks
-    over = progress.over if progress is not None else (lambda items, phase: items)
-    per_step = pd.concat(_rank_rows(over(traces, "time breakdown"), "per_step",
-                                    breakdown_per_step, problems)
-                         or [empty_breakdown()], ignore_index=True)
-    gaps = pd.concat(_rank_rows(over(traces, "idle gaps"), "idle_gaps", idle_gaps, problems)
-                     or [idle_gaps_empty()], ignore_index=True)
-    report = output.RunReport(
-        name=name, path=path, files=[str(f) for f in loaded.files],
-        world_size=loaded.world_size, steps_spec=steps_spec, hta_compatible=hta_compatible,
-        problems=problems, ranks=traces, per_step=per_step, totals=rank_totals(per_step),
-        # idle: summed once the gaps are labelled with the waits for peers, below.
-        hta=hta_temporal_breakdown(traces), idle=None, idle_gaps=gaps)
-
-    def table(name: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame | None:
-        try:
-            result = build()
-        except Exception as exc:  # one table's failure must not cost the others
-            problems.append(f"{name} table failed: {failure_text(exc)}")
-            report.unavailable[name] = failure_text(exc)
-            return None
-        report.tables[name] = result
-        return result
-
-    selected = parse_step_spec(steps_spec) if steps_spec else None
-    every_op = table("comm_ops", lambda: pd.concat(
-        [reduced_table(t, "comm_ops", communication.comm_ops)
-         for t in over(traces, "collectives")]
-        or [communication.empty_ops()], ignore_index=True))
-    cross = _cross_rank(loaded, per_step, report, selected)
-    # Waiting for peers is not communication of the rank's own: the breakdown's
-    # communication-only time split into transfer and waiting (docs/definitions.md).
-    report.per_step = per_step = split_communication(
-        per_step, cross["waits"] if cross is not None else None)
-    report.totals = rank_totals(per_step)
-    # MFU of the profiled steps, whose waiting is the split's (docs/mfu.md); each rank's FLOPs
-    # found once for both tables.
-    found: dict = {}
-
-    def tables_of(trace: RankTrace) -> dict:
-        if id(trace) not in found:
-            found[id(trace)] = flop_tables(trace)
-        return found[id(trace)]
-
-    table("mfu", lambda: mfu_of_run(traces, per_step, peak_tflops, tables_of))
-    table("roofline", lambda: roofline_of_run(traces, peak_tflops, tables_of=tables_of))
-    # The analysed steps: every recorded step (of --steps), the profiled ones with their
-    # kernel-level split (docs/definitions.md, "Analysed steps").
-    analysed = per_step
-    if not hta_compatible:
-        recorded = record_step_rows(loaded, per_step, selected)
-        if len(recorded):
-            analysed = pd.concat([per_step, split_communication(
-                recorded, cross["waits"] if cross is not None else None)], ignore_index=True)
-    per_rank = table("per_rank", lambda: ranks.per_rank_table(analysed, traces))
-    step_table = table("per_step", lambda: ranks.per_step_table(analysed, traces))
-    if cross is not None:
-        report.idle_gaps = label_peer_waits(gaps, wait_windows(cross))
-    report.idle = idle_summary(report.idle_gaps)
-    # After the gaps are labelled: a wait for peers is no cause a what-if removes.
-    report.critical = _critical_path(cross, report, per_step[["rank", "step"]])
-    collectives = None
-    if every_op is not None:
-        ops, setup = analysed_ops(every_op, selected)
-        report.tables["comm_ops"] = ops
-        table("setup_collectives", lambda: communication.collectives_table(setup))
-        collectives = table("collectives", lambda: with_transfer_bandwidth(
-            communication.collectives_table(ops, analysed_steps(loaded, ops, selected)),
-            cross))
-    steps_of = step_table if step_table is not None else per_step
-    found = table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
-        steps_of, per_rank, collectives, report.idle_gaps, traces, cross_rank=cross))
-    noted = table("notes", lambda: notes.find_notes(steps_of, collectives, traces, cross))
-    report.captures = _captures(loaded, steps_of, cross, report)
-    report.verdict = verdict.run_verdict(steps_of, found, noted, cross, report.critical,
-                                         report.captures)
-    _stop_diagnosis(loaded, report)
-    return report
-
-
-def _captures(loaded: LoadResult, steps_of: pd.DataFrame, cross: dict | None,
-              report: output.RunReport) -> list[dict]:
-    """The run's capture windows (docs/report.md, "Capture windows"), each with what its steps
-    show; a failure is one problem and no window."""
-    records = {int(t.rank): t.records for t in loaded.ranks
-               if t.rank != UNKNOWN_RANK and t.records is not None}
-    if not records:
-        return []
-    try:
-        windows, problems = group_captures(records)
-        report.problems.extend(problems)
-        return analysed_captures(windows, steps_of, cross["waits"] if cross else None)
-    except Exception as exc:  # the rest of the report stands without them
-        why = f"{type(exc).__name__}: {exc}"
-        report.problems.append(f"capture windows failed ({why})")
-        report.unavailable["captures"] = why
-        return []
-
-
-def _stop_diagnosis(loaded: LoadResult, report: output.RunReport) -> None:
-    """analysis.findings.stop_diagnosis on a run that did not end well; a failure becomes a
-    problem."""
-    statuses = {t.rank: t.status for t in loaded.ranks if t.rank != UNKNOWN_RANK}
-    if loaded.run_dir is None or not stop.needs_diagnosis(statuses):
-        return
-    try:
-        issued, frames, problems = stop.read_stop_inputs(
-            Path(loaded.run_dir), sorted(statuses), loaded.world_size)
-        report.problems.extend(problems)
-        completed = pd.concat([t.records.comms for t in loaded.ranks if t.records is not None]
-                              or [pd.DataFrame()], ignore_index=True)
-        exceptions = {t.rank: end.exception for t in loaded.ranks if t.records is not None
-                      for end in t.records.manifest if isinstance(end, schema.RunEnd)}
-        ops = stop.stop_ops(issued, completed)
-        report.stop = stop.stop_diagnosis(ops, frames, statuses,
-                                          loaded.world_size or len(statuses), exceptions)
-        if ops.empty and report.stop is not None:
-            # No comms record (--no-comms): what the ranks' Kineto windows hold is compared.
-            traced = stop.diagnose_traces(*stop.trace_ops(loaded.ranks),
-                                                 loaded.world_size or len(statuses))
-            if traced is not None:
-                report.stop["groups"] = traced["groups"]
-                report.stop["lines"] = traced["lines"] + [r["text"] for r in report.stop["ranks"]]
-    except Exception as exc:  # the rest of the report stands without it
-        why = f"{type(exc).__name__}: {exc}"
-        report.problems.append(f"stop diagnosis failed ({why})")
-        report.unavailable["stop_diagnosis"] = why
-
-
-def analysed_ops(ops: pd.DataFrame, steps: list[int] | None) -> tuple[pd.DataFrame,
-                                                                        pd.DataFrame]:
-    """(the ops of the analysed steps, the set-up ops): records of the tracer's step 0 (before
-    the first step: process group start, DDP's first broadcast, barriers) are set-up and enter
-    no step's rows; `steps` (--steps) selects the analysed steps of every source. A run with
-    no op past set-up (it stopped before its first step) has only those: they are its ops, not
-    set-up."""
-    step = pd.to_numeric(ops["step"], errors="coerce").astype("float64")
-    recorded = (ops["origin"] == "records").to_numpy(dtype=bool)
-    setup = recorded & (step < communication.FIRST_STEP).to_numpy(dtype=bool)
-    if setup.all():
-        setup[:] = False
-    kept = ~setup
-    if steps is not None:
-        kept &= step.isin(steps).to_numpy(dtype=bool)
-    return (ops[kept].reset_index(drop=True), ops[setup].reset_index(drop=True))
-
-
-def record_step_rows(loaded: LoadResult, per_step: pd.DataFrame,
-                     steps: list[int] | None) -> pd.DataFrame:
-    """Breakdown rows of the analysed steps that no profiler window holds: each rank's recorded
-    steps (from the first step, those of --steps) that `per_step` lacks, with step_ns, start_ns
-    and end_ns from the tracer's step record and every part of the kernel-level split missing
-    (docs/definitions.md, "Analysed steps"). The kind is the rank's profiled kind."""
-    profiled_rank = pd.to_numeric(per_step["rank"], errors="coerce")
-    profiled_step = pd.to_numeric(per_step["step"], errors="coerce")
-    kinds = dict(zip(profiled_rank.tolist(), per_step["kind"].tolist()))
-    frames = []
-    for trace in loaded.ranks:
-        records = trace.records
-        recorded = getattr(records, "steps", None) if records is not None else None
-        if trace.rank == UNKNOWN_RANK or recorded is None or not len(recorded):
-            continue
-        if not {"step", "start_ns", "end_ns"} <= set(recorded.columns):
-            continue
-        numbers = recorded[["step", "start_ns", "end_ns"]].apply(pd.to_numeric, errors="coerce")
-        numbers = numbers.dropna().drop_duplicates("step", keep="last")
-        rank = int(trace.rank)
-        kept = ((numbers["step"] >= communication.FIRST_STEP)
-                & (numbers["end_ns"] > numbers["start_ns"])
-                & ~numbers["step"].isin(profiled_step[profiled_rank == rank]))
-        if steps is not None:
-            kept &= numbers["step"].isin(steps)
-        numbers = numbers[kept].astype("int64")
-        frames.append(pd.DataFrame({
-            "rank": rank, "step": numbers["step"],
-            "step_ns": numbers["end_ns"] - numbers["start_ns"],
-            "kind": kinds.get(float(rank)), "start_ns": numbers["start_ns"],
-            "end_ns": numbers["end_ns"]}))
-    columns = ["rank", "step", "step_ns", "kind", "start_ns", "end_ns"]
-    frame = (pd.concat(frames, ignore_index=True) if frames
-             else pd.DataFrame(columns=columns))
-    return frame.reindex(columns=list(dict.fromkeys([*per_step.columns, *columns])))
-
-
-def analysed_steps(loaded: LoadResult, ops: pd.DataFrame, steps: list[int] | None) -> dict:
-    """{(rank, origin): analysed steps} that each rank's sources of ops cover: the steps of its
-    records (from the first step, those of --steps) and its profiled steps; where neither is
-    known, the distinct steps of its ops (rank.comm.ops.analysed_steps_of)."""
-    covered = communication.analysed_steps_of(ops)
-    for trace in loaded.ranks:
-        if trace.rank == UNKNOWN_RANK:
-            continue
-        records = trace.records
-        record_steps = getattr(records, "steps", None) if records is not None else None
-        if record_steps is not None and len(record_steps) and "step" in record_steps:
-            numbers = pd.to_numeric(record_steps["step"], errors="coerce").dropna()
-            numbers = numbers[numbers >= communication.FIRST_STEP]
-            if steps is not None:
-                numbers = numbers[numbers.isin(steps)]
-            covered[(int(trace.rank), "records")] = int(numbers.nunique())
-        if len(trace.steps):
-            covered[(int(trace.rank), "trace")] = int(trace.steps["step"].nunique())
-    return covered
-
-
-def _cross_rank(loaded: LoadResult, per_step: pd.DataFrame | None,
-                report: output.RunReport, steps: list[int] | None) -> dict | None:
-    """The cross-rank pass (docs/cross-rank.md), or None with one problem saying why."""
-    work = None
-    if per_step is not None and len(per_step):
-        work = per_step[["rank", "step", "step_ns"]].assign(
-            work_ns=ranks.work_ns(per_step)).dropna(subset=["rank"])
-        work = work.astype({"rank": "int64", "step": "int64"})
-    try:
-        cross = crossrank.cross_rank(loaded, work=work, steps=steps)
-    except Exception as exc:  # the per-rank analysis stands without it
-        why = f"{type(exc).__name__}: {exc}"
-        report.problems.append(f"cross-rank analysis failed ({why}); waiting for peers is not "
-                               f"told from transfer")
-        report.unavailable["cross_rank"] = why
-        return None
-    for part, why in cross.get("failed", {}).items():  # the rest of the pass stands
-        report.problems.append(f"cross-rank {part} analysis failed ({why}); the rest of the "
-                               f"cross-rank analysis stands")
-        report.unavailable[f"cross_rank_{part}"] = why
-    report.cross_rank = cross
-    return cross
-
-
-def _critical_path(cross: dict | None, report: output.RunReport,
-                   profiled: pd.DataFrame) -> dict | None:
-    """The critical path and what-if answers (docs/critical-path.md) of the cross-rank result,
-    with the report's idle gaps known in the `profiled` (rank, step) rows. Without the pass, or
-    with no step it analyses, a run of one rank with GPU events gets that rank's own path
-    (analysis.rank.one_rank_path; docs/critical-path.md, "One rank on a GPU"). None where there
-    is neither, or with one problem saying why the model failed."""
-    if cross is None:
-        return _one_rank_path(report)
-    try:
-        result = critical_path.analyse(cross, idle_gaps=report.idle_gaps, profiled=profiled)
-    except Exception as exc:  # the rest of the report stands without it
-        why = f"{type(exc).__name__}: {exc}"
-        report.problems.append(f"critical path analysis failed ({why}); no what-if answer")
-        report.unavailable["critical_path"] = why
-        return None
-    if not len(result["critical_path_steps"]):  # no analysed step across ranks: one rank
-        return _one_rank_path(report) or result
-    return result
-
-
-def _one_rank_path(report: output.RunReport) -> dict | None:
-    """The single-rank critical path of a run of one traced rank with device ops, or None:
-    the one its reduction built (analysis.rank.reduction.rank_tables builds it wherever the rank
-    may be the run's only traced one), else computed from its events."""
-    traces = [t for t in report.ranks if t.has_trace]
-    if len(traces) != 1:
-        return None
-    try:
-        result = reduced_table(traces[0], "critical_path",
-                               lambda trace: rank_critical_path.analyse(trace))
-    except Exception as exc:  # the rest of the report stands without it
-        why = failure_text(exc)
-        report.problems.append(f"critical path analysis failed ({why}); no what-if answer")
-        report.unavailable["critical_path"] = why
-        return None
-    return result if len(result["critical_path_steps"]) else None
-
-
-def _table(name: str, doc: str) -> property:
-    """A Run property: the report's table `name` (None where it could not be computed)."""
-    return property(lambda run: run.report.tables.get(name), doc=doc)
-
-
-def _part(name: str, doc: str) -> property:
-    """A Run property: the report's own field `name`."""
-    return property(lambda run: getattr(run.report, name), doc=doc)
-
-
-class Run:
-    """One analysed run: its ranks, problems and every table as a DataFrame."""
-
-    def __init__(self, loaded: LoadResult, name: str, path: str,
-                 steps_spec: str | None = None, hta_compatible: bool = False,
-                 peak_tflops: float | None = None):
-        self.loaded = loaded
-        self.name = name
-        self.path = path
-        self._options = {"steps_spec": steps_spec, "hta_compatible": hta_compatible,
-                         "peak_tflops": peak_tflops}
-
-    @cached_property
-    def report(self) -> output.RunReport:
-        """Every table at once, as the command line prints them."""
-        return analyse_run(self.loaded, self.name, self.path, **self._options)
-
-    @property
-    def ranks(self) -> list[RankTrace]:
-        """One RankTrace per rank: its events frame, steps, the tracer's records."""
-        return self.loaded.ranks
-
-    @property
-    def per_step(self) -> pd.DataFrame:
-        """The breakdown with memory, utilisation and spread across ranks (docs/report.md)."""
-        return self.report.step_table()
-
-    problems = _part("problems", "Everything that could not be read or computed, each naming "
-                                 "file and rank.")
-    breakdown = _part("per_step", "Our time breakdown, one row per (rank, step) "
-                                  "(docs/definitions.md).")
-    totals = _part("totals", "The breakdown summed over each rank's steps.")
-    idle_gaps = _part("idle_gaps", "Every idle gap and what the host was doing.")
-    idle = _part("idle", "Idle time per rank and what the host was doing.")
-    hta = _part("hta", "HTA 0.5.0's temporal breakdown, one row per rank.")
-    per_rank = _table("per_rank", "One row per rank: step time, breakdown, memory, utilisation.")
-    comm_ops = _table("comm_ops", "Every collective and p2p op of every rank in the analysed "
-                                  "steps.")
-    collectives = _table("collectives", "Ops of the analysed steps grouped by op, process group "
-                                        "and size, costliest per step first.")
-    setup_collectives = _table("setup_collectives", "Collectives issued before the first step "
-                                                    "(set-up), grouped as the collectives are.")
-    findings = _table("bottlenecks", "The bottleneck findings, largest share of step time first.")
-    notes = _table("notes", "What the analysis could not tell (no share of step time).")
-    mfu = _table("mfu", "MFU per rank and profiled step, with the points it loses "
-                        "(docs/mfu.md).")
-    roofline = _table("roofline", "Each rank's slowest op groups against its roofline "
-                                  "(docs/mfu.md).")
-    verdict = _part("verdict", "The verdict the report opens with (docs/report.md).")
-    captures = _part("captures", "The capture windows (slow step or on demand), each with its "
-                                 "steps' mean step, waits and late rank (docs/report.md).")
-    critical = _part("critical", "The critical path per analysed step and the what-if answers "
-                                 "(docs/critical-path.md), None where they could not be "
-                                 "computed.")
-    cross_rank = _part("cross_rank", "The cross-rank pass's frames (clock, ops, waits, bandwidth, "
-                                     "stragglers, mismatches, pipeline; docs/cross-rank.md), "
-                                     "None where it failed.")
-
-    def document(self) -> dict:
-        """The JSON document of `--format json`."""
-        return output.run_document(self.report)
+                peak_tflops: float | None = None) -> RunReport:
+    """Every table of one loaded run (Run.report); `peak_tflops` overrides every rank's peak,
+    `progress` shows the per-rank phases (analysis.report.progress)."""
+    return Run(loaded, name, path, steps_spec, hta_compatible, peak_tflops, progress).report
 
 
 def open_run(path, steps: str | None = None, *, run: str | None = None,
@@ -483,9 +378,9 @@ def open_run(path, steps: str | None = None, *, run: str | None = None,
     `keep_events=False` holds each rank's reduced results instead of its events, for runs of
     many ranks (docs/analysis.md, "Large runs and Dask"). Raises
     NothingToAnalyse when `path` holds no trace, ValueError for a bad `steps`."""
-    loaded = load_path(path, steps, run=run, hta_compatible=hta_compatible,
-                       use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels,
-                       keep_events=keep_events, reduce_rank=rank_tables)
+    loaded = load_run_path(path, steps, run=run, hta_compatible=hta_compatible,
+                           use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels,
+                           keep_events=keep_events)
     where = loaded.run_dir if loaded.run_dir is not None else Path(
         path[0] if isinstance(path, (list, tuple)) else path)
     return Run(loaded, name=where.name or str(where), path=str(where), steps_spec=steps,

@@ -99,7 +99,7 @@ def test_the_top_what_if_of_a_default_run_is_the_late_rank_on_time(shared_runs):
     (`ddp-even-0`) within a loose bound, for a shared 2-core machine's runs differ by tens of
     percent (docs/benchmarks.md, What-if accuracy)."""
     late = open_run(shared_runs["ddp-late-default"].run_dir, use_cache=False).document()
-    top = late["what_if"][0]
+    top = late.what_if[0]
     assert (top["change"], top["kind"], top["ranks"]) == ("rank 1 on time", "rank_on_time", [1])
     assert top["saved_ms_per_step"] >= 0.5 * DDP_DELAY_MS
     assert "if rank 1 were on time" in late["verdict"]["what_if"]
@@ -117,7 +117,7 @@ def test_a_default_runs_clock_moved_80_ms_is_placed_by_its_profiled_steps(shared
     estimate states. The late rank is the same."""
     run = shared_runs["ddp-late-default"].run_dir
     after, document = _cross_rank(shifted_copy(run, tmp_path / "shifted", 1, SHIFT_NS))
-    clock = after["clock"].set_index("rank").loc[1]
+    clock = after.clock.set_index("rank").loc[1]
     assert (clock["source"], clock["estimate_from"]) == ("collectives", "profiled steps")
     assert abs(clock["offset_ns"] - SHIFT_NS) <= max(1_000_000, clock["uncertainty_ns"])
     assert _named(document)[:1] == [1]

@@ -15,6 +15,7 @@ import pandas as pd
 
 from analysis.core.comm_names import UNKNOWN_OP, UNKNOWN_PG, canonical_dtype, canonical_op
 from analysis.core.model import known_rank
+from analysis.core.steps import FIRST_TRAINING_STEP
 from analysis.rank import issuers
 from analysis.rank.comm.event_ops import REQUIRED_EVENT_COLUMNS, op_columns
 from analysis.rank.comm.event_ops import col as _col
@@ -32,9 +33,6 @@ COLLECTIVES_COLUMNS = [
     "slowest_rank", "slowest_rank_busbw_gbps", "ms_per_step", "time_from",
 ]
 UNKNOWN_BUCKET = "unknown"
-# The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast):
-# records of it are set-up collectives, never a step's (analysis.run).
-FIRST_STEP = 1
 
 
 def _bandwidths(op, nbytes, pg_size, duration_us) -> tuple[float, float]:
@@ -311,6 +309,46 @@ def analysed_steps_of(ops: pd.DataFrame) -> dict:
     ]).dropna()
     counts = keyed.groupby(["rank", "origin"])["step"].nunique()
     return {(int(rank), origin): int(n) for (rank, origin), n in counts.items()}
+
+
+def analysed_ops(ops: pd.DataFrame, steps: list[int] | None) -> tuple[pd.DataFrame,
+                                                                        pd.DataFrame]:
+    """(the ops of the analysed steps, the set-up ops): records of the tracer's step 0 (before
+    the first step: process group start, DDP's first broadcast, barriers) are set-up and enter
+    no step's rows; `steps` (--steps) selects the analysed steps of every source. A run with
+    no op past set-up (it stopped before its first step) has only those: they are its ops, not
+    set-up."""
+    step = pd.to_numeric(ops["step"], errors="coerce").astype("float64")
+    recorded = (ops["origin"] == "records").to_numpy(dtype=bool)
+    setup = recorded & (step < FIRST_TRAINING_STEP).to_numpy(dtype=bool)
+    if setup.all():
+        setup[:] = False
+    kept = ~setup
+    if steps is not None:
+        kept &= step.isin(steps).to_numpy(dtype=bool)
+    return (ops[kept].reset_index(drop=True), ops[setup].reset_index(drop=True))
+
+
+def steps_covered(traces, ops: pd.DataFrame, steps: list[int] | None) -> dict:
+    """{(rank, origin): analysed steps} that each rank's sources of ops cover: the steps of its
+    records (from the first step, those of --steps) and its profiled steps; where neither is
+    known, the distinct steps of its ops (analysed_steps_of)."""
+    covered = analysed_steps_of(ops)
+    for trace in traces:
+        rank = known_rank(trace)
+        if rank is None:
+            continue
+        records = trace.records
+        record_steps = getattr(records, "steps", None) if records is not None else None
+        if record_steps is not None and len(record_steps) and "step" in record_steps:
+            numbers = pd.to_numeric(record_steps["step"], errors="coerce").dropna()
+            numbers = numbers[numbers >= FIRST_TRAINING_STEP]
+            if steps is not None:
+                numbers = numbers[numbers.isin(steps)]
+            covered[(int(rank), "records")] = int(numbers.nunique())
+        if len(trace.steps):
+            covered[(int(rank), "trace")] = int(trace.steps["step"].nunique())
+    return covered
 
 
 def collectives_table(ops: pd.DataFrame, analysed_steps: dict | None = None) -> pd.DataFrame:

@@ -49,6 +49,6 @@ def test_the_verdict_has_a_line_per_window():
     steps, waits = _steps()
     windows = analysed_captures([WINDOW], steps, waits)
     verdict = run_verdict(steps, None, None, None, None, windows)
-    assert verdict["lines"][-1] == "Captured: " + windows[0]["text"]
-    assert not [line for line in run_verdict(steps, None, None, None)["lines"]
+    assert verdict.lines[-1] == "Captured: " + windows[0]["text"]
+    assert not [line for line in run_verdict(steps, None, None, None).lines
                 if line.startswith("Captured")]

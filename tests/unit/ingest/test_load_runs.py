@@ -188,7 +188,7 @@ def test_json_without_trace_events_is_named(tmp_path):
 
 def test_json_of_the_wrong_shape_is_named(tmp_path):
     (tmp_path / "list.json").write_text('[1, 2]')
-    result = load.load_files([tmp_path / "list.json"], use_cache=False)
+    result = load.load_files([tmp_path / "list.json"], options=load.LoadOptions(use_cache=False))
     assert result.ranks == [] and problems_with(result, "list.json", "not a Kineto trace")
 
 

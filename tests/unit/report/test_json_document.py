@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from analysis.report.text_report import (
+from analysis.report.values import (
     WINDOW_NONE,
     WINDOW_STEPS,
     WINDOW_WHOLE_TRACE,

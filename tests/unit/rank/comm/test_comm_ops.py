@@ -261,19 +261,19 @@ def test_a_shared_join_gives_what_each_caller_finds_alone():
                                   check_exact=True)
     # The rank's tables, built with one join, are the ones each builder gives alone.
     tables = rank_summary.rank_tables(trace)
-    pd.testing.assert_frame_equal(tables["comm_ops"], shared, check_exact=True)
-    pd.testing.assert_frame_equal(tables["comm_events"], rank_summary._comm_events(trace),
+    pd.testing.assert_frame_equal(tables.comm_ops, shared, check_exact=True)
+    pd.testing.assert_frame_equal(tables.comm_events, rank_summary._comm_events(trace),
                                   check_exact=True)
     # K3 has no host op: it keeps its own collective, missing (None, as the parser gives it)
-    assert same(tables["comm_events"]["collective"].tolist(),
+    assert same(tables.comm_events["collective"].tolist(),
                 ["all_gather", "all_reduce", None, "send"])
 
 
 def test_rank_tables_without_events_columns_still_build_what_they_can():
     trace = make_trace(events_frame([event("aten::mm", "cpu_op", 0, 10)]).drop(columns="is_comm"))
     tables = rank_summary.rank_tables(trace)
-    assert tables["event_count"] == 1
-    assert tables["comm_ops"].empty and list(tables["comm_ops"].columns) == \
+    assert tables.event_count == 1
+    assert tables.comm_ops.empty and list(tables.comm_ops.columns) == \
         communication.OPS_COLUMNS
 
 
