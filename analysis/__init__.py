@@ -8,7 +8,7 @@ def __getattr__(name: str):
     # The front is imported on first use: `python -m analysis.breakdown` imports this package
     # before it runs the module, which must not be imported already by then.
     if name in __all__:
-        from analysis.run import analysed_run as run
+        from analysis import run
 
         return getattr(run, name)
     raise AttributeError(f"module 'analysis' has no attribute {name!r}")

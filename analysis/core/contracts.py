@@ -6,7 +6,8 @@ steps frames):
 
 - `RankTables`: what the per-rank reduction (analysis.rank.reduction.rank_tables) computes of
   one rank while its events are at hand, where its file is parsed; every run-wide analysis
-  takes a rank's tables from it (`RankTrace.table`), and from nowhere else.
+  takes a rank's tables from it (`RankTrace.table`, analysis.core.model), and from nowhere
+  else.
 - `CrossRank`: the cross-rank pass (analysis.crossrank.cross_rank).
 - `CriticalPath`: the critical path and the what-if answers, across ranks
   (analysis.crossrank.critical_path) or of one rank (analysis.rank.one_rank_path).
@@ -36,8 +37,6 @@ from analysis.core.forked import ComputedElsewhereFailed, ForkedResult
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from analysis.core.model import RankTrace
 
 
 def _frame() -> pd.DataFrame:
@@ -104,14 +103,6 @@ class RankTables:
             except ComputedElsewhereFailed as exc:
                 raise ReducedTableFailed(label, name, exc.why) from None
         return found
-
-
-def rank_table(trace: RankTrace, name: str):
-    """The rank's table or summary `name`, as its reduction made it (RankTables.take)."""
-    if trace.tables is None:
-        raise NotReduced(f"{trace.path}: {trace.label}: not reduced, so it has no {name} "
-                         f"(load the run with analysis.run.loading)")
-    return trace.tables.take(name, trace.label)
 
 
 # ---- across ranks --------------------------------------------------------------------------------

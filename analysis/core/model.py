@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.core.contracts import rank_table
+from analysis.core.contracts import NotReduced, RankTables
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from analysis.core.contracts import RankTables
 
 # The rank of a trace that names none, among several (shown as "rank ?"): ranks are ints, so
 # that a rank column is int64 and a rank compares and sorts without a None check.
@@ -101,9 +99,13 @@ class RankTrace:
         return self.tables.event_count if self.tables is not None else 0
 
     def table(self, name: str):
-        """The rank's table or summary `name`, as its reduction made it
-        (analysis.core.contracts.rank_table)."""
-        return rank_table(self, name)
+        """The rank's table or summary `name`, as its reduction made it (RankTables.take:
+        ReducedTableFailed where it failed there); NotReduced for a rank loaded without the
+        reduction."""
+        if self.tables is None:
+            raise NotReduced(f"{self.path}: {self.label}: not reduced, so it has no {name} "
+                             f"(load the run with analysis.run.loading)")
+        return self.tables.take(name, self.label)
 
     def with_events(self) -> RankTrace:
         """This rank with its events frame: itself, or, when its events were dropped after

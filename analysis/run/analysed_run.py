@@ -23,7 +23,14 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import crossrank
-from analysis.core.contracts import CriticalPath, CrossRank, RunReport, StopDiagnosis, Verdict
+from analysis.core.contracts import (
+    Breakdown,
+    CriticalPath,
+    CrossRank,
+    RunReport,
+    StopDiagnosis,
+    Verdict,
+)
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.step_spec import parse_step_spec
 from analysis.crossrank import critical_path
@@ -33,8 +40,7 @@ from analysis.findings import bottlenecks, notes, stop_diagnosis, verdict
 from analysis.findings.capture_windows import analysed_captures
 from analysis.ingest.capture_records import group_captures
 from analysis.ingest.stop_records import stop_inputs
-from analysis.rank import flops
-from analysis.rank import tables as rank_tables
+from analysis.rank import flops, tables
 from analysis.rank.comm import comm_ops
 from analysis.rank.hta import hta_temporal_breakdown
 from analysis.rank.idle import idle_gaps_empty
@@ -120,7 +126,7 @@ class Run:
         return hta_temporal_breakdown(self.loaded.ranks)
 
     @cached_property
-    def _waited(self):
+    def _waited(self) -> Breakdown:
         """The breakdown with the cross-rank waits applied (crossrank.waits.with_waits): the
         profiled steps, and every recorded step (of --steps) as an analysed one unless
         HTA-compatible (docs/definitions.md, "Analysed steps")."""
@@ -158,7 +164,7 @@ class Run:
         work = None
         if len(profiled):
             work = profiled[["rank", "step", "step_ns"]].assign(
-                work_ns=rank_tables.work_ns(profiled)).dropna(subset=["rank"])
+                work_ns=tables.work_ns(profiled)).dropna(subset=["rank"])
             work = work.astype({"rank": "int64", "step": "int64"})
         cross = self._guarded.part(
             "cross_rank", lambda: crossrank.cross_rank(self.loaded, work=work,
@@ -219,12 +225,12 @@ class Run:
     @cached_property
     def per_rank(self) -> pd.DataFrame | None:
         """One row per rank: step time, breakdown, memory, utilisation."""
-        return self._guarded.table("per_rank", lambda: rank_tables.per_rank_table(
+        return self._guarded.table("per_rank", lambda: tables.per_rank_table(
             self._waited.analysed, self.loaded.ranks))
 
     @cached_property
     def _step_rows(self) -> pd.DataFrame | None:
-        return self._guarded.table("per_step", lambda: rank_tables.per_step_table(
+        return self._guarded.table("per_step", lambda: tables.per_step_table(
             self._waited.analysed, self.loaded.ranks))
 
     @property

@@ -131,3 +131,28 @@ def test_running_maxima_start_again_in_each_group():
     assert cummax_by_group(values, starts).tolist() == [
         EPOCH + 3, EPOCH + 3, EPOCH + 7, 5, 9, 9, EPOCH]
     assert cummax_by_group(values[:0], starts[:0]).tolist() == []
+
+
+def test_the_waits_are_applied_in_one_step_to_every_table_they_change():
+    from analysis.crossrank.waits import with_waits
+    from analysis.rank.idle import idle_summary
+    from analysis.rank.step_breakdown import rank_totals
+    from analysis.run.analysed_run import Run
+    from analysis.run.loading import load_run_path
+    from helpers.launch import DATA
+
+    run = Run(load_run_path(DATA / "ddp_gloo", use_cache=False), "ddp_gloo", "ddp_gloo")
+    profiled, gaps, cross = run._profiled, run._gaps, run.cross_rank
+    waited = with_waits(profiled, None, gaps, cross)
+    split = waited.per_step
+    assert ((split["transfer_ns"] + split["peer_wait_ns"]) == split["comm_only_ns"]).all()
+    assert (split["peer_wait_ns"] > 0).any() and waited.analysed is split
+    pd.testing.assert_frame_equal(waited.totals, rank_totals(split))
+    assert (waited.idle_gaps["host_activity"] == "waiting_for_peers").any()
+    pd.testing.assert_frame_equal(waited.idle, idle_summary(waited.idle_gaps))
+    # what it was given is left as it was
+    assert "peer_wait_ns" not in profiled and not (gaps["host_activity"] ==
+                                                   "waiting_for_peers").any()
+    # without the pass: the split is unknown and the gaps keep their labels
+    alone = with_waits(profiled, None, gaps, None)
+    assert alone.per_step["peer_wait_ns"].isna().all() and alone.idle_gaps is gaps

@@ -12,7 +12,7 @@ from analysis import open_run
 from analysis.findings import stop_diagnosis as stop
 from analysis.ingest import stop_records
 from analysis.report import text_report
-from helpers.tracer_files import write_jsonl
+from helpers.tracer_files import stack_dump, write_jsonl
 from tracer import schema
 from tracer.hangs import stack_dumps
 
@@ -136,47 +136,6 @@ def test_a_subgroup_counts_only_its_members_and_p2p_is_left_out():
     assert groups.iloc[0]["kind"] == "not_completed"
 
 
-def _dump(reason, function, line, t_ns):
-    frames_ = [schema.StackFrame(file="/x/train.py", line=10, function="<module>"),
-               schema.StackFrame(file="/x/train.py", line=line, function=function)]
-    return schema.StackDump(rank=1, t_ns=t_ns, reason=reason, pending=[], threads=[
-        schema.ThreadStack(name="other", thread_id=2, main=False, frames=frames_[:1]),
-        schema.ThreadStack(name="MainThread", thread_id=1, main=True, frames=frames_)])
-
-
-def test_a_rank_stuck_inside_a_library_shows_where_the_script_called_it():
-    torch_dir = "/v/lib/python3.11/site-packages/torch/"
-    main = [schema.StackFrame(file="<frozen runpy>", line=88, function="_run_code"),
-            schema.StackFrame(file="/x/train.py", line=85, function="train"),
-            schema.StackFrame(file="/x/helpers.py", line=7, function="step")] + [
-        schema.StackFrame(file=torch_dir + name, line=line, function="backward")
-        for name, line in (("_tensor.py", 623), ("autograd/__init__.py", 395),
-                           ("autograd/graph.py", 979))]
-    dump = schema.StackDump(rank=0, t_ns=0, reason="exception", pending=[], threads=[
-        schema.ThreadStack(name="MainThread", thread_id=1, main=True, frames=main)])
-    found = stop_records.dump_frames([dump], 0)
-    assert [(f["depth"], f["file"], f["line"]) for f in found] == [
-        (0, torch_dir + "autograd/graph.py", 979), (1, torch_dir + "autograd/__init__.py", 395),
-        (2, torch_dir + "_tensor.py", 623), (3, "/x/helpers.py", 7)]
-    text = stop.rank_text(0, "failed", pd.DataFrame(found))
-    assert text.endswith(", called from backward at torch/_tensor.py:623, called from step at "
-                         "/x/helpers.py:7 (exception)")
-    gap = pd.DataFrame(found).drop(index=2)
-    assert ", ... called from step at /x/helpers.py:7" in stop.rank_text(0, "failed", gap)
-
-
-def test_the_first_dump_at_a_stop_gives_the_innermost_frames_first():
-    dumps = [_dump("sigusr1", "earlier", 40, 0), _dump("exception", "wait_here", 45, 1),
-             _dump("sigterm", "on_the_way_out", 47, 2), _dump("sigusr1", "later", 50, 3)]
-    found = stop_records.dump_frames(dumps, 1)
-    assert [(f["depth"], f["function"], f["line"]) for f in found] == [
-        (0, "wait_here", 45), (1, "<module>", 10)]
-    assert stop_records.dump_frames([dumps[0], dumps[3]], 1)[0]["function"] == "later"
-    text = stop.rank_text(1, "interrupted", pd.DataFrame(found))
-    assert text == ("rank 1 (interrupted) was in wait_here at /x/train.py:45, called from "
-                    "<module> at /x/train.py:10 (exception)")
-
-
 def test_a_run_every_rank_ended_ok_gets_no_diagnosis():
     issued, completed = hang_on_rank_2()
     ops = stop.stop_ops(issued, completed)
@@ -208,7 +167,8 @@ def _run_folder(tmp_path):
             schema.CommRecord(**{**{k: v for k, v in done(msgspec.structs.asdict(i)).items()},
                                  "duration_us": 0.5, "timing": "host", "algbw_gbps": 1.0,
                                  "busbw_gbps": 1.0}) for i in issued[:2]])
-    write_jsonl(tmp_path / schema.STACKS_FILE.format(rank=1), [_dump("sigterm", "sleepy", 45, 1)])
+    write_jsonl(tmp_path / schema.STACKS_FILE.format(rank=1),
+                [stack_dump("sigterm", "sleepy", 45, 1)])
 
 
 def test_the_report_opens_with_the_diagnosis_and_json_holds_it(tmp_path):
