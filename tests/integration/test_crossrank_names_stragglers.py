@@ -100,7 +100,7 @@ def test_the_top_what_if_of_a_default_run_is_the_late_rank_on_time(shared_runs):
     (`ddp-even-0`) within a loose bound, for a shared 2-core machine's runs differ by tens of
     percent (docs/benchmarks.md, What-if accuracy)."""
     late = open_run(shared_runs["ddp-late-default"].run_dir, use_cache=False).document()
-    top = late.what_if[0]
+    top = late["what_if"][0]
     assert (top["change"], top["kind"], top["ranks"]) == ("rank 1 on time", "rank_on_time", [1])
     assert top["saved_ms_per_step"] >= 0.5 * DDP_DELAY_MS
     assert "if rank 1 were on time" in late["verdict"]["what_if"]
