@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ranktrace.watch.phases import PhaseChange, PhaseDetector
 from ranktrace.watch.series import StepSeries
 from ranktrace.watch.tail import Batch
-from ranktrace.watch.waits import ArrivalBook, WaitedFor, summarise, waited_for
+from ranktrace.watch.waits import ArrivalBook, WaitedFor, summarise, waited_for, within_recent
 from tracer import schema
 
 # Steps the job's step time waits for a lagging rank before it is taken without it.
@@ -27,14 +27,14 @@ MIB = 1 << 20
 
 
 def recent(values: deque, at_least: int, window_s: float, ms=lambda v: v) -> list:
-    """The newest `values` that span the last `window_s` seconds of steps (their `ms` summed),
-    and at least the last `at_least` of them."""
-    taken, spanned = [], 0.0
+    """The newest `values` that are the recent steps (waits.within_recent; the span from their
+    `ms` summed)."""
+    taken, spanned_ms = [], 0.0
     for value in reversed(values):
-        if len(taken) >= at_least and spanned >= window_s * 1e3:
+        if not within_recent(len(taken), spanned_ms / 1e3, at_least, window_s):
             break
         taken.append(value)
-        spanned += ms(value)
+        spanned_ms += ms(value)
     return taken[::-1]
 
 

@@ -28,6 +28,16 @@ MAX_PENDING = 20000
 # Steps whose waits are kept (the view's medians use the recent ones: recent_steps).
 KEPT_STEPS = 512
 P2P_OPS = ("send", "recv")
+# However many steps the recent ones must be at least, they reach back no further than this.
+MAX_RECENT_S = 30.0
+
+
+def within_recent(taken: int, spanned_s: float, at_least: int, window_s: float) -> bool:
+    """Whether one more (older) step belongs to the recent steps, once `taken` of them span
+    `spanned_s`: those of the last `window_s`, and at least the last `at_least` unless they
+    would reach back beyond MAX_RECENT_S."""
+    return (taken == 0 or spanned_s < window_s
+            or (taken < at_least and spanned_s < MAX_RECENT_S))
 
 
 @dataclass
@@ -119,17 +129,18 @@ class ArrivalBook:
         self.settled += 1
 
     def recent_steps(self, at_least: int, window_s: float) -> list[int]:
-        """The steps with settled instances in the last `window_s` seconds, and at least the
-        last `at_least` of them; less the newest (its other instances may not have settled)."""
+        """The recent steps with settled instances (within_recent; the span from their ops'
+        first arrivals), less the newest (its other instances may not have settled)."""
         steps = sorted(self.steps)[:-1]
         if not steps:
             return []
         newest = self.steps[steps[-1]].first_ns
-        chosen = 0
+        chosen, spanned_s = 0, 0.0
         for step in reversed(steps):
-            if chosen >= at_least and newest - self.steps[step].first_ns > window_s * 1e9:
+            if not within_recent(chosen, spanned_s, at_least, window_s):
                 break
             chosen += 1
+            spanned_s = (newest - self.steps[step].first_ns) / 1e9
         return steps[len(steps) - chosen:]
 
 

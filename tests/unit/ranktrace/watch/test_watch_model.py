@@ -129,6 +129,25 @@ def test_a_rank_late_every_step_is_named_once_it_costs_a_fifth_of_the_step(model
         assert view.waited_for is None
 
 
+def test_in_slow_steps_a_late_rank_is_named_after_five_of_them(model):
+    """5 s steps, rank 2 2 s late in each: the recent steps reach back 30 s at most, so it is
+    named once 5 steps have settled (the newest left out), not 20."""
+    named_at = None
+    for n in range(1, 12):
+        begin = n * 5000 * MS
+        steps = {r: [schema.StepRecord(step=n, start_ns=begin + o, end_ns=begin + 5000 * MS + o)]
+                 for r, o in OFFSETS.items()}
+        comms = {r: [comm(n, n, begin + 100 * MS + (2000 * MS if r == 2 else 0) + o)]
+                 for r, o in OFFSETS.items()}
+        model.take(batch(steps=steps, comms=comms))
+        named = model.view().waited_for
+        if named is not None and named_at is None:
+            named_at = n
+            assert (named.rank, named.wait_ms, named.steps) == (2, 2000.0, 5)
+    assert named_at == 6
+    assert model.view().waited_for.steps == 7  # steps 4-10: 30 s of them
+
+
 def test_the_phase_begins_at_the_first_slow_step(model):
     steps, comms = step_records(0, STEPS, random.Random(0))
     model.take(batch(steps=steps, comms=comms))
