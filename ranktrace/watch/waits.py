@@ -9,8 +9,9 @@ off), a member's **arrival** is its issue time; the **last arrival** is the late
 rank the instance's **last arriver**; a member waits `[arrival, last arrival)`. Per rank and
 step (the step of the instance's lowest member), its **wait** is the length of the union of
 those intervals (two buckets waited on at once are waited once) and its **lateness** the most it
-arrived after the first member of an instance. The rank the others wait for in a step is the
-last arriver of the step's instance whose arrivals spread the most.
+arrived after the first member of a collective. The rank the others wait for in a step is the
+last arriver of the step's collective whose arrivals spread the most (p2p ops add to the waits
+only: a pipeline's stages wait for each other by design).
 
 Pure: records in, numbers out; nothing here reads a file or a clock.
 """
@@ -50,14 +51,21 @@ class StepWaits:
     last_rank: int | None = None  # that instance's last arriver
     first_ns: int | None = None  # the first arrival at any of its instances
 
-    def add(self, arrivals: dict[int, int]) -> None:
+    def add(self, arrivals: dict[int, int], collective: bool = True) -> None:
+        """One settled instance; a p2p one (`collective` False) adds its waits only: in a
+        pipeline the stages wait for each other by design."""
         first, last = min(arrivals.values()), max(arrivals.values())
         self.first_ns = first if self.first_ns is None else min(self.first_ns, first)
-        last_rank = min(r for r, t in arrivals.items() if t == last)
         for rank, t in arrivals.items():
             if t < last:
                 self.intervals.setdefault(rank, []).append((t, last))
-            self.late_ns[rank] = max(self.late_ns.get(rank, 0), t - first)
+            if collective:
+                self.late_ns[rank] = max(self.late_ns.get(rank, 0), t - first)
+            else:
+                self.late_ns.setdefault(rank, 0)
+        if not collective:
+            return
+        last_rank = min(r for r, t in arrivals.items() if t == last)
         if last - first > self.spread_ns:
             self.spread_ns, self.last_rank = last - first, last_rank
 
@@ -114,18 +122,18 @@ class ArrivalBook:
             arrivals[rank] = record.start_ns - offset_ns
             if len(arrivals) >= entry[0]:
                 del self.pending[key]
-                self._settle(entry[2], arrivals)
+                self._settle(entry[2], arrivals, key[1] != "p2p")
         while len(self.pending) > MAX_PENDING:
             self.pending.popitem(last=False)
             self.dropped += 1
 
-    def _settle(self, step: int, arrivals: dict[int, int]) -> None:
+    def _settle(self, step: int, arrivals: dict[int, int], collective: bool) -> None:
         waits = self.steps.get(step)
         if waits is None:
             waits = self.steps[step] = StepWaits()
             if len(self.steps) > KEPT_STEPS:
                 del self.steps[min(self.steps)]
-        waits.add(arrivals)
+        waits.add(arrivals, collective)
         self.settled += 1
 
     def recent_steps(self, at_least: int, window_s: float) -> list[int]:

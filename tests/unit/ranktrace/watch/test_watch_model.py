@@ -148,6 +148,25 @@ def test_in_slow_steps_a_late_rank_is_named_after_five_of_them(model):
     assert model.view().waited_for.steps == 7  # steps 4-10: 30 s of them
 
 
+def test_a_pipelines_recv_waits_for_its_send_and_no_rank_is_named():
+    """Rank 1 posts its recv 5 ms into each 40 ms step, rank 0 sends 30 ms in."""
+    made = RunModel()
+    made.take(batch(manifest={r: [start(r, world=2)] for r in (0, 1)}))
+    steps, comms = {0: [], 1: []}, {0: [], 1: []}
+    for n in range(1, 30):
+        begin = n * 40 * MS
+        for rank, (op, into) in enumerate((("send", 30), ("recv", 5))):
+            record = comm(n, n - 1, begin + into * MS)
+            record.op, record.peer, record.pg_size = op, 1 - rank, 2
+            comms[rank].append(record)
+            steps[rank].append(schema.StepRecord(step=n, start_ns=begin,
+                                                 end_ns=begin + 40 * MS))
+    made.take(batch(steps=steps, comms=comms))
+    view = made.view()
+    assert [(row.wait_ms, row.late_ms) for row in view.rows] == [(0.0, 0.0), (25.0, 0.0)]
+    assert view.waited_for is None
+
+
 def test_the_phase_begins_at_the_first_slow_step(model):
     steps, comms = step_records(0, STEPS, random.Random(0))
     model.take(batch(steps=steps, comms=comms))
