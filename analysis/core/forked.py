@@ -127,6 +127,29 @@ def _value(value):
     return value
 
 
+def forked_results(computes: dict[str, Callable[[], Any]]) -> dict[str, ForkedResult]:
+    """{name: a ForkedResult of computes[name]()}, all computed in one ForkedChild (one fork,
+    one answer), in the order given; each fails alone, as a ForkedResult of its own would."""
+    whole = ForkedResult(lambda: {name: _outcome_of(compute) for name, compute in computes.items()})
+    return {name: _ForkedPart(whole, name) for name in computes}
+
+
+class _ForkedPart(ForkedResult):
+    """One value of a ForkedResult whose value is {name: outcome} (forked_results)."""
+
+    def __init__(self, whole: ForkedResult, name: str):  # no child of its own: whole's
+        self._whole, self._name = whole, name
+
+    def result(self) -> Any:
+        kind, value = self._whole.result()[self._name]
+        if kind == "failed":
+            raise ComputedElsewhereFailed(value)
+        return value
+
+    def close(self) -> None:
+        self._whole.close()
+
+
 def _outcome_of(compute: Callable[[], Any]) -> tuple:
     try:
         return ("done", compute())

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis.core import forked
-from analysis.core.forked import ComputedElsewhereFailed, ForkedResult
+from analysis.core.forked import ComputedElsewhereFailed, ForkedResult, forked_results
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="values are computed beside on Linux only")
@@ -81,3 +81,29 @@ def test_a_child_whose_answer_is_never_taken_ends_with_its_holder():
     del untaken
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)
+
+
+def test_several_values_are_computed_in_one_child_and_each_fails_alone():
+    def broken():
+        raise ValueError("no shapes")
+
+    parts = forked_results({"pid": os.getpid, "broken": broken, "frames": lambda: _frames(10)})
+    assert list(parts) == ["pid", "broken", "frames"]
+    child = parts["pid"]._whole._child._pid
+    assert parts["pid"].result() == child != os.getpid()
+    assert parts["frames"].result()["pid"] == child  # the same child
+    with pytest.raises(ComputedElsewhereFailed, match="^ValueError: no shapes$"):
+        parts["broken"].result()
+    assert pickle.loads(pickle.dumps(parts["frames"]))["pid"] == child
+
+
+def test_several_values_are_computed_here_where_their_child_dies():
+    here = os.getpid()
+
+    def dies_in_the_child():
+        if os.getpid() != here:
+            os._exit(3)
+        return "computed here"
+
+    parts = forked_results({"a": dies_in_the_child, "b": os.getpid})
+    assert parts["a"].result() == "computed here" and parts["b"].result() == here
