@@ -77,9 +77,10 @@ class RankTables:
     where it is)."""
 
     per_step: pd.DataFrame | None = None  # analysis.rank.step_breakdown.breakdown_per_step
-    idle_gaps: pd.DataFrame | None = None  # analysis.rank.idle.idle_gaps
+    # analysis.rank.idle.idle_gaps (a ForkedResult while computed beside, as the two below)
+    idle_gaps: pd.DataFrame | ForkedResult | None = None
     comm_ops: pd.DataFrame | None = None  # analysis.rank.comm.comm_ops.comm_ops
-    # analysis.rank.flops.rank_flops_tables (each a ForkedResult while computed beside)
+    # analysis.rank.flops.rank_flops_tables
     step_flops: pd.DataFrame | ForkedResult | None = None
     op_roofline: pd.DataFrame | ForkedResult | None = None
     hta: dict | None = None  # analysis.rank.hta.hta_rank_summary

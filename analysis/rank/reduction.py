@@ -101,13 +101,18 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     collectives of every step for a rank of a run folder (`run_folder`) whose records hold no
     comm op (traced with --no-comms), the only ranks whose stop diagnosis reads them.
 
-    `path_beside`: a run's one trace has its critical path, the slowest of them, and its FLOP
-    tables (BESIDE) computed in a forked child on the machine's second core
+    `path_beside`: a run's one trace has its critical path, the slowest of them, its idle gaps
+    and its FLOP tables (BESIDE) computed in a forked child on the machine's second core
     (analysis.core.forked) while the rest are computed here, and the analyses after them; their
     values are ForkedResults until they are taken."""
     builds = {**RANK_TABLES, **RANK_SUMMARIES}
     found: dict = {}
     failed: dict = {}
+    kind_layers = _kind_and_layers(trace)
+    if kind_layers is not None:
+        # The activity layers found once, for the per-step breakdown and the idle gaps both.
+        builds["per_step"] = lambda trace: breakdown_per_step(trace, kind_layers)
+        builds["idle_gaps"] = lambda trace: idle_gaps(trace, kind_layers)
     if not (only_trace or (trace.world_size or 1) <= 1):
         del builds["critical_path"]
     elif path_beside and only_trace and can_fork() and trace.events is not None:
@@ -115,11 +120,6 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     records = getattr(trace, "records", None)
     if not run_folder or records is None or len(records.comms):
         del builds["stop_trace_ops"]
-    kind_layers = _kind_and_layers(trace)
-    if kind_layers is not None:
-        # The activity layers found once, for the per-step breakdown and the idle gaps both.
-        builds["per_step"] = lambda trace: breakdown_per_step(trace, kind_layers)
-        builds["idle_gaps"] = lambda trace: idle_gaps(trace, kind_layers)
     flop_tables = _flop_tables(trace) if "step_flops" in builds else None
     if flop_tables is not None:
         # The ops' FLOPs found once, for the FLOPs per step and the roofline both.
@@ -139,22 +139,24 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     return RankTables(**found, failed=failed)
 
 
-# Computed beside the rest for a run's one trace (rank_tables' `path_beside`): the tables that
-# analysis.run takes last (the FLOP tables after the cross-rank pass, the critical path after
-# every other rank table), so that the command computes the rest meanwhile.
-BESIDE = ("step_flops", "op_roofline", "critical_path")
+# Computed beside the rest for a run's one trace (rank_tables' `path_beside`), in this order,
+# each sent as soon as it is computed: the idle gaps (taken once the per-step breakdown is, by
+# when the command has computed the other tables), then the tables analysis.run takes last (the
+# FLOP tables after the cross-rank pass, the critical path after every other rank table).
+BESIDE = ("idle_gaps", "step_flops", "op_roofline", "critical_path")
 
 
 def _beside(trace, builds: dict) -> dict:
     """BESIDE's builds, removed from `builds`, each a function of nothing: on the rank's events
     as they are now (the caller drops them once the rank is reduced), the FLOP tables from one
     rank_flops_tables."""
-    path = builds["critical_path"]
+    gaps, path = builds["idle_gaps"], builds["critical_path"]
     for name in BESIDE:
         del builds[name]
     with_events = dataclasses.replace(trace, events=trace.events)
     flop_tables = cache(partial(flops.rank_flops_tables, with_events))
-    return {"step_flops": lambda: flop_tables()["step_flops"],
+    return {"idle_gaps": partial(gaps, with_events),
+            "step_flops": lambda: flop_tables()["step_flops"],
             "op_roofline": lambda: flop_tables()["op_roofline"],
             "critical_path": partial(path, with_events, trace.events)}
 

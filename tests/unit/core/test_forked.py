@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -89,15 +90,31 @@ def test_several_values_are_computed_in_one_child_and_each_fails_alone():
 
     parts = forked_results({"pid": os.getpid, "broken": broken, "frames": lambda: _frames(10)})
     assert list(parts) == ["pid", "broken", "frames"]
-    child = parts["pid"]._whole._child._pid
+    child = parts["pid"]._outcomes._child._pid
     assert parts["pid"].result() == child != os.getpid()
     assert parts["frames"].result()["pid"] == child  # the same child
     with pytest.raises(ComputedElsewhereFailed, match="^ValueError: no shapes$"):
         parts["broken"].result()
     assert pickle.loads(pickle.dumps(parts["frames"]))["pid"] == child
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)  # reaped
 
 
-def test_several_values_are_computed_here_where_their_child_dies():
+def test_the_first_value_is_taken_while_the_child_computes_the_next(tmp_path):
+    gate = tmp_path / "taken"
+
+    def waits_for_the_first_to_be_taken():
+        while not gate.exists():  # never returns unless the first was taken before it
+            time.sleep(0.01)
+        return "second"
+
+    parts = forked_results({"first": lambda: "first", "second": waits_for_the_first_to_be_taken})
+    assert parts["first"].result() == "first"
+    gate.touch()
+    assert parts["second"].result() == "second"
+
+
+def test_values_the_child_did_not_send_are_computed_here():
     here = os.getpid()
 
     def dies_in_the_child():
@@ -105,5 +122,6 @@ def test_several_values_are_computed_here_where_their_child_dies():
             os._exit(3)
         return "computed here"
 
-    parts = forked_results({"a": dies_in_the_child, "b": os.getpid})
-    assert parts["a"].result() == "computed here" and parts["b"].result() == here
+    parts = forked_results({"b": os.getpid, "a": dies_in_the_child, "c": os.getpid})
+    assert parts["b"].result() != here  # sent before the child died
+    assert parts["a"].result() == "computed here" and parts["c"].result() == here
