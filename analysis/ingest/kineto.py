@@ -817,8 +817,9 @@ class EventColumns:
         known, join, null = self._op_texts, b",".join, _NULL
         texts = []
         for args in arguments:
-            if args is None:
-                texts.append(_NO_ARGS)
+            if args is None or not (args.input_dims or args.input_type or args.concrete_inputs
+                                    or args.flops):
+                texts.append(_NO_ARGS)  # what the four nulls join to (most ops, no shapes)
                 continue
             key = join((args.input_dims or null, args.input_type or null,
                         args.concrete_inputs or null, args.flops or null))
