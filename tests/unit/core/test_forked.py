@@ -46,15 +46,18 @@ def test_a_failure_in_the_child_is_raised_when_the_value_is_taken():
     assert failed.value.why == "ValueError: no step end"
 
 
-def test_a_child_that_dies_leaves_the_value_to_be_computed_here():
-    here = os.getpid()
-
-    def dies_in_the_child():
+def _dies_in_a_child(here: int):
+    """A computation that ends any process but `here` before it returns."""
+    def compute():
         if os.getpid() != here:
             os._exit(3)
         return "computed here"
 
-    assert ForkedResult(dies_in_the_child).result() == "computed here"
+    return compute
+
+
+def test_a_child_that_dies_leaves_the_value_to_be_computed_here():
+    assert ForkedResult(_dies_in_a_child(os.getpid())).result() == "computed here"
 
 
 def test_without_a_fork_the_value_is_computed_here(monkeypatch):
@@ -116,12 +119,6 @@ def test_the_first_value_is_taken_while_the_child_computes_the_next(tmp_path):
 
 def test_values_the_child_did_not_send_are_computed_here():
     here = os.getpid()
-
-    def dies_in_the_child():
-        if os.getpid() != here:
-            os._exit(3)
-        return "computed here"
-
-    parts = forked_results({"b": os.getpid, "a": dies_in_the_child, "c": os.getpid})
+    parts = forked_results({"b": os.getpid, "a": _dies_in_a_child(here), "c": os.getpid})
     assert parts["b"].result() != here  # sent before the child died
     assert parts["a"].result() == "computed here" and parts["c"].result() == here
