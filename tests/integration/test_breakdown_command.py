@@ -179,8 +179,8 @@ def test_csv_format_prints_the_per_step_table(capsys, tmp_path):
     assert lines[0].startswith("rank,step,step_ns,compute_only_ns") and len(lines) == 7
 
 
-def test_text_report_sections(capsys, tmp_path):
-    code, out, _ = run_cli(capsys, small_run(tmp_path / "run"))
+def test_the_full_text_report_has_every_section(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, small_run(tmp_path / "run"), "--full")
     assert code == 0
     for heading in ("Time breakdown per rank", "Per step (ms)", "HTA-compatible",
                     "Idle time by what the host was doing"):
@@ -192,7 +192,8 @@ def test_text_report_sections(capsys, tmp_path):
 
 
 def test_a_rank_missing_from_the_run_is_a_note_not_a_finding(capsys, tmp_path):
-    code, out, _ = run_cli(capsys, small_run(tmp_path / "partial", ranks=(0,), world_size=2))
+    code, out, _ = run_cli(capsys, small_run(tmp_path / "partial", ranks=(0,), world_size=2),
+                           "--full")
     assert code == 0
     notes = out[out.index("Notes (what could not be told; not ranked)"):]
     assert notes.splitlines()[1] == "  - 1 of 2 ranks analysed (ranks 0)"
