@@ -179,6 +179,15 @@ def test_csv_format_prints_the_per_step_table(capsys, tmp_path):
     assert lines[0].startswith("rank,step,step_ns,compute_only_ns") and len(lines) == 7
 
 
+def test_the_default_text_report_is_one_screen_opening_on_the_verdict(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, small_run(tmp_path / "run"))
+    lines = out.splitlines()
+    assert code == 0 and len(lines) <= 40 and max(map(len, lines)) <= 100
+    assert lines[2].startswith("  Limits the step: ")
+    assert any(line.startswith("  Waiting: ") for line in lines[3:6])
+    assert "Per step (ms)" not in out and lines[-1].startswith("More: --full")
+
+
 def test_the_full_text_report_has_every_section(capsys, tmp_path):
     code, out, _ = run_cli(capsys, small_run(tmp_path / "run"), "--full")
     assert code == 0
