@@ -15,14 +15,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.core.command_options import add_parse_options
 from analysis.core.limits import max_trace_bytes
-from analysis.core.step_spec import (
-    at_least_one,
-    parse_step_spec,
-    positive_number,
-    regex_argument,
-    steps_argument,
-)
+from analysis.core.step_spec import parse_step_spec, positive_number, steps_argument
 from analysis.core.terminal import show, terminal_safe
 from analysis.ingest import parse_ahead
 from analysis.ingest.kineto import gc_paused
@@ -54,10 +49,6 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
                        help="ProfilerStep numbers to analyse, e.g. 3-5,7 (default: all)")
     which.add_argument("--hta-compatible", action="store_true",
                        help="select steps as HTA does: drop the last ProfilerStep")
-    which.add_argument("--comm-kernel", action="append", default=[], metavar="REGEX",
-                       type=regex_argument,
-                       help="device kernels whose name matches REGEX (searched, case-"
-                            "sensitive) also count as communication; repeatable")
     which.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
                        help="the peak TFLOP/s that MFU and the roofline take for every rank "
                             "(default: the one the tracer recorded, else the datasheet's for "
@@ -72,17 +63,13 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
                         help="never page the text report (it is paged only on a terminal, "
                              "with $PAGER or less, where it does not fit the screen)")
     output.add_argument("--out", metavar="DIR", type=Path,
-                        help="also write every table as CSV into DIR")
+                        help="also write every table as CSV into DIR (default: none written)")
     output.add_argument("--html", metavar="FILE", type=Path,
                         help="also write the standalone HTML report to FILE (<run>-FILE per run "
-                             "with several runs)")
+                             "with several runs; default: none written)")
     output.add_argument("--strict", action="store_true",
                         help="exit non-zero on any problem, not only when nothing was analysed")
-    work = parser.add_argument_group("how to parse")
-    work.add_argument("--no-cache", action="store_true",
-                      help="neither read nor write the .ranktrace-cache Parquet files")
-    work.add_argument("--jobs", type=at_least_one, metavar="N",
-                      help="processes for parsing trace files (default: one per core)")
+    work = add_parse_options(parser)
     work.add_argument("--scheduler", metavar="ADDRESS",
                       help="parse the trace files on the Dask cluster of this scheduler "
                            "(tcp://host:8786), whose workers see them at the same paths "
