@@ -1,6 +1,6 @@
 """Ask every rank of a running job to profile the next steps, at the same step numbers.
 
-    python -m tracer.capture RUN [--steps N]
+    ranktrace capture RUN [--active N]      (or python -m tracer.capture)
 
 RUN is the run folder (traces/<run>). The ask is a file in it (tracer.capture.capture_requests);
 one live rank answers it on its next step-end worker pass with the window's steps, from its own
@@ -11,7 +11,6 @@ answer), 2 usage.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from tracer import schema
 from tracer.capture.capture_requests import FileLog
+from tracer.options import help_format
 
 ANSWER_TIMEOUT_S = 10.0  # a live rank answers on its next step-end worker pass (0.2 s)
 
@@ -105,17 +105,23 @@ def ask(run: Path, steps: int | None, timeout_s: float = ANSWER_TIMEOUT_S
                        f"(ask {number} stays in the folder; is the run still going?)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tracer.capture", description=__doc__
-                                     .split("\n\n")[0], allow_abbrev=False)
+PROG = "python -m tracer.capture"
+RENAMED = {"--steps": "--active"}  # old spelling -> new: still taken, with a warning
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    parser = help_format.parser(prog, __doc__.split("\n\n")[0])
     parser.add_argument("run", metavar="RUN", help="the run folder of the running job")
-    parser.add_argument("--steps", type=int, help="steps to trace (default: the run's --active)")
-    args = parser.parse_args(argv)
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
+    parser.add_argument("--active", type=int, metavar="N",
+                        help="steps to trace, as the tracer's --active (default: the run's "
+                             "--active; --steps, the old name, is still taken)")
+    args = parser.parse_args(help_format.renamed(sys.argv[1:] if argv is None else argv,
+                                                 RENAMED, prog))
+    if args.active is not None and args.active < 1:
+        parser.error(f"--active must be >= 1, got {args.active}")
     run = Path(args.run)
     try:
-        number, request = ask(run, args.steps)
+        number, request = ask(run, args.active)
     except (CaptureError, OSError) as exc:
         why = str(exc) if isinstance(exc, CaptureError) else f"cannot write in {str(run)!r} ({exc})"
         print(_shown(f"ranktrace: capture: {why}"), file=sys.stderr)

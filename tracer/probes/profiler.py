@@ -77,7 +77,7 @@ class ProfilerDriver(Part):
 
         c = self.config
         self._schedule = schedule(skip_first=c.skip_first, wait=c.wait, warmup=c.warmup,
-                                  active=c.active, repeat=c.repeat)
+                                  active=c.active, repeat=c.windows)
         self._idle = ProfilerAction.NONE
         self._step = 0
         self._due = self._next_due(0)

@@ -217,7 +217,7 @@ def traced_steps(folder) -> list[list[str]]:
 def test_the_driver_opens_a_planned_window_at_its_step_beside_the_fixed_one(tmp_path):
     from tracer.probes.profiler import ProfilerDriver
 
-    config = TracerConfig(skip_first=2, wait=0, warmup=1, active=2, repeat=1)  # traces 3-4
+    config = TracerConfig(skip_first=2, wait=0, warmup=1, active=2, windows=1)  # traces 3-4
     driver = ProfilerDriver(config, str(tmp_path), 1, use_cuda=False)
     # Planned during step 6 for steps 12-14 (warm-up 11); one overlapping the fixed window and
     # one already begun are refused.
@@ -230,7 +230,7 @@ def test_the_driver_opens_a_planned_window_at_its_step_beside_the_fixed_one(tmp_
 def test_a_window_planned_as_its_step_passes_is_dropped_and_noted(tmp_path):
     from tracer.probes.profiler import ProfilerDriver
 
-    driver = ProfilerDriver(TracerConfig(repeat=1, skip_first=0, wait=0, active=1, warmup=0),
+    driver = ProfilerDriver(TracerConfig(windows=1, skip_first=0, wait=0, active=1, warmup=0),
                             str(tmp_path), 0, use_cuda=False)
     driver.start()
     for _ in range(5):
