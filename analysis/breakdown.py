@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 PROG = "python -m analysis.breakdown"
 
 
-def _parser(prog: str = PROG) -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = help_format.parser(
         prog, "Time breakdown, collectives and bottlenecks of a traced training run "
               "(docs/analysis.md). The text report fits one screen: the verdict, a row per "
@@ -78,7 +78,7 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    parser = _parser(prog)
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         max_bytes = max_trace_bytes()

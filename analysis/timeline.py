@@ -279,12 +279,12 @@ PROG = "python -m analysis.timeline"
 RENAMED = {"--output": "--out"}  # old spelling -> new: still taken, with a warning
 
 
-def _parser(prog: str = PROG) -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = help_format.parser(
         prog, "Write one Chrome-trace / Perfetto file holding every rank of a run on one "
               "clock (docs/viewing.md).")
     parser.add_argument("run", metavar="RUN", type=Path,
-                        help="a run folder, or a folder of runs (the newest)")
+                        help="a run folder, a folder of runs (the newest), or one trace file")
     which = parser.add_argument_group("what to draw")
     which.add_argument("--steps", metavar="SPEC", type=steps_argument,
                        help="steps to show, e.g. 3-5,7 (default: the analysed steps)")
@@ -298,7 +298,7 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    parser = _parser(prog)
+    parser = build_parser(prog)
     args = parser.parse_args(help_format.renamed(sys.argv[1:] if argv is None else argv,
                                                  RENAMED, prog))
     chosen = parse_step_spec(args.steps) if args.steps else None

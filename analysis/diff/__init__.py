@@ -35,7 +35,7 @@ def _not_negative(text: str) -> float:
 PROG = "python -m analysis.diff"
 
 
-def _parser(prog: str = PROG) -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = help_format.parser(
         prog, "Compare two runs: the step-time verdict with a bootstrap interval, then "
               "per-rank categories, operators and kernels, collectives, memory and findings "
@@ -78,7 +78,7 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    parser = _parser(prog)
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if (args.b is None) == (args.capture is None):
         parser.error("give B, or --capture N to compare a capture window of A with its first "

@@ -256,7 +256,7 @@ def document(result: Study) -> dict:
 PROG = "python -m analysis.scaling"
 
 
-def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = help_format.parser(
         prog, "Compare runs of one workload at several world sizes: step time, throughput, "
               "speedup, efficiency and where the lost efficiency went (docs/scaling.md).")
@@ -286,7 +286,11 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
                         help="also write a self-contained page with the plot and the report "
                              "(default: none written)")
     add_parse_options(parser)
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
+    return build_parser(prog).parse_args(argv)
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:

@@ -11,6 +11,7 @@ answer), 2 usage.
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import sys
@@ -109,12 +110,17 @@ PROG = "python -m tracer.capture"
 RENAMED = {"--steps": "--active"}  # old spelling -> new: still taken, with a warning
 
 
-def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = help_format.parser(prog, __doc__.split("\n\n")[0])
     parser.add_argument("run", metavar="RUN", help="the run folder of the running job")
     parser.add_argument("--active", type=int, metavar="N",
                         help="steps to trace, as the tracer's --active (default: the run's "
                              "--active; --steps, the old name, is still taken)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(help_format.renamed(sys.argv[1:] if argv is None else argv,
                                                  RENAMED, prog))
     if args.active is not None and args.active < 1:
