@@ -62,6 +62,11 @@ def at(option, rank):
     return float(what) if int(who) == rank else None
 
 
+def crash_if_due(args, rank, step):
+    if at(args.crash, rank) == step:
+        raise RuntimeError(f"rank {rank} fails on purpose at step {step}")
+
+
 def demo_basic(rank, world_size, args):
     print(f"Running basic DDP example on rank {rank}.", flush=True)
     setup(rank, world_size, args.port, args.pg_timeout_s)
@@ -76,8 +81,7 @@ def demo_basic(rank, world_size, args):
     generator = torch.Generator().manual_seed(1 + rank)
     losses = []
     for step in range(args.steps):
-        if at(args.crash, rank) == step:
-            raise RuntimeError(f"rank {rank} fails on purpose at step {step}")
+        crash_if_due(args, rank, step)
         if at(args.hang, rank) == step:
             print(f"rank {rank} hangs at step {step}", flush=True)
             while True:
@@ -95,6 +99,7 @@ def demo_basic(rank, world_size, args):
     if args.losses:
         with open(f"{args.losses}.rank{rank}", "w") as f:
             f.write("".join(f"{value!r}\n" for value in losses))
+    crash_if_due(args, rank, args.steps)  # --crash R:STEPS: after the last step
     cleanup()
     print(f"Finished running basic DDP example on rank {rank}.", flush=True)
 
@@ -144,7 +149,8 @@ def main():
     parser.add_argument("--no-join", action="store_true",
                         help="start with join=False, then join the returned context")
     parser.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
-    parser.add_argument("--crash", metavar="RANK:STEP", help="raise RuntimeError there")
+    parser.add_argument("--crash", metavar="RANK:STEP",
+                        help="raise RuntimeError there (STEP = --steps: after the last step)")
     parser.add_argument("--hang", metavar="RANK:STEP", help="sleep for ever there")
     parser.add_argument("--straggle", metavar="RANK:MS", help="busy-wait MS before each step")
     parser.add_argument("--losses", metavar="PATH", help="write each rank's losses to PATH.rankR")

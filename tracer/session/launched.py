@@ -32,7 +32,12 @@ from tracer.parts.log import say
 from tracer.probes.clock_sync import restore, wrap_init_process_group
 from tracer.session.rank_session import Session
 from tracer.session.run_folder import LaunchInfo
-from tracer.session.script_end import ScriptOutcome, exit_code_of, hide_tracer_frames
+from tracer.session.script_end import (
+    ScriptOutcome,
+    exit_code_of,
+    hide_tracer_frames,
+    say_lines,
+)
 
 ELASTIC_WRAP = ("torch.distributed.elastic.multiprocessing.api", "_wrap")
 # Runs before multiprocessing's own exit finalizers (the queues' feeder threads, priority 10).
@@ -158,7 +163,7 @@ class LaunchedRank:
     def finish_and_say(self, outcome: ScriptOutcome) -> None:
         summary = self.finish(outcome)
         if summary:
-            print(summary, file=sys.stderr, flush=True)
+            say_lines(summary)
 
     def disarm(self) -> None:
         restore(self._patches)

@@ -33,7 +33,7 @@ from tracer.session.launched import (
 )
 from tracer.session.manifest import host_name
 from tracer.session.run_folder import create_unique
-from tracer.session.script_end import ScriptOutcome
+from tracer.session.script_end import ScriptOutcome, say_lines
 
 TORCH_MP, ELASTIC, PROCESS = schema.LAUNCHERS
 RANKS_WAIT_S = 3.0  # after passing SIGTERM on: within the launcher's own SIGTERM deadline
@@ -178,17 +178,22 @@ class Launcher:
     # ---- the end -----------------------------------------------------------------------------
     def finish(self, outcome: ScriptOutcome, status: str | None = None) -> None:
         """The script ended (`status` overrides its own, "interrupted" after SIGTERM): every
-        launch's `launch_end`, this process's own rank closed, the summary lines. Once; a
-        second caller waits for the first."""
-        with self._end_lock:
-            second, self._ending = self._ending, True
-        if second:
-            self._ended.wait(RANKS_WAIT_S + 1.0)
+        launch's `launch_end`, this process's own rank closed, the summary lines."""
+        if not self._first_to_end():
             return
         try:
             self._finish(outcome, status or outcome.status)
         finally:
             self._ended.set()
+
+    def _first_to_end(self) -> bool:
+        """True for the first caller (the script's end on the main thread, or SIGTERM's on
+        either thread); any later one waits for the first to be done and gets False."""
+        with self._end_lock:
+            later, self._ending = self._ending, True
+        if later:
+            self._ended.wait(RANKS_WAIT_S + 1.0)
+        return not later
 
     def _finish(self, outcome: ScriptOutcome, status: str) -> None:
         lines = []
@@ -217,7 +222,18 @@ class Launcher:
     def end_by_sigterm(self, wait_s: float) -> None:
         """SIGTERM: pass it on to the ranks still running, wait for them to record how they
         stopped (at most RANKS_WAIT_S, within `wait_s`), then end as interrupted and print
-        the summary. This process's own rank dumps its stacks first."""
+        the summary. This process's own rank dumps its stacks first. Once, whichever thread
+        comes first (the main thread's handler, or the watcher when the main thread is stuck)."""
+        if not self._first_to_end():
+            return
+        try:
+            self._pass_sigterm_on(wait_s)
+            if self.summary:  # before the other thread, let go, can end the process
+                say_lines(self.summary)
+        finally:
+            self._ended.set()
+
+    def _pass_sigterm_on(self, wait_s: float) -> None:
         own = self.own.session if self.own is not None else None
         if own is not None:
             own.dump_sigterm_stacks()
@@ -230,9 +246,7 @@ class Launcher:
             except (ProcessLookupError, PermissionError):
                 pass
         _wait_for(alive, min(RANKS_WAIT_S, max(0.0, wait_s - 1.5)))
-        self.finish(ScriptOutcome(exit_code=-signal.SIGTERM), "interrupted")
-        if self.summary:
-            print(self.summary, file=sys.stderr, flush=True)
+        self._finish(ScriptOutcome(exit_code=-signal.SIGTERM), "interrupted")
 
     def _alive(self) -> list:
         """The rank processes that have not exited, told by their sentinels: nothing is reaped

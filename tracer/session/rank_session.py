@@ -37,7 +37,12 @@ from tracer.session import part_registry
 from tracer.session.manifest import Manifest, host_name, versions
 from tracer.session.part_registry import PartEntry, PartSetup
 from tracer.session.run_folder import LaunchInfo, RunDirError, remove_rank_files, resolve_run_dir
-from tracer.session.script_end import ScriptOutcome, recorded_anything, summary_lines
+from tracer.session.script_end import (
+    ScriptOutcome,
+    recorded_anything,
+    say_lines,
+    summary_lines,
+)
 from tracer.steps.step_clock import StepClock
 from tracer.steps.step_worker import StepWorker
 
@@ -500,7 +505,7 @@ class Session:
 
     def print_summary(self) -> None:
         if self.summary is not None:
-            print(self.summary, file=sys.stderr, flush=True)
+            say_lines(self.summary)
 
     def flush_files(self) -> None:
         """Push buffered records to disk now (any thread); for SIGTERM and similar."""

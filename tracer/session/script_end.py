@@ -4,6 +4,7 @@ files are worth keeping, and the script's traceback as it would be untraced."""
 from __future__ import annotations
 
 import runpy
+import sys
 import types
 from dataclasses import dataclass
 
@@ -86,6 +87,14 @@ def hide_tracer_frames(exc: BaseException, leading_files: set[str] = frozenset()
         seen.add(id(current))
         current.__traceback__ = _script_traceback(current.__traceback__, leading_files)
         todo += [current.__cause__, current.__context__, *getattr(current, "exceptions", ())]
+
+
+def say_lines(text: str) -> None:
+    """`text` and its newline on stderr in one write: ranks that share a stderr (the ranks a
+    script starts itself) never run their lines together, as print's two writes could."""
+    stream = sys.stderr
+    stream.write(text + "\n")
+    stream.flush()
 
 
 def format_bytes(n: int) -> str:
