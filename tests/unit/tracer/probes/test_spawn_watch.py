@@ -62,20 +62,17 @@ def torch_start(monkeypatch):
 
 
 @pytest.fixture
-def watching(torch_start):
-    """started(launcher): a started watch over `torch_start`, noting what it says (`told`)."""
-    watches = []
-
+def watching(torch_start, request):
+    """start(launcher): a started watch over `torch_start`, noting what it says (`told`), and
+    closed when the test ends."""
     def start(launcher):
         told = []
         watch = SpawnWatch(launcher, lambda what, why: told.append((what, why)))
         watch.start()
-        watches.append(watch)
+        request.addfinalizer(watch.close)
         return watch, told
 
-    yield start
-    for watch in watches:
-        watch.close()
+    return start
 
 
 def work(rank):
