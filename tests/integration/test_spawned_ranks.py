@@ -62,9 +62,11 @@ def launcher_records(run_dir: Path) -> list:
 
 
 def parents_error(stderr: str) -> str:
-    """The launching process's traceback: stderr as the script wrote it, without torch's own
-    timestamped warnings (which name pids)."""
-    return _TORCH_WARNING.sub("", h.script_stderr(stderr))
+    """The launching process's traceback: stderr as the script wrote it from its traceback on
+    (before it, the ranks' Kineto lines, which two processes can split into bare newlines),
+    without torch's own timestamped warnings (which name pids)."""
+    text = _TORCH_WARNING.sub("", h.script_stderr(stderr))
+    return text[text.index("Traceback (most recent call last):"):]
 
 
 # The module's runs: name -> (spawn_ddp.py's arguments, traced, timed).
@@ -195,7 +197,7 @@ def test_a_hung_rank_is_named_by_the_stop_diagnosis_after_sigterm(tmp_path):
     started = start(SCRIPT, "--steps", "8", "--hang", "1:4", "--launcher", "process",
                     "--start-method", "forkserver", tracer=["--out", out])
     started.wait_for_line("rank 1 hangs at step 4")
-    time.sleep(2.0)  # rank 0 reaches the all-reduce rank 1 never issues
+    time.sleep(1.0)  # rank 0 reaches the all-reduce rank 1 never issues
     started.popen.send_signal(signal.SIGTERM)
     _, stderr = started.communicate(timeout=60)
     assert started.popen.returncode == -signal.SIGTERM, stderr[-3000:]

@@ -125,12 +125,19 @@ class Launcher:
     # ---- launches ----------------------------------------------------------------------------
     def _new_launch(self, launcher: str, start_method: str, attempt: int) -> _Launch:
         first = not self.launches
+        session = self.session
         if first:
-            run_dir = self.session.run_dir
+            # As the session names it (so the ranks' lines show it alike), unless the script
+            # has changed directory since: then the path that still leads there.
+            run_dir = session.run_dir
+            if os.path.abspath(run_dir) != session.run_path:
+                run_dir = session.run_path
         else:
-            name = os.path.basename(self.launches[0].run_dir)
+            head = self.launches[0].run_dir
             suffix = f"attempt{attempt}" if attempt else f"launch{len(self.launches) + 1}"
-            run_dir = create_unique(self.session.config.out, f"{name}-{suffix}")
+            if os.path.abspath(head) != session.run_path:  # the script changed directory
+                head = session.run_path
+            run_dir = create_unique(os.path.dirname(head), f"{os.path.basename(head)}-{suffix}")
         # Before the session retires: the folder is never empty from now on.
         launch = _Launch(run_dir, launcher, start_method, self._writer(run_dir))
         self.launches.append(launch)
@@ -145,7 +152,7 @@ class Launcher:
         """This process is no rank from now on; it traces itself again as the rank its own
         init_process_group makes it, if it calls one."""
         session = self.session
-        run_dir = session.run_dir
+        run_dir = self.launches[0].run_dir
         session.retire()
         self.watch = SpawnWatch(self)
         self.watch.start()

@@ -88,6 +88,7 @@ class Session:
         self.config, self.script, self.script_args = config, script, script_args
         self.launch, self.rank = launch, launch.rank
         self.run_dir: str | None = None
+        self.run_path: str | None = None
         self._given_run_dir = run_dir
         self.argv = argv
         self.launched_by = launched_by
@@ -131,6 +132,7 @@ class Session:
         log.set_rank(self.rank)
         self.run_dir = self._given_run_dir or resolve_run_dir(
             c.out, c.run_name, self.script, self.launch, c.rendezvous_timeout)
+        self.run_path = os.path.abspath(self.run_dir)  # still right if the script changes cwd
         import torch  # after the folder check: a bad --out fails in a fraction of a second
         try:
             self.manifest = Manifest(self.run_dir, self.rank)

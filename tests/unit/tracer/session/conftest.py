@@ -26,7 +26,7 @@ def session_in_process(tmp_path, monkeypatch):
         if entries is not None:
             monkeypatch.setattr(part_registry, "REGISTRY", list(entries))
         off = dict(no_profiler=True, no_sampler=True, no_comms=True, no_scalars=True)
-        config = TracerConfig(out=str(tmp_path), run_name="run", **{**off, **options})
+        config = TracerConfig(**{"out": str(tmp_path), "run_name": "run", **off, **options})
         keywords = dict(session_options or {})
         launch = keywords.pop("launch", LaunchInfo())
         session = Session(config, "train.py", [], launch, **keywords)

@@ -105,6 +105,21 @@ def test_later_launches_get_folders_of_their_own(launching):
             for launch in launches(specs[2].run_dir)] == [2]
 
 
+def test_a_script_that_changed_directory_still_hands_its_ranks_the_run_folder(
+        session_in_process, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    session = session_in_process(session_options={"make_launcher": Launcher},
+                                 peak_tflops=1.0, out="traces")
+    assert session.run_dir == "traces/run"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    first = session.launcher.ranks(work, (), 2, "spawn")[0].spec.run_dir
+    second = session.launcher.ranks(work, (), 2, "spawn")[0].spec.run_dir
+    assert (first, second) == (str(tmp_path / "traces" / "run"),
+                               str(tmp_path / "traces" / "run-launch2"))
+    assert os.path.exists(os.path.join(first, schema.LAUNCHER_FILE + schema.TEMP_SUFFIX))
+
+
 def test_processes_started_one_by_one_share_one_launch(launching):
     session = launching()
     launcher = session.launcher
