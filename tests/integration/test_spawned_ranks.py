@@ -109,7 +109,10 @@ def test_the_tutorial_traced_unchanged_analyses_two_ranks_of_30_steps(runs):
     assert last == (f"ranktrace: launcher ok started 2 process(es) (torch.multiprocessing, "
                     f"start method spawn) -> {run_dir}")
     document = open_run(run_dir, use_cache=False).document()
+    # The launcher's file is no rank's, and nothing the analysis reads or complains about.
     assert sorted(row["rank"] for row in document["ranks"]) == [0, 1]
+    assert (document["run"]["world_size"], document["run"]["ranks_analysed"]) == (2, 2)
+    assert document["problems"] == []
     for rank in (0, 1):
         assert [s.step for s in h.steps(run_dir, rank)] == list(range(STEPS))
         (start,) = h.of_kind(h.manifest(run_dir, rank), schema.RunStart)

@@ -17,6 +17,7 @@ def session_in_process(tmp_path, monkeypatch):
     from tracer.parts import log
     from tracer.session.rank_session import Session
     from tracer.session.run_folder import LaunchInfo
+    from tracer.session.script_end import ScriptOutcome
     from tracer.steps import step_worker
 
     monkeypatch.setattr(step_worker, "PERIOD_S", 3600.0)
@@ -36,5 +37,8 @@ def session_in_process(tmp_path, monkeypatch):
 
     yield open_session
     for session in opened:
+        if session.launcher is not None and session.launcher.active:
+            # Its launcher's watch and init_process_group hook go (a no-op once finished).
+            session.finish(ScriptOutcome(exit_code=0))
         session.close("ok", 0)  # a no-op for a test's closed session; undoes the hooks if not
     log.set_rank(None)
