@@ -40,6 +40,10 @@ MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"
 # (CaptureRequest), each one per file, numbered in the order they were made.
 CAPTURE_ASK_FILE = "capture.ask{index}.jsonl"
 CAPTURE_REQUEST_FILE = "capture.request{index}.jsonl"
+# The process that started the ranks itself (torch.multiprocessing.spawn, elastic_launch,
+# multiprocessing.Process): its Launch records and how it ended (LauncherRecord). Not a rank's
+# file: the analysis reads ranks from `rank{R}.*` names only.
+LAUNCHER_FILE = "launcher.manifest.jsonl"
 TEMP_SUFFIX = ".tmp"  # files are written as <name>.tmp then renamed
 # The JSON-lines record files of a rank, by kind; and the endings of a Kineto trace file.
 RECORD_FILES = (MANIFEST_FILE, STEPS_FILE, COMMS_FILE, SAMPLES_FILE)
@@ -275,6 +279,9 @@ class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=
     # absent on GPUs without --peak-tflops (the analysis takes the datasheet's for device_name).
     peak_tflops: float | None = None
     peak_source: str | None = None
+    # How the script started this rank itself (one of LAUNCHERS), which then recorded the
+    # launch in LAUNCHER_FILE; absent under torchrun and in a process the user started.
+    launched_by: str | None = None
 
 
 class ClockSync(msgspec.Struct, tag="clock_sync", tag_field="kind", omit_defaults=True):
@@ -320,8 +327,9 @@ class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True
     # Share of the asked device samples that were not taken, after the sampler's first second,
     # when it is at least SAMPLER_LAG_MIN_MISSED_PCT (sustained lag); absent otherwise.
     samples_missed_pct: float | None = None
-    # Processes the script started with torch.multiprocessing.spawn / start_processes; the
-    # tracer runs only in this process, so they were not traced.
+    # Processes the script started with torch.multiprocessing.spawn / start_processes that
+    # could not be traced as ranks (this process is one rank of several, or had traced training
+    # of its own first; docs/tracer.md, Ranks the script starts itself).
     untraced_processes: int = 0
     # Steps completed when --max-record-mb was reached: step, comm and sample records and
     # scalars stop there (Kineto traces and the manifest go on); absent when never reached.
@@ -380,6 +388,41 @@ SAMPLER_LAG_MIN_ASKED = 20
 SAMPLER_LAG_MIN_MISSED_PCT = 20.0
 
 ManifestRecord = RunStart | ClockSync | TracerError | RunEnd | CaptureRecord
+
+# How a script starts its ranks itself (Launch.launcher, RunStart.launched_by).
+LAUNCHERS = ("torch.multiprocessing", "torch.distributed.launcher", "multiprocessing.Process")
+
+
+class Launch(msgspec.Struct, tag="launch", tag_field="kind", omit_defaults=True):
+    """The script started processes that are traced as ranks, in this run folder: one record
+    per torch.multiprocessing.spawn / start_processes or elastic_launch call, and one per
+    multiprocessing.Process started (whose process is a rank once it joins a process group)."""
+
+    schema_version: int
+    run_name: str
+    host: str
+    pid: int  # the launching process's
+    t_ns: int
+    argv: list[str]
+    script: str
+    script_args: list[str]
+    config: dict  # the tracer's resolved options, which the ranks run with
+    launcher: str  # one of LAUNCHERS
+    processes: int  # processes started by this call
+    start_method: str  # multiprocessing's: "spawn", "fork" or "forkserver"
+    attempt: int = 0  # elastic_launch: the restart (TORCHELASTIC_RESTART_COUNT) it starts
+
+
+class LaunchEnd(msgspec.Struct, tag="launch_end", tag_field="kind", omit_defaults=True):
+    """How the launching process's script ended (its ranks' own ends are in their manifests)."""
+
+    end_ns: int
+    status: str  # one of RUN_STATUSES
+    exit_code: int
+    exception: str | None = None  # "TypeName: message" of the script's uncaught exception
+
+
+LauncherRecord = Launch | LaunchEnd
 RUN_STATUSES = ("ok", "failed", "interrupted")
 # A manifest with a run_start but no run_end: the rank died before it could say (killed,
 # OOM-killed).
