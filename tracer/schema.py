@@ -274,14 +274,6 @@ class MemoryProfileRecord(msgspec.Struct, omit_defaults=True):
     peak_step: int | None = None  # the traced step the peak fell in
 
 
-class SnapshotFrame(msgspec.Struct, omit_defaults=True):
-    """One Python frame of where an allocator block was allocated."""
-
-    filename: str
-    line: int
-    name: str
-
-
 class SnapshotBlock(msgspec.Struct, omit_defaults=True):
     """One block of a CUDA allocator segment, as torch.cuda.memory._snapshot() gives it."""
 
@@ -291,9 +283,10 @@ class SnapshotBlock(msgspec.Struct, omit_defaults=True):
     # "active_allocated" (a live tensor), "active_pending_free" (freed, its stream's work not
     # yet done) or "inactive" (free, cached by the allocator)
     state: str
-    # The Python frames of its allocation, innermost first as torch gives them, at most
-    # SNAPSHOT_MAX_FRAMES; empty unless allocation history was on (--memory-snapshot)
-    frames: list[SnapshotFrame] = []
+    # The Python frames of its allocation, innermost first as torch gives them (unlike a
+    # ThreadStack's), at most SNAPSHOT_MAX_FRAMES; empty unless allocation history was on
+    # (--memory-snapshot)
+    frames: list[StackFrame] = []
 
 
 SNAPSHOT_MAX_FRAMES = 32

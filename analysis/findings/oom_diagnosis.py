@@ -28,14 +28,14 @@ def _gib(value: float) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
-def allocation_site(frames: list[schema.SnapshotFrame]) -> str:
+def allocation_site(frames: list[schema.StackFrame]) -> str:
     """"file:line in name" of the innermost frame of the script's own code (else the innermost
     frame); NO_STACK without frames."""
     if not frames:
         return NO_STACK
-    own = next((f for f in frames if not any(p in f.filename for p in _LIBRARY_PARTS)),
+    own = next((f for f in frames if not any(p in f.file for p in _LIBRARY_PARTS)),
                frames[0])
-    return f"{own.filename}:{own.line} in {own.name}"
+    return f"{own.file}:{own.line} in {own.function}"
 
 
 def top_sites(record: schema.MemorySnapshotRecord, top: int = TOP_SITES) -> list[dict]:

@@ -14,14 +14,14 @@ from __future__ import annotations
 from tracer import schema
 
 
-def _python_frames(frames) -> tuple[list[schema.SnapshotFrame], int]:
+def _python_frames(frames) -> tuple[list[schema.StackFrame], int]:
     """(the Python frames kept, the number left out)."""
     kept = []
     for frame in frames or ():
         filename = str(frame.get("filename", ""))
         if filename.endswith(".py") and len(kept) < schema.SNAPSHOT_MAX_FRAMES:
-            kept.append(schema.SnapshotFrame(filename=filename, line=int(frame.get("line", 0)),
-                                             name=str(frame.get("name", ""))))
+            kept.append(schema.StackFrame(file=filename, line=int(frame.get("line", 0)),
+                                          function=str(frame.get("name", ""))))
     return kept, len(frames or ()) - len(kept)
 
 

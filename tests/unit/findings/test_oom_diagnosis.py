@@ -14,7 +14,7 @@ TORCH = "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py"
 
 
 def _frames(*sites):
-    return [schema.SnapshotFrame(filename=f, line=n, name=name) for f, n, name in sites]
+    return [schema.StackFrame(file=f, line=n, function=name) for f, n, name in sites]
 
 
 ATTENTION = _frames((TORCH, 125, "forward"), ("/home/u/model.py", 88, "attention"),

@@ -55,7 +55,7 @@ def test_profiles_whose_categories_do_not_add_up_are_set_aside(tmp_path):
 def _snapshot(rank=1, step=41, **changes):
     block = schema.SnapshotBlock(address=1, size=2 * MIB, requested_size=2 * MIB - 3,
                                  state="active_allocated",
-                                 frames=[schema.SnapshotFrame("/home/u/train.py", 40, "main")])
+                                 frames=[schema.StackFrame("/home/u/train.py", 40, "main")])
     segment = schema.SnapshotSegment(device=0, address=1, total_size=2 * MIB,
                                      allocated_size=2 * MIB, active_size=2 * MIB,
                                      requested_size=2 * MIB - 3, stream=0,

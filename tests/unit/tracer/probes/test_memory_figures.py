@@ -272,7 +272,7 @@ def test_oom_snapshot_is_also_written_as_a_record_read_without_unpickling(tmp_pa
     assert (live.size, live.requested_size, live.state) == (12 * MIB, 12 * MIB - 100,
                                                             "active_allocated")
     # Python frames only, innermost first; the C++ frame is counted as left out
-    assert [(f.filename, f.line, f.name) for f in live.frames] == [
+    assert [(f.file, f.line, f.function) for f in live.frames] == [
         ("/home/u/train.py", 42, "forward"), ("/home/u/train.py", 90, "main")]
     assert record.frames_dropped == 1
     assert (cached.state, cached.frames) == ("inactive", [])
