@@ -49,6 +49,9 @@ ADVICE = {
              "look for buffers, caches and outputs the script keeps, with a memory snapshot "
              "(--memory-snapshot) on CUDA.",
 }
+UNKNOWN_DIFFERENCE = ("Find what this rank holds that the median rank does not: buffers or caches "
+                      "only it keeps, work only it does (evaluation, logging or checkpointing on "
+                      "one rank), a larger share of the model or of the batch.")
 NO_CATEGORIES = (" Run with --profile-memory to see which kind of tensor makes the difference "
                  "(parameters, gradients, optimizer state, activations).")
 
@@ -119,7 +122,7 @@ def _difference_text(figure: RankMemory, median: RankMemory) -> tuple[str, str]:
     above = figure.peak_bytes - median.peak_bytes
     differences = [(n, b) for n, b in category_differences(figure, median) if b > 0]
     if figure.categories_at_peak is None or median.categories_at_peak is None:
-        return "", ADVICE["other"] + NO_CATEGORIES
+        return "", UNKNOWN_DIFFERENCE + NO_CATEGORIES
     explained = sum(b for _, b in differences)
     parts = [f"{name.replace('_', ' ')} +{mib(b)}" for name, b in differences[:3]
              if b >= 0.05 * above]
