@@ -13,6 +13,8 @@ from analysis.findings.memory_findings import (
     GROWS,
     IMBALANCE,
     NEAR_FULL,
+    NO_CATEGORIES,
+    UNKNOWN_DIFFERENCE,
     memory_findings,
     memory_verdict_line,
 )
@@ -133,3 +135,11 @@ def test_reserved_far_above_allocated_is_fragmentation_with_expandable_segments(
 def test_a_clean_run_has_no_memory_finding_and_no_verdict_line():
     findings = memory_findings([_cuda(0, 40 * GIB, 41 * GIB), _cuda(1, 40 * GIB, 41 * GIB)])
     assert findings == [] and memory_verdict_line(findings) is None
+
+
+def test_an_imbalance_without_categories_says_how_to_get_them():
+    (imbalance,) = memory_findings([_rss(0, 586 * MIB), _rss(1, 330 * MIB)])
+    assert imbalance["evidence"] == ("Rank 0 peaks 256.00 MiB above the median rank (rank 1: "
+                                     "330.00 MiB, its RSS; +78%).")
+    assert imbalance["suggestion"].startswith(UNKNOWN_DIFFERENCE)
+    assert imbalance["suggestion"].endswith(NO_CATEGORIES)
