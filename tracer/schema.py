@@ -40,7 +40,7 @@ MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"
 MEMORY_SNAPSHOT_RECORD_FILE = "rank{rank}.step{step}.memory_snapshot.jsonl"
 MEMORY_SNAPSHOT_RECORD_RE = re.compile(r"^rank(?P<rank>\d+)\.step(?P<step>\d+)"
                                        r"\.memory_snapshot\.jsonl$")
-# One MemoryProfileRecord per profiler window, with --profile-memory
+# A MemoryProfileRecord for profiler windows 1, 2, 4, 8, ..., with --profile-memory
 MEMORY_PROFILE_FILE = "rank{rank}.memory.jsonl"
 # Windows asked for by python -m tracer.capture (CaptureAsk), and the windows the ranks plan
 # (CaptureRequest), each one per file, numbered in the order they were made.
@@ -261,8 +261,9 @@ MEMORY_OTHER = "other"
 
 
 class MemoryProfileRecord(msgspec.Struct, omit_defaults=True):
-    """torch's memory profiler over one profiler window (--profile-memory): the tensors alive on
-    the rank's device at the window's peak, by category; one line of rank{R}.memory.jsonl."""
+    """torch's memory profiler over one profiler window (--profile-memory; windows 1, 2, 4, 8,
+    ...): the tensors alive on the rank's device at the window's peak, by category; one line of
+    rank{R}.memory.jsonl."""
 
     rank: int
     t_ns: int  # when the window ended and this was computed

@@ -1,5 +1,5 @@
-"""What fills memory at its peak: torch's memory profiler over each profiler window
-(--profile-memory), one MemoryProfileRecord per window in rank{R}.memory.jsonl.
+"""What fills memory at its peak: torch's memory profiler over profiler windows 1, 2, 4, 8, ...
+(--profile-memory), one MemoryProfileRecord each in rank{R}.memory.jsonl.
 
 torch.profiler._memory_profiler sorts every tensor the profiler saw into parameters, gradients,
 optimizer state, activations, temporaries and inputs, from the window's ops, their tensors'
@@ -43,9 +43,13 @@ def open_memory_profile(setup):
 
 
 class MemoryProfileWriter(JsonlWriter):
-    """Writes one MemoryProfileRecord at the end of each profiler window, on the training thread
-    (where torch.profiler hands its windows over): 40-150 ms a window of 3 small steps on the
-    development machine (docs/benchmarks.md, --profile-memory)."""
+    """Writes a MemoryProfileRecord at the end of profiler windows 1, 2, 4, 8, ... (the k-th
+    window where k is a power of two), on the training thread, where torch.profiler hands its
+    windows over. torch's memory profiler takes 0.04-0.15 s over 3 steps of a small MLP and
+    about a second over 3 steps of workloads/ddp.py on a loaded 2-core machine
+    (docs/benchmarks.md, --profile-memory): with windows back to back (--repeat 0) it would stall
+    every one of them; this way its cost grows with the log of the windows, and the first and
+    the latest windows analysed still show what grows."""
 
     name = "memory_profile"
     off_what = "memory categories are off"
@@ -55,6 +59,7 @@ class MemoryProfileWriter(JsonlWriter):
         self.rank = rank
         self.use_cuda = use_cuda
         self._built = built
+        self.windows = 0  # windows seen, analysed or not
 
     def start(self) -> None:
         profiler = self._built("profiler")
@@ -63,7 +68,8 @@ class MemoryProfileWriter(JsonlWriter):
 
     def on_window(self, profile) -> None:
         """The profiler's window just ended and its trace is written (torch.profiler.profile)."""
-        if self.failed:
+        self.windows += 1
+        if self.failed or self.windows & (self.windows - 1):  # not a power of two
             return
         try:
             record = window_record(profile, self.rank, self._device())

@@ -111,3 +111,16 @@ def test_writer_records_each_window_and_a_failure_switches_only_it_off(tmp_path)
                 for line in path.read_bytes().splitlines()]
     assert record.categories["parameter"] == 4 * parameters
     assert failures == [writer] and "torch's memory profiler failed" in writer.error
+
+
+def test_windows_1_2_4_8_are_analysed_and_the_others_left(tmp_path, monkeypatch):
+    from tracer.probes import memory_profile
+
+    analysed = []
+    monkeypatch.setattr(memory_profile, "window_record",
+                        lambda profile, rank, device: analysed.append(profile))
+    writer = MemoryProfileWriter(str(tmp_path / "rank0.memory.jsonl"), 0, False, {}.get)
+    for window in range(1, 11):
+        writer.on_window(window)
+    writer.close()
+    assert analysed == [1, 2, 4, 8]
