@@ -239,11 +239,12 @@ class StepRecord(msgspec.Struct, omit_defaults=True):
     cuda_peak_allocated_bytes: int | None = None  # torch.cuda.max_memory_allocated over the step
     cuda_peak_reserved_bytes: int | None = None
     cuda_total_bytes: int | None = None  # the device's capacity
-    # The process's RSS nearest the step's end among the tracer's readings (the step-end
-    # worker's, about 5 a second, and the psutil sampler's), read at rss_t_ns; absent where RSS
-    # cannot be read
+    # The process's RSS at the step's end: the last of the tracer's readings (the step-end
+    # worker's, about 5 a second, and the psutil sampler's) taken by end_ns, read at rss_t_ns;
+    # absent where RSS cannot be read
     rss_bytes: int | None = None
-    rss_t_ns: int | None = None  # when rss_bytes was read (before or after end_ns)
+    rss_t_ns: int | None = None  # when rss_bytes was read: by end_ns (after it only before
+    # the first reading)
     comm_ops: int = 0
     comm_bytes: int = 0
     # Samples the whole job trained in the step (the global batch), as the script set it with

@@ -58,27 +58,69 @@ def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
 
 
 def rank_series(steps: pd.DataFrame, analysed=None) -> tuple[str, pd.DataFrame] | None:
-    """(measure, frame of step, value, reserved, total) over the rank's analysed steps, in step
-    order; None without a memory value in any. `analysed`: the step numbers to keep (None:
-    every step record's)."""
+    """(measure, frame of step, value, reserved, total, at_end) over the rank's analysed
+    steps, in step order; None without a memory value in any. `analysed`: the step numbers to
+    keep (None: every step record's). `at_end` is the value at the step's end: the CUDA peak
+    itself, or RSS interpolated at the end from the readings (rss_at_step_ends)."""
     if steps is None or not len(steps) or "step" not in steps.columns:
         return None
     frame = pd.DataFrame({
-        "step": _column(steps, "step"),
+        "step": _column(steps, "step"), "end_ns": _column(steps, "end_ns"),
         "allocated": _column(steps, "cuda_peak_allocated_bytes"),
         "reserved": _column(steps, "cuda_peak_reserved_bytes"),
         "total": _column(steps, "cuda_total_bytes"),
-        "rss": _column(steps, "rss_bytes")})
+        "rss": _column(steps, "rss_bytes"), "rss_t_ns": _column(steps, "rss_t_ns")})
     frame = frame[frame["step"].notna()].drop_duplicates("step", keep="last")
-    if analysed is not None:
-        frame = frame[frame["step"].isin(list(analysed))]
     frame = frame.sort_values("step", kind="stable")
+    at_ends = rss_at_step_ends(frame)
+    if analysed is not None:
+        kept = frame["step"].isin(list(analysed)).to_numpy()
+        frame, at_ends = frame[kept], at_ends[kept]
     measure = MEASURE_CUDA if frame["allocated"].notna().any() else MEASURE_RSS
     column = "allocated" if measure == MEASURE_CUDA else "rss"
+    frame = frame.assign(at_end=frame[column] if measure == MEASURE_CUDA else at_ends)
     frame = frame[frame[column].notna()].rename(columns={column: "value"})
     if frame.empty:
         return None
-    return measure, frame[["step", "value", "reserved", "total"]].reset_index(drop=True)
+    return measure, frame[["step", "value", "reserved", "total", "at_end"]].reset_index(
+        drop=True)
+
+
+def rss_at_step_ends(frame: pd.DataFrame) -> np.ndarray:
+    """Each step's RSS at its end, interpolated linearly in time between the readings the
+    step records carry (each once: steps between two readings share the earlier one, and the
+    series would otherwise be a staircase that lags them; docs/memory.md, Growth); the last
+    reading after it, the record's own value where the times are unknown."""
+    values = frame["rss"].to_numpy()
+    read, ends = frame["rss_t_ns"].to_numpy(), frame["end_ns"].to_numpy()
+    known = ~(np.isnan(read) | np.isnan(values))
+    if known.sum() < 2:
+        return values.copy()
+    times, first = np.unique(read[known], return_index=True)
+    at_ends = np.interp(ends, times, values[known][first])
+    return np.where(np.isnan(ends), values, at_ends)
+
+
+def reading_points(steps: pd.DataFrame, analysed=None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(positions, values) of the distinct RSS readings the analysed steps' records carry,
+    each where it was read among all the steps: a reading at fraction f of step k (from its
+    start to its end) stands at k - 1 + f, the memory after step k - 1 and part of step k;
+    None where the readings' or the steps' times are unknown."""
+    needed = ("step", "start_ns", "end_ns", "rss_bytes", "rss_t_ns")
+    if steps is None or not set(needed) <= set(steps.columns):
+        return None
+    every = pd.DataFrame({name: _column(steps, name) for name in needed}).dropna()
+    every = every.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
+    ends = every["end_ns"].to_numpy()
+    carried = every if analysed is None else every[every["step"].isin(list(analysed))]
+    carried = carried.drop_duplicates("rss_t_ns")
+    if len(carried) < 3 or np.any(np.diff(ends) < 0):
+        return None
+    read = carried["rss_t_ns"].to_numpy()  # placed among every step, analysed or not
+    at = np.clip(np.searchsorted(ends, read), 0, len(ends) - 1)
+    starts, step = every["start_ns"].to_numpy()[at], every["step"].to_numpy()[at]
+    fraction = np.clip((read - starts) / np.maximum(ends[at] - starts, 1.0), 0.0, 1.0)
+    return step - 1 + fraction, carried["rss_bytes"].to_numpy()
 
 
 def _peak_profile(profiles: list) -> schema.MemoryProfileRecord | None:
@@ -139,7 +181,8 @@ def rank_memory(rank: int, steps: pd.DataFrame, profiles: list | None = None,
     total = _nan_max(series["total"].to_numpy())
     used = reserved if reserved == reserved else float(values[at])
     headroom = (total - used) / total * 100 if total > 0 else math.nan
-    growth = growth_of(series["step"].to_numpy(), values)
+    growth = growth_of(series["step"].to_numpy(), series["at_end"].to_numpy(),
+                       reading_points(steps, analysed) if measure == MEASURE_RSS else None)
     to_full = _steps_to_full(series, total, growth.bytes_per_step)
     last_step = int(series["step"].iloc[-1])
     profiles = _device_profiles(profiles, measure)

@@ -39,6 +39,7 @@ NOISE_FLOOR_BYTES = 256 << 10
 PENALTY_FACTOR = 8.0  # x noise^2 x log(points): the cost a breakpoint must save
 SMOOTHING_STEPS = 5  # the rolling median the noise is measured around
 MAX_POINTS = 250  # a longer series is segmented on the medians of consecutive steps
+KNEE_GRID = 257  # knee positions tried between readings
 SMOOTHING_WINDOW = 10  # levels compared by the new-memory test: medians of this many steps
 NEW_MEMORY_FACTOR = 2.0
 
@@ -157,6 +158,20 @@ def knee(steps: np.ndarray, values: np.ndarray, around: int, reach: int) -> int:
     return int(fine[np.argmin(_hinge_errors(x, y, steps[fine]))])
 
 
+def knee_between_readings(positions: np.ndarray, values: np.ndarray, around: float,
+                          reach: float) -> float:
+    """The knee of a line flat before it and rising after it, fitted by least squares to the
+    readings at their own `positions` (in steps, fractional: where each was read) from
+    `around - reach` on, searched on a grid of KNEE_GRID positions within `reach` of `around`
+    (`reach`: the widest gap between readings): the step where a rise that began between two
+    readings began, as the readings after it point back to the level before it."""
+    kept = positions >= around - reach
+    if kept.sum() < 3:
+        return around
+    grid = np.linspace(around - reach, around + reach, KNEE_GRID)
+    return float(grid[np.argmin(_hinge_errors(positions[kept], values[kept], grid))])
+
+
 def _steady(steps: np.ndarray, values: np.ndarray, noise: float) -> bool:
     """The rising stretch is a steady rise (the module's doc)."""
     if len(steps) < MIN_GROWTH_STEPS:
@@ -169,9 +184,12 @@ def _steady(steps: np.ndarray, values: np.ndarray, noise: float) -> bool:
     return all(_slope(s, v) * np.ptp(s) >= SPREAD_SHARE * rise for s, v in halves)
 
 
-def growth_of(steps, values) -> Growth:
+def growth_of(steps, values, readings: tuple | None = None) -> Growth:
     """The growth of one rank's memory series: `steps` (step numbers, ascending) and their
-    `values` (bytes); NaN values are left out."""
+    `values` (bytes); NaN values are left out. `readings`: (positions, values) of the readings
+    the values were interpolated from, each where it was read (fractional steps; RSS): the
+    growth's first step is then the first whole step at or after their knee
+    (knee_between_readings)."""
     steps = np.asarray(steps, dtype=np.float64)
     values = np.asarray(values, dtype=np.float64)
     known = ~(np.isnan(steps) | np.isnan(values))
@@ -190,4 +208,11 @@ def growth_of(steps, values) -> Growth:
     first = knee(steps, values, start * size, 2 * size + MIN_SEGMENT_STEPS // 2)
     if not _steady(steps[first:], values[first:], noise):
         return Growth(0.0, None, noise)
-    return Growth(_slope(steps[first:], values[first:]), int(steps[first]), noise)
+    start_step = int(steps[first])
+    if readings is not None:
+        positions, read = (np.asarray(a, dtype=np.float64) for a in readings)
+        gap = float(np.max(np.diff(positions))) if len(positions) > 1 else 1.0
+        start = knee_between_readings(positions, read, steps[first], max(gap, 1.0))
+        start_step = int(np.ceil(start - 1e-9))
+        first = int(np.searchsorted(steps, start_step))
+    return Growth(_slope(steps[first:], values[first:]), start_step, noise)

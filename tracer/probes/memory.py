@@ -76,6 +76,7 @@ def open_snapshots(setup):
 # passes leave pending (each record is matched within two passes), few enough to bound the
 # memory of a script that stops stepping for hours (about 4 minutes of readings at 15 a second).
 MAX_RSS_READINGS = 4096
+MAX_RSS = 1 << 62  # above any RSS: (t, MAX_RSS) sorts after every reading taken at t
 
 
 class StepMemory(Part):
@@ -86,9 +87,9 @@ class StepMemory(Part):
     read of /proc/self/statm costs it 9-23 us at a step's end (benchmarks/step_memory_cost.py),
     above the 5 us that a step's end may spend on it. It is read instead on the step-end worker
     at each pass, and taken from the device sampler's psutil samples (on_sample); each step
-    record gets the reading nearest its end among those before and after it (`rss_t_ns` says
-    when). A record waits for the next pass (steps_known_until) until the readings around its
-    end are all in: the pass's own and the samples the session hands over at the pass's end.
+    record gets the last reading taken by its end (`rss_t_ns` says when). A record waits for
+    the next pass (steps_known_until) until the readings up to its end are all in: the pass's
+    own and the samples the session hands over at the pass's end.
     `process` (anything with psutil's `memory_info().rss`) replaces the default RSS reader;
     `clock` (time.time_ns) is for tests.
     """
@@ -159,17 +160,16 @@ class StepMemory(Part):
         return None if self._rss is None else self._complete_until
 
     def amend_step_record(self, record) -> None:
-        """`rss_bytes` and `rss_t_ns`: the reading nearest the step's end (the earlier one of
-        two as near)."""
+        """`rss_bytes` and `rss_t_ns`: the last reading taken by the step's end; for a step that
+        ended before the first reading, that first reading. Never a later one while an earlier
+        one exists: after a run's last step the script may already be freeing its memory."""
         readings = self._readings
         if not readings:
             return
-        end = record.end_ns
-        after = bisect.bisect_left(readings, (end, -1))
-        first = max(after - 1, 0)
-        t_ns, rss_bytes = min(readings[first:after + 1], key=lambda r: abs(r[0] - end))
-        record.rss_bytes, record.rss_t_ns = rss_bytes, t_ns
-        del readings[:first]  # later records end later: the readings before serve none of them
+        after = bisect.bisect_right(readings, (record.end_ns, MAX_RSS))
+        at = max(after - 1, 0)
+        record.rss_t_ns, record.rss_bytes = readings[at]
+        del readings[:at]  # later records end later: the readings before serve none of them
 
 
 class HostStepMemory(StepMemory):

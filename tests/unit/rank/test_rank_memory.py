@@ -11,7 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.rank.memory_figures import MEASURE_CUDA, MEASURE_RSS, categories_growth, rank_memory
+from analysis.rank.memory_figures import (
+    MEASURE_CUDA,
+    MEASURE_RSS,
+    categories_growth,
+    rank_memory,
+    reading_points,
+    rss_at_step_ends,
+)
 from tracer import schema
 
 MIB = 1 << 20
@@ -90,3 +97,42 @@ def test_categories_grow_only_between_windows_at_different_steps():
     assert categories_growth([one, _profile(7, {"parameter": 300}, peak_step=8)]) is None
     later = _profile(17, {"parameter": 100, "gradient": 50}, peak_step=18)
     assert categories_growth([later, one])["gradient"] == 5.0
+
+
+def _rss_records(every=7, leak_from=20, steps=200):
+    """Step records of 10 ms steps whose RSS was read every `every` steps, 4 ms into a step (as
+    the sampler reads it): 300 MiB, and 2 MiB more for each step from `leak_from` on whose
+    allocation (at 2 ms into the step) came before the reading."""
+    rows, reading = [], None
+    for step in range(steps):
+        start = step * 10_000_000
+        if step % every == 0:
+            t = start + 4_000_000
+            kept = max(0, step - leak_from + 1)  # this step's tensor is in by 4 ms
+            reading = (t, 300 * MIB + kept * 2 * MIB)
+        rows.append({"step": step, "start_ns": start, "end_ns": start + 10_000_000,
+                     "rss_t_ns": reading[0], "rss_bytes": reading[1]})
+    return pd.DataFrame(rows)
+
+
+def test_rss_shared_by_steps_is_interpolated_and_the_leak_dated_from_the_readings():
+    records = _rss_records()
+    figure = rank_memory(1, records, analysed=range(1, 200))
+    assert figure.growth_bytes_per_step == pytest.approx(2 * MIB, rel=0.02)
+    # Readings at steps 14 and 21 (2 tensors kept by then), 28 (9): the line through them meets
+    # the level before at 18.4, one step before the first tensor (step 20, at 19.2): a line
+    # through a staircase's readings after each stair leads it by one step. The records alone
+    # (each step the last reading by its end) would say 21 or later.
+    assert figure.growth_from_step in (19, 20)
+    assert figure.peak_bytes == 300 * MIB + 177 * 2 * MIB  # the last reading, at step 196
+
+
+def test_reading_points_stand_where_each_reading_was_taken():
+    positions, values = reading_points(_rss_records(), analysed=range(1, 30))
+    # readings 4 ms into steps 0 (carried by steps 1-6), 7, 14, 21, 28: at k - 1 + 0.4
+    assert positions.tolist() == pytest.approx([-0.6, 6.4, 13.4, 20.4, 27.4])
+    assert (values[3] - values[2]) == 2 * 2 * MIB  # steps 20 and 21 kept their tensors
+    at_ends = rss_at_step_ends(_rss_records().rename(columns={"rss_bytes": "rss"}))
+    assert at_ends[10] == pytest.approx(300 * MIB)  # flat between the readings at 0 and 14
+    # step 24 ends at 250 ms, between the readings at 214 ms (304 MiB) and 284 ms (318 MiB)
+    assert at_ends[24] == pytest.approx((304 + (250 - 214) / 70 * 14) * MIB, rel=1e-9)

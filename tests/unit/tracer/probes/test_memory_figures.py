@@ -162,14 +162,16 @@ def _amended(memory, end_ns):
     return record.rss_bytes, record.rss_t_ns
 
 
-def test_each_step_gets_the_rss_reading_nearest_its_end():
+def test_each_step_gets_the_last_rss_reading_taken_by_its_end():
     memory, process, clock = _host_memory()
     _pass(memory, process, clock, 1000, 100)
     memory.on_sample(schema.DeviceSample(t_ns=1100, source="psutil", rss_bytes=110), step=3)
     memory.on_sample(schema.DeviceSample(t_ns=1300, source="psutil", rss_bytes=130), step=5)
     _pass(memory, process, clock, 1200, 120)  # the samples came in after this pass's reading
-    assert [_amended(memory, end) for end in (990, 1040, 1060, 1180, 1240, 1400)] == [
-        (100, 1000), (100, 1000), (110, 1100), (120, 1200), (120, 1200), (130, 1300)]
+    # a step that ends before the first reading gets it; then the last reading by each end,
+    # never a later one (the script may be freeing its memory after its last step)
+    assert [_amended(memory, end) for end in (990, 1000, 1060, 1199, 1240, 1400)] == [
+        (100, 1000), (100, 1000), (100, 1000), (110, 1100), (120, 1200), (130, 1300)]
 
 
 def test_step_records_wait_until_the_readings_around_their_end_are_in():
@@ -188,7 +190,7 @@ def test_a_sample_without_rss_adds_no_reading_and_nvml_runs_read_on_passes_only(
     memory.on_sample(schema.DeviceSample(t_ns=500, source="nvml", mem_used_bytes=7), step=0)
     assert _amended(memory, 500) == (None, None)  # no reading at all: the fields stay absent
     _pass(memory, process, clock, 800, 80)
-    assert _amended(memory, 500) == (80, 800)
+    assert _amended(memory, 500) == (80, 800)  # before the first reading: that one
 
 
 def test_rss_readings_are_bounded_and_consumed_by_the_steps():
@@ -196,8 +198,8 @@ def test_rss_readings_are_bounded_and_consumed_by_the_steps():
     for n in range(MAX_RSS_READINGS + 10):
         memory.add_reading(n * 10, n)
     assert len(memory._readings) == MAX_RSS_READINGS
-    assert _amended(memory, 20_000) == (2000, 20_000)
-    assert memory._readings[0] == (19_990, 1999)  # earlier readings serve no later step
+    assert _amended(memory, 20_005) == (2000, 20_000)
+    assert memory._readings[0] == (20_000, 2000)  # earlier readings serve no later step
 
 
 def test_step_memory_without_rss_reader_neither_waits_nor_amends():
