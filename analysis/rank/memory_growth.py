@@ -40,6 +40,7 @@ PENALTY_FACTOR = 8.0  # x noise^2 x log(points): the cost a breakpoint must save
 SMOOTHING_STEPS = 5  # the rolling median the noise is measured around
 MAX_POINTS = 250  # a longer series is segmented on the medians of consecutive steps
 KNEE_GRID = 257  # knee positions tried between readings
+KNEE_SPAN = 4  # readings up to this many reaches after the knee date it
 SMOOTHING_WINDOW = 10  # levels compared by the new-memory test: medians of this many steps
 NEW_MEMORY_FACTOR = 2.0
 
@@ -162,10 +163,11 @@ def knee_between_readings(positions: np.ndarray, values: np.ndarray, around: flo
                           reach: float) -> float:
     """The knee of a line flat before it and rising after it, fitted by least squares to the
     readings at their own `positions` (in steps, fractional: where each was read) from
-    `around - reach` on, searched on a grid of KNEE_GRID positions within `reach` of `around`
-    (`reach`: the widest gap between readings): the step where a rise that began between two
-    readings began, as the readings after it point back to the level before it."""
-    kept = positions >= around - reach
+    `around - reach` to `around + KNEE_SPAN * reach` (the rise near its start, not its average
+    over the run), searched on a grid of KNEE_GRID positions within `reach` of `around`: the
+    step where a rise that began between two readings began, as the readings after it point
+    back to the level before it."""
+    kept = (positions >= around - reach) & (positions <= around + KNEE_SPAN * reach)
     if kept.sum() < 3:
         return around
     grid = np.linspace(around - reach, around + reach, KNEE_GRID)
@@ -211,8 +213,8 @@ def growth_of(steps, values, readings: tuple | None = None) -> Growth:
     start_step = int(steps[first])
     if readings is not None:
         positions, read = (np.asarray(a, dtype=np.float64) for a in readings)
-        gap = float(np.max(np.diff(positions))) if len(positions) > 1 else 1.0
-        start = knee_between_readings(positions, read, steps[first], max(gap, 1.0))
+        gap = float(np.median(np.diff(positions))) if len(positions) > 1 else 1.0
+        start = knee_between_readings(positions, read, steps[first], max(2 * gap, 1.0))
         start_step = int(np.ceil(start - 1e-9))
         first = int(np.searchsorted(steps, start_step))
     return Growth(_slope(steps[first:], values[first:]), start_step, noise)
