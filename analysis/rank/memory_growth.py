@@ -145,13 +145,14 @@ def _hinge_errors(steps: np.ndarray, values: np.ndarray, knees: np.ndarray) -> n
 
 def knee(steps: np.ndarray, values: np.ndarray, around: int, reach: int) -> int:
     """The index in [around - reach, around + reach] where a line flat before it and rising
-    after it fits the series from `around - 2 * reach` on best (least squares): every
-    `stride`-th index first, then each index near the best of those."""
+    after it fits the series from `around - 2 * reach` to `around + KNEE_SPAN * reach` best
+    (least squares; the rise as it began, not its average over the run): every `stride`-th
+    index first, then each index near the best of those."""
     low = max(0, around - 2 * reach)
     lo, hi = max(low, around - reach), min(len(values) - 2, around + reach)
     if hi < lo:
         return around
-    x, y = steps[low:], values[low:]
+    x, y = steps[low:around + KNEE_SPAN * reach], values[low:around + KNEE_SPAN * reach]
     stride = max(1, (hi - lo) // 32)
     coarse = np.arange(lo, hi + 1, stride)
     best = int(coarse[np.argmin(_hinge_errors(x, y, steps[coarse]))])
@@ -164,9 +165,9 @@ def knee_between_readings(positions: np.ndarray, values: np.ndarray, around: flo
     """The knee of a line flat before it and rising after it, fitted by least squares to the
     readings at their own `positions` (in steps, fractional: where each was read) from
     `around - reach` to `around + KNEE_SPAN * reach` (the rise near its start, not its average
-    over the run), searched on a grid of KNEE_GRID positions within `reach` of `around`: the
-    step where a rise that began between two readings began, as the readings after it point
-    back to the level before it."""
+    over the run; not the creep long before it), searched on a grid of KNEE_GRID positions
+    within `reach` of `around`: the step where a rise that began between two readings began, as
+    the readings after it point back to the level before it."""
     kept = (positions >= around - reach) & (positions <= around + KNEE_SPAN * reach)
     if kept.sum() < 3:
         return around

@@ -99,17 +99,18 @@ def test_categories_grow_only_between_windows_at_different_steps():
     assert categories_growth([later, one])["gradient"] == 5.0
 
 
-def _rss_records(every=7, leak_from=20, steps=200):
+def _rss_records(every=7, leak_from=20, steps=200, faster_from=None):
     """Step records of 10 ms steps whose RSS was read every `every` steps, 4 ms into a step (as
     the sampler reads it): 300 MiB, and 2 MiB more for each step from `leak_from` on whose
-    allocation (at 2 ms into the step) came before the reading."""
+    allocation (at 2 ms into the step) came before the reading (4 MiB from `faster_from` on)."""
     rows, reading = [], None
     for step in range(steps):
         start = step * 10_000_000
         if step % every == 0:
             t = start + 4_000_000
             kept = max(0, step - leak_from + 1)  # this step's tensor is in by 4 ms
-            reading = (t, 300 * MIB + kept * 2 * MIB)
+            faster = max(0, step - faster_from + 1) if faster_from is not None else 0
+            reading = (t, 300 * MIB + (kept + faster) * 2 * MIB)
         rows.append({"step": step, "start_ns": start, "end_ns": start + 10_000_000,
                      "rss_t_ns": reading[0], "rss_bytes": reading[1]})
     return pd.DataFrame(rows)
@@ -136,3 +137,11 @@ def test_reading_points_stand_where_each_reading_was_taken():
     assert at_ends[10] == pytest.approx(300 * MIB)  # flat between the readings at 0 and 14
     # step 24 ends at 250 ms, between the readings at 214 ms (304 MiB) and 284 ms (318 MiB)
     assert at_ends[24] == pytest.approx((304 + (250 - 214) / 70 * 14) * MIB, rel=1e-9)
+
+
+def test_a_leak_that_speeds_up_is_dated_from_the_readings_near_its_start():
+    records = _rss_records(every=15, leak_from=1000, steps=2000, faster_from=1500)
+    figure = rank_memory(0, records, analysed=range(1, 2000))
+    assert abs(figure.growth_from_step - 1000) <= 1
+    # the rate over the whole stretch: 2 MiB a step, then 4
+    assert 2 * MIB < figure.growth_bytes_per_step < 4 * MIB
