@@ -90,7 +90,8 @@ def test_snapshot_records_are_read_without_the_pickles(tmp_path):
     (_snapshot(reason="later"), "unknown reason 'later'"),
     (_snapshot(device_total_bytes=1 << 60), "'device_total_bytes' out of range"),
     (_snapshot(t_ns=-5), "'t_ns' out of range (-5)"),
-])
+], ids=["cut short", "nested 100000 deep", "another rank's", "unknown reason", "huge device",
+        "negative time"])
 def test_damaged_or_hostile_snapshots_are_set_aside_with_a_named_problem(tmp_path, content,
                                                                           why):
     path = _write_snapshot(tmp_path, 1, 41, content)
