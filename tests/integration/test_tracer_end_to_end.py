@@ -396,11 +396,14 @@ def test_trace_format_doc_describes_every_field_and_file():
     doc = (REPO / "docs" / "trace-format.md").read_text()
     for record_type in (schema.CommRecord, schema.DeviceSample, schema.StepRecord,
                         schema.RunStart, schema.ClockSync, schema.TracerError, schema.RunEnd,
-                        schema.Launch, schema.LaunchEnd):
+                        schema.Launch, schema.LaunchEnd,
+                        schema.MemoryProfileRecord, schema.MemorySnapshotRecord,
+                        schema.SnapshotSegment, schema.SnapshotBlock, schema.OutOfMemory):
         for field in record_type.__struct_fields__:
             assert f"| `{field}` |" in doc, f"{record_type.__name__}.{field} is not in the table"
     for pattern in (schema.MANIFEST_FILE, schema.COMMS_FILE, schema.SAMPLES_FILE,
-                    schema.STEPS_FILE, schema.MEMORY_SNAPSHOT_FILE):
+                    schema.STEPS_FILE, schema.MEMORY_SNAPSHOT_FILE,
+                    schema.MEMORY_SNAPSHOT_RECORD_FILE, schema.MEMORY_PROFILE_FILE):
         assert pattern.format(rank="{R}", step="{S}") in doc
     assert f"`{schema.LAUNCHER_FILE}`" in doc
     assert schema.kineto_trace_file(7, 0).replace("rank7.0.", "rank{R}.<span>.") in doc
