@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from analysis.core.contracts import MEASURE_CUDA, MEASURE_RSS, RankMemory
+import pandas as pd
+
+from analysis.core.contracts import FINDING_COLUMNS, MEASURE_CUDA, MEASURE_RSS, RankMemory
 from analysis.findings.memory_findings import (
     ADVICE,
     FRAGMENTED,
@@ -18,6 +20,7 @@ from analysis.findings.memory_findings import (
     UNKNOWN_DIFFERENCE,
     memory_findings,
     memory_verdict_line,
+    with_memory_findings,
 )
 
 MIB = 1 << 20
@@ -143,3 +146,21 @@ def test_an_imbalance_without_categories_says_how_to_get_them():
                                      "330.00 MiB, its RSS; +78%).")
     assert imbalance.suggestion.startswith(UNKNOWN_DIFFERENCE)
     assert imbalance.suggestion.endswith(NO_CATEGORIES)
+
+
+def test_memory_findings_follow_the_bottlenecks_and_replace_their_near_capacity():
+    table = pd.DataFrame([
+        {"finding": "exposed communication", "share_pct": 20.0, "evidence": "e",
+         "suggestion": "s", "ranks": "0-1", "ms_per_step": 4.0},
+        {"finding": NEAR_FULL, "share_pct": math.nan, "evidence": "from the ranks table",
+         "suggestion": "s", "ranks": "2", "ms_per_step": math.nan}], columns=FINDING_COLUMNS)
+    full = memory_findings([_cuda(2, 70 * GIB, 75 * GIB)])
+    combined = with_memory_findings(table, full)
+    assert combined["finding"].tolist() == ["exposed communication", NEAR_FULL]
+    assert combined["evidence"].iloc[1] == full[0].evidence
+    assert math.isnan(combined["ms_per_step"].iloc[1])
+    grows = memory_findings([_rss(0, 586 * MIB, growth_bytes_per_step=2.0 * MIB,
+                                  growth_from_step=20)])
+    kept = with_memory_findings(table, grows)
+    assert kept["finding"].tolist() == ["exposed communication", NEAR_FULL, GROWS]
+    assert with_memory_findings(table, []) is table and with_memory_findings(None, full) is None
