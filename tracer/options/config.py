@@ -64,7 +64,8 @@ class TracerConfig:
         old name, is still taken)
     record_shapes: profiler: record operator input shapes (the FLOP counts of
         analysis.rank.flops need them)
-    profile_memory: profiler: record tensor allocations and frees
+    profile_memory: profiler: record tensor allocations and frees, with the Python stacks that
+        torch's memory profiler needs to sort them into categories at each window's peak
     with_stack: profiler: record Python stacks of operators (large traces)
     sample_hz: device/process samples per second
     memory_snapshot: CUDA: record allocator history and dump a memory snapshot at the end
