@@ -71,12 +71,17 @@ class Shown:
 
 
 def _code_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, text) of the lines of the fenced code blocks, a line ending in `\\` joined
-    with the next."""
-    found, inside, pending, start = [], False, "", 0
+    """(line number, text) of the command lines of the fenced code blocks, a line ending in `\\`
+    joined with the next; in a block that shows a session (`$ command`, then its output), only
+    the `$` lines."""
+    found, block, pending, start, inside = [], [], "", 0, False
     for number, line in enumerate(text.splitlines(), 1):
         if line.lstrip().startswith("```"):
-            inside = not inside
+            if inside:
+                session = any(t.startswith("$ ") for _, t in block)
+                found += [(n, t[2:] if session else t) for n, t in block
+                          if not session or t.startswith("$ ")]
+            inside, block = not inside, []
             continue
         if not inside:
             continue
@@ -85,7 +90,7 @@ def _code_lines(text: str) -> list[tuple[int, str]]:
         if line.rstrip().endswith("\\"):
             pending += line.rstrip()[:-1] + " "
             continue
-        found.append((start, pending + line))
+        block.append((start, pending + line))
         pending = ""
     return found
 
