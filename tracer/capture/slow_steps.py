@@ -33,9 +33,11 @@ NOISE_SIGMAS = 5.0
 MAD_TO_SIGMA = 1.4826
 # A change: the count of slow steps less other steps reaches this, over at least PERSIST_S of
 # steps. A scheduling hiccup, a collection or a page-cache miss slows one or two steps; a burst
-# of them on fast steps (time slices on a loaded core) lasts some milliseconds.
+# of them on fast steps (time slices on a loaded core) lasts some milliseconds: on 1 ms steps of
+# this project's 2-core machine with two busy processes beside the two ranks, the longest
+# burst counted 12 over 0.08 s (docs/tracer.md, Capturing slow steps).
 PERSIST_STEPS = 4
-PERSIST_S = 0.2
+PERSIST_S = 0.3
 # What a step that is not slow takes off the count: a change is a run of steps of which more
 # than two in three are slow. A core shared with another busy process in time slices slows
 # about every other fast step (and the run's records show it); a slower rank, loader or device

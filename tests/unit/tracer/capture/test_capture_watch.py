@@ -184,7 +184,7 @@ def test_a_change_in_this_ranks_step_ends_asks_every_rank_for_one_window(tmp_pat
     assert len(records) == 2
     for record in records:
         assert (record.trigger, record.trigger_step, record.confirmed_step, record.first_step) \
-            == ("slow_step", 50, 53, first)
+            == ("slow_step", 50, 54, first)
         assert (record.factor, record.before_ms, record.after_ms) == (61.0, 1.0, 61.0)
         assert [(c.rank, c.step, c.factor) for c in record.ranks] == [(0, 50, 61.0),
                                                                       (1, 50, 61.0)]

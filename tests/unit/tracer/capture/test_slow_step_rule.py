@@ -47,12 +47,15 @@ def test_one_slow_step_or_a_few_are_hiccups_and_never_a_change():
 
 
 def test_a_change_that_holds_is_confirmed_after_persist_steps_once_it_has_lasted():
-    # 1 ms steps, 60 ms from step 2000: the 4th slow step confirms it (4 x 61 ms > 0.2 s).
+    # 1 ms steps, 60 ms from step 2000: PERSIST_STEPS slow steps, and the 5th, as 5 x 61 ms is
+    # the first to last PERSIST_S.
+    assert (PERSIST_STEPS, PERSIST_S) == (4, 0.3)
     times = [1.0] * 2000 + [61.0] * 100
-    assert changes(times) == [(2000, 2000 + PERSIST_STEPS - 1, 61.0)]
-    # Short slow steps must also last PERSIST_S: 4 ms steps need 50 of them.
-    slow = round(PERSIST_S * 1e3 / 4.0)
-    assert changes([1.0] * 100 + [4.0] * 200) == [(100, 100 + slow - 1, 4.0)]
+    assert changes(times) == [(2000, 2004, 61.0)]
+    # 200 ms steps: 4 are enough.
+    assert changes([10.0] * 100 + [200.0] * 10) == [(100, 103, 20.0)]
+    # Short slow steps must also last PERSIST_S: 4 ms steps need 75 of them.
+    assert changes([1.0] * 100 + [4.0] * 200) == [(100, 174, 4.0)]
 
 
 def test_noise_raises_the_bar_above_the_factor():
@@ -86,7 +89,7 @@ def test_a_core_shared_in_time_slices_is_not_a_change_but_a_steady_slowdown_is()
 def test_the_change_is_the_new_reference_so_a_phase_is_one_change_and_its_end_none():
     # Slow from 30% to 60% of the run, then fast again: one change, at its start.
     times = [1.0] * 600 + [61.0] * 600 + [1.0] * 800
-    assert changes(times) == [(600, 603, 61.0)]
+    assert changes(times) == [(600, 604, 61.0)]
     # A second, larger slowdown later is judged against the phase it follows.
     times = [1.0] * 300 + [10.0] * 300 + [50.0] * 100
     assert [(s, f) for s, _, f in changes(times)] == [(300, 10.0), (600, 5.0)]
