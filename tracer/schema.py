@@ -341,6 +341,20 @@ class RankChange(msgspec.Struct, omit_defaults=True):
     factor: float  # the median step time of the change / the median before it
     before_ms: float  # the median step time before the change (its running median)
     after_ms: float  # the median step time of the change's steps, up to confirmed_step
+    # The median time from a step's start to its first collective or p2p op (torch's Flight
+    # Recorder's creation time), over the steps before the change and the change's steps:
+    # time the rank spent on its own before it could wait for a peer. Absent without the
+    # Flight Recorder's times, or steps without a collective.
+    sync_before_ms: float | None = None
+    sync_after_ms: float | None = None
+
+    @property
+    def slowed_itself(self) -> bool | None:
+        """Whether at least half the change came before the rank's first collective (it slowed
+        on its own, not waiting for a peer); None without the times to tell."""
+        if self.sync_before_ms is None or self.sync_after_ms is None:
+            return None
+        return self.sync_after_ms - self.sync_before_ms >= (self.after_ms - self.before_ms) / 2
 
 
 class CaptureRecord(msgspec.Struct, tag="capture", tag_field="kind", omit_defaults=True):
@@ -372,6 +386,11 @@ class CaptureRecord(msgspec.Struct, tag="capture", tag_field="kind", omit_defaul
     # slow_step: every rank that saw the same slowdown in its own step times, by the step its
     # change began (a rank that waits for a slow one slows at the same step or the next)
     ranks: list[RankChange] = []
+    # slow_step, from `ranks`' RankChange.slowed_itself: the rank whose change came before its
+    # first collective (the earliest, then the largest such growth), and the ranks whose change
+    # came after it (they wait for a peer); None / [] where the times cannot tell
+    late_rank: int | None = None
+    waiting_ranks: list[int] = []
     # on_demand: the steps asked, when more than --max-window-steps (steps is then the bound)
     asked_steps: int | None = None
     # The window was closed early on this rank (CAPTURE_CUTS): its trace holds the steps before

@@ -92,14 +92,16 @@ def test_a_slow_phase_gets_one_window_soon_after_it_began_at_the_same_steps_on_b
     assert first.trigger == "slow_step" and not first.missed and not second.missed
     assert (second.trigger_step, second.first_step, second.ranks) == (
         first.trigger_step, first.first_step, first.ranks)
-    # It began at the first slow step on rank 1, and rank 0, which waits for it, at the same
-    # step: both are named with the step and the size of their change.
+    # It began at the first slow step on rank 1, and on rank 0, which waits for it, at the
+    # same step: both are named with the step and the size of their change. Rank 1's change
+    # came before its first collective of the step, rank 0's after it: rank 1 is late.
     assert slow_from <= first.trigger_step <= slow_from + 1
     assert {c.rank for c in first.ranks} == {0, 1}
     assert all(slow_from <= c.step <= slow_from + 1 and c.factor > 5 for c in first.ranks)
     assert first.after_ms > SLOW_MS and first.confirmed_step >= first.trigger_step + 3
-    # In lockstep the ranks' changes begin at one step: the larger factor is named.
-    assert first.trigger_rank == min(first.ranks, key=lambda c: (c.step, -c.factor, c.rank)).rank
+    assert (first.trigger_rank, first.late_rank, first.waiting_ranks) == (1, 1, [0])
+    late = next(c for c in first.ranks if c.rank == 1)
+    assert late.sync_after_ms - late.sync_before_ms > SLOW_MS * 0.9
     # Its steps are slow-phase steps, soon after the change, traced on both ranks.
     window = list(range(first.first_step, first.first_step + 3))
     assert slow_from < window[0] <= slow_from + WITHIN_STEPS

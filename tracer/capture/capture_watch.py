@@ -22,9 +22,12 @@ import os
 import threading
 import time
 
+import msgspec
+
 from tracer import schema
 from tracer.capture.capture_requests import FileLog, StoreBroken, StoreLog, shown
 from tracer.capture.slow_steps import (
+    HISTORY,
     MARGIN_S,
     MAX_LEAD_STEPS,
     ON_DEMAND_MARGIN_S,
@@ -43,6 +46,10 @@ MAX_PROBLEMS = 10  # problem lines and records per run; one more line says the r
 # (hosts' clocks differ by far less).
 CLOCK_SLACK_NS = 60 * 10**9
 STOP_WAIT_S = 2.0  # at the run's end, how long the thread's last pass may take
+STEP_TIMES_KEPT = 4096  # steps whose start and first collective are kept (a change's and before)
+# How long a rank waits for its change's times to the first collective (the Flight Recorder's
+# drains come every 0.2 to 2 s), and a window's record for every rank's.
+EVIDENCE_WAIT_S = 2.5
 
 
 def open_capture(setup, driver) -> Part | None:
@@ -52,8 +59,9 @@ def open_capture(setup, driver) -> Part | None:
         return None
     c = setup.config
     ends = setup.track_step_ends() if c.capture_slow_steps > 0 else None
+    flight = setup.built("flight")  # the steps' first collectives, where torch records them
     return setup.build(CaptureWatch, c, setup.launch, setup.run_dir, driver,
-                       setup.write_manifest, ends)
+                       setup.write_manifest, ends, getattr(flight, "first_issues", None))
 
 
 class _Window:
@@ -63,31 +71,48 @@ class _Window:
         self.contenders: list[schema.CaptureRequest] = []  # later requests of its slowdown
         self.written = False
         self.cut: tuple[str, int] | None = None  # (why, the first step not traced)
+        self.decided_s = time.monotonic()
 
     def requests(self) -> list[schema.CaptureRequest]:
-        """Its slowdown's requests, the rank that slowed first's first: by the step the change
-        began, then the largest factor, then the lowest rank; the same on every rank, which all
-        read the same requests."""
-        return sorted([self.request, *self.contenders],
-                      key=lambda r: (r.trigger_step, -(r.change.factor if r.change else 0.0),
-                                     r.trigger_rank or 0))
+        """Its slowdown's requests, one a rank, the rank that slowed first's first: by the step
+        the change began, then a rank that slowed before its first collective over one that
+        waited, then the largest factor, then the lowest rank; the same on every rank, which
+        all read the same requests."""
+        def key(r: schema.CaptureRequest):
+            change = r.change
+            waits = change is None or change.slowed_itself is not True
+            return (r.trigger_step, waits, -(change.factor if change else 0.0),
+                    r.trigger_rank or 0)
+
+        return sorted(self._settled(), key=key)
+
+    def _settled(self) -> list[schema.CaptureRequest]:
+        """Its requests, each rank's change once: the one with its times to the first
+        collective where the rank asked again with them."""
+        best: dict[int | None, schema.CaptureRequest] = {}
+        for request in [self.request, *self.contenders]:
+            rank = request.change.rank if request.change else None
+            seen = best.get(rank)
+            if seen is None or (rank is not None and seen.change.slowed_itself is None
+                                and request.change.slowed_itself is not None
+                                and request.trigger_step == seen.trigger_step):
+                best[rank] = request
+        return list(best.values())
 
     def ranks(self) -> list[schema.RankChange]:
-        """Each rank's change, once (its earliest)."""
-        seen: dict[int, schema.RankChange] = {}
-        for request in self.requests():
-            if request.change is not None:
-                seen.setdefault(request.change.rank, request.change)
-        return list(seen.values())
+        """Each rank's change, once."""
+        return [r.change for r in self.requests() if r.change is not None]
 
 
 class CaptureWatch(Part):
     name = "capture"
 
     def __init__(self, config, launch, run_dir: str, driver, write_manifest,
-                 step_ends: collections.deque | None = None):
+                 step_ends: collections.deque | None = None,
+                 first_issues: collections.deque | None = None):
         """`step_ends`: the step clock's end times, from step 0 on (tracer.steps.step_clock
-        .StepClock.track_ends); None: no slow-step watch."""
+        .StepClock.track_ends); None: no slow-step watch. `first_issues`: (step, host time of
+        its first collective), in step order (tracer.comms.flight.FlightRecorder)."""
         self.config = config
         self.launch = launch
         self.rank = launch.rank
@@ -112,6 +137,19 @@ class CaptureWatch(Part):
         self._ends = step_ends
         self._next_step = 0  # the step whose end comes next out of _ends
         self._last_end: int | None = None
+        self._first_issues = first_issues
+        # Of the last STEP_TIMES_KEPT steps: their start (the step before's end), and the host
+        # time of their first collective.
+        self._starts: dict[int, int] = {}
+        self._issued: dict[int, int] = {}
+        # This rank's requests still without the times of its change's first collectives (the
+        # Flight Recorder is drained up to 2 s late), and until when to wait for them.
+        self._unsettled: list[tuple[schema.CaptureRequest, float]] = []
+        self.evidence_wait_s = EVIDENCE_WAIT_S
+        # The fixed schedule's last busy step (None: it cycles to the end): past it, no step of
+        # it needs asking about.
+        self._fixed_until = (None if config.repeat == 0 else config.skip_first + config.repeat
+                             * (config.wait + config.warmup + config.active))
         self._problems = 0
         self._said: set[str] = set()  # kinds of failure said once
         self._stop = threading.Event()
@@ -221,16 +259,29 @@ class CaptureWatch(Part):
         ends, rule = self._ends, self.rule
         if rule is None:
             return
-        fixed, idle = self.driver.fixed_action, self.driver._idle
+        fixed, idle, until = self.driver.fixed_action, self.driver._idle, self._fixed_until
+        issues, issued, starts = self._first_issues, self._issued, self._starts
+        while issues:
+            step, issued_ns = issues.popleft()
+            issued[step] = issued_ns
         while ends:
             end = ends.popleft()
             step, last = self._next_step, self._last_end
             self._next_step, self._last_end = step + 1, end
             if last is None:
                 continue  # its start is not known here; the rule leaves the first steps out
-            change = rule.observe(step, end - last, fixed(step) != idle)
+            starts[step] = last
+            in_window = (until is None or step <= until) and fixed(step) != idle
+            change = rule.observe(step, end - last, in_window)
             if change is not None:
                 self._guarded_io("requests", self._request_window, change, end)
+        if len(starts) > 2 * STEP_TIMES_KEPT:
+            oldest = self._next_step - STEP_TIMES_KEPT
+            for kept in (starts, issued):
+                for old in [k for k in kept if k < oldest]:
+                    del kept[old]
+        if self._unsettled:
+            self._guarded_io("requests", self._settle)
 
     def _request_window(self, change: Change, end_ns: int) -> None:
         """Ask every rank for a window after the change this rank's steps took."""
@@ -245,13 +296,48 @@ class CaptureWatch(Part):
         if first is None:
             return
         ms = 1e6
-        self.log.append(schema.CaptureRequest(
+        request = schema.CaptureRequest(
             trigger="slow_step", trigger_step=change.step, first_step=first, steps=c.active,
             t_ns=time.time_ns(), trigger_rank=self.rank, ratio=round(change.ratio, 3),
             run=self.run_name, change=schema.RankChange(
                 rank=self.rank, step=change.step, confirmed_step=change.confirmed_step,
                 factor=round(change.factor, 3), before_ms=round(change.before_ns / ms, 3),
-                after_ms=round(change.after_ns / ms, 3))))
+                after_ms=round(change.after_ns / ms, 3)))
+        settled = self._with_sync(request)
+        self.log.append(settled or request)
+        if settled is None and self._first_issues is not None:
+            self._unsettled.append((request, time.monotonic() + EVIDENCE_WAIT_S))
+
+    def _with_sync(self, request: schema.CaptureRequest) -> schema.CaptureRequest | None:
+        """`request` with its change's times to the first collective, once both are known."""
+        change = request.change
+        before = self._sync_ms(change.step - HISTORY, change.step)
+        after = self._sync_ms(change.step, change.confirmed_step + 1)
+        if before is None or after is None:
+            return None
+        return msgspec.structs.replace(request, t_ns=time.time_ns(), change=msgspec.structs
+                                       .replace(change, sync_before_ms=before,
+                                                sync_after_ms=after))
+
+    def _settle(self) -> None:
+        """Ask again, with the times to the first collective, for each change whose times have
+        come since: the same slowdown, so the same window; its record takes them."""
+        waiting = []
+        for request, until in self._unsettled:
+            settled = self._with_sync(request)
+            if settled is not None:
+                self.log.append(settled)
+            elif time.monotonic() < until:
+                waiting.append((request, until))
+        self._unsettled = waiting
+
+    def _sync_ms(self, first: int, end: int) -> float | None:
+        """The median time from a step's start to its first collective over steps first..end-1
+        (those whose times are known), in ms; None without any."""
+        starts, issued = self._starts, self._issued
+        spans = sorted(issued[k] - starts[k] for k in range(max(first, 0), end)
+                       if k in issued and k in starts and issued[k] >= starts[k])
+        return round(spans[len(spans) // 2] / 1e6, 3) if spans else None
 
     def _answer_asks(self) -> None:
         """Turn each new python -m tracer.capture ask into a request from this rank's step, if
@@ -378,9 +464,12 @@ class CaptureWatch(Part):
             cut = cuts.get(request.first_step)
             if cut is not None:
                 window.cut = cut
-            # Once it has closed: by then every rank has read the other slow-step requests of the
-            # same slowdown.
-            if window.written or not (all_left or step > request.first_step + request.steps):
+            # Once it has closed, and every rank has had the time to ask again with its change's
+            # times to the first collective (or the run ends).
+            closed = step > request.first_step + request.steps and (
+                request.trigger != "slow_step"
+                or time.monotonic() - window.decided_s >= self.evidence_wait_s)
+            if window.written or not (all_left or closed):
                 continue
             window.written = True
             self.write_manifest(self._record(window))
@@ -401,6 +490,7 @@ class CaptureWatch(Part):
             record.trigger_step, record.trigger_rank = first.trigger_step, first.trigger_rank
             record.ratio = first.ratio
             record.ranks = window.ranks()
+            record.late_rank, record.waiting_ranks = _late_and_waiting(record.ranks)
             if change is not None:
                 record.factor, record.before_ms = change.factor, change.before_ms
                 record.after_ms, record.confirmed_step = change.after_ms, change.confirmed_step
@@ -413,6 +503,16 @@ class CaptureWatch(Part):
                     window.planned = False
                     self.fail_softly(f"the window from step {first} was planned when this rank "
                                      f"was already past its start: no trace of it here")
+
+
+def _late_and_waiting(ranks: list[schema.RankChange]) -> tuple[int | None, list[int]]:
+    """The rank that slowed before its first collective (the earliest change, then the
+    largest growth there), and the ranks whose change came after theirs."""
+    slowed = [c for c in ranks if c.slowed_itself]
+    late = min(slowed, key=lambda c: (c.step, -(c.sync_after_ms - c.sync_before_ms), c.rank),
+               default=None)
+    return (late.rank if late else None,
+            sorted(c.rank for c in ranks if c.slowed_itself is False))
 
 
 def _steps(request: schema.CaptureRequest) -> str:

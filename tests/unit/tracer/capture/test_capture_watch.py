@@ -48,6 +48,7 @@ def watcher(run_dir, rank: int, step: int, ends=None, **config):
     written = []
     watch = CaptureWatch(TracerConfig(**config), LaunchInfo(rank=rank, world_size=2),
                          str(run_dir), FakeDriver(step), written.append, ends)
+    watch.evidence_wait_s = 0.0  # a window's record as soon as it has closed
     return watch, written
 
 
@@ -191,6 +192,41 @@ def test_a_change_in_this_ranks_step_ends_asks_every_rank_for_one_window(tmp_pat
         assert record.trigger_rank == 0  # the same step and factor: the lowest rank
 
 
+def test_the_rank_that_slowed_before_its_collective_is_late_and_the_other_waits(tmp_path):
+    # Rank 1 sleeps 60 ms before its forward pass from step 50: its first collective comes
+    # 60 ms later in its step; rank 0's comes as early as before, and its step waits after it.
+    # The times of the change's collectives come a drain later than its steps' ends: each rank
+    # asks again once it has them, and the record takes them.
+    now = time.time_ns()
+    start = now - 60 * 61 * MS
+    watches = []
+    for rank in (0, 1):
+        ends, issues, later = collections.deque(), collections.deque(), []
+        steady_then_slow(ends, 60, 50, start)
+        for step in range(1, 60):
+            before = 60 if rank == 1 and step >= 50 else 0
+            (issues if step < 50 else later).append((step, ends[step - 1] + (before + 0.5) * MS))
+        watch, written = watcher(tmp_path, rank, 60, ends)
+        watch._first_issues = issues
+        watches.append((watch, written, issues, later))
+    for watch, *_ in watches + watches:
+        watch.run_pass()
+    assert all(watch._unsettled for watch, *_ in watches)
+    for _, _, issues, later in watches:
+        issues.extend(later)
+    for watch, *_ in watches + watches:
+        watch.run_pass()
+    assert not any(watch._unsettled for watch, *_ in watches)
+    for watch, *_ in watches:
+        watch.driver._step = 80
+        watch.run_pass()
+    for _, written, *_ in watches:
+        (record,) = captures(written)
+        assert (record.trigger_rank, record.late_rank, record.waiting_ranks) == (1, 1, [0])
+        assert [(c.rank, c.sync_before_ms, c.sync_after_ms, c.slowed_itself)
+                for c in record.ranks] == [(1, 0.5, 60.5, True), (0, 0.5, 0.5, False)]
+
+
 def test_of_one_slowdowns_requests_the_earliest_change_names_the_trigger():
     def req(rank, step, factor):
         change = schema.RankChange(rank=rank, step=step, confirmed_step=step + 3, factor=factor,
@@ -233,13 +269,13 @@ def test_a_window_decided_once_profiling_has_stopped_is_not_said_missed(tmp_path
 
 
 class StuckStore:
-    """A store that answers nothing for `seconds`, then fails."""
+    """A store that answers nothing until `released` is set (at most 10 s), then fails."""
 
-    def __init__(self, seconds: float):
-        self.seconds = seconds
+    def __init__(self, released: threading.Event):
+        self.released = released
 
     def add(self, key, value):
-        time.sleep(self.seconds)
+        self.released.wait(10)
         raise TimeoutError("the store did not answer")
 
     check = get = set = add
@@ -249,20 +285,26 @@ def test_a_store_that_does_not_answer_is_said_once_and_the_run_still_ends_in_bou
         tmp_path):
     from tracer.capture.capture_requests import StoreLog
 
+    answered = threading.Event()
+    answered.set()
     watch, written = watcher(tmp_path, 1, 40, collections.deque())
-    watch.store = watch.log = StoreLog(StuckStore(0.01), "run", 0)
+    watch.store = watch.log = StoreLog(StuckStore(answered), "run", 0)
     watch.run_pass()
     watch.run_pass()
     assert problems(written) == ["torchrun's store failed (TimeoutError: the store did not "
                                  "answer): capture requests are not read nor written any more "
                                  "on this rank"]
-    # On its thread, held 10 s by the store: the run's end waits STOP_WAIT_S at most, twice.
+    # On its thread, held by the store: the run's end waits STOP_WAIT_S at most, twice.
+    held = threading.Event()
     slow, _ = watcher(tmp_path, 1, 40, collections.deque())
-    slow.store = slow.log = StoreLog(StuckStore(10), "run", 0)
+    slow.store = slow.log = StoreLog(StuckStore(held), "run", 0)
     slow.start()
+    thread = slow._thread
     time.sleep(0.3)
     started = time.monotonic()
     slow.on_script_end(clean=True, on_main=True)
     slow.after_last_records(on_main=True)
     assert time.monotonic() - started < 5
-    assert any(t.name == "ranktrace-capture" for t in threading.enumerate())  # left behind
+    assert thread.is_alive()  # left behind, a daemon thread
+    held.set()
+    thread.join(5)
