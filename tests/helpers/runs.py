@@ -112,9 +112,8 @@ RUNS: dict[str, Run] = {
                                   "test_diff_of_traced_runs (late)"),
     **{f"ddp-even-{n}": Run(DDP, ("--steps", str(DEFAULT_STEPS)),
                             tracer=(), timed=True, batch="crossrank",
-                            users="test_crossrank_names_stragglers (no delay), "
-                                  "test_diff_of_traced_runs (-0 and -1: base, again), "
-                                  "test_tracer_end_to_end (-0: DDP's buckets named)")
+                            users="test_crossrank_names_stragglers (no delay; -0: DDP's buckets "
+                                  "named), test_diff_of_traced_runs (-0 and -1: base, again)")
        for n in range(EVEN_RUNS)},
     # The pipeline's own model, outside a long profiler window: with four ranks on two cores and
     # a tiny model, the stages' run time is the scheduler's, not the schedule's.

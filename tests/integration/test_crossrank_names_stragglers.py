@@ -20,9 +20,20 @@ import pytest
 
 from analysis import open_run
 from analysis.crossrank.culprit import steps_needed
+from helpers import tracer_files as h
 from helpers.launch import DDP, popen, run_module
 from helpers.run_copies import shifted_copy
-from helpers.runs import ACTIVE, DDP_DELAY_MS, DEFAULT_STEPS, EVEN_RUNS, SMALL, STEPS, WINDOW
+from helpers.runs import (
+    ACTIVE,
+    DDP_DELAY_MS,
+    DEFAULT_STEPS,
+    EVEN_RUNS,
+    RUNS,
+    SMALL,
+    STEPS,
+    WINDOW,
+)
+from tracer import schema
 
 SHIFT_NS = 80_000_000
 
@@ -133,6 +144,35 @@ def test_the_ddp_all_reduce_of_a_default_run_is_timed_from_its_profiled_steps(sh
     assert row["ms_per_step"] > 0 and row["busbw_gbps"] > 0
     # ddp.py's two buckets in every step after set-up, on both ranks
     assert (row["count"], row["rank_steps"]) == (4 * (DEFAULT_STEPS - 1), 2 * (DEFAULT_STEPS - 1))
+
+
+def test_a_default_ddp_run_names_its_gradient_all_reduces_ddp_at_4_bytes_a_parameter(
+        shared_runs):
+    """Default options: DDP's buckets come from torch's Flight Recorder (source native), are
+    named DDP's, and add up to the fp32 gradients every step, in the records and in the
+    analysis's collectives table."""
+    from workloads.common import build_model, make_parser
+    run = shared_runs["ddp-even-0"]
+    spec = RUNS["ddp-even-0"]
+    assert (spec.script, spec.tracer) == (DDP, ())
+    args = make_parser("").parse_args(list(spec.args))  # the workload's own defaults
+    params = sum(p.numel() for p in build_model(args.hidden, args.layers, args.seed).parameters())
+    gradient_bytes = 4 * params
+    for rank in (0, 1):
+        comms = h.read_jsonl(run.run_dir / schema.COMMS_FILE.format(rank=rank), schema.CommRecord)
+        all_reduces = [r for r in comms if r.op == "all_reduce"]
+        assert {(r.source, r.issuer, r.dtype) for r in all_reduces} == {
+            ("native", "ddp", "float32")}
+        per_step = dict.fromkeys(range(DEFAULT_STEPS), 0)
+        for r in all_reduces:
+            per_step[r.step] += r.bytes
+        assert per_step == dict.fromkeys(range(DEFAULT_STEPS), gradient_bytes)
+        # DDP's start-up checks and parameter broadcast, and its bucket rebuild: DDP's too
+        assert {r.issuer for r in comms} == {"ddp"}
+    document = open_run(run.run_dir, use_cache=False).document()
+    (row,) = [c for c in document["collectives"] if c["op"] == "all_reduce"]
+    assert row["issuer"] == "ddp"
+    assert row["total_bytes"] / row["rank_steps"] == gradient_bytes
 
 
 @pytest.fixture(scope="module")

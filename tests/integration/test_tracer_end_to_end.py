@@ -14,10 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from analysis import open_run
 from helpers import tracer_files as h
 from helpers.launch import DDP, REPO, TINY, launch, torchrun_env
-from helpers.runs import DDP_STEPS, DEFAULT_STEPS, RUNS
+from helpers.runs import DDP_STEPS, RUNS
 from tracer import schema
 from tracer.options.config import TracerConfig
 from tracer.session.run_folder import LaunchInfo, RunDirError, create_unique, resolve_run_dir
@@ -380,35 +379,6 @@ def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
         )
         assert (int(line["samples"]), int(line["comm_ops"])) == (end.samples, end.comm_ops)
         assert Path(line["run_dir"]) == run_dir
-
-
-def test_a_default_ddp_run_names_its_gradient_all_reduces_ddp_at_4_bytes_a_parameter(
-        shared_runs):
-    """Default options: DDP's buckets come from torch's Flight Recorder (source native), are
-    named DDP's, and add up to the fp32 gradients every step, in the records and in the
-    analysis's collectives table."""
-    from workloads.common import build_model, make_parser
-    run = shared_runs["ddp-even-0"]
-    spec = RUNS["ddp-even-0"]
-    assert (spec.script, spec.tracer) == (DDP, ())
-    args = make_parser("").parse_args(list(spec.args))  # the workload's own defaults
-    params = sum(p.numel() for p in build_model(args.hidden, args.layers, args.seed).parameters())
-    gradient_bytes = 4 * params
-    for rank in (0, 1):
-        comms = h.read_jsonl(run.run_dir / schema.COMMS_FILE.format(rank=rank), schema.CommRecord)
-        all_reduces = [r for r in comms if r.op == "all_reduce"]
-        assert {(r.source, r.issuer, r.dtype) for r in all_reduces} == {
-            ("native", "ddp", "float32")}
-        per_step = dict.fromkeys(range(DEFAULT_STEPS), 0)
-        for r in all_reduces:
-            per_step[r.step] += r.bytes
-        assert per_step == dict.fromkeys(range(DEFAULT_STEPS), gradient_bytes)
-        # DDP's start-up checks and parameter broadcast, and its bucket rebuild: DDP's too
-        assert {r.issuer for r in comms} == {"ddp"}
-    document = open_run(run.run_dir, use_cache=False).document()
-    (row,) = [c for c in document["collectives"] if c["op"] == "all_reduce"]
-    assert row["issuer"] == "ddp"
-    assert row["total_bytes"] / row["rank_steps"] == gradient_bytes
 
 
 def test_trace_format_doc_describes_every_field_and_file():

@@ -1,0 +1,3 @@
+from ranktrace.watch.command import main
+
+raise SystemExit(main(prog="python -m ranktrace.watch"))
