@@ -39,6 +39,7 @@ from tracer.capture.slow_steps import (
 )
 from tracer.parts.log import say
 from tracer.parts.part import Part
+from tracer.parts.periodic import PeriodicThread
 
 PERIOD_S = 0.1  # how often the request list is read
 MAX_PROBLEMS = 10  # problem lines and records per run; one more line says the rest are not
@@ -152,26 +153,21 @@ class CaptureWatch(Part):
                              * (config.wait + config.warmup + config.active))
         self._problems = 0
         self._said: set[str] = set()  # kinds of failure said once
-        self._stop = threading.Event()
         self._pass_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._thread = PeriodicThread("ranktrace-capture", PERIOD_S, self._locked_pass,
+                                      self._thread_failed)
 
     # ---- the capture thread --------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ranktrace-capture", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._stop.wait(PERIOD_S)
-            if self._stop.is_set():
-                return
-            try:
-                with self._pass_lock:
-                    self.run_pass()
-            except Exception as exc:  # a bug of ours: capturing stops, training goes on
-                self.fail(f"{type(exc).__name__}: {exc}; capturing is off")
-                return
+    def _locked_pass(self) -> None:
+        with self._pass_lock:
+            self.run_pass()
+
+    def _thread_failed(self, exc: BaseException) -> None:
+        """A bug of ours: capturing stops, training goes on."""
+        self.fail(f"{type(exc).__name__}: {exc}; capturing is off")
 
     def run_pass(self) -> None:
         """One pass: what the rule found, the asks, the list, the windows that closed."""
@@ -210,18 +206,10 @@ class CaptureWatch(Part):
                              f" tried again at each pass, said once")
 
     def on_script_end(self, clean: bool, on_main: bool) -> None:
-        self._stop_thread()
+        self._thread.stop(STOP_WAIT_S)
 
     def close(self) -> None:
-        self._stop_thread()
-
-    def _stop_thread(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        if thread is not threading.current_thread():
-            thread.join(STOP_WAIT_S)
+        self._thread.stop(STOP_WAIT_S)
 
     def after_last_records(self, on_main: bool) -> None:
         if not self._pass_lock.acquire(timeout=STOP_WAIT_S):

@@ -299,7 +299,7 @@ def test_a_store_that_does_not_answer_is_said_once_and_the_run_still_ends_in_bou
     slow, _ = watcher(tmp_path, 1, 40, collections.deque())
     slow.store = slow.log = StoreLog(StuckStore(held), "run", 0)
     slow.start()
-    thread = slow._thread
+    thread = slow._thread.thread
     time.sleep(0.3)
     started = time.monotonic()
     slow.on_script_end(clean=True, on_main=True)
