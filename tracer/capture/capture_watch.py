@@ -46,7 +46,9 @@ MAX_PROBLEMS = 10  # problem lines and records per run; one more line says the r
 # An ask or request dated this long before the run started, or after now, is not of this run
 # (hosts' clocks differ by far less).
 CLOCK_SLACK_NS = 60 * 10**9
-STOP_WAIT_S = 2.0  # at the run's end, how long the thread's last pass may take
+# At the run's end, how long its last pass is waited for (twice at most): a store that does not
+# answer holds a pass up to STORE_TIMEOUT_S, and SIGTERM's wrap-up has 4.5 s in all.
+STOP_WAIT_S = 0.5
 STEP_TIMES_KEPT = 4096  # steps whose start and first collective are kept (a change's and before)
 # How long a rank waits for its change's times to the first collective (the Flight Recorder's
 # drains come every 0.2 to 2 s), and a window's record for every rank's.
