@@ -11,7 +11,8 @@ also written as a file for python -m tracer.capture to read. Used off the traini
 Whatever is found there is read within bounds: at most MAX_RECORD_BYTES of a file, only regular
 files (a FIFO, a device or a folder under a record's name reads as a record that cannot be
 decoded, and never blocks), at most MAX_READ records a call; a store whose count runs more than
-MAX_BACKLOG ahead of what was read is not read further (StoreLog.broken).
+MAX_BACKLOG ahead of what was read is not read further (StoreLog.broken), and a file writer
+tries MAX_BACKLOG numbers past the last it took at most.
 """
 
 from __future__ import annotations
@@ -42,24 +43,29 @@ class FileLog:
         self.pattern = pattern
         self.decoder = schema.decoder(record_type)
         self.next = 0  # the first record not read yet
+        self.free = 0  # the first number this writer may take
 
     def path(self, index: int) -> str:
         return os.path.join(self.run_dir, self.pattern.format(index=index))
 
     def append(self, record) -> int:
-        """Write `record` under the next free number; that number."""
+        """Write `record` under the next free number; that number. OSError when MAX_BACKLOG
+        numbers after the last one this writer took are all taken (a folder flooded with
+        files under the records' names)."""
         tmp = os.path.join(self.run_dir, f"capture.{os.getpid()}.{time.time_ns()}"
                                          f"{schema.TEMP_SUFFIX}")
         with open(tmp, "wb") as f:
             f.write(schema.ENCODER.encode(record) + b"\n")
         try:
-            index = 0
-            while True:
+            for index in range(self.free, self.free + MAX_BACKLOG):
                 try:
                     os.link(tmp, self.path(index))
-                    return index
                 except FileExistsError:
-                    index += 1
+                    continue
+                self.free = index + 1
+                return index
+            raise OSError(f"{MAX_BACKLOG} numbers from {self.free} on are taken in "
+                          f"{self.run_dir}")
         finally:
             os.remove(tmp)
 

@@ -123,3 +123,19 @@ def test_two_writers_in_threads_take_distinct_numbers(tmp_path):
 def test_names_read_from_files_are_shown_with_their_control_characters_escaped():
     assert shown("run\x1b[31m\nred") == "run\\x1b[31m\\nred"
     assert shown("plain é") == "plain é"
+
+
+def test_a_folder_flooded_under_the_records_names_stops_a_writer_after_a_bounded_search(
+        tmp_path, monkeypatch):
+    import tracer.capture.capture_requests as requests
+
+    monkeypatch.setattr(requests, "MAX_BACKLOG", 50)
+    for n in range(60):
+        (tmp_path / schema.CAPTURE_REQUEST_FILE.format(index=n)).write_bytes(b"x")
+    with pytest.raises(OSError, match="50 numbers from 0 on are taken"):
+        FileLog(str(tmp_path)).append(request())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        schema.CAPTURE_REQUEST_FILE.format(index=n) for n in range(60))  # no temporary left
+    writer = FileLog(str(tmp_path))
+    writer.free = 55
+    assert writer.append(request()) == 60
