@@ -50,6 +50,9 @@ CLOCK_SLACK_NS = 60 * 10**9
 # answer holds a pass up to STORE_TIMEOUT_S, and SIGTERM's wrap-up has 4.5 s in all.
 STOP_WAIT_S = 0.5
 STEP_TIMES_KEPT = 4096  # steps whose start and first collective are kept (a change's and before)
+# Step ends waiting for a pass at most: the queue keeps the newest, so that a thread that stopped
+# reading costs bounded memory; one that fell this far behind no longer knows their steps.
+MAX_PENDING_ENDS = 100_000
 # How long a rank waits for its change's times to the first collective (the Flight Recorder's
 # drains come every 0.2 to 2 s), and a window's record for every rank's.
 EVIDENCE_WAIT_S = 2.5
@@ -61,7 +64,7 @@ def open_capture(setup, driver) -> Part | None:
     if setup.config.no_capture:
         return None
     c = setup.config
-    ends = setup.track_step_ends() if c.capture_slow_steps > 0 else None
+    ends = setup.track_step_ends(maxlen=MAX_PENDING_ENDS) if c.capture_slow_steps > 0 else None
     flight = setup.built("flight")  # the steps' first collectives, where torch records them
     return setup.build(CaptureWatch, c, setup.launch, setup.run_dir, driver,
                        setup.write_manifest, ends, getattr(flight, "first_issues", None))
@@ -248,6 +251,11 @@ class CaptureWatch(Part):
         change it confirms."""
         ends, rule = self._ends, self.rule
         if rule is None:
+            return
+        if len(ends) >= MAX_PENDING_ENDS:
+            self.rule = None
+            self.problem(f"the capture thread fell {len(ends)} steps behind the training; the "
+                         f"slow-step watch is off")
             return
         fixed, idle, until = self.driver.fixed_action, self.driver._idle, self._fixed_until
         issues, issued, starts = self._first_issues, self._issued, self._starts

@@ -40,9 +40,10 @@ class StepClock:
         tracer._step_callback = manual_step
         self.start_ns = time.time_ns()
 
-    def track_ends(self) -> collections.deque:
-        """A deque of its own that receives every step's end time from now on."""
-        ends: collections.deque = collections.deque()
+    def track_ends(self, maxlen: int | None = None) -> collections.deque:
+        """A deque of its own that receives every step's end time from now on (holding the
+        last `maxlen` at most, for a reader that may stop reading)."""
+        ends: collections.deque = collections.deque(maxlen=maxlen)
         self._end_queues = (*self._end_queues, ends)
         return ends
 

@@ -308,3 +308,17 @@ def test_a_store_that_does_not_answer_is_said_once_and_the_run_still_ends_in_bou
     assert thread.is_alive()  # left behind, a daemon thread
     held.set()
     thread.join(5)
+
+
+def test_a_thread_that_fell_too_far_behind_the_steps_stops_judging_them(tmp_path, monkeypatch):
+    import tracer.capture.capture_watch as capture_watch
+
+    monkeypatch.setattr(capture_watch, "MAX_PENDING_ENDS", 10)
+    ends = collections.deque(range(0, 10 * MS, MS), maxlen=10)
+    watch, written = watcher(tmp_path, 0, 10, ends)
+    watch.run_pass()
+    assert watch.rule is None
+    assert problems(written) == ["the capture thread fell 10 steps behind the training; the "
+                                 "slow-step watch is off"]
+    watch.run_pass()
+    assert len(problems(written)) == 1

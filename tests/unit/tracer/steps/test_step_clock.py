@@ -91,6 +91,10 @@ def test_step_ends_are_kept_in_order_for_each_part_that_asks_for_them(clock):
     assert list(ends) == [end for _, _, end in clock.seen[1:]]
     ends.popleft()  # one part taking its ends leaves the other's
     assert list(other) == [clock.seen[2][2]]
+    newest = clock.track_ends(maxlen=2)  # a reader that may stop reading: the newest kept
+    for _ in range(3):
+        sgd.step()
+    assert list(newest) == [end for _, _, end in clock.seen[-2:]]
 
 
 def test_a_failing_step_end_still_starts_the_next_step(clock):
