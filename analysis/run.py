@@ -29,6 +29,8 @@ from analysis.crossrank.report import with_transfer_bandwidth
 from analysis.crossrank.waits import split_communication, wait_windows
 from analysis.findings import bottlenecks, notes, stop, stop_traces, verdict
 from analysis.findings.captures import analysed_captures
+from analysis.findings.memory_findings import NEAR_FULL
+from analysis.findings.memory_section import MemorySection, memory_section
 from analysis.ingest.captures import group_captures
 from analysis.ingest.load import load_path
 from analysis.rank import critical_path as rank_critical_path
@@ -203,10 +205,13 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
     steps_of = step_table if step_table is not None else per_step
     found = table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
         steps_of, per_rank, collectives, report.idle_gaps, traces, cross_rank=cross))
+    report.memory = _memory(loaded, steps_of, report)
+    found = _with_memory_findings(report, found)
     noted = table("notes", lambda: notes.find_notes(steps_of, collectives, traces, cross))
     report.captures = _captures(loaded, steps_of, cross, report)
     report.verdict = verdict.run_verdict(steps_of, found, noted, cross, report.critical,
                                          report.captures)
+    _with_memory_line(report)
     _stop_diagnosis(loaded, report)
     return report
 
@@ -488,3 +493,58 @@ def open_run(path, steps: str | None = None, *, run: str | None = None,
         path[0] if isinstance(path, (list, tuple)) else path)
     return Run(loaded, name=where.name or str(where), path=str(where), steps_spec=steps,
                hta_compatible=hta_compatible, peak_tflops=peak_tflops)
+
+
+# ---- memory (docs/memory.md) ---------------------------------------------------------------
+def _memory(loaded: LoadResult, steps_of: pd.DataFrame, report: output.RunReport
+            ) -> MemorySection | None:
+    """analysis.findings.memory_section over each rank's step records and analysed steps;
+    a failure is one problem and no section."""
+    records = {int(t.rank): t.records for t in loaded.ranks
+               if t.rank != UNKNOWN_RANK and t.records is not None}
+    if not records:
+        return None
+    try:
+        analysed: dict[int, list[int]] = {}
+        if len(steps_of) and {"rank", "step"} <= set(steps_of.columns):
+            for rank, step in zip(steps_of["rank"], steps_of["step"]):
+                if not (pd.isna(rank) or pd.isna(step)):
+                    analysed.setdefault(int(rank), []).append(int(step))
+        offsets = {rank: r.offset_ns for rank, rank_records in records.items()
+                   for r in rank_records.manifest if isinstance(r, schema.ClockSync)}
+        section = memory_section({rank: r.steps for rank, r in records.items()},
+                                 loaded.run_dir, analysed, offsets)
+        report.problems.extend(section.problems)
+        return section
+    except Exception as exc:  # the rest of the report stands without it
+        why = f"{type(exc).__name__}: {exc}"
+        report.problems.append(f"memory analysis failed ({why})")
+        report.unavailable["memory"] = why
+        return None
+
+
+def _with_memory_findings(report: output.RunReport, found: pd.DataFrame | None
+                          ) -> pd.DataFrame | None:
+    """The findings with the memory section's after them; the older "memory near capacity"
+    from the ranks table gives way to the section's where that says the same."""
+    memory = report.memory
+    if found is None or memory is None or not memory.findings:
+        return found
+    extra = pd.DataFrame(memory.findings, columns=bottlenecks.FINDING_COLUMNS)
+    if (extra["finding"] == NEAR_FULL).any():
+        found = found[found["finding"] != NEAR_FULL]
+    found = pd.concat([found, extra.astype({"share_pct": "float64",
+                                            "ms_per_step": "float64"})], ignore_index=True)
+    report.tables["bottlenecks"] = found
+    return found
+
+
+def _with_memory_line(report: output.RunReport) -> None:
+    """The verdict's memory line, after who waits for whom."""
+    line = report.memory.verdict_line if report.memory is not None else None
+    if report.verdict is None or line is None:
+        return
+    lines = report.verdict["lines"]
+    at = next((i + 1 for i, text in enumerate(lines) if text.startswith("Waiting:")), len(lines))
+    lines.insert(at, line)
+    report.verdict["memory"] = line

@@ -36,10 +36,20 @@ ISSUED_FILE = "rank{rank}.issued.jsonl"
 STACKS_FILE = "rank{rank}.stacks.jsonl"
 # torch's own format, never loaded by us
 MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"
+# The same snapshot as one MemorySnapshotRecord, what the analysis reads (no unpickling)
+MEMORY_SNAPSHOT_RECORD_FILE = "rank{rank}.step{step}.memory_snapshot.jsonl"
+MEMORY_SNAPSHOT_RECORD_RE = re.compile(r"^rank(?P<rank>\d+)\.step(?P<step>\d+)"
+                                       r"\.memory_snapshot\.jsonl$")
+# A MemoryProfileRecord for profiler windows 1, 2, 4, 8, ..., with --profile-memory
+MEMORY_PROFILE_FILE = "rank{rank}.memory.jsonl"
 # Windows asked for by python -m tracer.capture (CaptureAsk), and the windows the ranks plan
 # (CaptureRequest), each one per file, numbered in the order they were made.
 CAPTURE_ASK_FILE = "capture.ask{index}.jsonl"
 CAPTURE_REQUEST_FILE = "capture.request{index}.jsonl"
+# The process that started the ranks itself (torch.multiprocessing.spawn, elastic_launch,
+# multiprocessing.Process): its Launch records and how it ended (LauncherRecord). Not a rank's
+# file: the analysis reads ranks from `rank{R}.*` names only.
+LAUNCHER_FILE = "launcher.manifest.jsonl"
 TEMP_SUFFIX = ".tmp"  # files are written as <name>.tmp then renamed
 # The JSON-lines record files of a rank, by kind; and the endings of a Kineto trace file.
 RECORD_FILES = (MANIFEST_FILE, STEPS_FILE, COMMS_FILE, SAMPLES_FILE)
@@ -233,13 +243,102 @@ class StepRecord(msgspec.Struct, omit_defaults=True):
     cuda_peak_allocated_bytes: int | None = None  # torch.cuda.max_memory_allocated over the step
     cuda_peak_reserved_bytes: int | None = None
     cuda_total_bytes: int | None = None  # the device's capacity
-    # process RSS at the step's end (CPU runs, and always where psutil works)
+    # The process's RSS at the step's end: the last of the tracer's readings (the step-end
+    # worker's, about 5 a second, and the psutil sampler's) taken by end_ns, read at rss_t_ns;
+    # absent where RSS cannot be read
     rss_bytes: int | None = None
+    rss_t_ns: int | None = None  # when rss_bytes was read: by end_ns (after it only before
+    # the first reading)
     comm_ops: int = 0
     comm_bytes: int = 0
     # Samples the whole job trained in the step (the global batch), as the script set it with
     # tracer.set_samples_per_step() or --samples-per-step said; absent when neither did.
     samples: int | None = None
+
+
+# ---- memory ------------------------------------------------------------------------------------
+# What torch's memory profiler sorts tensors into (MemoryProfileRecord.categories), in this
+# order; "other": its autograd details and the tensors it could not place.
+MemoryCategory = Literal["parameter", "gradient", "optimizer_state", "activation", "temporary",
+                         "input", "other"]
+MEMORY_CATEGORIES: tuple[str, ...] = MemoryCategory.__args__  # type: ignore[attr-defined]
+MEMORY_OTHER = "other"
+
+
+class MemoryProfileRecord(msgspec.Struct, omit_defaults=True):
+    """torch's memory profiler over one profiler window (--profile-memory; windows 1, 2, 4, 8,
+    ...): the tensors alive on the rank's device at the window's peak, by category; one line of
+    rank{R}.memory.jsonl."""
+
+    rank: int
+    t_ns: int  # when the window ended and this was computed
+    device: str  # "cpu", or "cuda:N" once the script uses CUDA
+    first_step: int  # the window's first and last traced steps (ProfilerStep#N)
+    last_step: int
+    peak_bytes: int  # every tensor the profiler saw alive at the peak, those from before it too
+    categories: dict[str, int]  # MEMORY_CATEGORIES -> bytes at the peak; they sum to peak_bytes
+    peak_step: int | None = None  # the traced step the peak fell in
+
+
+class SnapshotBlock(msgspec.Struct, omit_defaults=True):
+    """One block of a CUDA allocator segment, as torch.cuda.memory._snapshot() gives it."""
+
+    address: int
+    size: int  # bytes the allocator set aside (rounded up)
+    requested_size: int  # bytes the caller asked for
+    # "active_allocated" (a live tensor), "active_pending_free" (freed, its stream's work not
+    # yet done) or "inactive" (free, cached by the allocator)
+    state: str
+    # The Python frames of its allocation, innermost first as torch gives them (unlike a
+    # ThreadStack's), at most SNAPSHOT_MAX_FRAMES; empty unless allocation history was on
+    # (--memory-snapshot)
+    frames: list[StackFrame] = []
+
+
+SNAPSHOT_MAX_FRAMES = 32
+SNAPSHOT_BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+
+
+class SnapshotSegment(msgspec.Struct, omit_defaults=True):
+    """One segment the CUDA allocator reserved from the device (cudaMalloc or an expandable
+    mapping), with its blocks."""
+
+    device: int
+    address: int
+    total_size: int  # bytes reserved
+    allocated_size: int  # bytes in active_allocated blocks
+    active_size: int  # bytes in active blocks (allocated or pending free)
+    requested_size: int
+    stream: int
+    segment_type: str  # "large" or "small" (the pool of blocks of 1 MB and less)
+    blocks: list[SnapshotBlock] = []
+    is_expandable: bool = False
+
+
+class OutOfMemory(msgspec.Struct, omit_defaults=True):
+    """The allocation that failed, as the allocator's out-of-memory observer tells it."""
+
+    device: int
+    requested_bytes: int
+    device_allocated_bytes: int  # what the allocator had allocated on the device then
+    device_free_bytes: int  # what the device said was free
+
+
+class MemorySnapshotRecord(msgspec.Struct, omit_defaults=True):
+    """A CUDA allocator snapshot that the analysis reads without unpickling; the only line of
+    rank{R}.step{S}.memory_snapshot.jsonl, beside the pickle of the same snapshot."""
+
+    rank: int
+    step: int  # steps completed when it was taken (as in the file name)
+    t_ns: int  # when it was taken
+    reason: str  # "oom" (the first out-of-memory error) or "end" (--memory-snapshot)
+    segments: list[SnapshotSegment]
+    device_total_bytes: int | None = None  # the capacity of the rank's device
+    oom: OutOfMemory | None = None  # reason "oom", when the allocator's observer saw it
+    frames_dropped: int = 0  # frames left out: C++ frames, and past SNAPSHOT_MAX_FRAMES
+
+
+SNAPSHOT_REASONS = ("oom", "end")
 
 
 DDP_BUCKETS_FROM_HOOK = "comm hook"
@@ -275,6 +374,9 @@ class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=
     # absent on GPUs without --peak-tflops (the analysis takes the datasheet's for device_name).
     peak_tflops: float | None = None
     peak_source: str | None = None
+    # How the script started this rank itself (one of LAUNCHERS), which then recorded the
+    # launch in LAUNCHER_FILE; absent under torchrun and in a process the user started.
+    launched_by: str | None = None
 
 
 class ClockSync(msgspec.Struct, tag="clock_sync", tag_field="kind", omit_defaults=True):
@@ -320,8 +422,9 @@ class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True
     # Share of the asked device samples that were not taken, after the sampler's first second,
     # when it is at least SAMPLER_LAG_MIN_MISSED_PCT (sustained lag); absent otherwise.
     samples_missed_pct: float | None = None
-    # Processes the script started with torch.multiprocessing.spawn / start_processes; the
-    # tracer runs only in this process, so they were not traced.
+    # Processes the script started with torch.multiprocessing.spawn / start_processes that
+    # could not be traced as ranks (this process is one rank of several, or had traced training
+    # of its own first; docs/tracer.md, Ranks the script starts itself).
     untraced_processes: int = 0
     # Steps completed when --max-record-mb was reached: step, comm and sample records and
     # scalars stop there (Kineto traces and the manifest go on); absent when never reached.
@@ -452,6 +555,41 @@ SAMPLER_LAG_MIN_ASKED = 20
 SAMPLER_LAG_MIN_MISSED_PCT = 20.0
 
 ManifestRecord = RunStart | ClockSync | TracerError | RunEnd | CaptureRecord | TracerProblem
+
+# How a script starts its ranks itself (Launch.launcher, RunStart.launched_by).
+LAUNCHERS = ("torch.multiprocessing", "torch.distributed.launcher", "multiprocessing.Process")
+
+
+class Launch(msgspec.Struct, tag="launch", tag_field="kind", omit_defaults=True):
+    """The script started processes that are traced as ranks, in this run folder: one record
+    per torch.multiprocessing.spawn / start_processes or elastic_launch call, and one per
+    multiprocessing.Process started (whose process is a rank once it joins a process group)."""
+
+    schema_version: int
+    run_name: str
+    host: str
+    pid: int  # the launching process's
+    t_ns: int
+    argv: list[str]
+    script: str
+    script_args: list[str]
+    config: dict  # the tracer's resolved options, which the ranks run with
+    launcher: str  # one of LAUNCHERS
+    processes: int  # processes started by this call
+    start_method: str  # multiprocessing's: "spawn", "fork" or "forkserver"
+    attempt: int = 0  # elastic_launch: the restart (TORCHELASTIC_RESTART_COUNT) it starts
+
+
+class LaunchEnd(msgspec.Struct, tag="launch_end", tag_field="kind", omit_defaults=True):
+    """How the launching process's script ended (its ranks' own ends are in their manifests)."""
+
+    end_ns: int
+    status: str  # one of RUN_STATUSES
+    exit_code: int
+    exception: str | None = None  # "TypeName: message" of the script's uncaught exception
+
+
+LauncherRecord = Launch | LaunchEnd
 RUN_STATUSES = ("ok", "failed", "interrupted")
 # A manifest with a run_start but no run_end: the rank died before it could say (killed,
 # OOM-killed).

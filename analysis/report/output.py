@@ -15,6 +15,7 @@ import pandas as pd
 from analysis.core.model import known_rank
 from analysis.core.steps import WHOLE_TRACE_STEP, format_ranges
 from analysis.crossrank import report as cross_report
+from analysis.findings.memory_section import MemorySection
 from analysis.report.breakdown_text import (  # noqa: F401
     UNSPLIT,
     _breakdown_text,
@@ -26,6 +27,7 @@ from analysis.report.breakdown_text import (  # noqa: F401
     split_known,
 )
 from analysis.report.critical import critical_path_json, critical_path_text  # noqa: F401
+from analysis.report.memory_output import memory_json, memory_table, memory_text
 from analysis.report.mfu import mfu_json, mfu_text
 from analysis.report.text_tables import TEXT_MAX_ROWS  # noqa: F401 (the report's limit)
 from analysis.report.text_tables import text_table as _table
@@ -76,6 +78,8 @@ class RunReport:
     critical: dict | None = None
     # analysis.findings.captures.analysed_captures: the capture windows and what they show
     captures: list = field(default_factory=list)
+    # analysis.findings.memory_section.memory_section; None without step records
+    memory: MemorySection | None = None
 
     def step_table(self) -> pd.DataFrame:
         """The per-step table: analysis.rank.tables' fuller one where it was built, else ours."""
@@ -138,6 +142,8 @@ def run_document(report: RunReport) -> dict:
         "stop_diagnosis": (None if report.stop is None else {
             "groups": records(report.stop["groups"]), "ranks": plain(report.stop["ranks"]),
             "lines": report.stop["lines"]}),
+        # docs/memory.md; absent for a run without step records
+        **({"memory": memory_json(report.memory)} if report.memory is not None else {}),
     }
 
 
@@ -196,6 +202,8 @@ def csv_tables(report: RunReport) -> dict[str, pd.DataFrame]:
                                          columns=WHAT_IF_COLUMNS)
     if report.cross_rank is not None:
         tables.update(cross_report.csv_tables(report.cross_rank))
+    if report.memory is not None and report.memory.rows:
+        tables["memory"] = memory_table(report.memory)
     return tables
 
 
@@ -396,6 +404,9 @@ def text_report(report: RunReport) -> str:
                                       "peak_rss_bytes": "peak rss"})
         lines.append(_table(shown.round(1), "Ranks", "  transfer ms, waiting ms: mean per step"
                             if split else ""))
+    memory = memory_text(report.memory)
+    if memory:
+        lines.append(memory)
     if not report.per_step.empty:
         mfu = mfu_text(report.tables.get("mfu"), report.tables.get("roofline"))
         if mfu:

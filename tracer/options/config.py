@@ -46,7 +46,8 @@ class TracerConfig:
     repeat: profiler: number of windows (0: keep cycling until the script ends)
     record_shapes: profiler: record operator input shapes (the FLOP counts of
         analysis.rank.flops need them)
-    profile_memory: profiler: record tensor allocations and frees
+    profile_memory: profiler: record tensor allocations and frees, with the Python stacks that
+        torch's memory profiler needs to sort them into categories at each window's peak
     with_stack: profiler: record Python stacks of operators (large traces)
     sample_hz: device/process samples per second
     memory_snapshot: CUDA: record allocator history and dump a memory snapshot at the end

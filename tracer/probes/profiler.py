@@ -89,6 +89,9 @@ class ProfilerDriver(Part):
         self._rss_reader: StatmRss | None | bool = None  # False: not available here
         self._cut: tuple[int, int] | None = None
         self.cuts: dict[int, tuple[str, int]] = {}  # first traced step -> (why, cut step)
+        # Called with the torch.profiler.profile object once a window's trace is written, on
+        # the training thread (tracer.probes.memory_profile's memory categories)
+        self.window_listeners: list = []
 
     def start(self) -> None:
         """Before the script's first step."""
@@ -194,10 +197,13 @@ class ProfilerDriver(Part):
         c = self.config
         # No with_flops: torch 2.13 writes no `flops` argument into the exported trace, and it
         # costs as much again as the shapes (docs/benchmarks.md); analysis.rank.flops counts
-        # FLOPs from the shapes (docs/mfu.md).
+        # FLOPs from the shapes (docs/mfu.md). --profile-memory takes the Python stacks too:
+        # torch's memory profiler needs them to tell parameters and optimizer state
+        # (docs/memory.md).
         prof = profile(activities=activities, schedule=self._action,
                        on_trace_ready=self._export, record_shapes=c.record_shapes,
-                       profile_memory=c.profile_memory, with_stack=c.with_stack)
+                       profile_memory=c.profile_memory,
+                       with_stack=c.with_stack or c.profile_memory)
         # Start at the tracer's step number, so the trace's ProfilerStep#N is step N.
         prof.step_num = self._step
         prof.current_action = self._action(self._step)
@@ -389,6 +395,9 @@ class ProfilerDriver(Part):
         finally:
             _remove_quietly(raw)
             _remove_quietly(raw + schema.TEMP_SUFFIX)  # Kineto's own temporary name
+        if self.error is None:
+            for listener in self.window_listeners:  # each reports its own failure
+                listener(profile)
 
 
 def _remove_quietly(path: str) -> None:

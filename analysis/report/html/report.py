@@ -22,6 +22,7 @@ from analysis.crossrank.report import (
 from analysis.report.breakdown_text import split_known
 from analysis.report.html import svg
 from analysis.report.html.assets import SCRIPT, STYLE
+from analysis.report.html.memory_figure import memory_figure
 from analysis.report.html.svg import esc
 from analysis.report.mfu import mfu_bars, missing_reason
 
@@ -31,6 +32,7 @@ SECTIONS = {"header": "Run", "findings": "Findings", "ranks": "Where each rank's
             "heatmap": "Step time per rank and step", "gantt": "Chosen steps, per rank",
             "collectives": "Collectives", "critical": "Critical path and what-if",
             "samples": "Device samples and memory",
+            "memory": "Memory over steps, per rank (docs/memory.md)",
             "commands": "Look further"}
 LONGEST_OPS = 10
 
@@ -274,7 +276,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                cross: dict | None = None, notes: pd.DataFrame | None = None,
                verdict: dict | None = None, setup: pd.DataFrame | None = None,
                critical: dict | None = None, mfu: pd.DataFrame | None = None,
-               roofline: pd.DataFrame | None = None) -> str:
+               roofline: pd.DataFrame | None = None, memory=None) -> str:
     """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None;
     `notes` and `verdict` are analysis.findings.notes' and .verdict's; `setup` the set-up
     collectives; `critical` analysis.crossrank.critical_path's result, whose path marks the
@@ -338,6 +340,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                          + _setup_collectives(setup)))
     body.append(_section("critical", _critical(critical)))
     body.append(_section("samples", _samples(ranks)))
+    body.append(_section("memory", memory_figure(memory)))  # memory_section's, or None
     body.append(_section("commands", (
         f"<p>Every rank on one clock, with flows from the last arriver of each collective:</p>"
         f"<pre>python -m analysis.timeline {esc(path)}</pre><p>then open "
@@ -362,7 +365,8 @@ def write_html_report(report, path) -> dict:
                       tables.get("per_rank"), tables.get("collectives"),
                       tables.get("bottlenecks"), report.ranks, problems, cross,
                       tables.get("notes"), report.verdict, tables.get("setup_collectives"),
-                      report.critical, tables.get("mfu"), tables.get("roofline"))
+                      report.critical, tables.get("mfu"), tables.get("roofline"),
+                      report.memory)
     data = page.encode("utf-8")
     Path(path).write_bytes(data)
     return {"path": Path(path), "bytes": len(data), "seconds": time.monotonic() - started}
