@@ -69,17 +69,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     launches.add_argument("--out", type=Path, metavar="SWEEP",
                           help="sweep folder (default: traces/sweep-<YYYYmmdd-HHMMSS>-<script>)")
     analysis = parser.add_argument_group("the scaling analysis (ranktrace scaling)")
-    analysis.add_argument("--mode", choices=["strong", "weak"],
-                          help="strong or weak scaling (default: from the recorded samples per "
-                               "step, else strong)")
+    scaling.add_study_options(analysis)
     analysis.add_argument("--format", choices=["text", "json", "csv"], default="text",
                           help="standard output of the scaling report")
-    analysis.add_argument("--samples-per-step", type=float, metavar="N",
-                          help="global batch per step, for runs that did not record it "
-                               "(default: the recorded one)")
-    analysis.add_argument("--warmup-steps", type=int, metavar="N",
-                          help="first steps left out of the step time (default: the scaling "
-                               "report's)")
     return parser
 
 

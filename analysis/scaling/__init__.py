@@ -256,6 +256,20 @@ def document(result: Study) -> dict:
 PROG = "python -m analysis.scaling"
 
 
+def add_study_options(group: argparse._ArgumentGroup) -> None:
+    """How the runs are compared, for this command and the sweep that ends in it: --mode,
+    --samples-per-step, --warmup-steps."""
+    group.add_argument("--mode", choices=["strong", "weak"],
+                       help="strong: the same global batch at every world size; weak: a "
+                            "global batch growing with it (default: from the recorded "
+                            "samples per step, else strong)")
+    group.add_argument("--samples-per-step", type=float, metavar="N",
+                       help="global batch per step, for runs that did not record it (default: "
+                            "the recorded one)")
+    group.add_argument("--warmup-steps", type=int, default=st.DEFAULT_WARMUP_STEPS,
+                       metavar="N", help="first steps left out of the step time")
+
+
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = help_format.parser(
         prog, "Compare runs of one workload at several world sizes: step time, throughput, "
@@ -263,15 +277,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("paths", nargs="+", type=Path, metavar="RUN",
                         help="a run folder, or a folder of runs (a sweep)")
     which = parser.add_argument_group("what to compare")
-    which.add_argument("--mode", choices=["strong", "weak"],
-                       help="strong: the same global batch at every world size; weak: a "
-                            "global batch growing with it (default: from the recorded "
-                            "samples per step, else strong)")
-    which.add_argument("--samples-per-step", type=float, metavar="N",
-                       help="global batch per step, for runs that did not record it (default: "
-                            "the recorded one)")
-    which.add_argument("--warmup-steps", type=int, default=st.DEFAULT_WARMUP_STEPS,
-                       metavar="N", help="first steps left out of the step time")
+    add_study_options(which)
     which.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
                        help="every rank's peak for the MFU column (default: each run's "
                             "recorded or measured peak, else the device's datasheet; "
