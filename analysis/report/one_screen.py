@@ -19,6 +19,7 @@ import pandas as pd
 from analysis.core.contracts import RunReport
 from analysis.core.model import known_rank
 from analysis.core.step_spec import format_ranges
+from analysis.core.steps import WHOLE_TRACE_STEP
 from analysis.core.terminal import terminal_safe
 from analysis.rank.flops import mfu_per_rank
 from analysis.rank.tables import slowest_and_fastest
@@ -99,7 +100,11 @@ def _run_lines(report: RunReport) -> list[str]:
     profiled = steps_by_rank(report.per_step)
     every = sorted({s for steps in analysed.values() for s in steps if s >= 0})
     sampled = sorted({s for steps in profiled.values() for s in steps if s >= 0})
+    whole = any(WHOLE_TRACE_STEP in steps for steps in analysed.values())
     steps = f"steps {format_ranges(every)}" if every else "no step"
+    if whole:
+        steps = (f"{steps}, the whole trace as one window on some ranks" if every
+                 else "the whole trace as one window (no ProfilerStep)")
     if steps_line(report) is not None:
         steps += f" (profiled: {format_ranges(sampled)})" if sampled else " (none profiled)"
     count = f"{len(known)} of {report.world_size}" if report.world_size else f"{len(known)}"

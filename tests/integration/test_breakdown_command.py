@@ -100,7 +100,7 @@ def test_all_runs_and_named_run(capsys, tmp_path):
 def test_out_dir_gets_every_table_as_csv(capsys, tmp_path):
     run = small_run(tmp_path / "run")
     code, out, _ = run_cli(capsys, run, "--out", tmp_path / "csv")
-    assert code == 0 and "Time breakdown per rank" in out
+    assert code == 0 and out.startswith("ranktrace: run: 2 of 2 ranks")
     written = {p.name for p in (tmp_path / "csv").iterdir()}
     assert {"per_step.csv", "rank_totals.csv", "hta_compatible.csv", "idle.csv",
             "idle_gaps.csv"} <= written
@@ -334,6 +334,9 @@ def test_a_run_without_steps_still_gets_its_collectives_and_how_to_mark_steps(ca
         write_comm_records(run, rank, ops=42)
     code, out, err = run_cli(capsys, run)
     assert code == 0, err
+    assert "No step was analysed: there is no verdict" in out.splitlines()[2]
+    code, out, err = run_cli(capsys, run, "--full")
+    assert code == 0, err
     assert "call tracer.step() at the end of each step, see docs/tracer.md" in err
     assert "No step was analysed" in out and "Bottlenecks" not in out
     collectives = out[out.index("Collectives"):out.index("Ranks")]
@@ -358,6 +361,8 @@ def test_a_killed_rank_has_its_row_and_is_reported_crashed(capsys, tmp_path):
     assert by_rank[1]["steps_analysed"] == [1] and by_rank[1]["steps_profiled"] == []
     assert by_rank[0]["status"] == "ok" and by_rank[0]["steps_analysed"] == [1, 2, 3]
     code, out, _ = run_cli(capsys, run)
+    assert out.splitlines()[1] == "run ended badly: rank(s) 1 crashed (see the warnings)"
+    code, out, _ = run_cli(capsys, run, "--full")
     assert "run ended badly: rank(s) 1 crashed" in out
     ranks_table = out[out.index("Ranks"):]
     assert "crashed" in ranks_table and "NaN" not in out and "<NA>" not in out
@@ -365,7 +370,7 @@ def test_a_killed_rank_has_its_row_and_is_reported_crashed(capsys, tmp_path):
 
 def test_breakdown_shows_the_mean_step_and_labels_totals(capsys, tmp_path):
     run = small_run(tmp_path / "run", ranks=(0,), world_size=1, steps=(1, 2, 3, 4))
-    code, out, _ = run_cli(capsys, run)
+    code, out, _ = run_cli(capsys, run, "--full")
     table = out[out.index("Time breakdown per rank"):out.index("Per step")]
     lines = table.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("rank "))  # after the notes
@@ -390,6 +395,9 @@ def test_a_trace_without_profiler_steps_is_headed_and_documented_as_one_window(c
         tmp_path / "run" / trace_name(0))
     code, out, _ = run_cli(capsys, tmp_path / "run")
     assert code == 0
+    assert out.splitlines()[0] == ("ranktrace: run: 1 of 1 rank, gpu trace, the whole trace as "
+                                   "one window (no ProfilerStep)")
+    code, out, _ = run_cli(capsys, tmp_path / "run", "--full")
     assert "window: the whole trace as one window (no ProfilerStep)" in out
     assert "every complete" not in out
     code, out, _ = run_cli(capsys, tmp_path / "run", "--format", "json")
