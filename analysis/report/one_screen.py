@@ -108,7 +108,8 @@ def _run_lines(report: RunReport) -> list[str]:
     if steps_line(report) is not None:
         steps += f" (profiled: {format_ranges(sampled)})" if sampled else " (none profiled)"
     count = f"{len(known)} of {report.world_size}" if report.world_size else f"{len(known)}"
-    line = (f"ranktrace: {report.name}: {count} rank{'s' if len(known) != 1 else ''}, "
+    plural = "" if len(known) == 1 and (report.world_size or 1) == 1 else "s"
+    line = (f"ranktrace: {report.name}: {count} rank{plural}, "
             f"{'/'.join(kinds) or 'no'} trace, {steps}")
     ended = {}
     for trace in report.ranks:
