@@ -65,9 +65,12 @@ def usage() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the subcommand argv[0] names with the rest of argv; its exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        sys.stderr.write(usage())
+        return 2
+    if argv[0] in ("-h", "--help"):
         sys.stdout.write(usage())
-        return 0 if argv else 2
+        return 0
     name, rest = argv[0], argv[1:]
     command = SUBCOMMANDS.get(name)
     if command is None:

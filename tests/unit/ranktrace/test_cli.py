@@ -73,3 +73,9 @@ def test_the_old_spellings_still_work_with_a_warning(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "ranktrace capture: warning: --steps is deprecated; use --active" in err
     assert "holds no rank manifest" in err
+
+
+def test_no_subcommand_is_a_usage_error_on_stderr(capsys):
+    assert cli.main([]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.startswith("usage: ranktrace COMMAND")
