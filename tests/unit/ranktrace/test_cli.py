@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import importlib
 import re
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +81,10 @@ def test_no_subcommand_is_a_usage_error_on_stderr(capsys):
     assert cli.main([]) == 2
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err.startswith("usage: ranktrace COMMAND")
+
+
+def test_pyproject_declares_the_ranktrace_script():
+    text = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text()
+    scripts = text[text.index("[project.scripts]"):].split("\n[", 1)[0]
+    module, function = re.search(r'^ranktrace = "([\w.]+):(\w+)"$', scripts, re.M).groups()
+    assert getattr(importlib.import_module(module), function) is cli.console_script
