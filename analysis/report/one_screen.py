@@ -24,7 +24,7 @@ from analysis.core.terminal import terminal_safe
 from analysis.rank.flops import mfu_per_rank
 from analysis.rank.tables import slowest_and_fastest
 from analysis.report.breakdown_text import UNSPLIT, breakdown_rows
-from analysis.report.text_report import steps_line
+from analysis.report.text_report import status_line, steps_line
 from analysis.report.text_tables import printable
 from analysis.report.values import _ms, _rank, human_bytes, plain, records, steps_by_rank
 
@@ -111,16 +111,8 @@ def _run_lines(report: RunReport) -> list[str]:
     plural = "" if len(known) == 1 and (report.world_size or 1) == 1 else "s"
     line = (f"ranktrace: {report.name}: {count} rank{plural}, "
             f"{'/'.join(kinds) or 'no'} trace, {steps}")
-    ended = {}
-    for trace in report.ranks:
-        if trace.status and trace.status != "ok":
-            ended.setdefault(trace.status, []).append(known_rank(trace))
-    lines = [line]
-    if ended:
-        parts = [f"rank(s) {format_ranges(sorted(r for r in ranks if r is not None))} {status}"
-                 for status, ranks in sorted(ended.items())]
-        lines.append("run ended badly: " + "; ".join(parts) + " (see the warnings)")
-    return lines
+    ended = status_line(report)
+    return [line, ended] if ended else [line]
 
 
 def _verdict_items(report: RunReport) -> list[str]:
