@@ -23,9 +23,11 @@ falls on all of them alike:
 * traced-no-fr:   traced with --no-flight-recorder: traced / traced-no-fr is what reading torch's
                   Flight Recorder costs a step (`--flight-recorder` runs bare, traced, this and
                   bare-again)
-* capture:        traced with --capture-slow-steps --max-captures 0: every step judged and the
-                  store read on each worker pass, no window opened (capture / traced is what
-                  watching for slow steps costs between windows)
+* no-capture:     traced with --no-capture: no slow-step watch, no capture thread (traced /
+                  no-capture is what watching for slow steps, on by default, costs between
+                  windows)
+* capture:        traced with --max-captures 0: every step judged and the store read on each
+                  pass of the capture thread, and no window opened whatever the machine does
 
 and the bisecting modes, outside windows only: `off` is the tracer with every part switched off
 (`--no-comms --no-sampler --no-profiler`, and the parts without an option switched off by the
@@ -87,9 +89,9 @@ ISSUE_MODES = {"hook": ["--ddp-bucket-hook"],
                "hook-no-issue": ["--ddp-bucket-hook", "--no-issue-records"]}
 # Traced without reading torch's Flight Recorder (DDP's buckets then unrecorded between windows).
 FR_MODES = {"traced-no-fr": ["--no-flight-recorder"]}
-# Traced with the slow-step watch on (--capture-slow-steps; --max-captures 0 keeps its windows
-# out of the steps compared, so that this is what watching costs between windows).
-CAPTURE_MODES = {"capture": ["--capture-slow-steps", "--max-captures", "0"]}
+# Traced without the slow-step watch (on by default), and with it but no window it could open
+# among the steps compared.
+CAPTURE_MODES = {"no-capture": ["--no-capture"], "capture": ["--max-captures", "0"]}
 # Windows back to back with --profile-memory: the tracer's, and a bare torch.profiler's with the
 # same options (shapes, memory, Python stacks).
 MEMORY_MODES = ("traced-window-memory", "profiler-memory")

@@ -434,28 +434,85 @@ class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True
     native_ops_lost: int = 0
 
 
+class RankChange(msgspec.Struct, omit_defaults=True):
+    """One rank's own view of a slowdown (docs/tracer.md, Capturing slow steps: the trigger):
+    when its step times changed, and by how much, judged against its own steps before."""
+
+    rank: int
+    step: int  # the first step of the change (its first slow step)
+    confirmed_step: int  # the step at which it had lasted long enough to be a change
+    factor: float  # the median step time of the change / the median before it
+    before_ms: float  # the median step time before the change (its running median)
+    after_ms: float  # the median step time of the change's steps, up to confirmed_step
+    # The median time from a step's start to its first collective or p2p op (torch's Flight
+    # Recorder's creation time), over the steps before the change and the change's steps:
+    # time the rank spent on its own before it could wait for a peer. Absent without the
+    # Flight Recorder's times, or steps without a collective.
+    sync_before_ms: float | None = None
+    sync_after_ms: float | None = None
+
+    @property
+    def slowed_itself(self) -> bool | None:
+        """Whether at least half the change came before the rank's first collective (it slowed
+        on its own, not waiting for a peer); None without the times to tell."""
+        if self.sync_before_ms is None or self.sync_after_ms is None:
+            return None
+        return self.sync_after_ms - self.sync_before_ms >= (self.after_ms - self.before_ms) / 2
+
+
 class CaptureRecord(msgspec.Struct, tag="capture", tag_field="kind", omit_defaults=True):
     """A profiler window opened off the fixed schedule, at the same steps on every rank: when a
-    rank's step turned slow (--capture-slow-steps) or on request (python -m tracer.capture)."""
+    rank's step times changed to slower ones and stayed so (slow_step), or on request
+    (python -m tracer.capture)."""
 
     rank: int  # the rank that wrote this record
     t_ns: int  # when this rank learnt of the window
     trigger: str  # one of CAPTURE_TRIGGERS
-    trigger_step: int  # the slow step; on_demand: the newest step recorded when it was asked
+    # slow_step: the step the change began on trigger_rank; on_demand: the newest step recorded
+    # when it was asked
+    trigger_step: int
     first_step: int  # the window's first traced step (its ProfilerStep#N)
-    steps: int  # steps traced from first_step on
-    trigger_rank: int | None = None  # the rank whose step was slow; None for on_demand
-    ratio: float | None = None  # that step's time / that rank's running median; None: on_demand
+    steps: int  # steps planned from first_step on
+    # slow_step: the rank whose change began first (then the largest factor, then the lowest
+    # rank); None for on_demand
+    trigger_rank: int | None = None
+    # slow_step: trigger_step's time / trigger_rank's running median before it; None on demand
+    ratio: float | None = None
     # This rank learnt of the window after it had passed first_step's warm-up: no trace here.
     missed: bool = False
+    # slow_step: the change on trigger_rank (RankChange's fields): its factor, the median step
+    # time before it and of it, the step at which it was confirmed
+    factor: float | None = None
+    before_ms: float | None = None
+    after_ms: float | None = None
+    confirmed_step: int | None = None
+    # slow_step: every rank that saw the same slowdown in its own step times, by the step its
+    # change began (a rank that waits for a slow one slows at the same step or the next)
+    ranks: list[RankChange] = []
+    # slow_step, from `ranks`' RankChange.slowed_itself: the rank whose change came before its
+    # first collective (the earliest, then the largest such growth), and the ranks whose change
+    # came after it (they wait for a peer); None / [] where the times cannot tell
+    late_rank: int | None = None
+    waiting_ranks: list[int] = []
+    # on_demand: the steps asked, when more than --max-window-steps (steps is then the bound)
+    asked_steps: int | None = None
+    # The window was closed early on this rank (CAPTURE_CUTS): its trace holds the steps before
+    # cut_step only
+    cut: str | None = None
+    cut_step: int | None = None
 
 
 CAPTURE_TRIGGERS = ("slow_step", "on_demand")
+# Why a window was closed before its last step (--max-window-s, --max-window-mb); the trace
+# carries the same reason in its metadata (WINDOW_CUT_METADATA).
+CAPTURE_CUTS = ("time", "memory")
+WINDOW_CUT_METADATA = "ranktrace_window_cut"
 
 
 class CaptureRequest(msgspec.Struct, omit_defaults=True):
     """A window asked of every rank, one line of capture.request{N}.jsonl (or one value in
-    torchrun's store): the fields CaptureRecord repeats."""
+    torchrun's store): the fields CaptureRecord repeats. A rank ignores a request whose `run`
+    is not its run folder's name."""
 
     trigger: str
     trigger_step: int
@@ -465,6 +522,9 @@ class CaptureRequest(msgspec.Struct, omit_defaults=True):
     trigger_rank: int | None = None
     ratio: float | None = None
     ask: int | None = None  # on_demand: the number of the CaptureAsk it answers
+    run: str = ""  # the run folder's name (run_start.run_name)
+    change: RankChange | None = None  # slow_step: the change the requesting rank saw
+    asked_steps: int | None = None  # on_demand: the steps asked, when clipped
 
 
 class CaptureAsk(msgspec.Struct, omit_defaults=True):
@@ -473,6 +533,18 @@ class CaptureAsk(msgspec.Struct, omit_defaults=True):
 
     steps: int  # steps to trace; 0: the run's --active
     t_ns: int
+    run: str = ""  # the run folder's name; an ask naming another run is ignored ("": any)
+
+
+class TracerProblem(msgspec.Struct, tag="problem", tag_field="kind", omit_defaults=True):
+    """Something the tracer was asked for and did not do as asked, or cut short: an ask or a
+    request out of range (clipped or ignored), a window closed at its bound. The part goes on
+    (unlike `error`); the same text was printed once on stderr as `ranktrace: ...`."""
+
+    rank: int
+    t_ns: int
+    part: str  # "capture", "profiler"
+    message: str
 
 
 # The device sampler's lag counts as sustained when, judged after its first
@@ -482,7 +554,7 @@ SAMPLER_LAG_GRACE_S = 1.0
 SAMPLER_LAG_MIN_ASKED = 20
 SAMPLER_LAG_MIN_MISSED_PCT = 20.0
 
-ManifestRecord = RunStart | ClockSync | TracerError | RunEnd | CaptureRecord
+ManifestRecord = RunStart | ClockSync | TracerError | RunEnd | CaptureRecord | TracerProblem
 
 # How a script starts its ranks itself (Launch.launcher, RunStart.launched_by).
 LAUNCHERS = ("torch.multiprocessing", "torch.distributed.launcher", "multiprocessing.Process")
