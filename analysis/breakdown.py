@@ -8,6 +8,7 @@ pandas.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import re
@@ -30,7 +31,7 @@ from analysis.ingest.runs import NothingToAnalyse, resolve
 from analysis.report.progress import Progress
 
 if TYPE_CHECKING:
-    from analysis.report.output import RunReport
+    from analysis.core.contracts import RunReport
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,14 +121,14 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
     # again while they are made (a tenth of the imports' time), and they live as long as the
     # process.
     with gc_paused():
-        from functools import partial
-
         import pandas as pd
 
-        from analysis.ingest.load import load_files
-        from analysis.rank.summary import rank_tables
-        from analysis.report import output
-        from analysis.run import analyse_run
+        from analysis.ingest.load import LoadOptions
+        from analysis.report.csv_files import write_csvs
+        from analysis.report.json_document import dumps, json_document
+        from analysis.report.text_report import text_report
+        from analysis.run.analysed_run import analyse_run
+        from analysis.run.loading import load_run
         gc.freeze()
 
     reports = []
@@ -138,18 +139,16 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
             # (millions of objects at a thousand ranks; 40 ms at the first collection after
             # loading one 50 MB trace). Worker processes collect as usual (run_jobs).
             with gc_paused():
-                loaded = load_files(files, run_dir, steps=steps,
-                                    hta_compatible=args.hta_compatible,
-                                    use_cache=not args.no_cache, jobs=args.jobs,
-                                    progress=progress, comm_kernels=tuple(args.comm_kernel),
-                                    scheduler=args.scheduler,
-                                    # Only the HTML report draws from the events once reduced.
-                                    keep_events=args.html is not None,
-                                    # A run of one file: its critical path on the second core.
-                                    reduce_rank=partial(rank_tables,
-                                                        path_beside=not args.scheduler
-                                                        and (args.jobs or 2) > 1),
-                                    decoded_ahead=ahead)
+                options = LoadOptions(
+                    steps=steps, hta_compatible=args.hta_compatible,
+                    use_cache=not args.no_cache, jobs=args.jobs,
+                    comm_kernels=tuple(args.comm_kernel), scheduler=args.scheduler,
+                    # Only the HTML report draws from the events once reduced.
+                    keep_events=args.html is not None)
+                # A run of one file: its critical path on the second core.
+                loaded = load_run(files, run_dir, options, progress=progress,
+                                  decoded_ahead=ahead,
+                                  path_beside=not args.scheduler and (args.jobs or 2) > 1)
                 gc.freeze()
             where = run_dir if run_dir is not None else Path(args.paths[0])
             report = analyse_run(loaded, name=where.name or str(where), path=str(where),
@@ -157,26 +156,27 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
                                  progress=progress, peak_tflops=args.peak_tflops)
         for problem in report.problems:
             print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
-        reports.append(report)
         several = len(runs) > 1
         if args.out is not None:
             out_dir = args.out / report.name if several else args.out
-            _write(report, "--out", out_dir, output.write_csvs)
+            report, _ = _write(report, "--out", out_dir, write_csvs)
         if args.html is not None:
             target = (args.html.with_name(f"{report.name}-{args.html.name}") if several
                       else args.html)
-            if _write(report, "--html", target, _write_html):
+            report, written = _write(report, "--html", target, _write_html)
+            if written:
                 print(terminal_safe(f"ranktrace: HTML report written to {target}"), file=sys.stderr)
+        reports.append(report)
 
     if args.format == "json":
-        print(terminal_safe(output.dumps(output.json_document(reports))))
+        print(terminal_safe(dumps(json_document(reports))))
     elif args.format == "csv":
         tables = [r.step_table().assign(run=r.name) for r in reports]
         pd.concat(tables, ignore_index=True).to_csv(sys.stdout, index=False)
     else:
-        print(terminal_safe("\n".join(output.text_report(r) for r in reports)), end="")
+        print(terminal_safe("\n".join(text_report(r) for r in reports)), end="")
 
-    analysed = any(not output.nothing_analysed(r) for r in reports)
+    analysed = any(not r.nothing_analysed() for r in reports)
     if not analysed:
         reasons = "; ".join(p for r in reports for p in r.problems) or "no step to analyse"
         print(terminal_safe(f"ranktrace: nothing analysed: {reasons}"), file=sys.stderr)
@@ -196,17 +196,16 @@ def _write_html(report: RunReport, target: Path) -> None:
     write_html_report(report, target)
 
 
-def _write(report: RunReport, option: str, target: Path, write) -> bool:
-    """write(report, target); an OSError becomes a problem of the run and an error line naming
-    `target`."""
+def _write(report: RunReport, option: str, target: Path, write) -> tuple[RunReport, bool]:
+    """write(report, target), and whether it was written; an OSError becomes a problem of the
+    run (the report returned has it) and an error line naming `target`."""
     try:
         write(report, target)
     except OSError as exc:
         message = f"{option} {target}: cannot write ({exc.strerror or exc})"
-        report.problems.append(message)
         print(terminal_safe(f"ranktrace: error: {message}"), file=sys.stderr)
-        return False
-    return True
+        return dataclasses.replace(report, problems=[*report.problems, message]), False
+    return report, True
 
 
 def exit_now(code: int) -> None:

@@ -21,13 +21,13 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.model import UNKNOWN_RANK, LoadResult
-from analysis.core.steps import format_ranges, parse_step_spec
+from analysis.core.step_spec import format_ranges, parse_step_spec
 from analysis.core.terminal import terminal_safe
-from analysis.ingest.load import load_files
+from analysis.ingest.load import LoadOptions
 from analysis.ingest.runs import NothingToAnalyse, resolve
-from analysis.rank.summary import rank_tables
 from analysis.report import timeline_events as te
 from analysis.report.progress import Progress
+from analysis.run.loading import load_run
 from tracer import schema
 
 DEFAULT_NAME = "timeline.trace.gz"  # not *.json.gz: the run folder's loader would read it back
@@ -63,7 +63,7 @@ def gather(run: LoadResult) -> dict:
     plus the clock table, the critical path's segments (None where unknown) and the problems
     met."""
     from analysis.crossrank import analyse, critical_path
-    from analysis.crossrank.frames import run_frames
+    from analysis.crossrank.run_frames import run_frames
     from analysis.rank.layers import training_threads
 
     frames = run_frames(run)
@@ -72,14 +72,14 @@ def gather(run: LoadResult) -> dict:
     try:
         cross = analyse(frames["ops"], frames["steps"], frames["clock_sync"],
                         frames["world_size"], frames["events"])
-        clock, ops = cross["clock"], cross["ops"]
+        clock, ops = cross.clock, cross.ops
     except Exception as exc:  # the timeline is still worth drawing on the tracer's offsets
         problems.append(f"cross-rank analysis failed ({type(exc).__name__}: {exc}); "
                         f"using the tracer's clock_sync offsets and no flows")
         clock, ops, cross = _sync_clock(frames["clock_sync"]), None, None
     if cross is not None:
         try:
-            segments = critical_path.analyse(cross, frames["steps"])["critical_path_segments"]
+            segments = critical_path.analyse(cross, frames["steps"]).critical_path_segments
         except Exception as exc:  # the rest of the timeline stands without it
             problems.append(f"critical path analysis failed ({type(exc).__name__}: {exc}); "
                             f"no critical path track")
@@ -305,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         print(terminal_safe(f"ranktrace: note: {note}"), file=sys.stderr)
     (run_dir, files), = resolved.runs
     with Progress() as progress:
-        run = load_files(files, run_dir, chosen, use_cache=not args.no_cache, progress=progress,
-                         reduce_rank=rank_tables)
+        run = load_run(files, run_dir, LoadOptions(steps=chosen, use_cache=not args.no_cache),
+                       progress=progress)
     gathered = gather(run)
     for problem in run.problems + gathered["problems"]:
         print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)

@@ -12,11 +12,11 @@ from pathlib import Path
 from analysis.core.step_spec import at_least_one, parse_step_spec, steps_argument
 from analysis.core.terminal import terminal_safe
 from analysis.diff import compare as diff_compare
-from analysis.diff import output as diff_output
 from analysis.diff import stats as diff_stats
+from analysis.diff import writers as diff_output
 from analysis.diff.capture_window import capture_sides
 from analysis.diff.side import load_side
-from analysis.ingest.captures import read_captures
+from analysis.ingest.capture_records import read_captures
 from analysis.ingest.runs import NothingToAnalyse, resolve_runs
 
 

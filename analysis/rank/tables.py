@@ -1,7 +1,7 @@
 """Per-rank and per-step tables: the time breakdown with memory, utilisation and rank spread.
 
 Definitions in docs/report.md. Memory and utilisation come from the tracer's records
-(analysis.rank.resources).
+(analysis.rank.resource_use).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.model import known_rank
-from analysis.rank.resources import RANK_RESOURCE_COLUMNS, rank_resources, step_resources
+from analysis.rank.resource_use import RANK_RESOURCE_COLUMNS, rank_resources, step_resources
 from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS, COMM_SPLIT_COLUMNS
 
 PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]

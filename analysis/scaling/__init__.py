@@ -21,8 +21,7 @@ from analysis.core.model import UNKNOWN_RANK
 from analysis.core.step_spec import positive_number
 from analysis.core.terminal import terminal_safe
 from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir, stray_notes
-from analysis.rank.summary import rank_tables
-from analysis.report.output import plain, records
+from analysis.report.values import plain, records
 from analysis.scaling import table as st
 from tracer import schema
 
@@ -71,52 +70,19 @@ def _frame(ranks: list, name: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _cross_rank_parts(loaded, per_step: pd.DataFrame, problems: list[str], where: str):
-    """(shares of the profiled steps, bandwidth table, straggler ranks, waits per rank and
-    step or None) of one run."""
-    from analysis.crossrank import cross_rank
-    from analysis.crossrank.report import rank_bars
-
-    waits, bandwidth, stragglers = None, pd.DataFrame(), []
-    try:
-        result = cross_rank(loaded)
-        waits, bandwidth = result["waits"], result["bandwidth"]
-        fired = result["stragglers"]
-        stragglers = [int(r) for r in fired.loc[fired["fires"].astype(bool), "rank"]]
-    except Exception as exc:  # the per-rank breakdown still gives the parts, without waits
-        problems.append(f"{where}: cross-rank analysis failed: {type(exc).__name__}: {exc}")
-    shares = st.part_shares(rank_bars(per_step, waits)) if len(per_step) else None
-    return shares, bandwidth, stragglers, waits
-
-
-def _mean_mfu(loaded, per_step: pd.DataFrame, waits, problems: list[str], where: str,
-              peak_tflops: float | None = None) -> float:
-    """The run's MFU, %: the mean over every rank's profiled steps of the run's analysis's mfu
-    table (analysis.run.mfu_of_run; `peak_tflops` overrides every rank's peak); NaN where no
-    rank has one."""
-    from analysis.crossrank.waits import split_communication
-    from analysis.run import mfu_of_run
-
-    if not len(per_step):
-        return float("nan")
-    try:
-        mfu = mfu_of_run(loaded.ranks, split_communication(per_step, waits), peak_tflops)
-    except Exception as exc:  # the rest of the row stands without it
-        problems.append(f"{where}: mfu table failed: {type(exc).__name__}: {exc}")
-        return float("nan")
-    values = pd.to_numeric(mfu["mfu_pct"], errors="coerce") if len(mfu) else pd.Series([])
-    return float(values.mean()) if values.notna().any() else float("nan")
-
-
 def load_run(path: Path, samples_per_step: float | None = None,
              warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True,
              peak_tflops: float | None = None) -> tuple[dict, pd.DataFrame, list[str]]:
-    """One run's row (`scaling_table.run_row` plus run, path, world_size, nnodes, stragglers),
-    its transfer-based bandwidth table and its problems."""
-    from analysis.ingest.load import load_path
-    from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown
+    """One run's row (`scaling_table.run_row` plus run, path, world_size, nnodes, stragglers,
+    the MFU), its transfer-based bandwidth table and its problems. The breakdown, the cross-rank
+    pass and the MFU are the run's analysis's (analysis.run: `peak_tflops` overrides every
+    rank's peak), each computed once."""
+    from analysis.crossrank.report_tables import rank_bars
+    from analysis.run.analysed_run import Run
+    from analysis.run.loading import load_run_path
 
-    loaded = load_path(path, use_cache=use_cache, reduce_rank=rank_tables)
+    loaded = load_run_path(path, use_cache=use_cache)
+    run = Run(loaded, name=path.name, path=str(path), peak_tflops=peak_tflops)
     problems = list(loaded.problems)
     steps = _frame(loaded.ranks, "steps")
     samples = _frame(loaded.ranks, "samples")
@@ -134,10 +100,10 @@ def load_run(path: Path, samples_per_step: float | None = None,
     if steps.empty:
         problems.append(f"{path}: no step records (rank*.steps.jsonl): the run has no step time "
                         f"to compare; trace it with python -m tracer.record")
-    per_step = pd.concat([breakdown_per_step(t) for t in loaded.ranks] or [empty_breakdown()],
-                         ignore_index=True)
-    shares, bandwidth, stragglers, waits = _cross_rank_parts(loaded, per_step, problems,
-                                                             str(path))
+    per_step = run.breakdown
+    cross = run.cross_rank
+    waits = cross.waits if cross is not None else None
+    shares = st.part_shares(rank_bars(per_step, waits)) if len(per_step) else None
     if shares is None and not steps.empty:
         problems.append(f"{path}: no profiled step in its Kineto traces: step time and "
                         f"throughput only, no parts")
@@ -148,11 +114,25 @@ def load_run(path: Path, samples_per_step: float | None = None,
         else {"step_ms": float("nan")}
     kinds = set(per_step["kind"].dropna()) if "kind" in per_step.columns else set()
     row.update(trace_kind="gpu" if "gpu" in kinds else ("cpu" if kinds else None))
+    fired = cross.stragglers if cross is not None else pd.DataFrame()
+    stragglers = ([int(r) for r in fired.loc[fired["fires"].astype(bool), "rank"]]
+                  if len(fired) else [])
     row.update(run=path.name, path=str(path), world_size=world_size, nnodes=nnodes,
                stragglers=",".join(map(str, stragglers)),
-               mfu_pct=_mean_mfu(loaded, per_step, waits, problems, str(path), peak_tflops))
+               mfu_pct=_mean_mfu(run.mfu) if len(per_step) else float("nan"))
+    problems += [f"{path}: {problem}" for problem in run.problems_met]
+    bandwidth = cross.bandwidth if cross is not None else pd.DataFrame()
     bandwidth = bandwidth.assign(run=path.name, world_size=world_size, nnodes=nnodes)
     return row, bandwidth, problems
+
+
+def _mean_mfu(mfu: pd.DataFrame | None) -> float:
+    """The run's MFU, %: the mean over every rank's profiled steps of its mfu table; NaN where
+    no rank has one (or the table failed: the run's problems say why)."""
+    if mfu is None or not len(mfu):
+        return float("nan")
+    values = pd.to_numeric(mfu["mfu_pct"], errors="coerce")
+    return float(values.mean()) if values.notna().any() else float("nan")
 
 
 def study(paths: list[Path], mode: str | None = None, samples_per_step: float | None = None,
@@ -319,10 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(terminal_safe(text_report(result)))
     if args.svg is not None:
-        from analysis.scaling.svg import scaling_svg
+        from analysis.scaling.efficiency_plot import scaling_svg
         args.svg.write_text(scaling_svg(result.table, result.warnings))
     if args.html is not None:
-        from analysis.scaling.svg import scaling_page
+        from analysis.scaling.efficiency_plot import scaling_page
         title = "ranktrace scaling study: " + ", ".join(str(p) for p in args.paths)
         args.html.write_text(scaling_page(title, result.table, text_report(result),
                                           result.warnings))

@@ -22,7 +22,7 @@ import re
 import pytest
 
 from analysis import open_run
-from analysis.ingest.captures import read_captures
+from analysis.ingest.capture_records import read_captures
 from helpers.launch import launch, run_module, start
 from helpers.run_copies import copy_run
 from helpers.tracer_files import load_trace, read_jsonl, summaries

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.ingest.load import load_path
 from analysis.rank import step_breakdown as breakdown
 from analysis.rank.hta import hta_temporal_breakdown
 from analysis.rank.layers import PARTS
+from analysis.run.loading import load_run_path
 from helpers.launch import DATA
 
 REFERENCE = DATA / "hta-0.5.0-reference.csv"
@@ -35,7 +35,7 @@ def trace_folders() -> dict[str, Path]:
 @cache
 def analysed(name: str):
     # no cache: nothing may be written into tests/data
-    result = load_path(trace_folders()[name], use_cache=False)
+    result = load_run_path(trace_folders()[name], use_cache=False)
     return result, hta_temporal_breakdown(result.ranks)
 
 

@@ -13,27 +13,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.core.comm_names import (  # noqa: F401  (the names are part of this module's interface)
-    UNKNOWN_OP,
-    UNKNOWN_PG,
-    canonical_dtype,
-    canonical_op,
-    dtype_size,
-    message_bytes,
-)
+from analysis.core.comm_names import UNKNOWN_OP, UNKNOWN_PG, canonical_dtype, canonical_op
 from analysis.core.model import known_rank
+from analysis.core.steps import FIRST_TRAINING_STEP
 from analysis.rank import issuers
-from analysis.rank.comm.events import REQUIRED_EVENT_COLUMNS, op_columns
-from analysis.rank.comm.op_rows import col as _col
-from analysis.rank.comm.ops_table import (  # noqa: F401  (OPS_COLUMNS and empty_ops: this module's too)
-    OPS_COLUMNS,
-    empty_ops,
-)
-from analysis.rank.comm.ops_table import float64 as _float64
-from analysis.rank.comm.ops_table import frame_of as _frame_of
-from analysis.rank.comm.ops_table import int64 as _int64
-from analysis.rank.comm.ops_table import objects as _objects
-from analysis.rank.comm.ops_table import typed_columns as _typed_columns
+from analysis.rank.comm.event_ops import REQUIRED_EVENT_COLUMNS, op_columns
+from analysis.rank.comm.event_ops import col as _col
 from analysis.rank.comm.profiled import (
     FROM_PROFILED,
     FROM_RECORDS,
@@ -48,9 +33,6 @@ COLLECTIVES_COLUMNS = [
     "slowest_rank", "slowest_rank_busbw_gbps", "ms_per_step", "time_from",
 ]
 UNKNOWN_BUCKET = "unknown"
-# The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast):
-# records of it are set-up collectives, never a step's (analysis.run).
-FIRST_STEP = 1
 
 
 def _bandwidths(op, nbytes, pg_size, duration_us) -> tuple[float, float]:
@@ -89,7 +71,7 @@ def comm_ops(trace, join=None) -> pd.DataFrame:
         if traced is not None:
             # The records lack DDP's bucket all-reduces (no comm hook): take them from the
             # profiler windows' events, where the trace shows them (docs/report.md).
-            traced = _frame_of(traced)
+            traced = frame_of(traced)
             buckets = traced[(traced["issuer"] == "ddp") & (traced["op"] == "all_reduce")]
             if len(buckets):
                 frame = pd.concat([frame, buckets[frame.columns.intersection(buckets.columns)]],
@@ -98,9 +80,9 @@ def comm_ops(trace, join=None) -> pd.DataFrame:
         columns = _trace_columns(trace, rank, join)
         if columns is None:
             return empty_ops()
-        return _frame_of(_with_bandwidths(columns))
+        return frame_of(_with_bandwidths(columns))
     frame["pg_desc"] = _descs(trace, frame["pg"], _col(frame, "pg_desc"))
-    return _frame_of(_with_bandwidths(_typed_columns(frame)))
+    return frame_of(_with_bandwidths(typed_columns(frame)))
 
 
 def _descs(trace, pgs, own) -> list:
@@ -148,26 +130,26 @@ def _trace_columns(trace, rank, join=None) -> dict | None:
     step = ops["step"]
     if not isinstance(step, pd.Series):
         step = pd.Series(step, index=index)
-    issuer = issuers.issuers_of_ops(trace, _objects(ops["op"]), ops["host_ts"],
+    issuer = issuers.issuers_of_ops(trace, objects(ops["op"]), ops["host_ts"],
                                     [str(p) for p in ops["host_pid"]],
                                     [str(t) for t in ops["host_tid"]],
                                     np.array(ops["named"], dtype=bool))
     return {
-        "rank": _int64(pd.Series(rank, index=index)),
-        "step": _int64(step),
-        "op": _objects(ops["op"]),
-        "source": _objects(ops["source"]),
-        "issuer": _objects(issuer),
-        "pg": _objects(ops["pg"]),
-        "pg_desc": _objects(_descs(trace, ops["pg"], ops["pg_desc"])),
-        "pg_size": _int64(pd.Series(ops["pg_size"], index=index)),
-        "dtype": _objects(ops["dtype"]),
-        "bytes": _float64(pd.Series(ops["bytes"], index=index)),
-        "duration_us": _float64(pd.Series(ops["duration_us"], index=index)),
+        "rank": int64(pd.Series(rank, index=index)),
+        "step": int64(step),
+        "op": objects(ops["op"]),
+        "source": objects(ops["source"]),
+        "issuer": objects(issuer),
+        "pg": objects(ops["pg"]),
+        "pg_desc": objects(_descs(trace, ops["pg"], ops["pg_desc"])),
+        "pg_size": int64(pd.Series(ops["pg_size"], index=index)),
+        "dtype": objects(ops["dtype"]),
+        "bytes": float64(pd.Series(ops["bytes"], index=index)),
+        "duration_us": float64(pd.Series(ops["duration_us"], index=index)),
         "algbw_gbps": np.full(len(index), np.nan),
         "busbw_gbps": np.full(len(index), np.nan),
-        "origin": _objects(["trace"] * len(index)),
-        "time_from": _objects([FROM_TRACE] * len(index)),
+        "origin": objects(["trace"] * len(index)),
+        "time_from": objects([FROM_TRACE] * len(index)),
     }
 
 
@@ -329,6 +311,46 @@ def analysed_steps_of(ops: pd.DataFrame) -> dict:
     return {(int(rank), origin): int(n) for (rank, origin), n in counts.items()}
 
 
+def analysed_ops(ops: pd.DataFrame, steps: list[int] | None) -> tuple[pd.DataFrame,
+                                                                        pd.DataFrame]:
+    """(the ops of the analysed steps, the set-up ops): records of the tracer's step 0 (before
+    the first step: process group start, DDP's first broadcast, barriers) are set-up and enter
+    no step's rows; `steps` (--steps) selects the analysed steps of every source. A run with
+    no op past set-up (it stopped before its first step) has only those: they are its ops, not
+    set-up."""
+    step = pd.to_numeric(ops["step"], errors="coerce").astype("float64")
+    recorded = (ops["origin"] == "records").to_numpy(dtype=bool)
+    setup = recorded & (step < FIRST_TRAINING_STEP).to_numpy(dtype=bool)
+    if setup.all():
+        setup[:] = False
+    kept = ~setup
+    if steps is not None:
+        kept &= step.isin(steps).to_numpy(dtype=bool)
+    return (ops[kept].reset_index(drop=True), ops[setup].reset_index(drop=True))
+
+
+def steps_covered(traces, ops: pd.DataFrame, steps: list[int] | None) -> dict:
+    """{(rank, origin): analysed steps} that each rank's sources of ops cover: the steps of its
+    records (from the first step, those of --steps) and its profiled steps; where neither is
+    known, the distinct steps of its ops (analysed_steps_of)."""
+    covered = analysed_steps_of(ops)
+    for trace in traces:
+        rank = known_rank(trace)
+        if rank is None:
+            continue
+        records = trace.records
+        record_steps = getattr(records, "steps", None) if records is not None else None
+        if record_steps is not None and len(record_steps) and "step" in record_steps:
+            numbers = pd.to_numeric(record_steps["step"], errors="coerce").dropna()
+            numbers = numbers[numbers >= FIRST_TRAINING_STEP]
+            if steps is not None:
+                numbers = numbers[numbers.isin(steps)]
+            covered[(int(rank), "records")] = int(numbers.nunique())
+        if len(trace.steps):
+            covered[(int(rank), "trace")] = int(trace.steps["step"].nunique())
+    return covered
+
+
 def collectives_table(ops: pd.DataFrame, analysed_steps: dict | None = None) -> pd.DataFrame:
     """Ops grouped by op, issuer, process group (with its size) and power-of-two message-size
     bucket.
@@ -353,7 +375,7 @@ def collectives_table(ops: pd.DataFrame, analysed_steps: dict | None = None) -> 
     """
     if not isinstance(ops, pd.DataFrame) or ops.empty or "op" not in ops.columns:
         return empty_collectives()
-    columns = _typed_columns(ops, _GROUPED_COLUMNS)
+    columns = typed_columns(ops, _GROUPED_COLUMNS)
     kept = pd.notna(columns["op"])
     if not kept.any():
         return empty_collectives()
@@ -571,3 +593,70 @@ def _slowest_ranks(groups: _Groups, ranks, ranked, rank_values, timed_bytes, tim
         rank = min(bandwidths, key=lambda r: (bandwidths[r][0], r))
         found[group] = (int(rank), float(bandwidths[rank][1]))
     return found
+
+
+# ---- the ops table: its columns and their types -------------------------------------------------
+OPS_COLUMNS = [
+    "rank", "step", "op", "source", "issuer", "pg", "pg_desc", "pg_size", "dtype", "bytes",
+    "duration_us", "algbw_gbps", "busbw_gbps", "origin", "time_from",
+]
+
+
+def empty_ops() -> pd.DataFrame:
+    return typed_ops(pd.DataFrame({column: [] for column in OPS_COLUMNS}))
+
+
+def typed_ops(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame_of(typed_columns(frame))
+
+
+_FLOAT_COLUMNS = ("bytes", "duration_us", "algbw_gbps", "busbw_gbps")
+_NUMBER_COLUMNS = frozenset({"rank", "step", "pg_size", *_FLOAT_COLUMNS})
+
+
+def typed_columns(frame: pd.DataFrame, names: list = OPS_COLUMNS) -> dict:
+    """{column: array} of the columns `names` of OPS_COLUMNS in their types: Int64 counts,
+    float64 measures, object text with None for missing."""
+    frame = frame.reindex(columns=names)
+    columns = {}
+    for column in names:
+        values = frame[column]
+        if column in ("rank", "step", "pg_size"):
+            columns[column] = int64(values)
+        elif column in _FLOAT_COLUMNS:
+            columns[column] = float64(values)
+        else:
+            columns[column] = objects(values.to_numpy(dtype=object, copy=True))
+    return columns
+
+
+def int64(values: pd.Series):
+    # Integers as they are: converting and rounding them changes nothing but costs.
+    if values.dtype == np.dtype("int64"):
+        return pd.arrays.IntegerArray(values.to_numpy(copy=True), np.zeros(len(values), bool))
+    if values.dtype == "Int64":
+        return values.array.copy()
+    return pd.to_numeric(values, errors="coerce").round().astype("Int64").array
+
+
+def float64(values: pd.Series) -> np.ndarray:
+    return pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64")
+
+
+def objects(values) -> np.ndarray:
+    """The values as an object array, None for every missing value."""
+    objects = np.empty(len(values), dtype=object)
+    objects[:] = values
+    objects[pd.isna(objects)] = None
+    return objects
+
+
+def frame_of(columns: dict) -> pd.DataFrame:
+    # One Series per column on one shared index: pandas neither aligns them nor reads the text
+    # columns as its string dtype (they stay object, None for missing).
+    index = pd.RangeIndex(len(columns["op"]))
+    return pd.DataFrame({
+        column: pd.Series(values, index=index, copy=False,
+                          dtype=object if column not in _NUMBER_COLUMNS else None)
+        for column, values in columns.items()
+    }, index=index)

@@ -1,7 +1,7 @@
 """The capture windows in the run's analysis (docs/report.md, "Capture windows"): each window the
-tracer opened on a slow step or on demand (analysis.ingest.captures), with what its steps show
-against the steps before it: the mean step, each rank's wait for peers, and the rank the others
-waited for. The verdict quotes them; the writers print them as they are.
+tracer opened on a slow step or on demand (analysis.ingest.capture_records), with what its
+steps show against the steps before it: the mean step, each rank's wait for peers, and the
+rank the others waited for. The verdict quotes them; the writers print them as they are.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def analysed_captures(windows: list[dict], per_step: pd.DataFrame | None,
         inside = rows[rows["step"].isin(steps)]
         start = window["step"] if window.get("step") is not None else window["first_step"]
         before = rows[rows["step"] < start]
-        means = mean_waits(inside, {"waits": waits})
+        means = mean_waits(inside, waits)
         waited = {} if means is None else {int(r): float(w) for r, w in means.items()}
         mean_ms, before_ms = _mean_ms(inside["step_ns"]), _mean_ms(before["step_ns"])
         late = None

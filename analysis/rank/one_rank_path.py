@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import dag
+from analysis.core.contracts import CriticalPath
 from analysis.core.dag import PATH_COLUMNS, SEGMENT_COLUMNS
-from analysis.rank.gpu_graph import (  # noqa: F401  (build, CATEGORIES: re-exported)
+from analysis.rank.gpu_graph import (
     _NAMES,
-    CATEGORIES,
     CPU,
     DEVICE,
     HOST,
@@ -248,7 +248,8 @@ def what_if(graph: RankGraph, rank: int) -> list[dict]:
     return sorted(answers, key=lambda w: -w["saved_ms_per_step"])
 
 
-def analyse(trace, events: pd.DataFrame | None = None, answer_what_if: bool = True) -> dict:
+def analyse(trace, events: pd.DataFrame | None = None,
+            answer_what_if: bool = True) -> CriticalPath:
     """The critical path of each step of one rank (`trace`: its rank and steps; `events`: its
     events frame, default trace.events) and, with `answer_what_if`, what-if answers on it."""
     events = trace.events if events is None else events
@@ -259,6 +260,6 @@ def analyse(trace, events: pd.DataFrame | None = None, answer_what_if: bool = Tr
     if graph is None:
         return dag.no_critical_path()
     path, summary, segments = trace_paths(graph, trace.rank)
-    return {"critical_path": path, "critical_path_steps": summary,
-            "critical_path_segments": segments,
-            "what_if": what_if(graph, trace.rank) if answer_what_if else []}
+    return CriticalPath(critical_path=path, critical_path_steps=summary,
+                        critical_path_segments=segments,
+                        what_if=what_if(graph, trace.rank) if answer_what_if else [])

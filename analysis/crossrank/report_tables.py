@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.contracts import CrossRank
 from analysis.crossrank.waits import split_communication
 
 MS = 1e6
@@ -21,11 +22,11 @@ def _nothing(frame) -> bool:
     return frame is None or len(frame) == 0
 
 
-def clock_rows(result: dict) -> pd.DataFrame:
+def clock_rows(result: CrossRank) -> pd.DataFrame:
     """Per rank: offset to rank 0's clock and its uncertainty (ms), source, drift (NaN: none
     fitted), and what the collectives' estimate stands on (instances, where their ends come
     from)."""
-    clock = result.get("clock")
+    clock = result.clock
     if _nothing(clock):
         return pd.DataFrame()
     instances = clock["instances"].astype("int64")
@@ -43,9 +44,9 @@ def clock_rows(result: dict) -> pd.DataFrame:
     })
 
 
-def mean_waits(result: dict) -> pd.DataFrame:
+def mean_waits(result: CrossRank) -> pd.DataFrame:
     """Per rank: mean wait_for_peers and transfer per analysed step (ms), and the steps."""
-    waits = result.get("waits")
+    waits = result.waits
     if _nothing(waits):
         return pd.DataFrame(columns=["rank", "steps", "wait_for_peers_ms", "transfer_ms"])
     by_rank = waits.groupby("rank")
@@ -56,56 +57,57 @@ def mean_waits(result: dict) -> pd.DataFrame:
     }).reset_index()
 
 
-def firing_stragglers(result: dict) -> pd.DataFrame:
+def firing_stragglers(result: CrossRank) -> pd.DataFrame:
     """The ranks named by "ranks wait for rank R", largest caused wait first."""
-    stragglers = result.get("stragglers")
+    stragglers = result.stragglers
     if _nothing(stragglers):
         return pd.DataFrame(columns=["rank", "caused_wait_ms_per_step", "share_pct"])
     fires = stragglers[stragglers["fires"].astype(bool)]
     return fires[["rank", "caused_wait_ms_per_step", "share_pct"]].reset_index(drop=True)
 
 
-def pipeline_rows(result: dict) -> pd.DataFrame:
-    pipeline = result.get("pipeline")
+def pipeline_rows(result: CrossRank) -> pd.DataFrame:
+    pipeline = result.pipeline
     if _nothing(pipeline):
         return pd.DataFrame()
     return pipeline[["rank", "measured_bubble_pct", "theory_bubble_pct", "recv_wait_pct",
                      "transfer_pct", "idle_pct"]]
 
 
-def text_tables(result: dict) -> list[tuple[str, pd.DataFrame]]:
+def text_tables(result: CrossRank) -> list[tuple[str, pd.DataFrame]]:
     """(title, table) of the text report's Cross-rank section, in order."""
     return [
         ("Clock: offset of each rank's clock to rank 0's", clock_rows(result)),
         ("Stragglers: ranks the others wait for (docs/cross-rank.md thresholds)",
          firing_stragglers(result)),
         ("Waiting for peers and transfer, mean per step (ms)", mean_waits(result)),
-        ("Mismatched collectives", result.get("mismatches", pd.DataFrame())),
+        ("Mismatched collectives", result.mismatches),
         ("Pipeline bubble per stage, measured against theory (% of step time)",
          pipeline_rows(result)),
     ]
 
 
-def csv_tables(result: dict) -> dict[str, pd.DataFrame]:
+def csv_tables(result: CrossRank) -> dict[str, pd.DataFrame]:
     """File stem -> table written by --out (cross_rank_*.csv)."""
-    stragglers = result["stragglers"]
+    stragglers = result.stragglers
     return {
-        "cross_rank_clock": result["clock"],
-        "cross_rank_waits": result["waits"],
+        "cross_rank_clock": result.clock,
+        "cross_rank_waits": result.waits,
         "cross_rank_stragglers": stragglers.drop(columns=["collectives", "evidence"],
                                                  errors="ignore"),
-        "cross_rank_mismatches": result["mismatches"],
-        "cross_rank_pipeline": result["pipeline"],
-        "cross_rank_bandwidth": result["bandwidth"],
+        "cross_rank_mismatches": result.mismatches,
+        "cross_rank_pipeline": result.pipeline,
+        "cross_rank_bandwidth": result.bandwidth,
     }
 
 
-def with_transfer_bandwidth(collectives: pd.DataFrame, cross: dict | None) -> pd.DataFrame:
+def with_transfer_bandwidth(collectives: pd.DataFrame, cross: CrossRank | None
+                            ) -> pd.DataFrame:
     """The collectives table with the cross-rank pass's transfer-based algbw and busbw
     (docs/cross-rank.md) beside the duration-based ones, matched on op, group id, group size
     and size bucket; NaN where no op of the row had a positive transfer."""
     table = collectives.copy()
-    bandwidth = cross.get("bandwidth") if cross is not None else None
+    bandwidth = cross.bandwidth if cross is not None else None
     columns = ["transfer_us", "transfer_algbw_gbps", "transfer_busbw_gbps"]
     if bandwidth is None or bandwidth.empty or table.empty:
         for column in columns:

@@ -10,8 +10,8 @@ import pandas as pd
 
 from analysis.report.html import html_table
 from analysis.report.html.assets import SCRIPT, STYLE
-from analysis.report.html.svg import esc
-from analysis.report.output import plain, records
+from analysis.report.html.charts import esc
+from analysis.report.values import plain, records
 
 DOCUMENT_VERSION = 1
 TEXT_WIDTH = 100

@@ -16,13 +16,12 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG
+from analysis.core.comm_names import P2P_OPS, UNKNOWN_PG, canonical_dtype, canonical_op
 from analysis.core.model import UNKNOWN_RANK
-from analysis.core.steps import step_at
+from analysis.core.steps import FIRST_TRAINING_STEP, step_at
 from analysis.crossrank.distinct import by_value as _by_value
 from analysis.crossrank.distinct import float64_of
-from analysis.rank.comm.kernel_names import named_kernels
-from analysis.rank.comm.ops import canonical_dtype, canonical_op, windows_hold_what_records_lack
+from analysis.rank.comm.comm_ops import windows_hold_what_records_lack
 from analysis.rank.comm.profiled import (
     FROM_PROFILED,
     FROM_RECORDS,
@@ -39,9 +38,6 @@ OP_COLUMNS = ["rank", "pg", "pg_size", "op", "bytes", "dtype", "step", "issue_ns
 ISSUE_ONLY = "issue"
 STEP_COLUMNS = ["rank", "step", "start_ns", "end_ns"]
 SYNC_COLUMNS = ["rank", "offset_ns", "uncertainty_ns"]
-# The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast and
-# bucket rebuild): its waits are start-up, not training, so records are analysed from step 1.
-FIRST_RECORD_STEP = 1
 
 
 def empty_ops() -> pd.DataFrame:
@@ -83,7 +79,7 @@ def ops_from_records(comms: pd.DataFrame, rank: int) -> pd.DataFrame:
         "timed": (timing != ISSUE_ONLY).to_numpy(),
         "time_from": FROM_RECORDS,
     })
-    frame = frame[frame["op"].notna() & (frame["step"] >= FIRST_RECORD_STEP)]
+    frame = frame[frame["op"].notna() & (frame["step"] >= FIRST_TRAINING_STEP)]
     frame = frame.sort_values("issue_ns", kind="stable")
     frame["queue"] = _queues(frame)
     return typed_ops(frame)
@@ -273,9 +269,8 @@ class RankEvents(Mapping):
 
 
 def _rank_comm(trace) -> pd.DataFrame:
-    """The communication events of a rank's trace (its reduced ones where it holds no events)."""
-    rank_comm = trace.reduced.get("comm_events")
-    return rank_comm if rank_comm is not None else named_kernels(trace.with_events().events)
+    """The communication events of a rank's trace, as its reduction found them."""
+    return trace.table("comm_events")
 
 
 def _window_shows_unrecorded_all_reduce(trace, from_records: pd.DataFrame) -> bool:
@@ -386,7 +381,7 @@ def run_frames(run) -> dict:
                     profiled.append((_rank_comm(trace), trace.rank, shift))
                     profiled_steps.append((_step_arrays(trace.steps), trace.rank, shift))
             if record_steps is not None and len(record_steps):
-                rank_steps = record_steps[record_steps["step"] >= FIRST_RECORD_STEP]
+                rank_steps = record_steps[record_steps["step"] >= FIRST_TRAINING_STEP]
             if from_window:
                 comm.append((_rank_comm(trace), trace.rank, shift))
                 trace_steps.append((_step_arrays(trace.steps), trace.rank, shift))

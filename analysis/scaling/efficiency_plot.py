@@ -1,8 +1,8 @@
 """The scaling study's plot as one inline SVG: parallel efficiency against world size above, and
 below it a stacked bar per world size of where the mean step's time goes (docs/scaling.md).
 
-Built with analysis.report.html.svg's line plot and stacked bars, so it matches the HTML report and
-escapes every text it shows.
+Built with analysis.report.html.charts's line plot and stacked bars, so it matches the HTML
+report and escapes every text it shows.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 
 import pandas as pd
 
-from analysis.report.html import svg
+from analysis.report.html import charts as svg
 
 # Bar parts: the scaling table's columns and the HTML palette's names for them.
 BAR_PARTS = {"compute_ms": "compute", "copies_ms": "memcpy", "transfer_ms": "transfer",

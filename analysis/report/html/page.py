@@ -14,16 +14,17 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
+from analysis.core.contracts import CriticalPath, CrossRank, MemorySection, Verdict
 from analysis.core.model import UNKNOWN_RANK
-from analysis.crossrank.report import (
+from analysis.crossrank.report_tables import (
     rank_bars,
     with_transfer_bandwidth,
 )
 from analysis.report.breakdown_text import split_known
-from analysis.report.html import svg
+from analysis.report.html import charts as svg
 from analysis.report.html.assets import SCRIPT, STYLE
+from analysis.report.html.charts import esc
 from analysis.report.html.memory_figure import memory_figure
-from analysis.report.html.svg import esc
 from analysis.report.mfu import mfu_bars, missing_reason
 
 MS = 1e6
@@ -133,12 +134,12 @@ def _section(key: str, content: str) -> str:
 
 
 def _findings(findings: pd.DataFrame | None, notes: pd.DataFrame | None = None,
-              verdict: dict | None = None) -> str:
+              verdict: Verdict | None = None) -> str:
     """The verdict's lines, the findings in their order (analysis.findings.bottlenecks) and the
     notes, which carry no share."""
     parts = []
     if verdict:
-        lines = "".join(f"<li>{esc(line)}</li>" for line in verdict["lines"])
+        lines = "".join(f"<li>{esc(line)}</li>" for line in verdict.lines)
         parts.append(f'<ul class="verdict">{lines}</ul>')
     if findings is None or findings.empty:
         parts.append('<p class="none">no finding passed its threshold</p>')
@@ -155,7 +156,7 @@ def _findings(findings: pd.DataFrame | None, notes: pd.DataFrame | None = None,
     return "".join(parts)
 
 
-def _collectives(collectives: pd.DataFrame | None, cross: dict | None) -> str:
+def _collectives(collectives: pd.DataFrame | None, cross: CrossRank | None) -> str:
     if collectives is None or collectives.empty:
         return '<p class="none">no collective or p2p op</p>'
     table = collectives
@@ -207,11 +208,11 @@ def _mfu(mfu: pd.DataFrame | None, roofline: pd.DataFrame | None) -> str:
     return ("<p>The lost points add up to 100 &minus; MFU (docs/mfu.md).</p>" + plot + table)
 
 
-def path_ranks(critical: dict | None, step: int) -> dict:
+def path_ranks(critical: CriticalPath | None, step: int) -> dict:
     """{rank: "category ms, ..."} of the ranks on one step's critical path."""
-    if not critical or critical["critical_path"].empty:
+    if not critical or critical.critical_path.empty:
         return {}
-    path = critical["critical_path"]
+    path = critical.critical_path
     rows = path[path["step"] == step]
     on: dict = {}
     for row in rows.itertuples():
@@ -219,11 +220,11 @@ def path_ranks(critical: dict | None, step: int) -> dict:
     return {rank: ", ".join(parts) for rank, parts in on.items()}
 
 
-def _critical(critical: dict | None) -> str:
+def _critical(critical: CriticalPath | None) -> str:
     """The path per analysed step and the what-if answers, largest saving first."""
     if critical is None:
         return '<p class="none">not computed (no cross-rank result)</p>'
-    steps = critical["critical_path_steps"]
+    steps = critical.critical_path_steps
     rows = []
     for row in steps.itertuples():
         on = path_ranks(critical, int(row.step))
@@ -235,7 +236,7 @@ def _critical(critical: dict | None) -> str:
         "end_rank": ("ends on rank", "d"), "start_rank": ("starts on rank", "d"),
         "by_rank": ("path time by rank and category", None)}) if rows else \
         '<p class="none">no analysed step</p>'
-    answers = pd.DataFrame(critical["what_if"])
+    answers = pd.DataFrame(critical.what_if)
     return ("<p>Waiting for peers is never on the path (docs/critical-path.md).</p>" + table
             + "<h3>What if (largest saving first)</h3>"
             + html_table(answers, {"change": ("change", None),
@@ -273,15 +274,16 @@ def _samples(ranks: list) -> str:
 def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                per_rank: pd.DataFrame | None, collectives: pd.DataFrame | None,
                findings: pd.DataFrame | None, ranks: list, problems: list,
-               cross: dict | None = None, notes: pd.DataFrame | None = None,
-               verdict: dict | None = None, setup: pd.DataFrame | None = None,
-               critical: dict | None = None, mfu: pd.DataFrame | None = None,
-               roofline: pd.DataFrame | None = None, memory=None) -> str:
+               cross: CrossRank | None = None, notes: pd.DataFrame | None = None,
+               verdict: Verdict | None = None, setup: pd.DataFrame | None = None,
+               critical: CriticalPath | None = None, mfu: pd.DataFrame | None = None,
+               roofline: pd.DataFrame | None = None, memory: MemorySection | None = None
+               ) -> str:
     """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None;
     `notes` and `verdict` are analysis.findings.notes' and .verdict's; `setup` the set-up
     collectives; `critical` analysis.crossrank.critical_path's result, whose path marks the
     ranks on it in the chosen steps' Gantt rows; `mfu` and `roofline` analysis.run's tables."""
-    waits = cross.get("waits") if cross else None
+    waits = cross.waits if cross else None
     steps = sorted(int(s) for s in per_step["step"].unique()) if len(per_step) else []
     header = (f"<p><b>{esc(name)}</b> &mdash; <code>{esc(path)}</code><br>"
               f"world size {esc(world_size if world_size else '?')}, "
@@ -340,7 +342,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                          + _setup_collectives(setup)))
     body.append(_section("critical", _critical(critical)))
     body.append(_section("samples", _samples(ranks)))
-    body.append(_section("memory", memory_figure(memory)))  # memory_section's, or None
+    body.append(_section("memory", memory_figure(memory)))
     body.append(_section("commands", (
         f"<p>Every rank on one clock, with flows from the last arriver of each collective:</p>"
         f"<pre>python -m analysis.timeline {esc(path)}</pre><p>then open "
@@ -354,19 +356,16 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
 
 
 def write_html_report(report, path) -> dict:
-    """Write the page for an analysed run (output.RunReport) to `path`, with the run's own
+    """Write the page for an analysed run (a RunReport) to `path`, with the run's own
     cross-rank result (none where the pass failed, which report.problems says). Returns
     {"path", "bytes", "seconds"}."""
     started = time.monotonic()
     problems = list(report.problems)
     cross = report.cross_rank
-    tables = report.tables
     page = build_html(report.name, report.path, report.world_size, report.step_table(),
-                      tables.get("per_rank"), tables.get("collectives"),
-                      tables.get("bottlenecks"), report.ranks, problems, cross,
-                      tables.get("notes"), report.verdict, tables.get("setup_collectives"),
-                      report.critical, tables.get("mfu"), tables.get("roofline"),
-                      report.memory)
+                      report.per_rank, report.collectives, report.findings, report.ranks,
+                      problems, cross, report.notes, report.verdict, report.setup_collectives,
+                      report.critical, report.mfu, report.roofline, report.memory)
     data = page.encode("utf-8")
     Path(path).write_bytes(data)
     return {"path": Path(path), "bytes": len(data), "seconds": time.monotonic() - started}

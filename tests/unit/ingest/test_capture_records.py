@@ -1,5 +1,5 @@
-"""The capture windows of a run grouped across ranks (analysis.ingest.captures), on records with
-known answers: one window per (trigger, first step, length), its trigger as most ranks say, the
+"""The capture windows of a run grouped across ranks (analysis.ingest.capture_records), on records
+with known answers: one window per (trigger, first step, length), its trigger as most ranks say, the
 ranks that traced every one of its steps, and those that learnt of it too late."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.core.model import RunRecords
-from analysis.ingest.captures import group_captures
+from analysis.ingest.capture_records import group_captures
 from tracer import schema
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.crossrank.findings import finding_row as _finding
+from analysis.core.contracts import Finding
 from analysis.findings.labels import backend_text, finite, group_label, rank_list
 
 MIN_BANDWIDTH_SHARE_PCT = 1.0  # low bus bandwidth: the step time it would save
@@ -79,7 +79,7 @@ def _low_bus_bandwidth(steps: pd.DataFrame, kind: str, collectives: pd.DataFrame
                   "not saturate the CPUs gloo needs. Collective time includes waiting for late "
                   "ranks, so fix a straggler or imbalance finding first.")
     ranks = rank_list(steps["rank"])
-    return [_finding("low bus bandwidth", share, evidence, suggestion, ranks)]
+    return [Finding("low bus bandwidth", share, evidence, suggestion, ranks)]
 
 
 def _no_large_message_groups(collectives: pd.DataFrame) -> bool:
@@ -134,7 +134,7 @@ def _memory_near_capacity(per_rank: pd.DataFrame) -> list:
                        f"{(peak - allocated) / total * 100:.0f}% of the device: the caching "
                        "allocator is fragmented; try "
                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
-    return [_finding("memory near capacity", float("nan"), evidence, suggestion,
+    return [Finding("memory near capacity", float("nan"), evidence, suggestion,
                      rank_list(near["rank"]))]
 
 

@@ -1,4 +1,4 @@
-"""The stop diagnosis from Kineto traces alone (analysis.findings.stop_traces) on hand-built gloo
+"""The stop diagnosis from Kineto traces alone (analysis.findings.stop_diagnosis) on hand-built gloo
 traces
 whose answers are known."""
 
@@ -11,11 +11,12 @@ import shutil
 import pandas as pd
 
 from analysis import open_run
-from analysis.findings import stop_traces
-from analysis.ingest.load import load_path
-from analysis.report import output
+from analysis.findings import stop_diagnosis
+from analysis.report import text_report
+from analysis.run.loading import load_run_path
 from helpers.launch import DATA
 from helpers.synthetic import TraceBuilder, trace_name
+from tracer import schema
 
 STEP_US = 10_000
 NELEMS = 262_144  # 1 MB of float32
@@ -33,8 +34,15 @@ def _all_reduce(b: TraceBuilder, at_us: int, nelems: int = NELEMS, pg: str = "0"
 
 def _run(folder, per_rank: dict[int, dict[int, list[int]]]):
     """per_rank: rank -> {step: [element count of each all_reduce]}; steps are what the trace
-    covers."""
+    covers. Each rank's run was traced with --no-comms: a manifest, and no comms record."""
     for rank, steps in per_rank.items():
+        start = schema.RunStart(schema_version=schema.SCHEMA_VERSION, run_name=folder.name,
+                                rank=rank, local_rank=rank, world_size=2, host="h", pid=1,
+                                start_ns=0, argv=[], script="s.py", script_args=[],
+                                torch_version="x", config={"no_comms": True})
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / schema.MANIFEST_FILE.format(rank=rank)).write_bytes(
+            schema.ENCODER.encode(start) + b"\n")
         b = TraceBuilder(rank=rank, world_size=2, backend="gloo")
         for step, sizes in steps.items():
             t = step * STEP_US
@@ -42,8 +50,8 @@ def _run(folder, per_rank: dict[int, dict[int, list[int]]]):
             for k, nelems in enumerate(sizes):
                 _all_reduce(b, t + 1_000 + k * 2_000, nelems)
         b.write(folder / trace_name(rank))
-    loaded = load_path(folder, None, use_cache=False)
-    return stop_traces.trace_ops(loaded.ranks)
+    loaded = load_run_path(folder, None, use_cache=False)
+    return stop_diagnosis.trace_ops(loaded.ranks)
 
 
 def test_a_trace_holding_fewer_collectives_in_a_step_both_cover_is_named(tmp_path):
@@ -52,8 +60,8 @@ def test_a_trace_holding_fewer_collectives_in_a_step_both_cover_is_named(tmp_pat
                                     1: {1: [NELEMS] * 2, 2: [NELEMS] * 2, 3: [NELEMS]}})
     assert sorted(coverage.itertuples(index=False)) == [(r, s) for r in (0, 1)
                                                         for s in (1, 2, 3)]
-    found = stop_traces.diagnose_traces(ops, coverage, 2)
-    [row] = found["groups"].to_dict("records")
+    found = stop_diagnosis.diagnose_traces(ops, coverage, 2)
+    [row] = found.groups.to_dict("records")
     assert (row["kind"], row["step"], row["position"], row["op"]) == ("missing", 3, 1,
                                                                       "all_reduce")
     assert (row["bytes"], row["dtype"]) == (NELEMS * 4, "float32")
@@ -62,12 +70,12 @@ def test_a_trace_holding_fewer_collectives_in_a_step_both_cover_is_named(tmp_pat
     assert row["text"] == ("the trace of rank 1 holds no all_reduce #1 of step 3 on group 0 "
                            "(1.0 MB float32), which the trace of rank 0 holds; last position "
                            "every trace holds alike: step 3 #0")
-    assert found["lines"][-1] == stop_traces.CAVEAT
+    assert found.lines[-1] == stop_diagnosis.CAVEAT
 
 
 def test_collectives_of_different_sizes_at_one_position_are_a_mismatch(tmp_path):
     ops, coverage = _run(tmp_path, {0: {1: [NELEMS], 2: [1]}, 1: {1: [NELEMS], 2: [1024]}})
-    [row] = stop_traces.diagnose_traces(ops, coverage, 2)["groups"].to_dict("records")
+    [row] = stop_diagnosis.diagnose_traces(ops, coverage, 2).groups.to_dict("records")
     assert (row["kind"], row["step"], row["position"], row["last_alike"]) == (
         "mismatch", 2, 0, (1, 0))
     assert row["odd_ranks"] == [] and row["missing_ranks"] == []
@@ -78,14 +86,14 @@ def test_collectives_of_different_sizes_at_one_position_are_a_mismatch(tmp_path)
 def test_traces_that_agree_give_no_diagnosis(tmp_path):
     ops, coverage = _run(tmp_path, {r: {1: [NELEMS] * 2, 2: [NELEMS] * 2} for r in (0, 1)})
     assert len(ops) == 8
-    assert stop_traces.diagnose_traces(ops, coverage, 2) is None
+    assert stop_diagnosis.diagnose_traces(ops, coverage, 2) is None
 
 
 def test_a_rank_whose_window_ended_earlier_is_not_blamed_for_steps_it_does_not_cover(tmp_path):
     # rank 1's trace covers steps 1-2 only: step 3 is outside its window, not missing from it
     ops, coverage = _run(tmp_path, {0: {1: [NELEMS], 2: [NELEMS], 3: [NELEMS]},
                                     1: {1: [NELEMS], 2: [NELEMS]}})
-    assert stop_traces.diagnose_traces(ops, coverage, 2) is None
+    assert stop_diagnosis.diagnose_traces(ops, coverage, 2) is None
 
 
 def _frame_op(rank, step, nbytes=4, pg="0", pg_size=4, at=0):
@@ -99,8 +107,8 @@ def test_on_four_ranks_the_odd_one_is_named_and_a_lone_covering_member_is_not_co
                           for r in range(4)]
                        + [_frame_op(0, 3, at=20)])  # only rank 0's trace covers step 3
     coverage = pd.DataFrame([(r, s) for r in range(4) for s in (1, 2)] + [(0, 3)],
-                            columns=stop_traces.COVERAGE_COLUMNS)
-    [row] = stop_traces.diagnose_traces(ops, coverage, 4)["groups"].to_dict("records")
+                            columns=stop_diagnosis.COVERAGE_COLUMNS)
+    [row] = stop_diagnosis.diagnose_traces(ops, coverage, 4).groups.to_dict("records")
     assert (row["kind"], row["step"], row["odd_ranks"], row["covering_ranks"]) == (
         "mismatch", 2, [2], [0, 1, 2, 3])
     assert row["text"].startswith("rank 2 issued collective #0 of step 2 on group 0 unlike the "
@@ -131,7 +139,7 @@ def test_a_crashed_run_traced_without_comms_records_is_diagnosed_from_its_traces
     assert (group["kind"], group["step"], group["position"], group["op"]) == (
         "missing", 3, 1, "all_reduce")
     assert (group["missing_ranks"], group["issued_ranks"]) == ([1], [0])
-    text = output.text_report(run.report)
+    text = text_report.text_report(run.report)
     assert ("the trace of rank 1 holds no all_reduce #1 of step 3 on group unknown, which the "
             "trace of rank 0 holds; last position every trace holds alike: step 3 #0") in text
     assert "rank 1 (crashed)" in text

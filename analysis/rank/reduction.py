@@ -1,11 +1,13 @@
-"""What the command keeps of one rank once its events are dropped (docs/analysis.md, "Large runs
-and Dask"): its per-rank tables and the few summaries that the run-wide analyses need.
+"""The per-rank reduction: every table and summary of one rank that the run-wide analyses need,
+computed from its events alone (docs/analysis.md, "Large runs and Dask").
 
 `rank_tables(trace)` runs where the rank's file is parsed (a local worker process or a Dask
-worker); every run-wide analysis takes these results (analysis.rank.reduced) instead of the
-events where a rank has them, so that the result is the same whichever way the rank was loaded
-and no trace is decoded twice. A table that fails there is recorded as failed, and the analysis
-that takes it reports that failure.
+worker; a rank of several profiler windows once they are merged), through the one load of
+analysis.run.loading. Its RankTables (analysis.core.contracts) is the only source of these
+tables: every run-wide analysis takes them from it (RankTrace.table), whether or not the rank
+still holds its events, so that no trace is decoded twice and no table has a second path. A
+table that fails there is recorded as failed, and the analysis that takes it reports that
+failure.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
+from analysis.core.contracts import RankTables
 from analysis.core.forked import ForkedResult, can_fork
-from analysis.rank import critical_path, flops, issuers
-from analysis.rank.comm import events as comm_events
-from analysis.rank.comm import ops as communication
+from analysis.rank import flops, issuers
+from analysis.rank import one_rank_path as critical_path
+from analysis.rank.comm import comm_ops as communication
+from analysis.rank.comm import event_ops as comm_events
 from analysis.rank.comm.kernel_names import named_kernels
 from analysis.rank.hta import hta_rank_summary
 from analysis.rank.idle import idle_gaps
 from analysis.rank.pipeline_schedule import rank_schedule
-from analysis.rank.reduced import FAILED, reduced_table
 from analysis.rank.step_breakdown import breakdown_per_step, kind_and_layers
 
 # The columns of the communication events that crossrank.frames.ops_from_events reads.
@@ -74,11 +77,11 @@ RANK_SUMMARIES = {
     "hta": hta_rank_summary,  # analysis.rank.hta.hta_temporal_breakdown
     "pipeline_schedule": rank_schedule,  # analysis.rank.pipeline_schedule.detect
     "ddp_accumulation": lambda trace: issuers.ddp_accumulation([trace]),  # ddp_accumulation
-    "comm_events": _comm_events,  # analysis.crossrank.frames.run_frames
+    "comm_events": _comm_events,  # analysis.crossrank.run_frames.run_frames
     "event_count": lambda trace: len(trace.events),
     # analysis.run's path of a run of one traced rank (rank_tables says where it is built).
     "critical_path": lambda trace, events=None: critical_path.analyse(trace, events),
-    # analysis.findings.stop_traces: the collectives of every step of a trace, for the stop
+    # analysis.findings.stop_diagnosis: the collectives of every step of a trace, for the stop
     # diagnosis of a run folder without comm records (rank_tables says where it is built).
     "stop_trace_ops": lambda trace: comm_events.ops_from_events(
         trace.events, _every_step(trace), _every_step(trace), trace.rank, trace.world_size),
@@ -86,10 +89,10 @@ RANK_SUMMARIES = {
 
 
 def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
-                path_beside: bool = False) -> dict:
-    """The tables and summaries computed from one rank's events alone, by name; one that fails
-    is named in the result's FAILED ({name: "ExceptionType: message"}) instead, and the analysis
-    that takes it reports that failure (analysis.rank.reduced).
+                path_beside: bool = False) -> RankTables:
+    """The tables and summaries computed from one rank's events alone (RANK_TABLES and
+    RANK_SUMMARIES); one that fails is named in the result's `failed` ({name: "ExceptionType:
+    message"}) instead, and RankTables.take raises that failure where the table is taken.
 
     What only some runs need is built where it may be needed, since the events are not read
     again: the one-rank critical path where the rank may be the run's only traced one (the run
@@ -99,10 +102,11 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
 
     `path_beside`: a run's one trace has its critical path, the slowest of them, computed in a
     forked child on the machine's second core (analysis.core.forked) while the rest are
-    computed here, and the analyses after them; its value is a ForkedResult until it is taken
-    (analysis.rank.reduced)."""
+    computed here, and the analyses after them; its value is a ForkedResult until it is
+    taken."""
     builds = {**RANK_TABLES, **RANK_SUMMARIES}
     found: dict = {}
+    failed: dict = {}
     if not (only_trace or (trace.world_size or 1) <= 1):
         del builds["critical_path"]
     elif path_beside and only_trace and can_fork() and trace.events is not None:
@@ -131,9 +135,9 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     for name, build in builds.items():
         try:
             found[name] = build(trace)
-        except Exception as exc:  # noqa: BLE001  (reported by the analysis that takes it)
-            found.setdefault(FAILED, {})[name] = f"{type(exc).__name__}: {exc}"
-    return found
+        except Exception as exc:  # noqa: BLE001  (raised where the table is taken)
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    return RankTables(**found, failed=failed)
 
 
 def _every_step(trace):
@@ -142,8 +146,9 @@ def _every_step(trace):
 
 
 def _kind_and_layers(trace) -> tuple | None:
-    """step_breakdown.kind_and_layers of the trace; None where it fails (each table then
-    computes it again, and fails where it did)."""
+    """step_breakdown.kind_and_layers of the trace; None where it fails: each table then
+    calls its own function without it, which raises that failure as its own (or has no step
+    to need it)."""
     try:
         return kind_and_layers(trace)
     except Exception:  # noqa: BLE001
@@ -166,10 +171,3 @@ def _kernel_join(events) -> comm_events.KernelJoin | None:
         return comm_events.KernelJoin(events)
     except Exception:  # noqa: BLE001
         return None
-
-
-def ddp_accumulation(traces) -> str | None:
-    """issuers.ddp_accumulation over the run, from each rank's own verdict."""
-    return issuers.strongest_verdict([
-        reduced_table(trace, "ddp_accumulation", lambda t: issuers.ddp_accumulation([t]))
-        for trace in traces or []])

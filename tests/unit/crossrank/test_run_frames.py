@@ -1,4 +1,4 @@
-"""The cross-rank ops of Kineto traces (analysis.crossrank.frames.ops_from_events), the step of
+"""The cross-rank ops of Kineto traces (analysis.crossrank.run_frames.ops_from_events), the step of
 each op in its own rank's steps, and the functions of column values computed once per distinct
 value (analysis.crossrank.distinct), against answers worked out by hand on small built frames."""
 
@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis.core.steps import step_at
 from analysis.crossrank import distinct
-from analysis.crossrank.frames import OP_COLUMNS, _steps_by_rank, ops_from_events
+from analysis.crossrank.run_frames import OP_COLUMNS, _steps_by_rank, ops_from_events
 
 
 # ---- ops_from_events -----------------------------------------------------------------------------
