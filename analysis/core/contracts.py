@@ -81,10 +81,9 @@ class RankTables:
     where it is)."""
 
     per_step: pd.DataFrame | None = None  # analysis.rank.step_breakdown.breakdown_per_step
-    # analysis.rank.idle.idle_gaps (a ForkedResult while computed beside, as the two below)
-    idle_gaps: pd.DataFrame | ForkedResult | None = None
+    idle_gaps: pd.DataFrame | None = None  # analysis.rank.idle.idle_gaps
     comm_ops: pd.DataFrame | None = None  # analysis.rank.comm.comm_ops.comm_ops
-    # analysis.rank.flops.rank_flops_tables
+    # analysis.rank.flops.rank_flops_tables (each a ForkedResult while computed beside)
     step_flops: pd.DataFrame | ForkedResult | None = None
     op_roofline: pd.DataFrame | ForkedResult | None = None
     hta: dict | None = None  # analysis.rank.hta.hta_rank_summary

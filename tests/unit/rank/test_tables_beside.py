@@ -1,5 +1,5 @@
-"""A run's one trace has some of its tables (the idle gaps, the FLOP tables and the one-rank
-critical path) computed in one forked child beside the rest of its reduction
+"""A run's one trace has some of its tables (the FLOP tables and the one-rank critical path)
+computed in one forked child beside the rest of its reduction
 (analysis.rank.reduction.rank_tables, `path_beside`): the tables taken are those computed here,
 and a failure there is the failure computing it here gives."""
 
@@ -32,9 +32,8 @@ def test_the_tables_computed_beside_are_the_ones_computed_here(trace):
     here = rank_tables(trace, only_trace=True)
     assert all(isinstance(getattr(beside, name), ForkedResult) for name in BESIDE)
     assert beside.take("step_flops")["flops_per_step"].tolist() == [MM_FLOPS]
-    for name in ("idle_gaps", "step_flops", "op_roofline"):
+    for name in ("step_flops", "op_roofline"):
         pd.testing.assert_frame_equal(beside.take(name), here.take(name))
-    assert len(beside.take("idle_gaps")) > 0
     for name in ("critical_path_steps", "critical_path_segments"):
         pd.testing.assert_frame_equal(getattr(beside.take("critical_path"), name),
                                       getattr(here.take("critical_path"), name))
