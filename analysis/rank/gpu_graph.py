@@ -28,8 +28,10 @@ from analysis.core.event_kinds import (
 )
 
 START, STEP_END, SINK, HOST, DEVICE = range(5)
-CATEGORIES = ("cpu", "idle", "launch", "kernel", "comm_kernel", "memcpy", "memset")
-CPU, IDLE, LAUNCH, KERNEL, COMM_KERNEL, MEMCPY, MEMSET = range(len(CATEGORIES))
+CATEGORIES = ("cpu", "idle", "launch", "kernel", "comm_kernel", "memcpy", "memset",
+              "device_idle", "previous_step")
+(CPU, IDLE, LAUNCH, KERNEL, COMM_KERNEL, MEMCPY, MEMSET, DEVICE_IDLE,
+ PREVIOUS_STEP) = range(len(CATEGORIES))
 DEVICE_CATEGORY = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 _NAMES = np.array(CATEGORIES, dtype=object)
 
@@ -50,6 +52,11 @@ class RankGraph:
     level_starts: np.ndarray | None  # set by steps_alone, for dag.propagate
     steps: pd.DataFrame   # step, start_ns, end_ns
     covered: list         # per thread code: (union starts, union ends, prefix of lengths)
+    stream: np.ndarray    # DEVICE: its stream's code in `stream_busy`; else -1
+    # per stream code: (union starts, union ends, prefix of lengths) of every device op on it,
+    # those launched outside the steps included: what an op waited behind on its stream
+    stream_busy: list
+    chained: np.ndarray   # per row of `steps`: it follows the row before (its E -> S edge)
 
 
 def _codes_where(column: pd.Series, test) -> np.ndarray:
@@ -84,9 +91,11 @@ class _Calls:
     launch_of: np.ndarray  # per device op, its call's position in `host`
 
 
-def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
+def build(events: pd.DataFrame, steps: pd.DataFrame, chain: bool = True) -> RankGraph | None:
     """The graph of the steps (step, start_ns, end_ns) of one rank's events frame; None where
-    the steps launch no device op."""
+    the steps launch no device op. `chain`: consecutive steps follow each other (the previous
+    step's end to the next one's start: ProfilerSteps); without it each window stands alone
+    (instances of an annotation, with other work between them)."""
     steps = steps.sort_values("start_ns", kind="stable").reset_index(drop=True)
     s_start, s_end = steps["start_ns"].to_numpy("int64"), steps["end_ns"].to_numpy("int64")
     n_steps = len(steps)
@@ -112,8 +121,9 @@ def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
                                       _device_categories(events, dev)])
     # Edges in one fixed order: a node's predecessors of equal time are told apart by it.
     device = _device_edges(events, n_steps, cols, calls)
+    consecutive = _consecutive_steps(steps) if chain else (_edge([], []))
     edges = (_host_edges(steps, cols, calls, step_thread) + device[:1]
-             + [_consecutive_steps(steps)] + device[1:])
+             + [consecutive] + device[1:])
     src = np.concatenate([a for a, _ in edges])
     dst = np.concatenate([b for _, b in edges])
     latest = dag.latest_predecessor(time, src, dst)
@@ -128,9 +138,32 @@ def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
     duration = np.where(latest == dag.NEVER, 0, time - latest)
     covered = _coverage(events, ts, end, cols.thread_of, cols.gpu, cols.runtime,
                         int(cols.thread_of.max(initial=-1)) + 1)
+    stream_code, stream_busy = _stream_busy(events, cols, dev)
+    chained = np.zeros(n_steps, bool)
+    chained[consecutive[1]] = True
     return RankGraph(time=time, duration=duration, kind=kind, step=step, thread=thread, busy=busy,
                      device_category=device_category, src=src, dst=dst,
-                     level_starts=None, steps=steps, covered=covered)
+                     level_starts=None, steps=steps, covered=covered,
+                     stream=np.concatenate([np.full(base_k, -1), stream_code]),
+                     stream_busy=stream_busy, chained=chained)
+
+
+def _stream_busy(events: pd.DataFrame, cols: _Columns, dev: np.ndarray) -> tuple[np.ndarray,
+                                                                                  list]:
+    """Per graph device op its stream's code, and per code the union of every device op
+    (kernel, memcpy, memset) of that stream in the trace, launched inside the steps or not,
+    with the running sum of its lengths (for `covered`'s arithmetic)."""
+    device_op = cols.gpu & _codes_where(events["cat"],
+                                        lambda c: normal_cat(c) in DEVICE_CATEGORY)
+    rows = np.union1d(np.flatnonzero(device_op), dev)
+    stream = events["stream"].to_numpy("int64")
+    codes, of_row = np.unique(stream[rows], return_inverse=True)
+    busy = []
+    for code in range(len(codes)):
+        mine = rows[of_row == code]
+        u_start, u_end = _union(cols.ts[mine], cols.end[mine])
+        busy.append((u_start, u_end, np.concatenate([[0], np.cumsum(u_end - u_start)])))
+    return np.searchsorted(codes, stream[dev]), busy
 
 
 def _columns(events: pd.DataFrame) -> _Columns:
@@ -345,10 +378,22 @@ def _union(starts: np.ndarray, ends: np.ndarray):
 
 def covered(graph: RankGraph, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Host work (ns) of each thread in [lo, hi): its ops' and calls' union inside."""
+    return _inside(graph.covered, thread, lo, hi)
+
+
+def stream_held(graph: RankGraph, stream: np.ndarray, lo: np.ndarray,
+                hi: np.ndarray) -> np.ndarray:
+    """Time (ns) in [lo, hi) during which each stream ran device ops (any: launched inside
+    the steps or not)."""
+    return _inside(graph.stream_busy, stream, lo, hi)
+
+
+def _inside(unions: list, code: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per row, the time of unions[code] inside [lo, hi); 0 where code is -1."""
     result = np.zeros(len(lo), np.int64)
-    for t in np.unique(thread[thread >= 0]):
-        mine = np.flatnonzero(thread == t)
-        starts, ends, prefix = graph.covered[t]
+    for t in np.unique(code[code >= 0]):
+        mine = np.flatnonzero(code == t)
+        starts, ends, prefix = unions[t]
         result[mine] = _running(starts, ends, prefix, hi[mine]) - _running(
             starts, ends, prefix, lo[mine])
     return result

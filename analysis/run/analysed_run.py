@@ -359,6 +359,7 @@ class Run:
             findings=parts["findings"], notes=parts["notes"], mfu=parts["mfu"],
             roofline=parts["roofline"], cross_rank=parts["cross_rank"],
             critical=parts["critical"], verdict=parts["verdict"], captures=parts["captures"],
+            path_window=loaded.path_window,
             stop=parts["stop"])
 
     def document(self) -> dict:
@@ -377,16 +378,17 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
 def open_run(path, steps: str | None = None, *, run: str | None = None,
              hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
              comm_kernels: tuple = (), keep_events: bool = True,
-             peak_tflops: float | None = None) -> Run:
+             peak_tflops: float | None = None, path_window=None) -> Run:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, trace files),
     with the options of the command line (`steps` as in --steps, e.g. "3-5,7"; `peak_tflops` as
-    --peak-tflops, every rank's peak for MFU);
+    --peak-tflops, every rank's peak for MFU; `path_window` a PathWindow as --window and
+    --instance);
     `keep_events=False` holds each rank's reduced results instead of its events, for runs of
     many ranks (docs/analysis.md, "Large runs and Dask"). Raises
     NothingToAnalyse when `path` holds no trace, ValueError for a bad `steps`."""
     loaded = load_run_path(path, steps, run=run, hta_compatible=hta_compatible,
                            use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels,
-                           keep_events=keep_events)
+                           keep_events=keep_events, path_window=path_window)
     where = loaded.run_dir if loaded.run_dir is not None else Path(
         path[0] if isinstance(path, (list, tuple)) else path)
     return Run(loaded, name=where.name or str(where), path=str(where), steps_spec=steps,
