@@ -111,9 +111,9 @@ def _parts(graph: RankGraph, nodes, low, high, chosen) -> dict:
     """The path's nodes cut into three parts of one category each, in time order: a device
     op's wait before it split into the time its stream ran work launched before the step
     (previous_step) and the rest (launch, or device_idle where it followed its stream or the
-    step's start), then its own time; a host stretch's host work (cpu) and the rest (idle), the latter
-    taken as one part each in the order cpu then idle (the stretch is not cut where they
-    alternate), after an empty first part."""
+    step's start), then its own time; a host stretch's host work (cpu) and the rest (idle),
+    the latter taken as one part each in the order cpu then idle (the stretch is not cut where
+    they alternate), after an empty first part."""
     kind = graph.kind[nodes]
     device = kind == DEVICE
     busy = np.minimum(graph.busy[nodes], high - low)

@@ -29,10 +29,11 @@ def windows(steps: pd.DataFrame | None, events: pd.DataFrame,
 
     Without `window`: the ProfilerSteps `steps` (selected), which follow each other; with none,
     the whole trace, from its first op's start to its last op's end (host ops, runtime calls
-    and device ops: not the profiler's own span, which opens before them). With `window`: the host annotations (user_annotation on the host) whose name
-    contains `window.name`, numbered 0, 1, ... in order of start, `window.instance` alone where
-    given; they follow each other only where all are ProfilerSteps (other annotations have
-    other work between them). Raises ValueError naming the window where it matches nothing."""
+    and device ops: not the profiler's own span, which opens before them). With `window`: the
+    host annotations (user_annotation on the host) whose name contains `window.name`,
+    numbered 0, 1, ... in order of start, `window.instance` alone where given; they follow
+    each other only where all are ProfilerSteps (other annotations have other work between
+    them). Raises ValueError naming the window where it matches nothing."""
     if window is None:
         if steps is not None and len(steps):
             return steps[["step", "start_ns", "end_ns"]], True
