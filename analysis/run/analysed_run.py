@@ -195,6 +195,10 @@ class Run:
             return None
         if not len(result.critical_path_steps):  # no analysed step across ranks: one rank
             return self._one_rank_path() or result
+        if self.loaded.path_window is not None:
+            self._guarded.problems.append(
+                f"--window {self.loaded.path_window.name!r}: the critical path across ranks is "
+                f"per step; the window applies to the path of a run of one traced rank")
         return result
 
     def _one_rank_path(self) -> CriticalPath | None:
