@@ -185,7 +185,7 @@ def main() -> int:
         columns = ["trace_dir", "profiler_steps", "annotation", "instance", "total_us",
                    *(f"{k}_us" for k in HTA_CATEGORIES), "error"]
         with args.csv.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns, restval="")
+            writer = csv.DictWriter(f, fieldnames=columns, restval="", lineterminator="\n")
             writer.writeheader()
             writer.writerows(written)
         print(f"wrote {args.csv}")
