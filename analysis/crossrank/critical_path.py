@@ -33,7 +33,7 @@ from analysis.crossrank.step_graph import (
     StepGraph,
 )
 
-CATEGORIES = ("compute", "transfer", "queued", "clock", "between_steps", "previous_step")
+CATEGORIES = ("compute", "transfer", "queued", "clock", "between_steps")
 
 
 def binding_predecessors(graph: StepGraph) -> np.ndarray:
@@ -63,19 +63,17 @@ def path_end_nodes(graph: StepGraph, times: np.ndarray | None = None) -> np.ndar
     return ends[order][group_starts(step[order])]
 
 
-def category_of(graph: StepGraph, nodes: np.ndarray, duration: np.ndarray | None = None,
-                path_step: np.ndarray | None = None) -> np.ndarray:
+def category_of(graph: StepGraph, nodes: np.ndarray,
+                duration: np.ndarray | None = None) -> np.ndarray:
     """Each node's category on the path by its kind and the sign of its duration (default
-    the node's; its part on the path where given); a node of an earlier step than the path's
-    (`path_step`) is previous_step."""
+    the node's; its part on the path where given). A step start lasts the time since its
+    rank's previous step ended (the chained graph): between_steps."""
     kind = graph.kind[nodes]
     duration = graph.duration[nodes] if duration is None else duration
-    earlier = (np.zeros(len(nodes), bool) if path_step is None
-               else graph.step[nodes] < path_step)
     category = np.select(
-        [duration < 0, earlier, kind == START, np.isin(kind, (ISSUE, STEP_END)),
-         kind == END_OF_OP, kind == ARRIVAL],
-        ["clock", "previous_step", "between_steps", "compute", "transfer", "queued"], "")
+        [duration < 0, kind == START, np.isin(kind, (ISSUE, STEP_END)), kind == END_OF_OP,
+         kind == ARRIVAL],
+        ["clock", "between_steps", "compute", "transfer", "queued"], "")
     return category
 
 
@@ -140,7 +138,7 @@ def trace_paths(graph: StepGraph) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     nodes, which, back, begin, stopped = _walk(graph, chosen, ends, low)
     part = graph.time[nodes] - begin
     path_step = graph.step[ends][which]
-    category = category_of(graph, nodes, part, path_step)
+    category = category_of(graph, nodes, part)
     segments = path_segments(graph, nodes, back, begin, path_step, category)
     on_path = part != 0
     rows = pd.DataFrame({"step": path_step[on_path], "rank": graph.rank[nodes[on_path]],
