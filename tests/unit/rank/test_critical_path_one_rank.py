@@ -103,10 +103,14 @@ def test_a_run_of_one_rank_reports_its_own_path(tmp_path):
     assert run.document()["critical_path"][0]["by_rank"]
 
 
+def trace_and_path(folder: str):
+    trace = load_run_path(DATA / folder, use_cache=False).ranks[0]
+    return trace, cp.analyse(trace)
+
+
 @pytest.fixture(scope="module")
 def resnet():
-    trace = load_run_path(DATA / "kineto" / "resnet50_num_workers_0", use_cache=False).ranks[0]
-    return trace, cp.analyse(trace)
+    return trace_and_path("kineto/resnet50_num_workers_0")
 
 
 def test_resnet_steps_are_covered_exactly(resnet):
@@ -230,8 +234,7 @@ def hta_critical_path(trace_dir: str, annotation: str, profiler_steps: str = "ye
 
 @pytest.fixture(scope="module")
 def ns_resolution():
-    trace = load_run_path(DATA / "hta" / "ns_resolution_trace", use_cache=False).ranks[0]
-    return trace, cp.analyse(trace)
+    return trace_and_path("hta/ns_resolution_trace")
 
 
 def test_ns_resolution_steps_agree_with_hta_where_the_device_is_a_step_behind(ns_resolution):
