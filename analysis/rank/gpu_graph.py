@@ -28,10 +28,12 @@ from analysis.core.event_kinds import (
 )
 
 START, STEP_END, SINK, HOST, DEVICE = range(5)
-CATEGORIES = ("cpu", "idle", "launch", "kernel", "comm_kernel", "memcpy", "memset",
-              "device_idle", "previous_step")
-(CPU, IDLE, LAUNCH, KERNEL, COMM_KERNEL, MEMCPY, MEMSET, DEVICE_IDLE,
- PREVIOUS_STEP) = range(len(CATEGORIES))
+# In the order a device op's time runs: the host, the wait behind earlier work, the launch or
+# the gap after the op before on the stream, the op itself.
+CATEGORIES = ("cpu", "idle", "previous_step", "launch", "device_idle", "kernel", "comm_kernel",
+              "memcpy", "memset")
+(CPU, IDLE, PREVIOUS_STEP, LAUNCH, DEVICE_IDLE, KERNEL, COMM_KERNEL, MEMCPY,
+ MEMSET) = range(len(CATEGORIES))
 DEVICE_CATEGORY = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 _NAMES = np.array(CATEGORIES, dtype=object)
 
