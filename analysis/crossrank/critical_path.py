@@ -33,7 +33,7 @@ from analysis.crossrank.step_graph import (
     StepGraph,
 )
 
-CATEGORIES = ("compute", "transfer", "queued", "clock", "between_steps")
+CATEGORIES = ("compute", "transfer", "queued", "clock", "between_steps", "previous_step")
 
 
 def binding_predecessors(graph: StepGraph) -> np.ndarray:
@@ -67,13 +67,15 @@ def category_of(graph: StepGraph, nodes: np.ndarray,
                 duration: np.ndarray | None = None) -> np.ndarray:
     """Each node's category on the path by its kind and the sign of its duration (default
     the node's; its part on the path where given). A step start lasts the time since its
-    rank's previous step ended (the chained graph): between_steps."""
+    rank's previous step ended (the chained graph): between_steps; an arrival queued behind
+    an op of an earlier step: previous_step."""
     kind = graph.kind[nodes]
     duration = graph.duration[nodes] if duration is None else duration
+    earlier = step_graph.behind_earlier_step(graph)[nodes]
     category = np.select(
         [duration < 0, kind == START, np.isin(kind, (ISSUE, STEP_END)), kind == END_OF_OP,
-         kind == ARRIVAL],
-        ["clock", "between_steps", "compute", "transfer", "queued"], "")
+         earlier, kind == ARRIVAL],
+        ["clock", "between_steps", "compute", "transfer", "previous_step", "queued"], "")
     return category
 
 

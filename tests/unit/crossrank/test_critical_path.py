@@ -9,7 +9,7 @@ from analysis.core.contracts import CrossRank
 from analysis.crossrank import analyse as cross_rank_pass
 from analysis.crossrank import critical_path, step_graph
 from analysis.report.critical import critical_path_json
-from helpers.crossrank_ops import MS, frame, op
+from helpers.crossrank_ops import MS, frame, op, steps_frame
 
 STEP = 100 * MS
 
@@ -237,3 +237,17 @@ def test_a_steps_path_begins_where_the_previous_steps_path_ended():
         (0, "compute"): 40.0, (0, "transfer"): 10.0}
     segments = result.critical_path_segments
     assert segments.loc[segments["step"] == 2, "start_ns"].min() == 150 * MS
+
+
+def test_an_op_queued_behind_the_previous_steps_op_waits_for_the_previous_step():
+    # Step 1's all_reduce (issued at 30 ms) ends at 130 ms, after the step (0-100 ms); step 2's
+    # all_reduce on the same queue, issued at 110 ms, starts only then: its 20 ms in the queue
+    # are step 1's work holding step 2, not step 2's own.
+    rows = [op(r, 30 * MS, 130 * MS, step=1) for r in (0, 1)]
+    rows += [op(r, 110 * MS, 150 * MS, step=2) for r in (0, 1)]
+    stepped = steps_frame([0, 1], [1, 2], step_ns=100 * MS).assign(
+        start_ns=lambda f: f["start_ns"] - 100 * MS, end_ns=lambda f: f["end_ns"] - 100 * MS)
+    result = critical_path.analyse(cross(rows, stepped, 2), stepped)
+    step_2 = result.critical_path.query("step == 2").groupby("category")["ms"].sum()
+    assert step_2.to_dict() == {"compute": 60.0, "previous_step": 20.0, "transfer": 20.0}
+    assert result.critical_path_steps["path_ms"].tolist() == [100.0, 100.0]
