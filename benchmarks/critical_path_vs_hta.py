@@ -19,7 +19,8 @@ side with HTA"):
 
 The windows: every ProfilerStep (HTA's instance i is the i-th, ours is its step number), and
 with --strip-profiler-steps a copy of the trace without ProfilerStep events, analysed for
-every instance of --annotation (default "## forward ##") and as the whole trace. `--csv` writes
+each instance of --annotation (default "## forward ##") on its own (--window NAME --instance
+N, as HTA takes one instance) and as the whole trace. `--csv` writes
 HTA's figures (tests/data/hta-0.5.0-critical-path.csv's columns). Only the standard library is
 imported at the top, so HTA's venv can run the worker mode.
 """
@@ -82,15 +83,27 @@ def run_hta(python: str, trace_dir: Path, annotation: str, instances: list[int])
 
 
 # ---- ours ------------------------------------------------------------------------------------
-def ours(trace_dir: Path, window) -> tuple[list[dict], list[int]]:
-    """Per window: total, per category, and the window numbers."""
+def ours(trace_dir: Path, window, alone: bool = False) -> tuple[list[dict], list[int]]:
+    """Per window: total, per category, and the window numbers. `alone`: each occurrence of
+    the window's annotation analysed on its own (--instance N), as HTA takes one instance."""
     sys.path.insert(0, str(REPO))
+    from analysis.core.step_spec import PathWindow
     from analysis.rank import one_rank_path
     from analysis.run.loading import load_run_path
 
     trace = next(t for t in load_run_path(trace_dir, use_cache=False).ranks
                  if t.events is not None)
     result = one_rank_path.analyse(trace, window=window, answer_what_if=False)
+    if alone:
+        results = [one_rank_path.analyse(trace, window=PathWindow(window.name, int(n)),
+                                         answer_what_if=False)
+                   for n in result.critical_path_steps["step"]]
+        rows = [row for one in results for row in _rows(one)]
+        return rows, [int(s) for s in result.critical_path_steps["step"]]
+    return _rows(result), [int(s) for s in result.critical_path_steps["step"]]
+
+
+def _rows(result) -> list[dict]:
     by = result.critical_path.groupby(["step", "category"])["ms"].sum()
     rows = []
     for step in result.critical_path_steps.itertuples():
@@ -98,7 +111,7 @@ def ours(trace_dir: Path, window) -> tuple[list[dict], list[int]]:
         rows.append({"window": int(step.step), "total_ms": step.path_ms,
                      "previous_step_ms": mine.get("previous_step", 0.0),
                      **{k: sum(mine.get(c, 0.0) for c in cats) for k, cats in OURS_OF.items()}})
-    return rows, [int(s) for s in result.critical_path_steps["step"]]
+    return rows
 
 
 def stripped_copy(trace_dir: Path, into: Path) -> Path:
@@ -172,7 +185,7 @@ def main() -> int:
                 continue
             bare = stripped_copy(trace_dir, Path(tmp) / trace_dir.name)
             try:
-                mine, _ = ours(bare, PathWindow(args.annotation))
+                mine, _ = ours(bare, PathWindow(args.annotation), alone=True)
             except ValueError as exc:  # the trace has no such annotation
                 print(f"{trace_dir.name:<22} {exc}")
             else:

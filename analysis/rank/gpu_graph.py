@@ -54,10 +54,9 @@ class RankGraph:
     level_starts: np.ndarray | None  # set by steps_alone, for dag.propagate
     steps: pd.DataFrame   # step, start_ns, end_ns
     covered: list         # per thread code: (union starts, union ends, prefix of lengths)
-    stream: np.ndarray    # DEVICE: its stream's code in `stream_busy`; else -1
-    # per stream code: (union starts, union ends, prefix of lengths) of every device op on it,
-    # those launched outside the steps included: what an op waited behind on its stream
-    stream_busy: list
+    # DEVICE: the latest end of the device ops of its stream that started before it (those
+    # launched outside the steps included): what it queued behind; else NEVER
+    stream_before: np.ndarray
     chained: np.ndarray   # per row of `steps`: it follows the row before (its E -> S edge)
 
 
@@ -140,32 +139,35 @@ def build(events: pd.DataFrame, steps: pd.DataFrame, chain: bool = True) -> Rank
     duration = np.where(latest == dag.NEVER, 0, time - latest)
     covered = _coverage(events, ts, end, cols.thread_of, cols.gpu, cols.runtime,
                         int(cols.thread_of.max(initial=-1)) + 1)
-    stream_code, stream_busy = _stream_busy(events, cols, dev)
     chained = np.zeros(n_steps, bool)
     chained[consecutive[1]] = True
     return RankGraph(time=time, duration=duration, kind=kind, step=step, thread=thread, busy=busy,
                      device_category=device_category, src=src, dst=dst,
                      level_starts=None, steps=steps, covered=covered,
-                     stream=np.concatenate([np.full(base_k, -1), stream_code]),
-                     stream_busy=stream_busy, chained=chained)
+                     stream_before=np.concatenate([np.full(base_k, dag.NEVER),
+                                                   _stream_before(events, cols, dev)]),
+                     chained=chained)
 
 
-def _stream_busy(events: pd.DataFrame, cols: _Columns, dev: np.ndarray) -> tuple[np.ndarray,
-                                                                                  list]:
-    """Per graph device op its stream's code, and per code the union of every device op
-    (kernel, memcpy, memset) of that stream in the trace, launched inside the steps or not,
-    with the running sum of its lengths (for `covered`'s arithmetic)."""
+def _stream_before(events: pd.DataFrame, cols: _Columns, dev: np.ndarray) -> np.ndarray:
+    """Per graph device op, the latest end of the device ops (kernel, memcpy, memset) of its
+    stream in the trace that started before it, launched inside the steps or not (NEVER for
+    a stream's first)."""
     device_op = cols.gpu & _codes_where(events["cat"],
                                         lambda c: normal_cat(c) in DEVICE_CATEGORY)
     rows = np.union1d(np.flatnonzero(device_op), dev)
-    stream = events["stream"].to_numpy("int64")
-    codes, of_row = np.unique(stream[rows], return_inverse=True)
-    busy = []
-    for code in range(len(codes)):
-        mine = rows[of_row == code]
-        u_start, u_end = _union(cols.ts[mine], cols.end[mine])
-        busy.append((u_start, u_end, np.concatenate([[0], np.cumsum(u_end - u_start)])))
-    return np.searchsorted(codes, stream[dev]), busy
+    stream = events["stream"].to_numpy("int64")[rows]
+    start, end = cols.ts[rows], cols.end[rows]
+    order = np.lexsort((rows, start, stream))
+    first = np.ones(len(order), bool)
+    first[1:] = stream[order][1:] != stream[order][:-1]
+    reach = _cummax_by_group(end[order], first)
+    before = np.full(len(order), dag.NEVER)
+    before[1:] = reach[:-1]
+    before[first] = dag.NEVER
+    of_row = np.empty(len(order), np.int64)
+    of_row[order] = np.arange(len(order))
+    return before[of_row[np.searchsorted(rows, dev)]]
 
 
 def _columns(events: pd.DataFrame) -> _Columns:
@@ -383,11 +385,13 @@ def covered(graph: RankGraph, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray
     return _inside(graph.covered, thread, lo, hi)
 
 
-def stream_held(graph: RankGraph, stream: np.ndarray, lo: np.ndarray,
+def held_before(graph: RankGraph, nodes: np.ndarray, lo: np.ndarray,
                 hi: np.ndarray) -> np.ndarray:
-    """Time (ns) in [lo, hi) during which each stream ran device ops (any: launched inside
-    the steps or not)."""
-    return _inside(graph.stream_busy, stream, lo, hi)
+    """Per device node, the part of [lo, hi) before the ops it queued behind on its stream
+    ended (graph.stream_before): that earlier work's time, its gaps included."""
+    before = graph.stream_before[nodes]
+    held = np.clip(np.where(before == dag.NEVER, lo, before) - lo, 0, None)
+    return np.minimum(held, np.maximum(hi - lo, 0))
 
 
 def _inside(unions: list, code: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -37,7 +37,7 @@ from analysis.rank.gpu_graph import (
     binding_predecessors,
     build,
     covered,
-    stream_held,
+    held_before,
 )
 
 
@@ -122,7 +122,7 @@ def _parts(graph: RankGraph, nodes, low, high, chosen) -> dict:
     host = ~device
     work[host] = covered(graph, graph.thread[nodes[host]], low[host], high[host])
     held = np.zeros(len(nodes), np.int64)
-    held[device] = stream_held(graph, graph.stream[nodes[device]], low[device], cut[device])
+    held[device] = held_before(graph, nodes[device], low[device], cut[device])
     binding_kind = graph.kind[np.clip(chosen[nodes], 0, None)]
     wait = np.where(binding_kind == HOST, LAUNCH, DEVICE_IDLE)
     first_end = low + held
@@ -253,7 +253,7 @@ def what_if(graph: RankGraph, rank: int) -> list[dict]:
     rows = np.flatnonzero(waited_launch)
     own = np.minimum(graph.duration, graph.busy)[rows]
     # The wait behind work launched before the step (previous_step) is no launch latency: kept.
-    behind = stream_held(graph, graph.stream[rows], graph.time[rows] - graph.duration[rows],
+    behind = held_before(graph, rows, graph.time[rows] - graph.duration[rows],
                          graph.time[rows] - own)
     no_latency[rows] = own + behind
     halved = graph.duration.copy()

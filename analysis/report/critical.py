@@ -34,10 +34,13 @@ def what_if_text(what_if: list) -> pd.DataFrame:
                          for w in what_if])
 
 
-def critical_path_text(critical: dict) -> str:
-    """The Critical path section: the path per analysed step, then the what-if answers."""
+def critical_path_text(critical: dict, window=None) -> str:
+    """The Critical path section: the path per analysed step (per occurrence of `window`'s
+    annotation, a PathWindow, where given), then the what-if answers."""
+    unit = ("step" if window is None else
+            f"occurrence of {window.name!r} (step: its number, 0-based)")
     return "\n".join([
-        _table(critical_path_steps_text(critical), "Critical path per step "
+        _table(critical_path_steps_text(critical), f"Critical path per {unit} "
                "(docs/critical-path.md; waiting for peers is never on it)"),
         _table(what_if_text(critical.what_if), "What if (largest saving first)",
                "  saved ms/step: mean over the analysed steps; what the model ignores: "

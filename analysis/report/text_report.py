@@ -152,7 +152,7 @@ def text_report(report: RunReport) -> str:
     lines += _breakdown_sections(report, covered)
     lines += _collectives_sections(report)
     if report.critical is not None:
-        lines.append(critical_path_text(report.critical))
+        lines.append(critical_path_text(report.critical, report.path_window))
     lines += _ranks_section(report)
     if not report.per_step.empty:
         mfu = mfu_text(report.mfu, report.roofline)

@@ -180,12 +180,14 @@ def test_each_moment_is_on_one_steps_path_only(tmp_path):
 
 def test_device_work_launched_before_the_step_is_the_previous_step(tmp_path):
     b = TraceBuilder(rank=0, world_size=1)
-    b.compute(100, 160, launch_at=90)  # launched before the step: not the step's work
+    # Two kernels launched before the step (not the step's work), 1 us apart on the stream.
+    b.compute(100, 130, launch_at=90).compute(131, 160, launch_at=92)
     b.step(1, 100, 150).op("aten::a", 104, 107)
     b.compute(160, 200, launch_at=105)
     result = cp.analyse(load_one(b, tmp_path))
     # Host to the launch's return (106: 2 us in ops and calls, 4 idle); the kernel waits from
-    # 106 to 160 behind the earlier kernel on its stream: previous_step, not launch latency.
+    # 106 to 160 behind the earlier kernels on its stream, their gap included: previous_step,
+    # not launch latency.
     assert categories_us(result) == {"cpu": 2.0, "idle": 4.0, "previous_step": 54.0,
                                      "kernel": 40.0}
     # Removing launch latency does not remove that wait.
@@ -266,9 +268,9 @@ def test_ns_resolution_forward_window_without_profiler_steps_agrees_with_hta(tmp
     assert steps["step"].tolist() == [1]
     by = run.critical.critical_path.groupby("category")["ms"].sum()
     hta = hta_critical_path("ns_resolution_trace", "## forward ##", "removed")[1]
-    # The forward's kernels queue 64 ms behind the previous step's backward on the stream:
+    # The forward's kernels queue 65 ms behind the previous step's work on the stream:
     # previous_step, which HTA's graph (the window's own launches only) does not hold.
-    assert by["previous_step"] == pytest.approx(64.26, abs=0.5)
+    assert by["previous_step"] == pytest.approx(64.98, abs=0.5)
     own = steps["path_ms"].iloc[0] - by["previous_step"]
     assert own == pytest.approx(hta["total_ms"], rel=0.05)
     host_share = (by.get("cpu", 0) + by.get("idle", 0)) / own
