@@ -1,10 +1,12 @@
 """The critical path of each profiled step of one rank on a GPU, from its Kineto trace alone
 (docs/critical-path.md, "One rank on a GPU"), on the graph of analysis.rank.gpu_graph.
 
-The path runs from the step's last event T back through binding predecessors to the step's
-start S, so it covers the step exactly; its time is split into cpu, idle, launch, kernel,
-comm_kernel, memcpy and memset. Waiting for the device is slack: the ops the host waited for are
-on the path instead. What-if answers shorten durations and propagate each step again.
+The path of a step (or window) runs from its last event T back through binding predecessors
+to where it begins: where the previous step's path ended, or the window's start S, so that
+each moment is on one step's path; its time is split into cpu, idle, previous_step, launch,
+device_idle, kernel, comm_kernel, memcpy and memset. Waiting for the device is slack: the ops
+the host waited for are on the path instead. What-if answers shorten durations and propagate
+each step again.
 
     rank.critical_path.analyse(trace) -> {"critical_path": frame, "critical_path_steps": frame,
         "critical_path_segments": frame, "what_if": list}
@@ -109,11 +111,11 @@ def trace_paths(graph: RankGraph, rank: int) -> tuple[pd.DataFrame, pd.DataFrame
 
 def _parts(graph: RankGraph, nodes, low, high, chosen) -> dict:
     """The path's nodes cut into three parts of one category each, in time order: a device
-    op's wait before it split into the time its stream ran work launched before the step
-    (previous_step) and the rest (launch, or device_idle where it followed its stream or the
-    step's start), then its own time; a host stretch's host work (cpu) and the rest (idle),
-    the latter taken as one part each in the order cpu then idle (the stretch is not cut where
-    they alternate), after an empty first part."""
+    op's wait before it split into the time until the ops it queued behind on its stream
+    ended, launched before the step (previous_step), and the rest (launch, or device_idle where
+    it followed its stream or the step's start), then its own time; a host stretch's host work
+    (cpu) and the rest (idle), the latter taken as one part each in the order cpu then idle
+    (the stretch is not cut where they alternate), after an empty first part."""
     kind = graph.kind[nodes]
     device = kind == DEVICE
     busy = np.minimum(graph.busy[nodes], high - low)
