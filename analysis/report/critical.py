@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.core.contracts import CriticalPath
+from analysis.core.step_spec import PathWindow
 from analysis.report.text_tables import text_table as _table
 from analysis.report.values import plain, records
 
 
-def critical_path_steps_text(critical: dict) -> pd.DataFrame:
+def critical_path_steps_text(critical: CriticalPath) -> pd.DataFrame:
     """Per analysed step: the path's length, the ranks that end and start it, and its time by
     rank and category (ms)."""
     steps = critical.critical_path_steps
@@ -34,9 +36,9 @@ def what_if_text(what_if: list) -> pd.DataFrame:
                          for w in what_if])
 
 
-def critical_path_text(critical: dict, window=None) -> str:
+def critical_path_text(critical: CriticalPath, window: PathWindow | None = None) -> str:
     """The Critical path section: the path per analysed step (per occurrence of `window`'s
-    annotation, a PathWindow, where given), then the what-if answers."""
+    annotation where given), then the what-if answers."""
     unit = ("step" if window is None else
             f"occurrence of {window.name!r} (step: its number, 0-based)")
     return "\n".join([
@@ -47,7 +49,7 @@ def critical_path_text(critical: dict, window=None) -> str:
                "docs/critical-path.md")])
 
 
-def critical_path_json(critical: dict | None) -> dict:
+def critical_path_json(critical: CriticalPath | None) -> dict:
     """The document's top-level `critical_path` (per analysed step: path_ms, step_ms, end_rank,
     start_rank and `by_rank`, the path's ms by rank and category) and `what_if` (largest saving
     first); null and [] where they could not be computed (docs/critical-path.md)."""
