@@ -33,7 +33,8 @@ def windows(steps: pd.DataFrame | None, events: pd.DataFrame,
     host annotations (user_annotation on the host) whose name contains `window.name`,
     numbered 0, 1, ... in order of start, `window.instance` alone where given; they follow
     each other only where all are ProfilerSteps (other annotations have other work between
-    them). Raises ValueError naming the window where it matches nothing."""
+    them). Raises ValueError naming the window where it matches nothing, and where its
+    occurrences overlap (a name that matches nested annotations) without `window.instance`."""
     if window is None:
         if steps is not None and len(steps):
             return steps[["step", "start_ns", "end_ns"]], True
@@ -62,6 +63,11 @@ def windows(steps: pd.DataFrame | None, events: pd.DataFrame,
                              f"the trace has {len(rows)} (0-{len(rows) - 1})")
         keep = [window.instance]
         start, end, number = start[keep], end[keep], number[keep]
+    elif (start[1:] < end[:-1]).any():
+        matched = sorted({categories[c] for c in codes[rows]})
+        raise ValueError(f"--window {window.name!r}: its occurrences overlap (it matches "
+                         f"{', '.join(repr(m) for m in matched[:4])}): give a name that "
+                         f"matches one annotation, or --instance")
     chained = all(PROFILER_STEP_RE.match(categories[c]) for c in np.unique(codes[rows]))
     return steps_frame(number, start, end), chained
 

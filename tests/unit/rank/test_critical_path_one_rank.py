@@ -276,3 +276,14 @@ def test_ns_resolution_forward_window_without_profiler_steps_agrees_with_hta(tmp
     host_share = (by.get("cpu", 0) + by.get("idle", 0)) / own
     assert abs(host_share - hta["cpu_bound_ms"] / hta["total_ms"]) < 0.05
     assert run.document()["selection"]["window"] == "## forward ##"
+
+
+def test_a_window_whose_occurrences_overlap_is_refused_unless_one_is_chosen(tmp_path):
+    b = device_a_step_behind()
+    b.annotation("## forward ##", 4, 30).annotation("DDP.forward", 5, 25)
+    trace = load_one(b, tmp_path)
+    with pytest.raises(ValueError, match="occurrences overlap .*'## forward ##', 'DDP.forward'"):
+        cp.analyse(trace, window=PathWindow("forward"))
+    # Occurrence 1 (the inner one, by start) alone: from 5 us to its kernel's end.
+    one = cp.analyse(trace, window=PathWindow("forward", 1))
+    assert one.critical_path_steps["path_ms"].tolist() == [pytest.approx(0.115)]
