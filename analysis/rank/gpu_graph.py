@@ -122,7 +122,7 @@ def build(events: pd.DataFrame, steps: pd.DataFrame, chain: bool = True) -> Rank
                                       _device_categories(events, dev)])
     # Edges in one fixed order: a node's predecessors of equal time are told apart by it.
     device = _device_edges(events, n_steps, cols, calls)
-    consecutive = _consecutive_steps(steps) if chain else (_edge([], []))
+    consecutive = _consecutive_steps(steps) if chain else _edge([], [])
     edges = (_host_edges(steps, cols, calls, step_thread) + device[:1]
              + [consecutive] + device[1:])
     src = np.concatenate([a for a, _ in edges])
@@ -382,7 +382,13 @@ def _union(starts: np.ndarray, ends: np.ndarray):
 
 def covered(graph: RankGraph, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Host work (ns) of each thread in [lo, hi): its ops' and calls' union inside."""
-    return _inside(graph.covered, thread, lo, hi)
+    result = np.zeros(len(lo), np.int64)
+    for t in np.unique(thread[thread >= 0]):
+        mine = np.flatnonzero(thread == t)
+        starts, ends, prefix = graph.covered[t]
+        result[mine] = _running(starts, ends, prefix, hi[mine]) - _running(
+            starts, ends, prefix, lo[mine])
+    return result
 
 
 def held_before(graph: RankGraph, nodes: np.ndarray, lo: np.ndarray,
@@ -392,17 +398,6 @@ def held_before(graph: RankGraph, nodes: np.ndarray, lo: np.ndarray,
     before = graph.stream_before[nodes]
     held = np.clip(np.where(before == dag.NEVER, lo, before) - lo, 0, None)
     return np.minimum(held, np.maximum(hi - lo, 0))
-
-
-def _inside(unions: list, code: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per row, the time of unions[code] inside [lo, hi); 0 where code is -1."""
-    result = np.zeros(len(lo), np.int64)
-    for t in np.unique(code[code >= 0]):
-        mine = np.flatnonzero(code == t)
-        starts, ends, prefix = unions[t]
-        result[mine] = _running(starts, ends, prefix, hi[mine]) - _running(
-            starts, ends, prefix, lo[mine])
-    return result
 
 
 def _running(starts, ends, prefix, at):
