@@ -1,4 +1,5 @@
-"""Step numbers as text: the --steps argument (`3-5,7`) and ranges in messages (`0-2, 5`).
+"""Step numbers as text: the --steps argument (`3-5,7`) and ranges in messages (`0-2, 5`); the
+analysis commands' other argument types.
 Without pandas: the command reads --steps before it imports it (analysis.ingest.parse_ahead)."""
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ def positive_number(text: str) -> float:
     return value
 
 
+def regex_argument(text: str) -> re.Pattern:
+    """A regular expression argument (--comm-kernel), compiled."""
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise ArgumentTypeError(f"not a regular expression: {text!r} ({exc})") from None
+
 
 @dataclass(frozen=True)
 class PathWindow:
@@ -91,10 +99,11 @@ def window_options(parser) -> None:
     path)."""
     parser.add_argument("--window", metavar="NAME",
                         help="the one-rank critical path per occurrence of the host annotation "
-                             "whose name contains NAME (e.g. a record_function), not per "
-                             "ProfilerStep (docs/critical-path.md, \"Windows\")")
+                             "whose name contains NAME (e.g. a record_function; default: per "
+                             "ProfilerStep; docs/critical-path.md, \"Windows\")")
     parser.add_argument("--instance", type=int, metavar="N",
-                        help="with --window: only its occurrence N (0-based, in time order)")
+                        help="with --window: only its occurrence N (0-based, in time order; "
+                             "default: every one)")
 
 
 def path_window(parser, args) -> PathWindow | None:
