@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from analysis.core.forked import ComputedElsewhereFailed, ForkedResult
+from analysis.core.step_spec import PathWindow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -336,6 +337,8 @@ class RunReport:
     captures: list[dict] = field(default_factory=list)  # the capture windows and what they show
     stop: StopDiagnosis | None = None  # None for a run that ended well
     memory: MemorySection | None = None  # None without step records
+    # the one-rank critical path's windows (--window, --instance), None: the steps
+    path_window: PathWindow | None = None
 
     def nothing_analysed(self) -> bool:
         """No breakdown row and no collective: nothing to show but the reasons."""

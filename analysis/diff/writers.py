@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from analysis.core.step_spec import PathWindow
 from analysis.report.html import html_table
 from analysis.report.html.assets import SCRIPT, STYLE
 from analysis.report.html.charts import esc
@@ -29,7 +30,7 @@ LONG_SECTIONS = [("categories", "Where each step's time goes, mean ms per step",
 MS_SECTIONS = ("categories", "critical_path")
 
 
-def document(result: dict, a, b, steps_spec: str | None) -> dict:
+def document(result: dict, a, b, steps_spec: str | None, window: PathWindow | None = None) -> dict:
     """The JSON document (docs/diff.md#the-json-document)."""
     def side(s) -> dict:
         return {"path": s.path, "runs": [r.name for r in s.runs]}
@@ -39,7 +40,9 @@ def document(result: dict, a, b, steps_spec: str | None) -> dict:
         "schema_version": DOCUMENT_VERSION,
         "a": {**side(a), "layout": plain(layout["a"])},
         "b": {**side(b), "layout": plain(layout["b"])},
-        "selection": {"steps": steps_spec or "all"},
+        "selection": {"steps": steps_spec or "all",
+                      "window": getattr(window, "name", None),
+                      "instance": getattr(window, "instance", None)},
         "verdict": {"text": result["verdict"], "coverage": result["coverage"],
                     **{k: plain(result["change"][k]) for k in CHANGE_KEYS}},
         "layout_note": layout["note"],

@@ -19,6 +19,7 @@ import pandas as pd
 
 from analysis.core.contracts import RankTables
 from analysis.core.forked import ForkedResult, can_fork
+from analysis.core.step_spec import PathWindow
 from analysis.rank import flops, issuers
 from analysis.rank import one_rank_path as critical_path
 from analysis.rank.comm import comm_ops as communication
@@ -80,7 +81,8 @@ RANK_SUMMARIES = {
     "comm_events": _comm_events,  # analysis.crossrank.run_frames.run_frames
     "event_count": lambda trace: len(trace.events),
     # analysis.run's path of a run of one traced rank (rank_tables says where it is built).
-    "critical_path": lambda trace, events=None: critical_path.analyse(trace, events),
+    "critical_path": lambda trace, events=None, window=None: critical_path.analyse(
+        trace, events, window=window),
     # analysis.findings.stop_diagnosis: the collectives of every step of a trace, for the stop
     # diagnosis of a run folder without comm records (rank_tables says where it is built).
     "stop_trace_ops": lambda trace: comm_events.ops_from_events(
@@ -89,7 +91,7 @@ RANK_SUMMARIES = {
 
 
 def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
-                path_beside: bool = False) -> RankTables:
+                path_beside: bool = False, path_window: PathWindow | None = None) -> RankTables:
     """The tables and summaries computed from one rank's events alone (RANK_TABLES and
     RANK_SUMMARIES); one that fails is named in the result's `failed` ({name: "ExceptionType:
     message"}) instead, and RankTables.take raises that failure where the table is taken.
@@ -103,8 +105,10 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     `path_beside`: a run's one trace has its critical path, the slowest of them, computed in a
     forked child on the machine's second core (analysis.core.forked) while the rest are
     computed here, and the analyses after them; its value is a ForkedResult until it is
-    taken."""
+    taken. `path_window`: the one-rank critical path's windows (--window, --instance)."""
     builds = {**RANK_TABLES, **RANK_SUMMARIES}
+    if path_window is not None:
+        builds["critical_path"] = partial(builds["critical_path"], window=path_window)
     found: dict = {}
     failed: dict = {}
     if not (only_trace or (trace.world_size or 1) <= 1):
@@ -112,7 +116,7 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     elif path_beside and only_trace and can_fork() and trace.events is not None:
         # The events as they are now: the caller drops them once the rank is reduced.
         found["critical_path"] = ForkedResult(partial(builds.pop("critical_path"), trace,
-                                                      trace.events))
+                                                      events=trace.events))
     records = getattr(trace, "records", None)
     if not run_folder or records is None or len(records.comms):
         del builds["stop_trace_ops"]

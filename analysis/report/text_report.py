@@ -153,7 +153,7 @@ def text_report(report: RunReport) -> str:
     lines += _breakdown_sections(report, covered)
     lines += _collectives_sections(report)
     if report.critical is not None:
-        lines.append(critical_path_text(report.critical))
+        lines.append(critical_path_text(report.critical, report.path_window))
     lines += _ranks_section(report)
     memory = memory_text(report.memory)
     if memory:

@@ -200,6 +200,10 @@ class Run:
             return None
         if not len(result.critical_path_steps):  # no analysed step across ranks: one rank
             return self._one_rank_path() or result
+        if self.loaded.path_window is not None:
+            self._guarded.problems.append(
+                f"--window {self.loaded.path_window.name!r}: the critical path across ranks is "
+                f"per step; the window applies to the path of a run of one traced rank")
         return result
 
     def _one_rank_path(self) -> CriticalPath | None:
@@ -388,7 +392,7 @@ class Run:
             findings=parts["findings"], notes=parts["notes"], mfu=parts["mfu"],
             roofline=parts["roofline"], cross_rank=parts["cross_rank"],
             critical=parts["critical"], verdict=parts["verdict"], captures=parts["captures"],
-            stop=parts["stop"], memory=parts["memory"])
+            stop=parts["stop"], memory=parts["memory"], path_window=loaded.path_window)
 
     def document(self) -> dict:
         """The JSON document of `--format json`."""
@@ -406,16 +410,17 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
 def open_run(path, steps: str | None = None, *, run: str | None = None,
              hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
              comm_kernels: tuple = (), keep_events: bool = True,
-             peak_tflops: float | None = None) -> Run:
+             peak_tflops: float | None = None, path_window=None) -> Run:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, trace files),
     with the options of the command line (`steps` as in --steps, e.g. "3-5,7"; `peak_tflops` as
-    --peak-tflops, every rank's peak for MFU);
+    --peak-tflops, every rank's peak for MFU; `path_window` a PathWindow as --window and
+    --instance);
     `keep_events=False` holds each rank's reduced results instead of its events, for runs of
     many ranks (docs/analysis.md, "Large runs and Dask"). Raises
     NothingToAnalyse when `path` holds no trace, ValueError for a bad `steps`."""
     loaded = load_run_path(path, steps, run=run, hta_compatible=hta_compatible,
                            use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels,
-                           keep_events=keep_events)
+                           keep_events=keep_events, path_window=path_window)
     where = loaded.run_dir if loaded.run_dir is not None else Path(
         path[0] if isinstance(path, (list, tuple)) else path)
     return Run(loaded, name=where.name or str(where), path=str(where), steps_spec=steps,
