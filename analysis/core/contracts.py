@@ -279,6 +279,7 @@ class RunReport:
     critical: CriticalPath | None = None
     verdict: Verdict | None = None
     captures: list[dict] = field(default_factory=list)  # the capture windows and what they show
+    phases: list[Phase] = field(default_factory=list)  # the run's phases, in step order
     stop: StopDiagnosis | None = None  # None for a run that ended well
 
     def nothing_analysed(self) -> bool:
