@@ -10,15 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import crossrank
-from analysis.crossrank import critical_path
 from analysis.crossrank.phases import (
     MAX_RANK_SERIES,
     change_points,
     find_phases,
     step_series,
 )
-from helpers.crossrank_ops import MS, frame, op, synced
+from helpers.crossrank_ops import MS
+from helpers.phase_runs import synthetic_run
 
 RNG_SEED = 7
 
@@ -159,33 +158,7 @@ def test_unknown_waits_and_missing_rank_steps_do_not_stop_the_search():
     assert phases[0].ranks[0]["wait_ms"] is not None
 
 
-# ---- each phase judged on its own steps: a synthetic 2-rank run ---------------------------------
-def synthetic_run(steps: int, slow_from: int, slow_ms: float = 60.0, work_ms: float = 1.0):
-    """A 2-rank run with one all_reduce per step: each rank works `work_ms` before it (rank 1
-    `slow_ms` more from step `slow_from`), the op ends 0.1 ms after its last member arrives,
-    the step 0.2 ms later. (per_step rows with the pass's waits, the cross-rank pass, its
-    critical path)."""
-    rng = np.random.default_rng(RNG_SEED)
-    ops, step_rows, t = [], [], 0
-    for step in range(1, steps + 1):
-        work = {r: (work_ms + rng.uniform(0, 0.05)) * MS for r in (0, 1)}
-        if step >= slow_from:
-            work[1] += slow_ms * MS
-        end = t + max(work.values()) + 0.1 * MS
-        for rank in (0, 1):
-            ops.append(op(rank, t + work[rank], end, step=step))
-            step_rows.append({"rank": rank, "step": step, "start_ns": int(t),
-                              "end_ns": int(end + 0.2 * MS)})
-        t = end + 0.2 * MS
-    steps_frame = pd.DataFrame(step_rows)
-    cross = crossrank.analyse(frame(ops), steps_frame, synced([0, 1]), world_size=2)
-    waits = cross.waits[["rank", "step", "wait_for_peers_ms"]]
-    rows = steps_frame.merge(waits, on=["rank", "step"], how="left")
-    rows = rows.assign(step_ns=rows["end_ns"] - rows["start_ns"],
-                       peer_wait_ns=rows["wait_for_peers_ms"] * MS)
-    return rows, cross, critical_path.analyse(cross)
-
-
+# ---- each phase judged on its own steps: a synthetic 2-rank run (helpers.phase_runs) ------------
 def test_a_late_rank_in_a_short_slow_phase_is_named_in_it_and_its_what_if_is_its_own():
     rows, cross, critical = synthetic_run(400, slow_from=380)
     # over the whole run, rank 1 is last in 5% of the steps: not named
