@@ -12,11 +12,13 @@ NOISE_FLOOR_MS), and ruptures' kernel change-point search with a linear kernel (
 the mean, least squares) cuts it where a cut saves more than PENALTY_FACTOR x series x
 log(points). Each cut is then placed to the step on the smoothed steps around it.
 
-A cut only makes a phase when it matters: two neighbouring stretches stay apart when one's mean
-step is at least MIN_STEP_RATIO times the other's and that difference, over the shorter one's
-steps, is at least MIN_SHARE_PCT of the run's time; or when the straggler rule
-(analysis.crossrank.culprit), applied to each stretch's own steps, names a different late rank
-in each. Otherwise they are one phase (the most alike first, until every neighbour differs).
+A cut only makes a phase when it matters: two neighbouring stretches stay apart when a rank's
+mean wait in one is at least MIN_WAIT_RATIO times the other's, or the mean step MIN_STEP_RATIO
+times, and that difference, over the shorter one's steps, is at least MIN_SHARE_PCT of the
+run's time. Otherwise they are one phase (the pair whose difference makes the least time
+first, until every neighbour differs). Each phase is then judged on its own steps: the
+straggler rule (analysis.crossrank.culprit) names its late rank, and the what-if answers
+(analysis.crossrank.what_if) are averaged over its steps.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def phase_opening(phases: list[Phase]) -> PhaseOpening | None:
                   f"{lead.first_step} on: its host (CPU frequency, other processes on its "
                   f"cores), its data loader and data shard, or work only it does (logging, "
                   f"checkpointing, evaluation); a capture window of those steps shows what it "
-                  f"ran (docs/tracer.md).")
+                  f"ran (docs/tracer.md, \"Capturing slow steps\").")
         change_ms = float(lead.late_ms_per_step)
     return PhaseOpening(lines=lines, waits=" ".join(who), what_if=answer, change=change,
                         change_ms_per_step=change_ms)
