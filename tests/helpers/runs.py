@@ -24,6 +24,8 @@ from helpers.launch import DDP, launch, torchrun_env
 PIPELINE = "workloads/pipeline.py"
 MODEL_PARALLEL = "workloads/model_parallel.py"
 LINEAR_DDP = "tests/scripts/linear_ddp.py"
+SLOW_FROM = "tests/scripts/slow_from.py"
+SLOW_FROM_STEP = 50
 
 # ---- the cross-rank runs: small models, so that an injected host delay dominates each step -----
 # One DDP gradient bucket, about 1 ms of compute per step.
@@ -147,6 +149,12 @@ RUNS: dict[str, Run] = {
     # against FlopCounterMode's count, its losses against an untraced process's.
     "linear-ddp": Run(LINEAR_DDP, ("--steps", "12"), tracer=(), save=True,
                       users="test_flops_of_a_traced_run"),
+    # Issue 37's short case, with the tracer's default options: 80 steps of about 1 ms, rank 1
+    # busy 60 ms more in each from step 50 on (after its backward: rank 0 waits for it in the
+    # next step's all-reduce).
+    "slow-from-50": Run(SLOW_FROM, ("--steps", "80", "--slow-from", str(SLOW_FROM_STEP),
+                                    "--step-ms", "0", "--slow-ms", str(STRAGGLE_DDP_DELAY_MS)),
+                        tracer=(), users="test_phases_of_a_traced_run"),
     **{f"{name}-tiny": Run(script, (*TINY_MODEL, *flags), nproc=nproc, save=True,
                            users="test_workloads_train_like_references, "
                                  "test_traced_training_bit_identical (untraced, eager)")
