@@ -81,7 +81,7 @@ def rolling_median(matrix: np.ndarray, width: int = FILTER_STEPS) -> np.ndarray:
     return np.median(windows, axis=-1)
 
 
-def noise_of(matrix: np.ndarray) -> np.ndarray:
+def series_noise(matrix: np.ndarray) -> np.ndarray:
     """Each column's noise, ms: 1.4826 x MAD of its step-to-step differences / sqrt(2), at
     least NOISE_FLOOR_MS."""
     if len(matrix) < 3:
@@ -91,7 +91,7 @@ def noise_of(matrix: np.ndarray) -> np.ndarray:
     return np.maximum(1.4826 * mad / math.sqrt(2), NOISE_FLOOR_MS)
 
 
-def _binned(matrix: np.ndarray) -> tuple[np.ndarray, int]:
+def _point_means(matrix: np.ndarray) -> tuple[np.ndarray, int]:
     """(the rows as at most MAX_POINTS points, each the mean of `size` consecutive rows; size)."""
     size = -(-len(matrix) // MAX_POINTS)
     if size == 1:
@@ -141,12 +141,12 @@ def change_points(matrix: np.ndarray, min_steps: int = MIN_PHASE_STEPS) -> list[
     if len(matrix) < 2 * min_steps:
         return []
     smooth = rolling_median(matrix)
-    points, size = _binned(smooth)
-    scaled = points / noise_of(points)
+    points, size = _point_means(smooth)
+    scaled = points / series_noise(points)
     cuts = _search(scaled, max(2, -(-min_steps // size)))
     if size == 1 or not cuts:
         return cuts
-    signal = smooth / noise_of(smooth)
+    signal = smooth / series_noise(smooth)
     bounds = [0, *[c * size for c in cuts], len(matrix)]
     placed = [_placed(signal, bounds[i - 1], bounds[i], bounds[i + 1], 2 * size)
               for i in range(1, len(bounds) - 1)]

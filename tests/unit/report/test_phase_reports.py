@@ -18,7 +18,7 @@ from analysis.report.json_document import run_document
 from analysis.report.phase_table import MAX_DRAWN_STEPS, phase_table, step_time_lines
 from analysis.report.text_report import text_report
 from analysis.run.analysed_run import open_run
-from helpers.synthetic import TraceBuilder, trace_name
+from helpers.synthetic import nccl_run
 
 ON_TIME = {"change": "rank 1 on time", "kind": "rank_on_time", "ranks": [1],
            "saved_ms_per_step": 60.0, "predicted_step_ms": 1.2, "steps": 2}
@@ -32,16 +32,7 @@ PHASES = [Phase(0, 1, 2, 20.0, 9.0, {0: {"step_ms": 9.0, "wait_ms": 0.1},
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """Two GPU ranks, 3 steps of 9 ms, as analysed: one phase."""
-    folder = tmp_path_factory.mktemp("phases")
-    for rank in range(2):
-        trace = TraceBuilder(rank=rank, world_size=2)
-        for step in range(3):
-            start = 1000 + step * 10_000
-            trace.step(step, start, start + 9_000)
-            trace.kernel("gemm", start + 200, start + 6_200)
-            trace.nccl(start + 8_300, start + 8_900)
-        trace.write(folder / trace_name(rank))
-    return open_run(folder, use_cache=False).report
+    return open_run(nccl_run(tmp_path_factory.mktemp("phases")), use_cache=False).report
 
 
 def test_a_run_of_one_phase_has_it_in_its_document_and_nothing_in_its_text(report):
