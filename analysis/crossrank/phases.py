@@ -13,12 +13,14 @@ the mean, least squares) cuts it where a cut saves more than PENALTY_FACTOR x se
 log(points). Each cut is then placed to the step on the smoothed steps around it.
 
 A cut only makes a phase when it matters: two neighbouring stretches stay apart when a rank's
-mean wait in one is at least MIN_WAIT_RATIO times the other's, or the mean step MIN_STEP_RATIO
-times, and that difference, over the shorter one's steps, is at least MIN_SHARE_PCT of the
-run's time. Otherwise they are one phase (the pair whose difference makes the least time
-first, until every neighbour differs). Each phase is then judged on its own steps: the
-straggler rule (analysis.crossrank.culprit) names its late rank, and the what-if answers
-(analysis.crossrank.what_if) are averaged over its steps.
+mean wait for peers in one is at least MIN_WAIT_RATIO times the other's, and that difference,
+over the shorter one's steps, is at least MIN_SHARE_PCT of the run's time; and, where the
+cross-rank pass matched ops, when the straggler rule (analysis.crossrank.culprit) names a late
+rank on the steps of one of them. A phase is a change of who waits for whom, and for which
+late rank: the whole job's step time alone makes none. Otherwise neighbours are one phase (the
+pair whose difference makes the least time first, until every neighbour differs). Each phase is
+then judged on its own steps: its late rank by the straggler rule, and the what-if answers
+(analysis.crossrank.what_if) averaged over its steps.
 """
 
 from __future__ import annotations
@@ -39,10 +41,9 @@ MAX_RANK_SERIES = 8  # up to this many ranks, each rank's own series; more: acro
 NOISE_FLOOR_MS = 0.05  # a series steadier than this is taken as this noisy
 PENALTY_FACTOR = 4.0  # x series x log(points): what a cut must save, in units of noise^2
 MIN_WAIT_RATIO = 1.5  # a rank waits at least this much more (or less) than in the neighbour
-# ... or the whole job's mean step is this much slower (or faster) with no such change of who
-# waits: on a shared host, other work slows 1 ms steps of every rank 3x for hundreds of steps
-# (measured), while a slow node of a job of several shows as its ranks' lateness.
-MIN_STEP_RATIO = 4.0
+# The whole job's step time alone makes no phase: other work on a shared host slows every rank
+# alike (measured: 1 ms steps 3x slower for 168 steps, 5.5x for 323 at load 12 on 2 cores),
+# while a slow host in a job of several shows as its ranks' lateness, which the others wait for.
 MAX_CUTS = 15  # more cuts than this: the penalty is doubled until there are at most this many
 MIN_WAIT_MS = 0.05  # a rank waiting less than this per step is not named as waiting
 # What-if kinds not answered per phase: a formula's estimate, a change of scale
@@ -165,37 +166,33 @@ class _Stretch:
     def steps(self) -> int:
         return int(self.rows["step"].nunique())
 
-    def levels(self) -> np.ndarray:
-        """The series two stretches are compared on, ms: the mean step over its rows, then each
-        rank's mean wait (0 where not known), by rank."""
-        waits = self.rows.groupby("rank")["peer_wait_ns"].mean().fillna(0.0) / 1e6
-        return np.concatenate([[self.rows["step_ns"].mean() / 1e6], waits.to_numpy()])
+    def waits(self) -> pd.Series:
+        """Each rank's mean wait for peers over the stretch, ms (0 where not known)."""
+        return self.rows.groupby("rank")["peer_wait_ns"].mean().fillna(0.0) / 1e6
 
 
 def at_stake(a: _Stretch, b: _Stretch) -> tuple[bool, float]:
-    """(whether a series differs enough between neighbours a and b; the time the largest
-    such difference makes, ms): a rank's mean wait in one is at least MIN_WAIT_RATIO times the
-    other's, or the mean step MIN_STEP_RATIO times; the time is the difference over the
-    shorter one's steps (the mean step's times its ranks), which must be at least
-    MIN_SHARE_PCT of the run's time (summed over ranks) for two phases."""
-    la, lb = a.levels(), b.levels()
-    if len(la) != len(lb):  # a rank in one only: compare the mean step alone
-        la, lb = la[:1], lb[:1]
-    ranks = max(a.rows["rank"].nunique(), b.rows["rank"].nunique(), 1)
-    shorter = min(a.steps, b.steps)
-    weight = np.full(len(la), float(shorter))
-    weight[0] *= ranks
-    high, low = np.maximum(la, lb), np.minimum(la, lb)
-    stake = (high - low) * weight
-    ratio = np.full(len(la), MIN_WAIT_RATIO)
-    ratio[0] = MIN_STEP_RATIO
-    ratio_ok = high >= ratio * np.maximum(low, NOISE_FLOOR_MS)
-    return bool(ratio_ok.any()), float(np.where(ratio_ok, stake, 0.0).max())
+    """(whether a rank's mean wait differs enough between neighbours a and b: at least
+    MIN_WAIT_RATIO times in one what it is in the other, a wait under NOISE_FLOOR_MS counted
+    as that; the time such differences make over the shorter one's steps, summed over those
+    ranks, ms), which must be at least MIN_SHARE_PCT of the run's time (summed over ranks) for
+    two phases."""
+    wa, wb = a.waits(), b.waits()
+    ranks = wa.index.union(wb.index)
+    wa, wb = wa.reindex(ranks, fill_value=0.0), wb.reindex(ranks, fill_value=0.0)
+    high, low = np.maximum(wa, wb).to_numpy(), np.minimum(wa, wb).to_numpy()
+    differs = high >= MIN_WAIT_RATIO * np.maximum(low, NOISE_FLOOR_MS)
+    stake = (high - low) * min(a.steps, b.steps)
+    return bool(differs.any()), float(np.where(differs, stake, 0.0).sum())
 
 
-def stretches(per_step: pd.DataFrame) -> list[_Stretch]:
-    """The run's phases as stretches of steps: change points, then the neighbours that do not
-    differ joined, those whose difference makes the least time first."""
+def stretches(per_step: pd.DataFrame, cross: CrossRank | None = None,
+              fired: dict | None = None) -> list[_Stretch]:
+    """The run's phases as stretches of steps: change points, then the neighbours that are not
+    two phases joined, those whose difference makes the least time first. With the cross-rank
+    pass's ops (`cross`), two neighbours whose waits differ are two phases only where the
+    straggler rule names a late rank on the steps of one of them; `fired` keeps the rule's
+    firing rows of each stretch it was applied to, by (first, last) step."""
     rows = per_step[["rank", "step", "step_ns", "peer_wait_ns"]].apply(
         pd.to_numeric, errors="coerce")
     rows = rows[rows["rank"].notna() & rows["step"].notna() & (rows["step_ns"] > 0)]
@@ -208,14 +205,23 @@ def stretches(per_step: pd.DataFrame) -> list[_Stretch]:
     def stretch(first: int, last: int) -> _Stretch:
         return _Stretch(first, last, rows[rows["step"].between(first, last)])
 
+    fired = {} if fired is None else fired
+
+    def names_late(part: _Stretch) -> bool:
+        key = (part.first, part.last)
+        if key not in fired:
+            fired[key] = _late_on(cross, part.first, part.last, False)
+        return fired[key] is not None and len(fired[key]) > 0
+
+    judged = cross is not None and cross.ops is not None and not cross.ops.empty
     parts = [stretch(int(steps[s]), int(steps[e - 1])) for s, e in zip(starts, ends)]
     least = MIN_SHARE_PCT / 100 * float(rows["step_ns"].sum()) / 1e6
     while len(parts) > 1:
-        stakes = []
-        for i in range(len(parts) - 1):
-            differ, ms = at_stake(parts[i], parts[i + 1])
-            if not (differ and ms >= least):
-                stakes.append((ms, i))
+        stakes = [(ms, i) for i, (differ, ms) in enumerate(
+            at_stake(a, b) for a, b in zip(parts, parts[1:])) if not (differ and ms >= least)]
+        if not stakes and judged:
+            stakes = [(at_stake(a, b)[1], i) for i, (a, b) in enumerate(zip(parts, parts[1:]))
+                      if not (names_late(a) or names_late(b))]
         if not stakes:
             break
         i = min(stakes)[1]
@@ -278,7 +284,8 @@ def find_phases(per_step: pd.DataFrame, cross: CrossRank | None = None,
     the straggler rule names on its steps alone and the ranks that wait for it, and the top
     what-if answer on its steps. `per_step`: the analysed (rank, step) rows with step_ns and
     peer_wait_ns; `cross`, `critical`: the run's cross-rank pass and critical path."""
-    parts = stretches(per_step)
+    fired: dict = {}
+    parts = stretches(per_step, cross, fired)
     if not parts:
         return []
     run_ns = sum(float(p.rows["step_ns"].sum()) for p in parts)
@@ -288,7 +295,9 @@ def find_phases(per_step: pd.DataFrame, cross: CrossRank | None = None,
                           "wait_ms": (float(g["peer_wait_ns"].mean() / 1e6)
                                       if g["peer_wait_ns"].notna().any() else None)}
                  for r, g in part.rows.groupby("rank")}
-        late = _late_on(cross, part.first, part.last, len(parts) == 1)
+        key = (part.first, part.last)
+        late = (fired[key] if key in fired and len(parts) > 1
+                else _late_on(cross, part.first, part.last, len(parts) == 1))
         late_rank = int(late["rank"].iloc[0]) if late is not None and len(late) else None
         waiting = ([r for r, v in ranks.items() if r != late_rank and v["wait_ms"] is not None
                     and v["wait_ms"] >= MIN_WAIT_MS] if late_rank is not None else [])
