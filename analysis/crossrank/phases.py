@@ -55,7 +55,7 @@ def step_series(per_step: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(the analysed steps, sorted; a matrix of one row per step and one column per series, ms):
     each rank's step time and wait (a wait not known, or a step a rank lacks, takes its
     neighbour's value), or the across-rank series with more than MAX_RANK_SERIES ranks."""
-    rows = per_step[["rank", "step", "step_ns", "peer_wait_ns"]].apply(
+    rows = per_step.reindex(columns=["rank", "step", "step_ns", "peer_wait_ns"]).apply(
         pd.to_numeric, errors="coerce")
     rows = rows[rows["rank"].notna() & rows["step"].notna() & (rows["step_ns"] > 0)]
     steps = np.sort(rows["step"].unique()).astype("int64")
@@ -193,7 +193,7 @@ def stretches(per_step: pd.DataFrame, cross: CrossRank | None = None,
     pass's ops (`cross`), two neighbours whose waits differ are two phases only where the
     straggler rule names a late rank on the steps of one of them; `fired` keeps the rule's
     firing rows of each stretch it was applied to, by (first, last) step."""
-    rows = per_step[["rank", "step", "step_ns", "peer_wait_ns"]].apply(
+    rows = per_step.reindex(columns=["rank", "step", "step_ns", "peer_wait_ns"]).apply(
         pd.to_numeric, errors="coerce")
     rows = rows[rows["rank"].notna() & rows["step"].notna() & (rows["step_ns"] > 0)]
     if rows.empty:

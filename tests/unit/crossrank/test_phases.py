@@ -198,3 +198,10 @@ def test_waits_that_change_with_no_rank_late_in_either_stretch_are_one_phase():
     assert (phase.first_step, phase.last_step, phase.late_rank) == (1, 400, None)
     # on the same per-step rows, without the pass to name a late rank, the waits alone split
     assert starts(find_phases(rows)) == [1, 101, 301]
+
+
+def test_a_table_without_waits_is_one_phase_whose_waits_are_not_known():
+    rows = per_step(300, extra=late_from(200)).drop(columns="peer_wait_ns")
+    (phase,) = find_phases(rows)
+    assert (phase.first_step, phase.last_step) == (1, 300)
+    assert phase.ranks[0]["wait_ms"] is None and phase.late_rank is None
