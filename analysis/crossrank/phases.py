@@ -51,7 +51,7 @@ MIN_WAIT_MS = 0.05  # a rank waiting less than this per step is not named as wai
 NOT_PER_PHASE = ("pipeline_microbatches", "host_work_halved")
 
 
-def rank_step_rows(per_step: pd.DataFrame) -> pd.DataFrame:
+def phase_input_rows(per_step: pd.DataFrame) -> pd.DataFrame:
     """The (rank, step, step_ns, peer_wait_ns) rows of the analysed steps, as numbers: rank and
     step known, step_ns > 0 (a table without waits has them all unknown)."""
     rows = per_step.reindex(columns=["rank", "step", "step_ns", "peer_wait_ns"]).apply(
@@ -63,7 +63,7 @@ def step_series(per_step: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(the analysed steps, sorted; a matrix of one row per step and one column per series, ms):
     each rank's step time and wait (a wait not known, or a step a rank lacks, takes its
     neighbour's value), or the across-rank series with more than MAX_RANK_SERIES ranks."""
-    rows = rank_step_rows(per_step)
+    rows = phase_input_rows(per_step)
     steps = np.sort(rows["step"].unique()).astype("int64")
     step_ms = rows.pivot_table(index="step", columns="rank", values="step_ns") / 1e6
     wait_ms = rows.pivot_table(index="step", columns="rank", values="peer_wait_ns",
@@ -199,7 +199,7 @@ def stretches(per_step: pd.DataFrame, cross: CrossRank | None = None,
     pass's ops (`cross`), two neighbours whose waits differ are two phases only where the
     straggler rule names a late rank on the steps of one of them; `fired` keeps the rule's
     firing rows of each stretch it was applied to, by (first, last) step."""
-    rows = rank_step_rows(per_step)
+    rows = phase_input_rows(per_step)
     if rows.empty:
         return []
     steps, matrix = step_series(rows)
