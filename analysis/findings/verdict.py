@@ -126,13 +126,14 @@ def _conditional(answer: dict) -> str:
 def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                 notes: pd.DataFrame | None, cross_rank: CrossRank | None,
                 critical: CriticalPath | None = None, captures: list | None = None,
-                phases: list | None = None) -> Verdict:
+                memory_line: str | None = None, phases: list | None = None) -> Verdict:
     """The verdict of the analysed steps; `critical` is the run's critical path, whose top
-    what-if answer (largest saving first) the verdict quotes (`what_if`: that line, or None).
-    A run of several `phases` (analysis.crossrank.phases) opens with them instead
-    (analysis.findings.phase_lines): who waits, and the what-if, are each phase's, not the
-    whole run's; where the phase that matters most names a late rank, the change to try is
-    about it.
+    what-if answer (largest saving first) the verdict quotes (`what_if`: that line, or None);
+    `memory_line` the memory section's ("Memory: ..."), which follows who waits for whom
+    (`memory`: that line, or None). A run of several `phases` (analysis.crossrank.phases)
+    opens with them instead (analysis.findings.phase_lines): who waits, and the what-if, are
+    each phase's, not the whole run's; where the phase that matters most names a late rank,
+    the change to try is about it.
 
     state: "ranks train alone" (that finding is there), "bottleneck" (a finding with step time
     at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
@@ -144,7 +145,9 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     if steps.empty:
         line = "No step was analysed: there is no verdict (the warnings say why)."
         return Verdict(state=NO_STEP, limits=None, waits=None, change=None,
-                       change_ms_per_step=None, step_ms=None, what_if=None, lines=[line])
+                       change_ms_per_step=None, step_ms=None, what_if=None,
+                       lines=[line, *([memory_line] if memory_line else [])],
+                       memory=memory_line)
     step_ms = float(steps["step_ns"].mean() / 1e6)
     findings = findings if findings is not None else pd.DataFrame()
     notes = notes if notes is not None else pd.DataFrame()
@@ -188,13 +191,14 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                   f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
                   f"{rank_list(steps['rank'])}).")
     opening = phase_opening(phases or [])
+    memory = [memory_line] if memory_line else []
     if opening is not None:
-        lines = [*opening.lines, f"Limits the step (whole run): {limits}"]
+        lines = [*opening.lines, f"Limits the step (whole run): {limits}", *memory]
         waits, answer = opening.waits, opening.what_if
         if opening.change is not None and state != ALONE_STATE:
             state, change, change_ms = PROBLEM, opening.change, opening.change_ms_per_step
     else:
-        lines = [f"Limits the step: {limits}", f"Waiting: {waits}"]
+        lines = [f"Limits the step: {limits}", f"Waiting: {waits}", *memory]
         answer = (what_if_line(critical.what_if, len(critical.critical_path_steps))
                   if critical is not None else None)
         if answer:
@@ -210,4 +214,5 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                      + (f"; see the notes ({notes['note'].iloc[0]})." if len(notes) else "."))
     lines += [f"Captured: {window['text']}" for window in captures or []]
     return Verdict(state=state, limits=limits, waits=waits, change=change,
-                   change_ms_per_step=change_ms, step_ms=step_ms, what_if=answer, lines=lines)
+                   change_ms_per_step=change_ms, step_ms=step_ms, what_if=answer, lines=lines,
+                   memory=memory_line)

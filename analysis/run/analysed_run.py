@@ -9,6 +9,7 @@ run.per_step          # our breakdown and the per-step table, one row per (rank,
 run.per_rank, run.collectives, run.setup_collectives, run.idle_gaps, run.findings, run.problems
 run.phases            # the run's phases, each with its late rank, waits and what-if
 run.mfu, run.roofline  # MFU per rank and step, the slowest ops against the roofline
+run.memory            # memory per rank and across ranks (docs/memory.md)
 ```
 
 Each table is computed once, on first use, with what it needs and nothing more (`run.roofline`
@@ -28,6 +29,7 @@ from analysis.core.contracts import (
     Breakdown,
     CriticalPath,
     CrossRank,
+    MemorySection,
     Phase,
     RunReport,
     StopDiagnosis,
@@ -41,7 +43,10 @@ from analysis.crossrank.report_tables import with_transfer_bandwidth
 from analysis.crossrank.waits import with_waits
 from analysis.findings import bottlenecks, notes, stop_diagnosis, verdict
 from analysis.findings.capture_windows import analysed_captures
+from analysis.findings.memory_findings import with_memory_findings
+from analysis.findings.memory_section import analysed_steps, memory_section
 from analysis.ingest.capture_records import group_captures
+from analysis.ingest.memory_files import memory_inputs
 from analysis.ingest.stop_records import stop_inputs
 from analysis.rank import flops, tables
 from analysis.rank.comm import comm_ops
@@ -283,11 +288,33 @@ class Run:
 
     # ---- findings --------------------------------------------------------------------------------
     @cached_property
-    def findings(self) -> pd.DataFrame | None:
-        """The bottleneck findings, largest share of step time first."""
+    def _bottlenecks(self) -> pd.DataFrame | None:
+        """The bottleneck findings of the step time, largest share of step time first."""
         return self._guarded.table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
             self.per_step, self.per_rank, self.collectives, self.idle_gaps, self.loaded.ranks,
             cross_rank=self.cross_rank))
+
+    @cached_property
+    def memory(self) -> MemorySection | None:
+        """Memory per rank and across ranks over the analysed steps, its findings and the
+        out-of-memory diagnosis (docs/memory.md); None for a run without the tracer's step
+        records, or where it failed."""
+        def section() -> MemorySection | None:
+            inputs = memory_inputs(self.loaded)
+            if inputs is None:
+                return None
+            self._guarded.problems.extend(inputs.problems)
+            return memory_section(inputs, analysed_steps(self.per_step))
+
+        return self._guarded.part("memory", section, "memory analysis failed ({why})")
+
+    @cached_property
+    def findings(self) -> pd.DataFrame | None:
+        """The bottleneck findings, largest share of step time first, then the memory
+        findings (risks, no share of step time)."""
+        memory = self.memory
+        return with_memory_findings(self._bottlenecks,
+                                    memory.findings if memory is not None else ())
 
     @cached_property
     def notes(self) -> pd.DataFrame | None:
@@ -327,8 +354,11 @@ class Run:
     @cached_property
     def verdict(self) -> Verdict:
         """The verdict the report opens with (docs/report.md)."""
+        memory = self.memory
         return verdict.run_verdict(self.per_step, self.findings, self.notes, self.cross_rank,
-                                   self.critical, self.captures, self.phases)
+                                   self.critical, self.captures,
+                                   memory.verdict_line if memory is not None else None,
+                                   self.phases)
 
     @cached_property
     def stop(self) -> StopDiagnosis | None:
@@ -356,8 +386,9 @@ class Run:
         # In the order of the report's problems.
         parts = {name: getattr(self, name) for name in (
             "_profiled", "_gaps", "hta", "_every_op", "cross_rank", "_waited", "mfu", "roofline",
-            "per_rank", "_step_rows", "critical", "setup_collectives", "collectives", "findings",
-            "notes", "captures", "phases", "verdict", "stop")}
+            "per_rank", "_step_rows", "critical", "setup_collectives", "collectives",
+            "_bottlenecks", "memory", "findings", "notes", "captures", "phases", "verdict",
+            "stop")}
         waited = parts["_waited"]
         return RunReport(
             name=self.name, path=self.path, files=[str(f) for f in loaded.files],
@@ -372,7 +403,7 @@ class Run:
             findings=parts["findings"], notes=parts["notes"], mfu=parts["mfu"],
             roofline=parts["roofline"], cross_rank=parts["cross_rank"],
             critical=parts["critical"], verdict=parts["verdict"], captures=parts["captures"],
-            phases=parts["phases"], stop=parts["stop"])
+            phases=parts["phases"], stop=parts["stop"], memory=parts["memory"])
 
     def document(self) -> dict:
         """The JSON document of `--format json`."""

@@ -24,8 +24,7 @@ from helpers.launch import DDP, launch, torchrun_env
 PIPELINE = "workloads/pipeline.py"
 MODEL_PARALLEL = "workloads/model_parallel.py"
 LINEAR_DDP = "tests/scripts/linear_ddp.py"
-SLOW_FROM = "tests/scripts/slow_from.py"
-SLOW_FROM_STEP = 50
+MEMORY_DDP = "tests/scripts/memory_ddp.py"
 
 # ---- the cross-rank runs: small models, so that an injected host delay dominates each step -----
 # One DDP gradient bucket, about 1 ms of compute per step.
@@ -149,12 +148,14 @@ RUNS: dict[str, Run] = {
     # against FlopCounterMode's count, its losses against an untraced process's.
     "linear-ddp": Run(LINEAR_DDP, ("--steps", "12"), tracer=(), save=True,
                       users="test_flops_of_a_traced_run"),
-    # Issue 37's short case, with the tracer's default options: 80 steps of about 1 ms, rank 1
-    # busy 60 ms more in each from step 50 on (after its backward: rank 0 waits for it in the
-    # next step's all-reduce).
-    "slow-from-50": Run(SLOW_FROM, ("--steps", "80", "--slow-from", str(SLOW_FROM_STEP),
-                                    "--step-ms", "0", "--slow-ms", str(STRAGGLE_DDP_DELAY_MS)),
-                        tracer=(), users="test_phases_of_a_traced_run"),
+    # Issue 40's case: rank 0 holds 256 MiB aside all along, rank 1 keeps 2 MiB every step from
+    # step 20 on (200 steps, the default options).
+    "memory-leak": Run(MEMORY_DDP, ("--steps", "200", "--buffer", "0:256", "--leak", "1:2:20"),
+                       tracer=(), users="test_memory_across_ranks (records, growth, verdict)"),
+    # Rank 0's buffer alone, with torch's memory profiler in the default window.
+    "memory-buffer": Run(MEMORY_DDP, ("--steps", "40", "--buffer", "0:256"),
+                         tracer=("--profile-memory",),
+                         users="test_memory_across_ranks (imbalance, categories)"),
     **{f"{name}-tiny": Run(script, (*TINY_MODEL, *flags), nproc=nproc, save=True,
                            users="test_workloads_train_like_references, "
                                  "test_traced_training_bit_identical (untraced, eager)")
