@@ -28,14 +28,14 @@ def per_step(steps: int, ranks: int = 2, step_ms: float = 1.0, noise_ms: float =
     `step_ms` plus Gaussian noise, then `extra(rank, step)` -> (ms more in its step, ms of
     it waiting for peers), where given."""
     rng = np.random.default_rng(seed)
-    rows = []
-    for step in range(1, steps + 1):
-        for rank in range(ranks):
-            more, wait = extra(rank, step) if extra else (0.0, 0.0)
-            total = step_ms + more + abs(rng.normal(0, noise_ms))
-            rows.append({"rank": rank, "step": step, "step_ns": total * MS,
-                         "peer_wait_ns": (wait + abs(rng.normal(0, noise_ms / 4))) * MS})
-    return pd.DataFrame(rows)
+    step = np.repeat(np.arange(1, steps + 1), ranks)
+    rank = np.tile(np.arange(ranks), steps)
+    more, wait = (np.array([extra(int(r), int(s)) for r, s in zip(rank, step)]).T if extra
+                  else (np.zeros(len(step)), np.zeros(len(step))))
+    total = step_ms + more + np.abs(rng.normal(0, noise_ms, len(step)))
+    waited = wait + np.abs(rng.normal(0, noise_ms / 4, len(step)))
+    return pd.DataFrame({"rank": rank, "step": step, "step_ns": total * MS,
+                         "peer_wait_ns": waited * MS})
 
 
 def late_from(first: int, last: int | None = None, rank: int = 1, ms: float = 60.0):
