@@ -13,6 +13,9 @@ from analysis.core.contracts import Phase
 
 # What-if kinds the verdict quotes as "if rank R were on time".
 RANK_ON_TIME = "rank_on_time"
+# Phases besides the lead one told in a line each (its neighbours first): the verdict opens the
+# report's one screen.
+OTHER_PHASES_TOLD = 3
 
 
 def lead_phase(phases: list[Phase]) -> Phase:
@@ -91,12 +94,19 @@ def phase_opening(phases: list[Phase]) -> PhaseOpening | None:
     who = [f"{span_text(lead, phases)}, {lead.share_pct:.0f}% of the run's time) "
            f"{_who_text(lead)}."]
     at = phases.index(lead)
-    for k, phase in enumerate(phases):
-        if phase is lead:
-            continue
+    # the lead's neighbours first, then the others by their share of the run's time
+    others = sorted((k for k in range(len(phases)) if k != at),
+                    key=lambda k: (abs(k - at) > 1, -phases[k].share_pct))
+    told = sorted(others[:OTHER_PHASES_TOLD])
+    for k in told:
+        phase = phases[k]
         where = ("Before that" if k == at - 1 else "After that" if k == at + 1 else "Then")
         who.append(f"{where} (steps {phase.first_step}-{phase.last_step}, "
                    f"{phase.share_pct:.0f}% of the run's time): {_who_text(phase)}.")
+    if len(others) > len(told):
+        rest = [phases[k] for k in sorted(others[OTHER_PHASES_TOLD:])]
+        who.append(f"And {len(rest)} more phase(s), {sum(p.share_pct for p in rest):.0f}% of the "
+                   f"run's time (the phases table).")
     answer = what_if_text(lead)
     cuts = ", ".join(str(p.first_step) for p in phases[1:])
     summary = (f"Phases: {len(phases)}, the run changed at step{'s' if len(phases) > 2 else ''} "

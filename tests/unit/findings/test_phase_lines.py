@@ -106,5 +106,21 @@ def test_the_late_phase_with_the_most_time_leads():
     phases = [quiet[0], small, quiet[1], big, quiet[2]]
     assert lead_phase(phases) is big
     lines = phase_opening(phases).lines
-    assert [line.split(" (")[0] for line in lines[1:5]] == [
-        "Then", "Then", "Before that", "After that"]
+    # its neighbours, then the larger of the other two (steps 100-199), in step order
+    assert [line.split(" (")[0] for line in lines[1:4]] == ["Then", "Before that", "After that"]
+    assert lines[1].startswith("Then (steps 100-199, 10% of the run's time): rank 0 is late")
+    assert lines[4] == "And 1 more phase(s), 5% of the run's time (the phases table)."
+
+
+def test_many_phases_tell_the_lead_its_neighbours_and_the_largest_then_count_the_rest():
+    phases = [phase(100 * k + 1, 100 * k + 100, 8.0 + k, 1.0, {0: 0.1, 1: 0.1}) for k in range(8)]
+    phases[6] = phase(601, 700, 30.0, 60.0, {0: 59.0, 1: 0.0}, late=1, late_ms=59.0)
+    lines = phase_opening(phases).lines
+    assert lines[0].startswith("From step 601 to 700 (100 steps")
+    # before and after it, then the largest of the rest (steps 401-500, 12%), in step order
+    assert [line.split(":")[0] for line in lines[1:4]] == [
+        "Then (steps 401-500, 12% of the run's time)",
+        "Before that (steps 501-600, 13% of the run's time)",
+        "After that (steps 701-800, 15% of the run's time)"]
+    assert lines[4] == "And 4 more phase(s), 38% of the run's time (the phases table)."
+    assert lines[5].startswith("Phases: 8, the run changed at steps 101, 201, ")
