@@ -117,10 +117,9 @@ def phase_opening(phases: list[Phase]) -> PhaseOpening | None:
     change = change_ms = None
     if lead.late_rank is not None:
         change = (f"Find what rank {lead.late_rank} does differently from step "
-                  f"{lead.first_step} on: its host (CPU frequency, other processes on its "
-                  f"cores), its data loader and data shard, or work only it does (logging, "
-                  f"checkpointing, evaluation); a capture window of those steps shows what it "
-                  f"ran (docs/tracer.md, \"Capturing slow steps\").")
+                  f"{lead.first_step} on: its host (other processes, CPU frequency), its data "
+                  f"loader and shard, or work only it does; a capture window of those steps "
+                  f"shows it (docs/tracer.md).")
         change_ms = float(lead.late_ms_per_step)
     return PhaseOpening(lines=lines, waits=" ".join(who), what_if=answer, change=change,
                         change_ms_per_step=change_ms)
