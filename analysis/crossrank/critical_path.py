@@ -209,9 +209,10 @@ def analyse(cross: CrossRank, steps: pd.DataFrame | None = None,
                                              cross.kineto_shift_ns)
     more = (what_if_pipeline.bubble_changes(graph, schedule)
             + what_if_idle.idle_changes(graph, gaps, profiled))
-    answers = what_if.answers(graph, busbw_gbps, more)
+    answers, by_step = what_if.answers_by_step(graph, busbw_gbps, more)
     if len(graph.steps):
         answers = what_if.ordered(answers + what_if_pipeline.microbatch_answers(
             graph, schedule, answers, what_if.measured_step_ms(graph)))
     return CriticalPath(critical_path=path, critical_path_steps=summary,
-                        critical_path_segments=segments, what_if=answers)
+                        critical_path_segments=segments, what_if=answers,
+                        what_if_steps=by_step)

@@ -262,6 +262,12 @@ def critical_path(side: Side) -> pd.DataFrame:
     return summed.reset_index()
 
 
+def phases(side: Side) -> list[list]:
+    """Each run's phases (analysis.run's Run.phases: docs/definitions.md, "Phases"), in the
+    order of the side's runs."""
+    return [list(run.phases) for run in side.runs]
+
+
 def layout(side: Side) -> dict:
     """world_size, ranks, kind ("pipeline" or "data/tensor parallel"), stages of the first run."""
     run = side.runs[0]

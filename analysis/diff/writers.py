@@ -49,6 +49,9 @@ def document(result: dict, a, b, steps_spec: str | None, window: PathWindow | No
         "categories": records(_renamed(result["categories"], "_ms")),
         "critical_path": records(_renamed(result["critical_path"], "_ms")),
         "critical_path_line": result["critical_path_line"],
+        "phases": {"a": plain(result.get("phases", {}).get("a", [])),
+                   "b": plain(result.get("phases", {}).get("b", [])),
+                   "line": result.get("phases_line")},
         "operators": records(result["operators"]),
         "collectives": records(result["collectives"]),
         "resources": records(result["resources"]),
@@ -131,6 +134,8 @@ def text_report(result: dict, a, b) -> str:
         lines.append(f"Ranks: {result['layout']['note']}")
     if result.get("critical_path_line"):
         lines.append(f"Critical path: {result['critical_path_line']}")
+    if result.get("phases_line"):
+        lines.append(f"Phases: {result['phases_line']}")
     out = "\n".join(lines) + "\n"
     long_columns = {"role": "role", "a": "A", "b": "B", "delta": "B - A"}
     for section, heading, item in LONG_SECTIONS:
@@ -175,6 +180,8 @@ def html_page(result: dict, a, b) -> str:
         parts.append(f"<p>{esc(result['layout']['note'])}</p>")
     if result.get("critical_path_line"):
         parts.append(f"<p>Critical path: {esc(result['critical_path_line'])}</p>")
+    if result.get("phases_line"):
+        parts.append(f"<p>Phases: {esc(result['phases_line'])}</p>")
     long_columns = {"a": "A", "b": "B", "delta": "B \u2212 A"}
     for section, heading, item in LONG_SECTIONS:
         parts.append(f"<h2>{esc(heading)}</h2>" + _html_table(

@@ -12,6 +12,7 @@ import pandas as pd
 from analysis.core.contracts import CriticalPath, CrossRank, Verdict
 from analysis.findings.labels import rank_list
 from analysis.findings.notes import ALONE
+from analysis.findings.phase_lines import phase_opening
 
 # Verdict.state
 PROBLEM, ALONE_STATE, RISK, NOTHING_FOUND, NOTES_ONLY, NO_STEP = (
@@ -125,11 +126,14 @@ def _conditional(answer: dict) -> str:
 def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                 notes: pd.DataFrame | None, cross_rank: CrossRank | None,
                 critical: CriticalPath | None = None, captures: list | None = None,
-                memory_line: str | None = None) -> Verdict:
+                memory_line: str | None = None, phases: list | None = None) -> Verdict:
     """The verdict of the analysed steps; `critical` is the run's critical path, whose top
     what-if answer (largest saving first) the verdict quotes (`what_if`: that line, or None);
     `memory_line` the memory section's ("Memory: ..."), which follows who waits for whom
-    (`memory`: that line, or None).
+    (`memory`: that line, or None). A run of several `phases` (analysis.crossrank.phases)
+    opens with them instead (analysis.findings.phase_lines): who waits, and the what-if, are
+    each phase's, not the whole run's; where the phase that matters most names a late rank,
+    the change to try is about it.
 
     state: "ranks train alone" (that finding is there), "bottleneck" (a finding with step time
     at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
@@ -186,15 +190,24 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         limits = (f"Nothing found wrong: no finding passed its threshold (mean step "
                   f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
                   f"{rank_list(steps['rank'])}).")
-    lines = [f"Limits the step: {limits}", f"Waiting: {waits}",
-             *([memory_line] if memory_line else [])]
-    answer = (what_if_line(critical.what_if, len(critical.critical_path_steps))
-              if critical is not None else None)
-    if answer:
-        lines.append(f"What if: {answer}")
+    opening = phase_opening(phases or [])
+    memory = [memory_line] if memory_line else []
+    if opening is not None:
+        lines = [*opening.lines, f"Limits the step (whole run): {limits}", *memory]
+        waits, answer = opening.waits, opening.what_if
+        if opening.change is not None and state != ALONE_STATE:
+            state, change, change_ms = PROBLEM, opening.change, opening.change_ms_per_step
+    else:
+        lines = [f"Limits the step: {limits}", f"Waiting: {waits}", *memory]
+        answer = (what_if_line(critical.what_if, len(critical.critical_path_steps))
+                  if critical is not None else None)
+        if answer:
+            lines.append(f"What if: {answer}")
     if change:
         at_stake = (f" (up to {change_ms:.2f} ms per step at stake)"
                     if change_ms is not None else "")
+        if opening is not None and change == opening.change:
+            at_stake = f" ({change_ms:.2f} ms per step at stake in those steps)"
         lines.append(f"Try first{at_stake}: {change}")
     elif state in (NOTES_ONLY, NOTHING_FOUND):
         lines.append("Try first: nothing stands out to change"

@@ -46,6 +46,7 @@ def run_document(report: RunReport) -> dict:
         **critical_path_json(report.critical),
         **mfu_json(report.mfu, report.roofline),
         "captures": plain(report.captures),
+        "phases": plain(report.phases),
         "unavailable": dict(report.unavailable),
         "stop_diagnosis": (None if report.stop is None else {
             "groups": records(report.stop.groups), "ranks": plain(report.stop.ranks),

@@ -7,6 +7,7 @@ from analysis import open_run
 run = open_run("traces/20261129-220609-ddp", steps="3-5")
 run.per_step          # our breakdown and the per-step table, one row per (rank, step)
 run.per_rank, run.collectives, run.setup_collectives, run.idle_gaps, run.findings, run.problems
+run.phases            # the run's phases, each with its late rank, waits and what-if
 run.mfu, run.roofline  # MFU per rank and step, the slowest ops against the roofline
 run.memory            # memory per rank and across ranks (docs/memory.md)
 ```
@@ -29,6 +30,7 @@ from analysis.core.contracts import (
     CriticalPath,
     CrossRank,
     MemorySection,
+    Phase,
     RunReport,
     StopDiagnosis,
     Verdict,
@@ -36,6 +38,7 @@ from analysis.core.contracts import (
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.step_spec import parse_step_spec
 from analysis.crossrank import critical_path
+from analysis.crossrank.phases import find_phases
 from analysis.crossrank.report_tables import with_transfer_bandwidth
 from analysis.crossrank.waits import with_waits
 from analysis.findings import bottlenecks, notes, stop_diagnosis, verdict
@@ -343,12 +346,23 @@ class Run:
         return found if found is not None else []
 
     @cached_property
+    def phases(self) -> list[Phase]:
+        """The run's phases: stretches of steps in which every rank's step time and wait for
+        peers are steady, each with its own late rank, waits and what-if (docs/definitions.md,
+        "Phases"); one for a steady run, none where they could not be found."""
+        found = self._guarded.part(
+            "phases", lambda: find_phases(self.per_step, self.cross_rank, self.critical),
+            "phases failed ({why}); the run is analysed as one")
+        return found if found is not None else []
+
+    @cached_property
     def verdict(self) -> Verdict:
         """The verdict the report opens with (docs/report.md)."""
         memory = self.memory
         return verdict.run_verdict(self.per_step, self.findings, self.notes, self.cross_rank,
                                    self.critical, self.captures,
-                                   memory.verdict_line if memory is not None else None)
+                                   memory.verdict_line if memory is not None else None,
+                                   self.phases)
 
     @cached_property
     def stop(self) -> StopDiagnosis | None:
@@ -377,7 +391,8 @@ class Run:
         parts = {name: getattr(self, name) for name in (
             "_profiled", "_gaps", "hta", "_every_op", "cross_rank", "_waited", "mfu", "roofline",
             "per_rank", "_step_rows", "critical", "setup_collectives", "collectives",
-            "_bottlenecks", "memory", "findings", "notes", "captures", "verdict", "stop")}
+            "_bottlenecks", "memory", "findings", "notes", "captures", "phases", "verdict",
+            "stop")}
         waited = parts["_waited"]
         return RunReport(
             name=self.name, path=self.path, files=[str(f) for f in loaded.files],
@@ -392,7 +407,8 @@ class Run:
             findings=parts["findings"], notes=parts["notes"], mfu=parts["mfu"],
             roofline=parts["roofline"], cross_rank=parts["cross_rank"],
             critical=parts["critical"], verdict=parts["verdict"], captures=parts["captures"],
-            stop=parts["stop"], memory=parts["memory"], path_window=loaded.path_window)
+            phases=parts["phases"], stop=parts["stop"], memory=parts["memory"],
+            path_window=loaded.path_window)
 
     def document(self) -> dict:
         """The JSON document of `--format json`."""

@@ -10,20 +10,12 @@ from analysis.report.json_document import run_document
 from analysis.report.text_report import text_report
 from analysis.report.values import human_bytes, plain
 from analysis.run.analysed_run import open_run
-from helpers.synthetic import TraceBuilder, trace_name
+from helpers.synthetic import nccl_run
 
 
 def _run(folder):
     """Two GPU ranks, 3 steps of 9 ms: 6 ms of compute, then a 0.6 ms NCCL kernel."""
-    for rank in range(2):
-        trace = TraceBuilder(rank=rank, world_size=2)
-        for step in range(3):
-            start = 1000 + step * 10_000
-            trace.step(step, start, start + 9_000)
-            trace.kernel("gemm", start + 200, start + 6_200)
-            trace.nccl(start + 8_300, start + 8_900)
-        trace.write(folder / trace_name(rank))
-    return open_run(folder, use_cache=False)
+    return open_run(nccl_run(folder), use_cache=False)
 
 
 def test_the_text_report_opens_with_the_verdict_lines(tmp_path):
