@@ -275,6 +275,9 @@ class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=
     # absent on GPUs without --peak-tflops (the analysis takes the datasheet's for device_name).
     peak_tflops: float | None = None
     peak_source: str | None = None
+    # The CPUs the rank's process may run on (its affinity mask, else the host's count): with
+    # the ranks on its host, whether they compete for cores; absent in files written before.
+    cpus: int | None = None
 
 
 class ClockSync(msgspec.Struct, tag="clock_sync", tag_field="kind", omit_defaults=True):

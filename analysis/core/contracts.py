@@ -199,6 +199,9 @@ class Verdict:
     step_ms: float | None  # the analysed steps' mean
     what_if: str | None  # the top what-if answer in words
     lines: list[str] = field(default_factory=list)
+    # the changes to try, most predicted saving first (analysis.findings.verdict.tries): finding,
+    # change, saved_ms_per_step (None where the what-if model cannot price it)
+    tries: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True, eq=False)
@@ -259,6 +262,8 @@ class RunReport:
     verdict: Verdict | None = None
     captures: list[dict] = field(default_factory=list)  # the capture windows and what they show
     stop: StopDiagnosis | None = None  # None for a run that ended well
+    # per late rank and cause that holds (analysis.findings.late_ranks.cause_rows)
+    late_causes: list[dict] = field(default_factory=list)
 
     def nothing_analysed(self) -> bool:
         """No breakdown row and no collective: nothing to show but the reasons."""

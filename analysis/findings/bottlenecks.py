@@ -44,6 +44,7 @@ from analysis.findings.labels import (
     rank_list,
     run_kind,
 )
+from analysis.findings.late_ranks import stage_text, straggler_text
 from analysis.findings.notes import ALONE, ranks_alone
 from analysis.findings.resource_findings import (
     TOP_COLLECTIVES,
@@ -70,7 +71,8 @@ def _empty() -> pd.DataFrame:
 
 
 def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
-                     cross_rank: CrossRank | None = None) -> pd.DataFrame:
+                     cross_rank: CrossRank | None = None, late: dict | None = None
+                     ) -> pd.DataFrame:
     """Findings that apply, "ranks train alone" first, then largest share of step time first;
     an empty frame when none does, and always for a run without analysed steps.
 
@@ -79,6 +81,9 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     replaces the work-based straggler and the pipeline bubble is judged per stage against theory.
     Where no rank issued a collective, nobody waits: no imbalance or straggler is named from the
     spread of step times.
+    `late` holds the late ranks and their causes
+    (analysis.findings.late_ranks.late_ranks): the advice of "ranks wait for rank R" and of the
+    pipeline stage that holds the others back fits the causes that hold.
     """
     per_step = _frame(per_step)
     per_rank = _frame(per_rank)
@@ -98,7 +103,9 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     # waiting for peers comes from every analysed step's records (docs/report.md).
     split_known = ~np.isnan(floats(steps, "compute_only_ns"))
     profiled = steps if split_known.all() else steps[split_known].reset_index(drop=True)
-    pipeline_stages = cross_findings.pipeline_stages(cross_rank) if crossed else []
+    late = late or {}
+    pipeline_stages = (cross_findings.pipeline_stages(
+        cross_rank, stage=lambda rank: stage_text(late.get(rank))) if crossed else [])
     alone = ranks_alone(steps, collectives, traces, cross_rank)
     sampled = _measured_in(profiled, steps)
     findings = [
@@ -107,7 +114,9 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
                                         issuers.run_ddp_accumulation(traces),
                                         transfer_only=crossed)),
         *sampled(_device_idle(profiled, idle_gaps, device)),
-        *(waited := cross_findings.ranks_wait_for(steps, cross_rank) if crossed else []),
+        *(waited := cross_findings.ranks_wait_for(
+            steps, cross_rank, why=lambda rank: straggler_text(late.get(rank)))
+          if crossed else []),
         *([] if alone or crossed else sampled(_imbalance(
             profiled, pipeline, kind, variable_inputs=input_shapes_vary(traces)))),
         *(_measured_waiting(steps, pipeline, input_shapes_vary(traces))

@@ -38,6 +38,7 @@ from analysis.crossrank.report_tables import with_transfer_bandwidth
 from analysis.crossrank.waits import with_waits
 from analysis.findings import bottlenecks, notes, stop_diagnosis, verdict
 from analysis.findings.capture_windows import analysed_captures
+from analysis.findings.late_ranks import LateRank, cause_rows, late_ranks
 from analysis.ingest.capture_records import group_captures
 from analysis.ingest.stop_records import stop_inputs
 from analysis.rank import flops, tables
@@ -280,11 +281,23 @@ class Run:
 
     # ---- findings --------------------------------------------------------------------------------
     @cached_property
+    def late(self) -> dict[int, LateRank]:
+        """The late ranks (the straggler rule's, the pipeline stage that holds the others back)
+        and the causes that hold for each over the analysed steps (docs/report.md, "Why a rank
+        is late"); empty where none is named or the tests failed."""
+        analysed = self._waited.analysed
+        steps = analysed["step"].dropna().unique() if len(analysed) else []
+        found = self._guarded.part(
+            "late_causes", lambda: late_ranks(self.loaded.ranks, self.cross_rank, steps),
+            "the causes of the late ranks could not be tested ({why})")
+        return found or {}
+
+    @cached_property
     def findings(self) -> pd.DataFrame | None:
         """The bottleneck findings, largest share of step time first."""
         return self._guarded.table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
             self.per_step, self.per_rank, self.collectives, self.idle_gaps, self.loaded.ranks,
-            cross_rank=self.cross_rank))
+            cross_rank=self.cross_rank, late=self.late))
 
     @cached_property
     def notes(self) -> pd.DataFrame | None:
@@ -315,7 +328,7 @@ class Run:
     def verdict(self) -> Verdict:
         """The verdict the report opens with (docs/report.md)."""
         return verdict.run_verdict(self.per_step, self.findings, self.notes, self.cross_rank,
-                                   self.critical, self.captures)
+                                   self.critical, self.captures, self.late)
 
     @cached_property
     def stop(self) -> StopDiagnosis | None:
@@ -343,8 +356,8 @@ class Run:
         # In the order of the report's problems.
         parts = {name: getattr(self, name) for name in (
             "_profiled", "_gaps", "hta", "_every_op", "cross_rank", "_waited", "mfu", "roofline",
-            "per_rank", "_step_rows", "critical", "setup_collectives", "collectives", "findings",
-            "notes", "captures", "verdict", "stop")}
+            "per_rank", "_step_rows", "critical", "setup_collectives", "collectives", "late",
+            "findings", "notes", "captures", "verdict", "stop")}
         waited = parts["_waited"]
         return RunReport(
             name=self.name, path=self.path, files=[str(f) for f in loaded.files],
@@ -359,7 +372,7 @@ class Run:
             findings=parts["findings"], notes=parts["notes"], mfu=parts["mfu"],
             roofline=parts["roofline"], cross_rank=parts["cross_rank"],
             critical=parts["critical"], verdict=parts["verdict"], captures=parts["captures"],
-            stop=parts["stop"])
+            stop=parts["stop"], late_causes=cause_rows(parts["late"]))
 
     def document(self) -> dict:
         """The JSON document of `--format json`."""

@@ -1,0 +1,189 @@
+"""What the cause tests of a late rank read (analysis.findings.late_causes), gathered once per run
+from every rank's trace and records (docs/report.md, "Why a rank is late"):
+
+- `ops`: per rank and traced step, each compute op (GEMM, convolution, attention) with its input
+  shapes (Kineto's `Input Dims`, recorded by default) and its duration; on GPU traces each
+  compute kernel too, by name (a kernel's name carries its tile shapes; its time is the
+  device's, where a host op's time on a GPU trace is its launch);
+- `host`: per rank and traced step, the step's time, the time in the DataLoader's next batch,
+  the time outside every host op, and the time in each host op name (`names`);
+- `samples`: per rank and recorded step, the sampler's host CPU, process CPU, SM clock, power and
+  temperature (medians of the samples inside the step, on the records' clock);
+- `ranks`: per rank, its host, device name and the CPUs it may run on (its manifest).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analysis.core import intervals
+from analysis.core.event_kinds import DATA_LOADING_RE, HOST_OP_CATS, KERNEL_CAT, OP_ARGS_COLUMN
+from analysis.core.model import UNKNOWN_RANK
+from analysis.core.op_names import is_compute_op
+from tracer import schema
+
+OP_COLUMNS = ["rank", "step", "name", "dims", "dur_ns", "device"]
+HOST_COLUMNS = ["rank", "step", "step_ns", "loading_ns", "outside_ns"]
+NAME_COLUMNS = ["rank", "step", "name", "dur_ns"]
+SAMPLE_COLUMNS = ["rank", "step", "cpu_system_pct", "cpu_process_pct", "sm_clock_mhz",
+                  "power_w", "temp_c"]
+RANK_COLUMNS = ["rank", "host", "device", "cpus"]
+
+
+def _frame(columns: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
+
+
+@dataclass(frozen=True, eq=False)
+class LateEvidence:
+    """The evidence of every rank (the module's docstring says what each frame holds)."""
+
+    ops: pd.DataFrame = field(default_factory=lambda: _frame(OP_COLUMNS))
+    host: pd.DataFrame = field(default_factory=lambda: _frame(HOST_COLUMNS))
+    names: pd.DataFrame = field(default_factory=lambda: _frame(NAME_COLUMNS))
+    samples: pd.DataFrame = field(default_factory=lambda: _frame(SAMPLE_COLUMNS))
+    ranks: pd.DataFrame = field(default_factory=lambda: _frame(RANK_COLUMNS))
+
+
+def _step_of(at: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """The step number of each time `at` (-1 outside every step)."""
+    if steps is None or steps.empty:
+        return np.full(len(at), -1)
+    order = np.argsort(steps["start_ns"].to_numpy(), kind="stable")
+    starts = steps["start_ns"].to_numpy(dtype=np.int64)[order]
+    ends = steps["end_ns"].to_numpy(dtype=np.int64)[order]
+    numbers = steps["step"].to_numpy(dtype=np.int64)[order]
+    index = np.searchsorted(starts, at, side="right") - 1
+    inside = (index >= 0) & (at < ends[np.clip(index, 0, None)])
+    return np.where(inside, numbers[np.clip(index, 0, None)], -1)
+
+
+def _dims_text(text) -> str | None:
+    """The `Input Dims` of an op_args text as compact JSON ("[[64, 512], [512, 512]]")."""
+    try:
+        dims = json.loads(text)[0]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+    return json.dumps(dims) if isinstance(dims, list) else None
+
+
+def _compute_ops(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    names = events["name"].astype(str)
+    host = (events["cat"].isin(HOST_OP_CATS).to_numpy() & events[OP_ARGS_COLUMN].notna().to_numpy()
+            & names.map(is_compute_op).to_numpy(dtype=bool))
+    kernels = (events["is_gpu"].to_numpy(dtype=bool) & ~events["is_comm"].to_numpy(dtype=bool)
+               & (events["cat"] == KERNEL_CAT).to_numpy())
+    frames = []
+    if host.any():
+        texts = events[OP_ARGS_COLUMN].to_numpy(dtype=object)[host]
+        codes, distinct = pd.factorize(texts)
+        dims = np.array([_dims_text(t) for t in distinct], dtype=object)[codes]
+        frames.append(pd.DataFrame({"name": names.to_numpy()[host], "dims": dims,
+                                    "ts_ns": events["ts_ns"].to_numpy()[host],
+                                    "dur_ns": events["dur_ns"].to_numpy()[host],
+                                    "device": False}).dropna(subset=["dims"]))
+    if kernels.any():
+        frames.append(pd.DataFrame({"name": names.to_numpy()[kernels], "dims": "",
+                                    "ts_ns": events["ts_ns"].to_numpy()[kernels],
+                                    "dur_ns": events["dur_ns"].to_numpy()[kernels],
+                                    "device": True}))
+    if not frames:
+        return _frame(OP_COLUMNS)
+    ops = pd.concat(frames, ignore_index=True)
+    # Ops inside the DataLoader's next batch (a dataset's own matmuls) are data loading.
+    loading = events[events["cat"].isin(HOST_OP_CATS).to_numpy()
+                     & names.str.contains(DATA_LOADING_RE).to_numpy()]
+    if len(loading):
+        starts, ends = intervals.union(loading["ts_ns"].to_numpy(), loading["end_ns"].to_numpy())
+        at = ops["ts_ns"].to_numpy(dtype=np.int64)
+        index = np.searchsorted(starts, at, side="right") - 1
+        inside = (index >= 0) & (at < ends[np.clip(index, 0, None)])
+        ops = ops[~inside | ops["device"].to_numpy(dtype=bool)]
+    ops["step"] = _step_of(ops["ts_ns"].to_numpy(dtype=np.int64), steps)
+    ops = ops[ops["step"] >= 0].assign(rank=rank)
+    return ops[OP_COLUMNS]
+
+
+def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
+               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per traced step: its time, the DataLoader's and the time outside every host op; and per
+    step and host op name, the time in that name (the union of its spans)."""
+    names = events["name"].astype(str)
+    ops = events[events["cat"].isin(HOST_OP_CATS).to_numpy()
+                 & ~events["is_comm"].to_numpy(dtype=bool)
+                 & ~names.str.startswith("ProfilerStep#").to_numpy()]
+    ops = ops.assign(step=_step_of(ops["ts_ns"].to_numpy(dtype=np.int64), steps))
+    rows, named = [], []
+    comm = events[events["is_comm"].to_numpy(dtype=bool)
+                  & events["cat"].isin(HOST_OP_CATS).to_numpy()]
+    for step, start, end in zip(steps["step"], steps["start_ns"], steps["end_ns"]):
+        inside = ops[ops["step"] == step]
+        talk = comm[(comm["end_ns"] > start) & (comm["ts_ns"] < end)]
+        starts = np.concatenate([inside["ts_ns"].to_numpy(), talk["ts_ns"].to_numpy()])
+        ends = np.concatenate([inside["end_ns"].to_numpy(), talk["end_ns"].to_numpy()])
+        covered = intervals.total(np.clip(starts, start, end), np.clip(ends, start, end))
+        loading = inside[inside["name"].astype(str).str.contains(DATA_LOADING_RE)]
+        rows.append({"rank": rank, "step": int(step), "step_ns": int(end - start),
+                     "loading_ns": intervals.total(loading["ts_ns"].to_numpy(),
+                                                   loading["end_ns"].to_numpy()),
+                     "outside_ns": int(end - start) - covered})
+        for name, spans in inside.groupby(inside["name"].astype(str), observed=True):
+            named.append({"rank": rank, "step": int(step), "name": name,
+                          "dur_ns": intervals.total(spans["ts_ns"].to_numpy(),
+                                                    spans["end_ns"].to_numpy())})
+    return (pd.DataFrame(rows, columns=HOST_COLUMNS), pd.DataFrame(named, columns=NAME_COLUMNS))
+
+
+def _samples(rank: int, records) -> pd.DataFrame:
+    samples, steps = records.samples, records.steps
+    if samples is None or samples.empty or steps is None or steps.empty:
+        return _frame(SAMPLE_COLUMNS)
+    frame = samples.assign(step=_step_of(samples["t_ns"].to_numpy(dtype=np.int64), steps))
+    frame = frame[frame["step"] >= 0]
+    columns = [c for c in SAMPLE_COLUMNS[2:] if c in frame.columns]
+    if frame.empty or not columns:
+        return _frame(SAMPLE_COLUMNS)
+    per = frame.groupby("step")[columns].median().reset_index().assign(rank=rank)
+    return per.reindex(columns=SAMPLE_COLUMNS)
+
+
+def _rank_row(trace) -> dict:
+    starts = [r for r in (trace.records.manifest if trace.records is not None else [])
+              if isinstance(r, schema.RunStart)]
+    start = starts[0] if starts else None
+    return {"rank": int(trace.rank), "host": getattr(start, "host", None),
+            "device": getattr(start, "device_name", None), "cpus": getattr(start, "cpus", None)}
+
+
+def late_evidence(traces) -> LateEvidence:
+    """The evidence of every rank of `traces` (RankTrace); a rank without a trace gives its
+    samples and manifest only."""
+    ops, host, names, samples, ranks = [], [], [], [], []
+    for trace in traces or []:
+        if trace.rank == UNKNOWN_RANK:
+            continue
+        ranks.append(_rank_row(trace))
+        if trace.records is not None:
+            samples.append(_samples(int(trace.rank), trace.records))
+        if not trace.has_trace or not getattr(trace, "event_count", 0):
+            continue
+        events = trace.with_events().events
+        if events is None or events.empty or trace.steps is None or trace.steps.empty:
+            continue
+        ops.append(_compute_ops(int(trace.rank), events, trace.steps))
+        rank_host, rank_names = _host_time(int(trace.rank), events, trace.steps)
+        host.append(rank_host)
+        names.append(rank_names)
+
+    def joined(frames: list, columns: list[str]) -> pd.DataFrame:
+        frames = [f for f in frames if len(f)]
+        return pd.concat(frames, ignore_index=True) if frames else _frame(columns)
+
+    return LateEvidence(ops=joined(ops, OP_COLUMNS), host=joined(host, HOST_COLUMNS),
+                        names=joined(names, NAME_COLUMNS),
+                        samples=joined(samples, SAMPLE_COLUMNS),
+                        ranks=pd.DataFrame(ranks, columns=RANK_COLUMNS))
