@@ -16,8 +16,8 @@ collective that is not part of DDP's traffic.
 Without WORLD_SIZE in the environment it runs as a 1-rank world.
 
 Faults for trying the tracer and the analysis: --straggle RANK:MS, --straggle-tail RANK:MS,
---slow-data RANK:MS, --uneven-batch RANK:FACTOR, --hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and
---pg-timeout-s S (see --help).
+--slow-data RANK:MS, --uneven-batch RANK:FACTOR, --hang RANK:STEP, --mismatch RANK:STEP,
+--crash RANK:STEP and --pg-timeout-s S (see --help).
 
     torchrun --nproc-per-node 2 workloads/ddp.py --steps 20 --grad-accum 2 --amp
 """

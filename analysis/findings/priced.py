@@ -1,8 +1,9 @@
 """What each finding's change would save by the what-if model (docs/critical-path.md), and the
 changes to try in that order (docs/report.md, "The verdict").
 
-A finding is priced by the what-if answer of the change it advises: "ranks wait for rank R" by
-rank R on time; exposed communication or transfer by the largest saving of a collective group's
+A finding is priced by the what-if answer of the change it advises: "ranks wait for rank R" (and
+the straggler of the per-rank findings) by rank R on time; waiting for peers and load imbalance
+by the best rank on time; exposed communication or transfer by the largest saving of a collective group's
 transfer overlapped (its send/recv left to the pipeline bubble); the pipeline bubble by the
 bubble at its theory; an idle cause by its gaps removed. Other findings (low bus bandwidth,
 memory) the model cannot price. Estimates from a formula (more microbatches) and changes of
@@ -31,10 +32,13 @@ def price(finding: str, what_if: list[dict] | None) -> float | None:
     """The what-if saving (ms per step) of the change `finding` advises; None where the model
     has no answer for it."""
     answers = [a for a in what_if or [] if a.get("kind") not in ESTIMATES]
-    if finding.startswith("ranks wait for rank "):
-        rank = finding[len("ranks wait for rank "):]
-        return _best([a for a in answers if a.get("kind") == "rank_on_time"
-                      and [str(r) for r in a.get("ranks") or []] == [rank]])
+    on_time = [a for a in answers if a.get("kind") == "rank_on_time"]
+    for named in ("ranks wait for rank ", "straggler: rank "):
+        if finding.startswith(named):
+            rank = finding[len(named):]
+            return _best([a for a in on_time if [str(r) for r in a.get("ranks") or []] == [rank]])
+    if finding in ("waiting for peers", "load imbalance across ranks"):
+        return _best(on_time)  # balancing the work brings the latest rank on time
     if finding in ("exposed transfer", "exposed communication"):
         return _best([a for a in answers if a.get("kind") == "transfer_overlapped"
                       and str(a.get("change", "")).split(" ")[0] not in P2P_OPS])

@@ -12,10 +12,11 @@ import pandas as pd
 from analysis.core.contracts import CriticalPath, CrossRank, Verdict
 from analysis.findings import priced
 from analysis.findings.labels import rank_list
+from analysis.findings.notes import ALONE
+
 # What-if kinds the verdict does not quote: estimates from a formula, not the graph; and a
 # change of scale that removes no cause (one rank's host work halved, docs/critical-path.md).
 from analysis.findings.priced import ESTIMATES
-from analysis.findings.notes import ALONE
 
 # Verdict.state
 PROBLEM, ALONE_STATE, RISK, NOTHING_FOUND, NOTES_ONLY, NO_STEP = (
