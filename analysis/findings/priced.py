@@ -3,9 +3,9 @@ changes to try in that order (docs/report.md, "The verdict").
 
 A finding is priced by the what-if answer of the change it advises: "ranks wait for rank R" (and
 the straggler of the per-rank findings) by rank R on time; waiting for peers and load imbalance
-by the best rank on time; exposed communication or transfer by the largest saving of a collective group's
-transfer overlapped (its send/recv left to the pipeline bubble); the pipeline bubble by the
-bubble at its theory; an idle cause by its gaps removed. Other findings (low bus bandwidth,
+by the best rank on time; exposed communication or transfer by the largest saving of a
+collective group's transfer overlapped (its send/recv left to the pipeline bubble); the pipeline
+bubble by the bubble at its theory; an idle cause by its gaps removed. Other findings (low bus bandwidth,
 memory) the model cannot price. Estimates from a formula (more microbatches) and changes of
 scale (host work halved) price nothing.
 """
