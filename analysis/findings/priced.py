@@ -5,9 +5,9 @@ A finding is priced by the what-if answer of the change it advises: "ranks wait 
 the straggler of the per-rank findings) by rank R on time; waiting for peers and load imbalance
 by the best rank on time; exposed communication or transfer by the largest saving of a
 collective group's transfer overlapped (its send/recv left to the pipeline bubble); the pipeline
-bubble by the bubble at its theory; an idle cause by its gaps removed. Other findings (low bus bandwidth,
-memory) the model cannot price. Estimates from a formula (more microbatches) and changes of
-scale (host work halved) price nothing.
+bubble by the bubble at its theory; an idle cause by its gaps removed. Other findings (low bus
+bandwidth, memory) the model cannot price. Estimates from a formula (more microbatches) and
+changes of scale (host work halved) price nothing.
 """
 
 from __future__ import annotations
