@@ -44,7 +44,7 @@ from analysis.findings.labels import (
     rank_list,
     run_kind,
 )
-from analysis.findings.late_ranks import stage_text, straggler_text
+from analysis.findings.late_ranks import ON_AVERAGE, stage_text, straggler_text
 from analysis.findings.notes import ALONE, ranks_alone
 from analysis.findings.resource_findings import (
     TOP_COLLECTIVES,
@@ -119,7 +119,7 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
           if crossed else []),
         *([] if alone or crossed else sampled(_imbalance(
             profiled, pipeline, kind, variable_inputs=input_shapes_vary(traces)))),
-        *(_measured_waiting(steps, pipeline, input_shapes_vary(traces))
+        *(_measured_waiting(steps, pipeline, input_shapes_vary(traces), late)
           if crossed and not waited else []),
         *(pipeline_stages or sampled(_pipeline_bubble(profiled, pipeline,
                                                       pipeline_schedule.detect(traces)))),
@@ -332,11 +332,15 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
                      rank_list(timed["rank"]))]
 
 
-def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool | None) -> list:
+def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool | None,
+                      late: dict | None = None) -> list:
     """With matched ops and no rank named late: the measured waiting for peers
     (steps.wait_for_peers_ns, the cross-rank waits of the analysed rows) over summed step_ns.
     It replaces the work-based estimate of _imbalance, so that the finding and the waits table
-    tell the same numbers. Not made in pipeline runs, whose waits are the bubble's."""
+    tell the same numbers. Not made in pipeline runs, whose waits are the bubble's. Where the
+    others wait for one rank most by far and a cause holds for it (`late`,
+    analysis.findings.late_ranks), its causes and their advice replace the list of what may
+    differ."""
     if pipeline or "wait_for_peers_ns" not in steps.columns:
         return []
     wait = floats(steps, "wait_for_peers_ns")
@@ -350,7 +354,14 @@ def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool
                 f"per step on average ({share:.1f}% of step time; per rank: {listed}), and no "
                 f"rank is late often enough to be named.")
     waiting = per_rank[per_rank > 0].index
-    return [Finding("waiting for peers", share, evidence, imbalance_suggestion(variable_inputs),
+    suggestion = imbalance_suggestion(variable_inputs)
+    for item in (late or {}).values():
+        tested = straggler_text(item)
+        if item.how == ON_AVERAGE and tested is not None:
+            evidence += (f" The others wait for rank {item.rank} most, {item.late_ms:.2f} ms per "
+                         f"step each. {tested[0]}")
+            suggestion = tested[1]
+    return [Finding("waiting for peers", share, evidence, suggestion,
                      rank_list(waiting if len(waiting) else per_rank.index))]
 
 

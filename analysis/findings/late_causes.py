@@ -199,11 +199,13 @@ def larger_inputs(rank: int, ops: pd.DataFrame, step_ms: float, late_ms: float |
     timed = differ.groupby(["name", "dims"])["dur_ns"].agg(lambda d: d.median() * len(d))
     pairs = [(name, dims, *_closest(dims, others.loc[others["name"] == name, "dims"]))
              for name, dims in timed.sort_values(ascending=False).index]
-    pairs = [p for p in pairs if p[2] is not None]
+    # Only inputs larger than the others' explain a late rank (a pipeline's last stage has its
+    # head's smaller shapes).
+    pairs = [(*p, *_shape_difference(p[1], p[2])) for p in pairs if p[2] is not None]
+    pairs = [p for p in pairs if p[5] is not None and p[5] > 1]
     if not pairs:
         return None
-    name, dims, common, _ = min(pairs, key=lambda p: p[3])
-    what, size = _shape_difference(dims, common)
+    name, dims, common, _, what, size = min(pairs, key=lambda p: p[3])
     proof = (f"rank {rank}'s {name} takes inputs {dims} where "
              f"{_rank_text(others['rank'].unique())} {_verb(others)} {common}"
              + (f" ({what}" + (f": {size:.1f}x the elements)" if size else ")") if what else "")
@@ -336,13 +338,15 @@ def data_loading(rank: int, host: pd.DataFrame, step_ms: float, late_ms: float |
 
 
 def own_work(rank: int, evidence: LateEvidence, host: pd.DataFrame, names: pd.DataFrame,
-             samples: pd.DataFrame, step_ms: float) -> tuple[Cause | None, Cause | None]:
-    """(work only R does, waiting outside the trace): host op names only R runs; R's time
-    outside every op above the others', told apart by R's process CPU."""
+             samples: pd.DataFrame, step_ms: float, stage: bool = False
+             ) -> tuple[Cause | None, Cause | None]:
+    """(work only R does, waiting outside the trace): host op names only R runs (not for a
+    pipeline `stage`, whose stages run different ops by design: more_work compares them); R's
+    time outside every op above the others', told apart by R's process CPU."""
     threshold = MIN_EXPLAINED_PCT / 100 * step_ms
     own = None
     mine, others = names[names["rank"] == rank], names[names["rank"] != rank]
-    if len(mine) and len(others):
+    if len(mine) and len(others) and not stage:
         alone = mine[~mine["name"].isin(set(others["name"]))]
         steps = max(mine["step"].nunique(), 1)
         per_name = alone.groupby("name")["dur_ns"].sum() / steps
@@ -371,11 +375,14 @@ def own_work(rank: int, evidence: LateEvidence, host: pd.DataFrame, names: pd.Da
     return own, Cause(rank, OUTSIDE, LOW, f"{said}{idle}.", ADVICE[OUTSIDE], extra)
 
 
-def late_causes(rank: int, steps, evidence: LateEvidence, late_ms: float | None = None
-                ) -> list[Cause]:
+def late_causes(rank: int, steps, evidence: LateEvidence, late_ms: float | None = None,
+                by_elimination: bool = True, stage: bool = False) -> list[Cause]:
     """The causes that hold for `rank` over `steps` (step numbers; the traced ones among them
     give the ops and host time, the recorded ones the samples), each with its proof; `late_ms`
-    is R's lateness per step (what the others wait for it), for the confidence."""
+    is R's lateness per step (what the others wait for it), for the confidence. Without
+    `by_elimination`, the causes named only because no other holds (competition for cores with
+    every rank slowed alike, waiting outside the trace) are not tested; a pipeline `stage` is
+    not blamed for the ops that only its stage runs."""
     chosen = set(int(s) for s in steps)
 
     def of(frame: pd.DataFrame) -> pd.DataFrame:
@@ -397,9 +404,11 @@ def late_causes(rank: int, steps, evidence: LateEvidence, late_ms: float | None 
     loading = data_loading(rank, host, step_ms, late_ms)
     if loading is not None:
         causes.append(loading)
-    own, outside = own_work(rank, evidence, host, names, samples, step_ms)
+    own, outside = own_work(rank, evidence, host, names, samples, step_ms, stage)
     if own is not None:
         causes.append(own)
+    if not by_elimination:
+        return causes
     work = more_work(rank, steps, evidence) if not causes else None
     competing = (contention(rank, evidence, samples)
                  if not causes and (work is None or work < MORE_WORK_RATIO) else None)

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from analysis.core.contracts import CrossRank
+from analysis.crossrank.culprit import MIN_SHARE_PCT
 from analysis.findings.late_causes import (
     CONTENTION,
     MORE_WORK_RATIO,
@@ -18,6 +19,11 @@ from analysis.findings.late_causes import (
     more_work,
 )
 from analysis.findings.late_evidence import late_evidence
+
+ON_AVERAGE = "late on average"
+# A rank not named late is tested where the others wait for it at least this many times as long
+# as for any other rank, and for MIN_SHARE_PCT of the ranks' step time.
+DOMINANT_FACTOR = 2.0
 
 # How each cause opens the advice of a late rank: "Rank 1 is late because ..."
 BECAUSE = {
@@ -34,7 +40,8 @@ BECAUSE = {
 
 @dataclass(frozen=True)
 class LateRank:
-    """A late rank: how the cross-rank pass names it (`how`: "straggler" or "pipeline stage"),
+    """A late rank: how the cross-rank pass names it (`how`: "straggler", "pipeline stage", or
+    ON_AVERAGE: no rank named, and the others wait for it most by far),
     its lateness per step (what each waiting rank waits for it, ms), the causes that hold,
     and for a pipeline stage its work over the other stages' (None where unknown)."""
 
@@ -46,7 +53,9 @@ class LateRank:
 
 
 def late_ranks(traces, cross_rank: CrossRank | None, steps) -> dict[int, LateRank]:
-    """Every late rank of the run with its causes over `steps` (step numbers)."""
+    """Every late rank of the run with its causes over `steps` (step numbers): the ranks the
+    straggler rule names, the pipeline stage that holds the others back, and where neither is
+    named, the rank the others wait for most where it dominates (DOMINANT_FACTOR)."""
     if cross_rank is None or not cross_rank.matched():
         return {}
     named: dict[int, tuple[str, float]] = {}
@@ -61,11 +70,23 @@ def late_ranks(traces, cross_rank: CrossRank | None, steps) -> dict[int, LateRan
         for row in pipeline[pipeline["holds_back"].astype(bool)].to_dict("records"):
             named.setdefault(int(row["rank"]), ("pipeline stage",
                                                 row["caused_recv_wait_ms_per_step"] / stages))
+    if not named and len(stragglers):
+        # No rank named: the rank the others wait for most, where it dominates, is tested too,
+        # for the causes with evidence of their own (never those found by elimination).
+        order = stragglers.sort_values("caused_wait_ms_per_step", ascending=False)
+        top = order.iloc[0]
+        second = order["caused_wait_ms_per_step"].iloc[1] if len(order) > 1 else 0.0
+        if (top["share_pct"] >= MIN_SHARE_PCT
+                and top["caused_wait_ms_per_step"] >= DOMINANT_FACTOR * second):
+            named[int(top["rank"])] = (ON_AVERAGE, top["caused_wait_ms_per_step"] / members)
     if not named:
         return {}
     evidence = late_evidence(traces)
     steps = list(steps)
-    return {rank: LateRank(rank, how, float(late), late_causes(rank, steps, evidence, late),
+    return {rank: LateRank(rank, how, float(late),
+                           late_causes(rank, steps, evidence, late,
+                                       by_elimination=how != ON_AVERAGE,
+                                       stage=how == "pipeline stage"),
                            more_work(rank, steps, evidence) if how == "pipeline stage" else None)
             for rank, (how, late) in named.items()}
 
