@@ -48,7 +48,8 @@ SLOWER_RATIO = 1.2  # R's time in the same ops with the same shapes, over the ot
 # compete for cores; the scaling study reads the same rule (analysis.scaling).
 SATURATED_CPU_PCT = 90.0
 THROTTLED_CLOCK_RATIO = 0.9  # R's median SM clock at most this share of the others' median
-BUSY_PROCESS_PCT = 50.0  # R's process keeps at least half a core busy (100 = one core)
+BUSY_PROCESS_PCT = 50.0  # R's process keeps at least half a core busy (100 = one core) ...
+BUSIER_BY_PCT = 10.0  # ... or this many points more than the others' processes (median)
 MORE_WORK_RATIO = 1.2  # a pipeline stage's work priced at the ranks' common speed, over others'
 
 
@@ -247,10 +248,11 @@ def _median(frame: pd.DataFrame, column: str) -> float:
     return float(np.median(values)) if len(values) else math.nan
 
 
-def contention(rank: int, evidence: LateEvidence, samples: pd.DataFrame) -> str | None:
-    """Why the ranks on R's host compete for cores, in words: its CPUs saturated (the
-    sampler's host CPU, median over the steps) or more ranks on it than CPUs each may use (the
-    manifests); None where neither is seen."""
+def contention(rank: int, evidence: LateEvidence, samples: pd.DataFrame
+               ) -> tuple[str, bool] | None:
+    """Why the ranks on R's host compete for cores, in words, and whether the host is
+    oversubscribed: its CPUs saturated (the sampler's host CPU, median over the steps) or more
+    ranks on it than CPUs each may use (the manifests); None where neither is seen."""
     ranks = evidence.ranks.set_index("rank") if len(evidence.ranks) else pd.DataFrame()
     row = ranks.loc[rank] if rank in ranks.index else None
     host_cpu = _median(samples[samples["rank"] == rank], "cpu_system_pct")
@@ -260,10 +262,11 @@ def contention(rank: int, evidence: LateEvidence, samples: pd.DataFrame) -> str 
     parts = []
     if not math.isnan(host_cpu) and cores_compete(host_cpu):
         parts.append(contention_text(host_cpu))
-    if on_host is not None and cpus is not None and on_host > int(cpus):
+    oversubscribed = on_host is not None and cpus is not None and on_host > int(cpus)
+    if oversubscribed:
         parts.append(f"{on_host} ranks share host {row['host']}, where each may use "
                      f"{int(cpus)} CPUs")
-    return "; ".join(parts) or None
+    return ("; ".join(parts), oversubscribed) if parts else None
 
 
 def _throttled(rank: int, samples: pd.DataFrame) -> str | None:
@@ -304,8 +307,8 @@ def why_slower(rank: int, evidence: LateEvidence, samples: pd.DataFrame, ratio: 
     causes = []
     competing = contention(rank, evidence, samples)
     if competing:
-        causes.append(Cause(rank, CONTENTION, HIGH if much else MEDIUM, f"{said}; {competing}.",
-                            ADVICE[CONTENTION], extra_ms))
+        causes.append(Cause(rank, CONTENTION, HIGH if much else MEDIUM,
+                            f"{said}; {competing[0]}.", ADVICE[CONTENTION], extra_ms))
     throttled = _throttled(rank, samples)
     if throttled:
         causes.append(Cause(rank, THROTTLING, HIGH if much else MEDIUM, f"{said}; {throttled}.",
@@ -363,12 +366,17 @@ def own_work(rank: int, evidence: LateEvidence, host: pd.DataFrame, names: pd.Da
     if not extra >= threshold:
         return own, None
     process = _median(samples[samples["rank"] == rank], "cpu_process_pct")
+    their_process = _median(samples[samples["rank"] != rank], "cpu_process_pct")
     said = (f"rank {rank} spends {_ms(per[rank]):.2f} ms per step outside every op, the others "
             f"{_ms(theirs):.2f} ms (median)")
-    if not math.isnan(process) and process >= BUSY_PROCESS_PCT:
+    # Busy: half a core or more, or well above the others' (a starved host gives none a core).
+    busy = not math.isnan(process) and (
+        process >= BUSY_PROCESS_PCT
+        or (not math.isnan(their_process) and process >= their_process + BUSIER_BY_PCT))
+    if busy:
         busy = Cause(rank, OWN_WORK, MEDIUM, f"{said}, while its process keeps "
-                     f"{process:.0f}% of a core busy: host work in Python only it does.",
-                     ADVICE[OWN_WORK], extra)
+                     f"{process:.0f}% of a core busy (the others' {their_process:.0f}%): host "
+                     f"work in Python only it does.", ADVICE[OWN_WORK], extra)
         return own or busy, None
     idle = ("" if math.isnan(process) else
             f", while its process uses {process:.0f}% of a core (idle, waiting)")
@@ -407,17 +415,21 @@ def late_causes(rank: int, steps, evidence: LateEvidence, late_ms: float | None 
     own, outside = own_work(rank, evidence, host, names, samples, step_ms, stage)
     if own is not None:
         causes.append(own)
-    if not by_elimination:
+    if not by_elimination or any(c.cause == CONTENTION for c in causes):
         return causes
-    work = more_work(rank, steps, evidence) if not causes else None
-    competing = (contention(rank, evidence, samples)
-                 if not causes and (work is None or work < MORE_WORK_RATIO) else None)
-    if competing:
+    competing = contention(rank, evidence, samples)
+    work = more_work(rank, steps, evidence)
+    alike = ((work is None or work < MORE_WORK_RATIO) and slower is None)
+    # More ranks than CPUs slow every rank, whatever else holds; saturated CPUs alone explain
+    # a late rank only where nothing else does.
+    if competing and (competing[1] or not causes) and alike:
         # Every rank starved alike: which one arrives last is the scheduler's pick.
-        causes.append(Cause(rank, CONTENTION, MEDIUM, f"{competing}; rank {rank} does no more "
-                            f"work than the others and is not slower at equal inputs than "
-                            f"they are: every rank is slowed alike, and which one arrives last "
-                            f"is the scheduler's pick.", ADVICE[CONTENTION]))
+        at = 1 if larger is not None else 0
+        causes.insert(at, Cause(
+            rank, CONTENTION, MEDIUM if causes else HIGH if competing[1] else MEDIUM,
+            f"{competing[0]}; rank {rank} does no more work than the others and is not slower "
+            f"at equal inputs than they are: every rank is slowed alike, and which one arrives "
+            f"last is the scheduler's pick.", ADVICE[CONTENTION]))
     elif outside is not None and not causes:
         causes.append(outside)
     return causes
