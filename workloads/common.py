@@ -222,7 +222,7 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
     faults.add_argument("--slow-data", type=_slow_data, metavar="RANK:MS",
                         help="RANK's DataLoader (every rank's with all:MS) sleeps MS ms in each "
                              "batch it loads, inside the loader's __next__")
-    faults.add_argument("--uneven-batch", type=rank_and(positive_int, "FACTOR"),
+    faults.add_argument("--uneven-batch", type=rank_and(int, "FACTOR"),
                         metavar="RANK:FACTOR",
                         help="RANK trains on FACTOR times --batch-size samples per step (an "
                              "uneven data shard; ddp.py only)")
