@@ -50,6 +50,7 @@ class LateRank:
     late_ms: float
     causes: list[Cause] = field(default_factory=list)
     work_ratio: float | None = None
+    tested: bool = True  # whether any profiled step of the rank was among the steps tested
 
 
 def late_ranks(traces, cross_rank: CrossRank | None, steps) -> dict[int, LateRank]:
@@ -82,13 +83,19 @@ def late_ranks(traces, cross_rank: CrossRank | None, steps) -> dict[int, LateRan
     if not named:
         return {}
     evidence = late_evidence(traces)
-    steps = list(steps)
-    return {rank: LateRank(rank, how, float(late),
-                           late_causes(rank, steps, evidence, late,
-                                       by_elimination=how != ON_AVERAGE,
-                                       stage=how == "pipeline stage"),
-                           more_work(rank, steps, evidence) if how == "pipeline stage" else None)
-            for rank, (how, late) in named.items()}
+    steps = [int(s) for s in steps]
+    host = evidence.host
+    traced = (set(host.loc[host["step"].astype("int64").isin(steps), "rank"].astype(int))
+              if len(host) else set())
+    found = {rank: LateRank(rank, how, float(late),
+                            late_causes(rank, steps, evidence, late,
+                                        by_elimination=how != ON_AVERAGE,
+                                        stage=how == "pipeline stage"),
+                            more_work(rank, steps, evidence) if how == "pipeline stage" else None,
+                            tested=rank in traced)
+             for rank, (how, late) in named.items()}
+    # A rank not named late is said to be late only where a cause of its own holds.
+    return {rank: item for rank, item in found.items() if item.how != ON_AVERAGE or item.causes}
 
 
 def causes_text(late: LateRank) -> str:
@@ -139,8 +146,14 @@ def stage_text(late: LateRank | None) -> tuple[str, str] | None:
 def straggler_text(late: LateRank | None) -> tuple[str, str] | None:
     """(evidence, suggestion) of a late rank named by the straggler rule where some cause holds:
     the causes' proof and their advice, in place of the list of what to compare."""
-    if late is None or not late.causes:
+    if late is None or (not late.causes and not late.tested):
         return None
+    if not late.causes:
+        return ("Why: no cause tested holds in its profiled steps (larger inputs, slower at equal "
+                "inputs, data loading, work only it does, waiting outside the trace).",
+                f"Rank {late.rank} is late, but no cause tested holds in its profiled steps: "
+                f"trace the steps in which it is late (a longer window with --active, or "
+                f"--capture-slow-steps) to tell why.")
     return causes_text(late), causes_advice(late)
 
 

@@ -130,8 +130,10 @@ def late_lines(late: dict | None) -> list[str]:
     lines = []
     for rank, item in sorted((late or {}).items()):
         if not item.causes:
-            lines.append(f"Why rank {rank} is late: no cause tested holds in the analysed steps "
-                         f"(docs/report.md, \"Why a rank is late\").")
+            lines.append(f"Why rank {rank} is late: " + (
+                "no cause tested holds in its profiled steps" if item.tested else
+                "not tested: no profiled step of it is analysed")
+                + " (docs/report.md, \"Why a rank is late\").")
             continue
         named = "; ".join(f"{c.cause} ({c.confidence} confidence)" for c in item.causes)
         lines.append(f"Why rank {rank} is late: {named}. {item.causes[0].proof[0].upper()}"
