@@ -44,7 +44,8 @@ from analysis.findings.labels import (
     rank_list,
     run_kind,
 )
-from analysis.findings.late_ranks import ON_AVERAGE, stage_text, straggler_text
+from analysis.findings.late_causes import MORE_WORK_RATIO
+from analysis.findings.late_ranks import ON_AVERAGE, stage_text, stage_work, straggler_text
 from analysis.findings.notes import ALONE, ranks_alone
 from analysis.findings.resource_findings import (
     TOP_COLLECTIVES,
@@ -104,6 +105,9 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     split_known = ~np.isnan(floats(steps, "compute_only_ns"))
     profiled = steps if split_known.all() else steps[split_known].reset_index(drop=True)
     late = late or {}
+    # A stage's work against the others' (priced at the common speed): layers move off a stage
+    # only where it has more (docs/report.md, "Why a rank is late").
+    work_of = stage_work(traces, steps["step"].unique()) if pipeline else None
     pipeline_stages = (cross_findings.pipeline_stages(
         cross_rank, stage=lambda rank: stage_text(late.get(rank))) if crossed else [])
     alone = ranks_alone(steps, collectives, traces, cross_rank)
@@ -118,11 +122,13 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
             steps, cross_rank, why=lambda rank: straggler_text(late.get(rank)))
           if crossed else []),
         *([] if alone or crossed else sampled(_imbalance(
-            profiled, pipeline, kind, variable_inputs=input_shapes_vary(traces)))),
+            profiled, pipeline, kind, variable_inputs=input_shapes_vary(traces),
+            work_of=work_of))),
         *(_measured_waiting(steps, pipeline, input_shapes_vary(traces), late)
           if crossed and not waited else []),
         *(pipeline_stages or sampled(_pipeline_bubble(profiled, pipeline,
-                                                      pipeline_schedule.detect(traces)))),
+                                                      pipeline_schedule.detect(traces),
+                                                      work_of))),
         *sampled(_low_bus_bandwidth(profiled, kind, collectives)),
         *_memory_near_capacity(per_rank),
     ]
@@ -264,8 +270,16 @@ def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu"
 
 
 # ---- imbalance and stragglers -------------------------------------------------------------------
+def _more_work(work_of, rank: int) -> bool:
+    """Whether a pipeline stage has more work than the others (late_ranks.stage_work): True
+    where its ops say so or where no op tells (the work-based measure stands alone)."""
+    ratio = work_of(rank) if work_of is not None else None
+    return ratio is None or ratio >= MORE_WORK_RATIO
+
+
 def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
-               name_straggler: bool = True, variable_inputs: bool | None = None) -> list:
+               name_straggler: bool = True, variable_inputs: bool | None = None,
+               work_of=None) -> list:
     """Per step with at least two ranks: wait = max(work_ns) - mean(work_ns) over ranks.
     Share: summed wait over summed mean step_ns. A straggler is a rank with the most work in at
     least half of those steps (and at least two); it is not named when the cross-rank pass
@@ -320,7 +334,7 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
                     "OMP_NUM_THREADS and core pinning, work only it does such as logging)")
         suggestion = (f"Rank {top_rank} is a straggler: compare {hardware}"
                       f"{straggler_data_text(variable_inputs)}.")
-        if pipeline:
+        if pipeline and _more_work(work_of, top_rank):
             suggestion += (f" In a pipeline, move layers off rank {top_rank}'s stage to "
                            f"balance the stages.")
         return [Finding(f"straggler: rank {top_rank}", share, evidence, suggestion,
@@ -366,12 +380,14 @@ def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool
 
 
 # ---- pipeline bubble ----------------------------------------------------------------------------
-def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool, schedule) -> list:
+def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool, schedule, work_of=None) -> list:
     """For pipeline runs: a rank's bubble = 1 - summed work_ns / summed step_ns, i.e. its idle
     time plus communication not hidden under compute (a stage waiting for activations sits in
     an NCCL recv kernel or idles on gloo). Share: the mean bubble over ranks. The number of
     stages and the schedule come from the trace's pipelining spans
-    (analysis.rank.pipeline_schedule).
+    (analysis.rank.pipeline_schedule). Layers are moved from the stage with the least bubble
+    only where it has more work than the others (`work_of`, late_ranks.stage_work; where its
+    ops cannot tell, the bubble alone decides).
     """
     if not pipeline or steps.empty or steps["work_ns"].notna().sum() == 0:
         return []
@@ -394,7 +410,8 @@ def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool, schedule) -> list:
     evidence = (f"{stages} pipeline stages{held}{micro} spend {share:.1f}% of each step not "
                 f"computing on average ({listed}).")
     suggestion = bubble_suggestion(schedule, ranks, stages)
-    if ranks > 1 and bubble.max() - bubble.min() >= MIN_SHARE_PCT:
+    if (ranks > 1 and bubble.max() - bubble.min() >= MIN_SHARE_PCT
+            and _more_work(work_of, int(bubble.idxmin()))):
         suggestion += (f" Stages are uneven (bubble {bubble.min():.1f}% to {bubble.max():.1f}%): "
                        f"move layers from rank {int(bubble.idxmin())} towards rank "
                        f"{int(bubble.idxmax())}.")

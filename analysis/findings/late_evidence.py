@@ -116,26 +116,33 @@ def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
     ops = events[events["cat"].isin(HOST_OP_CATS).to_numpy()
                  & ~events["is_comm"].to_numpy(dtype=bool)
                  & ~names.str.startswith("ProfilerStep#").to_numpy()]
-    ops = ops.assign(step=_step_of(ops["ts_ns"].to_numpy(dtype=np.int64), steps))
-    rows, named = [], []
+    ops = ops.assign(step=_step_of(ops["ts_ns"].to_numpy(dtype=np.int64), steps),
+                     name=ops["name"].astype(str))
     comm = events[events["is_comm"].to_numpy(dtype=bool)
                   & events["cat"].isin(HOST_OP_CATS).to_numpy()]
+    comm = comm.assign(step=_step_of(comm["ts_ns"].to_numpy(dtype=np.int64), steps))
+    by_step = {step: group for step, group in ops.groupby("step") if step >= 0}
+    talk_by_step = {step: group for step, group in comm.groupby("step") if step >= 0}
+    empty = ops.iloc[:0]
+    rows = []
     for step, start, end in zip(steps["step"], steps["start_ns"], steps["end_ns"]):
-        inside = ops[ops["step"] == step]
-        talk = comm[(comm["end_ns"] > start) & (comm["ts_ns"] < end)]
+        inside = by_step.get(step, empty)
+        talk = talk_by_step.get(step, empty)
         starts = np.concatenate([inside["ts_ns"].to_numpy(), talk["ts_ns"].to_numpy()])
         ends = np.concatenate([inside["end_ns"].to_numpy(), talk["end_ns"].to_numpy()])
         covered = intervals.total(np.clip(starts, start, end), np.clip(ends, start, end))
-        loading = inside[inside["name"].astype(str).str.contains(DATA_LOADING_RE)]
+        loading = inside[inside["name"].str.contains(DATA_LOADING_RE)]
         rows.append({"rank": rank, "step": int(step), "step_ns": int(end - start),
                      "loading_ns": intervals.total(loading["ts_ns"].to_numpy(),
                                                    loading["end_ns"].to_numpy()),
                      "outside_ns": int(end - start) - covered})
-        for name, spans in inside.groupby(inside["name"].astype(str), observed=True):
-            named.append({"rank": rank, "step": int(step), "name": name,
-                          "dur_ns": intervals.total(spans["ts_ns"].to_numpy(),
-                                                    spans["end_ns"].to_numpy())})
-    return (pd.DataFrame(rows, columns=HOST_COLUMNS), pd.DataFrame(named, columns=NAME_COLUMNS))
+    # Per step and name, the time in its spans: the sum, where they do not overlap (a name
+    # nested in itself is rare; an op of one name per thread runs one at a time).
+    kept = ops[ops["step"] >= 0]
+    named = (kept.assign(dur=kept["end_ns"] - kept["ts_ns"])
+             .groupby(["step", "name"])["dur"].sum().rename("dur_ns").reset_index()
+             .assign(rank=rank))
+    return (pd.DataFrame(rows, columns=HOST_COLUMNS), named[NAME_COLUMNS])
 
 
 def _samples(rank: int, records) -> pd.DataFrame:
@@ -159,17 +166,25 @@ def _rank_row(trace) -> dict:
             "device": getattr(start, "device_name", None), "cpus": getattr(start, "cpus", None)}
 
 
-def late_evidence(traces) -> LateEvidence:
-    """The evidence of every rank of `traces` (RankTrace); a rank without a trace gives its
-    samples and manifest only."""
+def late_evidence(traces, late: set | frozenset = frozenset(), others: int | None = None
+                  ) -> LateEvidence:
+    """The evidence of the ranks of `traces` (RankTrace): the samples and manifest of every
+    rank; the ops and host times of every rank, or with `others` given, of the `late` ranks and
+    at most `others` more (the lowest-numbered: enough for the medians the tests compare, and
+    a run of many ranks whose events were dropped reads few of them again). A rank without a
+    trace gives its samples and manifest only."""
     ops, host, names, samples, ranks = [], [], [], [], []
+    known = sorted(int(t.rank) for t in traces or [] if t.rank != UNKNOWN_RANK)
+    read = (set(known) if others is None else
+            set(late) | set([r for r in known if r not in late][:others]))
     for trace in traces or []:
         if trace.rank == UNKNOWN_RANK:
             continue
         ranks.append(_rank_row(trace))
         if trace.records is not None:
             samples.append(_samples(int(trace.rank), trace.records))
-        if not trace.has_trace or not getattr(trace, "event_count", 0):
+        if (int(trace.rank) not in read or not trace.has_trace
+                or not getattr(trace, "event_count", 0)):
             continue
         events = trace.with_events().events
         if events is None or events.empty or trace.steps is None or trace.steps.empty:

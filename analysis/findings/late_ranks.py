@@ -18,12 +18,14 @@ from analysis.findings.late_causes import (
     late_causes,
     more_work,
 )
-from analysis.findings.late_evidence import late_evidence
+from analysis.findings.late_evidence import LateEvidence, late_evidence
 
 ON_AVERAGE = "late on average"
 # A rank not named late is tested where the others wait for it at least this many times as long
 # as for any other rank, and for MIN_SHARE_PCT of the ranks' step time.
 DOMINANT_FACTOR = 2.0
+# The ranks not late whose traces the late ranks are compared with: the medians need a few.
+OTHER_RANKS = 16
 
 # How each cause opens the advice of a late rank: "Rank 1 is late because ..."
 BECAUSE = {
@@ -82,7 +84,7 @@ def late_ranks(traces, cross_rank: CrossRank | None, steps) -> dict[int, LateRan
             named[int(top["rank"])] = (ON_AVERAGE, top["caused_wait_ms_per_step"] / members)
     if not named:
         return {}
-    evidence = late_evidence(traces)
+    evidence = late_evidence(traces, set(named), OTHER_RANKS)
     steps = [int(s) for s in steps]
     host = evidence.host
     traced = (set(host.loc[host["step"].astype("int64").isin(steps), "rank"].astype(int))
@@ -161,3 +163,15 @@ def cause_rows(late: dict[int, LateRank]) -> list[dict]:
     """One row per late rank and cause that holds (Cause.row, with how the rank is late)."""
     return [{**cause.row(), "late_as": item.how, "late_ms_per_step": round(item.late_ms, 3)}
             for item in late.values() for cause in item.causes]
+
+
+def stage_work(traces, steps):
+    """A function of a rank: its compute work over the other stages' (more_work) over `steps`,
+    None where the traces hold no ops to tell; the evidence read once, on first use."""
+    evidence: list[LateEvidence] = []
+
+    def work(rank: int) -> float | None:
+        if not evidence:
+            evidence.append(late_evidence(traces))
+        return more_work(rank, [int(s) for s in steps], evidence[0])
+    return work
