@@ -24,14 +24,15 @@ from analysis.core import intervals
 from analysis.core.event_kinds import DATA_LOADING_RE, HOST_OP_CATS, KERNEL_CAT, OP_ARGS_COLUMN
 from analysis.core.model import UNKNOWN_RANK
 from analysis.core.op_names import is_compute_op
+from analysis.core.steps import step_at
 from tracer import schema
 
-OP_COLUMNS = ["rank", "step", "name", "dims", "dur_ns", "device"]
+COMPUTE_OP_COLUMNS = ["rank", "step", "name", "dims", "dur_ns", "device"]
 HOST_COLUMNS = ["rank", "step", "step_ns", "loading_ns", "outside_ns"]
 NAME_COLUMNS = ["rank", "step", "name", "dur_ns"]
 SAMPLE_COLUMNS = ["rank", "step", "cpu_system_pct", "cpu_process_pct", "sm_clock_mhz",
                   "power_w", "temp_c"]
-RANK_COLUMNS = ["rank", "host", "device", "cpus"]
+MACHINE_COLUMNS = ["rank", "host", "device", "cpus"]
 
 
 def _frame(columns: list[str]) -> pd.DataFrame:
@@ -42,24 +43,22 @@ def _frame(columns: list[str]) -> pd.DataFrame:
 class LateEvidence:
     """The evidence of every rank (the module's docstring says what each frame holds)."""
 
-    ops: pd.DataFrame = field(default_factory=lambda: _frame(OP_COLUMNS))
+    ops: pd.DataFrame = field(default_factory=lambda: _frame(COMPUTE_OP_COLUMNS))
     host: pd.DataFrame = field(default_factory=lambda: _frame(HOST_COLUMNS))
     names: pd.DataFrame = field(default_factory=lambda: _frame(NAME_COLUMNS))
     samples: pd.DataFrame = field(default_factory=lambda: _frame(SAMPLE_COLUMNS))
-    ranks: pd.DataFrame = field(default_factory=lambda: _frame(RANK_COLUMNS))
+    ranks: pd.DataFrame = field(default_factory=lambda: _frame(MACHINE_COLUMNS))
 
 
-def _step_of(at: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+def _step_at(at: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     """The step number of each time `at` (-1 outside every step)."""
     if steps is None or steps.empty:
         return np.full(len(at), -1)
-    order = np.argsort(steps["start_ns"].to_numpy(), kind="stable")
-    starts = steps["start_ns"].to_numpy(dtype=np.int64)[order]
-    ends = steps["end_ns"].to_numpy(dtype=np.int64)[order]
-    numbers = steps["step"].to_numpy(dtype=np.int64)[order]
-    index = np.searchsorted(starts, at, side="right") - 1
-    inside = (index >= 0) & (at < ends[np.clip(index, 0, None)])
-    return np.where(inside, numbers[np.clip(index, 0, None)], -1)
+    ordered = steps.sort_values("start_ns", kind="stable")
+    found = step_at(at, ordered["start_ns"].to_numpy(dtype=np.int64),
+                    ordered["end_ns"].to_numpy(dtype=np.int64),
+                    ordered["step"].to_numpy(dtype=np.int64))
+    return np.nan_to_num(found, nan=-1).astype(np.int64)
 
 
 def _dims_text(text) -> str | None:
@@ -92,7 +91,7 @@ def _compute_ops(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.Dat
                                     "dur_ns": events["dur_ns"].to_numpy()[kernels],
                                     "device": True}))
     if not frames:
-        return _frame(OP_COLUMNS)
+        return _frame(COMPUTE_OP_COLUMNS)
     ops = pd.concat(frames, ignore_index=True)
     # Ops inside the DataLoader's next batch (a dataset's own matmuls) are data loading.
     loading = events[events["cat"].isin(HOST_OP_CATS).to_numpy()
@@ -103,9 +102,9 @@ def _compute_ops(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.Dat
         index = np.searchsorted(starts, at, side="right") - 1
         inside = (index >= 0) & (at < ends[np.clip(index, 0, None)])
         ops = ops[~inside | ops["device"].to_numpy(dtype=bool)]
-    ops["step"] = _step_of(ops["ts_ns"].to_numpy(dtype=np.int64), steps)
+    ops["step"] = _step_at(ops["ts_ns"].to_numpy(dtype=np.int64), steps)
     ops = ops[ops["step"] >= 0].assign(rank=rank)
-    return ops[OP_COLUMNS]
+    return ops[COMPUTE_OP_COLUMNS]
 
 
 def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
@@ -116,11 +115,11 @@ def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
     ops = events[events["cat"].isin(HOST_OP_CATS).to_numpy()
                  & ~events["is_comm"].to_numpy(dtype=bool)
                  & ~names.str.startswith("ProfilerStep#").to_numpy()]
-    ops = ops.assign(step=_step_of(ops["ts_ns"].to_numpy(dtype=np.int64), steps),
+    ops = ops.assign(step=_step_at(ops["ts_ns"].to_numpy(dtype=np.int64), steps),
                      name=ops["name"].astype(str))
     comm = events[events["is_comm"].to_numpy(dtype=bool)
                   & events["cat"].isin(HOST_OP_CATS).to_numpy()]
-    comm = comm.assign(step=_step_of(comm["ts_ns"].to_numpy(dtype=np.int64), steps))
+    comm = comm.assign(step=_step_at(comm["ts_ns"].to_numpy(dtype=np.int64), steps))
     by_step = {step: group for step, group in ops.groupby("step") if step >= 0}
     talk_by_step = {step: group for step, group in comm.groupby("step") if step >= 0}
     empty = ops.iloc[:0]
@@ -145,11 +144,11 @@ def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
     return (pd.DataFrame(rows, columns=HOST_COLUMNS), named[NAME_COLUMNS])
 
 
-def _samples(rank: int, records) -> pd.DataFrame:
+def _step_samples(rank: int, records) -> pd.DataFrame:
     samples, steps = records.samples, records.steps
     if samples is None or samples.empty or steps is None or steps.empty:
         return _frame(SAMPLE_COLUMNS)
-    frame = samples.assign(step=_step_of(samples["t_ns"].to_numpy(dtype=np.int64), steps))
+    frame = samples.assign(step=_step_at(samples["t_ns"].to_numpy(dtype=np.int64), steps))
     frame = frame[frame["step"] >= 0]
     columns = [c for c in SAMPLE_COLUMNS[2:] if c in frame.columns]
     if frame.empty or not columns:
@@ -182,7 +181,7 @@ def late_evidence(traces, late: set | frozenset = frozenset(), others: int | Non
             continue
         ranks.append(_rank_row(trace))
         if trace.records is not None:
-            samples.append(_samples(int(trace.rank), trace.records))
+            samples.append(_step_samples(int(trace.rank), trace.records))
         if (int(trace.rank) not in read or not trace.has_trace
                 or not getattr(trace, "event_count", 0)):
             continue
@@ -198,7 +197,7 @@ def late_evidence(traces, late: set | frozenset = frozenset(), others: int | Non
         frames = [f for f in frames if len(f)]
         return pd.concat(frames, ignore_index=True) if frames else _frame(columns)
 
-    return LateEvidence(ops=joined(ops, OP_COLUMNS), host=joined(host, HOST_COLUMNS),
+    return LateEvidence(ops=joined(ops, COMPUTE_OP_COLUMNS), host=joined(host, HOST_COLUMNS),
                         names=joined(names, NAME_COLUMNS),
                         samples=joined(samples, SAMPLE_COLUMNS),
-                        ranks=pd.DataFrame(ranks, columns=RANK_COLUMNS))
+                        ranks=pd.DataFrame(ranks, columns=MACHINE_COLUMNS))
