@@ -70,10 +70,28 @@ def _dims_text(text) -> str | None:
     return json.dumps(dims) if isinstance(dims, list) else None
 
 
+def _named(events: pd.DataFrame, rule) -> np.ndarray:
+    """Whether each event's name meets `rule` (a function of the name), asked once per distinct
+    name (the name column is categorical)."""
+    names = events["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        meets = np.array([bool(rule(str(n))) for n in names.cat.categories] + [False])
+        return meets[names.cat.codes.to_numpy()]  # code -1 (no name) reads the last: False
+    return np.array([bool(rule(str(n))) for n in names], dtype=bool)
+
+
+def _names_at(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """The names of the events where `rows` (a bool mask), as text."""
+    return events["name"].iloc[np.flatnonzero(rows)].astype(str).to_numpy()
+
+
+def _loading(name: str) -> bool:
+    return DATA_LOADING_RE.search(name) is not None
+
+
 def _compute_ops(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    names = events["name"].astype(str)
     host = (events["cat"].isin(HOST_OP_CATS).to_numpy() & events[OP_ARGS_COLUMN].notna().to_numpy()
-            & names.map(is_compute_op).to_numpy(dtype=bool))
+            & _named(events, is_compute_op))
     kernels = (events["is_gpu"].to_numpy(dtype=bool) & ~events["is_comm"].to_numpy(dtype=bool)
                & (events["cat"] == KERNEL_CAT).to_numpy())
     frames = []
@@ -81,12 +99,12 @@ def _compute_ops(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.Dat
         texts = events[OP_ARGS_COLUMN].to_numpy(dtype=object)[host]
         codes, distinct = pd.factorize(texts)
         dims = np.array([_dims_text(t) for t in distinct], dtype=object)[codes]
-        frames.append(pd.DataFrame({"name": names.to_numpy()[host], "dims": dims,
+        frames.append(pd.DataFrame({"name": _names_at(events, host), "dims": dims,
                                     "ts_ns": events["ts_ns"].to_numpy()[host],
                                     "dur_ns": events["dur_ns"].to_numpy()[host],
                                     "device": False}).dropna(subset=["dims"]))
     if kernels.any():
-        frames.append(pd.DataFrame({"name": names.to_numpy()[kernels], "dims": "",
+        frames.append(pd.DataFrame({"name": _names_at(events, kernels), "dims": "",
                                     "ts_ns": events["ts_ns"].to_numpy()[kernels],
                                     "dur_ns": events["dur_ns"].to_numpy()[kernels],
                                     "device": True}))
@@ -95,7 +113,7 @@ def _compute_ops(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.Dat
     ops = pd.concat(frames, ignore_index=True)
     # Ops inside the DataLoader's next batch (a dataset's own matmuls) are data loading.
     loading = events[events["cat"].isin(HOST_OP_CATS).to_numpy()
-                     & names.str.contains(DATA_LOADING_RE).to_numpy()]
+                     & _named(events, _loading)]
     if len(loading):
         starts, ends = intervals.union(loading["ts_ns"].to_numpy(), loading["end_ns"].to_numpy())
         at = ops["ts_ns"].to_numpy(dtype=np.int64)
@@ -111,12 +129,11 @@ def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
                ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per traced step: its time, the DataLoader's and the time outside every host op; and per
     step and host op name, the time in that name (the union of its spans)."""
-    names = events["name"].astype(str)
     ops = events[events["cat"].isin(HOST_OP_CATS).to_numpy()
                  & ~events["is_comm"].to_numpy(dtype=bool)
-                 & ~names.str.startswith("ProfilerStep#").to_numpy()]
+                 & ~_named(events, lambda n: n.startswith("ProfilerStep#"))]
     ops = ops.assign(step=_step_at(ops["ts_ns"].to_numpy(dtype=np.int64), steps),
-                     name=ops["name"].astype(str))
+                     loading=_named(ops, _loading), name=ops["name"].astype(str))
     comm = events[events["is_comm"].to_numpy(dtype=bool)
                   & events["cat"].isin(HOST_OP_CATS).to_numpy()]
     comm = comm.assign(step=_step_at(comm["ts_ns"].to_numpy(dtype=np.int64), steps))
@@ -130,7 +147,7 @@ def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
         starts = np.concatenate([inside["ts_ns"].to_numpy(), talk["ts_ns"].to_numpy()])
         ends = np.concatenate([inside["end_ns"].to_numpy(), talk["end_ns"].to_numpy()])
         covered = intervals.total(np.clip(starts, start, end), np.clip(ends, start, end))
-        loading = inside[inside["name"].str.contains(DATA_LOADING_RE)]
+        loading = inside[inside["loading"].to_numpy(dtype=bool)]
         rows.append({"rank": rank, "step": int(step), "step_ns": int(end - start),
                      "loading_ns": intervals.total(loading["ts_ns"].to_numpy(),
                                                    loading["end_ns"].to_numpy()),
@@ -153,7 +170,8 @@ def _step_samples(rank: int, records) -> pd.DataFrame:
     columns = [c for c in SAMPLE_COLUMNS[2:] if c in frame.columns]
     if frame.empty or not columns:
         return _frame(SAMPLE_COLUMNS)
-    per = frame.groupby("step")[columns].median().reset_index().assign(rank=rank)
+    numbers = frame[columns].apply(pd.to_numeric, errors="coerce").astype("float64")
+    per = numbers.groupby(frame["step"]).median().reset_index().assign(rank=rank)
     return per.reindex(columns=SAMPLE_COLUMNS)
 
 
