@@ -26,7 +26,8 @@ profiler, the GIL switch interval, signal handlers). `benchmarks/tracer_overhead
 `--profiler skip_first,wait,warmup,active,repeat` runs a bare torch.profiler with that schedule
 (CPU, plus CUDA where available; gzipped traces next to OUT), stepped at each step end: the
 yardstick for the tracer inside its windows; `--record-shapes` has it record operator input
-shapes, as the tracer's profiler does by default.
+shapes, as the tracer's profiler does by default; `--profile-memory` has it record allocations
+and Python stacks too, as the tracer's --profile-memory does.
 
 `--tracer-off scalars,memory,steps` switches off, inside a traced run, parts of the tracer that
 have no option of their own, so that the benchmark can measure each part alone: `scalars` (the
@@ -330,8 +331,11 @@ class StepProbe:
                     "counts": self.counter.calls}}
 
 
-def bare_profiler(spec: str, trace_dir: str, rank: int, record_shapes: bool = False):
-    """A started torch.profiler with schedule `skip_first,wait,warmup,active,repeat`."""
+def bare_profiler(spec: str, trace_dir: str, rank: int, record_shapes: bool = False,
+                  profile_memory: bool = False):
+    """A started torch.profiler with schedule `skip_first,wait,warmup,active,repeat`;
+    `profile_memory` also records allocations and Python stacks (as the tracer's
+    --profile-memory does)."""
     import torch
     from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
 
@@ -345,7 +349,7 @@ def bare_profiler(spec: str, trace_dir: str, rank: int, record_shapes: bool = Fa
                           repeat=repeat),
         on_trace_ready=tensorboard_trace_handler(trace_dir, worker_name=f"rank{rank}",
                                                  use_gzip=True),
-        record_shapes=record_shapes)
+        record_shapes=record_shapes, profile_memory=profile_memory, with_stack=profile_memory)
     profile.start()
     return profile
 
@@ -357,7 +361,7 @@ def output_path(out: str, rank: int) -> Path:
 def run_probe(out: str, script: str, script_args: list[str], profiler: str | None = None,
               pin: bool = False, tracer_off: list[str] = (),
               count_calls: tuple[int, int] | None = None, record_shapes: bool = False,
-              part_costs: bool = False) -> None:
+              part_costs: bool = False, profile_memory: bool = False) -> None:
     """Run `script` as __main__ with `script_args`, stamping each step end; write OUT."""
     rank = int(os.environ.get("RANK", "0"))
     if pin:
@@ -368,7 +372,7 @@ def run_probe(out: str, script: str, script_args: list[str], profiler: str | Non
     if profiler:
         profile = bare_profiler(profiler, tempfile.mkdtemp(prefix="bare-profiler-",
                                                            dir=os.path.dirname(out) or None), rank,
-                                record_shapes)
+                                record_shapes, profile_memory)
     probe = StepProbe(profile, count_calls, part_costs)
     probe.install()
     sys.argv = [script, *script_args]
@@ -410,6 +414,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--record-shapes", action="store_true",
                    help="the bare profiler records operator input shapes (as the tracer does "
                         "by default)")
+    p.add_argument("--profile-memory", action="store_true",
+                   help="the bare profiler records allocations and Python stacks (as the "
+                        "tracer's --profile-memory)")
     p.add_argument("--tracer-off", type=parts_list, default=[], metavar="PARTS",
                    help=f"tracer parts to switch off: {', '.join(TRACER_PARTS_WITHOUT_OPTION)}")
     p.add_argument("--count-calls", type=step_span, metavar="FROM:TO",
@@ -420,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     run_probe(args.out, args.script, args.script_args, args.profiler, args.pin, args.tracer_off,
-              args.count_calls, args.record_shapes, args.part_costs)
+              args.count_calls, args.record_shapes, args.part_costs, args.profile_memory)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ falls on all of them alike:
 * profiler:       the same schedule with a bare torch.profiler and tensorboard_trace_handler,
                   with the tracer's default profiler options (operator input shapes recorded)
 * profiler-no-shapes: the same without shapes (what recording the shapes costs a step)
+* traced-window-memory, profiler-memory: traced-window and profiler with --profile-memory
+                  (allocations and Python stacks recorded; `--profile-memory` runs them with
+                  bare, traced-window, profiler and bare-again)
 * bare-again:     bare once more, as a control: bare-again / bare is the noise floor
 * hook:           traced with --ddp-bucket-hook (DDP's buckets are recorded ops)
 * hook-no-issue:  hook with --no-issue-records: hook / hook-no-issue is what the issue-time
@@ -20,9 +23,11 @@ falls on all of them alike:
 * traced-no-fr:   traced with --no-flight-recorder: traced / traced-no-fr is what reading torch's
                   Flight Recorder costs a step (`--flight-recorder` runs bare, traced, this and
                   bare-again)
-* capture:        traced with --capture-slow-steps --max-captures 0: every step judged and the
-                  store read on each worker pass, no window opened (capture / traced is what
-                  watching for slow steps costs between windows)
+* no-capture:     traced with --no-capture: no slow-step watch, no capture thread (traced /
+                  no-capture is what watching for slow steps, on by default, costs between
+                  windows)
+* capture:        traced with --max-captures 0: every step judged and the store read on each
+                  pass of the capture thread, and no window opened whatever the machine does
 
 and the bisecting modes, outside windows only: `off` is the tracer with every part switched off
 (`--no-comms --no-sampler --no-profiler`, and the parts without an option switched off by the
@@ -84,12 +89,16 @@ ISSUE_MODES = {"hook": ["--ddp-bucket-hook"],
                "hook-no-issue": ["--ddp-bucket-hook", "--no-issue-records"]}
 # Traced without reading torch's Flight Recorder (DDP's buckets then unrecorded between windows).
 FR_MODES = {"traced-no-fr": ["--no-flight-recorder"]}
-# Traced with the slow-step watch on (--capture-slow-steps; --max-captures 0 keeps its windows
-# out of the steps compared, so that this is what watching costs between windows).
-CAPTURE_MODES = {"capture": ["--capture-slow-steps", "--max-captures", "0"]}
+# Traced without the slow-step watch (on by default), and with it but no window it could open
+# among the steps compared.
+CAPTURE_MODES = {"no-capture": ["--no-capture"], "capture": ["--max-captures", "0"]}
+# Windows back to back with --profile-memory: the tracer's, and a bare torch.profiler's with the
+# same options (shapes, memory, Python stacks).
+MEMORY_MODES = ("traced-window-memory", "profiler-memory")
 MODES = ("bare", "traced", "baseline", *PARTS_ON, "traced-window", "profiler", "profiler-no-shapes",
-         "bare-again", *ISSUE_MODES, *FR_MODES, *CAPTURE_MODES)
-WINDOW_MODES = ("traced-window", "profiler", "profiler-no-shapes")  # windows back to back
+         "bare-again", *ISSUE_MODES, *FR_MODES, *CAPTURE_MODES, *MEMORY_MODES)
+WINDOW_MODES = ("traced-window", "profiler", "profiler-no-shapes",
+                *MEMORY_MODES)  # windows back to back
 DEFAULT_MODES = ("bare", "traced", "traced-window", "profiler", "bare-again")
 CLOCKS = ("wall_ns", "thread_cpu_ns", "process_cpu_ns")
 COUNT_SPAN = (20, 50)  # steps whose calls --count-calls counts: before any window of any mode
@@ -109,6 +118,10 @@ def parse_args():
     p.add_argument("--flight-recorder", action="store_true",
                    help="run bare, traced, traced-no-fr and bare-again: the Flight Recorder "
                         "part's cost side by side")
+    p.add_argument("--profile-memory", action="store_true",
+                   help="run bare, traced-window, profiler, traced-window-memory, "
+                        "profiler-memory and bare-again: what --profile-memory costs in windows, "
+                        "against a bare profiler with the same options")
     p.add_argument("--baseline", metavar="CHECKOUT",
                    help="also run `baseline`: traced with the tracer of another checkout of "
                         "this repository (say `git worktree add /tmp/old COMMIT`), side by side "
@@ -141,14 +154,16 @@ def command(mode: str, steps: int, nproc: int, stamps: str, out: str,
     elif mode in ISSUE_MODES or mode in FR_MODES or mode in CAPTURE_MODES:
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
         head += {**ISSUE_MODES, **FR_MODES, **CAPTURE_MODES}[mode]
-    elif mode == "traced-window":
+    elif mode in ("traced-window", "traced-window-memory"):
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first, "--repeat",
                  "0"] + [f"--{k}={v}" for k, v in WINDOW.items()]
-    elif mode in ("profiler", "profiler-no-shapes"):
+        head += ["--profile-memory"] if mode == "traced-window-memory" else []
+    elif mode in ("profiler", "profiler-no-shapes", "profiler-memory"):
         probe += ["--profiler", f"{skip_first},{WINDOW['wait']},{WINDOW['warmup']},"
                                 f"{WINDOW['active']},0"]
-        if mode == "profiler" and TracerConfig().record_shapes:
+        if mode != "profiler-no-shapes" and TracerConfig().record_shapes:
             probe += ["--record-shapes"]
+        probe += ["--profile-memory"] if mode == "profiler-memory" else []
     elif mode in PARTS_ON:
         on = PARTS_ON[mode]
         head += ["-m", "tracer.record", "--out", out, "--skip-first", skip_first]
@@ -177,7 +192,7 @@ def selected_periods(result: dict, mode: str, steps: int) -> dict[str, dict[str,
 
     acts = mode_actions(mode, steps)
     recording = (ProfilerAction.WARMUP, ProfilerAction.RECORD)
-    periods = {clock: {"outside": [], "inside": []} for clock in CLOCKS}
+    periods = {clock: {"outside": [], "inside": [], "export": []} for clock in CLOCKS}
     for clock in CLOCKS:
         stamps = result[clock]
         for k in range(DISCARD, len(stamps)):
@@ -188,6 +203,8 @@ def selected_periods(result: dict, mode: str, steps: int) -> dict[str, dict[str,
                 periods[clock]["outside"].append(ms)
             elif acts[k] in recording:
                 periods[clock]["inside"].append(ms)
+            elif acts[k] == ProfilerAction.RECORD_AND_SAVE:  # its end writes the window
+                periods[clock]["export"].append(ms)
     # The tracer's own step end on the main thread (us), at the end of the same steps outside
     # windows.
     step_end = result.get("tracer_step_end_ns") or []
@@ -206,7 +223,8 @@ def run_all(args, modes: list[str], work: str):
     """Every mode `args.repeats` times, interleaved; pooled and per-repeat step times."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKTRACE_")}
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    pooled = {m: {c: {"outside": [], "inside": []} for c in CLOCKS} for m in modes}
+    pooled = {m: {c: {"outside": [], "inside": [], "export": []} for c in CLOCKS}
+              for m in modes}
     for m in modes:
         pooled[m]["step_end_us"] = []
     per_repeat = {m: [] for m in modes}
@@ -225,7 +243,7 @@ def run_all(args, modes: list[str], work: str):
             probe = json.loads(Path(stamps + ".rank0").read_text())
             periods = selected_periods(probe, mode, args.steps)
             for clock in CLOCKS:
-                for kind in ("outside", "inside"):
+                for kind in ("outside", "inside", "export"):
                     pooled[mode][clock][kind] += periods[clock][kind]
             pooled[mode]["step_end_us"] += periods["step_end_us"]
             for key, (ns, calls) in (probe.get("part_costs") or {}).items():
@@ -308,6 +326,8 @@ def report(pooled, per_repeat, threads, modes: list[str]) -> None:
             inside_report(pooled, paired, "traced-window", yardstick_mode)
     if "profiler" in modes and "profiler-no-shapes" in modes:
         inside_report(pooled, paired, "profiler", "profiler-no-shapes")
+    if all(mode in modes for mode in MEMORY_MODES):
+        memory_report(pooled, paired, modes)
     print("\nrank 0's threads from step 10 on: CPU per step (us; Python threads from their own "
           "CPU clocks, the others from /proc in 10 ms ticks, so their small figures are coarse) "
           "/ voluntary context switches (wake-ups and GIL waits) per second")
@@ -362,11 +382,35 @@ def inside_report(pooled, paired, mode: str, yardstick_mode: str) -> None:
 
     inside, yardstick = med(mode, "wall_ns"), med(yardstick_mode, "wall_ns")
     cpu = med(mode, "thread_cpu_ns") / med(yardstick_mode, "thread_cpu_ns")
-    goal = "goal < 1.03; " if (mode, yardstick_mode) == ("traced-window", "profiler") else ""
+    goal = "goal < 1.03; " if (mode, yardstick_mode) in (
+        ("traced-window", "profiler"), ("traced-window-memory", "profiler-memory")) else ""
     print(f"\ninside windows: {mode} / {yardstick_mode} = {inside / yardstick:.4f} "
           f"({goal}{inside:.3f} / {yardstick:.3f} ms, {len(pooled[mode]['wall_ns']['inside'])} "
           f"steps); per repeat {paired(mode, yardstick_mode, 'inside')}; main CPU ratio "
           f"{cpu:.4f}")
+
+
+def memory_report(pooled, paired, modes: list[str]) -> None:
+    """--profile-memory: the tracer's windows against a bare profiler with the same options
+    (the goal), against its own windows without it (what the option costs a recording step),
+    and what a window's last step, which writes the window, costs over a recording step."""
+    for mode, yardstick_mode in (("traced-window-memory", "profiler-memory"),
+                                 ("traced-window-memory", "traced-window"),
+                                 ("profiler-memory", "profiler")):
+        if yardstick_mode in modes:
+            inside_report(pooled, paired, mode, yardstick_mode)
+    print("\nthe step that writes each window (ms, median over windows), and what it adds to a "
+          "recording step: the trace's export (and, traced with --profile-memory, torch's "
+          "memory profiler over the window)")
+    for mode in ("traced-window", "profiler", *MEMORY_MODES):
+        if mode not in modes:
+            continue
+        export = median_or_none(pooled[mode]["wall_ns"]["export"])
+        inside = median_or_none(pooled[mode]["wall_ns"]["inside"])
+        if export is None or inside is None:
+            continue
+        print(f"{mode:>21}: {export:8.2f} ms, +{export - inside:.2f} ms over a recording step "
+              f"({len(pooled[mode]['wall_ns']['export'])} windows)")
 
 
 def issue_report(pooled, per_repeat) -> None:
@@ -423,6 +467,8 @@ def main() -> None:
         modes = ["bare", *ISSUE_MODES, "bare-again"]
     if args.flight_recorder:
         modes = ["bare", "traced", *FR_MODES, "bare-again"]
+    if args.profile_memory:
+        modes = ["bare", "traced-window", "profiler", *MEMORY_MODES, "bare-again"]
     with tempfile.TemporaryDirectory(prefix="tracer-overhead-") as work:
         print(f"# {datetime.date.today()} {os.cpu_count()} CPUs, {args.nproc} ranks, "
               f"{args.steps} steps per run, {args.repeats} runs of each kind, load average "

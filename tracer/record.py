@@ -24,20 +24,10 @@ import types
 import zipfile
 
 from tracer.options.config import ConfigError, resolve
+from tracer.session.launcher import Launcher
 from tracer.session.rank_session import Session
 from tracer.session.run_folder import LaunchInfo, RunDirError
-from tracer.session.script_end import ScriptOutcome
-
-_TRACEBACK_HIDDEN_FILES = {__file__, runpy.__file__, "<frozen runpy>"}
-
-
-def _exit_code_of(exc: SystemExit) -> int:
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    return 1  # Python prints a non-integer code and exits with 1
+from tracer.session.script_end import ScriptOutcome, exit_code_of, hide_tracer_frames
 
 
 # ---- running the script ----------------------------------------------------------------------
@@ -53,7 +43,7 @@ def run_script(script: str, script_args: list[str]) -> ScriptOutcome:
             sys.path[0] = os.path.dirname(path)
             _exec_as_main(path)
     except SystemExit as exc:
-        return ScriptOutcome(exit_code=_exit_code_of(exc), system_exit=exc)
+        return ScriptOutcome(exit_code=exit_code_of(exc), system_exit=exc)
     except BaseException as exc:
         return ScriptOutcome(exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1,
                              exception=exc)
@@ -96,41 +86,6 @@ def _exec_as_main(path: str) -> None:
             sys.modules["__main__"] = previous
 
 
-def _is_tracer_frame(frame) -> bool:
-    module = frame.f_globals.get("__name__")
-    return isinstance(module, str) and (module == "tracer" or module.startswith("tracer."))
-
-
-def _script_traceback(tb):
-    """The traceback as Python would print it untraced: from the script's first frame on, and
-    without the tracer's frames in between (the collective wrappers, the DDP hook labeller),
-    which do not exist untraced."""
-    while tb is not None and tb.tb_frame.f_code.co_filename in _TRACEBACK_HIDDEN_FILES:
-        tb = tb.tb_next
-    kept = []
-    while tb is not None:
-        if not _is_tracer_frame(tb.tb_frame):
-            kept.append(tb)
-        tb = tb.tb_next
-    tb = None
-    for entry in reversed(kept):
-        tb = types.TracebackType(tb, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return tb
-
-
-def _hide_tracer_frames(exc: BaseException) -> None:
-    """`_script_traceback` on the exception and on every exception chained to it or grouped in
-    it, each of which Python prints with its own traceback."""
-    seen, todo = set(), [exc]
-    while todo:
-        current = todo.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        current.__traceback__ = _script_traceback(current.__traceback__)
-        todo += [current.__cause__, current.__context__, *getattr(current, "exceptions", ())]
-
-
 _exit_by_sigint = False
 
 
@@ -148,7 +103,7 @@ def report_and_exit(outcome: ScriptOutcome, session: Session | None) -> None:
     exc = outcome.exception
     if exc is not None:
         # The hook prints the exception's own __traceback__ when it has one, not the argument.
-        _hide_tracer_frames(exc)
+        hide_tracer_frames(exc, {__file__})
         sys.excepthook(type(exc), exc, exc.__traceback__)
     if session is not None:
         session.print_summary()
@@ -172,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ranktrace: error: {message}", file=sys.stderr)
         sys.exit(exit_code)
     launch = LaunchInfo.from_env()
-    session = Session(config, script, script_args, launch)
+    session = Session(config, script, script_args, launch, make_launcher=Launcher)
     session.watch_sigterm()
     atexit.register(_final_exit)
     try:

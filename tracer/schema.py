@@ -36,10 +36,20 @@ ISSUED_FILE = "rank{rank}.issued.jsonl"
 STACKS_FILE = "rank{rank}.stacks.jsonl"
 # torch's own format, never loaded by us
 MEMORY_SNAPSHOT_FILE = "rank{rank}.step{step}.memory_snapshot.pickle"
+# The same snapshot as one MemorySnapshotRecord, what the analysis reads (no unpickling)
+MEMORY_SNAPSHOT_RECORD_FILE = "rank{rank}.step{step}.memory_snapshot.jsonl"
+MEMORY_SNAPSHOT_RECORD_RE = re.compile(r"^rank(?P<rank>\d+)\.step(?P<step>\d+)"
+                                       r"\.memory_snapshot\.jsonl$")
+# A MemoryProfileRecord for profiler windows 1, 2, 4, 8, ..., with --profile-memory
+MEMORY_PROFILE_FILE = "rank{rank}.memory.jsonl"
 # Windows asked for by python -m tracer.capture (CaptureAsk), and the windows the ranks plan
 # (CaptureRequest), each one per file, numbered in the order they were made.
 CAPTURE_ASK_FILE = "capture.ask{index}.jsonl"
 CAPTURE_REQUEST_FILE = "capture.request{index}.jsonl"
+# The process that started the ranks itself (torch.multiprocessing.spawn, elastic_launch,
+# multiprocessing.Process): its Launch records and how it ended (LauncherRecord). Not a rank's
+# file: the analysis reads ranks from `rank{R}.*` names only.
+LAUNCHER_FILE = "launcher.manifest.jsonl"
 TEMP_SUFFIX = ".tmp"  # files are written as <name>.tmp then renamed
 # The JSON-lines record files of a rank, by kind; and the endings of a Kineto trace file.
 RECORD_FILES = (MANIFEST_FILE, STEPS_FILE, COMMS_FILE, SAMPLES_FILE)
@@ -233,13 +243,102 @@ class StepRecord(msgspec.Struct, omit_defaults=True):
     cuda_peak_allocated_bytes: int | None = None  # torch.cuda.max_memory_allocated over the step
     cuda_peak_reserved_bytes: int | None = None
     cuda_total_bytes: int | None = None  # the device's capacity
-    # process RSS at the step's end (CPU runs, and always where psutil works)
+    # The process's RSS at the step's end: the last of the tracer's readings (the step-end
+    # worker's, about 5 a second, and the psutil sampler's) taken by end_ns, read at rss_t_ns;
+    # absent where RSS cannot be read
     rss_bytes: int | None = None
+    rss_t_ns: int | None = None  # when rss_bytes was read: by end_ns (after it only before
+    # the first reading)
     comm_ops: int = 0
     comm_bytes: int = 0
     # Samples the whole job trained in the step (the global batch), as the script set it with
     # tracer.set_samples_per_step() or --samples-per-step said; absent when neither did.
     samples: int | None = None
+
+
+# ---- memory ------------------------------------------------------------------------------------
+# What torch's memory profiler sorts tensors into (MemoryProfileRecord.categories), in this
+# order; "other": its autograd details and the tensors it could not place.
+MemoryCategory = Literal["parameter", "gradient", "optimizer_state", "activation", "temporary",
+                         "input", "other"]
+MEMORY_CATEGORIES: tuple[str, ...] = MemoryCategory.__args__  # type: ignore[attr-defined]
+MEMORY_OTHER = "other"
+
+
+class MemoryProfileRecord(msgspec.Struct, omit_defaults=True):
+    """torch's memory profiler over one profiler window (--profile-memory; windows 1, 2, 4, 8,
+    ...): the tensors alive on the rank's device at the window's peak, by category; one line of
+    rank{R}.memory.jsonl."""
+
+    rank: int
+    t_ns: int  # when the window ended and this was computed
+    device: str  # "cpu", or "cuda:N" once the script uses CUDA
+    first_step: int  # the window's first and last traced steps (ProfilerStep#N)
+    last_step: int
+    peak_bytes: int  # every tensor the profiler saw alive at the peak, those from before it too
+    categories: dict[str, int]  # MEMORY_CATEGORIES -> bytes at the peak; they sum to peak_bytes
+    peak_step: int | None = None  # the traced step the peak fell in
+
+
+class SnapshotBlock(msgspec.Struct, omit_defaults=True):
+    """One block of a CUDA allocator segment, as torch.cuda.memory._snapshot() gives it."""
+
+    address: int
+    size: int  # bytes the allocator set aside (rounded up)
+    requested_size: int  # bytes the caller asked for
+    # "active_allocated" (a live tensor), "active_pending_free" (freed, its stream's work not
+    # yet done) or "inactive" (free, cached by the allocator)
+    state: str
+    # The Python frames of its allocation, innermost first as torch gives them (unlike a
+    # ThreadStack's), at most SNAPSHOT_MAX_FRAMES; empty unless allocation history was on
+    # (--memory-snapshot)
+    frames: list[StackFrame] = []
+
+
+SNAPSHOT_MAX_FRAMES = 32
+SNAPSHOT_BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+
+
+class SnapshotSegment(msgspec.Struct, omit_defaults=True):
+    """One segment the CUDA allocator reserved from the device (cudaMalloc or an expandable
+    mapping), with its blocks."""
+
+    device: int
+    address: int
+    total_size: int  # bytes reserved
+    allocated_size: int  # bytes in active_allocated blocks
+    active_size: int  # bytes in active blocks (allocated or pending free)
+    requested_size: int
+    stream: int
+    segment_type: str  # "large" or "small" (the pool of blocks of 1 MB and less)
+    blocks: list[SnapshotBlock] = []
+    is_expandable: bool = False
+
+
+class OutOfMemory(msgspec.Struct, omit_defaults=True):
+    """The allocation that failed, as the allocator's out-of-memory observer tells it."""
+
+    device: int
+    requested_bytes: int
+    device_allocated_bytes: int  # what the allocator had allocated on the device then
+    device_free_bytes: int  # what the device said was free
+
+
+class MemorySnapshotRecord(msgspec.Struct, omit_defaults=True):
+    """A CUDA allocator snapshot that the analysis reads without unpickling; the only line of
+    rank{R}.step{S}.memory_snapshot.jsonl, beside the pickle of the same snapshot."""
+
+    rank: int
+    step: int  # steps completed when it was taken (as in the file name)
+    t_ns: int  # when it was taken
+    reason: str  # "oom" (the first out-of-memory error) or "end" (--memory-snapshot)
+    segments: list[SnapshotSegment]
+    device_total_bytes: int | None = None  # the capacity of the rank's device
+    oom: OutOfMemory | None = None  # reason "oom", when the allocator's observer saw it
+    frames_dropped: int = 0  # frames left out: C++ frames, and past SNAPSHOT_MAX_FRAMES
+
+
+SNAPSHOT_REASONS = ("oom", "end")
 
 
 DDP_BUCKETS_FROM_HOOK = "comm hook"
@@ -275,6 +374,9 @@ class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=
     # absent on GPUs without --peak-tflops (the analysis takes the datasheet's for device_name).
     peak_tflops: float | None = None
     peak_source: str | None = None
+    # How the script started this rank itself (one of LAUNCHERS), which then recorded the
+    # launch in LAUNCHER_FILE; absent under torchrun and in a process the user started.
+    launched_by: str | None = None
     # The CPUs the rank's process may run on (its affinity mask, else the host's count): with
     # the ranks on its host, whether they compete for cores; absent in files written before.
     cpus: int | None = None
@@ -323,8 +425,9 @@ class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True
     # Share of the asked device samples that were not taken, after the sampler's first second,
     # when it is at least SAMPLER_LAG_MIN_MISSED_PCT (sustained lag); absent otherwise.
     samples_missed_pct: float | None = None
-    # Processes the script started with torch.multiprocessing.spawn / start_processes; the
-    # tracer runs only in this process, so they were not traced.
+    # Processes the script started with torch.multiprocessing.spawn / start_processes that
+    # could not be traced as ranks (this process is one rank of several, or had traced training
+    # of its own first; docs/tracer.md, Ranks the script starts itself).
     untraced_processes: int = 0
     # Steps completed when --max-record-mb was reached: step, comm and sample records and
     # scalars stop there (Kineto traces and the manifest go on); absent when never reached.
@@ -334,28 +437,85 @@ class RunEnd(msgspec.Struct, tag="run_end", tag_field="kind", omit_defaults=True
     native_ops_lost: int = 0
 
 
+class RankChange(msgspec.Struct, omit_defaults=True):
+    """One rank's own view of a slowdown (docs/tracer.md, Capturing slow steps: the trigger):
+    when its step times changed, and by how much, judged against its own steps before."""
+
+    rank: int
+    step: int  # the first step of the change (its first slow step)
+    confirmed_step: int  # the step at which it had lasted long enough to be a change
+    factor: float  # the median step time of the change / the median before it
+    before_ms: float  # the median step time before the change (its running median)
+    after_ms: float  # the median step time of the change's steps, up to confirmed_step
+    # The median time from a step's start to its first collective or p2p op (torch's Flight
+    # Recorder's creation time), over the steps before the change and the change's steps:
+    # time the rank spent on its own before it could wait for a peer. Absent without the
+    # Flight Recorder's times, or steps without a collective.
+    sync_before_ms: float | None = None
+    sync_after_ms: float | None = None
+
+    @property
+    def slowed_itself(self) -> bool | None:
+        """Whether at least half the change came before the rank's first collective (it slowed
+        on its own, not waiting for a peer); None without the times to tell."""
+        if self.sync_before_ms is None or self.sync_after_ms is None:
+            return None
+        return self.sync_after_ms - self.sync_before_ms >= (self.after_ms - self.before_ms) / 2
+
+
 class CaptureRecord(msgspec.Struct, tag="capture", tag_field="kind", omit_defaults=True):
     """A profiler window opened off the fixed schedule, at the same steps on every rank: when a
-    rank's step turned slow (--capture-slow-steps) or on request (python -m tracer.capture)."""
+    rank's step times changed to slower ones and stayed so (slow_step), or on request
+    (python -m tracer.capture)."""
 
     rank: int  # the rank that wrote this record
     t_ns: int  # when this rank learnt of the window
     trigger: str  # one of CAPTURE_TRIGGERS
-    trigger_step: int  # the slow step; on_demand: the newest step recorded when it was asked
+    # slow_step: the step the change began on trigger_rank; on_demand: the newest step recorded
+    # when it was asked
+    trigger_step: int
     first_step: int  # the window's first traced step (its ProfilerStep#N)
-    steps: int  # steps traced from first_step on
-    trigger_rank: int | None = None  # the rank whose step was slow; None for on_demand
-    ratio: float | None = None  # that step's time / that rank's running median; None: on_demand
+    steps: int  # steps planned from first_step on
+    # slow_step: the rank whose change began first (then the largest factor, then the lowest
+    # rank); None for on_demand
+    trigger_rank: int | None = None
+    # slow_step: trigger_step's time / trigger_rank's running median before it; None on demand
+    ratio: float | None = None
     # This rank learnt of the window after it had passed first_step's warm-up: no trace here.
     missed: bool = False
+    # slow_step: the change on trigger_rank (RankChange's fields): its factor, the median step
+    # time before it and of it, the step at which it was confirmed
+    factor: float | None = None
+    before_ms: float | None = None
+    after_ms: float | None = None
+    confirmed_step: int | None = None
+    # slow_step: every rank that saw the same slowdown in its own step times, by the step its
+    # change began (a rank that waits for a slow one slows at the same step or the next)
+    ranks: list[RankChange] = []
+    # slow_step, from `ranks`' RankChange.slowed_itself: the rank whose change came before its
+    # first collective (the earliest, then the largest such growth), and the ranks whose change
+    # came after it (they wait for a peer); None / [] where the times cannot tell
+    late_rank: int | None = None
+    waiting_ranks: list[int] = []
+    # on_demand: the steps asked, when more than --max-window-steps (steps is then the bound)
+    asked_steps: int | None = None
+    # The window was closed early on this rank (CAPTURE_CUTS): its trace holds the steps before
+    # cut_step only
+    cut: str | None = None
+    cut_step: int | None = None
 
 
 CAPTURE_TRIGGERS = ("slow_step", "on_demand")
+# Why a window was closed before its last step (--max-window-s, --max-window-mb); the trace
+# carries the same reason in its metadata (WINDOW_CUT_METADATA).
+CAPTURE_CUTS = ("time", "memory")
+WINDOW_CUT_METADATA = "ranktrace_window_cut"
 
 
 class CaptureRequest(msgspec.Struct, omit_defaults=True):
     """A window asked of every rank, one line of capture.request{N}.jsonl (or one value in
-    torchrun's store): the fields CaptureRecord repeats."""
+    torchrun's store): the fields CaptureRecord repeats. A rank ignores a request whose `run`
+    is not its run folder's name."""
 
     trigger: str
     trigger_step: int
@@ -365,6 +525,9 @@ class CaptureRequest(msgspec.Struct, omit_defaults=True):
     trigger_rank: int | None = None
     ratio: float | None = None
     ask: int | None = None  # on_demand: the number of the CaptureAsk it answers
+    run: str = ""  # the run folder's name (run_start.run_name)
+    change: RankChange | None = None  # slow_step: the change the requesting rank saw
+    asked_steps: int | None = None  # on_demand: the steps asked, when clipped
 
 
 class CaptureAsk(msgspec.Struct, omit_defaults=True):
@@ -373,6 +536,18 @@ class CaptureAsk(msgspec.Struct, omit_defaults=True):
 
     steps: int  # steps to trace; 0: the run's --active
     t_ns: int
+    run: str = ""  # the run folder's name; an ask naming another run is ignored ("": any)
+
+
+class TracerProblem(msgspec.Struct, tag="problem", tag_field="kind", omit_defaults=True):
+    """Something the tracer was asked for and did not do as asked, or cut short: an ask or a
+    request out of range (clipped or ignored), a window closed at its bound. The part goes on
+    (unlike `error`); the same text was printed once on stderr as `ranktrace: ...`."""
+
+    rank: int
+    t_ns: int
+    part: str  # "capture", "profiler"
+    message: str
 
 
 # The device sampler's lag counts as sustained when, judged after its first
@@ -382,7 +557,42 @@ SAMPLER_LAG_GRACE_S = 1.0
 SAMPLER_LAG_MIN_ASKED = 20
 SAMPLER_LAG_MIN_MISSED_PCT = 20.0
 
-ManifestRecord = RunStart | ClockSync | TracerError | RunEnd | CaptureRecord
+ManifestRecord = RunStart | ClockSync | TracerError | RunEnd | CaptureRecord | TracerProblem
+
+# How a script starts its ranks itself (Launch.launcher, RunStart.launched_by).
+LAUNCHERS = ("torch.multiprocessing", "torch.distributed.launcher", "multiprocessing.Process")
+
+
+class Launch(msgspec.Struct, tag="launch", tag_field="kind", omit_defaults=True):
+    """The script started processes that are traced as ranks, in this run folder: one record
+    per torch.multiprocessing.spawn / start_processes or elastic_launch call, and one per
+    multiprocessing.Process started (whose process is a rank once it joins a process group)."""
+
+    schema_version: int
+    run_name: str
+    host: str
+    pid: int  # the launching process's
+    t_ns: int
+    argv: list[str]
+    script: str
+    script_args: list[str]
+    config: dict  # the tracer's resolved options, which the ranks run with
+    launcher: str  # one of LAUNCHERS
+    processes: int  # processes started by this call
+    start_method: str  # multiprocessing's: "spawn", "fork" or "forkserver"
+    attempt: int = 0  # elastic_launch: the restart (TORCHELASTIC_RESTART_COUNT) it starts
+
+
+class LaunchEnd(msgspec.Struct, tag="launch_end", tag_field="kind", omit_defaults=True):
+    """How the launching process's script ended (its ranks' own ends are in their manifests)."""
+
+    end_ns: int
+    status: str  # one of RUN_STATUSES
+    exit_code: int
+    exception: str | None = None  # "TypeName: message" of the script's uncaught exception
+
+
+LauncherRecord = Launch | LaunchEnd
 RUN_STATUSES = ("ok", "failed", "interrupted")
 # A manifest with a run_start but no run_end: the rank died before it could say (killed,
 # OOM-killed).

@@ -19,6 +19,10 @@ steps frames):
 - `StopInputs`, `StopDiagnosis`: what ingest reads for the stop diagnosis of a run that did not
   end well (analysis.ingest.stop_records), and the diagnosis
   (analysis.findings.stop_diagnosis).
+- `RankMemory`, `MemoryInputs`, `OomDiagnosis`, `MemorySection`: one rank's memory figures
+  (analysis.rank.memory_figures), what the memory section reads of a run
+  (analysis.ingest.memory_files), the out-of-memory diagnosis (analysis.findings.oom_diagnosis)
+  and the memory section of the report (analysis.findings.memory_section; docs/memory.md).
 - `RunReport`: every table of one analysed run (analysis.run), which the writers
   (analysis.report) show as they are.
 
@@ -174,6 +178,9 @@ class Finding:
     suggestion: str = ""
     ranks: str = ""  # the ranks it is about, as text ("0-3, 5")
     note: bool = False
+    # its clause of a verdict line that names it apart (the memory findings': "rank 1 grows
+    # 2.00 MiB per step from step 20"); "" where none does
+    headline: str = ""
 
     def finding_row(self) -> dict:
         """The bottlenecks table's row (FINDING_COLUMNS but ms_per_step)."""
@@ -202,6 +209,7 @@ class Verdict:
     # the changes to try, most predicted saving first (analysis.findings.verdict.tries): finding,
     # change, saved_ms_per_step (None where the what-if model cannot price it)
     tries: list[dict] = field(default_factory=list)
+    memory: str | None = None  # the memory line ("Memory: ..."), None where memory is fine
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,6 +234,74 @@ class StopDiagnosis:
     groups: pd.DataFrame
     ranks: list[dict] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+
+
+# ---- memory (docs/memory.md) ---------------------------------------------------------------------
+MEASURE_CUDA = "cuda_allocated"  # the series: PyTorch's peak allocated CUDA memory per step
+MEASURE_RSS = "rss"  # the process's resident memory near each step's end
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory figures (analysis.rank.memory_figures; docs/memory.md, "Figures per
+    rank"): every byte figure in bytes, NaN where unknown."""
+
+    rank: int
+    measure: str  # MEASURE_CUDA or MEASURE_RSS
+    steps: int  # analysed steps with a value
+    first_step: int
+    last_step: int
+    peak_bytes: float
+    peak_step: int
+    reserved_bytes: float  # the allocator's peak reserved memory (CUDA); NaN on CPU
+    device_total_bytes: float  # the device's capacity (CUDA); NaN on CPU
+    headroom_pct: float  # share of the device left above the peak reserved (else allocated)
+    growth_bytes_per_step: float
+    growth_from_step: int | None
+    noise_bytes: float  # the series' noise the growth was judged against
+    steps_to_full: float  # at the growth's rate, from the last step; NaN without both
+    full_at_step: int | None
+    categories_at_peak: dict[str, int] | None  # schema.MEMORY_CATEGORIES -> bytes
+    categories_steps: tuple[int, int] | None  # the profiler window they come from
+    categories_peak_bytes: float  # that window's peak: every tensor the profiler saw
+    # Bytes a step each category gained from the first profiler window's peak to the last's
+    # (two windows or more, at different steps); None otherwise
+    categories_growth_per_step: dict[str, float] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryInputs:
+    """What the memory section reads of a run (analysis.ingest.memory_files.memory_inputs)."""
+
+    steps: Mapping[int, Any]  # rank -> its step records' frame (tracer.schema.StepRecord)
+    profiles: Mapping[int, list]  # rank -> its tracer.schema.MemoryProfileRecords ([] or none)
+    snapshots: list  # every readable tracer.schema.MemorySnapshotRecord, by rank and step
+    offsets_ns: Mapping[int, int]  # rank -> its clock_sync offset, where it has one
+    problems: list[str] = field(default_factory=list)  # files that could not be read
+
+
+@dataclass(frozen=True, eq=False)
+class OomDiagnosis:
+    """Which rank ran out of memory first, at which step, and what held the memory
+    (analysis.findings.oom_diagnosis; docs/memory.md, "Out of memory")."""
+
+    first_rank: int
+    first_step: int
+    ranks: list[dict]  # one entry per rank that ran out, the first first
+    lines: list[str]  # as the report prints them
+
+
+@dataclass(frozen=True, eq=False)
+class MemorySection:
+    """The memory section of the report (analysis.findings.memory_section): what the writers
+    show of memory; they compute nothing more."""
+
+    rows: list[dict] = field(default_factory=list)  # the memory table, one row per rank
+    findings: tuple[Finding, ...] = ()  # the memory findings, each with its headline
+    verdict_line: str | None = None  # "Memory: ..." or None where memory is fine
+    oom: OomDiagnosis | None = None  # where a rank ran out
+    # rank -> (steps, bytes) of its series, for the figure: the measure of each rank's row
+    series: Mapping[int, tuple[list[int], list[float]]] = field(default_factory=dict)
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -264,6 +340,7 @@ class RunReport:
     stop: StopDiagnosis | None = None  # None for a run that ended well
     # per late rank and cause that holds (analysis.findings.late_ranks.cause_rows)
     late_causes: list[dict] = field(default_factory=list)
+    memory: MemorySection | None = None  # None without step records
 
     def nothing_analysed(self) -> bool:
         """No breakdown row and no collective: nothing to show but the reasons."""

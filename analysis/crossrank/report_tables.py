@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.contracts import CrossRank
 from analysis.crossrank.waits import split_communication
 
 MS = 1e6
@@ -21,7 +22,7 @@ def _nothing(frame) -> bool:
     return frame is None or len(frame) == 0
 
 
-def clock_rows(result: dict) -> pd.DataFrame:
+def clock_rows(result: CrossRank) -> pd.DataFrame:
     """Per rank: offset to rank 0's clock and its uncertainty (ms), source, drift (NaN: none
     fitted), and what the collectives' estimate stands on (instances, where their ends come
     from)."""
@@ -43,7 +44,7 @@ def clock_rows(result: dict) -> pd.DataFrame:
     })
 
 
-def mean_waits(result: dict) -> pd.DataFrame:
+def mean_waits(result: CrossRank) -> pd.DataFrame:
     """Per rank: mean wait_for_peers and transfer per analysed step (ms), and the steps."""
     waits = result.waits
     if _nothing(waits):
@@ -56,7 +57,7 @@ def mean_waits(result: dict) -> pd.DataFrame:
     }).reset_index()
 
 
-def firing_stragglers(result: dict) -> pd.DataFrame:
+def firing_stragglers(result: CrossRank) -> pd.DataFrame:
     """The ranks named by "ranks wait for rank R", largest caused wait first."""
     stragglers = result.stragglers
     if _nothing(stragglers):
@@ -65,7 +66,7 @@ def firing_stragglers(result: dict) -> pd.DataFrame:
     return fires[["rank", "caused_wait_ms_per_step", "share_pct"]].reset_index(drop=True)
 
 
-def pipeline_rows(result: dict) -> pd.DataFrame:
+def pipeline_rows(result: CrossRank) -> pd.DataFrame:
     pipeline = result.pipeline
     if _nothing(pipeline):
         return pd.DataFrame()
@@ -73,7 +74,7 @@ def pipeline_rows(result: dict) -> pd.DataFrame:
                      "transfer_pct", "idle_pct"]]
 
 
-def text_tables(result: dict) -> list[tuple[str, pd.DataFrame]]:
+def text_tables(result: CrossRank) -> list[tuple[str, pd.DataFrame]]:
     """(title, table) of the text report's Cross-rank section, in order."""
     return [
         ("Clock: offset of each rank's clock to rank 0's", clock_rows(result)),
@@ -86,7 +87,7 @@ def text_tables(result: dict) -> list[tuple[str, pd.DataFrame]]:
     ]
 
 
-def csv_tables(result: dict) -> dict[str, pd.DataFrame]:
+def csv_tables(result: CrossRank) -> dict[str, pd.DataFrame]:
     """File stem -> table written by --out (cross_rank_*.csv)."""
     stragglers = result.stragglers
     return {
@@ -100,7 +101,8 @@ def csv_tables(result: dict) -> dict[str, pd.DataFrame]:
     }
 
 
-def with_transfer_bandwidth(collectives: pd.DataFrame, cross: dict | None) -> pd.DataFrame:
+def with_transfer_bandwidth(collectives: pd.DataFrame, cross: CrossRank | None
+                            ) -> pd.DataFrame:
     """The collectives table with the cross-rank pass's transfer-based algbw and busbw
     (docs/cross-rank.md) beside the duration-based ones, matched on op, group id, group size
     and size bucket; NaN where no op of the row had a positive transfer."""

@@ -144,12 +144,14 @@ def late_lines(late: dict | None) -> list[str]:
 def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                 notes: pd.DataFrame | None, cross_rank: CrossRank | None,
                 critical: CriticalPath | None = None, captures: list | None = None,
-                late: dict | None = None) -> Verdict:
+                late: dict | None = None, memory_line: str | None = None) -> Verdict:
     """The verdict of the analysed steps; `critical` is the run's critical path, whose top
     what-if answer (largest saving first) the verdict quotes (`what_if`: that line, or None),
     and whose answers price the changes to try (analysis.findings.priced: "Try first" is the
     finding whose change saves most, the next two follow); `late` the late ranks and their
-    causes (analysis.findings.late_ranks), one "Why rank R is late" line each.
+    causes (analysis.findings.late_ranks), one "Why rank R is late" line each;
+    `memory_line` the memory section's ("Memory: ..."), which follows who waits for whom
+    (`memory`: that line, or None).
 
     state: "ranks train alone" (that finding is there), "bottleneck" (a finding with step time
     at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
@@ -161,7 +163,9 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     if steps.empty:
         line = "No step was analysed: there is no verdict (the warnings say why)."
         return Verdict(state=NO_STEP, limits=None, waits=None, change=None,
-                       change_ms_per_step=None, step_ms=None, what_if=None, lines=[line])
+                       change_ms_per_step=None, step_ms=None, what_if=None,
+                       lines=[line, *([memory_line] if memory_line else [])],
+                       memory=memory_line)
     step_ms = float(steps["step_ns"].mean() / 1e6)
     findings = findings if findings is not None else pd.DataFrame()
     notes = notes if notes is not None else pd.DataFrame()
@@ -208,7 +212,8 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         limits = (f"Nothing found wrong: no finding passed its threshold (mean step "
                   f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
                   f"{rank_list(steps['rank'])}).")
-    lines = [f"Limits the step: {limits}", f"Waiting: {waits}", *late_lines(late)]
+    lines = [f"Limits the step: {limits}", f"Waiting: {waits}", *late_lines(late),
+             *([memory_line] if memory_line else [])]
     answer = (what_if_line(critical.what_if, len(critical.critical_path_steps))
               if critical is not None else None)
     if answer:
@@ -225,4 +230,4 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     lines += [f"Captured: {window['text']}" for window in captures or []]
     return Verdict(state=state, limits=limits, waits=waits, change=change,
                    change_ms_per_step=change_ms, step_ms=step_ms, what_if=answer, lines=lines,
-                   tries=to_try if state == PROBLEM else [])
+                   tries=to_try if state == PROBLEM else [], memory=memory_line)

@@ -160,9 +160,12 @@ def _steps_lost(manifest: list, steps: pd.DataFrame, path: Path | None, rank: in
 
 
 def _manifest_problems(manifest: list, path: Path, rank: int) -> list[str]:
-    """What the tracer itself reported: parts that switched off, and how the rank ended."""
+    """What the tracer itself reported: parts that switched off, what it clipped, ignored or
+    cut short, and how the rank ended."""
     problems = [f"{path}: rank {rank}: tracer part '{r.part}' failed: {r.message}"
                 for r in manifest if isinstance(r, schema.TracerError)]
+    problems += [f"{path}: rank {rank}: tracer part '{r.part}': {r.message}"
+                 for r in manifest if isinstance(r, schema.TracerProblem)]
     ends = [r for r in manifest if isinstance(r, schema.RunEnd)]
     if any(isinstance(r, schema.RunStart) for r in manifest) and not ends:
         problems.append(f"{path}: rank {rank}: no run_end record; the rank ended without "

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.core.contracts import CriticalPath
 from analysis.report.text_tables import text_table as _table
 from analysis.report.values import plain, records
 
 
-def critical_path_steps_text(critical: dict) -> pd.DataFrame:
+def critical_path_steps_text(critical: CriticalPath) -> pd.DataFrame:
     """Per analysed step: the path's length, the ranks that end and start it, and its time by
     rank and category (ms)."""
     steps = critical.critical_path_steps
@@ -34,7 +35,7 @@ def what_if_text(what_if: list) -> pd.DataFrame:
                          for w in what_if])
 
 
-def critical_path_text(critical: dict) -> str:
+def critical_path_text(critical: CriticalPath) -> str:
     """The Critical path section: the path per analysed step, then the what-if answers."""
     return "\n".join([
         _table(critical_path_steps_text(critical), "Critical path per step "
@@ -44,7 +45,7 @@ def critical_path_text(critical: dict) -> str:
                "docs/critical-path.md")])
 
 
-def critical_path_json(critical: dict | None) -> dict:
+def critical_path_json(critical: CriticalPath | None) -> dict:
     """The document's top-level `critical_path` (per analysed step: path_ms, step_ms, end_rank,
     start_rank and `by_rank`, the path's ms by rank and category) and `what_if` (largest saving
     first); null and [] where they could not be computed (docs/critical-path.md)."""

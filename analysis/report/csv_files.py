@@ -8,6 +8,7 @@ import pandas as pd
 
 from analysis.core.contracts import RunReport
 from analysis.crossrank import report_tables as cross_report
+from analysis.report.memory_output import memory_table
 
 WHAT_IF_COLUMNS = ["change", "kind", "ranks", "saved_ms_per_step", "predicted_step_ms",
                    "assumptions"]
@@ -35,6 +36,8 @@ def csv_tables(report: RunReport) -> dict[str, pd.DataFrame]:
         tables["what_if"] = pd.DataFrame(report.critical.what_if, columns=WHAT_IF_COLUMNS)
     if report.cross_rank is not None:
         tables.update(cross_report.csv_tables(report.cross_rank))
+    if report.memory is not None and report.memory.rows:
+        tables["memory"] = memory_table(report.memory)
     return tables
 
 

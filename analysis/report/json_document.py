@@ -12,6 +12,7 @@ import pandas as pd
 from analysis.core.contracts import CrossRank, RunReport
 from analysis.core.model import known_rank
 from analysis.report.critical import critical_path_json
+from analysis.report.memory_output import memory_json
 from analysis.report.mfu import mfu_json
 from analysis.report.values import plain, records, steps_by_rank, window_of
 from tracer import schema
@@ -35,7 +36,7 @@ def run_document(report: RunReport) -> dict:
         "idle": records(report.idle),
         "collectives": records(report.collectives),
         "setup_collectives": records(report.setup_collectives),
-        "verdict": plain(report.verdict),
+        "verdict": _verdict(report),
         "bottlenecks": records(report.findings),
         "notes": records(report.notes),
         "late_causes": plain(report.late_causes),
@@ -48,7 +49,17 @@ def run_document(report: RunReport) -> dict:
         "stop_diagnosis": (None if report.stop is None else {
             "groups": records(report.stop.groups), "ranks": plain(report.stop.ranks),
             "lines": report.stop.lines}),
+        # docs/memory.md; absent for a run without step records
+        **({"memory": memory_json(report.memory)} if report.memory is not None else {}),
     }
+
+
+def _verdict(report: RunReport) -> dict | None:
+    """The document's `verdict`: the Verdict's fields, `memory` only where it has the line."""
+    verdict = plain(report.verdict)
+    if verdict is not None and verdict["memory"] is None:
+        del verdict["memory"]
+    return verdict
 
 
 def _ranks(report: RunReport) -> list[dict]:

@@ -11,6 +11,7 @@ from analysis.core.step_spec import format_ranges
 from analysis.crossrank import report_tables as cross_report
 from analysis.report.breakdown_text import breakdown_rows, per_step_rows, split_known, split_note
 from analysis.report.critical import critical_path_text
+from analysis.report.memory_output import memory_text
 from analysis.report.mfu import mfu_text
 from analysis.report.text_tables import text_table as _table
 from analysis.report.values import (
@@ -154,6 +155,9 @@ def text_report(report: RunReport) -> str:
     if report.critical is not None:
         lines.append(critical_path_text(report.critical))
     lines += _ranks_section(report)
+    memory = memory_text(report.memory)
+    if memory:
+        lines.append(memory)
     if not report.per_step.empty:
         mfu = mfu_text(report.mfu, report.roofline)
         if mfu:

@@ -8,6 +8,7 @@ run = open_run("traces/20261129-220609-ddp", steps="3-5")
 run.per_step          # our breakdown and the per-step table, one row per (rank, step)
 run.per_rank, run.collectives, run.setup_collectives, run.idle_gaps, run.findings, run.problems
 run.mfu, run.roofline  # MFU per rank and step, the slowest ops against the roofline
+run.memory            # memory per rank and across ranks (docs/memory.md)
 ```
 
 Each table is computed once, on first use, with what it needs and nothing more (`run.roofline`
@@ -27,6 +28,7 @@ from analysis.core.contracts import (
     Breakdown,
     CriticalPath,
     CrossRank,
+    MemorySection,
     RunReport,
     StopDiagnosis,
     Verdict,
@@ -39,7 +41,10 @@ from analysis.crossrank.waits import with_waits
 from analysis.findings import bottlenecks, notes, stop_diagnosis, verdict
 from analysis.findings.capture_windows import analysed_captures
 from analysis.findings.late_ranks import LateRank, cause_rows, late_ranks
+from analysis.findings.memory_findings import with_memory_findings
+from analysis.findings.memory_section import analysed_steps, memory_section
 from analysis.ingest.capture_records import group_captures
+from analysis.ingest.memory_files import memory_inputs
 from analysis.ingest.stop_records import stop_inputs
 from analysis.rank import flops, tables
 from analysis.rank.comm import comm_ops
@@ -293,11 +298,33 @@ class Run:
         return found or {}
 
     @cached_property
-    def findings(self) -> pd.DataFrame | None:
-        """The bottleneck findings, largest share of step time first."""
+    def _bottlenecks(self) -> pd.DataFrame | None:
+        """The bottleneck findings of the step time, largest share of step time first."""
         return self._guarded.table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
             self.per_step, self.per_rank, self.collectives, self.idle_gaps, self.loaded.ranks,
             cross_rank=self.cross_rank, late=self.late))
+
+    @cached_property
+    def memory(self) -> MemorySection | None:
+        """Memory per rank and across ranks over the analysed steps, its findings and the
+        out-of-memory diagnosis (docs/memory.md); None for a run without the tracer's step
+        records, or where it failed."""
+        def section() -> MemorySection | None:
+            inputs = memory_inputs(self.loaded)
+            if inputs is None:
+                return None
+            self._guarded.problems.extend(inputs.problems)
+            return memory_section(inputs, analysed_steps(self.per_step))
+
+        return self._guarded.part("memory", section, "memory analysis failed ({why})")
+
+    @cached_property
+    def findings(self) -> pd.DataFrame | None:
+        """The bottleneck findings, largest share of step time first, then the memory
+        findings (risks, no share of step time)."""
+        memory = self.memory
+        return with_memory_findings(self._bottlenecks,
+                                    memory.findings if memory is not None else ())
 
     @cached_property
     def notes(self) -> pd.DataFrame | None:
@@ -327,8 +354,10 @@ class Run:
     @cached_property
     def verdict(self) -> Verdict:
         """The verdict the report opens with (docs/report.md)."""
+        memory = self.memory
         return verdict.run_verdict(self.per_step, self.findings, self.notes, self.cross_rank,
-                                   self.critical, self.captures, self.late)
+                                   self.critical, self.captures, self.late,
+                                   memory.verdict_line if memory is not None else None)
 
     @cached_property
     def stop(self) -> StopDiagnosis | None:
@@ -357,7 +386,7 @@ class Run:
         parts = {name: getattr(self, name) for name in (
             "_profiled", "_gaps", "hta", "_every_op", "cross_rank", "_waited", "mfu", "roofline",
             "per_rank", "_step_rows", "critical", "setup_collectives", "collectives", "late",
-            "findings", "notes", "captures", "verdict", "stop")}
+            "_bottlenecks", "memory", "findings", "notes", "captures", "verdict", "stop")}
         waited = parts["_waited"]
         return RunReport(
             name=self.name, path=self.path, files=[str(f) for f in loaded.files],
@@ -372,7 +401,7 @@ class Run:
             findings=parts["findings"], notes=parts["notes"], mfu=parts["mfu"],
             roofline=parts["roofline"], cross_rank=parts["cross_rank"],
             critical=parts["critical"], verdict=parts["verdict"], captures=parts["captures"],
-            stop=parts["stop"], late_causes=cause_rows(parts["late"]))
+            stop=parts["stop"], memory=parts["memory"], late_causes=cause_rows(parts["late"]))
 
     def document(self) -> dict:
         """The JSON document of `--format json`."""

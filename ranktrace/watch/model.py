@@ -197,6 +197,8 @@ class RunModel:
                 self.events.append(self._window(key, record))
         elif isinstance(record, schema.TracerError):
             self.note(f"rank {rank}: tracer part '{record.part}' failed: {record.message}")
+        elif isinstance(record, schema.TracerProblem):
+            self.note(f"rank {rank}: tracer part '{record.part}': {record.message}")
 
     def _steps(self, state: RankState, records: list[schema.StepRecord]) -> None:
         for record in records:

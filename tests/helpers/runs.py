@@ -24,6 +24,7 @@ from helpers.launch import DDP, launch, torchrun_env
 PIPELINE = "workloads/pipeline.py"
 MODEL_PARALLEL = "workloads/model_parallel.py"
 LINEAR_DDP = "tests/scripts/linear_ddp.py"
+MEMORY_DDP = "tests/scripts/memory_ddp.py"
 
 # ---- the cross-rank runs: small models, so that an injected host delay dominates each step -----
 # One DDP gradient bucket, about 1 ms of compute per step.
@@ -165,6 +166,14 @@ RUNS: dict[str, Run] = {
     # against FlopCounterMode's count, its losses against an untraced process's.
     "linear-ddp": Run(LINEAR_DDP, ("--steps", "12"), tracer=(), save=True,
                       users="test_flops_of_a_traced_run"),
+    # Issue 40's case: rank 0 holds 256 MiB aside all along, rank 1 keeps 2 MiB every step from
+    # step 20 on (200 steps, the default options).
+    "memory-leak": Run(MEMORY_DDP, ("--steps", "200", "--buffer", "0:256", "--leak", "1:2:20"),
+                       tracer=(), users="test_memory_across_ranks (records, growth, verdict)"),
+    # Rank 0's buffer alone, with torch's memory profiler in the default window.
+    "memory-buffer": Run(MEMORY_DDP, ("--steps", "40", "--buffer", "0:256"),
+                         tracer=("--profile-memory",),
+                         users="test_memory_across_ranks (imbalance, categories)"),
     **{f"{name}-tiny": Run(script, (*TINY_MODEL, *flags), nproc=nproc, save=True,
                            users="test_workloads_train_like_references, "
                                  "test_traced_training_bit_identical (untraced, eager)")

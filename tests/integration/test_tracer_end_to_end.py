@@ -135,17 +135,28 @@ def test_a_run_without_marked_steps_keeps_its_comm_ops_and_says_how_to_mark_step
     assert [(c.op, c.step) for c in comms] == [("all_reduce", 0)] * 3
 
 
-def test_processes_started_with_mp_spawn_are_reported_as_untraced(tmp_path):
+def test_a_spawned_process_that_is_no_rank_stays_quiet_and_the_launcher_trains_as_rank_0(
+        tmp_path):
+    # tiny_train.py --spawn 1: mp.spawn of a function that only prints, then training in the
+    # launching process, which joins a process group: traced as rank 0 from there on.
     result = launch(TINY, "--steps", "2", "--spawn", "1",
                     tracer=["--out", tmp_path, "--no-profiler", "--no-sampler"], timeout=240)
     assert result.returncode == 0, result.stderr
     assert "spawned process 0" in result.stdout
-    lines = [line for line in result.stderr.splitlines() if "not traced" in line]
-    assert lines == ["ranktrace: rank0 torch.multiprocessing started 1 process(es) (start method "
-                     "spawn); they are not traced, only this process is: launch the ranks with "
-                     "torchrun -m tracer.record to trace each one"]
-    end = h.run_end(h.only_run_dir(tmp_path), 0)
-    assert (end.untraced_processes, end.steps) == (1, 2)
+    run_dir = h.only_run_dir(tmp_path)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("ranktrace:")]
+    assert lines[1:] == [f"ranktrace: launcher ok started 1 process(es) (torch.multiprocessing, "
+                         f"start method spawn) -> {run_dir}"]
+    assert (h.summaries(lines[0])[0]["steps"], h.summaries(lines[0])[0]["run_dir"]) == (
+        "2", str(run_dir))
+    end = h.run_end(run_dir, 0)
+    assert (end.untraced_processes, end.steps, end.world_size) == (0, 2, 1)
+    (start,) = h.of_kind(h.manifest(run_dir, 0), schema.RunStart)
+    launched, _ = h.read_jsonl(run_dir / schema.LAUNCHER_FILE, schema.LauncherRecord)
+    assert start.launched_by is None and start.pid == launched.pid
+    assert [p.name for p in run_dir.iterdir()
+            if not p.name.startswith("rank0.") and not p.name.endswith(".rank0")] == [
+        schema.LAUNCHER_FILE]
 
 
 def test_ddp_bucket_hook_option_reaches_the_comms_recorder(tmp_path):
@@ -384,12 +395,17 @@ def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
 def test_trace_format_doc_describes_every_field_and_file():
     doc = (REPO / "docs" / "trace-format.md").read_text()
     for record_type in (schema.CommRecord, schema.DeviceSample, schema.StepRecord,
-                        schema.RunStart, schema.ClockSync, schema.TracerError, schema.RunEnd):
+                        schema.RunStart, schema.ClockSync, schema.TracerError, schema.RunEnd,
+                        schema.Launch, schema.LaunchEnd,
+                        schema.MemoryProfileRecord, schema.MemorySnapshotRecord,
+                        schema.SnapshotSegment, schema.SnapshotBlock, schema.OutOfMemory):
         for field in record_type.__struct_fields__:
             assert f"| `{field}` |" in doc, f"{record_type.__name__}.{field} is not in the table"
     for pattern in (schema.MANIFEST_FILE, schema.COMMS_FILE, schema.SAMPLES_FILE,
-                    schema.STEPS_FILE, schema.MEMORY_SNAPSHOT_FILE):
+                    schema.STEPS_FILE, schema.MEMORY_SNAPSHOT_FILE,
+                    schema.MEMORY_SNAPSHOT_RECORD_FILE, schema.MEMORY_PROFILE_FILE):
         assert pattern.format(rank="{R}", step="{S}") in doc
+    assert f"`{schema.LAUNCHER_FILE}`" in doc
     assert schema.kineto_trace_file(7, 0).replace("rank7.0.", "rank{R}.<span>.") in doc
     for status in schema.RUN_STATUSES:
         assert f"`{status}`" in doc

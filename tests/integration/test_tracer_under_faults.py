@@ -130,7 +130,7 @@ def test_max_record_mb_caps_the_record_files_and_training_goes_on(tmp_path):
     bare = launch(TINY, *args, "--losses", tmp_path / "bare")
     traced = launch(TINY, *args, "--losses", tmp_path / "traced",
                     tracer=["--out", tmp_path / "traces", "--max-record-mb", cap / 1e6,
-                            "--sample-hz", "1", "--active", "101"])
+                            "--sample-hz", "1", "--active", "101", "--max-window-steps", "101"])
     assert bare.returncode == traced.returncode == 0, traced.stderr
     assert h.losses(tmp_path / "traced") == h.losses(tmp_path / "bare")
     run_dir = h.only_run_dir(tmp_path / "traces")
@@ -218,7 +218,8 @@ def test_exception_keeps_traceback_and_exit_code_and_saves_the_open_window(tmp_p
     args = ["--steps", "6", "--fail-at", "4"]
     bare = launch(TINY, *args)
     traced = launch(TINY, *args, tracer=["--out", tmp_path, "--skip-first", "0", "--wait", "0",
-                                         "--warmup", "1", "--active", "50"])
+                                         "--warmup", "1", "--active", "50",
+                                         "--max-window-steps", "50"])
     assert bare.returncode == traced.returncode == 1
     assert "RuntimeError: failing on purpose at step 4" in bare.stderr
     assert h.script_stderr(traced.stderr) == bare.stderr
@@ -308,7 +309,8 @@ def _terminate(process) -> float:
 def test_sigterm_mid_window_flushes_writes_the_window_and_dies_by_sigterm(tmp_path):
     process = popen(TINY, "--steps", "100000",
                     tracer=["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first",
-                            "0", "--wait", "0", "--active", "100000"])
+                            "0", "--wait", "0", "--active", "100000",
+                            "--max-window-steps", "100000"])
     _wait_for(process, "step 20 ")
     elapsed = _terminate(process)
     assert process.returncode == -signal.SIGTERM and elapsed < 5
@@ -324,7 +326,7 @@ def test_sigterm_mid_window_flushes_writes_the_window_and_dies_by_sigterm(tmp_pa
 def test_sigterm_while_blocked_in_a_c_call_still_ends_within_5_seconds(tmp_path):
     process = popen(TINY, "--steps", "8", "--block-at", "3",
                     tracer=["--out", tmp_path, "--run-name", "t", "--no-sampler", "--skip-first",
-                            "0", "--wait", "0", "--active", "100"])
+                            "0", "--wait", "0", "--active", "100", "--max-window-steps", "100"])
     _wait_for(process, "blocking at step 3")
     time.sleep(0.3)  # into the store's C++ wait, where no Python signal handler can run
     elapsed = _terminate(process)

@@ -5,8 +5,9 @@
 RUN is the run folder (traces/<run>). The ask is a file in it (tracer.capture.capture_requests);
 one live rank answers it on its next step-end worker pass with the window's steps, from its own
 step plus a margin, and every rank opens that window (docs/tracer.md, Capturing slow steps). Exit
-codes: 0 asked and answered, 1 the run cannot be asked (ended, no live rank, not a run folder, no
-answer), 2 usage.
+codes: 0 asked and answered, 1 the run cannot be asked (ended, no live rank, not a run folder,
+--no-profiler or --no-capture, no answer), 2 usage (--steps below 1 or above the run's
+--max-window-steps).
 """
 
 from __future__ import annotations
@@ -19,18 +20,14 @@ import time
 from pathlib import Path
 
 from tracer import schema
-from tracer.capture.capture_requests import FileLog
+from tracer.capture.capture_requests import FileLog, shown
+from tracer.options.config import TracerConfig
 
 ANSWER_TIMEOUT_S = 10.0  # a live rank answers on its next step-end worker pass (0.2 s)
 
 
 class CaptureError(RuntimeError):
     """The run cannot be asked; the message says why."""
-
-
-def _shown(text: str) -> str:
-    """`text` with control characters escaped, for the terminal."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _manifest(path: Path) -> list:
@@ -66,8 +63,9 @@ def _alive(start: schema.RunStart) -> bool:
     return True
 
 
-def check_run(run: Path) -> None:
-    """CaptureError unless some rank of the run in `run` is live and profiling."""
+def check_run(run: Path) -> schema.RunStart:
+    """The run_start of a live rank of the run in `run`; CaptureError unless some rank is live
+    and profiling with capture on."""
     if not run.is_dir():
         raise CaptureError(f"no run folder {str(run)!r}")
     manifests = _manifests(run)
@@ -86,14 +84,31 @@ def check_run(run: Path) -> None:
                            f"running process (it crashed or was killed)")
     if starts[0].config.get("no_profiler"):
         raise CaptureError(f"the run in {str(run)!r} runs with --no-profiler")
+    if starts[0].config.get("no_capture"):
+        raise CaptureError(f"the run in {str(run)!r} runs with --no-capture")
+    return starts[0]
+
+
+def max_window_steps(start: schema.RunStart) -> int:
+    """The run's --max-window-steps (the default for a run recorded before it existed)."""
+    value = start.config.get("max_window_steps")
+    return value if isinstance(value, int) and value > 0 else TracerConfig.max_window_steps
+
+
+class StepsError(CaptureError):
+    """--steps is above the run's bound: a usage error."""
 
 
 def ask(run: Path, steps: int | None, timeout_s: float = ANSWER_TIMEOUT_S
         ) -> tuple[int, schema.CaptureRequest]:
     """Ask the ranks of `run` for a window; (ask number, the request that answers it)."""
-    check_run(run)
+    start = check_run(run)
+    bound = max_window_steps(start)
+    if steps is not None and steps > bound:
+        raise StepsError(f"--steps {steps} is above the run's --max-window-steps {bound}: a "
+                         f"window keeps every event of its steps in memory until it ends")
     number = FileLog(str(run), schema.CAPTURE_ASK_FILE, schema.CaptureAsk).append(
-        schema.CaptureAsk(steps=steps or 0, t_ns=time.time_ns()))
+        schema.CaptureAsk(steps=steps or 0, t_ns=time.time_ns(), run=start.run_name))
     answers = FileLog(str(run))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -118,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         number, request = ask(run, args.steps)
     except (CaptureError, OSError) as exc:
         why = str(exc) if isinstance(exc, CaptureError) else f"cannot write in {str(run)!r} ({exc})"
-        print(_shown(f"ranktrace: capture: {why}"), file=sys.stderr)
-        return 1
+        print(shown(f"ranktrace: capture: {why}"), file=sys.stderr)
+        return 2 if isinstance(exc, StepsError) else 1
     last = request.first_step + request.steps - 1
-    print(_shown(f"every rank of {run} will profile steps {request.first_step}-{last} (ask "
+    print(shown(f"every rank of {run} will profile steps {request.first_step}-{last} (ask "
                  f"{number}); traces land in {run} as rank<R>.<ns>.pt.trace.json.gz; a rank "
                  f"already past step {request.first_step - 1} says so on its stderr"))
     return 0

@@ -46,6 +46,7 @@ MAX_INTERVAL_S = 2.0  # step records wait for the drain after their end: at most
 FILL_SHARE = 0.5  # drain before the ring holds this share of entries new since the last drain
 COST_SHARE = 0.0025  # and no more often than a dump's time / this (0.25% of the wall time)
 SETTLE_NS = 50_000_000  # an entry created this long before a dump is in it
+FIRST_ISSUES_KEPT = 4096  # steps' first issue times kept for a reader that has not taken them
 
 
 def open_flight(setup):
@@ -138,6 +139,10 @@ class FlightRecorder(Part):
         self.hooked = 0  # entries the hooks recorded, left out
         self.dump_s = 0.0  # time in dumps and decoding, all drains together
         self._said_lost = False
+        # (step, host time its first collective or p2p op was created), of each step in order,
+        # for the capture watch (tracer.capture.capture_watch), which takes them from the left.
+        self.first_issues: collections.deque = collections.deque(maxlen=FIRST_ISSUES_KEPT)
+        self._first_issue_step = -1
 
     # ---- the hooks --------------------------------------------------------------------------
     def on_worker_pass(self) -> None:
@@ -190,6 +195,7 @@ class FlightRecorder(Part):
         for entry in entries:
             if entry.record_id > self._last_id:
                 self._last_id = entry.record_id
+                self._note_first_issue(entry.time_created_ns)
                 if within_span(spans, entry):
                     self.hooked += 1
                 else:
@@ -207,6 +213,13 @@ class FlightRecorder(Part):
         self._pace(spent, len(new_ids))
         if final:
             self._say_unknown()
+
+    def _note_first_issue(self, created_ns: int) -> None:
+        """Entries come in the order they were created: the first of a step is its first op."""
+        step = self._step_of(created_ns)
+        if step > self._first_issue_step:
+            self._first_issue_step = step
+            self.first_issues.append((step, created_ns))
 
     def _issue(self, entry, dump, done_by: int | None) -> None:
         """Record a new entry: its IssueRecord now, its CommRecord once it is done (is_done's

@@ -46,7 +46,8 @@ class TracerConfig:
     repeat: profiler: number of windows (0: keep cycling until the script ends)
     record_shapes: profiler: record operator input shapes (the FLOP counts of
         analysis.rank.flops need them)
-    profile_memory: profiler: record tensor allocations and frees
+    profile_memory: profiler: record tensor allocations and frees, with the Python stacks that
+        torch's memory profiler needs to sort them into categories at each window's peak
     with_stack: profiler: record Python stacks of operators (large traces)
     sample_hz: device/process samples per second
     memory_snapshot: CUDA: record allocator history and dump a memory snapshot at the end
@@ -69,9 +70,19 @@ class TracerConfig:
         all (0: no cap)
     peak_tflops: the device's peak TFLOP/s for MFU, recorded in run_start (0: measured by a
         short matmul on CPU before the script starts, the datasheet's on GPUs)
-    capture_slow_steps: when any rank's step takes at least this many times its running median,
-        every rank profiles the same later steps (given alone: 2; 0: off)
-    max_captures: --capture-slow-steps: windows it opens at most per run
+    capture_slow_steps: when a rank's steps turn at least this many times slower than its
+        running median, beyond its noise, and stay so, every rank profiles the same later steps
+        (given alone: 2; 0: off)
+    no_capture: no profiler window off the fixed schedule: no slow-step watch, no answer to
+        python -m tracer.capture
+    max_captures: slow-step windows per run at most; the last is kept for a change larger than
+        any captured before it
+    max_window_steps: steps any window traces at most: --active above it is refused, a longer
+        ask is clipped to it
+    max_window_s: a window still open after this many seconds is closed and written at the next
+        step end (0: no limit)
+    max_window_mb: a window in which the process's resident memory grew by this many MB is
+        closed and written at the next step end (Linux; 0: no limit)
     """
 
     out: str = "traces/"
@@ -97,8 +108,12 @@ class TracerConfig:
     rendezvous_timeout: float = 300.0
     max_record_mb: float = 0.0
     peak_tflops: float = 0.0
-    capture_slow_steps: float = 0.0
+    capture_slow_steps: float = 2.0
+    no_capture: bool = False
     max_captures: int = 3
+    max_window_steps: int = 20
+    max_window_s: float = 30.0
+    max_window_mb: float = 1024.0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -134,6 +149,17 @@ class TracerConfig:
                               f"{self.capture_slow_steps}")
         if self.max_captures < 0:
             raise ConfigError(f"--max-captures must be >= 0, got {self.max_captures}")
+        if self.max_window_steps < 1:
+            raise ConfigError(f"--max-window-steps must be >= 1, got {self.max_window_steps}")
+        if self.active > self.max_window_steps:
+            raise ConfigError(f"--active {self.active} is above --max-window-steps "
+                              f"{self.max_window_steps}: a window holds every event of its "
+                              f"steps in memory until it ends; raise --max-window-steps to "
+                              f"trace that many")
+        for name in ("max_window_s", "max_window_mb"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ConfigError(f"{option_name(name)} must be >= 0 (0: no limit), got "
+                                  f"{getattr(self, name)}")
         if not self.rendezvous_timeout > 0:
             raise ConfigError(f"--rendezvous-timeout must be > 0, got {self.rendezvous_timeout}")
 

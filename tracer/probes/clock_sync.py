@@ -4,6 +4,9 @@ Right after the script's `init_process_group` returns, each rank measures its cl
 rank 0's through the default process group's store under `ranktrace/clock/` keys: rank 0 answers
 a few NTP-style pings from every other rank. No collective is issued, so the user's groups,
 their numbering and their sequence numbers are untouched (docs/tracer.md, Clock offsets).
+A session that opens once the process group exists (a rank the script started itself, traced
+from its init_process_group on) measures as it starts. Each time, the session is told the rank
+and world size the group gave this process.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ CLOCK_KEY_PREFIX = "ranktrace/clock"
 
 def open_clock_sync(setup):
     """The registry's factory of the clock sync (a tracer.session.part_registry.PartSetup)."""
-    return setup.build(ClockSync, setup.write_manifest, setup.launch.attempt)
+    return setup.build(ClockSync, setup.write_manifest, setup.launch.attempt,
+                       setup.group_joined)
 
 
 class ClockSync(Part):
@@ -32,16 +36,25 @@ class ClockSync(Part):
 
     name = "clock"
 
-    def __init__(self, write: Callable[[object], None], attempt: int):
+    def __init__(self, write: Callable[[object], None], attempt: int,
+                 group_joined: Callable[[int, int], None] = lambda rank, world_size: None):
+        """`group_joined(rank, world_size)`: told after each init_process_group, before the
+        measurement."""
         self.write = write
         self.attempt = attempt
+        self.group_joined = group_joined
         self.backend: str | None = None
         self.world_size: int | None = None
         self._inits = 0
         self._patches: list = []
+        self._closed = False
 
     def start(self) -> None:
         self._patches = wrap_init_process_group(self.after_init_process_group)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self.after_init_process_group()
 
     def on_script_end(self, clean: bool, on_main: bool) -> None:
         self.close()
@@ -50,6 +63,7 @@ class ClockSync(Part):
         return {"backend": self.backend, "world_size": self.world_size}
 
     def close(self) -> None:
+        self._closed = True
         restore(self._patches)
 
     def after_init_process_group(self) -> None:
@@ -61,6 +75,9 @@ class ClockSync(Part):
 
             rank, world_size = dist.get_rank(), dist.get_world_size()
             self.backend, self.world_size = str(dist.get_backend()), world_size
+            self.group_joined(rank, world_size)
+            if self._closed:
+                return  # the session closed on hearing it (it reopened under the group's rank)
             key_prefix = f"{CLOCK_KEY_PREFIX}/attempt{self.attempt}/init{self._inits}"
             self._inits += 1
             store = distributed_c10d._get_default_store() if world_size > 1 else None

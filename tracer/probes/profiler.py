@@ -8,11 +8,18 @@ Each trace is exported under a temporary name, gzipped to another, and renamed t
 `rank{R}.<ns>.pt.trace.json.gz` only when complete, so torch-tb-profiler and HTA never see a
 half-written file. An export failure (disk full) switches the profiler off with one line;
 training goes on.
+
+Every window, fixed or captured, is bounded (docs/tracer.md, Window bounds): a window still
+open --max-window-s after it opened, or in which the process's resident memory grew by
+--max-window-mb, is closed at the next step end and written as it stands, its trace's metadata
+saying why (schema.WINDOW_CUT_METADATA), with one line and a manifest `problem`. Those checks
+run only while a window is open.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import threading
@@ -23,6 +30,7 @@ from tracer import schema
 from tracer.options.config import TracerConfig
 from tracer.parts import log
 from tracer.parts.part import Part
+from tracer.probes.procfs import StatmRss
 
 GZIP_LEVEL = 6  # torch's own default (9) takes about twice as long for a few percent less
 # Above this many active steps a window's events held in memory until export grow RSS by
@@ -33,12 +41,13 @@ ACTIVE_STEPS_WARNING = 100
 def open_profiler(setup):
     """The registry's factory of the profiler driver (a tracer.session.part_registry.PartSetup)."""
     c = setup.config
-    driver = setup.build(ProfilerDriver, c, setup.run_dir, setup.rank, setup.use_cuda)
+    driver = setup.build(ProfilerDriver, c, setup.run_dir, setup.rank, setup.use_cuda,
+                         setup.write_manifest)
     if c.active > ACTIVE_STEPS_WARNING and setup.rank == 0:
         log.say(f"--active {c.active} keeps every event of {c.active} steps in memory "
                 f"until each window ends; memory grows with each active step "
                 f"(docs/tracer.md, Record sizes and memory)", "profiler")
-    if driver is not None:  # windows on demand and, with --capture-slow-steps, on slow steps
+    if driver is not None:  # windows on slow steps and on demand, unless --no-capture
         from tracer.capture.capture_watch import open_capture
 
         open_capture(setup, driver)
@@ -49,8 +58,10 @@ class ProfilerDriver(Part):
     name = "profiler"
     main_thread_only = True  # torch.profiler is not safe to stop from another thread
 
-    def __init__(self, config: TracerConfig, run_dir: str, rank: int, use_cuda: bool):
+    def __init__(self, config: TracerConfig, run_dir: str, rank: int, use_cuda: bool,
+                 write_manifest=None):
         self.config = config
+        self.write_manifest = write_manifest
         self.run_dir = run_dir
         self.rank = rank
         self.use_cuda = use_cuda
@@ -60,6 +71,7 @@ class ProfilerDriver(Part):
         self._profile = None
         self._schedule = None
         self._idle = None  # ProfilerAction.NONE, once torch.profiler is imported
+        self._unsaved = ()  # the actions of a window's steps before its last
         self._step = 0  # the step now running, as the tracer numbers them
         self._due: int | None = None  # the next step that needs a profiler; None: never again
         # Windows off the fixed schedule (tracer.capture.capture_watch), planned by another thread:
@@ -70,6 +82,16 @@ class ProfilerDriver(Part):
         self._capture_open: tuple[int, int, int] | None = None  # the one being recorded
         self._capture_lock = threading.Lock()
         self.captures_missed: list[int] = []  # first steps passed before they were planned
+        # The bounds of the open window: when it opened (monotonic s), the RSS then (None: not
+        # measured); `_cut`: (from, to) steps forced idle, the rest of a window closed early.
+        self._opened_s = 0.0
+        self._opened_rss: int | None = None
+        self._rss_reader: StatmRss | None | bool = None  # False: not available here
+        self._cut: tuple[int, int] | None = None
+        self.cuts: dict[int, tuple[str, int]] = {}  # first traced step -> (why, cut step)
+        # Called with the torch.profiler.profile object once a window's trace is written, on
+        # the training thread (tracer.probes.memory_profile's memory categories)
+        self.window_listeners: list = []
 
     def start(self) -> None:
         """Before the script's first step."""
@@ -79,6 +101,7 @@ class ProfilerDriver(Part):
         self._schedule = schedule(skip_first=c.skip_first, wait=c.wait, warmup=c.warmup,
                                   active=c.active, repeat=c.repeat)
         self._idle = ProfilerAction.NONE
+        self._unsaved = (ProfilerAction.WARMUP, ProfilerAction.RECORD)
         self._step = 0
         self._due = self._next_due(0)
         self._open_if_due()
@@ -87,15 +110,24 @@ class ProfilerDriver(Part):
         # Idle stretches are at most skip_first + wait steps long; longer means no more windows.
         c = self.config
         for k in range(step, step + c.skip_first + c.wait + 1):
-            if self._schedule(k) != self._idle:
+            if self._fixed(k) != self._idle:
                 return k
         return None
+
+    def _fixed(self, k: int):
+        """The fixed schedule's action at step k, idle in the rest of a window cut short."""
+        cut = self._cut
+        if cut is not None and cut[0] <= k <= cut[1]:
+            return self._idle
+        return self._schedule(k)
 
     def plan_window(self, first: int, steps: int) -> bool:
         """Any thread: profile steps first..first+steps-1 (after the configured warm-up steps),
         as well as the fixed schedule's windows. False when this rank is already past the
         window's first warm-up step, or the window overlaps another (nothing is planned)."""
         open_at, last = first - self.config.warmup, first + steps - 1
+        if not 1 <= steps <= self.config.max_window_steps:
+            return False
         with self._capture_lock:
             if self._schedule is None or open_at <= self._step:
                 return False
@@ -125,7 +157,7 @@ class ProfilerDriver(Part):
 
     def _action(self, k: int):
         """The profiler's action at step k: the fixed schedule's, or the capture window's."""
-        action = self._schedule(k)
+        action = self._fixed(k)
         window = self._capture_open
         if action != self._idle or window is None or not window[0] <= k <= window[2]:
             return action
@@ -165,10 +197,13 @@ class ProfilerDriver(Part):
         c = self.config
         # No with_flops: torch 2.13 writes no `flops` argument into the exported trace, and it
         # costs as much again as the shapes (docs/benchmarks.md); analysis.rank.flops counts
-        # FLOPs from the shapes (docs/mfu.md).
+        # FLOPs from the shapes (docs/mfu.md). --profile-memory takes the Python stacks too:
+        # torch's memory profiler needs them to tell parameters and optimizer state
+        # (docs/memory.md).
         prof = profile(activities=activities, schedule=self._action,
                        on_trace_ready=self._export, record_shapes=c.record_shapes,
-                       profile_memory=c.profile_memory, with_stack=c.with_stack)
+                       profile_memory=c.profile_memory,
+                       with_stack=c.with_stack or c.profile_memory)
         # Start at the tracer's step number, so the trace's ProfilerStep#N is step N.
         prof.step_num = self._step
         prof.current_action = self._action(self._step)
@@ -178,6 +213,8 @@ class ProfilerDriver(Part):
             warnings.simplefilter("ignore")
             prof.start()
         self._profile = prof
+        self._opened_s = time.monotonic()
+        self._opened_rss = self._rss() if c.max_window_mb > 0 else None
 
     @property
     def recording(self) -> bool:
@@ -200,6 +237,10 @@ class ProfilerDriver(Part):
             if self.error is not None:
                 self._shut_down()
                 return
+            # Only a window with steps still to come is cut: one at its last step ends now.
+            why = self._past_bounds() if self._profile.current_action in self._unsaved else None
+            if why is not None:
+                self._cut_window(why)
             # torch warns once per cycle that events are cleared between cycles: expected here.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -212,6 +253,79 @@ class ProfilerDriver(Part):
         except Exception as exc:
             self.fail(f"profiler step failed ({type(exc).__name__}: {exc}); profiler is off")
             self._shut_down()
+
+    def _rss(self) -> int | None:
+        reader = self._rss_reader
+        if reader is None:
+            try:
+                reader = self._rss_reader = StatmRss()
+            except (OSError, ValueError):
+                reader = self._rss_reader = False  # not Linux: no memory bound
+        return reader.rss() if reader else None
+
+    def _past_bounds(self) -> tuple[str, str] | None:
+        """(CAPTURE_CUTS reason, what was seen) when the open window has run past a bound."""
+        c = self.config
+        elapsed = time.monotonic() - self._opened_s
+        if c.max_window_s > 0 and elapsed > c.max_window_s:
+            return "time", f"open for {elapsed:.1f} s, past --max-window-s {c.max_window_s:g}"
+        if self._opened_rss is not None:
+            grown = (self._rss() - self._opened_rss) / 1e6
+            if grown > c.max_window_mb:
+                return "memory", (f"the process's resident memory grew by {grown:.0f} MB, past "
+                                  f"--max-window-mb {c.max_window_mb:g}")
+        return None
+
+    def _cut_window(self, why: tuple[str, str]) -> None:
+        """Close the open window at this step end: written as it stands if it has traced a
+        step, its remaining steps idle; said once, and noted in the trace and the manifest."""
+        from torch.profiler import ProfilerAction
+
+        prof, step = self._profile, self._step  # the step about to begin
+        window = self._capture_open
+        if window is not None and window[0] <= step <= window[2]:
+            first, last = window[1], window[2]
+            self._capture_open = (window[0], window[1], step - 1)
+        else:
+            first, last = self._fixed_window_around(step)
+        self._cut = (step, last)
+        reason, seen = why
+        with self._capture_lock:
+            self.cuts[first] = (reason, step)
+        traced = ("no trace is written (it was warming up)" if step <= first
+                  else f"its trace holds steps {first}-{step - 1}")
+        message = f"the window of steps {first}-{last} was closed at step {step}: {seen}; {traced}"
+        if prof.current_action == ProfilerAction.RECORD:
+            prof.current_action = ProfilerAction.RECORD_AND_SAVE  # written at this step()
+        if step > first:
+            prof.add_metadata_json(schema.WINDOW_CUT_METADATA, json.dumps(
+                {"reason": reason, "cut_step": step, "first_step": first, "last_step": last,
+                 "message": message}))
+        log.say(message, self.name, self.rank)
+        if self.write_manifest is not None:
+            self.write_manifest(schema.TracerProblem(rank=self.rank, t_ns=time.time_ns(),
+                                                     part=self.name, message=message))
+
+    def _fixed_window_around(self, step: int) -> tuple[int, int]:
+        """(first traced step, last step) of the fixed schedule's window holding `step` (a
+        warm-up or traced step)."""
+        from torch.profiler import ProfilerAction
+
+        span = self.config.warmup + self.config.active
+        recording = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+        first = next((k for k in range(step, step + span) if self._schedule(k) in recording),
+                     step)
+        while first > 0 and first > step - span and self._schedule(first - 1) in recording:
+            first -= 1
+        last = next((k for k in range(first, first + span)
+                     if self._schedule(k) == ProfilerAction.RECORD_AND_SAVE), first + span)
+        return first, last
+
+    def take_cuts(self) -> dict[int, tuple[str, int]]:
+        """Any thread: the windows cut since the last call, by first traced step."""
+        with self._capture_lock:
+            cuts, self.cuts = self.cuts, {}
+        return cuts
 
     def step_fields(self) -> dict:
         profile = self._profile  # self.recording, written out (every step end)
@@ -281,6 +395,9 @@ class ProfilerDriver(Part):
         finally:
             _remove_quietly(raw)
             _remove_quietly(raw + schema.TEMP_SUFFIX)  # Kineto's own temporary name
+        if self.error is None:
+            for listener in self.window_listeners:  # each reports its own failure
+                listener(profile)
 
 
 def _remove_quietly(path: str) -> None:

@@ -48,8 +48,9 @@ def process_cpus() -> int | None:
         return os.cpu_count()
 
 
-def versions() -> dict:
-    """torch, CUDA and NCCL versions, and the device name, without initialising CUDA."""
+def versions(local_rank: int = 0) -> dict:
+    """torch, CUDA and NCCL versions, and the name of the device of `local_rank`, without
+    initialising CUDA."""
     import torch
 
     info = {"torch_version": str(torch.__version__), "cuda_version": torch.version.cuda}
@@ -59,7 +60,6 @@ def versions() -> dict:
     except Exception:  # NCCL missing from this build
         pass
     if torch.cuda.is_available():
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         name = _device_name(local_rank % max(torch.cuda.device_count(), 1))
         if name is not None:
             info["device_name"] = name

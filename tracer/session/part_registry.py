@@ -60,7 +60,10 @@ REGISTRY: list[PartEntry] = [
               start_order=6, starts_last=True, close_order=1),
     PartEntry("spawn_watch", "tracer.probes.spawn_watch:open_spawn_watch", start_order=3,
               close_order=2),
-    PartEntry("clock", "tracer.probes.clock_sync:open_clock_sync", start_order=1, close_order=6),
+    # Last, after run_start: a session that opens once the script's process group exists (a
+    # rank traced from its init_process_group on) measures the clock offset as it starts.
+    PartEntry("clock", "tracer.probes.clock_sync:open_clock_sync", start_order=1,
+              starts_last=True, close_order=6),
     PartEntry("peak", "tracer.probes.peak_tflops:open_peak"),
 ]
 
@@ -101,6 +104,11 @@ class PartSetup:
     add: Callable[[Part], Part | None]  # None: it failed while being built
     report: Callable[[str, str], None]  # (part name, message): one line and a manifest error
     built: Callable[[str], Part | None] = lambda name: None  # a part built before, in use
+    # The ranks the script starts itself go to it (tracer.session.launcher.Launcher); None:
+    # they are not traced (a rank of several, a rank that was itself started so).
+    launcher: object | None = None
+    # (rank, world_size) each time the script's init_process_group returns (the clock sync).
+    group_joined: Callable[[int, int], None] = lambda rank, world_size: None
 
     @property
     def rank(self) -> int:

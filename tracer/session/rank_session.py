@@ -5,6 +5,8 @@ told to report its failure to the session, and closed at the end; the session ca
 hooks and knows no part by name. A part that fails is noted in the manifest and no longer used;
 the others go on. Steps are ended by tracer.steps.step_clock, written by
 tracer.steps.step_worker; SIGTERM is handled by tracer.hangs.sigterm through `end_by_sigterm`.
+A session whose script starts its ranks itself retires as a rank and hands the run over to its
+launcher (tracer.session.launcher); the ranks' own sessions are tracer.session.launched's.
 """
 
 from __future__ import annotations
@@ -14,13 +16,19 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import msgspec
 
 import tracer
 from tracer import schema
 from tracer.hangs import stack_dumps
-from tracer.hangs.sigterm import SIGTERM_EXIT_CODE, SigtermHandling, die_by_sigterm
+from tracer.hangs.sigterm import (
+    SIGTERM_DEADLINE_S,
+    SIGTERM_EXIT_CODE,
+    SigtermHandling,
+    die_by_sigterm,
+)
 from tracer.options.config import TracerConfig
 from tracer.parts import log
 from tracer.parts.buffered_file import BufferedFile, RecordBudget
@@ -29,7 +37,12 @@ from tracer.session import part_registry
 from tracer.session.manifest import Manifest, host_name, process_cpus, versions
 from tracer.session.part_registry import PartEntry, PartSetup
 from tracer.session.run_folder import LaunchInfo, RunDirError, remove_rank_files, resolve_run_dir
-from tracer.session.script_end import ScriptOutcome, recorded_anything, summary_lines
+from tracer.session.script_end import (
+    ScriptOutcome,
+    recorded_anything,
+    say_lines,
+    summary_lines,
+)
 from tracer.steps.step_clock import StepClock
 from tracer.steps.step_worker import StepWorker
 
@@ -61,10 +74,26 @@ class Session:
     """One rank's tracing of one script run."""
 
     def __init__(self, config: TracerConfig, script: str, script_args: list[str],
-                 launch: LaunchInfo):
+                 launch: LaunchInfo, *, run_dir: str | None = None,
+                 argv: list[str] | None = None, launched_by: str | None = None,
+                 make_launcher: Callable[[Session], object] | None = None,
+                 on_group_joined: Callable[[int, int], None] | None = None):
+        """`run_dir`: the run folder, made already by the process that launched this rank
+        (None: agree on one, tracer.session.run_folder); `argv`: the command line as typed
+        (None: this process's); `launched_by`: how the script started this rank
+        (schema.LAUNCHERS); `make_launcher(session)`: what the spawn watch hands the ranks the
+        script starts (tracer.session.launcher.Launcher; None: they are not traced);
+        `on_group_joined(rank, world_size)`: told when the script's init_process_group
+        returns."""
         self.config, self.script, self.script_args = config, script, script_args
         self.launch, self.rank = launch, launch.rank
         self.run_dir: str | None = None
+        self.run_path: str | None = None
+        self._given_run_dir = run_dir
+        self.argv = argv
+        self.launched_by = launched_by
+        self.on_group_joined = on_group_joined
+        self.launcher = make_launcher(self) if make_launcher is not None else None
         self.manifest: Manifest | None = None
         self.parts: list[Part] = []  # every part built, failed or not, in the registry's order
         self._entries: dict[int, PartEntry] = {}  # id(part) -> the entry that built it
@@ -101,8 +130,9 @@ class Session:
         """
         c = self.config
         log.set_rank(self.rank)
-        self.run_dir = resolve_run_dir(c.out, c.run_name, self.script, self.launch,
-                                       c.rendezvous_timeout)
+        self.run_dir = self._given_run_dir or resolve_run_dir(
+            c.out, c.run_name, self.script, self.launch, c.rendezvous_timeout)
+        self.run_path = os.path.abspath(self.run_dir)  # still right if the script changes cwd
         import torch  # after the folder check: a bad --out fails in a fraction of a second
         try:
             self.manifest = Manifest(self.run_dir, self.rank)
@@ -137,7 +167,8 @@ class Session:
         setup = PartSetup(entry, self.config, self.launch, self.run_dir, use_cuda,
                           self.record_budget, self.current_step, self.clock.track_ends,
                           self.manifest.write, add=lambda part: self._add(part, entry),
-                          report=self._report, built=self.in_use)
+                          report=self._report, built=self.in_use, launcher=self.launcher,
+                          group_joined=self._group_joined)
         part = build(setup)
         if part is not None:
             self._named[entry.name] = part
@@ -170,7 +201,7 @@ class Session:
         return part if part is not None and not part.failed else None
 
     def _write_run_start(self, use_cuda: bool) -> None:
-        info = versions()
+        info = versions(self.launch.local_rank)
         if not use_cuda:
             info.pop("device_name", None)
         fields = self._gathered("run_start_fields", self._hooked["run_start_fields"])
@@ -179,9 +210,10 @@ class Session:
             "run_name": os.path.basename(self.run_dir), "rank": self.rank,
             "local_rank": self.launch.local_rank, "world_size": self.launch.world_size,
             "host": host_name(), "pid": os.getpid(), "start_ns": time.time_ns(),
-            "argv": list(getattr(sys, "orig_argv", sys.argv)), "script": self.script,
-            "script_args": list(self.script_args), "config": dataclasses.asdict(self.config),
-            "attempt": self.launch.attempt, "cpus": process_cpus()}))
+            "argv": list(self.argv or getattr(sys, "orig_argv", sys.argv)),
+            "script": self.script, "script_args": list(self.script_args),
+            "config": dataclasses.asdict(self.config), "attempt": self.launch.attempt,
+            "launched_by": self.launched_by, "cpus": process_cpus()}))
         with self._errors_lock:
             pending, self._pending_errors = self._pending_errors, None
         for name, message in pending:
@@ -229,6 +261,11 @@ class Session:
         log.say(f"--max-record-mb {self.config.max_record_mb:g} reached at step {step}: step, "
                 f"comm and sample records and scalars stop there (Kineto traces and the manifest"
                 f" go on)", "records")
+
+    def _group_joined(self, rank: int, world_size: int) -> None:
+        """The clock sync's word that the script's init_process_group returned."""
+        if self.on_group_joined is not None:
+            self.on_group_joined(rank, world_size)
 
     # ---- steps -----------------------------------------------------------------------------
     def current_step(self) -> int:
@@ -362,6 +399,26 @@ class Session:
         shown = msgspec.structs.replace(run_end, bytes_written=self.bytes_written())
         self.summary = "\n".join(summary_lines(shown, self.run_dir, self.kept))
 
+    def recorded_so_far(self) -> bool:
+        """Whether this rank has recorded anything worth keeping yet (a step, a comm op, a
+        Kineto trace, a memory snapshot)."""
+        counts = schema.RunEnd(**{
+            **self._run_end_fields(), "rank": self.rank, "end_ns": 0, "status": "ok",
+            "exit_code": 0, "steps": self.clock.steps, "bytes_written": 0, "errors": 0})
+        counts.untraced_processes = 0  # a note about processes, not a record of this rank's
+        return recorded_anything(counts, any(part.keeps_run for part in self.parts))
+
+    def retire(self) -> None:
+        """This process stops being a rank: the script starts the ranks itself, and the
+        launcher (tracer.session.launcher) takes over. Every part stops and this rank's files,
+        which hold nothing worth keeping (recorded_so_far), are removed; the run folder stays,
+        for the ranks. No stack dump is written for this process from now on."""
+        self.close("ok", 0, on_main=threading.current_thread() is threading.main_thread())
+        if self.kept:
+            self._remove_files()
+        self.summary = None
+        self.run_dir = None
+
     def _run_end_fields(self) -> dict:
         """What every part built gives, failed or not (what it did until then counts); 0 for
         the counts of the parts that were never built."""
@@ -384,6 +441,9 @@ class Session:
 
     def finish(self, outcome: ScriptOutcome) -> None:
         """After the script: snapshot an OOM, close, let SIGTERM kill at once again."""
+        if self.launcher is not None and self.launcher.active:
+            self._finish_launcher(outcome)
+            return
         if outcome.exception is not None:
             for part in self._hooked["on_script_exception"]:
                 self._guarded(part, part.on_script_exception, outcome.exception)
@@ -403,9 +463,23 @@ class Session:
         self.close(status, outcome.exit_code, outcome.exception_text)
         self._sigterm.uninstall()
 
+    def _finish_launcher(self, outcome: ScriptOutcome) -> None:
+        """finish() of a session that retired for its launcher."""
+        self._sigterm.settle()
+        if self._sigterm.fatal:  # as in finish(): the script ended before our handler ran
+            self.end_by_sigterm(True, SIGTERM_DEADLINE_S)
+            die_by_sigterm()
+        self.launcher.finish(outcome, "interrupted" if self._sigterm.received else None)
+        self.summary = self.launcher.summary
+        self._sigterm.uninstall()
+
     def end_by_sigterm(self, on_main: bool, wait_s: float) -> None:
         """Close as interrupted and print the summary; if another thread is already closing,
-        wait up to `wait_s` for it instead."""
+        wait up to `wait_s` for it instead. A launcher first passes SIGTERM on to its ranks and
+        waits for them, as torchrun's agent does."""
+        if self.launcher is not None and self.launcher.active:
+            self.launcher.end_by_sigterm(wait_s)
+            return
         if self.close("interrupted", SIGTERM_EXIT_CODE, on_main=on_main):
             self.print_summary()
         else:
@@ -425,9 +499,15 @@ class Session:
         if self.run_dir is not None:
             self._remove_files()  # the script runs untraced: nothing here is worth keeping
 
+    def dump_sigterm_stacks(self) -> None:
+        """A stack dump for SIGTERM of a session whose process's SIGTERM handling is another's
+        (the launcher's own rank): from the thread that handles it."""
+        if self.opened and not self.closed:
+            self._sigterm.dump_stacks("sigterm", skip_current=True)
+
     def print_summary(self) -> None:
         if self.summary is not None:
-            print(self.summary, file=sys.stderr, flush=True)
+            say_lines(self.summary)
 
     def flush_files(self) -> None:
         """Push buffered records to disk now (any thread); for SIGTERM and similar."""

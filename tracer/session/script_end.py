@@ -1,8 +1,11 @@
-"""How the script ended, the lines a rank prints on stderr when its run ends, and whether its
-files are worth keeping."""
+"""How the script ended, the lines a rank prints on stderr when its run ends, whether its
+files are worth keeping, and the script's traceback as it would be untraced."""
 
 from __future__ import annotations
 
+import runpy
+import sys
+import types
 from dataclasses import dataclass
 
 from tracer import schema
@@ -33,6 +36,65 @@ class ScriptOutcome:
     def exception_text(self) -> str | None:
         exc = self.exception
         return None if exc is None else f"{type(exc).__name__}: {exc}"
+
+
+def exit_code_of(exc: SystemExit) -> int:
+    """The exit code Python gives `sys.exit(code)`."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1  # Python prints a non-integer code and exits with 1
+
+
+# The frames above the script's first one when the tracer runs it: the command and runpy.
+_LEADING_FILES = {runpy.__file__, "<frozen runpy>"}
+
+
+def _is_tracer_frame(frame) -> bool:
+    module = frame.f_globals.get("__name__")
+    return isinstance(module, str) and (module == "tracer" or module.startswith("tracer."))
+
+
+def _script_traceback(tb, leading_files: set[str]):
+    """The traceback as Python would print it untraced: from the script's first frame on, and
+    without the tracer's frames in between (the collective wrappers, the DDP hook labeller, the
+    wrapper of a function the script started a rank with), which do not exist untraced."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename in leading_files
+                              or tb.tb_frame.f_code.co_filename in _LEADING_FILES):
+        tb = tb.tb_next
+    kept = []
+    while tb is not None:
+        if not _is_tracer_frame(tb.tb_frame):
+            kept.append(tb)
+        tb = tb.tb_next
+    tb = None
+    for entry in reversed(kept):
+        tb = types.TracebackType(tb, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return tb
+
+
+def hide_tracer_frames(exc: BaseException, leading_files: set[str] = frozenset()) -> None:
+    """`exc`'s traceback without the tracer's frames (and without leading frames of
+    `leading_files` or runpy), and so the traceback of every exception chained to it or grouped
+    in it, each of which Python prints with its own."""
+    seen, todo = set(), [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = _script_traceback(current.__traceback__, leading_files)
+        todo += [current.__cause__, current.__context__, *getattr(current, "exceptions", ())]
+
+
+def say_lines(text: str) -> None:
+    """`text` and its newline on stderr in one write: ranks that share a stderr (the ranks a
+    script starts itself) never run their lines together, as print's two writes could."""
+    stream = sys.stderr
+    stream.write(text + "\n")
+    stream.flush()
 
 
 def format_bytes(n: int) -> str:

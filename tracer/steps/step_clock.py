@@ -21,10 +21,12 @@ class StepClock:
         self.on_step_end = on_step_end
         self.steps = 0
         self.start_ns = time.time_ns()
-        # The end time of each step, in order, once a part asked for them (track_ends): for
-        # parts that place what they learn later in its step (tracer.comms.flight takes them
-        # from the left); appended on the training thread, where a deque's append is atomic.
-        self.ends: collections.deque | None = None
+        # The end time of each step, in order, into one deque per part that asked for them
+        # (track_ends): for parts that place what they learn later in its step
+        # (tracer.comms.flight) or judge step times off the training thread
+        # (tracer.capture.capture_watch); each takes from the left of its own; appended on the
+        # training thread, where a deque's append is atomic.
+        self._end_queues: tuple[collections.deque, ...] = ()
         self._manual = False
         self._optimizer_ended_a_step = False
         self._step_optimizer: weakref.ref | None = None
@@ -38,11 +40,12 @@ class StepClock:
         tracer._step_callback = manual_step
         self.start_ns = time.time_ns()
 
-    def track_ends(self) -> collections.deque:
-        """The deque of step end times from now on (`ends`)."""
-        if self.ends is None:
-            self.ends = collections.deque()
-        return self.ends
+    def track_ends(self, maxlen: int | None = None) -> collections.deque:
+        """A deque of its own that receives every step's end time from now on (holding the
+        last `maxlen` at most, for a reader that may stop reading)."""
+        ends: collections.deque = collections.deque(maxlen=maxlen)
+        self._end_queues = (*self._end_queues, ends)
+        return ends
 
     def close(self) -> None:
         tracer._step_callback = None
@@ -73,8 +76,8 @@ class StepClock:
         step, start_ns = self.steps, self.start_ns
         end_ns = time.time_ns()
         self.steps = step + 1
-        if self.ends is not None:
-            self.ends.append(end_ns)
+        for ends in self._end_queues:
+            ends.append(end_ns)
         try:
             self.on_step_end(step, start_ns, end_ns)
         finally:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
-from analysis.core.contracts import CriticalPath, CrossRank, Verdict
+from analysis.core.contracts import CriticalPath, CrossRank, MemorySection, Verdict
 from analysis.core.model import UNKNOWN_RANK
 from analysis.crossrank.report_tables import (
     rank_bars,
@@ -24,6 +24,7 @@ from analysis.report.breakdown_text import split_known
 from analysis.report.html import charts as svg
 from analysis.report.html.assets import SCRIPT, STYLE
 from analysis.report.html.charts import esc
+from analysis.report.html.memory_figure import memory_figure
 from analysis.report.mfu import mfu_bars, missing_reason
 
 MS = 1e6
@@ -32,6 +33,7 @@ SECTIONS = {"header": "Run", "findings": "Findings", "ranks": "Where each rank's
             "heatmap": "Step time per rank and step", "gantt": "Chosen steps, per rank",
             "collectives": "Collectives", "critical": "Critical path and what-if",
             "samples": "Device samples and memory",
+            "memory": "Memory over steps, per rank (docs/memory.md)",
             "commands": "Look further"}
 LONGEST_OPS = 10
 
@@ -275,7 +277,8 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                cross: CrossRank | None = None, notes: pd.DataFrame | None = None,
                verdict: Verdict | None = None, setup: pd.DataFrame | None = None,
                critical: CriticalPath | None = None, mfu: pd.DataFrame | None = None,
-               roofline: pd.DataFrame | None = None) -> str:
+               roofline: pd.DataFrame | None = None, memory: MemorySection | None = None
+               ) -> str:
     """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None;
     `notes` and `verdict` are analysis.findings.notes' and .verdict's; `setup` the set-up
     collectives; `critical` analysis.crossrank.critical_path's result, whose path marks the
@@ -339,6 +342,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                          + _setup_collectives(setup)))
     body.append(_section("critical", _critical(critical)))
     body.append(_section("samples", _samples(ranks)))
+    body.append(_section("memory", memory_figure(memory)))
     body.append(_section("commands", (
         f"<p>Every rank on one clock, with flows from the last arriver of each collective:</p>"
         f"<pre>python -m analysis.timeline {esc(path)}</pre><p>then open "
@@ -361,7 +365,7 @@ def write_html_report(report, path) -> dict:
     page = build_html(report.name, report.path, report.world_size, report.step_table(),
                       report.per_rank, report.collectives, report.findings, report.ranks,
                       problems, cross, report.notes, report.verdict, report.setup_collectives,
-                      report.critical, report.mfu, report.roofline)
+                      report.critical, report.mfu, report.roofline, report.memory)
     data = page.encode("utf-8")
     Path(path).write_bytes(data)
     return {"path": Path(path), "bytes": len(data), "seconds": time.monotonic() - started}

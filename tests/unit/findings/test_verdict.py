@@ -171,3 +171,16 @@ def test_the_verdict_quotes_a_pipeline_or_idle_answer_as_a_condition_but_no_esti
     assert what_if_line([loading]).startswith(
         "if there were no data loading gaps on rank 1: 11.00 ms per step instead of 31.00")
     assert what_if_line([estimate]) is None
+
+
+def test_the_memory_line_follows_who_waits_for_whom_and_is_kept_apart():
+    table, colls, result = late_rank_1(steps=12)
+    found = find_bottlenecks(table, pd.DataFrame(), colls, gaps([]),
+                             [trace(0, "gloo"), trace(1, "gloo")], cross_rank=result)
+    line = "Memory: rank 1 grows 2.00 MiB per step from step 20."
+    verdict = run_verdict(table, found, None, result, memory_line=line)
+    assert verdict.lines[1].startswith("Waiting: ") and verdict.lines[2] == line
+    assert verdict.memory == line and len(verdict.lines) == 4
+    assert run_verdict(table, found, None, result).memory is None
+    no_step = run_verdict(per_step([]), found, None, result, memory_line=line)
+    assert no_step.state == "no step" and no_step.lines[-1] == line

@@ -58,3 +58,15 @@ def test_the_report_holds_the_tables_the_run_computed(passes):
     assert report.step_table() is run.per_step and report.cross_rank is run.cross_rank
     assert report.comm_ops is run.comm_ops and not report.nothing_analysed()
     assert passes == {"cross_rank": 1, "per_rank_table": 1}
+
+
+def test_memory_is_computed_on_first_use_over_the_analysed_steps(passes):
+    run = open_run(RUN, use_cache=False)
+    memory = run.memory
+    assert passes == {"cross_rank": 1, "per_rank_table": 0}  # the analysed steps need the waits
+    assert [row["rank"] for row in memory.rows] == [0, 1]
+    assert {row["measure"] for row in memory.rows} == {"rss"}
+    assert [row["steps"] for row in memory.rows] == [4, 4]
+    assert memory.findings == () and memory.verdict_line is None and memory.oom is None
+    assert run.report.memory is memory and run.verdict.memory is None
+    assert "memory" not in run.document()["verdict"]

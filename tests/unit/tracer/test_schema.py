@@ -59,3 +59,21 @@ def test_run_start_says_where_ddp_buckets_are_seen_and_older_files_still_read():
     older = schema.ENCODER.encode(schema.RunStart(**fields)).replace(b',"ddp_buckets":null', b"")
     assert b"ddp_buckets" not in older
     assert schema.decoder(schema.ManifestRecord).decode(older).ddp_buckets is None
+
+
+def test_the_capture_and_problem_records_are_described_field_by_field():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "trace-format.md").read_text()
+    for record_type in (schema.CaptureRecord, schema.TracerProblem, schema.CaptureRequest,
+                        schema.CaptureAsk):
+        for field in record_type.__struct_fields__:
+            assert f"`{field}`" in doc, f"{record_type.__name__}.{field} is not in the doc"
+    for field in schema.RankChange.__struct_fields__:
+        assert f"`{field}`" in doc.split("| `ranks` | list |")[1].split("\n")[0]
+    assert f"`{schema.WINDOW_CUT_METADATA}`" in doc
+    # A manifest line of every kind decodes as one, the new ones too.
+    problem = schema.TracerProblem(rank=1, t_ns=2, part="capture", message="m")
+    line = schema.ENCODER.encode(problem)
+    assert b'"kind":"problem"' in line
+    assert schema.decoder(schema.ManifestRecord).decode(line) == problem

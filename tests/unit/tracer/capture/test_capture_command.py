@@ -69,3 +69,32 @@ def test_an_ask_is_written_and_an_unanswered_one_is_said_so(tmp_path):
         ask(tmp_path, 4, timeout_s=0.2)
     written = (tmp_path / schema.CAPTURE_ASK_FILE.format(index=0)).read_bytes()
     assert schema.decoder(schema.CaptureAsk).decode(written).steps == 4
+
+
+def test_steps_above_the_runs_bound_are_refused_before_anything_is_asked(tmp_path, capsys):
+    write_manifest(tmp_path, 0, os.getpid(), ended=False, max_window_steps=20)
+    assert main([str(tmp_path), "--steps", "1000000000"]) == 2
+    assert capsys.readouterr().err == (
+        "ranktrace: capture: --steps 1000000000 is above the run's --max-window-steps 20: a "
+        "window keeps every event of its steps in memory until it ends\n")
+    assert not (tmp_path / schema.CAPTURE_ASK_FILE.format(index=0)).exists()
+    # A run recorded before the bound existed has the default one.
+    write_manifest(tmp_path, 0, os.getpid(), ended=False)
+    assert main([str(tmp_path), "--steps", "21"]) == 2
+    with pytest.raises(SystemExit) as exit_code:
+        main([str(tmp_path), "--steps", "0"])
+    assert exit_code.value.code == 2
+
+
+def test_a_run_with_no_capture_cannot_be_asked(tmp_path):
+    write_manifest(tmp_path, 0, os.getpid(), ended=False, no_capture=True)
+    with pytest.raises(CaptureError, match="runs with --no-capture"):
+        check_run(tmp_path)
+
+
+def test_the_ask_names_the_run_it_is_for(tmp_path):
+    write_manifest(tmp_path, 0, os.getpid(), ended=False)
+    with pytest.raises(CaptureError):
+        ask(tmp_path, 20, timeout_s=0.1)
+    written = (tmp_path / schema.CAPTURE_ASK_FILE.format(index=0)).read_bytes()
+    assert schema.decoder(schema.CaptureAsk).decode(written).run == tmp_path.name

@@ -57,6 +57,15 @@ def test_steps_are_where_each_op_was_created_not_where_it_was_drained():
         ("all_gather", 0), ("broadcast", 0), ("broadcast", 0), ("all_reduce", 0),
         ("broadcast", 1), ("broadcast", 1), ("all_reduce", 1), ("barrier", 2)]
 
+    # Each step's first op, the hooks' included, for the capture watch: its creation time.
+    created = {}
+    for entry in sorted(entries, key=lambda e: e["record_id"]):
+        step = sum(entry["time_created_ns"] > end for end in (T0 + 6_000_000, T0 + 12_000_000))
+        created.setdefault(step, entry["time_created_ns"])
+    assert list(part.first_issues) == sorted(created.items()) and len(created) == 3
+    part.drain()
+    assert len(part.first_issues) == 3  # nothing new, nothing noted twice
+
 
 def test_step_records_count_native_ops_and_wait_for_the_drain_that_covers_them():
     part, _, _ = part_for(dump_json(ddp_gloo_entries()), step_ends=[T0 + 6_000_000],

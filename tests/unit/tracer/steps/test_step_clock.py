@@ -79,15 +79,22 @@ def test_a_first_tracer_step_right_after_an_optimizer_step_marks_that_same_step(
     assert [step for step, _, _ in clock.seen] == [0, 1]
 
 
-def test_step_ends_are_kept_in_order_once_a_part_asks_for_them(clock):
+def test_step_ends_are_kept_in_order_for_each_part_that_asks_for_them(clock):
     sgd = optimizer()
     sgd.step()
-    assert clock.ends is None  # nothing asked: nothing kept
+    assert clock._end_queues == ()  # nothing asked: nothing kept
     ends = clock.track_ends()
-    assert clock.track_ends() is ends
     sgd.step()
+    other = clock.track_ends()  # a deque of its own, from its asking on
+    assert other is not ends
     sgd.step()
     assert list(ends) == [end for _, _, end in clock.seen[1:]]
+    ends.popleft()  # one part taking its ends leaves the other's
+    assert list(other) == [clock.seen[2][2]]
+    newest = clock.track_ends(maxlen=2)  # a reader that may stop reading: the newest kept
+    for _ in range(3):
+        sgd.step()
+    assert list(newest) == [end for _, _, end in clock.seen[-2:]]
 
 
 def test_a_failing_step_end_still_starts_the_next_step(clock):
