@@ -422,11 +422,14 @@ def late_causes(rank: int, steps, evidence: LateEvidence, late_ms: float | None 
     alike = ((work is None or work < MORE_WORK_RATIO) and slower is None)
     # More ranks than CPUs slow every rank, whatever else holds; saturated CPUs alone explain
     # a late rank only where nothing else does.
-    if competing and (competing[1] or not causes) and alike:
+    if competing and causes and competing[1]:
+        # Another cause holds: the shared cores slow every rank on the host besides.
+        causes.append(Cause(rank, CONTENTION, MEDIUM, f"{competing[0]}: every rank on the host "
+                            f"is slowed besides.", ADVICE[CONTENTION]))
+    elif competing and not causes and alike:
         # Every rank starved alike: which one arrives last is the scheduler's pick.
-        at = 1 if larger is not None else 0
-        causes.insert(at, Cause(
-            rank, CONTENTION, MEDIUM if causes else HIGH if competing[1] else MEDIUM,
+        causes.append(Cause(
+            rank, CONTENTION, HIGH if competing[1] else MEDIUM,
             f"{competing[0]}; rank {rank} does no more work than the others and is not slower "
             f"at equal inputs than they are: every rank is slowed alike, and which one arrives "
             f"last is the scheduler's pick.", ADVICE[CONTENTION]))

@@ -195,3 +195,10 @@ def test_device_throttling_on_a_run_folder_with_nvml_samples(tmp_path):
     assert any(line.startswith("Why rank 1 is late: ") and THROTTLING in line
                for line in run.verdict.lines)
     assert any(c["cause"] == THROTTLING for c in run.document()["late_causes"])
+
+
+def test_an_oversubscribed_host_is_named_after_a_cause_of_the_ranks_own():
+    causes = late_causes(1, STEP_NUMBERS, _evidence(host=_host(loading={1: 31.0}),
+                                                    ranks=_ranks(cpus=(1, 1))))
+    assert [c.cause for c in causes] == [DATA_LOADING, CONTENTION]
+    assert causes[1].proof.endswith("every rank on the host is slowed besides.")
