@@ -324,15 +324,23 @@ def why_slower(rank: int, evidence: LateEvidence, samples: pd.DataFrame, ratio: 
     return causes
 
 
-def data_loading(rank: int, host: pd.DataFrame, step_ms: float, late_ms: float | None
-                 ) -> Cause | None:
-    """R's time in the DataLoader's next batch above the others' median."""
+def _needed(step_ms: float, late_ms: float | None, contended: bool) -> float:
+    """The ms per step a host-time cause must explain: MIN_EXPLAINED_PCT of R's step; on a host
+    whose ranks compete for cores, also HIGH_SHARE_OF_LATE of R's lateness, for the scheduler
+    stretches any host time of a starved rank (its DataLoader's, its Python's)."""
+    needed = MIN_EXPLAINED_PCT / 100 * step_ms
+    return max(needed, HIGH_SHARE_OF_LATE * late_ms) if contended and late_ms else needed
+
+
+def data_loading(rank: int, host: pd.DataFrame, step_ms: float, late_ms: float | None,
+                 contended: bool = False) -> Cause | None:
+    """R's time in the DataLoader's next batch above the others' median (_needed)."""
     per = host.groupby("rank")["loading_ns"].mean()
     if rank not in per.index or len(per) < 2:
         return None
     theirs = float(per.drop(index=rank).median())
     extra = _ms(per[rank] - theirs)
-    if not extra >= MIN_EXPLAINED_PCT / 100 * step_ms:
+    if not extra >= _needed(step_ms, late_ms, contended):
         return None
     proof = (f"rank {rank} spends {_ms(per[rank]):.2f} ms per step in the DataLoader's next "
              f"batch, the others {_ms(theirs):.2f} ms (median).")
@@ -341,8 +349,8 @@ def data_loading(rank: int, host: pd.DataFrame, step_ms: float, late_ms: float |
 
 
 def own_work(rank: int, evidence: LateEvidence, host: pd.DataFrame, names: pd.DataFrame,
-             samples: pd.DataFrame, step_ms: float, stage: bool = False
-             ) -> tuple[Cause | None, Cause | None]:
+             samples: pd.DataFrame, step_ms: float, stage: bool = False,
+             outside_needed: float | None = None) -> tuple[Cause | None, Cause | None]:
     """(work only R does, waiting outside the trace): host op names only R runs (not for a
     pipeline `stage`, whose stages run different ops by design: more_work compares them); R's
     time outside every op above the others', told apart by R's process CPU."""
@@ -363,7 +371,7 @@ def own_work(rank: int, evidence: LateEvidence, host: pd.DataFrame, names: pd.Da
         return own, None
     theirs = float(per.drop(index=rank).median())
     extra = _ms(per[rank] - theirs)
-    if not extra >= threshold:
+    if not extra >= (outside_needed or threshold):
         return own, None
     process = _median(samples[samples["rank"] == rank], "cpu_process_pct")
     their_process = _median(samples[samples["rank"] != rank], "cpu_process_pct")
@@ -409,15 +417,16 @@ def late_causes(rank: int, steps, evidence: LateEvidence, late_ms: float | None 
     slower = slower_at_equal_inputs(rank, ops, step_ms) if len(ops) else None
     if slower is not None:
         causes += why_slower(rank, evidence, samples, *slower, late_ms)
-    loading = data_loading(rank, host, step_ms, late_ms)
+    competing = contention(rank, evidence, samples)
+    loading = data_loading(rank, host, step_ms, late_ms, competing is not None)
     if loading is not None:
         causes.append(loading)
-    own, outside = own_work(rank, evidence, host, names, samples, step_ms, stage)
+    own, outside = own_work(rank, evidence, host, names, samples, step_ms, stage,
+                            _needed(step_ms, late_ms, competing is not None))
     if own is not None:
         causes.append(own)
     if not by_elimination or any(c.cause == CONTENTION for c in causes):
         return causes
-    competing = contention(rank, evidence, samples)
     work = more_work(rank, steps, evidence)
     alike = ((work is None or work < MORE_WORK_RATIO) and slower is None)
     # More ranks than CPUs slow every rank, whatever else holds; saturated CPUs alone explain

@@ -202,3 +202,17 @@ def test_an_oversubscribed_host_is_named_after_a_cause_of_the_ranks_own():
                                                     ranks=_ranks(cpus=(1, 1))))
     assert [c.cause for c in causes] == [DATA_LOADING, CONTENTION]
     assert causes[1].proof.endswith("every rank on the host is slowed besides.")
+
+
+def test_where_ranks_compete_for_cores_host_time_counts_only_if_it_is_half_the_lateness():
+    """A starved rank's DataLoader is stretched by the scheduler: 6 ms more of a 30 ms lateness
+    on an oversubscribed host is contention's, 16 ms is data loading's."""
+    crowded = _ranks(cpus=(1, 1))
+    small = late_causes(1, STEP_NUMBERS, _evidence(host=_host(loading={1: 7.0}), ranks=crowded),
+                        late_ms=30.0)
+    assert [c.cause for c in small] == [CONTENTION]
+    large = late_causes(1, STEP_NUMBERS, _evidence(host=_host(loading={1: 16.0}),
+                                                   ranks=crowded), late_ms=30.0)
+    assert [c.cause for c in large] == [DATA_LOADING, CONTENTION]
+    alone = late_causes(1, STEP_NUMBERS, _evidence(host=_host(loading={1: 7.0})), late_ms=30.0)
+    assert [c.cause for c in alone] == [DATA_LOADING]
