@@ -97,9 +97,17 @@ def test_extra_host_work_is_work_only_that_rank_does(analysed):
     assert LARGER_INPUTS not in causes and DATA_LOADING not in causes
 
 
-def test_a_run_without_a_late_rank_names_no_cause(analysed):
+def test_a_run_without_a_late_rank_names_no_cause_of_its_own(analysed):
+    """DDP without delay: no rank has larger inputs, other work, a slower loader or a wait
+    outside the trace. Where the straggler rule names none, no cause is named at all; on a host
+    saturated by other work (a shared machine) the scheduler can make a rank late often enough
+    to be named, and the one cause it can then be told is that the ranks compete for cores,
+    with the host's CPU as proof."""
     run = analysed("ddp-even-0")
-    assert run.late == {} or all(not item.causes for item in run.late.values())
-    assert run.document()["late_causes"] == []
-    assert not any(line.startswith("Why rank") and "no cause" not in line
-                   for line in run.verdict.lines)
+    causes = run.document()["late_causes"]
+    assert {c["cause"] for c in causes} <= {CONTENTION}
+    assert all("% busy" in c["proof"] for c in causes)
+    stragglers = run.cross_rank.stragglers
+    if not stragglers["fires"].astype(bool).any():
+        assert run.late == {} and causes == []
+        assert not any(line.startswith("Why rank") for line in run.verdict.lines)
