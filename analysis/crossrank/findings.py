@@ -82,7 +82,7 @@ def too_few_steps(stragglers: pd.DataFrame, ops: pd.DataFrame) -> list[Finding]:
         suggestion = (f"Record at least {needed + 1} steps with matched collectives: the "
                       f"tracer's comm records hold every step's (DDP's buckets too, unless "
                       f"--no-flight-recorder or --no-comms), or trace a longer profiler window "
-                      f"(--active {needed + 1}) or more windows (--repeat).")
+                      f"(--active {needed + 1}) or more windows (--windows).")
         notes.append(Finding(f"too few steps to name rank {rank} late", float(row["share_pct"]),
                              evidence, suggestion, str(rank), note=True))
     return notes

@@ -40,14 +40,14 @@ class Side:
 
 
 def load_side(path: Path, steps: list[int] | None, use_cache: bool = True,
-              jobs: int | None = None) -> Side:
+              jobs: int | None = None, comm_kernels: tuple = ()) -> Side:
     """A run folder is one run; a folder of runs is every run in it, taken as repeats of one
     configuration. Raises analysis.ingest.runs.NothingToAnalyse when `path` holds no trace."""
     resolved = resolve([path], all_runs=True)
     side = Side(path=str(path), runs=[], steps=steps, notes=resolved.notes)
     for run_dir, files in resolved.runs:
         loaded = load_run(files, run_dir, LoadOptions(steps=steps, use_cache=use_cache,
-                                                      jobs=jobs))
+                                                      jobs=jobs, comm_kernels=comm_kernels))
         where = run_dir if run_dir is not None else path
         run = Run(loaded, name=where.name or str(where), path=str(where),
                   steps_spec=",".join(map(str, steps)) if steps else None)

@@ -129,7 +129,7 @@ def steps_line(report: RunReport) -> str | None:
             f"{split}")
 
 
-def _status_line(report: RunReport) -> str | None:
+def status_line(report: RunReport) -> str | None:
     ended = {}
     for trace in report.ranks:
         if trace.status and trace.status != "ok":
@@ -180,7 +180,7 @@ def _heading(report: RunReport, title: str, covered: str | None) -> list[str]:
                     f"window: {window_text(report)}"]
     if covered:
         lines.append(covered)
-    status = _status_line(report)
+    status = status_line(report)
     if status:
         lines.append(status)
     lines.append("")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.core.command_options import add_parse_options
 from analysis.core.model import UNKNOWN_RANK
 from analysis.core.step_spec import positive_number
 from analysis.core.terminal import terminal_safe
@@ -24,6 +25,7 @@ from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir, stray_
 from analysis.report.values import plain, records
 from analysis.scaling import table as st
 from tracer import schema
+from tracer.options import help_format
 
 DOCUMENT_VERSION = 1
 MIB = 1 << 20
@@ -72,16 +74,17 @@ def _frame(ranks: list, name: str) -> pd.DataFrame:
 
 def load_run(path: Path, samples_per_step: float | None = None,
              warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True,
-             peak_tflops: float | None = None) -> tuple[dict, pd.DataFrame, list[str]]:
+             peak_tflops: float | None = None, jobs: int | None = None,
+             comm_kernels: tuple = ()) -> tuple[dict, pd.DataFrame, list[str]]:
     """One run's row (`scaling_table.run_row` plus run, path, world_size, nnodes, stragglers,
     the MFU), its transfer-based bandwidth table and its problems. The breakdown, the cross-rank
     pass and the MFU are the run's analysis's (analysis.run: `peak_tflops` overrides every
-    rank's peak), each computed once."""
+    rank's peak), each computed once; `jobs` and `comm_kernels` as the load takes them."""
     from analysis.crossrank.report_tables import rank_bars
     from analysis.run.analysed_run import Run
     from analysis.run.loading import load_run_path
 
-    loaded = load_run_path(path, use_cache=use_cache)
+    loaded = load_run_path(path, use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels)
     run = Run(loaded, name=path.name, path=str(path), peak_tflops=peak_tflops)
     problems = list(loaded.problems)
     steps = _frame(loaded.ranks, "steps")
@@ -137,16 +140,17 @@ def _mean_mfu(mfu: pd.DataFrame | None) -> float:
 
 def study(paths: list[Path], mode: str | None = None, samples_per_step: float | None = None,
           warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True,
-          peak_tflops: float | None = None) -> Study:
+          peak_tflops: float | None = None, jobs: int | None = None,
+          comm_kernels: tuple = ()) -> Study:
     """Load every run that `paths` name and compare them; `peak_tflops` overrides every rank's
-    peak in the MFU column."""
+    peak in the MFU column; `jobs` and `comm_kernels` as the load takes them."""
     rows, bandwidths, problems = [], [], []
     folders = run_folders(paths)
     notes = [n for f in dict.fromkeys([*paths, *folders]) for n in stray_notes(f)]
     for folder in folders:
         try:
             row, bandwidth, found = load_run(folder, samples_per_step, warmup_steps, use_cache,
-                                             peak_tflops)
+                                             peak_tflops, jobs, comm_kernels)
         except NothingToAnalyse as exc:
             problems.append(f"{folder}: {exc}")
             continue
@@ -249,40 +253,58 @@ def document(result: Study) -> dict:
             "attribution": records(result.attribution), "bandwidth": records(result.bandwidth)}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis.scaling",
-        description="Compare runs of one workload at several world sizes: step time, "
-                    "throughput, speedup, efficiency and where the lost efficiency went "
-                    "(docs/scaling.md).")
+PROG = "python -m analysis.scaling"
+
+
+def add_study_options(group: argparse._ArgumentGroup) -> None:
+    """How the runs are compared, for this command and the sweep that ends in it: --mode,
+    --samples-per-step, --warmup-steps."""
+    group.add_argument("--mode", choices=["strong", "weak"],
+                       help="strong: the same global batch at every world size; weak: a "
+                            "global batch growing with it (default: from the recorded "
+                            "samples per step, else strong)")
+    group.add_argument("--samples-per-step", type=float, metavar="N",
+                       help="global batch per step, for runs that did not record it (default: "
+                            "the recorded one)")
+    group.add_argument("--warmup-steps", type=int, default=st.DEFAULT_WARMUP_STEPS,
+                       metavar="N", help="first steps left out of the step time")
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = help_format.parser(
+        prog, "Compare runs of one workload at several world sizes: step time, throughput, "
+              "speedup, efficiency and where the lost efficiency went (docs/scaling.md).")
     parser.add_argument("paths", nargs="+", type=Path, metavar="RUN",
                         help="a run folder, or a folder of runs (a sweep)")
-    parser.add_argument("--mode", choices=["strong", "weak"],
-                        help="strong: the same global batch at every world size; weak: a "
-                             "global batch growing with it (default: from the recorded "
-                             "samples per step, else strong)")
-    parser.add_argument("--format", choices=["text", "json", "csv"], default="text")
-    parser.add_argument("--samples-per-step", type=float, metavar="N",
-                        help="global batch per step, for runs that did not record it")
-    parser.add_argument("--warmup-steps", type=int, default=st.DEFAULT_WARMUP_STEPS,
-                        metavar="N", help="first steps left out of the step time")
-    parser.add_argument("--svg", type=Path, metavar="FILE",
-                        help="also write the efficiency plot with a stacked bar per world size")
-    parser.add_argument("--html", type=Path, metavar="FILE",
-                        help="also write a self-contained page with the plot and the report")
-    parser.add_argument("--no-cache", action="store_true", help="do not use the Parquet cache")
-    parser.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
-                        help="every rank's peak for the MFU column (default: each run's "
-                             "recorded or measured peak, else the device's datasheet; "
-                             "docs/mfu.md)")
-    return parser.parse_args(argv)
+    which = parser.add_argument_group("what to compare")
+    add_study_options(which)
+    which.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
+                       help="every rank's peak for the MFU column (default: each run's "
+                            "recorded or measured peak, else the device's datasheet; "
+                            "docs/mfu.md)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--format", choices=["text", "json", "csv"], default="text",
+                        help="standard output: the report, one JSON document, or the CSV table")
+    output.add_argument("--svg", type=Path, metavar="FILE",
+                        help="also write the efficiency plot with a stacked bar per world size "
+                             "(default: none written)")
+    output.add_argument("--html", type=Path, metavar="FILE",
+                        help="also write a self-contained page with the plot and the report "
+                             "(default: none written)")
+    add_parse_options(parser)
+    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
+    return build_parser(prog).parse_args(argv)
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     try:
         result = study(args.paths, args.mode, args.samples_per_step, args.warmup_steps,
-                       use_cache=not args.no_cache, peak_tflops=args.peak_tflops)
+                       use_cache=not args.no_cache, peak_tflops=args.peak_tflops,
+                       jobs=args.jobs, comm_kernels=tuple(args.comm_kernel))
     except NothingToAnalyse as exc:
         print(terminal_safe(f"ranktrace: error: {exc}"), file=sys.stderr)
         return 1

@@ -345,7 +345,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
     body.append(_section("memory", memory_figure(memory)))
     body.append(_section("commands", (
         f"<p>Every rank on one clock, with flows from the last arriver of each collective:</p>"
-        f"<pre>python -m analysis.timeline {esc(path)}</pre><p>then open "
+        f"<pre>ranktrace timeline {esc(path)}</pre><p>then open "
         f"<code>timeline.trace.gz</code> in https://ui.perfetto.dev or chrome://tracing. "
         f"TensorBoard (scalars and the profiler plugin):</p>"
         f"<pre>tensorboard --logdir {esc(str(Path(path).parent))} --host 127.0.0.1</pre>")))

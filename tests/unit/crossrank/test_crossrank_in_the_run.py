@@ -73,7 +73,7 @@ def test_the_document_has_the_cross_rank_object_and_transfer_bandwidth(tmp_path,
 
 
 def test_the_text_report_has_the_cross_rank_section(tmp_path, capsys):
-    assert cli.main([str(late_rank_run(tmp_path / "run")), "--no-cache"]) == 0
+    assert cli.main([str(late_rank_run(tmp_path / "run")), "--full", "--no-cache"]) == 0
     text = capsys.readouterr().out
     collectives = text[text.index("Collectives"):text.index("Ranks\n")]
     heading = next(line for line in collectives.splitlines() if line.lstrip().startswith("op"))

@@ -143,7 +143,7 @@ def test_each_trace_is_decoded_once_without_and_with_the_cache(run, tmp_path, de
 def test_the_other_outputs_need_no_second_decode_of_the_one_trace(tmp_path, decodes, capsys):
     trace, = trace_files(RUNS["one file of a larger world"][0](tmp_path))
     # The HTML report keeps the events; the text, --out's CSV files and --format csv do not.
-    text = _command(capsys, trace, "--no-cache", "--out", tmp_path / "csv",
+    text = _command(capsys, trace, "--no-cache", "--full", "--out", tmp_path / "csv",
                     "--html", tmp_path / "report.html")
     assert decodes() == Counter([trace.name])
     assert "Critical path per step" in text  # the rank's own path, from its one decode

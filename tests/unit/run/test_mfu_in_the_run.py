@@ -26,7 +26,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 def _cli(*args) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*map(str, args), "--no-cache", "--jobs", "1"])
+        code = main([*map(str, args), "--full", "--no-cache", "--jobs", "1"])
     return code, out.getvalue(), err.getvalue()
 
 
