@@ -228,6 +228,9 @@ class Verdict:
     step_ms: float | None  # the analysed steps' mean
     what_if: str | None  # the top what-if answer in words
     lines: list[str] = field(default_factory=list)
+    # the changes to try, most predicted saving first (analysis.findings.verdict.tries): finding,
+    # change, saved_ms_per_step (None where the what-if model cannot price it)
+    tries: list[dict] = field(default_factory=list)
     memory: str | None = None  # the memory line ("Memory: ..."), None where memory is fine
 
 
@@ -358,6 +361,8 @@ class RunReport:
     captures: list[dict] = field(default_factory=list)  # the capture windows and what they show
     phases: list[Phase] = field(default_factory=list)  # the run's phases, in step order
     stop: StopDiagnosis | None = None  # None for a run that ended well
+    # per late rank and cause that holds (analysis.findings.late_ranks.cause_rows)
+    late_causes: list[dict] = field(default_factory=list)
     memory: MemorySection | None = None  # None without step records
     # the one-rank critical path's windows (--window, --instance), None: the steps
     path_window: PathWindow | None = None

@@ -41,6 +41,7 @@ def run_document(report: RunReport) -> dict:
         "verdict": _verdict(report),
         "bottlenecks": records(report.findings),
         "notes": records(report.notes),
+        "late_causes": plain(report.late_causes),
         "cross_rank": (cross_rank_json(report.cross_rank)
                        if report.cross_rank is not None else None),
         **critical_path_json(report.critical),

@@ -43,6 +43,7 @@ from analysis.crossrank.report_tables import with_transfer_bandwidth
 from analysis.crossrank.waits import with_waits
 from analysis.findings import bottlenecks, notes, stop_diagnosis, verdict
 from analysis.findings.capture_windows import analysed_captures
+from analysis.findings.late_ranks import LateRank, cause_rows, late_ranks
 from analysis.findings.memory_findings import with_memory_findings
 from analysis.findings.memory_section import analysed_steps, memory_section
 from analysis.ingest.capture_records import group_captures
@@ -292,11 +293,23 @@ class Run:
 
     # ---- findings --------------------------------------------------------------------------------
     @cached_property
+    def late(self) -> dict[int, LateRank]:
+        """The late ranks (the straggler rule's, the pipeline stage that holds the others back)
+        and the causes that hold for each over the analysed steps (docs/report.md, "Why a rank
+        is late"); empty where none is named or the tests failed."""
+        analysed = self._waited.analysed
+        steps = analysed["step"].dropna().unique() if len(analysed) else []
+        found = self._guarded.part(
+            "late_causes", lambda: late_ranks(self.loaded.ranks, self.cross_rank, steps),
+            "the causes of the late ranks could not be tested ({why})")
+        return found or {}
+
+    @cached_property
     def _bottlenecks(self) -> pd.DataFrame | None:
         """The bottleneck findings of the step time, largest share of step time first."""
         return self._guarded.table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
             self.per_step, self.per_rank, self.collectives, self.idle_gaps, self.loaded.ranks,
-            cross_rank=self.cross_rank))
+            cross_rank=self.cross_rank, late=self.late))
 
     @cached_property
     def memory(self) -> MemorySection | None:
@@ -360,7 +373,7 @@ class Run:
         """The verdict the report opens with (docs/report.md)."""
         memory = self.memory
         return verdict.run_verdict(self.per_step, self.findings, self.notes, self.cross_rank,
-                                   self.critical, self.captures,
+                                   self.critical, self.captures, self.late,
                                    memory.verdict_line if memory is not None else None,
                                    self.phases)
 
@@ -390,7 +403,7 @@ class Run:
         # In the order of the report's problems.
         parts = {name: getattr(self, name) for name in (
             "_profiled", "_gaps", "hta", "_every_op", "cross_rank", "_waited", "mfu", "roofline",
-            "per_rank", "_step_rows", "critical", "setup_collectives", "collectives",
+            "per_rank", "_step_rows", "critical", "setup_collectives", "collectives", "late",
             "_bottlenecks", "memory", "findings", "notes", "captures", "phases", "verdict",
             "stop")}
         waited = parts["_waited"]
@@ -408,7 +421,7 @@ class Run:
             roofline=parts["roofline"], cross_rank=parts["cross_rank"],
             critical=parts["critical"], verdict=parts["verdict"], captures=parts["captures"],
             phases=parts["phases"], stop=parts["stop"], memory=parts["memory"],
-            path_window=loaded.path_window)
+            path_window=loaded.path_window, late_causes=cause_rows(parts["late"]))
 
     def document(self) -> dict:
         """The JSON document of `--format json`."""

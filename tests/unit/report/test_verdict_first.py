@@ -29,7 +29,12 @@ def test_the_text_report_opens_with_the_verdict_lines(tmp_path):
                                          if line.startswith("Time breakdown"))
     top = run.findings.iloc[0]
     assert report.verdict.state == "bottleneck"
-    assert report.verdict.change_ms_per_step == pytest.approx(top["ms_per_step"])
+    # The change tried first is the one the what-if model prices (the all-reduce's transfer
+    # overlapped), before the larger cost it cannot price (idle in other host work).
+    first = report.verdict.tries[0]
+    assert first["finding"] == "exposed transfer" and first["saved_ms_per_step"] > 0
+    assert report.verdict.change_ms_per_step == pytest.approx(first["ms_per_step"])
+    assert report.verdict.tries[1]["saved_ms_per_step"] is None
     # the step is 9 ms and the finding's ms are its share of it
     assert top["ms_per_step"] == pytest.approx(top["share_pct"] / 100 * 9.0)
     # 2.4 ms of each 9 ms step idle between the kernels: the largest cost
