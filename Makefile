@@ -35,11 +35,13 @@ install-dev: $(VENV)/.torch
 install-frameworks: $(VENV)/.torch
 	$(BIN)/python -m pip install -q -e ".[dev,frameworks]"
 
-# the newest run folder gets the text report on stdout and report.html beside its traces
+# the newest run folder gets report.html beside its traces, and the one-screen text report ends
+# the demo: the verdict stays on the screen (`ranktrace breakdown RUN --full`: every table)
 demo: install
-	$(BIN)/torchrun --nproc-per-node 2 -m tracer.record workloads/ddp.py --steps $(STEPS)
+	$(BIN)/torchrun --nproc-per-node 2 --no-python $(BIN)/ranktrace record workloads/ddp.py \
+		--steps $(STEPS)
 	@run=$$(ls -td traces/*/ | head -1); \
-	$(BIN)/python -m analysis.breakdown "$$run" --html "$${run}report.html"
+	$(BIN)/ranktrace breakdown "$$run" --html "$${run}report.html"
 
 # two pytest-xdist workers: the integration tests wait on processes, pg timeouts and sleeps much
 # of the time; tests that read one shared run stay on one worker, and runs whose timings are

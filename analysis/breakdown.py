@@ -8,83 +8,77 @@ pandas.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.core.command_options import add_parse_options
 from analysis.core.limits import max_trace_bytes
-from analysis.core.step_spec import (
-    at_least_one,
-    parse_step_spec,
-    positive_number,
-    steps_argument,
-)
-from analysis.core.terminal import terminal_safe
+from analysis.core.step_spec import parse_step_spec, positive_number, steps_argument
+from analysis.core.terminal import show, terminal_safe
 from analysis.ingest import parse_ahead
 from analysis.ingest.kineto import gc_paused
 from analysis.ingest.parallel import SchedulerUnavailable
 from analysis.ingest.runs import NothingToAnalyse, resolve
 from analysis.report.progress import Progress
+from tracer.options import help_format
 
 if TYPE_CHECKING:
-    from analysis.report.output import RunReport
+    from analysis.core.contracts import RunReport
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis.breakdown",
-        description="Time breakdown, collectives and bottlenecks of a traced training run "
-                    "(docs/analysis.md).")
+PROG = "python -m analysis.breakdown"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = help_format.parser(
+        prog, "Time breakdown, collectives and bottlenecks of a traced training run "
+              "(docs/analysis.md). The text report fits one screen: the verdict, a row per "
+              "rank and the top findings; --full prints every table.")
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="a run folder, a folder of runs (the newest is analysed), or "
                              "Kineto trace files")
-    parser.add_argument("--run", metavar="NAME", help="the run to analyse in a folder of runs")
-    parser.add_argument("--all", action="store_true", help="analyse every run in a folder of runs")
-    parser.add_argument("--steps", metavar="SPEC", type=steps_argument,
-                        help="ProfilerStep numbers to analyse, e.g. 3-5,7 (default: all)")
-    parser.add_argument("--hta-compatible", action="store_true",
-                        help="select steps as HTA does: drop the last ProfilerStep")
-    parser.add_argument("--format", choices=("text", "json", "csv"), default="text",
-                        help="standard output: tables, one JSON document, or the per-step CSV")
-    parser.add_argument("--out", metavar="DIR", type=Path,
-                        help="also write every table as CSV into DIR")
-    parser.add_argument("--html", metavar="FILE", type=Path,
+    which = parser.add_argument_group("what to analyse")
+    which.add_argument("--run", metavar="NAME",
+                       help="the run to analyse in a folder of runs (default: the newest)")
+    which.add_argument("--all", action="store_true", help="analyse every run in a folder of runs")
+    which.add_argument("--steps", metavar="SPEC", type=steps_argument,
+                       help="ProfilerStep numbers to analyse, e.g. 3-5,7 (default: all)")
+    which.add_argument("--hta-compatible", action="store_true",
+                       help="select steps as HTA does: drop the last ProfilerStep")
+    which.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
+                       help="the peak TFLOP/s that MFU and the roofline take for every rank "
+                            "(default: the one the tracer recorded, else the datasheet's for "
+                            "the device and the steps' dtype; docs/mfu.md)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--format", choices=("text", "json", "csv"), default="text",
+                        help="standard output: the report, one JSON document, or the per-step "
+                             "CSV")
+    output.add_argument("--full", action="store_true",
+                        help="the text report with every table (default: one screen)")
+    output.add_argument("--no-pager", action="store_true",
+                        help="never page the text report (it is paged only on a terminal, "
+                             "with $PAGER or less, where it does not fit the screen)")
+    output.add_argument("--out", metavar="DIR", type=Path,
+                        help="also write every table as CSV into DIR (default: none written)")
+    output.add_argument("--html", metavar="FILE", type=Path,
                         help="also write the standalone HTML report to FILE (<run>-FILE per run "
-                             "with several runs)")
-    parser.add_argument("--strict", action="store_true",
+                             "with several runs; default: none written)")
+    output.add_argument("--strict", action="store_true",
                         help="exit non-zero on any problem, not only when nothing was analysed")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="neither read nor write the .ranktrace-cache Parquet files")
-    parser.add_argument("--jobs", type=at_least_one, metavar="N",
-                        help="processes for parsing trace files (default: one per core)")
-    parser.add_argument("--scheduler", metavar="ADDRESS",
-                        help="parse the trace files on the Dask cluster of this scheduler "
-                             "(tcp://host:8786), whose workers see them at the same paths")
-    parser.add_argument("--comm-kernel", action="append", default=[], metavar="REGEX",
-                        type=_regex,
-                        help="device kernels whose name matches REGEX (searched, case-"
-                             "sensitive) also count as communication; repeatable")
-    parser.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
-                        help="the peak TFLOP/s that MFU and the roofline take for every rank "
-                             "(default: the one the tracer recorded, else the datasheet's for "
-                             "the device and the steps' dtype; docs/mfu.md)")
+    work = add_parse_options(parser)
+    work.add_argument("--scheduler", metavar="ADDRESS",
+                      help="parse the trace files on the Dask cluster of this scheduler "
+                           "(tcp://host:8786), whose workers see them at the same paths "
+                           "(default: on this machine)")
     return parser
 
 
-
-def _regex(text: str) -> re.Pattern:
-    try:
-        return re.compile(text)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(
-            f"not a regular expression: {text!r} ({exc})") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         max_bytes = max_trace_bytes()
@@ -120,14 +114,15 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
     # again while they are made (a tenth of the imports' time), and they live as long as the
     # process.
     with gc_paused():
-        from functools import partial
-
         import pandas as pd
 
-        from analysis.ingest.load import load_files
-        from analysis.rank.summary import rank_tables
-        from analysis.report import output
-        from analysis.run import analyse_run
+        from analysis.ingest.load import LoadOptions
+        from analysis.report.csv_files import write_csvs
+        from analysis.report.json_document import dumps, json_document
+        from analysis.report.one_screen import one_screen_report
+        from analysis.report.text_report import text_report
+        from analysis.run.analysed_run import analyse_run
+        from analysis.run.loading import load_run
         gc.freeze()
 
     reports = []
@@ -138,18 +133,16 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
             # (millions of objects at a thousand ranks; 40 ms at the first collection after
             # loading one 50 MB trace). Worker processes collect as usual (run_jobs).
             with gc_paused():
-                loaded = load_files(files, run_dir, steps=steps,
-                                    hta_compatible=args.hta_compatible,
-                                    use_cache=not args.no_cache, jobs=args.jobs,
-                                    progress=progress, comm_kernels=tuple(args.comm_kernel),
-                                    scheduler=args.scheduler,
-                                    # Only the HTML report draws from the events once reduced.
-                                    keep_events=args.html is not None,
-                                    # A run of one file: its critical path on the second core.
-                                    reduce_rank=partial(rank_tables,
-                                                        path_beside=not args.scheduler
-                                                        and (args.jobs or 2) > 1),
-                                    decoded_ahead=ahead)
+                options = LoadOptions(
+                    steps=steps, hta_compatible=args.hta_compatible,
+                    use_cache=not args.no_cache, jobs=args.jobs,
+                    comm_kernels=tuple(args.comm_kernel), scheduler=args.scheduler,
+                    # Only the HTML report draws from the events once reduced.
+                    keep_events=args.html is not None)
+                # A run of one file: its critical path on the second core.
+                loaded = load_run(files, run_dir, options, progress=progress,
+                                  decoded_ahead=ahead,
+                                  path_beside=not args.scheduler and (args.jobs or 2) > 1)
                 gc.freeze()
             where = run_dir if run_dir is not None else Path(args.paths[0])
             report = analyse_run(loaded, name=where.name or str(where), path=str(where),
@@ -157,26 +150,28 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
                                  progress=progress, peak_tflops=args.peak_tflops)
         for problem in report.problems:
             print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
-        reports.append(report)
         several = len(runs) > 1
         if args.out is not None:
             out_dir = args.out / report.name if several else args.out
-            _write(report, "--out", out_dir, output.write_csvs)
+            report, _ = _write(report, "--out", out_dir, write_csvs)
         if args.html is not None:
             target = (args.html.with_name(f"{report.name}-{args.html.name}") if several
                       else args.html)
-            if _write(report, "--html", target, _write_html):
+            report, written = _write(report, "--html", target, _write_html)
+            if written:
                 print(terminal_safe(f"ranktrace: HTML report written to {target}"), file=sys.stderr)
+        reports.append(report)
 
     if args.format == "json":
-        print(terminal_safe(output.dumps(output.json_document(reports))))
+        print(terminal_safe(dumps(json_document(reports))))
     elif args.format == "csv":
         tables = [r.step_table().assign(run=r.name) for r in reports]
         pd.concat(tables, ignore_index=True).to_csv(sys.stdout, index=False)
     else:
-        print(terminal_safe("\n".join(output.text_report(r) for r in reports)), end="")
+        write = text_report if args.full else one_screen_report
+        show(terminal_safe("\n".join(write(r) for r in reports)), use_pager=not args.no_pager)
 
-    analysed = any(not output.nothing_analysed(r) for r in reports)
+    analysed = any(not r.nothing_analysed() for r in reports)
     if not analysed:
         reasons = "; ".join(p for r in reports for p in r.problems) or "no step to analyse"
         print(terminal_safe(f"ranktrace: nothing analysed: {reasons}"), file=sys.stderr)
@@ -196,17 +191,16 @@ def _write_html(report: RunReport, target: Path) -> None:
     write_html_report(report, target)
 
 
-def _write(report: RunReport, option: str, target: Path, write) -> bool:
-    """write(report, target); an OSError becomes a problem of the run and an error line naming
-    `target`."""
+def _write(report: RunReport, option: str, target: Path, write) -> tuple[RunReport, bool]:
+    """write(report, target), and whether it was written; an OSError becomes a problem of the
+    run (the report returned has it) and an error line naming `target`."""
     try:
         write(report, target)
     except OSError as exc:
         message = f"{option} {target}: cannot write ({exc.strerror or exc})"
-        report.problems.append(message)
         print(terminal_safe(f"ranktrace: error: {message}"), file=sys.stderr)
-        return False
-    return True
+        return dataclasses.replace(report, problems=[*report.problems, message]), False
+    return report, True
 
 
 def exit_now(code: int) -> None:

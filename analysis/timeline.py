@@ -20,15 +20,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.core.command_options import add_parse_options
 from analysis.core.model import UNKNOWN_RANK, LoadResult
-from analysis.core.steps import format_ranges, parse_step_spec
+from analysis.core.step_spec import (
+    format_ranges,
+    parse_step_spec,
+    positive_number,
+    steps_argument,
+)
 from analysis.core.terminal import terminal_safe
-from analysis.ingest.load import load_files
+from analysis.ingest.load import LoadOptions
 from analysis.ingest.runs import NothingToAnalyse, resolve
-from analysis.rank.summary import rank_tables
 from analysis.report import timeline_events as te
 from analysis.report.progress import Progress
+from analysis.run.loading import load_run
 from tracer import schema
+from tracer.options import help_format
 
 DEFAULT_NAME = "timeline.trace.gz"  # not *.json.gz: the run folder's loader would read it back
 DEFAULT_MAX_MB = 200.0
@@ -63,7 +70,7 @@ def gather(run: LoadResult) -> dict:
     plus the clock table, the critical path's segments (None where unknown) and the problems
     met."""
     from analysis.crossrank import analyse, critical_path
-    from analysis.crossrank.frames import run_frames
+    from analysis.crossrank.run_frames import run_frames
     from analysis.rank.layers import training_threads
 
     frames = run_frames(run)
@@ -72,14 +79,14 @@ def gather(run: LoadResult) -> dict:
     try:
         cross = analyse(frames["ops"], frames["steps"], frames["clock_sync"],
                         frames["world_size"], frames["events"])
-        clock, ops = cross["clock"], cross["ops"]
+        clock, ops = cross.clock, cross.ops
     except Exception as exc:  # the timeline is still worth drawing on the tracer's offsets
         problems.append(f"cross-rank analysis failed ({type(exc).__name__}: {exc}); "
                         f"using the tracer's clock_sync offsets and no flows")
         clock, ops, cross = _sync_clock(frames["clock_sync"]), None, None
     if cross is not None:
         try:
-            segments = critical_path.analyse(cross, frames["steps"])["critical_path_segments"]
+            segments = critical_path.analyse(cross, frames["steps"]).critical_path_segments
         except Exception as exc:  # the rest of the timeline stands without it
             problems.append(f"critical path analysis failed ({type(exc).__name__}: {exc}); "
                             f"no critical path track")
@@ -268,34 +275,33 @@ def write_timeline(gathered: dict, steps: pd.DataFrame, path: Path, max_bytes: f
     return asked, kept, len(data)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis.timeline",
-        description="Write one Chrome-trace / Perfetto file holding every rank of a run on one "
-                    "clock (docs/viewing.md).")
+PROG = "python -m analysis.timeline"
+RENAMED = {"--output": "--out"}  # old spelling -> new: still taken, with a warning
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = help_format.parser(
+        prog, "Write one Chrome-trace / Perfetto file holding every rank of a run on one "
+              "clock (docs/viewing.md).")
     parser.add_argument("run", metavar="RUN", type=Path,
-                        help="a run folder, a folder of runs (the newest), or trace files")
-    parser.add_argument("-o", "--output", metavar="FILE", type=Path,
+                        help="a run folder, a folder of runs (the newest), or one trace file")
+    which = parser.add_argument_group("what to draw")
+    which.add_argument("--steps", metavar="SPEC", type=steps_argument,
+                       help="steps to show, e.g. 3-5,7 (default: the analysed steps)")
+    which.add_argument("--max-mb", type=positive_number, default=DEFAULT_MAX_MB, metavar="MB",
+                       help="cut to fewer steps when the file would be larger")
+    output = parser.add_argument_group("output")
+    output.add_argument("-o", "--out", metavar="FILE", type=Path,
                         help=f"the file to write (default: RUN/{DEFAULT_NAME})")
-    parser.add_argument("--steps", metavar="SPEC",
-                        help="steps to show, e.g. 3-5,7 (default: the analysed steps)")
-    parser.add_argument("--max-mb", type=float, default=DEFAULT_MAX_MB, metavar="MB",
-                        help="cut to fewer steps when the file would be larger (default: "
-                             "%(default)s MB)")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="neither read nor write the .ranktrace-cache Parquet files")
+    add_parse_options(parser)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    try:
-        chosen = parse_step_spec(args.steps) if args.steps else None
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.max_mb <= 0:
-        parser.error("--max-mb must be positive")
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(help_format.renamed(sys.argv[1:] if argv is None else argv,
+                                                 RENAMED, prog))
+    chosen = parse_step_spec(args.steps) if args.steps else None
     try:
         resolved = resolve([args.run])
     except NothingToAnalyse as exc:
@@ -305,8 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         print(terminal_safe(f"ranktrace: note: {note}"), file=sys.stderr)
     (run_dir, files), = resolved.runs
     with Progress() as progress:
-        run = load_files(files, run_dir, chosen, use_cache=not args.no_cache, progress=progress,
-                         reduce_rank=rank_tables)
+        run = load_run(files, run_dir, LoadOptions(steps=chosen, use_cache=not args.no_cache,
+                                                   jobs=args.jobs,
+                                                   comm_kernels=tuple(args.comm_kernel)),
+                       progress=progress)
     gathered = gather(run)
     for problem in run.problems + gathered["problems"]:
         print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
@@ -314,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         print(terminal_safe(f"ranktrace: nothing to draw: {args.run}: no rank"), file=sys.stderr)
         return 1
     folder = run.run_dir if run.run_dir is not None else args.run
-    out = args.output or (folder if folder.is_dir() else folder.parent) / DEFAULT_NAME
+    out = args.out or (folder if folder.is_dir() else folder.parent) / DEFAULT_NAME
     steps = window_steps(gathered["ranks"], chosen)
     try:
         asked, kept, size = write_timeline(gathered, steps, out, args.max_mb * MB)

@@ -53,14 +53,12 @@ def work_baseline(trace: Path) -> None:
 
 
 def prepare_ours():
-    from analysis.ingest.load import load_path
-    from analysis.rank import step_breakdown as breakdown
     from analysis.rank.hta import hta_temporal_breakdown
+    from analysis.run.loading import load_run_path
 
     def work(trace: Path, use_cache: bool = False) -> None:
-        loaded = load_path(trace, use_cache=use_cache)
-        for rank in loaded.ranks:
-            breakdown.breakdown_per_step(rank)
+        # the per-step breakdown is the per-rank reduction's, computed while loading
+        loaded = load_run_path(trace, use_cache=use_cache)
         hta_temporal_breakdown(loaded.ranks)
 
     return work

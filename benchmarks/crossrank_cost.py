@@ -4,8 +4,8 @@
 
 Writes a synthetic GPU run (one Kineto trace per rank: compute kernels and NCCL all-reduce
 kernels, each rank late by its own amount at every step) to a temporary folder, loads it once,
-then times, round after round, the per-rank pass (`analysis.run.analyse_run`: breakdown, idle
-gaps, collectives, per-rank and per-step tables, findings) and the cross-rank pass
+then times, round after round, the per-rank pass (`analysis.run.analysed_run.analyse_run`:
+breakdown, idle gaps, collectives, per-rank and per-step tables, findings) and the cross-rank pass
 (`analysis.crossrank.cross_rank`). Prints the median of each and the ratio
 (per-rank + cross-rank) / per-rank; the goal is at most 1.20.
 """
@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from analysis.crossrank import cross_rank  # noqa: E402
-from analysis.ingest.load import load_path  # noqa: E402
-from analysis.run import analyse_run  # noqa: E402
+from analysis.run.analysed_run import analyse_run  # noqa: E402
+from analysis.run.loading import load_run_path  # noqa: E402
 from tests.helpers.synthetic import TraceBuilder, trace_name  # noqa: E402
 
 STEP_US = 100_000
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = write_run(Path(tmp) / "run", args.ranks, args.steps)
-        loaded = load_path(run_dir, use_cache=False)
+        loaded = load_run_path(run_dir, use_cache=False)
         per_rank_s, cross_s = [], []
         for _ in range(args.repeat):
             started = time.perf_counter()
@@ -71,7 +71,7 @@ def main() -> None:
                 .sum(axis=1)))
             cross_s.append(time.perf_counter() - started)
     per_rank, cross = statistics.median(per_rank_s), statistics.median(cross_s)
-    matched = int((result["ops"]["instance"] >= 0).sum())
+    matched = int((result.ops["instance"] >= 0).sum())
     print(f"{args.ranks} ranks x {args.steps} steps, {matched} matched ops, "
           f"median of {args.repeat}")
     print(f"per-rank pass   {per_rank:.3f} s")

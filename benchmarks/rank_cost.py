@@ -33,7 +33,7 @@ from analysis.core import limits
 from analysis.ingest import load
 from analysis.ingest import parsed_trace
 files = sorted(Path(sys.argv[1]).glob("*.json.gz"))
-from analysis.rank.summary import rank_tables
+from analysis.rank.reduction import rank_tables
 reduction = load.RankReduction(rank_tables, None, False, (), False, drop_events=True)
 limit = limits.max_trace_bytes()
 for path in files:

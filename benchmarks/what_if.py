@@ -45,8 +45,8 @@ import pandas as pd  # noqa: E402
 
 from analysis.crossrank import analyse as cross_rank_pass  # noqa: E402
 from analysis.crossrank import critical_path  # noqa: E402
-from analysis.crossrank.frames import typed_ops  # noqa: E402
-from analysis.run import open_run  # noqa: E402
+from analysis.crossrank.run_frames import typed_ops  # noqa: E402
+from analysis.run.analysed_run import open_run  # noqa: E402
 from tests.helpers.launch import torchrun_env  # noqa: E402
 
 MS = 1_000_000
@@ -88,10 +88,10 @@ def speed(steps: int, ranks: int) -> None:
         result = critical_path.analyse(cross, stepped)
         timings.append(time.perf_counter() - started)
     print(f"speed: {steps} steps x {ranks} ranks, {len(ops)} ops: cross-rank pass "
-          f"{crossed:.2f} s; critical path + {len(result['what_if'])} what-ifs "
+          f"{crossed:.2f} s; critical path + {len(result.what_if)} what-ifs "
           f"{statistics.median(timings):.3f} s (median of 3)")
     # expected: the four transfers overlapped save 4 ms per step, the late rank on time 3
-    for answer in result["what_if"]:
+    for answer in result.what_if:
         print(f"  {answer['change']}: saves {answer['saved_ms_per_step']} ms per step")
 
 
@@ -144,13 +144,13 @@ def pair(name: str, steps: int, cost: str, tmp: Path) -> dict:
     workload, flag, _, options, kind, change = EXPERIMENTS[name]
     late_dir = traced(tmp / "late", steps, workload, options, [flag, cost])
     result = open_run(str(late_dir)).report.critical
-    analysed = set(int(s) for s in result["critical_path_steps"]["step"])
+    analysed = set(int(s) for s in result.critical_path_steps["step"])
     late = step_times(late_dir, analysed)
     even = step_times(traced(tmp / "even", steps, workload, options, []), analysed)
-    answer = matching(result["what_if"], kind,
+    answer = matching(result.what_if, kind,
                       change and change.format(rank=cost.split(":")[0]))
     return {"steps": len(analysed), "late": statistics.mean(late),
-            "measured": statistics.mean(even), "answer": answer, "answers": result["what_if"]}
+            "measured": statistics.mean(even), "answer": answer, "answers": result.what_if}
 
 
 def accuracy(name: str, steps: int, cost: str | None, repeats: int) -> dict:

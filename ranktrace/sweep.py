@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from analysis import scaling
+from tracer.options import help_format
 from tracer.options.config import ConfigError, option_arities, resolve
 
 # Tracer options the sweep sets itself.
@@ -40,35 +41,37 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m tracer.sweep",
-        usage="python -m tracer.sweep --nproc 1,2,4 [sweep options] [tracer options] SCRIPT "
-              "[script args]",
-        description="Trace SCRIPT under torchrun once per world size and repeat, into one "
-                    "sweep folder, then compare the runs (python -m analysis.scaling). Tracer "
-                    "options: python -m tracer.record --help.")
-    parser.add_argument("--nproc", type=int_list, required=True, metavar="N[,N...]",
-                        help="processes per node, one launch per value")
-    parser.add_argument("--nnodes", type=int_list, default=[1], metavar="M[,M...]",
-                        help="nodes, one launch per value and --nproc value; with more than one "
-                             "node run the same command on every node with its --node-rank")
-    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank")
-    parser.add_argument("--master-addr", default="127.0.0.1",
-                        help="node 0's address, for launches over several nodes")
-    parser.add_argument("--master-port", type=int, default=29500,
-                        help="node 0's port, for launches over several nodes")
-    parser.add_argument("--repeats", type=int, default=1, metavar="K",
-                        help="launches per world size, so that the report shows the spread")
-    parser.add_argument("--out", type=Path, metavar="SWEEP",
-                        help="sweep folder (default: traces/sweep-<YYYYmmdd-HHMMSS>-<script>)")
-    parser.add_argument("--run-timeout", type=float, default=None, metavar="S",
-                        help="end a launch that runs longer than S seconds")
-    analysis = parser.add_argument_group("the scaling analysis (python -m analysis.scaling)")
-    analysis.add_argument("--mode", choices=["strong", "weak"])
-    analysis.add_argument("--format", choices=["text", "json", "csv"], default="text")
-    analysis.add_argument("--samples-per-step", type=float, metavar="N")
-    analysis.add_argument("--warmup-steps", type=int, metavar="N")
+PROG = "python -m tracer.sweep"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = help_format.parser(
+        prog, "Trace SCRIPT under torchrun once per world size and repeat, into one sweep "
+              "folder, then compare the runs (ranktrace scaling). Tracer options: ranktrace "
+              "record --help.",
+        usage=f"{prog} --nproc 1,2,4 [sweep options] [tracer options] SCRIPT [script args]")
+    launches = parser.add_argument_group("the launches")
+    launches.add_argument("--nproc", type=int_list, required=True, metavar="N[,N...]",
+                          help="processes per node, one launch per value (required)")
+    launches.add_argument("--nnodes", type=int_list, default=[1], metavar="M[,M...]",
+                          help="nodes, one launch per value and --nproc value; with more than "
+                               "one node run the same command on every node with its "
+                               "--node-rank")
+    launches.add_argument("--node-rank", type=int, default=0, help="this node's rank")
+    launches.add_argument("--master-addr", default="127.0.0.1",
+                          help="node 0's address, for launches over several nodes")
+    launches.add_argument("--master-port", type=int, default=29500,
+                          help="node 0's port, for launches over several nodes")
+    launches.add_argument("--repeats", type=int, default=1, metavar="K",
+                          help="launches per world size, so that the report shows the spread")
+    launches.add_argument("--run-timeout", type=float, default=None, metavar="S",
+                          help="end a launch that runs longer than S seconds (default: never)")
+    launches.add_argument("--out", type=Path, metavar="SWEEP",
+                          help="sweep folder (default: traces/sweep-<YYYYmmdd-HHMMSS>-<script>)")
+    analysis = parser.add_argument_group("the scaling analysis (ranktrace scaling)")
+    scaling.add_study_options(analysis)
+    analysis.add_argument("--format", choices=["text", "json", "csv"], default="text",
+                          help="standard output of the scaling report")
     return parser
 
 
@@ -179,9 +182,9 @@ def analysis_argv(args, sweep_dir: Path) -> list[str]:
     return argv
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+    parser = build_parser(prog)
     sweep_words, tracer_words, script = split_words(parser, argv)
     if any(w in ("-h", "--help") for w in sweep_words) or not script:
         parser.parse_args(sweep_words + (["--help"] if not script else []))

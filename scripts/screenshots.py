@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.report.html import write_html_report  # noqa: E402
 from analysis.report.html.browser import find_chromium, screenshot  # noqa: E402
-from analysis.run import open_run  # noqa: E402
+from analysis.run.analysed_run import open_run  # noqa: E402
 from analysis.timeline import gather, window_steps, write_timeline  # noqa: E402
 
 COLOURS = {"step": "#bab0ac", "collective": "#f58518", "cpu_op": "#4c78a8",

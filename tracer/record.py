@@ -1,6 +1,7 @@
 """Run a training script under the ranktrace tracer.
 
-    python -m tracer.record [tracer options] SCRIPT [script args]
+    ranktrace record [tracer options] SCRIPT [script args]
+    torchrun --nproc-per-node 2 --no-python ranktrace record [tracer options] SCRIPT [args]
     torchrun --nproc-per-node 2 -m tracer.record [tracer options] SCRIPT [script args]
 
 The script runs unchanged as `__main__`, with the `sys.argv`, `sys.path[0]` and `__file__` it
@@ -114,10 +115,11 @@ def report_and_exit(outcome: ScriptOutcome, session: Session | None) -> None:
     sys.exit(outcome.exit_code)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "python -m tracer.record") -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        config, script, script_args = resolve(argv)  # --help: printed, SystemExit(0)
+        # --help: printed, SystemExit(0)
+        config, script, script_args = resolve(argv, prog=prog)
     except ConfigError as exc:
         print(f"ranktrace: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -1,6 +1,6 @@
 """Longest-path propagation on a dependency graph held as arrays (docs/critical-path.md): the
 cross-rank step graph (analysis.crossrank.step_graph) and one rank's GPU graph
-(analysis.rank.critical_path) both use it.
+(analysis.rank.one_rank_path) both use it.
 
 A graph is its nodes' measured times and its edges (src, dst), sorted by the level of their
 target with `by_level`; `propagate` gives every node's time for other node durations. Both
@@ -13,21 +13,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.contracts import CriticalPath
+
 NEVER = np.iinfo(np.int64).min
 
-# A critical-path result: "critical_path" (the path's time per step, rank and category),
-# "critical_path_steps" (per step), "critical_path_segments" (its stretches of time) and
-# "what_if" (docs/critical-path.md).
+# The frames of a critical-path result (analysis.core.contracts.CriticalPath): the path's time
+# per step, rank and category, per step, and its stretches of time (docs/critical-path.md).
 PATH_COLUMNS = ["step", "rank", "category", "ms"]
 PATH_STEP_COLUMNS = ["step", "path_ms", "end_rank", "start_rank", "step_ms"]
 SEGMENT_COLUMNS = ["step", "rank", "category", "start_ns", "end_ns"]
 
 
-def no_critical_path() -> dict:
+def no_critical_path() -> CriticalPath:
     """The result of a critical-path analysis with no step to analyse."""
-    return {"critical_path": pd.DataFrame(columns=PATH_COLUMNS),
-            "critical_path_steps": pd.DataFrame(columns=PATH_STEP_COLUMNS),
-            "critical_path_segments": pd.DataFrame(columns=SEGMENT_COLUMNS), "what_if": []}
+    return CriticalPath(critical_path=pd.DataFrame(columns=PATH_COLUMNS),
+                        critical_path_steps=pd.DataFrame(columns=PATH_STEP_COLUMNS),
+                        critical_path_segments=pd.DataFrame(columns=SEGMENT_COLUMNS))
 
 
 def by_level(src: np.ndarray, dst: np.ndarray, n: int):

@@ -2,9 +2,9 @@
 
 Which events count as device work, host ops, communication, data loading or synchronisation is
 decided here, by category and name, and nowhere else; docs/definitions.md gives the reasons. This
-module imports neither numpy nor pandas: the trace decoder (analysis.ingest.kineto_events) runs
-before the command imports them (analysis.ingest.parse_ahead). analysis.core.events re-exports every
-name.
+module imports neither numpy nor pandas: the trace decoder (analysis.ingest.kineto) runs
+before the command imports them (analysis.ingest.parse_ahead); analysis.core.events selects events
+by them.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 One `RankTrace.events` frame per rank holds one row per complete (`"ph": "X"`) Kineto event
 with the columns of EVENT_COLUMNS. Its columns, the categories and the names that decide which
-events count as device work, host ops or communication are analysis.core.event_kinds', re-exported
-here.
+events count as device work, host ops or communication are analysis.core.event_kinds'; this
+module selects events by them.
 """
 
 from __future__ import annotations
@@ -13,33 +13,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from analysis.core.event_kinds import (  # noqa: F401  (re-exported)
-    COMM_KERNEL_PATTERNS,
-    COMM_KERNEL_RE,
-    COMM_TEXT_COLUMNS,
-    CPU_OP_CAT,
-    DATA_LOADING_RE,
-    EVENT_COLUMNS,
-    GPU_CATS,
-    HOST_COMM_RE,
-    HOST_OP_CATS,
-    HTA_COMM_RE,
-    HTA_DEVICE_SYNC_NAMES,
-    HTA_MEMORY_RE,
-    HTA_NON_COMPUTE_RE,
-    KERNEL_CAT,
-    LEGACY_CATS,
-    MEMORY_CATS,
-    NUMBER_COLUMNS,
-    OP_ARGS_COLUMN,
-    PROFILER_STEP_RE,
-    PYTHON_CAT,
-    RUNTIME_CATS,
-    STEP_COLUMNS,
-    SYNC_RE,
-    TEXT_COLUMNS,
-    normal_cat,
-)
+from analysis.core.event_kinds import KERNEL_CAT
 
 
 # ---- reading the frame --------------------------------------------------------------------------
@@ -68,13 +42,6 @@ def matches(column: pd.Series, wanted, among: np.ndarray | None = None) -> np.nd
 def cat_is(events: pd.DataFrame, cats) -> np.ndarray:
     """Rows whose category is one of `cats`."""
     return matches(events["cat"], lambda c: c in cats)
-
-
-def with_events(trace):
-    """The trace with its events frame: RankTrace.with_events() (which reads them again where
-    they were dropped after loading), or the object itself where it has no such method."""
-    reread = getattr(trace, "with_events", None)
-    return reread() if reread is not None else trace
 
 
 def distinct_names(names: pd.Series) -> list[str]:

@@ -1,7 +1,7 @@
 """Work done in a forked child process while the caller goes on with its own, on a machine's
 second core: the command's decoding of its one trace while it imports pandas
 (analysis.ingest.parse_ahead), and a run's one-rank critical path beside the rest of the
-analysis (analysis.rank.summary).
+analysis (analysis.rank.reduction).
 
 The child shares the caller's memory as it was at the fork (nothing is copied to it), computes,
 and hands back its answer, pickled by itself, through a pipe; nothing read from a file is ever

@@ -5,7 +5,7 @@ A value outside its range is named as a problem (file, rank, field, value) and s
 the event, record or claim that holds it, never the file. The ranges are wide enough for any real
 run and narrow enough that no value inside them can overflow int64 arithmetic (a time plus a
 duration, nanoseconds from microseconds) or make memory or time grow past what the files hold.
-This module imports no pandas: Kineto decoding uses it (analysis.ingest.kineto_events).
+This module imports no pandas: Kineto decoding uses it (analysis.ingest.kineto).
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.core.contracts import NotReduced, RankTables
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -72,9 +74,10 @@ class RankTrace:
     status: str | None = None
     # The trace's distributedInfo.pg_config: one dict per process group (pg_name, pg_desc, ...).
     process_groups: list[dict] = field(default_factory=list)
-    # {name: table or summary}: what was computed of this rank where its file was parsed
-    # (analysis.rank.summary); `events` is None when the events were dropped afterwards.
-    reduced: dict = field(default_factory=dict)
+    # What the per-rank reduction computed of this rank where its file was parsed
+    # (analysis.rank.reduction); None where the run was loaded without it. `events` is None
+    # when the events were dropped afterwards.
+    tables: RankTables | None = None
     # Reads this rank's events frame again once dropped (given by analysis.ingest.load, which
     # knows the files, the cache and the communication kernels they were loaded with).
     read_events: Callable[[RankTrace], pd.DataFrame] | None = None
@@ -93,7 +96,16 @@ class RankTrace:
         """Complete events in the rank's trace(s), whether or not they are still held."""
         if self.events is not None:
             return len(self.events)
-        return int(self.reduced.get("event_count", 0))
+        return self.tables.event_count if self.tables is not None else 0
+
+    def table(self, name: str):
+        """The rank's table or summary `name`, as its reduction made it (RankTables.take:
+        ReducedTableFailed where it failed there); NotReduced for a rank loaded without the
+        reduction."""
+        if self.tables is None:
+            raise NotReduced(f"{self.path}: {self.label}: not reduced, so it has no {name} "
+                             f"(load the run with analysis.run.loading)")
+        return self.tables.take(name, self.label)
 
     def with_events(self) -> RankTrace:
         """This rank with its events frame: itself, or, when its events were dropped after

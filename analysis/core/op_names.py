@@ -3,7 +3,7 @@ convolutions and attention (their FLOPs are the model FLOPs), and the elementwis
 judged by the bytes they move (docs/mfu.md, "Which ops are counted").
 
 Kept here, below the trace decoder, so that the decoder keeps the arguments (`Input Dims`,
-`Input type`, `Concrete Inputs`, `flops`) of these ops only (analysis.ingest.kineto_events). This
+`Input type`, `Concrete Inputs`, `flops`) of these ops only (analysis.ingest.kineto). This
 module imports neither numpy nor pandas.
 """
 

@@ -1,4 +1,5 @@
-"""Step numbers as text: the --steps argument (`3-5,7`) and ranges in messages (`0-2, 5`).
+"""Step numbers as text: the --steps argument (`3-5,7`) and ranges in messages (`0-2, 5`); the
+analysis commands' other argument types.
 Without pandas: the command reads --steps before it imports it (analysis.ingest.parse_ahead)."""
 
 from __future__ import annotations
@@ -67,3 +68,11 @@ def positive_number(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise ArgumentTypeError(f"must be a positive number: {text!r}")
     return value
+
+
+def regex_argument(text: str) -> re.Pattern:
+    """A regular expression argument (--comm-kernel), compiled."""
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise ArgumentTypeError(f"not a regular expression: {text!r} ({exc})") from None

@@ -10,9 +10,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.model import StepsEnded
-from analysis.core.step_spec import format_ranges, parse_step_spec  # noqa: F401  (re-exported)
+from analysis.core.step_spec import format_ranges
 
 WHOLE_TRACE_STEP = -1  # the step number of the one window of a trace without ProfilerStep
+# The tracer's step 0 holds the script's set-up (process group start, DDP's first broadcast and
+# bucket rebuild): its records are set-up, never a training step's, which count from step 1.
+FIRST_TRAINING_STEP = 1
 
 # A last step this far from the median of the others is taken as unfinished or not a training
 # step (a crash mid-step, evaluation after training) in a trace without the tracer's records.

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import dag
-from analysis.core.dag import PATH_COLUMNS, PATH_STEP_COLUMNS, SEGMENT_COLUMNS  # noqa: F401
+from analysis.core.contracts import CriticalPath, CrossRank
+from analysis.core.dag import PATH_COLUMNS, SEGMENT_COLUMNS
 from analysis.crossrank import step_graph, what_if, what_if_idle, what_if_pipeline
 from analysis.crossrank.grouped import group_starts
 from analysis.crossrank.step_graph import (
@@ -133,18 +134,18 @@ def _path_starts(graph: StepGraph, chosen: np.ndarray, ends: np.ndarray) -> np.n
         current = np.where(previous >= 0, previous, current)
 
 
-def analyse(cross: dict, steps: pd.DataFrame | None = None,
+def analyse(cross: CrossRank, steps: pd.DataFrame | None = None,
             busbw_gbps: float | None = None, idle_gaps: pd.DataFrame | None = None,
-            profiled: pd.DataFrame | None = None) -> dict:
+            profiled: pd.DataFrame | None = None) -> CriticalPath:
     """The critical path and what-if answers of a cross-rank result (analysis.crossrank's
     `ops`, `clock`, `pipeline_schedule` and `kineto_shift_ns`); `steps`: each rank's steps
-    (rank, step, start_ns, end_ns, own clock; default cross["steps"]); `busbw_gbps`: also
+    (rank, step, start_ns, end_ns, own clock; default cross.steps); `busbw_gbps`: also
     answer "each collective at this bus bandwidth"; `idle_gaps`: the ranks' idle gaps
     (analysis.rank.idle: rank, step, start_ns, end_ns on each rank's Kineto clock,
     host_activity), for "no gaps of this cause"; `profiled`: the (rank, step) rows whose gaps
     are known (default: those the gaps have)."""
-    steps = cross.get("steps") if steps is None else steps
-    ops = cross.get("ops")
+    steps = cross.steps if steps is None else steps
+    ops = cross.ops
     if ops is None or steps is None or ops.empty or steps.empty:
         return dag.no_critical_path()
     if "timed" in ops.columns and not ops["timed"].all():
@@ -153,26 +154,19 @@ def analyse(cross: dict, steps: pd.DataFrame | None = None,
         untimed = ~ops["timed"].astype(bool)
         ops = ops.assign(end_ns=ops["end_ns"].where(
             ~untimed, ops[["end_ns", "last_arrival_ns"]].max(axis=1)))
-    graph = step_graph.build(ops, step_graph.steps_on_common_clock(steps, cross["clock"]))
+    graph = step_graph.build(ops, step_graph.steps_on_common_clock(steps, cross.clock))
     path, summary, segments = trace_paths(graph)
     # Each step's own path, from its ranks' starts; the what-ifs carry a change into the steps
     # after it.
     graph = step_graph.chained(graph)
-    schedule = cross.get("pipeline_schedule")
-    gaps = what_if_idle.gaps_on_common_clock(idle_gaps, cross["clock"],
-                                             cross.get("kineto_shift_ns"))
+    schedule = cross.pipeline_schedule
+    gaps = what_if_idle.gaps_on_common_clock(idle_gaps, cross.clock,
+                                             cross.kineto_shift_ns)
     more = (what_if_pipeline.bubble_changes(graph, schedule)
             + what_if_idle.idle_changes(graph, gaps, profiled))
     answers = what_if.answers(graph, busbw_gbps, more)
     if len(graph.steps):
         answers = what_if.ordered(answers + what_if_pipeline.microbatch_answers(
             graph, schedule, answers, what_if.measured_step_ms(graph)))
-    return {"critical_path": path, "critical_path_steps": summary,
-            "critical_path_segments": segments, "what_if": answers}
-
-
-def to_json(result: dict) -> dict:
-    """{"critical_path": [{step, rank, category, ms}], "what_if": [...]}, ms to the µs."""
-    rows = [{"step": int(r.step), "rank": int(r.rank), "category": r.category,
-             "ms": round(float(r.ms), 3)} for r in result["critical_path"].itertuples()]
-    return {"critical_path": rows, "what_if": result["what_if"]}
+    return CriticalPath(critical_path=path, critical_path_steps=summary,
+                        critical_path_segments=segments, what_if=answers)

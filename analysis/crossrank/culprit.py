@@ -17,7 +17,7 @@ import pandas as pd
 
 from analysis.core import intervals
 from analysis.crossrank.blame import blame
-from analysis.rank.comm.ops import size_bucket
+from analysis.rank.comm.comm_ops import size_bucket
 
 STRAGGLER_COLUMNS = ["rank", "caused_wait_ms_per_step", "share_pct", "clean_steps",
                      "top_steps", "chance", "steady", "significant", "material", "fires",

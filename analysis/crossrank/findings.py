@@ -3,46 +3,41 @@ rank R", exposed transfer (exposed communication without the waiting for peers),
 bubble per stage against the schedule's theory.
 
 Each function takes the analysed per-step rows of analysis.findings.bottlenecks and the result of
-`analysis.crossrank.cross_rank`, and returns finding dicts (bottlenecks.FINDING_COLUMNS).
+`analysis.crossrank.cross_rank` (a CrossRank), and returns Findings (analysis.core.contracts).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from analysis.core.contracts import CrossRank, Finding
 from analysis.crossrank.clock import COLLECTIVES, NONE
 from analysis.crossrank.culprit import MIN_SHARE_PCT, steps_needed
 
 
-def matched(result: dict | None) -> bool:
+def matched(result: CrossRank | None) -> bool:
     """Whether the cross-rank pass matched any op: its findings then replace the per-rank ones."""
-    return result is not None and "ops" in result and len(result["ops"]) > 0
+    return result is not None and result.matched()
 
 
-def finding_row(name, share, evidence, suggestion, ranks) -> dict:
-    """One finding (analysis.findings.bottlenecks.FINDING_COLUMNS)."""
-    return {"finding": name, "share_pct": float(share), "evidence": evidence,
-            "suggestion": suggestion, "ranks": ranks}
-
-
-def peer_wait_ns(steps: pd.DataFrame, result: dict) -> pd.Series:
+def peer_wait_ns(steps: pd.DataFrame, result: CrossRank) -> pd.Series:
     """wait_for_peers per analysed (rank, step) row of `steps`, in ns (0 where none)."""
-    waits = result["waits"][["rank", "step", "wait_for_peers_ms"]]
+    waits = result.waits[["rank", "step", "wait_for_peers_ms"]]
     keyed = steps[["rank", "step"]].astype("int64").merge(
         waits.astype({"rank": "int64", "step": "int64"}), on=["rank", "step"], how="left")
     return keyed["wait_for_peers_ms"].fillna(0).to_numpy() * 1e6
 
 
-def exposed_transfer_ns(steps: pd.DataFrame, result: dict) -> pd.Series:
+def exposed_transfer_ns(steps: pd.DataFrame, result: CrossRank) -> pd.Series:
     """Exposed communication minus the time spent waiting for peers, per analysed row: a rank
     waiting for a late peer computes nothing, so that wait is exposed; the rest is transfer."""
     exposed = steps["exposed_comm_ns"].fillna(0).to_numpy()
     return pd.Series((exposed - peer_wait_ns(steps, result)).clip(min=0), index=steps.index)
 
 
-def ranks_wait_for(steps: pd.DataFrame, result: dict) -> list:
+def ranks_wait_for(steps: pd.DataFrame, result: CrossRank) -> list[Finding]:
     """One finding per rank that passes the straggler threshold (docs/cross-rank.md)."""
-    stragglers = result["stragglers"]
+    stragglers = result.stragglers
     if stragglers.empty:
         return []
     findings = []
@@ -55,20 +50,20 @@ def ranks_wait_for(steps: pd.DataFrame, result: dict) -> list:
         evidence = (f"The other ranks wait {row['caused_wait_ms_per_step']:.2f} ms per step for "
                     f"rank {rank} ({row['share_pct']:.1f}% of the ranks' step time), in "
                     f"{collectives}. {doing}")
-        victims = sorted(set(int(r) for r in result["ops"]["rank"]) - {rank})
-        findings.append(finding_row(f"ranks wait for rank {rank}", row["share_pct"], evidence,
-                                 suggestion, ", ".join(str(r) for r in victims) or str(rank)))
+        victims = sorted(set(int(r) for r in result.ops["rank"]) - {rank})
+        findings.append(Finding(f"ranks wait for rank {rank}", float(row["share_pct"]),
+                                evidence, suggestion,
+                                ", ".join(str(r) for r in victims) or str(rank)))
     return findings
 
 
-def too_few_steps(result: dict) -> list:
-    """A note per rank that arrived last in every clean step, in too few steps to be named:
-    finding-shaped rows with "kind" "note", the cross-rank result's `notes` (never a finding:
-    a note names no bottleneck and is not ranked with the findings)."""
-    stragglers = result["stragglers"]
-    if stragglers.empty or "too_few_steps" not in stragglers or result["ops"].empty:
+def too_few_steps(stragglers: pd.DataFrame, ops: pd.DataFrame) -> list[Finding]:
+    """A note per rank that arrived last in every clean step, in too few steps to be named
+    (`stragglers` and `ops`: the pass's): the cross-rank result's `notes` (never a finding: a
+    note names no bottleneck and is not ranked with the findings)."""
+    if stragglers.empty or "too_few_steps" not in stragglers or ops.empty:
         return []
-    members = len(set(int(r) for r in result["ops"]["rank"]))
+    members = len(set(int(r) for r in ops["rank"]))
     needed = steps_needed(members)
     notes = []
     for row in stragglers[stragglers["too_few_steps"].astype(bool)].to_dict("records"):
@@ -81,14 +76,13 @@ def too_few_steps(result: dict) -> list:
         suggestion = (f"Record at least {needed + 1} steps with matched collectives: the "
                       f"tracer's comm records hold every step's (DDP's buckets too, unless "
                       f"--no-flight-recorder or --no-comms), or trace a longer profiler window "
-                      f"(--active {needed + 1}) or more windows (--repeat).")
-        notes.append({**finding_row(f"too few steps to name rank {rank} late",
-                                    row["share_pct"], evidence, suggestion, str(rank)),
-                      "kind": "note"})
+                      f"(--active {needed + 1}) or more windows (--windows).")
+        notes.append(Finding(f"too few steps to name rank {rank} late", float(row["share_pct"]),
+                             evidence, suggestion, str(rank), note=True))
     return notes
 
 
-def clock_notes(clock: pd.DataFrame, unplaced: pd.DataFrame) -> list:
+def clock_notes(clock: pd.DataFrame, unplaced: pd.DataFrame) -> list[Finding]:
     """Notes on the clock (docs/cross-rank.md, "One clock"): a rank whose clock is not known
     while it met others in collectives (`unplaced`: those ops), and a rank whose clock_sync the
     collectives contradict (its estimate is used)."""
@@ -108,8 +102,8 @@ def clock_notes(clock: pd.DataFrame, unplaced: pd.DataFrame) -> list:
                       "collectives, which place each rank's clock; and check why the tracer "
                       "recorded no clock_sync (it is measured right after init_process_group; "
                       "its error line says why it was not).")
-        notes.append({**finding_row(f"clock of rank(s) {named} unknown", float("nan"), evidence,
-                                    suggestion, named), "kind": "note"})
+        notes.append(Finding(f"clock of rank(s) {named} unknown", evidence=evidence,
+                             suggestion=suggestion, ranks=named, note=True))
     rejected = by_rank[(by_rank["source"] == COLLECTIVES)
                        & by_rank["clock_sync_offset_ns"].notna()]
     for rank, row in rejected.iterrows():
@@ -124,9 +118,9 @@ def clock_notes(clock: pd.DataFrame, unplaced: pd.DataFrame) -> list:
         suggestion = ("A clock that stepped or drifted after clock_sync was measured (NTP "
                       "adjusting it during a long job), or a sync that went wrong: check the "
                       "hosts' time synchronisation (chronyc tracking, timedatectl).")
-        notes.append({**finding_row(f"clock_sync of rank {rank} disagrees with its collectives",
-                                    float("nan"), evidence, suggestion, str(rank)),
-                      "kind": "note"})
+        notes.append(Finding(f"clock_sync of rank {rank} disagrees with its collectives",
+                             evidence=evidence, suggestion=suggestion, ranks=str(rank),
+                             note=True))
     return notes
 
 
@@ -156,10 +150,10 @@ def _what_it_did(rank: int, evidence: dict) -> tuple[str, str]:
                    f"other ranks' (a slow kernel, a larger input). ") + base
 
 
-def pipeline_stages(result: dict) -> list:
+def pipeline_stages(result: CrossRank) -> list[Finding]:
     """The pipeline bubble per stage, measured against the schedule's theory, naming the stage
     that holds the others back (docs/cross-rank.md, "Pipeline bubbles")."""
-    table = result.get("pipeline")
+    table = result.pipeline
     if table is None or table.empty:
         return []
     per = table.set_index("rank")
@@ -182,5 +176,5 @@ def pipeline_stages(result: dict) -> list:
                      f" ms per step for rank {holder}'s sends.")
         suggestion = (f"Rank {holder}'s stage holds the others back: move layers off it to balance "
                       f"the stages. " + suggestion)
-    return [finding_row("pipeline bubble", share, evidence, suggestion,
-                     ", ".join(str(int(r)) for r in per.index))]
+    return [Finding("pipeline bubble", share, evidence, suggestion,
+                    ", ".join(str(int(r)) for r in per.index))]

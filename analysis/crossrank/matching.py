@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
-from analysis.core.steps import format_ranges
+from analysis.core.step_spec import format_ranges
 from analysis.crossrank.grouped import group_starts
 
 MISMATCH_COLUMNS = ["pg", "step", "position", "problem", "ranks", "missing_ranks"]

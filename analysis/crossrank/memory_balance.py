@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from analysis.rank.memory_figures import RankMemory
+from analysis.core.contracts import RankMemory
 from tracer import schema
 
 

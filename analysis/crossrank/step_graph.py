@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
-from analysis.core.dag import NEVER, latest_predecessor, propagate  # noqa: F401  (propagate: re-exported)
+from analysis.core.dag import NEVER, latest_predecessor
 from analysis.core.dag import by_level as _by_level
 from analysis.crossrank.clock import to_common_clock
 from analysis.crossrank.grouped import cummax_by_group, group_starts

@@ -13,8 +13,11 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
+from analysis.core.contracts import Breakdown, CrossRank
 from analysis.crossrank.grouped import cummax_by_group, group_starts, union_lengths
-from analysis.rank.comm.ops import size_bucket
+from analysis.rank.comm.comm_ops import size_bucket
+from analysis.rank.idle import idle_summary, label_peer_waits
+from analysis.rank.step_breakdown import rank_totals
 from tracer import schema
 
 WAITS_COLUMNS = ["rank", "step", "wait_for_peers_ms", "transfer_ms", "queued_ms", "ops"]
@@ -184,17 +187,17 @@ def transfer_intervals(waits: pd.DataFrame, clock: pd.DataFrame) -> pd.DataFrame
                          "end_ns": own_end})
 
 
-def wait_windows(result: dict) -> pd.DataFrame:
+def wait_windows(result: CrossRank) -> pd.DataFrame:
     """Each op's waiting for peers as [arrival, arrival + wait_for_peers) on its rank's Kineto
     clock (rank, step, start_ns, end_ns), ops that waited only: the windows idle gaps are
     compared with (docs/definitions.md, "Idle gaps")."""
-    ops = result.get("ops")
+    ops = result.ops
     if ops is None or ops.empty:
         return pd.DataFrame({c: pd.Series(dtype="int64")
                              for c in ("rank", "step", "start_ns", "end_ns")})
     waited = ops[ops["wait_ns"] > 0]
-    start = _on_own_clock(waited, waited["arrival_ns"].to_numpy(), result["clock"])
-    shift = waited["rank"].map(result.get("kineto_shift_ns", {})).fillna(0).to_numpy("int64")
+    start = _on_own_clock(waited, waited["arrival_ns"].to_numpy(), result.clock)
+    shift = waited["rank"].map(result.kineto_shift_ns).fillna(0).to_numpy("int64")
     start = start + shift
     return pd.DataFrame({"rank": waited["rank"].to_numpy("int64"),
                          "step": waited["step"].to_numpy("int64"), "start_ns": start,
@@ -221,3 +224,21 @@ def split_communication(per_step: pd.DataFrame, waits: pd.DataFrame | None) -> p
     frame["transfer_ns"] = comm - waiting
     frame["peer_wait_ns"] = waiting
     return frame
+
+
+def with_waits(per_step: pd.DataFrame, recorded: pd.DataFrame | None, idle_gaps: pd.DataFrame,
+               cross: CrossRank | None) -> Breakdown:
+    """The breakdown with the cross-rank waits applied, in one step: the profiled rows
+    (`per_step`) and the recorded steps no window holds (`recorded`: rank.step_breakdown.
+    record_step_rows, or None) with their communication split into transfer and waiting for
+    peers (split_communication), the idle gaps inside a wait labelled waiting_for_peers
+    (rank.idle.label_peer_waits), and the totals and idle summary of those. Without the pass
+    (`cross` None) the split is unknown (NaN) and the gaps keep their labels."""
+    waits = cross.waits if cross is not None else None
+    split = split_communication(per_step, waits)
+    analysed = split
+    if recorded is not None and len(recorded):
+        analysed = pd.concat([split, split_communication(recorded, waits)], ignore_index=True)
+    gaps = label_peer_waits(idle_gaps, wait_windows(cross)) if cross is not None else idle_gaps
+    return Breakdown(per_step=split, analysed=analysed, idle_gaps=gaps,
+                     totals=rank_totals(split), idle=idle_summary(gaps))

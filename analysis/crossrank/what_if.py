@@ -23,8 +23,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
-from analysis.crossrank.step_graph import END_OF_OP, ISSUE, StepGraph, propagate
-from analysis.rank.comm.ops import size_bucket
+from analysis.core.dag import propagate
+from analysis.crossrank.step_graph import END_OF_OP, ISSUE, StepGraph
+from analysis.rank.comm.comm_ops import size_bucket
 from tracer import schema
 
 WHAT_IF_KEYS = ["change", "kind", "ranks", "saved_ms_per_step", "predicted_step_ms",

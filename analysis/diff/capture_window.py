@@ -1,14 +1,14 @@
-"""A capture window (analysis.ingest.captures) against the run's default window: the two sides
-of `python -m analysis.diff RUN --capture N`, which compares what the slow steps spent their time
-on with what the healthy start did (A: the fixed schedule's first window, B: the captured one,
-both of the same run; docs/diff.md, Capture windows).
+"""A capture window (analysis.ingest.capture_records) against the run's default window: the two
+sides of `python -m analysis.diff RUN --capture N`, which compares what the slow steps spent
+their time on with what the healthy start did (A: the fixed schedule's first window, B: the
+captured one, both of the same run; docs/diff.md, Capture windows).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.core.steps import format_ranges
+from analysis.core.step_spec import format_ranges
 from analysis.diff.side import Side, load_side
 from analysis.ingest.records import read_records, record_ranks
 from tracer import schema
@@ -32,13 +32,16 @@ def _config(run_dir: Path) -> dict:
 
 
 def capture_sides(run_dir: Path, capture: dict, baseline_steps: list[int] | None = None,
-                  use_cache: bool = True, jobs: int | None = None) -> tuple[Side, Side]:
+                  use_cache: bool = True, jobs: int | None = None,
+                  comm_kernels: tuple = ()) -> tuple[Side, Side]:
     """(A, B): the run's `baseline_steps` (default: the fixed schedule's first window) and the
-    steps of `capture` (one entry of analysis.ingest.captures.group_captures), each side's path
-    saying which steps it holds."""
+    steps of `capture` (one entry of analysis.ingest.capture_records.group_captures), each
+    side's path saying which steps it holds."""
     baseline = baseline_steps or fixed_window_steps(_config(run_dir))
-    a = load_side(run_dir, baseline, use_cache=use_cache, jobs=jobs)
-    b = load_side(run_dir, list(capture["steps"]), use_cache=use_cache, jobs=jobs)
+    a = load_side(run_dir, baseline, use_cache=use_cache, jobs=jobs,
+                  comm_kernels=comm_kernels)
+    b = load_side(run_dir, list(capture["steps"]), use_cache=use_cache, jobs=jobs,
+                  comm_kernels=comm_kernels)
     a.path = f"{run_dir}, steps {format_ranges(baseline)}" + (
         "" if baseline_steps else " (the profiler's first fixed window)")
     b.path = f"{run_dir}, steps {format_ranges(capture['steps'])} ({capture_label(capture)})"

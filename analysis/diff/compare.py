@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.diff import ops as diff_ops
+from analysis.diff import operators as diff_ops
 from analysis.diff import side as diff_side
 from analysis.diff import stats as diff_stats
 

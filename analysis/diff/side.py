@@ -10,23 +10,22 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.model import UNKNOWN_RANK
-from analysis.crossrank.report import MS, rank_bars
-from analysis.diff import ops as diff_ops
+from analysis.core.steps import FIRST_TRAINING_STEP
+from analysis.crossrank.report_tables import MS, rank_bars
+from analysis.diff import operators as diff_ops
 from analysis.findings import bottlenecks
-from analysis.ingest.load import load_files
+from analysis.ingest.load import LoadOptions
 from analysis.ingest.runs import resolve
 from analysis.rank import pipeline_schedule
-from analysis.rank.comm.ops import size_bucket
-from analysis.rank.summary import rank_tables
-from analysis.run import Run
+from analysis.rank.comm.comm_ops import size_bucket
+from analysis.run.analysed_run import Run
+from analysis.run.loading import load_run
 from tracer import schema
 
 CATEGORIES = ["compute", "overlap", "transfer", "waiting", "comm", "memcpy", "idle"]
 RESOURCE_PEAKS = ["peak_allocated_bytes", "peak_reserved_bytes", "peak_device_used_bytes",
                   "peak_rss_bytes"]
 RESOURCE_MEANS = ["sm_util_pct", "cpu_process_pct"]
-# Step 0 of the tracer's records holds the script's set-up (process group, first broadcast).
-FIRST_TRAINING_STEP = 1
 
 
 @dataclass
@@ -41,14 +40,14 @@ class Side:
 
 
 def load_side(path: Path, steps: list[int] | None, use_cache: bool = True,
-              jobs: int | None = None) -> Side:
+              jobs: int | None = None, comm_kernels: tuple = ()) -> Side:
     """A run folder is one run; a folder of runs is every run in it, taken as repeats of one
     configuration. Raises analysis.ingest.runs.NothingToAnalyse when `path` holds no trace."""
     resolved = resolve([path], all_runs=True)
     side = Side(path=str(path), runs=[], steps=steps, notes=resolved.notes)
     for run_dir, files in resolved.runs:
-        loaded = load_files(files, run_dir, steps=steps, use_cache=use_cache, jobs=jobs,
-                            reduce_rank=rank_tables)
+        loaded = load_run(files, run_dir, LoadOptions(steps=steps, use_cache=use_cache,
+                                                      jobs=jobs, comm_kernels=comm_kernels))
         where = run_dir if run_dir is not None else path
         run = Run(loaded, name=where.name or str(where), path=str(where),
                   steps_spec=",".join(map(str, steps)) if steps else None)
@@ -92,7 +91,7 @@ def step_times(side: Side) -> pd.DataFrame:
 def categories(side: Side) -> pd.DataFrame:
     """rank, steps and the mean ms per step of each category, over the side's runs (weighted
     by their steps). Transfer and waiting split the exposed communication where the cross-rank
-    pass has waits (analysis.crossrank.report.rank_bars); `comm` is the unsplit part. Waiting
+    pass has waits (analysis.crossrank.report_tables.rank_bars); `comm` is the unsplit part. Waiting
     for peers is the mean over every analysed step (docs/definitions.md, "Analysed steps"); the
     kernel-level parts over the profiled ones; `steps` counts the analysed steps."""
     frames = []
@@ -100,11 +99,11 @@ def categories(side: Side) -> pd.DataFrame:
         per_step = run.breakdown
         if per_step.empty:
             continue
-        waits = cross["waits"] if cross is not None else None
+        waits = cross.waits if cross is not None else None
         bars = rank_bars(per_step, waits if waits is not None and len(waits) else None)
         bars = bars.merge(per_step.groupby("rank").size().rename("steps").reset_index())
         bars["wait_steps"] = bars["steps"]
-        analysed = run.report.tables.get("per_step")
+        analysed = run.report.step_rows
         if "waiting" in bars and analysed is not None and "peer_wait_ns" in analysed:
             waited = analysed.dropna(subset=["peer_wait_ns"]).groupby("rank")["peer_wait_ns"]
             every = pd.DataFrame({"waiting": waited.mean() / MS, "wait_steps": waited.size()})
@@ -211,7 +210,7 @@ def findings(side: Side) -> pd.DataFrame:
     for run, cross in zip(side.runs, side.cross):
         if run.findings is not None and len(run.findings):
             frames.append(run.findings[["finding", "share_pct", "ranks", "evidence"]])
-        stragglers = cross["stragglers"] if cross is not None else None
+        stragglers = cross.stragglers if cross is not None else None
         if stragglers is not None and len(stragglers):
             fired = stragglers[stragglers["fires"].astype(bool)]
             frames.append(pd.DataFrame({
@@ -232,8 +231,8 @@ def pipeline(side: Side) -> pd.DataFrame:
     """rank, measured_bubble_pct, theory_bubble_pct, recv_wait_pct per stage (the cross-rank
     pass's pipeline table), the mean over runs."""
     columns = ["rank", "measured_bubble_pct", "theory_bubble_pct", "recv_wait_pct"]
-    frames = [c["pipeline"][columns] for c in side.cross
-              if c is not None and len(c["pipeline"])]
+    frames = [c.pipeline[columns] for c in side.cross
+              if c is not None and len(c.pipeline)]
     if not frames:
         return pd.DataFrame(columns=columns)
     frame = pd.concat(frames, ignore_index=True)
@@ -248,10 +247,10 @@ def critical_path(side: Side) -> pd.DataFrame:
     parts, steps = [], 0
     for run in side.runs:
         critical = run.critical
-        if critical is None or critical["critical_path_steps"].empty:
+        if critical is None or critical.critical_path_steps.empty:
             continue
-        steps += len(critical["critical_path_steps"])
-        parts.append(critical["critical_path"][["rank", "category", "ms"]])
+        steps += len(critical.critical_path_steps)
+        parts.append(critical.critical_path[["rank", "category", "ms"]])
     if not parts:
         return pd.DataFrame(columns=["rank", "category", "ms"])
     frame = pd.concat(parts, ignore_index=True)

@@ -12,12 +12,14 @@ analysis.findings.notes', never ranked here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS
+from analysis.core.contracts import FINDING_COLUMNS, CrossRank, Finding
 from analysis.crossrank import findings as cross_findings
 from analysis.findings.advice import (
     bubble_suggestion,
@@ -37,30 +39,20 @@ from analysis.findings.inputs import (
 )
 from analysis.findings.labels import (
     collective_text,
-    group_label,  # noqa: F401 (the findings' group label, as the tests read it)
     issuer_of,
     ms,
     rank_list,
     run_kind,
 )
 from analysis.findings.notes import ALONE, ranks_alone
-from analysis.findings.resources import (  # noqa: F401 (thresholds of the resource findings)
-    BUSBW_FLOOR_GBPS,
-    FRAGMENTATION_PCT,
-    LARGE_MESSAGE_BYTES,
-    MEMORY_NEAR_CAPACITY_PCT,
-    MIN_BANDWIDTH_SHARE_PCT,
-    PEER_BUSBW_FRACTION,
+from analysis.findings.resource_findings import (
     TOP_COLLECTIVES,
     _low_bus_bandwidth,
     _memory_near_capacity,
 )
-from analysis.rank import pipeline_schedule
-from analysis.rank import summary as rank_summary
+from analysis.rank import issuers, pipeline_schedule
 from analysis.rank.idle_activity import idle_by_activity
 
-FINDING_COLUMNS = ["finding", "share_pct", "evidence", "suggestion", "ranks", "ms_per_step"]
-_finding = cross_findings.finding_row
 _ms = ms
 
 # ---- thresholds (docs/report.md explains each) ---------------------------------------------------
@@ -78,7 +70,7 @@ def _empty() -> pd.DataFrame:
 
 
 def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
-                     cross_rank: dict | None = None) -> pd.DataFrame:
+                     cross_rank: CrossRank | None = None) -> pd.DataFrame:
     """Findings that apply, "ranks train alone" first, then largest share of step time first;
     an empty frame when none does, and always for a run without analysed steps.
 
@@ -112,7 +104,7 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     findings = [
         *alone,
         *sampled(_exposed_communication(profiled, collectives, pipeline,
-                                        rank_summary.ddp_accumulation(traces),
+                                        issuers.run_ddp_accumulation(traces),
                                         transfer_only=crossed)),
         *sampled(_device_idle(profiled, idle_gaps, device)),
         *(waited := cross_findings.ranks_wait_for(steps, cross_rank) if crossed else []),
@@ -127,7 +119,7 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     ]
     if not findings:
         return _empty()
-    table = pd.DataFrame(findings, columns=FINDING_COLUMNS)
+    table = pd.DataFrame([f.finding_row() for f in findings], columns=FINDING_COLUMNS)
     table["share_pct"] = table["share_pct"].astype("float64")
     table["ms_per_step"] = table["share_pct"] / 100 * floats(steps, "step_ns").mean() / 1e6
     first = (table["finding"] == ALONE).to_numpy()
@@ -144,12 +136,12 @@ def _measured_in(profiled: pd.DataFrame, analysed: pd.DataFrame):
 
     few, every = counted(profiled), counted(analysed)
 
-    def mark(findings: list) -> list:
+    def mark(findings: list[Finding]) -> list[Finding]:
         if few == every:
             return findings
         said = (f" (Measured in the {few} profiled of the {every} analysed rank-steps; the "
                 f"share is applied to the analysed steps' mean step.)")
-        return [{**f, "evidence": f["evidence"] + said} for f in findings]
+        return [dataclasses.replace(f, evidence=f.evidence + said) for f in findings]
     return mark
 
 
@@ -225,7 +217,7 @@ def _exposed_communication(steps: pd.DataFrame, collectives: pd.DataFrame, pipel
             suggestion += small_message_hint(issuer, buckets)
     ranks = rank_list(steps["rank"].to_numpy()[exposed_ns > 0])
     name = "exposed transfer" if transfer_only else "exposed communication"
-    return [_finding(name, share, evidence, suggestion, ranks)]
+    return [Finding(name, share, evidence, suggestion, ranks)]
 
 
 # ---- device idle by host activity ---------------------------------------------------------------
@@ -257,7 +249,7 @@ def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu"
                     f"average ({share:.1f}% of step time) in {row.gaps} gaps while the host "
                     f"was {doing}; the longest gap was {_ms(row.longest_ns)} on rank "
                     f"{int(row.longest_rank)}, step {int(row.longest_step)}.")
-        findings.append(_finding(f"{name}: {label}", share, evidence, suggestion,
+        findings.append(Finding(f"{name}: {label}", share, evidence, suggestion,
                                  rank_list(heavy if len(heavy) else ranks["rank"])))
     return findings
 
@@ -322,12 +314,12 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
         if pipeline:
             suggestion += (f" In a pipeline, move layers off rank {top_rank}'s stage to "
                            f"balance the stages.")
-        return [_finding(f"straggler: rank {top_rank}", share, evidence, suggestion,
+        return [Finding(f"straggler: rank {top_rank}", share, evidence, suggestion,
                          str(top_rank))]
     suggestion = imbalance_suggestion(variable_inputs)
     if pipeline:
         suggestion += " In a pipeline, rebalance layers so each stage does equal work."
-    return [_finding("load imbalance across ranks", share, evidence, suggestion,
+    return [Finding("load imbalance across ranks", share, evidence, suggestion,
                      rank_list(timed["rank"]))]
 
 
@@ -349,7 +341,7 @@ def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool
                 f"per step on average ({share:.1f}% of step time; per rank: {listed}), and no "
                 f"rank is late often enough to be named.")
     waiting = per_rank[per_rank > 0].index
-    return [_finding("waiting for peers", share, evidence, imbalance_suggestion(variable_inputs),
+    return [Finding("waiting for peers", share, evidence, imbalance_suggestion(variable_inputs),
                      rank_list(waiting if len(waiting) else per_rank.index))]
 
 
@@ -386,6 +378,6 @@ def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool, schedule) -> list:
         suggestion += (f" Stages are uneven (bubble {bubble.min():.1f}% to {bubble.max():.1f}%): "
                        f"move layers from rank {int(bubble.idxmin())} towards rank "
                        f"{int(bubble.idxmax())}.")
-    return [_finding("pipeline bubble", share, evidence, suggestion, rank_list(bubble.index))]
+    return [Finding("pipeline bubble", share, evidence, suggestion, rank_list(bubble.index))]
 
 

@@ -7,9 +7,10 @@ import math
 
 import pandas as pd
 
-from analysis.core.steps import format_ranges
+from analysis.core.comm_names import UNKNOWN_PG
+from analysis.core.step_spec import format_ranges
 from analysis.rank import issuers
-from analysis.rank.comm.ops import UNKNOWN_BUCKET, UNKNOWN_PG
+from analysis.rank.comm.comm_ops import UNKNOWN_BUCKET
 
 
 def rank_list(ranks) -> str:

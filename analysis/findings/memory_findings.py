@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 
-from analysis.crossrank.findings import finding_row
+import pandas as pd
+
+from analysis.core.contracts import FINDING_COLUMNS, MEASURE_CUDA, Finding, RankMemory
 from analysis.crossrank.memory_balance import category_differences, median_rank
 from analysis.findings.labels import rank_list
-from analysis.rank.memory_figures import MEASURE_CUDA, RankMemory
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -56,13 +57,6 @@ NO_CATEGORIES = (" Run with --profile-memory to see which kind of tensor makes t
                  "(parameters, gradients, optimizer state, activations).")
 
 
-HEADLINE = "headline"  # a memory finding's clause of the verdict's memory line
-
-
-def _headed(row: dict, headline: str) -> dict:
-    return {**row, HEADLINE: headline}
-
-
 def _ranks(figures: list[RankMemory]) -> str:
     return rank_list(f.rank for f in figures)
 
@@ -91,7 +85,7 @@ def _growth_advice(figure: RankMemory) -> str:
                                             else ""))
 
 
-def memory_grows(figures: list[RankMemory]) -> list[dict]:
+def memory_grows(figures: list[RankMemory]) -> list[Finding]:
     """One finding per rank whose memory grows steadily (analysis.rank.memory_growth)."""
     findings = []
     for figure in figures:
@@ -112,8 +106,8 @@ def memory_grows(figures: list[RankMemory]) -> list[dict]:
                     f"from step {figure.growth_from_step}"
                     + (f", full at step {figure.full_at_step}"
                        if figure.full_at_step is not None else ""))
-        findings.append(_headed(finding_row(GROWS, math.nan, evidence, _growth_advice(figure),
-                                            str(figure.rank)), headline))
+        findings.append(Finding(GROWS, math.nan, evidence, _growth_advice(figure), str(figure.rank),
+                                headline=headline))
     return findings
 
 
@@ -136,7 +130,7 @@ def _difference_text(figure: RankMemory, median: RankMemory) -> tuple[str, str]:
 
 
 def memory_imbalance(figures: list[RankMemory], stages: dict[int, int] | None = None
-                     ) -> list[dict]:
+                     ) -> list[Finding]:
     """One finding per rank whose peak exceeds the median rank's by IMBALANCE_MIN_PCT and
     IMBALANCE_MIN_BYTES; `stages`: rank -> pipeline stage, where the run is a pipeline."""
     median = median_rank(figures)
@@ -157,8 +151,8 @@ def memory_imbalance(figures: list[RankMemory], stages: dict[int, int] | None = 
                     f"+{above / median.peak_bytes * 100:.0f}%){what}{stage}.")
         headline = (f"rank {figure.rank} peaks {mib(above)} above the median rank "
                     f"(rank {median.rank})")
-        findings.append(_headed(finding_row(IMBALANCE, math.nan, evidence, advice,
-                                            str(figure.rank)), headline))
+        findings.append(Finding(IMBALANCE, math.nan, evidence, advice, str(figure.rank),
+                                headline=headline))
     return findings
 
 
@@ -169,7 +163,7 @@ def _fullest_category(figure: RankMemory) -> str | None:
     return name if size > 0 else None
 
 
-def memory_near_full(figures: list[RankMemory]) -> list[dict]:
+def memory_near_full(figures: list[RankMemory]) -> list[Finding]:
     """Ranks whose device is more than MEMORY_FULL_PCT full at the peak (reserved memory, else
     allocated): one finding naming them, the fullest first."""
     full = sorted((f for f in figures if f.headroom_pct == f.headroom_pct
@@ -192,11 +186,10 @@ def memory_near_full(figures: list[RankMemory]) -> list[dict]:
                   "checkpointing, a smaller micro-batch with gradient accumulation, bf16, or "
                   "sharded optimizer state (FSDP/ZeRO)." + NO_CATEGORIES)
     headline = f"rank {worst.rank}'s device is {100 - worst.headroom_pct:.1f}% full"
-    return [_headed(finding_row(NEAR_FULL, math.nan, evidence, advice,
-                                _ranks(full)), headline)]
+    return [Finding(NEAR_FULL, math.nan, evidence, advice, _ranks(full), headline=headline)]
 
 
-def allocator_fragmentation(figures: list[RankMemory]) -> list[dict]:
+def allocator_fragmentation(figures: list[RankMemory]) -> list[Finding]:
     """Ranks whose allocator reserves more than FRAGMENTATION_PCT of the device above what it
     allocates at the peak (CUDA)."""
     loose = [f for f in figures if f.reserved_bytes == f.reserved_bytes
@@ -217,20 +210,33 @@ def allocator_fragmentation(figures: list[RankMemory]) -> list[dict]:
               "torch.cuda.empty_cache() in the loop and allocations whose sizes change every "
               "step.")
     headline = f"rank {worst.rank}'s allocator holds {mib(gap)} reserved but unused"
-    return [_headed(finding_row(FRAGMENTED, math.nan, evidence, advice, _ranks(loose)),
-                    headline)]
+    return [Finding(FRAGMENTED, math.nan, evidence, advice, _ranks(loose), headline=headline)]
 
 
 def memory_findings(figures: list[RankMemory], stages: dict[int, int] | None = None
-                    ) -> list[dict]:
+                    ) -> list[Finding]:
     """Every memory finding, in the module doc's order."""
     return [*memory_grows(figures), *memory_imbalance(figures, stages),
             *memory_near_full(figures), *allocator_fragmentation(figures)]
 
 
-def memory_verdict_line(findings: list[dict]) -> str | None:
+def memory_verdict_line(findings) -> str | None:
     """"Memory: ..." for the verdict, one clause per memory finding (its `headline`), in the
     findings' order; None without one (a run whose memory is fine adds no line)."""
     if not findings:
         return None
-    return "Memory: " + "; ".join(row[HEADLINE] for row in findings) + "."
+    return "Memory: " + "; ".join(finding.headline for finding in findings) + "."
+
+
+def with_memory_findings(found: pd.DataFrame | None, findings) -> pd.DataFrame | None:
+    """The bottlenecks table (FINDING_COLUMNS) with the memory `findings` after its rows; its
+    own "memory near capacity" (from the ranks table) gives way to theirs where they say the
+    same. None where the table failed."""
+    if found is None or not findings:
+        return found
+    extra = pd.DataFrame([{**f.finding_row(), "ms_per_step": math.nan} for f in findings],
+                         columns=FINDING_COLUMNS)
+    if (extra["finding"] == NEAR_FULL).any():
+        found = found[found["finding"] != NEAR_FULL]
+    return pd.concat([found, extra.astype({"share_pct": "float64", "ms_per_step": "float64"})],
+                     ignore_index=True)

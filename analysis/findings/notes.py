@@ -9,15 +9,15 @@ is missing); they are kept apart from the findings and carry no share of step ti
 
 from __future__ import annotations
 
+import math
 from numbers import Integral
 
 import pandas as pd
 
-from analysis.crossrank import findings as cross_findings
+from analysis.core.contracts import NOTE_COLUMNS, CrossRank, Finding
 from analysis.findings.labels import rank_list
 from tracer import schema
 
-NOTE_COLUMNS = ["note", "evidence", "suggestion", "ranks"]
 ALONE = "ranks train alone"
 
 
@@ -38,7 +38,8 @@ def world_size(traces) -> int | None:
     return max(sizes) if sizes else None
 
 
-def collective_seen(collectives: pd.DataFrame | None, traces, cross_rank: dict | None) -> bool:
+def collective_seen(collectives: pd.DataFrame | None, traces,
+                    cross_rank: CrossRank | None) -> bool:
     """Whether any rank issued a collective or p2p op: a group with a count in the collectives
     table, a comms record, or an op the cross-rank pass read."""
     if collectives is not None and not collectives.empty:
@@ -51,7 +52,7 @@ def collective_seen(collectives: pd.DataFrame | None, traces, cross_rank: dict |
         comms = getattr(records, "comms", None)
         if comms is not None and len(comms):
             return True
-    return bool(cross_rank is not None and "ops" in cross_rank and len(cross_rank["ops"]))
+    return bool(cross_rank is not None and len(cross_rank.ops))
 
 
 def comms_recorded(traces) -> bool:
@@ -63,7 +64,7 @@ def comms_recorded(traces) -> bool:
     return not any(isinstance(s.config, dict) and s.config.get("no_comms") for s in starts)
 
 
-def ranks_alone(steps: pd.DataFrame, collectives, traces, cross_rank) -> list:
+def ranks_alone(steps: pd.DataFrame, collectives, traces, cross_rank) -> list[Finding]:
     """The "ranks train alone" finding: world size above 1, every rank's collectives recorded
     and none issued. share_pct is NaN (no step time is at stake) and it sorts first."""
     world = world_size(traces)
@@ -84,50 +85,35 @@ def ranks_alone(steps: pd.DataFrame, collectives, traces, cross_rank) -> list:
                   "a multi-process set-up gives NO), and launch with `accelerate launch` set up "
                   "for several processes. If the ranks are meant to train apart, run them as "
                   "separate runs.")
-    return [cross_findings.finding_row(ALONE, float("nan"), evidence, suggestion,
-                                       rank_list(ranks))]
-
-
-def _note(note: str, evidence: str = "", suggestion: str = "", ranks: str = "") -> dict:
-    return {"note": note, "evidence": evidence, "suggestion": suggestion, "ranks": ranks}
+    return [Finding(ALONE, math.nan, evidence, suggestion, rank_list(ranks))]
 
 
 def find_notes(per_step: pd.DataFrame | None, collectives, traces,
-               cross_rank: dict | None = None) -> pd.DataFrame:
+               cross_rank: CrossRank | None = None) -> pd.DataFrame:
     """What the analysis could not tell, one row per note (NOTE_COLUMNS), in a fixed order: the
-    cross-rank pass's notes (`cross_rank["notes"]`: finding-shaped rows whose `finding` is the
-    note, or plain strings; without that field, its ranks late in too few steps to be named),
-    collectives that cannot be told apart from none
-    (comms records off), and ranks missing from the analysis."""
-    rows = []
-    if cross_rank is not None and "notes" in cross_rank:
-        for note in cross_rank.get("notes") or []:
-            if not isinstance(note, dict):
-                rows.append(_note(str(note)))
-                continue
-            text = note.get("note", note.get("finding", ""))
-            rows.append(_note(str(text), *(str(note.get(k, "")) for k in NOTE_COLUMNS[1:])))
-    elif cross_findings.matched(cross_rank):
-        for row in cross_findings.too_few_steps(cross_rank):
-            rows.append(_note(row["finding"], row["evidence"], row["suggestion"], row["ranks"]))
+    cross-rank pass's notes (a clock not known, ranks late in too few steps to be named, ...),
+    collectives that cannot be told apart from none (comms records off), and ranks missing from
+    the analysis."""
+    notes = list(cross_rank.notes) if cross_rank is not None else []
     world = world_size(traces)
     analysed = (sorted({int(r) for r in pd.to_numeric(per_step["rank"], errors="coerce").dropna()})
                 if per_step is not None and "rank" in per_step.columns else [])
     if (world is not None and world > 1 and analysed and not comms_recorded(traces)
             and not collective_seen(collectives, traces, cross_rank)):
-        rows.append(_note(
-            "no collective traced, and collectives were not recorded",
+        notes.append(Finding(
+            "no collective traced, and collectives were not recorded", evidence=
             f"World size {world}, but no collective or p2p op is in the profiled steps and the "
             f"tracer's records of every collective were off (--no-comms) or absent: whether the "
             f"ranks communicated at all is not known.",
-            "Trace again without --no-comms to tell ranks that train alone from collectives "
-            "outside the profiled steps."))
+            suggestion="Trace again without --no-comms to tell ranks that train alone from "
+                       "collectives outside the profiled steps.", note=True))
     if world is not None and analysed and len(analysed) < world:
-        rows.append(_note(
+        notes.append(Finding(
             f"{len(analysed)} of {world} ranks analysed",
-            f"Only rank(s) {rank_list(analysed)} of world size {world} have analysed steps: who "
-            f"waits for whom among the others is not known.",
-            "Analyse every rank's files together (the whole run folder).", rank_list(analysed)))
-    if not rows:
+            evidence=f"Only rank(s) {rank_list(analysed)} of world size {world} have analysed "
+                     f"steps: who waits for whom among the others is not known.",
+            suggestion="Analyse every rank's files together (the whole run folder).",
+            ranks=rank_list(analysed), note=True))
+    if not notes:
         return empty_notes()
-    return pd.DataFrame(rows, columns=NOTE_COLUMNS)
+    return pd.DataFrame([note.note_row() for note in notes], columns=NOTE_COLUMNS)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from analysis.core.contracts import OomDiagnosis
 from tracer import schema
 
 TOP_SITES = 5
@@ -112,9 +113,9 @@ def _rank_line(entry: dict) -> str:
 
 def oom_diagnosis(snapshots: list[schema.MemorySnapshotRecord],
                   profiles: dict[int, list] | None = None,
-                  offsets_ns: dict[int, int] | None = None) -> dict | None:
-    """{"first_rank", "first_step", "ranks": one entry per rank that ran out, first first,
-    "lines"}; None without an out-of-memory snapshot. `profiles`: rank -> its memory profiles;
+                  offsets_ns: dict[int, int] | None = None) -> OomDiagnosis | None:
+    """The diagnosis (its `ranks`: one entry per rank that ran out, the first first); None
+    without an out-of-memory snapshot. `profiles`: rank -> its memory profiles;
     `offsets_ns`: rank -> its clock_sync offset."""
     ooms = [s for s in snapshots if s.reason == schema.SNAPSHOT_REASONS[0]]
     if not ooms:
@@ -133,5 +134,5 @@ def oom_diagnosis(snapshots: list[schema.MemorySnapshotRecord],
              " (some ranks' clock offsets are unknown: their times are their own clocks')")
     head = (f"Out of memory: rank {first['rank']} ran out first, at step {first['step']}"
             + (f"; then {later}" if later else "") + f"{clock}.")
-    return {"first_rank": first["rank"], "first_step": first["step"], "ranks": entries,
-            "lines": [head, *(_rank_line(e) for e in entries)]}
+    return OomDiagnosis(first_rank=first["rank"], first_step=first["step"], ranks=entries,
+                        lines=[head, *(_rank_line(e) for e in entries)])

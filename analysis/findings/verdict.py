@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.core.contracts import CriticalPath, CrossRank, Verdict
 from analysis.findings.labels import rank_list
 from analysis.findings.notes import ALONE
 
-# verdict["state"]
+# Verdict.state
 PROBLEM, ALONE_STATE, RISK, NOTHING_FOUND, NOTES_ONLY, NO_STEP = (
     "bottleneck", "ranks train alone", "risk", "nothing found", "notes only", "no step")
 MIN_WAIT_MS = 0.05  # a rank's mean wait below this per step is "no wait"
@@ -32,12 +33,11 @@ def analysed_rows(per_step: pd.DataFrame | None) -> pd.DataFrame:
     return rows[rows["rank"].notna() & rows["step"].notna() & (rows["step_ns"] > 0)]
 
 
-def mean_waits(per_step: pd.DataFrame | None, cross_rank: dict | None) -> pd.Series | None:
+def mean_waits(per_step: pd.DataFrame | None, waits: pd.DataFrame | None) -> pd.Series | None:
     """Each rank's mean wait for peers per analysed step, ms (a step without a wait counts 0, a
     step whose wait is unknown does not count: a rank with only such steps is left out); None
-    where the cross-rank pass has no waits, or none known."""
+    where the cross-rank pass has no waits (`waits`: its waits), or none known."""
     steps = analysed_rows(per_step)
-    waits = cross_rank.get("waits") if cross_rank else None
     if waits is None or waits.empty or steps.empty:
         return None
     keys = steps[["rank", "step"]].astype("int64")
@@ -50,26 +50,27 @@ def mean_waits(per_step: pd.DataFrame | None, cross_rank: dict | None) -> pd.Ser
     return merged.groupby("rank")["wait_for_peers_ms"].mean() if len(merged) else None
 
 
-def _waits_line(per_step, findings: pd.DataFrame, cross_rank: dict | None, alone: bool,
+def _waits_line(per_step, findings: pd.DataFrame, cross_rank: CrossRank | None, alone: bool,
                 ranks: int) -> str:
     if alone:
         return "No rank waits for another: no collective ran."
     if ranks < 2:
         return "One rank analysed: no other rank in these traces to wait for."
-    late = (cross_rank or {}).get("stragglers")
+    late = cross_rank.stragglers if cross_rank is not None else None
+    waits = cross_rank.waits if cross_rank is not None else None
     if late is not None and len(late) and "fires" in late:
         fired = late[late["fires"].astype(bool)]
         if len(fired):
             parts = [f"rank {int(r['rank'])} ({r['caused_wait_ms_per_step']:.2f} ms per step)"
                      for r in fired.to_dict("records")]
-            waited = mean_waits(per_step, cross_rank)
+            waited = mean_waits(per_step, waits)
             others = ""
             if waited is not None:
                 others = "; each rank's wait: " + ", ".join(
                     f"rank {int(r)} {w:.2f} ms" for r, w in waited.items())
             return "The other ranks wait for " + " and ".join(parts) + others + "."
-    waited = mean_waits(per_step, cross_rank)
-    if waited is None and cross_rank and len(cross_rank.get("waits", ())):
+    waited = mean_waits(per_step, waits)
+    if waited is None and waits is not None and len(waits):
         return ("Who waits for whom is not known: no rank's collectives could be put on one clock "
                 "(see the notes).")
     if waited is None:
@@ -122,23 +123,27 @@ def _conditional(answer: dict) -> str:
 
 
 def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
-                notes: pd.DataFrame | None, cross_rank: dict | None,
-                critical: dict | None = None, captures: list | None = None) -> dict:
-    """{"state", "limits", "waits", "change", "change_ms_per_step", "step_ms", "what_if",
-    "lines"}; `critical` is analysis.crossrank.critical_path.analyse's result, whose top what-if
-    answer (largest saving first) the verdict quotes (`what_if`: that line, or None).
+                notes: pd.DataFrame | None, cross_rank: CrossRank | None,
+                critical: CriticalPath | None = None, captures: list | None = None,
+                memory_line: str | None = None) -> Verdict:
+    """The verdict of the analysed steps; `critical` is the run's critical path, whose top
+    what-if answer (largest saving first) the verdict quotes (`what_if`: that line, or None);
+    `memory_line` the memory section's ("Memory: ..."), which follows who waits for whom
+    (`memory`: that line, or None).
 
     state: "ranks train alone" (that finding is there), "bottleneck" (a finding with step time
     at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
     (no finding, some note), "nothing found", or "no step". `limits`
     names the finding with the most ms per step; `change` is the first sentence of its
     suggestion; `lines` are the verdict as the writers print it, with one "Captured:" line per
-    capture window (analysis.findings.captures)."""
+    capture window (analysis.findings.capture_windows)."""
     steps = analysed_rows(per_step)
     if steps.empty:
         line = "No step was analysed: there is no verdict (the warnings say why)."
-        return {"state": NO_STEP, "limits": None, "waits": None, "change": None,
-                "change_ms_per_step": None, "step_ms": None, "what_if": None, "lines": [line]}
+        return Verdict(state=NO_STEP, limits=None, waits=None, change=None,
+                       change_ms_per_step=None, step_ms=None, what_if=None,
+                       lines=[line, *([memory_line] if memory_line else [])],
+                       memory=memory_line)
     step_ms = float(steps["step_ns"].mean() / 1e6)
     findings = findings if findings is not None else pd.DataFrame()
     notes = notes if notes is not None else pd.DataFrame()
@@ -181,9 +186,10 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         limits = (f"Nothing found wrong: no finding passed its threshold (mean step "
                   f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
                   f"{rank_list(steps['rank'])}).")
-    lines = [f"Limits the step: {limits}", f"Waiting: {waits}"]
-    answer = (what_if_line(critical.get("what_if"), len(critical["critical_path_steps"]))
-              if critical else None)
+    lines = [f"Limits the step: {limits}", f"Waiting: {waits}",
+             *([memory_line] if memory_line else [])]
+    answer = (what_if_line(critical.what_if, len(critical.critical_path_steps))
+              if critical is not None else None)
     if answer:
         lines.append(f"What if: {answer}")
     if change:
@@ -194,6 +200,6 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         lines.append("Try first: nothing stands out to change"
                      + (f"; see the notes ({notes['note'].iloc[0]})." if len(notes) else "."))
     lines += [f"Captured: {window['text']}" for window in captures or []]
-    return {"state": state, "limits": limits, "waits": waits, "change": change,
-            "change_ms_per_step": change_ms, "step_ms": step_ms, "what_if": answer,
-            "lines": lines}
+    return Verdict(state=state, limits=limits, waits=waits, change=change,
+                   change_ms_per_step=change_ms, step_ms=step_ms, what_if=answer, lines=lines,
+                   memory=memory_line)

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analysis.core.events import STEP_COLUMNS, TEXT_COLUMNS
+from analysis.core.event_kinds import STEP_COLUMNS, TEXT_COLUMNS
 from analysis.core.frames import check_events, contract_categories, steps_frame
 from analysis.core.limits import max_trace_bytes
 from analysis.ingest.parsed_trace import ParsedTrace, parse_trace
-from analysis.ingest.runs import CACHE_DIR, cache_file  # noqa: F401  (CACHE_DIR re-exported)
+from analysis.ingest.runs import cache_file
 from tracer import schema
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 records and the selected steps.
 
 The pieces live in modules of their own: the data model (analysis.core.model), the frame contract
-(analysis.core.frames), Kineto decoding (analysis.ingest.kineto, analysis.ingest.kineto_events), the
+(analysis.core.frames), Kineto decoding (analysis.ingest.kineto), the
 Parquet cache (analysis.ingest.cache), which files a PATH names (analysis.ingest.runs), the tracer's
 records (analysis.ingest.records), a rank's profiler windows (analysis.ingest.windows) and step
 selection (analysis.core.steps). A file that cannot be read, whatever the reason, becomes a
@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from analysis.core.contracts import RankTables
 from analysis.core.events import mark_comm_kernels
 from analysis.core.frames import empty_events, steps_frame
 from analysis.core.limits import MAX_WORLD_SIZE, max_trace_bytes, shown
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
-from analysis.core.steps import format_ranges, parse_step_spec, select_steps
+from analysis.core.step_spec import format_ranges, parse_step_spec
+from analysis.core.steps import select_steps
 from analysis.ingest.cache import read_trace
 from analysis.ingest.kineto import TraceReadError
 from analysis.ingest.parallel import run_jobs
@@ -74,12 +76,32 @@ class EventsReader:
 
 
 @dataclass(frozen=True)
+class LoadOptions:
+    """How a run's trace files are loaded: the command's options that the load takes."""
+
+    steps: list[int] | None = None  # --steps: the ProfilerStep numbers analysed (None: all)
+    hta_compatible: bool = False  # --hta-compatible: the last ProfilerStep dropped, as HTA does
+    use_cache: bool = True  # read and write the .ranktrace-cache Parquet files
+    jobs: int | None = None  # processes parsing the files (None: one per core)
+    # Regular expressions (str or compiled) naming more device kernels that count as
+    # communication, besides COMM_KERNEL_PATTERNS.
+    comm_kernels: tuple = ()
+    # The address of a Dask scheduler whose workers parse the files instead
+    # (analysis.ingest.parallel); they must see the files at the same paths.
+    scheduler: str | None = None
+    # Keep each rank's events frame once it is reduced (notebooks, the HTML report and the
+    # timeline draw from it); without it `RankTrace.events` is None (`with_events()` reads them
+    # again), so that memory holds O(ranks x steps + collectives), not every event of every rank.
+    keep_events: bool = True
+
+
+@dataclass(frozen=True)
 class RankReduction:
     """What a worker needs to build its file's RankTrace as load_files would, and compute the
     per-rank tables and summaries there (`tables`, given by the caller: the rank floor's
     rank_tables) while the events are at hand."""
 
-    tables: Callable[..., dict]  # tables(trace, only_trace=..., run_folder=...)
+    tables: Callable[..., RankTables]  # tables(trace, only_trace=..., run_folder=...)
     steps: list[int] | None
     hta_compatible: bool
     comm_kernels: tuple
@@ -100,6 +122,10 @@ def _read_trace_job(args: tuple[str, bool, int, RankReduction | None, DecodeAhea
     path, use_cache, max_bytes, reduction, decoded_ahead = args
     try:
         parsed = read_trace(Path(path), use_cache, max_bytes, decoded_ahead)
+        if reduction is not None:
+            parsed.reduced = _reduce(parsed, reduction)
+            if reduction.drop_events and parsed.reduced is not None:
+                parsed.events = None
     except TraceReadError as exc:
         rank = file_rank(exc.path)
         return f"{exc.path}: rank {rank}: {exc.reason}" if rank is not None else str(exc)
@@ -107,13 +133,6 @@ def _read_trace_job(args: tuple[str, bool, int, RankReduction | None, DecodeAhea
         rank = file_rank(Path(path))
         where = f"{path}: rank {rank}" if rank is not None else path
         return f"{where}: cannot be analysed ({type(exc).__name__}: {exc})"
-    if reduction is not None:
-        try:
-            parsed.reduced = _reduce(parsed, reduction)
-        except Exception:  # noqa: BLE001  (reduced again where it is loaded, and named there)
-            parsed.reduced = None
-        if reduction.drop_events and parsed.reduced is not None:
-            parsed.events = None
     return parsed
 
 
@@ -126,13 +145,12 @@ def _reduce(parsed: ParsedTrace, how: RankReduction) -> tuple[int, int, RankTrac
         return None  # unranked: only the whole run tells which rank it is analysed as
     trace = _rank_trace(parsed, rank, [], parsed.path.parent if how.with_records else None,
                         how.steps, how.hta_compatible, how.comm_kernels, how.max_bytes)
-    trace.reduced = how.tables(trace, only_trace=how.only_trace, run_folder=how.with_records)
+    trace.tables = how.tables(trace, only_trace=how.only_trace, run_folder=how.with_records)
     trace.events = None  # the parsed file's own travel back, when they are kept
     return rank, len(parsed.problems), trace
 
 
-def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
-               progress: Progress | None, scheduler: str | None = None,
+def _parse_all(files: list[Path], options: LoadOptions, progress: Progress | None,
                reduction: RankReduction | None = None,
                decoded_ahead: DecodeAhead | None = None) -> list:
     # Read here, not in the workers: a cluster's workers do not share this process's environment.
@@ -140,19 +158,19 @@ def _parse_all(files: list[Path], use_cache: bool, jobs: int | None,
     # A file of a rank's several profiler windows is reduced once merged, in this process: its
     # worker keeps its events, which would otherwise be read again here.
     reductions = _reductions(files, reduction)
-    if not scheduler:
+    if not options.scheduler:
         return run_jobs(_read_trace_job,
-                        [(str(f), use_cache, max_bytes, how,
+                        [(str(f), options.use_cache, max_bytes, how,
                           decoded_ahead if len(files) == 1 else None)
                          for f, how in zip(files, reductions)],
-                        jobs=jobs, progress=progress)
+                        jobs=options.jobs, progress=progress)
     # Cluster workers have their own working folder: they get absolute paths, and the results
     # name each file as it was given here, as a local run does.
     given = {str(f.absolute()): str(f) for f in files}
     how_of = {str(f.absolute()): how for f, how in zip(files, reductions)}
-    results = run_jobs(_read_trace_job, [(path, use_cache, max_bytes, how_of[path], None)
+    results = run_jobs(_read_trace_job, [(path, options.use_cache, max_bytes, how_of[path], None)
                                           for path in given],
-                       scheduler=scheduler, progress=progress)
+                       scheduler=options.scheduler, progress=progress)
     return [_named_as_given(result, absolute, shown)
             for result, (absolute, shown) in zip(results, given.items())]
 
@@ -183,43 +201,62 @@ def _named_as_given(result, absolute: str, shown: str):
     return result
 
 
-def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] | None = None,
-               hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
-               progress: Progress | None = None, comm_kernels: tuple = (),
-               scheduler: str | None = None, keep_events: bool = True,
-               reduce_rank: Callable[..., dict] | None = None,
+def load_files(files: list[Path], run_dir: Path | None = None,
+               options: LoadOptions | None = None, *, progress: Progress | None = None,
+               reduce_rank: Callable[..., RankTables] | None = None,
                decoded_ahead: DecodeAhead | None = None) -> LoadResult:
     """Parse trace files (in parallel processes when several) into one RankTrace per rank.
 
     `reduce_rank(trace, only_trace=..., run_folder=...)`: the per-rank tables and summaries of
-    a RankTrace (the rank floor's rank_tables), computed where each file is parsed while its
-    events are at hand (a rank of several files once they are merged, here); `only_trace` says
-    that the rank may be the run's only traced one (the run has one trace file, or one rank),
-    `run_folder` that a run folder was given; without it every table is computed later from the
-    events. `keep_events=False` (which needs `reduce_rank`): each rank's events frame is dropped
-    once reduced (`RankTrace.events` is None; `with_events()` reads it again), so that memory
-    holds O(ranks x steps + collectives), not every event of every rank.
+    a RankTrace (the rank floor's rank_tables, which analysis.run.loading gives), computed
+    where each file is parsed while its events are at hand (a rank of several files once they
+    are merged, and a rank known from its records alone, here): every rank gets its
+    `RankTrace.tables`. `only_trace` says that the rank may be the run's only traced one (the
+    run has one trace file, or one rank), `run_folder` that a run folder was given. Without it
+    the ranks have no tables (`options.keep_events` must then be True).
 
-    `scheduler`: the address of a Dask scheduler whose workers parse the files instead
-    (analysis.ingest.parallel); they must see the files at the same paths. Raises
-    SchedulerUnavailable when it cannot be used.
-
+    `options.scheduler`: raises SchedulerUnavailable when the scheduler cannot be used.
     `progress`, where given, is called after each file is parsed.
     `decoded_ahead`: the one file of `files` being decoded already (analysis.ingest.parse_ahead).
-    `comm_kernels`: regular expressions (str or compiled) naming more device kernels that count
-    as communication, besides COMM_KERNEL_PATTERNS.
+    `options`: LoadOptions' defaults where None.
     """
-    problems: list[str] = []
+    options = options if options is not None else LoadOptions()
     where = run_dir if run_dir is not None else (files[0].parent if files else Path("."))
     if not files and run_dir is None:
         return LoadResult([], [f"{where}: no Kineto trace files"], run_dir)
-    if not keep_events and reduce_rank is None:
+    if not options.keep_events and reduce_rank is None:
         raise ValueError("keep_events=False needs reduce_rank: what to keep of each rank")
-    parsed: list[ParsedTrace] = []
     reduction = None if reduce_rank is None else RankReduction(
-        reduce_rank, steps, hta_compatible, tuple(comm_kernels), run_dir is not None,
-        drop_events=not keep_events, max_bytes=max_trace_bytes())
-    reader = EventsReader(use_cache, tuple(comm_kernels), max_trace_bytes())
+        reduce_rank, options.steps, options.hta_compatible, tuple(options.comm_kernels),
+        run_dir is not None, drop_events=not options.keep_events, max_bytes=max_trace_bytes())
+    problems = _file_name_problems(files)
+    parsed: list[ParsedTrace] = []
+    for result in _parse_all(files, options, progress, reduction, decoded_ahead):
+        if isinstance(result, str):
+            problems.append(result)
+        else:
+            parsed.append(result)
+    ranks = _ranks_of(_by_rank(parsed), run_dir, options, reduce_rank, problems)
+    if run_dir is not None:
+        ranks += _records_only_ranks(run_dir, files, ranks, reduce_rank, problems)
+        ranks.sort(key=lambda r: (r.rank == UNKNOWN_RANK, r.rank, str(r.path)))
+        problems += _unmarked_steps(run_dir, ranks)
+    world_size, disagreeing = _world_size(ranks, where)
+    problems += disagreeing
+    if world_size:
+        problems += _missing_ranks(where, ranks, world_size)
+    for r in ranks:
+        problems += r.problems
+    if not ranks and not problems:
+        problems.append(f"{where}: no Kineto trace files")
+    return LoadResult(ranks=ranks, problems=problems, run_dir=run_dir, world_size=world_size,
+                      files=list(files))
+
+
+def _file_name_problems(files: list[Path]) -> list[str]:
+    """What the files' names tell before they are read: a rank out of range, a trace the
+    tracer never renamed."""
+    problems = []
     for file in files:
         if (said := named_rank(file)) is not None and file_rank(file) is None:
             problems.append(f"{file}: its name's rank {shown(said)} is out of range "
@@ -229,14 +266,12 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
             problems.append(f"{file}{f': rank {rank}' if rank is not None else ''}: a trace "
                             f"file never renamed (the rank was killed while the tracer wrote "
                             f"it); read as it is")
-    for result in _parse_all(files, use_cache, jobs, progress, scheduler, reduction,
-                             decoded_ahead):
-        if isinstance(result, str):
-            problems.append(result)
-        else:
-            parsed.append(result)
+    return problems
 
-    # Ranks: distributedInfo first, else a ranktrace file name (rank{R}.<span>...).
+
+def _by_rank(parsed: list[ParsedTrace]) -> dict:
+    """The parsed files grouped by rank: distributedInfo first, else a ranktrace file name
+    (rank{R}.<span>...); a lone file without either is rank 0, several are each unranked."""
     by_rank: dict = {}
     unranked: list[ParsedTrace] = []
     for trace in parsed:
@@ -261,7 +296,15 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
             trace.problems.append(f"{trace.path}: no rank in distributedInfo; analysed as an "
                                   f"unranked trace (shown as rank ?)")
             by_rank.setdefault(("unranked", str(trace.path)), []).append(trace)
+    return by_rank
 
+
+def _ranks_of(by_rank: dict, run_dir: Path | None, options: LoadOptions,
+              reduce_rank: Callable[..., RankTables] | None, problems: list[str]
+              ) -> list[RankTrace]:
+    """One RankTrace per rank of `by_rank`, in rank order: the one its worker reduced where its
+    file is its rank's only one, else built and reduced here."""
+    reader = EventsReader(options.use_cache, tuple(options.comm_kernels), max_trace_bytes())
     ranks: list[RankTrace] = []
     for key, group in by_rank.items():
         group = sorted(group, key=lambda t: t.path.name)
@@ -280,48 +323,55 @@ def load_files(files: list[Path], run_dir: Path | None = None, steps: list[int] 
             # Problems told of the file here (e.g. a rank that its name contradicts) join those
             # the worker found.
             reduced.problems = first.problems + reduced.problems[known:]
-            if keep_events:
-                reduced.events = mark_comm_kernels(first.events, comm_kernels)
+            if options.keep_events:
+                reduced.events = mark_comm_kernels(first.events, options.comm_kernels)
             reduced.read_events = reader
             ranks.append(reduced)
             continue
-        # The worker's reduction was of another rank or of one window only: the events it
-        # dropped are read again, and the rank is reduced here.
+        # No worker reduced the rank as a whole (one of its several profiler windows, or a file
+        # without a rank of its own): its windows are merged, and it is reduced here.
         kept = [_with_events(k, reader) for k in kept]
         trace = merge_windows(kept) if len(kept) > 1 else kept[0]
         # Records lie beside the trace: several run folders (one per node) form one run.
         records_dir = trace.path.parent if run_dir is not None else None
-        ranks.append(_rank_trace(trace, rank, [k.path for k in kept[1:]], records_dir, steps,
-                                 hta_compatible, comm_kernels))
-        ranks[-1].read_events = reader
-        if not keep_events:
-            ranks[-1].reduced = reduce_rank(ranks[-1], only_trace=len(by_rank) == 1,
-                                            run_folder=run_dir is not None)
-            ranks[-1].events = None
-
+        built = _rank_trace(trace, rank, [k.path for k in kept[1:]], records_dir, options.steps,
+                            options.hta_compatible, options.comm_kernels)
+        built.read_events = reader
+        _reduced_here(built, reduce_rank, len(by_rank) == 1, run_dir is not None,
+                      options.keep_events)
+        ranks.append(built)
     ranks.sort(key=lambda r: (r.rank == UNKNOWN_RANK, r.rank, str(r.path)))
-    if run_dir is not None:
-        found = {r.rank for r in ranks}
-        for folder in _record_folders(run_dir, files):
-            for rank in sorted(record_ranks(folder) - found):
-                if rank >= MAX_WORLD_SIZE:
-                    problems.append(f"{folder}: rank {shown(rank)}: record files of a rank "
-                                    f"out of range (0..{MAX_WORLD_SIZE - 1}); not read")
-                    continue
-                ranks.append(_records_only_rank(folder, rank))
-                found.add(rank)
-        ranks.sort(key=lambda r: (r.rank == UNKNOWN_RANK, r.rank, str(r.path)))
-        problems += _unmarked_steps(run_dir, ranks)
-    world_size, disagreeing = _world_size(ranks, where)
-    problems += disagreeing
-    if world_size:
-        problems += _missing_ranks(where, ranks, world_size)
-    for r in ranks:
-        problems += r.problems
-    if not ranks and not problems:
-        problems.append(f"{where}: no Kineto trace files")
-    return LoadResult(ranks=ranks, problems=problems, run_dir=run_dir, world_size=world_size,
-                      files=list(files))
+    return ranks
+
+
+def _reduced_here(trace: RankTrace, reduce_rank: Callable[..., RankTables] | None,
+                  only_trace: bool, run_folder: bool, keep_events: bool) -> None:
+    """The rank's tables computed in this process, its events dropped unless kept."""
+    if reduce_rank is None:
+        return
+    trace.tables = reduce_rank(trace, only_trace=only_trace, run_folder=run_folder)
+    if not keep_events:
+        trace.events = None
+
+
+def _records_only_ranks(run_dir: Path, files: list[Path], ranks: list[RankTrace],
+                        reduce_rank: Callable[..., RankTables] | None, problems: list[str]
+                        ) -> list[RankTrace]:
+    """The ranks with the tracer's records but no readable trace, in every folder of the run,
+    each reduced (its tables are those of no event)."""
+    found = {r.rank for r in ranks}
+    added = []
+    for folder in _record_folders(run_dir, files):
+        for rank in sorted(record_ranks(folder) - found):
+            if rank >= MAX_WORLD_SIZE:
+                problems.append(f"{folder}: rank {shown(rank)}: record files of a rank "
+                                f"out of range (0..{MAX_WORLD_SIZE - 1}); not read")
+                continue
+            trace = _records_only_rank(folder, rank)
+            _reduced_here(trace, reduce_rank, False, True, True)
+            added.append(trace)
+            found.add(rank)
+    return added
 
 
 def _world_size(ranks: list[RankTrace], where) -> tuple[int | None, list[str]]:
@@ -439,13 +489,12 @@ def _unmarked_steps(run_dir: Path, ranks: list[RankTrace]) -> list[str]:
             f"step, see docs/tracer.md"]
 
 
-def load_path(path, steps=None, *, run: str | None = None,
-              hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
-              progress: Progress | None = None, comm_kernels: tuple = (),
-              scheduler: str | None = None, keep_events: bool = True,
-              reduce_rank: Callable[..., dict] | None = None) -> LoadResult:
+def load_path(path, steps=None, *, run: str | None = None, progress: Progress | None = None,
+              reduce_rank: Callable[..., RankTables] | None = None,
+              **options) -> LoadResult:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, a trace file);
-    `keep_events` and `reduce_rank` as in load_files.
+    `steps` as --steps ("3-5,7", or a list), the other `options` LoadOptions' fields, and
+    `reduce_rank` as in load_files.
 
     Raises NothingToAnalyse when `path` holds no trace at all.
     """
@@ -453,7 +502,5 @@ def load_path(path, steps=None, *, run: str | None = None,
         steps = parse_step_spec(steps)
     paths = [Path(p) for p in (path if isinstance(path, (list, tuple)) else [path])]
     (run_dir, files), = resolve_runs(paths, run=run)
-    return load_files(files, run_dir, steps=steps, hta_compatible=hta_compatible,
-                      use_cache=use_cache, jobs=jobs, progress=progress,
-                      comm_kernels=comm_kernels, scheduler=scheduler, keep_events=keep_events,
+    return load_files(files, run_dir, LoadOptions(steps=steps, **options), progress=progress,
                       reduce_rank=reduce_rank)

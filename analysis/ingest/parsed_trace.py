@@ -10,20 +10,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.core.events import (
+from analysis.core.event_kinds import (
     COMM_TEXT_COLUMNS,
     HOST_OP_CATS,
     NUMBER_COLUMNS,
     OP_ARGS_COLUMN,
     PROFILER_STEP_RE,
     TEXT_COLUMNS,
-    cat_is,
     normal_cat,
 )
+from analysis.core.events import cat_is
 from analysis.core.frames import events_frame, steps_frame
 from analysis.core.limits import MAX_STEP
-from analysis.ingest.kineto import DecodedTrace, decode_trace, gc_paused
-from analysis.ingest.kineto_events import EventColumns, ValueCodes
+from analysis.ingest.kineto import DecodedTrace, EventColumns, ValueCodes, decode_trace, gc_paused
 
 
 @dataclass

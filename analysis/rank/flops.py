@@ -17,7 +17,7 @@ from analysis.core.model import RankTrace, known_rank
 from analysis.ingest.op_args import ops_of_events
 from analysis.rank.layers import step_windows
 from analysis.rank.op_model import COMPUTE_KINDS, dtype_of, op_model
-from analysis.rank.roofline import op_times, roofline_by_op
+from analysis.rank.roofline import op_times, roofline_by_op, with_roofline
 
 OP_FLOPS_COLUMNS = ["name", "tid", "ts_ns", "end_ns", "kind", "dtype", "flops", "bytes",
                     "counted", "flops_from", "step", "in_step"]
@@ -167,7 +167,7 @@ def step_flops(op_table: pd.DataFrame, rank=None) -> pd.DataFrame:
 def rank_flops_tables(trace: RankTrace) -> dict:
     """{"step_flops": step_flops of the rank, "op_roofline": its counted ops of the analysis
     windows summed by op (roofline.roofline_by_op, with its rank; no peak needed)}: what the
-    per-rank reduce keeps (analysis.rank.summary), from one rank_op_flops of its events."""
+    per-rank reduce keeps (analysis.rank.reduction), from one rank_op_flops of its events."""
     ops = rank_op_flops(trace)
     rank = known_rank(trace)
     inside = ops[ops["in_step"].to_numpy(dtype=bool)]
@@ -318,3 +318,49 @@ def mfu_per_rank(table: pd.DataFrame) -> pd.DataFrame:
         of_row, weights=table["ops_without_shapes"].to_numpy(dtype=float),
         minlength=len(keys)).astype(np.int64)
     return pd.DataFrame(found, columns=columns)
+
+
+# ---- the run's tables ---------------------------------------------------------------------------
+def mfu_of_run(traces: list[RankTrace], per_step: pd.DataFrame,
+               peak_tflops: float | None = None) -> pd.DataFrame:
+    """mfu_table of the run: each rank's step_flops (its reduction's), `per_step` its profiled
+    breakdown rows with the communication split (analysis.crossrank.waits), each rank's peak
+    by rank_peak (`peak_tflops`, else its run_start's, else the datasheet's)."""
+    frames, peaks_of = [], {}
+    for trace in traces:
+        if not trace.has_trace:
+            continue
+        flops = trace.table("step_flops")
+        frames.append(flops)
+        peaks_of[known_rank(trace)] = rank_peak(trace, rank_dtype(flops), peak_tflops)
+    every = (pd.concat(frames, ignore_index=True) if frames
+             else pd.DataFrame(columns=STEP_FLOPS_COLUMNS))
+    return mfu_table(every, per_step, peaks_of)
+
+
+ROOFLINE_OPS_PER_RANK = 10
+# The `roofline` table: roofline.with_roofline's columns, with the rank and its peak's source.
+ROOFLINE_COLUMNS = ["rank", "name", "kind", "dtype", "calls", "flops", "bytes", "time_ns",
+                    "time_from", "achieved_tflops", "achieved_gbps", "intensity", "peak_tflops",
+                    "peak_source", "peak_gbps", "ridge", "bound", "roofline_tflops",
+                    "pct_of_roofline"]
+
+
+def roofline_of_run(traces: list[RankTrace], peak_tflops: float | None = None,
+                    per_rank: int = ROOFLINE_OPS_PER_RANK) -> pd.DataFrame:
+    """Each rank's `per_rank` slowest op groups (name, kind, dtype; summed over its analysed
+    steps; its reduction's op_roofline) against its roofline: the rank's peak (as its MFU's)
+    and the datasheet bandwidth of its device where known (docs/mfu.md, "In the report")."""
+    frames = []
+    for trace in traces:
+        if not trace.has_trace:
+            continue
+        by_op = trace.table("op_roofline").head(per_rank)
+        if not len(by_op):
+            continue
+        peak, source = rank_peak(trace, rank_dtype(trace.table("step_flops")), peak_tflops)
+        frames.append(with_roofline(by_op, peak, rank_peak_gbps(trace))
+                      .assign(peak_source=source))
+    if not frames:
+        return pd.DataFrame(columns=ROOFLINE_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[ROOFLINE_COLUMNS]

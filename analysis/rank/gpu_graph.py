@@ -1,5 +1,5 @@
 """One rank's dependency graph of host calls and device ops per profiled step, for its
-critical path (analysis.rank.critical_path; docs/critical-path.md, "One rank on a GPU").
+critical path (analysis.rank.one_rank_path; docs/critical-path.md, "One rank on a GPU").
 
 Nodes, per step: its start S and end E (the ProfilerStep span), a sink T (the step's last event,
 host or device); per host call that launches device work (a runtime call whose correlation id a
@@ -58,40 +58,116 @@ def _codes_where(column: pd.Series, test) -> np.ndarray:
     return np.array(wanted)[column.cat.codes.to_numpy()]
 
 
+@dataclass
+class _Columns:
+    """The events' columns the graph reads, as arrays."""
+
+    ts: np.ndarray
+    end: np.ndarray
+    gpu: np.ndarray
+    corr: np.ndarray
+    runtime: np.ndarray  # a runtime call on the host
+    syncs: np.ndarray  # a runtime call named as synchronisation
+    thread_of: np.ndarray  # host thread code of each event
+
+
+@dataclass
+class _Calls:
+    """The host calls of the graph (in step, thread and time order) and the device ops they
+    launched (in end order)."""
+
+    host: np.ndarray  # rows of the events
+    h_step: np.ndarray  # row of `steps` of each call
+    h_thread: np.ndarray
+    new_chain: np.ndarray  # the first call of its step and thread
+    dev: np.ndarray  # rows of the events
+    launch_of: np.ndarray  # per device op, its call's position in `host`
+
+
 def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
     """The graph of the steps (step, start_ns, end_ns) of one rank's events frame; None where
     the steps launch no device op."""
     steps = steps.sort_values("start_ns", kind="stable").reset_index(drop=True)
     s_start, s_end = steps["start_ns"].to_numpy("int64"), steps["end_ns"].to_numpy("int64")
     n_steps = len(steps)
-    ts, end = events["ts_ns"].to_numpy("int64"), events["end_ns"].to_numpy("int64")
+    cols = _columns(events)
+    calls = _calls(events, cols, s_start, s_end)
+    if calls is None:
+        return None
+    ts, end, host, dev = cols.ts, cols.end, calls.host, calls.dev
+    n_host, n_dev = len(host), len(dev)
+    base_k = 3 * n_steps + n_host
+    d_step = calls.h_step[calls.launch_of]
+    time = np.concatenate([s_start, s_end, np.zeros(n_steps, np.int64), end[host], end[dev]])
+    kind = np.concatenate([np.full(n_steps, START), np.full(n_steps, STEP_END),
+                           np.full(n_steps, SINK), np.full(n_host, HOST),
+                           np.full(n_dev, DEVICE)]).astype(np.int8)
+    rows = np.arange(n_steps)
+    step = np.concatenate([rows, rows, rows, calls.h_step, d_step])
+    step_thread = _step_threads(events, steps, cols.thread_of, calls.h_step, calls.h_thread)
+    thread = np.concatenate([np.full(n_steps, -1), step_thread, np.full(n_steps, -1),
+                             calls.h_thread, np.full(n_dev, -1)])
+    busy = np.concatenate([np.zeros(3 * n_steps + n_host, np.int64), end[dev] - ts[dev]])
+    device_category = np.concatenate([np.full(base_k, -1, dtype=np.int8),
+                                      _device_categories(events, dev)])
+    # Edges in one fixed order: a node's predecessors of equal time are told apart by it.
+    device = _device_edges(events, n_steps, cols, calls)
+    edges = (_host_edges(steps, cols, calls, step_thread) + device[:1]
+             + [_consecutive_steps(steps)] + device[1:])
+    src = np.concatenate([a for a, _ in edges])
+    dst = np.concatenate([b for _, b in edges])
+    latest = dag.latest_predecessor(time, src, dst)
+    time[2 * n_steps:3 * n_steps] = latest[2 * n_steps:3 * n_steps]  # T: the step's last event
+    # A node the edges leave without a predecessor (an op starting before its launch, clock
+    # error) hangs from its step's start.
+    orphan = (latest == dag.NEVER) & (kind != START)
+    orphan &= time >= s_start[step]
+    src = np.concatenate([src, step[orphan]])
+    dst = np.concatenate([dst, np.flatnonzero(orphan)])
+    latest = dag.latest_predecessor(time, src, dst)
+    duration = np.where(latest == dag.NEVER, 0, time - latest)
+    covered = _coverage(events, ts, end, cols.thread_of, cols.gpu, cols.runtime,
+                        int(cols.thread_of.max(initial=-1)) + 1)
+    return RankGraph(time=time, duration=duration, kind=kind, step=step, thread=thread, busy=busy,
+                     device_category=device_category, src=src, dst=dst,
+                     level_starts=None, steps=steps, covered=covered)
+
+
+def _columns(events: pd.DataFrame) -> _Columns:
     gpu = events["is_gpu"].to_numpy(bool)
-    corr = events["correlation"].to_numpy("int64")
-    cat = events["cat"]
-    runtime = _codes_where(cat, lambda c: normal_cat(c) in RUNTIME_CATS) & ~gpu
+    runtime = _codes_where(events["cat"], lambda c: normal_cat(c) in RUNTIME_CATS) & ~gpu
     tid_codes = events["tid"].cat.codes.to_numpy().astype(np.int64)
     thread_of = pd.factorize(events["pid"].cat.codes.to_numpy().astype(np.int64)
                              * (len(events["tid"].cat.categories) + 1) + tid_codes)[0]
+    return _Columns(ts=events["ts_ns"].to_numpy("int64"), end=events["end_ns"].to_numpy("int64"),
+                    gpu=gpu, corr=events["correlation"].to_numpy("int64"), runtime=runtime,
+                    syncs=runtime & _codes_where(events["name"], lambda n: SYNC_RE.search(n)),
+                    thread_of=thread_of)
+
+
+def _calls(events: pd.DataFrame, cols: _Columns, s_start: np.ndarray,
+           s_end: np.ndarray) -> _Calls | None:
+    """The graph's host calls: launches and synchronisations inside a step, the outermost of
+    nested ones on their thread; and the device ops they launched. None without such an op."""
+    ts, end, corr = cols.ts, cols.end, cols.corr
     # Device ops, and the host call that launched each (its first runtime call by correlation).
-    dev = np.flatnonzero(gpu & (corr >= 0))
-    calls = np.flatnonzero(runtime)
-    call_rows = pd.Series(calls).groupby(corr[calls]).first() if len(calls) else pd.Series()
+    dev = np.flatnonzero(cols.gpu & (corr >= 0))
+    runtime_calls = np.flatnonzero(cols.runtime)
+    call_rows = (pd.Series(runtime_calls).groupby(corr[runtime_calls]).first()
+                 if len(runtime_calls) else pd.Series())
     launch_of = call_rows.reindex(corr[dev]).to_numpy()
     ok = ~np.isnan(launch_of) if len(dev) else np.zeros(0, bool)
     dev, launch_of = dev[ok], launch_of[ok].astype(np.int64)
-    # The host calls of the graph: launches and synchronisations inside a step, the outermost
-    # of nested ones on their thread.
-    syncs = runtime & _codes_where(events["name"], lambda n: SYNC_RE.search(n))
     chosen = np.zeros(len(events), bool)
     chosen[launch_of] = True
-    chosen |= syncs
+    chosen |= cols.syncs
     host = np.flatnonzero(chosen)
     where = np.searchsorted(s_start, ts[host], side="right") - 1
     inside = (where >= 0) & (ts[host] < s_end[np.clip(where, 0, None)])
     host, h_step = host[inside], where[inside]
-    order = np.lexsort((ts[host], thread_of[host], h_step))
+    order = np.lexsort((ts[host], cols.thread_of[host], h_step))
     host, h_step = host[order], h_step[order]
-    h_thread = thread_of[host]
+    h_thread = cols.thread_of[host]
     new_chain = np.ones(len(host), bool)
     new_chain[1:] = (h_step[1:] != h_step[:-1]) | (h_thread[1:] != h_thread[:-1])
     reach = _cummax_by_group(end[host], new_chain)
@@ -107,39 +183,35 @@ def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
     if not len(dev):
         return None
     d_order = np.argsort(end[dev], kind="stable")
-    dev, launch_of = dev[d_order], launch_of[d_order]
-    n_host, n_dev = len(host), len(dev)
-    base_h, base_k = 3 * n_steps, 3 * n_steps + n_host
-    d_step = h_step[launch_of]
+    return _Calls(host=host, h_step=h_step, h_thread=h_thread, new_chain=new_chain,
+                  dev=dev[d_order], launch_of=launch_of[d_order])
 
-    time = np.concatenate([s_start, s_end, np.zeros(n_steps, np.int64), end[host], end[dev]])
-    kind = np.concatenate([np.full(n_steps, START), np.full(n_steps, STEP_END),
-                           np.full(n_steps, SINK), np.full(n_host, HOST),
-                           np.full(n_dev, DEVICE)]).astype(np.int8)
-    rows = np.arange(n_steps)
-    step = np.concatenate([rows, rows, rows, h_step, d_step])
-    step_thread = _step_threads(events, steps, thread_of, h_step, h_thread)
-    thread = np.concatenate([np.full(n_steps, -1), step_thread, np.full(n_steps, -1), h_thread,
-                             np.full(n_dev, -1)])
-    busy = np.concatenate([np.zeros(3 * n_steps + n_host, np.int64), end[dev] - ts[dev]])
-    comm = events["is_comm"].to_numpy(bool)[dev]
+
+def _device_categories(events: pd.DataFrame, dev: np.ndarray) -> np.ndarray:
+    """KERNEL, COMM_KERNEL, MEMCPY or MEMSET of each device op."""
+    cat = events["cat"]
     d_cat = np.array([DEVICE_CATEGORY.get(normal_cat(c), KERNEL)
                       for c in cat.cat.categories] + [KERNEL], dtype=np.int8)[
         cat.cat.codes.to_numpy()[dev]]
-    d_cat = np.where(comm, COMM_KERNEL, d_cat)
-    device_category = np.concatenate([np.full(base_k, -1, dtype=np.int8), d_cat])
+    return np.where(events["is_comm"].to_numpy(bool)[dev], COMM_KERNEL, d_cat)
 
-    h_node, k_node = base_h + np.arange(n_host), base_k + np.arange(n_dev)
-    src, dst = [], []
 
-    def edge(a, b):
-        src.append(np.asarray(a, np.int64))
-        dst.append(np.asarray(b, np.int64))
+def _edge(a, b) -> tuple[np.ndarray, np.ndarray]:
+    return np.asarray(a, np.int64), np.asarray(b, np.int64)
 
-    # Host chains: S -> H ... H of each step and thread; the step's thread on to E; all to T.
-    # Another thread's chain begins after the step's thread's last call that returned before
-    # its first call began (the step's thread handed it the work: autograd's backward thread),
-    # else at S.
+
+def _host_edges(steps: pd.DataFrame, cols: _Columns, calls: _Calls,
+                step_thread: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Host chains: S -> H ... H of each step and thread; the step's thread on to E; all to T.
+    Another thread's chain begins after the step's thread's last call that returned before its
+    first call began (the step's thread handed it the work: autograd's backward thread), else
+    at S."""
+    n_steps = len(steps)
+    s_end = steps["end_ns"].to_numpy("int64")
+    host, h_step, h_thread, new_chain = calls.host, calls.h_step, calls.h_thread, calls.new_chain
+    ts, end = cols.ts, cols.end
+    h_node = 3 * n_steps + np.arange(len(host))
+    rows = np.arange(n_steps)
     own = h_thread == step_thread[h_step]
     firsts = np.flatnonzero(new_chain)
     handed = np.full(len(firsts), -1)
@@ -151,27 +223,41 @@ def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
         # Per step, the latest own call ending at or before each first call's start.
         at = _last_at_or_before(h_step[mine], end[host][mine], h_step[other], ts[host][other])
         handed[~own[firsts]] = np.where(at >= 0, mine[np.clip(at, 0, None)], -1)
-    edge(np.where(handed >= 0, base_h + handed, h_step[firsts]), h_node[firsts])
-    edge(h_node[:-1][~new_chain[1:]], h_node[1:][~new_chain[1:]])
     # The step's end after the calls of its thread that returned before it.
     to_end = (h_thread == step_thread[h_step]) & (end[host] <= s_end[h_step])
-    edge(h_node[to_end], n_steps + h_step[to_end])
-    edge(rows, n_steps + rows)
-    edge(h_node, 2 * n_steps + h_step)
-    edge(n_steps + rows, 2 * n_steps + rows)
-    edge(k_node, 2 * n_steps + d_step)
-    # The previous step's end to the step's start (consecutive steps).
+    return [_edge(np.where(handed >= 0, 3 * n_steps + handed, h_step[firsts]), h_node[firsts]),
+            _edge(h_node[:-1][~new_chain[1:]], h_node[1:][~new_chain[1:]]),
+            _edge(h_node[to_end], n_steps + h_step[to_end]),
+            _edge(rows, n_steps + rows),
+            _edge(h_node, 2 * n_steps + h_step),
+            _edge(n_steps + rows, 2 * n_steps + rows)]
+
+
+def _consecutive_steps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The previous step's end E to the step's start S, for consecutive steps."""
+    s_start, s_end = steps["start_ns"].to_numpy("int64"), steps["end_ns"].to_numpy("int64")
     numbers = steps["step"].to_numpy("int64")
     joined = np.flatnonzero((numbers[1:] == numbers[:-1] + 1) & (s_end[:-1] <= s_start[1:]))
-    edge(n_steps + joined, joined + 1)
-    # An op that ended before its launch call returned (a blocking copy) holds that call, and
-    # follows the host event before the call.
+    return _edge(len(steps) + joined, joined + 1)
+
+
+def _device_edges(events: pd.DataFrame, n_steps: int, cols: _Columns,
+                  calls: _Calls) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each op to its step's T; a launch to its op, or, for an op that ended before its launch
+    call returned (a blocking copy), the op to that call and the host event before the call to
+    the op; the ops of one stream in order; a synchronisation after the device op it waited
+    for."""
+    host, dev, launch_of, new_chain = calls.host, calls.dev, calls.launch_of, calls.new_chain
+    ts, end = cols.ts, cols.end
+    h_node = 3 * n_steps + np.arange(len(host))
+    k_node = 3 * n_steps + len(host) + np.arange(len(dev))
+    edges = [_edge(k_node, 2 * n_steps + calls.h_step[launch_of])]
     launch_end = end[host][launch_of]
     blocking = end[dev] <= launch_end
-    edge(h_node[launch_of[~blocking]], k_node[~blocking])
-    edge(k_node[blocking], h_node[launch_of[blocking]])
-    chain_prev = np.where(new_chain, h_step, np.concatenate([[0], h_node[:-1]]))
-    edge(chain_prev[launch_of[blocking]], k_node[blocking])
+    edges.append(_edge(h_node[launch_of[~blocking]], k_node[~blocking]))
+    edges.append(_edge(k_node[blocking], h_node[launch_of[blocking]]))
+    chain_prev = np.where(new_chain, calls.h_step, np.concatenate([[0], h_node[:-1]]))
+    edges.append(_edge(chain_prev[launch_of[blocking]], k_node[blocking]))
     # Stream order: each op after the previous one on its stream, where that ended before it
     # started.
     stream = events["stream"].to_numpy("int64")[dev]
@@ -179,33 +265,17 @@ def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
     same = stream[by_stream][1:] == stream[by_stream][:-1]
     prev, this = by_stream[:-1][same], by_stream[1:][same]
     follows = end[dev][prev] <= ts[dev][this]
-    edge(k_node[prev[follows]], k_node[this[follows]])
+    edges.append(_edge(k_node[prev[follows]], k_node[this[follows]]))
     # Synchronisation: the last device op that ended before the call returned, launched before
     # the call began, and ending after it began (any stream: the trace does not say which).
-    is_sync = syncs[host]
+    is_sync = cols.syncs[host]
     at = np.searchsorted(end[dev], end[host][is_sync], side="right") - 1
     waited = np.clip(at, 0, None)
     sync_nodes = h_node[is_sync]
     ok = ((at >= 0) & (ts[host][launch_of[waited]] < ts[host][is_sync])
           & (end[dev][waited] > ts[host][is_sync]))
-    edge(k_node[waited[ok]], sync_nodes[ok])
-
-    src, dst = np.concatenate(src), np.concatenate(dst)
-    latest = dag.latest_predecessor(time, src, dst)
-    time[2 * n_steps:3 * n_steps] = latest[2 * n_steps:3 * n_steps]  # T: the step's last event
-    # A node the edges leave without a predecessor (an op starting before its launch, clock
-    # error) hangs from its step's start.
-    orphan = (latest == dag.NEVER) & (kind != START)
-    orphan &= time >= s_start[step]
-    src = np.concatenate([src, step[orphan]])
-    dst = np.concatenate([dst, np.flatnonzero(orphan)])
-    latest = dag.latest_predecessor(time, src, dst)
-    duration = np.where(latest == dag.NEVER, 0, time - latest)
-    covered = _coverage(events, ts, end, thread_of, gpu, runtime,
-                        int(thread_of.max(initial=-1)) + 1)
-    return RankGraph(time=time, duration=duration, kind=kind, step=step, thread=thread, busy=busy,
-                     device_category=device_category, src=src, dst=dst,
-                     level_starts=None, steps=steps, covered=covered)
+    edges.append(_edge(k_node[waited[ok]], sync_nodes[ok]))
+    return edges
 
 
 def _cummax_by_group(values: np.ndarray, starts: np.ndarray) -> np.ndarray:

@@ -10,16 +10,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
-from analysis.core.events import (
+from analysis.core.event_kinds import (
     HTA_COMM_RE,
     HTA_DEVICE_SYNC_NAMES,
     HTA_MEMORY_RE,
     HTA_NON_COMPUTE_RE,
-    distinct_names,
-    matches,
 )
+from analysis.core.events import distinct_names, matches
 from analysis.core.model import RankTrace, known_rank
-from analysis.rank.reduced import reduced_table
 
 HTA_COLUMNS = ["rank", "idle_us", "compute_us", "non_compute_us", "kernel_time_us", "note"]
 
@@ -66,11 +64,10 @@ def hta_temporal_breakdown(traces: list[RankTrace]) -> pd.DataFrame:
     by them (joined on correlation); otherwise everything. Kernels are the events with a stream.
     kernel_time is from the first kernel's start to the last kernel's end; idle is kernel_time
     minus the time any kernel runs; compute is the time compute kernels run; non_compute the rest.
-    Ranks where HTA finds no kernel (it raises there) get NaN and a note.
-
-    A rank whose events were dropped after loading brings its worker's `hta_rank_summary`.
+    Ranks where HTA finds no kernel (it raises there) get NaN and a note. Each rank brings its
+    `hta_rank_summary` (its reduction's).
     """
-    summaries = [reduced_table(trace, "hta", hta_rank_summary) for trace in traces]
+    summaries = [trace.table("hta") for trace in traces]
     step_names = set().union(*(s["step_names"] for s in summaries))
     filtering = len(step_names) >= 2
     # HTA shifts every rank by the run's earliest start before summing; summing raw epoch

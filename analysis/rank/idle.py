@@ -7,16 +7,15 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
-from analysis.core.events import (
+from analysis.core.event_kinds import (
     CPU_OP_CAT,
     DATA_LOADING_RE,
     HOST_OP_CATS,
     PYTHON_CAT,
     RUNTIME_CATS,
     SYNC_RE,
-    cat_is,
-    matches,
 )
+from analysis.core.events import cat_is, matches
 from analysis.core.model import RankTrace, known_rank
 from analysis.rank.layers import (
     on_threads,

@@ -21,7 +21,7 @@ import pandas as pd
 
 from analysis.core.comm_names import P2P_OPS, canonical_op
 from analysis.core.events import distinct_names, matches
-from analysis.core.frame_columns import flags, values_at
+from analysis.core.frames import flags, values_at
 from tracer import schema
 
 DDP = schema.ISSUER_DDP
@@ -230,6 +230,11 @@ def ddp_accumulation(traces) -> str | None:
             step_spans = getattr(trace, "steps", None)
         verdicts.append(_accumulation_of(forward_ts, reduce_ts, step_spans))
     return strongest_verdict(verdicts)
+
+
+def run_ddp_accumulation(traces) -> str | None:
+    """ddp_accumulation over the run, from each rank's own verdict (its reduction's)."""
+    return strongest_verdict([trace.table("ddp_accumulation") for trace in traces or []])
 
 
 def strongest_verdict(verdicts) -> str | None:

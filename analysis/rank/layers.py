@@ -12,16 +12,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
-from analysis.core.events import (
+from analysis.core.event_kinds import (
     CPU_OP_CAT,
     HOST_OP_CATS,
     MEMORY_CATS,
     PROFILER_STEP_RE,
     STEP_COLUMNS,
-    cat_is,
-    distinct_names,
-    matches,
 )
+from analysis.core.events import cat_is, distinct_names, matches
 from analysis.core.model import RankTrace
 from analysis.core.steps import WHOLE_TRACE_STEP
 

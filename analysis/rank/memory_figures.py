@@ -6,49 +6,19 @@ step (`cuda_peak_allocated_bytes`), elsewhere the process's RSS near the step's 
 (`rss_bytes`). From it: the peak, the growth (analysis.rank.memory_growth), and, where the device
 is known, the headroom and the steps left before it is full at the growth's rate. The categories
 at the peak are torch's memory profiler's (--profile-memory), from the window whose peak is the
-highest.
+highest. The figures are a RankMemory (analysis.core.contracts).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from analysis.core.contracts import MEASURE_CUDA, MEASURE_RSS, RankMemory
 from analysis.rank.memory_growth import growth_of
 from tracer import schema
-
-MEASURE_CUDA = "cuda_allocated"  # the series: PyTorch's peak allocated CUDA memory per step
-MEASURE_RSS = "rss"  # the process's resident memory near each step's end
-
-
-@dataclass(frozen=True)
-class RankMemory:
-    """docs/memory.md, "Figures per rank": every byte figure in bytes, NaN where unknown."""
-
-    rank: int
-    measure: str  # MEASURE_CUDA or MEASURE_RSS
-    steps: int  # analysed steps with a value
-    first_step: int
-    last_step: int
-    peak_bytes: float
-    peak_step: int
-    reserved_bytes: float  # the allocator's peak reserved memory (CUDA); NaN on CPU
-    device_total_bytes: float  # the device's capacity (CUDA); NaN on CPU
-    headroom_pct: float  # share of the device left above the peak reserved (else allocated)
-    growth_bytes_per_step: float
-    growth_from_step: int | None
-    noise_bytes: float  # the series' noise the growth was judged against
-    steps_to_full: float  # at the growth's rate, from the last step; NaN without both
-    full_at_step: int | None
-    categories_at_peak: dict[str, int] | None  # schema.MEMORY_CATEGORIES -> bytes
-    categories_steps: tuple[int, int] | None  # the profiler window they come from
-    categories_peak_bytes: float  # that window's peak: every tensor the profiler saw
-    # Bytes a step each category gained from the first profiler window's peak to the last's
-    # (two windows or more, at different steps); None otherwise
-    categories_growth_per_step: dict[str, float] | None = None
 
 
 def _column(frame: pd.DataFrame, name: str) -> np.ndarray:

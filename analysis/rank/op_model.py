@@ -13,9 +13,8 @@ import ast
 import math
 import re
 
-from analysis.core.op_names import (  # noqa: F401  (the op names, re-exported)
+from analysis.core.op_names import (
     ATTENTION_BACKWARD_OPS,
-    ATTENTION_OPS,
     CONV_OPS,
     ELEMENTWISE_RE,
     GEMM_OPS,

@@ -17,7 +17,6 @@ import pandas as pd
 from analysis.core.events import distinct_names
 from analysis.core.model import known_rank
 from analysis.rank.issuers import host_events
-from analysis.rank.reduced import reduced_table
 
 _ACTION_RE = re.compile(r"^PP:\(?(\d+)(F|B|I|W)(\d+)?")
 _GPIPE_RE = re.compile(r"^(?:Forward|Backward) \d+$")
@@ -44,14 +43,9 @@ class PipelineSchedule:
 
 
 def detect(traces) -> PipelineSchedule:
-    """The run's schedule: what each rank's spans say (`rank_schedule`), merged. A rank whose
-    events were dropped after loading brings the schedule its worker found (analysis.
-    rank_summary)."""
-    return merge([_schedule_of(trace) for trace in traces or []])
-
-
-def _schedule_of(trace) -> PipelineSchedule:
-    return reduced_table(trace, "pipeline_schedule", rank_schedule)
+    """The run's schedule: what each rank's spans say (`rank_schedule`, its reduction's),
+    merged."""
+    return merge([trace.table("pipeline_schedule") for trace in traces or []])
 
 
 def rank_schedule(trace) -> PipelineSchedule:

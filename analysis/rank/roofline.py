@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.event_kinds import RUNTIME_CATS, normal_cat
-from analysis.core.frame_columns import values_at
+from analysis.core.frames import values_at
 
 ROOFLINE_COLUMNS = ["name", "kind", "dtype", "step", "flops", "bytes", "time_ns", "time_from",
                     "achieved_tflops", "achieved_gbps", "intensity", "ridge", "bound",

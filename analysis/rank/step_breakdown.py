@@ -12,6 +12,7 @@ import pandas as pd
 
 from analysis.core import intervals
 from analysis.core.model import RankTrace, known_rank
+from analysis.core.steps import FIRST_TRAINING_STEP
 from analysis.rank.layers import PARTS, trace_kind, trace_layers, window_bounds
 
 # The time columns of a step (or a rank's steps): its length, the five PARTS that add up to it,
@@ -109,3 +110,39 @@ def _first_known(kind: pd.Series, group: np.ndarray, groups: int):
     rows = np.full(groups, -1, dtype=np.intp)
     rows[found] = known[first]
     return kind.array.take(rows, allow_fill=True)
+
+
+def record_step_rows(traces, per_step: pd.DataFrame, steps: list[int] | None) -> pd.DataFrame:
+    """Breakdown rows of the analysed steps that no profiler window holds: each rank's recorded
+    steps (from the first step, those of --steps) that `per_step` lacks, with step_ns, start_ns
+    and end_ns from the tracer's step record and every part of the kernel-level split missing
+    (docs/definitions.md, "Analysed steps"). The kind is the rank's profiled kind."""
+    profiled_rank = pd.to_numeric(per_step["rank"], errors="coerce")
+    profiled_step = pd.to_numeric(per_step["step"], errors="coerce")
+    kinds = dict(zip(profiled_rank.tolist(), per_step["kind"].tolist()))
+    frames = []
+    for trace in traces:
+        records = trace.records
+        recorded = getattr(records, "steps", None) if records is not None else None
+        rank = known_rank(trace)
+        if rank is None or recorded is None or not len(recorded):
+            continue
+        if not {"step", "start_ns", "end_ns"} <= set(recorded.columns):
+            continue
+        numbers = recorded[["step", "start_ns", "end_ns"]].apply(pd.to_numeric, errors="coerce")
+        numbers = numbers.dropna().drop_duplicates("step", keep="last")
+        kept = ((numbers["step"] >= FIRST_TRAINING_STEP)
+                & (numbers["end_ns"] > numbers["start_ns"])
+                & ~numbers["step"].isin(profiled_step[profiled_rank == rank]))
+        if steps is not None:
+            kept &= numbers["step"].isin(steps)
+        numbers = numbers[kept].astype("int64")
+        frames.append(pd.DataFrame({
+            "rank": int(rank), "step": numbers["step"],
+            "step_ns": numbers["end_ns"] - numbers["start_ns"],
+            "kind": kinds.get(float(rank)), "start_ns": numbers["start_ns"],
+            "end_ns": numbers["end_ns"]}))
+    columns = ["rank", "step", "step_ns", "kind", "start_ns", "end_ns"]
+    frame = (pd.concat(frames, ignore_index=True) if frames
+             else pd.DataFrame(columns=columns))
+    return frame.reindex(columns=list(dict.fromkeys([*per_step.columns, *columns])))

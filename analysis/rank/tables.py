@@ -1,7 +1,7 @@
 """Per-rank and per-step tables: the time breakdown with memory, utilisation and rank spread.
 
 Definitions in docs/report.md. Memory and utilisation come from the tracer's records
-(analysis.rank.resources).
+(analysis.rank.resource_use).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.model import known_rank
-from analysis.rank.resources import RANK_RESOURCE_COLUMNS, rank_resources, step_resources
+from analysis.rank.resource_use import RANK_RESOURCE_COLUMNS, rank_resources, step_resources
 from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS, COMM_SPLIT_COLUMNS
 
 PER_STEP_INPUT_COLUMNS = ["rank", "step", *BREAKDOWN_NS_COLUMNS, "overlap_pct", "kind"]
@@ -329,3 +329,23 @@ def _finished_per_rank(table: pd.DataFrame, traces) -> pd.DataFrame:
     table["status"] = pd.Series([status.get(int(r)) if not pd.isna(r) else None
                                  for r in table["rank"]], index=table.index, dtype=object)
     return table.sort_values("rank", kind="stable").reset_index(drop=True)
+
+
+def slowest_and_fastest(per_rank: pd.DataFrame, slowest: int, fastest: int) -> dict:
+    """The ranks a short rank table shows when it cannot show them all: the `slowest` ranks by
+    mean step (slowest first), the `fastest` ones (slowest of them first), and what is left
+    between them, as {"slowest": [rank...], "fastest": [rank...], "rest": count of the others,
+    "rest_min_ns", "rest_max_ns": the others' range of mean step, None where none has one}.
+    A rank without a mean step sorts after every timed one, among the rest."""
+    means = pd.to_numeric(per_rank["mean_step_ns"], errors="coerce")
+    order = per_rank.assign(_mean=means).sort_values(
+        ["_mean", "rank"], ascending=[False, True], kind="stable", na_position="last")
+    timed = order[order["_mean"].notna()]
+    top = list(timed["rank"].head(slowest))
+    bottom = [r for r in timed["rank"].tail(fastest) if r not in top]
+    rest = order[~order["rank"].isin([*top, *bottom])]
+    rest_means = rest["_mean"].dropna()
+    return {"slowest": [int(r) for r in top], "fastest": [int(r) for r in bottom],
+            "rest": len(rest),
+            "rest_min_ns": float(rest_means.min()) if len(rest_means) else None,
+            "rest_max_ns": float(rest_means.max()) if len(rest_means) else None}

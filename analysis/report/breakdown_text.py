@@ -52,17 +52,19 @@ def _with_split(rows: list[dict], split: list[tuple], show) -> tuple[list[dict],
     return out, unsplit_shown
 
 
-def _note(unsplit_shown: bool) -> str:
+def split_note(unsplit_shown: bool) -> str:
+    """The note under a table of split communication (and of communication not split)."""
     return SPLIT_NOTE + (UNSPLIT_NOTE if unsplit_shown else "")
 
 
 def breakdown_text(totals: pd.DataFrame) -> pd.DataFrame:
     """Per rank, each part's share of its step time; communication shown as transfer and
     waiting for peers (and, where the split is unknown, communication not split)."""
-    return _breakdown_text(totals)[0]
+    return breakdown_rows(totals)[0]
 
 
-def _breakdown_text(totals: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+def breakdown_rows(totals: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """(breakdown_text's table, whether it shows communication not split)."""
     rows, split = [], []
     for row in records(totals):
         whole = row["step_ns"]
@@ -88,10 +90,11 @@ def _breakdown_text(totals: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
 def per_step_text(per_step: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step), each part in ms; communication as transfer and waiting for peers."""
-    return _per_step_text(per_step)[0]
+    return per_step_rows(per_step)[0]
 
 
-def _per_step_text(per_step: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+def per_step_rows(per_step: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """(per_step_text's table, whether it shows communication not split)."""
     rows, split = [], []
     for row in records(per_step):
         rows.append({

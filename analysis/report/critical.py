@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.core.contracts import CriticalPath
 from analysis.report.text_tables import text_table as _table
 from analysis.report.values import plain, records
 
 
-def critical_path_steps_text(critical: dict) -> pd.DataFrame:
+def critical_path_steps_text(critical: CriticalPath) -> pd.DataFrame:
     """Per analysed step: the path's length, the ranks that end and start it, and its time by
     rank and category (ms)."""
-    steps = critical["critical_path_steps"]
+    steps = critical.critical_path_steps
     if steps is None or steps.empty:
         return pd.DataFrame()
-    path = critical["critical_path"]
+    path = critical.critical_path
     parts: dict = {}
     for row in records(path):
         parts.setdefault(row["step"], []).append(
@@ -34,26 +35,26 @@ def what_if_text(what_if: list) -> pd.DataFrame:
                          for w in what_if])
 
 
-def critical_path_text(critical: dict) -> str:
+def critical_path_text(critical: CriticalPath) -> str:
     """The Critical path section: the path per analysed step, then the what-if answers."""
     return "\n".join([
         _table(critical_path_steps_text(critical), "Critical path per step "
                "(docs/critical-path.md; waiting for peers is never on it)"),
-        _table(what_if_text(critical["what_if"]), "What if (largest saving first)",
+        _table(what_if_text(critical.what_if), "What if (largest saving first)",
                "  saved ms/step: mean over the analysed steps; what the model ignores: "
                "docs/critical-path.md")])
 
 
-def critical_path_json(critical: dict | None) -> dict:
+def critical_path_json(critical: CriticalPath | None) -> dict:
     """The document's top-level `critical_path` (per analysed step: path_ms, step_ms, end_rank,
     start_rank and `by_rank`, the path's ms by rank and category) and `what_if` (largest saving
     first); null and [] where they could not be computed (docs/critical-path.md)."""
     if critical is None:
         return {"critical_path": None, "what_if": []}
     by_step: dict = {}
-    for row in records(critical["critical_path"]):
+    for row in records(critical.critical_path):
         by_step.setdefault(row["step"], []).append(
             {"rank": row["rank"], "category": row["category"], "ms": row["ms"]})
     steps = [{**row, "by_rank": by_step.get(row["step"], [])}
-             for row in records(critical["critical_path_steps"])]
-    return {"critical_path": steps, "what_if": [plain(w) for w in critical["what_if"]]}
+             for row in records(critical.critical_path_steps)]
+    return {"critical_path": steps, "what_if": [plain(w) for w in critical.what_if]}

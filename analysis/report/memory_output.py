@@ -1,6 +1,6 @@
 """The memory section as the JSON, CSV and text writers show it (docs/memory.md): the JSON object,
 the CSV table, the terminal table with the out-of-memory lines (the HTML figure is
-analysis.report.html.memory_figure's). Everything here formats what
+analysis.report.html.memory_figure's). Everything here formats the MemorySection that
 analysis.findings.memory_section computed.
 """
 
@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.findings.memory_section import MemorySection
+from analysis.core.contracts import MemorySection
 from analysis.report.text_tables import text_table
 from analysis.report.values import human_bytes, plain
 from tracer import schema
 
 CATEGORY_PREFIX = "categories_at_peak."
-FINDING_KEYS = ("finding", "evidence", "suggestion", "ranks")
 
 
 def memory_json(section: MemorySection | None) -> dict | None:
@@ -22,7 +21,8 @@ def memory_json(section: MemorySection | None) -> dict | None:
     if section is None:
         return None
     return {"ranks": plain(section.rows),
-            "findings": [{k: row[k] for k in FINDING_KEYS} for row in section.findings],
+            "findings": [{"finding": f.name, "evidence": f.evidence, "suggestion": f.suggestion,
+                          "ranks": f.ranks} for f in section.findings],
             "oom": plain(section.oom)}
 
 
@@ -69,5 +69,5 @@ def memory_text(section: MemorySection | None) -> str:
             for r in categorized) if categorized else ""
         parts.append(text_table(shown, "Memory (docs/memory.md)", note))
     if section.oom is not None:
-        parts.append("Out of memory\n" + "".join(f"  {line}\n" for line in section.oom["lines"]))
+        parts.append("Out of memory\n" + "".join(f"  {line}\n" for line in section.oom.lines))
     return "\n".join(parts)

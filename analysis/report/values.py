@@ -1,19 +1,23 @@
 """Values as the writers show them: JSON-ready values and records, times, shares and
-sizes as text."""
+sizes as text, and the steps each rank's rows cover."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from analysis.core.steps import WHOLE_TRACE_STEP
+
 MS = 1e6  # ns per ms
 
 
 def plain(value):
-    """A JSON-ready Python value: numpy scalars unwrapped, NaN/NA -> None."""
+    """A JSON-ready Python value: numpy scalars unwrapped, NaN/NA -> None, a dataclass (a
+    Verdict) as the dict of its fields."""
     if value is None or value is pd.NA or value is pd.NaT:
         return None
     if isinstance(value, (np.integer,)):
@@ -26,6 +30,8 @@ def plain(value):
         return [plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Path):
         return str(value)
     return value
@@ -89,3 +95,26 @@ def _share(part, whole) -> str:
     if part is None or not whole:
         return "-"
     return f"{part / whole * 100:.1f}%"
+
+
+WINDOW_STEPS, WINDOW_WHOLE_TRACE, WINDOW_NONE = "steps", "whole trace", "none"
+
+
+def steps_by_rank(per_step: pd.DataFrame) -> dict:
+    """rank -> the step numbers of its rows in the breakdown, in table order ([-1] for a trace
+    analysed whole); rows without a rank are under None. Built once: a lookup per rank, not a
+    scan of the table per rank."""
+    by_rank: dict = {}
+    if per_step.empty:
+        return by_rank
+    for rank, step in zip(per_step["rank"].astype(object), per_step["step"].astype(object)):
+        by_rank.setdefault(None if pd.isna(rank) else rank, []).append(int(step))
+    return by_rank
+
+
+def window_of(steps: list[int]) -> str:
+    """What a rank with these analysed steps was analysed over: its steps, its whole trace (no
+    ProfilerStep), or none."""
+    if not steps:
+        return WINDOW_NONE
+    return WINDOW_WHOLE_TRACE if steps == [WHOLE_TRACE_STEP] else WINDOW_STEPS

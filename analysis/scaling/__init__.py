@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.core.command_options import add_parse_options
 from analysis.core.model import UNKNOWN_RANK
 from analysis.core.step_spec import positive_number
 from analysis.core.terminal import terminal_safe
 from analysis.ingest.runs import NothingToAnalyse, find_runs, is_run_dir, stray_notes
-from analysis.rank.summary import rank_tables
-from analysis.report.output import plain, records
+from analysis.report.values import plain, records
 from analysis.scaling import table as st
 from tracer import schema
+from tracer.options import help_format
 
 DOCUMENT_VERSION = 1
 MIB = 1 << 20
@@ -71,52 +72,20 @@ def _frame(ranks: list, name: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _cross_rank_parts(loaded, per_step: pd.DataFrame, problems: list[str], where: str):
-    """(shares of the profiled steps, bandwidth table, straggler ranks, waits per rank and
-    step or None) of one run."""
-    from analysis.crossrank import cross_rank
-    from analysis.crossrank.report import rank_bars
-
-    waits, bandwidth, stragglers = None, pd.DataFrame(), []
-    try:
-        result = cross_rank(loaded)
-        waits, bandwidth = result["waits"], result["bandwidth"]
-        fired = result["stragglers"]
-        stragglers = [int(r) for r in fired.loc[fired["fires"].astype(bool), "rank"]]
-    except Exception as exc:  # the per-rank breakdown still gives the parts, without waits
-        problems.append(f"{where}: cross-rank analysis failed: {type(exc).__name__}: {exc}")
-    shares = st.part_shares(rank_bars(per_step, waits)) if len(per_step) else None
-    return shares, bandwidth, stragglers, waits
-
-
-def _mean_mfu(loaded, per_step: pd.DataFrame, waits, problems: list[str], where: str,
-              peak_tflops: float | None = None) -> float:
-    """The run's MFU, %: the mean over every rank's profiled steps of the run's analysis's mfu
-    table (analysis.run.mfu_of_run; `peak_tflops` overrides every rank's peak); NaN where no
-    rank has one."""
-    from analysis.crossrank.waits import split_communication
-    from analysis.run import mfu_of_run
-
-    if not len(per_step):
-        return float("nan")
-    try:
-        mfu = mfu_of_run(loaded.ranks, split_communication(per_step, waits), peak_tflops)
-    except Exception as exc:  # the rest of the row stands without it
-        problems.append(f"{where}: mfu table failed: {type(exc).__name__}: {exc}")
-        return float("nan")
-    values = pd.to_numeric(mfu["mfu_pct"], errors="coerce") if len(mfu) else pd.Series([])
-    return float(values.mean()) if values.notna().any() else float("nan")
-
-
 def load_run(path: Path, samples_per_step: float | None = None,
              warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True,
-             peak_tflops: float | None = None) -> tuple[dict, pd.DataFrame, list[str]]:
-    """One run's row (`scaling_table.run_row` plus run, path, world_size, nnodes, stragglers),
-    its transfer-based bandwidth table and its problems."""
-    from analysis.ingest.load import load_path
-    from analysis.rank.step_breakdown import breakdown_per_step, empty_breakdown
+             peak_tflops: float | None = None, jobs: int | None = None,
+             comm_kernels: tuple = ()) -> tuple[dict, pd.DataFrame, list[str]]:
+    """One run's row (`scaling_table.run_row` plus run, path, world_size, nnodes, stragglers,
+    the MFU), its transfer-based bandwidth table and its problems. The breakdown, the cross-rank
+    pass and the MFU are the run's analysis's (analysis.run: `peak_tflops` overrides every
+    rank's peak), each computed once; `jobs` and `comm_kernels` as the load takes them."""
+    from analysis.crossrank.report_tables import rank_bars
+    from analysis.run.analysed_run import Run
+    from analysis.run.loading import load_run_path
 
-    loaded = load_path(path, use_cache=use_cache, reduce_rank=rank_tables)
+    loaded = load_run_path(path, use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels)
+    run = Run(loaded, name=path.name, path=str(path), peak_tflops=peak_tflops)
     problems = list(loaded.problems)
     steps = _frame(loaded.ranks, "steps")
     samples = _frame(loaded.ranks, "samples")
@@ -134,10 +103,10 @@ def load_run(path: Path, samples_per_step: float | None = None,
     if steps.empty:
         problems.append(f"{path}: no step records (rank*.steps.jsonl): the run has no step time "
                         f"to compare; trace it with python -m tracer.record")
-    per_step = pd.concat([breakdown_per_step(t) for t in loaded.ranks] or [empty_breakdown()],
-                         ignore_index=True)
-    shares, bandwidth, stragglers, waits = _cross_rank_parts(loaded, per_step, problems,
-                                                             str(path))
+    per_step = run.breakdown
+    cross = run.cross_rank
+    waits = cross.waits if cross is not None else None
+    shares = st.part_shares(rank_bars(per_step, waits)) if len(per_step) else None
     if shares is None and not steps.empty:
         problems.append(f"{path}: no profiled step in its Kineto traces: step time and "
                         f"throughput only, no parts")
@@ -148,25 +117,40 @@ def load_run(path: Path, samples_per_step: float | None = None,
         else {"step_ms": float("nan")}
     kinds = set(per_step["kind"].dropna()) if "kind" in per_step.columns else set()
     row.update(trace_kind="gpu" if "gpu" in kinds else ("cpu" if kinds else None))
+    fired = cross.stragglers if cross is not None else pd.DataFrame()
+    stragglers = ([int(r) for r in fired.loc[fired["fires"].astype(bool), "rank"]]
+                  if len(fired) else [])
     row.update(run=path.name, path=str(path), world_size=world_size, nnodes=nnodes,
                stragglers=",".join(map(str, stragglers)),
-               mfu_pct=_mean_mfu(loaded, per_step, waits, problems, str(path), peak_tflops))
+               mfu_pct=_mean_mfu(run.mfu) if len(per_step) else float("nan"))
+    problems += [f"{path}: {problem}" for problem in run.problems_met]
+    bandwidth = cross.bandwidth if cross is not None else pd.DataFrame()
     bandwidth = bandwidth.assign(run=path.name, world_size=world_size, nnodes=nnodes)
     return row, bandwidth, problems
 
 
+def _mean_mfu(mfu: pd.DataFrame | None) -> float:
+    """The run's MFU, %: the mean over every rank's profiled steps of its mfu table; NaN where
+    no rank has one (or the table failed: the run's problems say why)."""
+    if mfu is None or not len(mfu):
+        return float("nan")
+    values = pd.to_numeric(mfu["mfu_pct"], errors="coerce")
+    return float(values.mean()) if values.notna().any() else float("nan")
+
+
 def study(paths: list[Path], mode: str | None = None, samples_per_step: float | None = None,
           warmup_steps: int = st.DEFAULT_WARMUP_STEPS, use_cache: bool = True,
-          peak_tflops: float | None = None) -> Study:
+          peak_tflops: float | None = None, jobs: int | None = None,
+          comm_kernels: tuple = ()) -> Study:
     """Load every run that `paths` name and compare them; `peak_tflops` overrides every rank's
-    peak in the MFU column."""
+    peak in the MFU column; `jobs` and `comm_kernels` as the load takes them."""
     rows, bandwidths, problems = [], [], []
     folders = run_folders(paths)
     notes = [n for f in dict.fromkeys([*paths, *folders]) for n in stray_notes(f)]
     for folder in folders:
         try:
             row, bandwidth, found = load_run(folder, samples_per_step, warmup_steps, use_cache,
-                                             peak_tflops)
+                                             peak_tflops, jobs, comm_kernels)
         except NothingToAnalyse as exc:
             problems.append(f"{folder}: {exc}")
             continue
@@ -269,40 +253,58 @@ def document(result: Study) -> dict:
             "attribution": records(result.attribution), "bandwidth": records(result.bandwidth)}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis.scaling",
-        description="Compare runs of one workload at several world sizes: step time, "
-                    "throughput, speedup, efficiency and where the lost efficiency went "
-                    "(docs/scaling.md).")
+PROG = "python -m analysis.scaling"
+
+
+def add_study_options(group: argparse._ArgumentGroup) -> None:
+    """How the runs are compared, for this command and the sweep that ends in it: --mode,
+    --samples-per-step, --warmup-steps."""
+    group.add_argument("--mode", choices=["strong", "weak"],
+                       help="strong: the same global batch at every world size; weak: a "
+                            "global batch growing with it (default: from the recorded "
+                            "samples per step, else strong)")
+    group.add_argument("--samples-per-step", type=float, metavar="N",
+                       help="global batch per step, for runs that did not record it (default: "
+                            "the recorded one)")
+    group.add_argument("--warmup-steps", type=int, default=st.DEFAULT_WARMUP_STEPS,
+                       metavar="N", help="first steps left out of the step time")
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = help_format.parser(
+        prog, "Compare runs of one workload at several world sizes: step time, throughput, "
+              "speedup, efficiency and where the lost efficiency went (docs/scaling.md).")
     parser.add_argument("paths", nargs="+", type=Path, metavar="RUN",
                         help="a run folder, or a folder of runs (a sweep)")
-    parser.add_argument("--mode", choices=["strong", "weak"],
-                        help="strong: the same global batch at every world size; weak: a "
-                             "global batch growing with it (default: from the recorded "
-                             "samples per step, else strong)")
-    parser.add_argument("--format", choices=["text", "json", "csv"], default="text")
-    parser.add_argument("--samples-per-step", type=float, metavar="N",
-                        help="global batch per step, for runs that did not record it")
-    parser.add_argument("--warmup-steps", type=int, default=st.DEFAULT_WARMUP_STEPS,
-                        metavar="N", help="first steps left out of the step time")
-    parser.add_argument("--svg", type=Path, metavar="FILE",
-                        help="also write the efficiency plot with a stacked bar per world size")
-    parser.add_argument("--html", type=Path, metavar="FILE",
-                        help="also write a self-contained page with the plot and the report")
-    parser.add_argument("--no-cache", action="store_true", help="do not use the Parquet cache")
-    parser.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
-                        help="every rank's peak for the MFU column (default: each run's "
-                             "recorded or measured peak, else the device's datasheet; "
-                             "docs/mfu.md)")
-    return parser.parse_args(argv)
+    which = parser.add_argument_group("what to compare")
+    add_study_options(which)
+    which.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
+                       help="every rank's peak for the MFU column (default: each run's "
+                            "recorded or measured peak, else the device's datasheet; "
+                            "docs/mfu.md)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--format", choices=["text", "json", "csv"], default="text",
+                        help="standard output: the report, one JSON document, or the CSV table")
+    output.add_argument("--svg", type=Path, metavar="FILE",
+                        help="also write the efficiency plot with a stacked bar per world size "
+                             "(default: none written)")
+    output.add_argument("--html", type=Path, metavar="FILE",
+                        help="also write a self-contained page with the plot and the report "
+                             "(default: none written)")
+    add_parse_options(parser)
+    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
+    return build_parser(prog).parse_args(argv)
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     try:
         result = study(args.paths, args.mode, args.samples_per_step, args.warmup_steps,
-                       use_cache=not args.no_cache, peak_tflops=args.peak_tflops)
+                       use_cache=not args.no_cache, peak_tflops=args.peak_tflops,
+                       jobs=args.jobs, comm_kernels=tuple(args.comm_kernel))
     except NothingToAnalyse as exc:
         print(terminal_safe(f"ranktrace: error: {exc}"), file=sys.stderr)
         return 1
@@ -319,10 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(terminal_safe(text_report(result)))
     if args.svg is not None:
-        from analysis.scaling.svg import scaling_svg
+        from analysis.scaling.efficiency_plot import scaling_svg
         args.svg.write_text(scaling_svg(result.table, result.warnings))
     if args.html is not None:
-        from analysis.scaling.svg import scaling_page
+        from analysis.scaling.efficiency_plot import scaling_page
         title = "ranktrace scaling study: " + ", ".join(str(p) for p in args.paths)
         args.html.write_text(scaling_page(title, result.table, text_report(result),
                                           result.warnings))

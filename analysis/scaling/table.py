@@ -114,8 +114,8 @@ def step_spread(durations: pd.Series) -> dict:
 
 def part_shares(bars: pd.DataFrame) -> dict | None:
     """Each part's share of the profiled steps' time, from the per-rank mean ms per step of
-    `analysis.crossrank.report.rank_bars` (compute, overlap, transfer and waiting or comm, memcpy,
-    idle): the mean over ranks of each part over the mean over ranks of their sum."""
+    `analysis.crossrank.report_tables.rank_bars` (compute, overlap, transfer and waiting or comm,
+    memcpy, idle): the mean over ranks of each part over the mean over ranks of their sum."""
     if bars is None or bars.empty:
         return None
     mean = bars.drop(columns="rank").mean()

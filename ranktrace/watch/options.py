@@ -8,6 +8,8 @@ import inspect
 import re
 from dataclasses import dataclass
 
+from tracer.options import help_format
+
 PROG = "ranktrace watch"
 
 
@@ -61,22 +63,22 @@ def _positive(kind):
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     text = _help()
     defaults = WatchOptions()
-    parser = argparse.ArgumentParser(
-        prog=prog, allow_abbrev=False,
-        description="Watch a traced job live: every rank's step, who waits for whom, each "
-                    "phase and captured window as they happen (docs/viewing.md). Keys: c asks "
-                    "every rank for a capture (as python -m tracer.capture does), q quits.")
+    parser = help_format.parser(
+        prog, "Watch a traced job live: every rank's step, who waits for whom, each phase and "
+              "captured window as they happen (docs/viewing.md). Keys: c asks every rank for a "
+              "capture (as ranktrace capture does), q quits.")
     parser.add_argument("paths", nargs="*", metavar="RUN | DIR", help=text["paths"])
     parser.add_argument("--run", metavar="NAME", help=text["run"])
-    parser.add_argument("--interval", type=_positive(float), default=defaults.interval,
-                        metavar="S", help=text["interval"])
-    parser.add_argument("--plain", action="store_true", help=text["plain"])
-    parser.add_argument("--window-s", type=_positive(float), default=defaults.window_s,
-                        metavar="S", help=text["window_s"])
-    parser.add_argument("--recent", type=_positive(int), default=defaults.recent, metavar="N",
-                        help=text["recent"])
-    parser.add_argument("--silent-s", type=_positive(float), default=defaults.silent_s,
-                        metavar="S", help=text["silent_s"])
+    view = parser.add_argument_group("the view")
+    view.add_argument("--interval", type=_positive(float), default=defaults.interval,
+                      metavar="S", help=text["interval"])
+    view.add_argument("--plain", action="store_true", help=text["plain"])
+    view.add_argument("--window-s", type=_positive(float), default=defaults.window_s,
+                      metavar="S", help=text["window_s"])
+    view.add_argument("--recent", type=_positive(int), default=defaults.recent, metavar="N",
+                      help=text["recent"])
+    view.add_argument("--silent-s", type=_positive(float), default=defaults.silent_s,
+                      metavar="S", help=text["silent_s"])
     return parser
 
 

@@ -9,6 +9,7 @@ import signal
 import sys
 import tempfile
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .analysis_checks import check_hta_columns, check_hta_match, run_analysis
@@ -86,6 +87,23 @@ def _on_sigterm(signum, frame):
     raise Interrupted(f"signal {signum}")
 
 
+@dataclass
+class _Session:
+    """What one validation run carries from step to step."""
+
+    args: argparse.Namespace
+    gpu: bool
+    budget: Budget
+    command: list[str]
+    results: Results
+    cfg: dict
+    work: Path
+    runner: Runner
+    runs: dict[str, dict] = field(default_factory=dict)
+    hta_numbers: dict[str, dict] = field(default_factory=dict)
+    analysis_figures: dict[str, dict] = field(default_factory=dict)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser()
@@ -98,6 +116,26 @@ def main(argv: list[str] | None = None) -> int:
         return install_fixtures(args.install_fixtures, args.dest, args.allow_cpu)
     if args.outdir is None:
         parser.error("OUTDIR is required")
+    session = _start(args, argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    stop_reason = None
+    try:
+        stop_reason = _validate(session)
+    except BudgetExhausted as exc:
+        stop_reason = str(exc)
+        print(f"!! {stop_reason}", flush=True)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        session.runner.kill_all()
+        stop_reason = f"interrupted ({exc or 'Ctrl-C'})"
+        print(f"!! {stop_reason}", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _finish(session, stop_reason)
+    return _verdict(session)
+
+
+def _start(args: argparse.Namespace, argv: list[str]) -> _Session:
+    """The results file, the settings, the work folder and the runner of a validation run."""
     outdir = args.outdir.resolve()
     outdir.mkdir(parents=True, exist_ok=True)
     gpu = not args.cpu
@@ -105,99 +143,109 @@ def main(argv: list[str] | None = None) -> int:
     command = ["python", "scripts/gpu_validation", *argv]
     results = Results(outdir, "gpu" if gpu else "cpu", args.quick, budget, command)
     results.save()
-    cfg = settings(gpu, args.quick)
     if args.work:  # a fresh folder inside it: run names must not collide with earlier runs
         args.work.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="run-", dir=args.work.resolve()))
     else:
         work = Path(tempfile.mkdtemp(prefix="ranktrace-gpu-validation-"))
-    runner = Runner(budget, base_env(gpu, []))
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    runs: dict[str, dict] = {}
-    hta_numbers: dict[str, dict] = {}
-    analysis_figures: dict[str, dict] = {}
+    session = _Session(args=args, gpu=gpu, budget=budget, command=command, results=results,
+                       cfg=settings(gpu, args.quick), work=work,
+                       runner=Runner(budget, base_env(gpu, [])))
     print(f"ranktrace GPU validation: mode {'gpu' if gpu else 'cpu'}"
           f"{' --quick' if args.quick else ''}, budget {budget.total:g} s, work folder {work}, "
           f"results in {outdir}", flush=True)
-    stop_reason = None
+    return session
+
+
+def _validate(s: _Session) -> str | None:
+    """Every check in order; why the run stopped early, or None."""
+    results, runner, cfg, work, gpu = s.results, s.runner, s.cfg, s.work, s.gpu
+    print(f"== preflight ({s.budget.elapsed():.0f} s)", flush=True)
+    if not preflight(results, runner, gpu, s.args.wheels, work):
+        return "preflight failed (see the preflight checks)"
+    print(f"== tracing {', '.join(WORKLOADS)} ({s.budget.elapsed():.0f} s)", flush=True)
+    traced = runner.run_many([(f"trace-{wl}", trace_command(wl, work, cfg),
+                               cfg["trace_timeout"]) for wl in WORKLOADS], cfg["parallel"])
+    for wl in WORKLOADS:
+        done = traced[f"trace-{wl}"]
+        if isinstance(done, BudgetExhausted):
+            raise done
+        print(f"== checking {wl} ({s.budget.elapsed():.0f} s)", flush=True)
+        with guarded(results, f"{wl}."):
+            _check_workload(s, wl, done)
+    if gpu:
+        with guarded(results, "nvml."):
+            check_utilisation(results, s.runs)
+    provenance = provenance_of(
+        results, s.command, s.runs,
+        settings={k: v for k, v in cfg.items() if not k.endswith("timeout")},
+        hta_compatible=s.analysis_figures, hta=s.hta_numbers)
+    with guarded(results, "fixtures."):
+        write_fixtures(results, results.outdir, s.runs, provenance)
+    print(f"== overhead ({s.budget.elapsed():.0f} s)", flush=True)
+    with guarded(results, "overhead."):
+        overhead(results, runner, work, cfg, gpu, s.args.max_overhead)
+    return None
+
+
+def _check_workload(s: _Session, wl: str, done) -> None:
+    """The checks of one traced workload: its trace, its files, the analysis, and on a GPU its
+    memory and HTA's columns."""
+    results = s.results
+    run = s.runs[wl] = read_run(s.work / wl)
+    if not check_trace(results, wl, done, run, s.cfg) and not run.get("traces"):
+        results.not_run([n for n in results.checks if n.startswith(wl + ".")],
+                        f"the traced {wl} run produced no trace")
+        return
+    check_run_files(results, wl, run, s.gpu)
+    doc = run_analysis(results, s.runner, wl, s.work / wl, s.cfg, s.gpu)
+    if not s.gpu:
+        return
+    check_memory(results, wl, run, doc)
+    ours = check_hta_columns(results, wl, doc)
+    if ours is not None:
+        s.analysis_figures[wl] = ours
+    theirs = check_hta_match(results, s.runner, wl, run, ours, s.work, s.cfg)
+    if theirs is not None:
+        s.hta_numbers[wl] = theirs
+
+
+def _finish(s: _Session, stop_reason: str | None) -> None:
+    """The logs, the fixtures of whatever was traced, the layout and time checks, and the
+    results files, however the run ended."""
+    results, outdir = s.results, s.results.outdir
     try:
-        print(f"== preflight ({budget.elapsed():.0f} s)", flush=True)
-        if not preflight(results, runner, gpu, args.wheels, work):
-            stop_reason = "preflight failed (see the preflight checks)"
-        if stop_reason is None:
-            print(f"== tracing {', '.join(WORKLOADS)} ({budget.elapsed():.0f} s)", flush=True)
-            traced = runner.run_many([(f"trace-{wl}", trace_command(wl, work, cfg),
-                                       cfg["trace_timeout"]) for wl in WORKLOADS],
-                                     cfg["parallel"])
-            for wl in WORKLOADS:
-                done = traced[f"trace-{wl}"]
-                if isinstance(done, BudgetExhausted):
-                    raise done
-                print(f"== checking {wl} ({budget.elapsed():.0f} s)", flush=True)
-                with guarded(results, f"{wl}."):
-                    run = runs[wl] = read_run(work / wl)
-                    if not check_trace(results, wl, done, run, cfg) and not run.get("traces"):
-                        results.not_run([n for n in results.checks if n.startswith(wl + ".")],
-                                        f"the traced {wl} run produced no trace")
-                        continue
-                    check_run_files(results, wl, run, gpu)
-                    doc = run_analysis(results, runner, wl, work / wl, cfg, gpu)
-                    if gpu:
-                        check_memory(results, wl, run, doc)
-                        ours = check_hta_columns(results, wl, doc)
-                        if ours is not None:
-                            analysis_figures[wl] = ours
-                        theirs = check_hta_match(results, runner, wl, run, ours, work, cfg)
-                        if theirs is not None:
-                            hta_numbers[wl] = theirs
-            if gpu:
-                with guarded(results, "nvml."):
-                    check_utilisation(results, runs)
-            provenance = provenance_of(
-                results, command, runs,
-                settings={k: v for k, v in cfg.items() if not k.endswith("timeout")},
-                hta_compatible=analysis_figures, hta=hta_numbers)
-            with guarded(results, "fixtures."):
-                write_fixtures(results, outdir, runs, provenance)
-            print(f"== overhead ({budget.elapsed():.0f} s)", flush=True)
-            with guarded(results, "overhead."):
-                overhead(results, runner, work, cfg, gpu, args.max_overhead)
-    except BudgetExhausted as exc:
-        stop_reason = str(exc)
-        print(f"!! {stop_reason}", flush=True)
-    except (Interrupted, KeyboardInterrupt) as exc:
-        runner.kill_all()
-        stop_reason = f"interrupted ({exc or 'Ctrl-C'})"
-        print(f"!! {stop_reason}", flush=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        try:
-            write_logs(outdir, runner.logs)
-        except OSError as exc:
-            results.notes.append(f"logs.tar.gz not written: {exc}")
-        if results.pending("fixtures.tar"):
-            found = {wl: runs.get(wl) or read_run(work / wl) for wl in WORKLOADS}
-            found = {wl: run for wl, run in found.items() if run.get("exists")}
-            if found:
-                write_fixtures(results, outdir, found,
-                               provenance_of(results, command, found, partial=True))
-        if stop_reason:
-            results.notes.append(f"stopped early: {stop_reason}")
-        check_layout(results, outdir)
-        elapsed = budget.elapsed()
-        limit = budget.total + BUDGET_OVERRUN_S
-        results.record("time_budget", elapsed < limit, f"{elapsed:.1f} s",
-                       f"{elapsed:.1f} s in all (limit {limit:.0f} s, budget "
-                       f"{budget.total:g} s)")
-        results.finish(stop_reason or "an earlier step failed")
-        results.save()
-        write_atomic(outdir / "results.md", results.markdown())
-        if not args.keep_work and not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print(f"work folder kept: {work}", flush=True)
+        write_logs(outdir, s.runner.logs)
+    except OSError as exc:
+        results.notes.append(f"logs.tar.gz not written: {exc}")
+    if results.pending("fixtures.tar"):
+        found = {wl: s.runs.get(wl) or read_run(s.work / wl) for wl in WORKLOADS}
+        found = {wl: run for wl, run in found.items() if run.get("exists")}
+        if found:
+            write_fixtures(results, outdir, found,
+                           provenance_of(results, s.command, found, partial=True))
+    if stop_reason:
+        results.notes.append(f"stopped early: {stop_reason}")
+    check_layout(results, outdir)
+    elapsed = s.budget.elapsed()
+    limit = s.budget.total + BUDGET_OVERRUN_S
+    results.record("time_budget", elapsed < limit, f"{elapsed:.1f} s",
+                   f"{elapsed:.1f} s in all (limit {limit:.0f} s, budget "
+                   f"{s.budget.total:g} s)")
+    results.finish(stop_reason or "an earlier step failed")
+    results.save()
+    write_atomic(outdir / "results.md", results.markdown())
+    if not s.args.keep_work and not s.args.work:
+        shutil.rmtree(s.work, ignore_errors=True)
+    else:
+        print(f"work folder kept: {s.work}", flush=True)
+
+
+def _verdict(s: _Session) -> int:
+    """The summary lines and the exit status: 1 where a check failed."""
+    results = s.results
     counts = results.counts()
-    print(f"== done in {budget.elapsed():.1f} s: {counts.get('passed', 0)} passed, "
+    print(f"== done in {s.budget.elapsed():.1f} s: {counts.get('passed', 0)} passed, "
           f"{counts.get('failed', 0)} failed, {counts.get('skipped', 0)} skipped", flush=True)
     if results.failed:
         print("FAILED CHECKS:", flush=True)
@@ -209,10 +257,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {check['name']}: {check['detail']}", flush=True)
         for detail, names in not_run.items():
             print(f"  {len(names)} checks {detail}: {', '.join(names)}", flush=True)
-        print(f"VERDICT: FAILED (results in {outdir})", flush=True)
+        print(f"VERDICT: FAILED (results in {results.outdir})", flush=True)
         return 1
-    print(f"VERDICT: PASSED{' (GPU checks skipped: --cpu)' if not gpu else ''} "
-          f"(results in {outdir})", flush=True)
+    print(f"VERDICT: PASSED{' (GPU checks skipped: --cpu)' if not s.gpu else ''} "
+          f"(results in {results.outdir})", flush=True)
     return 0
 
 

@@ -37,7 +37,7 @@ def settings(gpu: bool, quick: bool) -> dict:
             # 6 DDP buckets per step instead of 22: the comms file stays a small fixture
             "ddp": ["--bucket-cap-mb", "100"],
             "tracer": ["--skip-first", "5", "--wait", "0", "--warmup", "1", "--active", "2",
-                       "--repeat", "1", "--sample-hz", "20"],
+                       "--windows", "1", "--sample-hz", "20"],
             "trace_timeout": 150.0, "analysis_timeout": 90.0, "hta_timeout": 150.0,
             "overhead_model": ["--hidden", "2048", "--layers", "4", "--batch-size", "128"],
             "overhead_steps": 60 if quick else 120, "overhead_sample_hz": "20",
@@ -50,7 +50,7 @@ def settings(gpu: bool, quick: bool) -> dict:
         "steps": 7 if quick else 12,
         "ddp": [],
         "tracer": ["--skip-first", "2", "--wait", "0", "--warmup", "1", "--active", "2",
-                   "--repeat", "1", "--sample-hz", "10"],
+                   "--windows", "1", "--sample-hz", "10"],
         "trace_timeout": 90.0, "analysis_timeout": 60.0, "hta_timeout": 90.0,
         "overhead_model": ["--hidden", "64", "--layers", "4", "--batch-size", "32"],
         "overhead_steps": 24 if quick else 60, "overhead_sample_hz": "10",

@@ -1,5 +1,6 @@
-"""The JSON document of `python -m analysis.breakdown` on every real trace in tests/data, compared
-with the one written in tests/data/golden/ (tests/data/golden/README.md).
+"""The JSON document of `python -m analysis.breakdown` on every real trace in tests/data, and its
+text report (the one screen, and --full) on a few, compared with those written in
+tests/data/golden/ (tests/data/golden/README.md).
 
 A refactor of the analysis must leave these documents as they are. A change that means to alter
 the numbers or the wording rewrites them, on purpose and in the same commit:
@@ -48,10 +49,31 @@ CASES = [
     ("hta/trace_filter", ("--comm-kernel", "permute_pooled_embs")),
 ]
 
+# (trace folder, extra options) of the stored text reports: the default one screen of a CPU run
+# and of a GPU one, and every table of the CPU run
+TEXT_CASES = [
+    ("ddp_cpu", ()),
+    ("hta/trace_filter", ()),
+    ("ddp_cpu", ("--full",)),
+]
+
 
 def golden_path(folder: str, options: tuple) -> Path:
     suffix = "".join("_" + o.strip("-").replace("-", "_") for o in options[:1])
     return GOLDEN / f"{folder.replace('/', '__')}{suffix}.json"
+
+
+def text_golden_path(folder: str, options: tuple) -> Path:
+    return golden_path(folder, options).with_suffix(".txt")
+
+
+def text(folder: str, options: tuple) -> str:
+    """The text report the command line prints for `folder`, paths made portable."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main([str(DATA / folder), "--no-cache", "--jobs", "1", *options])
+    assert code == 0, f"{folder} {options}: exit code {code}"
+    return printed.getvalue().replace(str(DATA), DATA_MARK)
 
 
 def _portable(value):
@@ -105,6 +127,12 @@ def test_the_json_document_is_the_stored_one(folder, options):
     assert not found, "\n".join(found[:20])
 
 
+@pytest.mark.parametrize("folder, options", TEXT_CASES,
+                         ids=[text_golden_path(f, o).stem for f, o in TEXT_CASES])
+def test_the_text_report_is_the_stored_one(folder, options):
+    assert text(folder, options) == text_golden_path(folder, options).read_text()
+
+
 def test_differences_name_the_changed_value():
     expected = {"ranks": [{"breakdown": {"idle_ns": 5, "overlap_pct": 12.5}}], "run": "a"}
     changed = {"ranks": [{"breakdown": {"idle_ns": 6, "overlap_pct": 12.5 * (1 + 1e-9)}}],
@@ -123,6 +151,10 @@ def _write_all() -> None:
     for folder, options in CASES:
         path = golden_path(folder, options)
         path.write_text(json.dumps(document(folder, options), indent=2) + "\n")
+        print(f"wrote {path.relative_to(TESTS.parent)}")
+    for folder, options in TEXT_CASES:
+        path = text_golden_path(folder, options)
+        path.write_text(text(folder, options))
         print(f"wrote {path.relative_to(TESTS.parent)}")
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 
-from analysis.crossrank.frames import typed_ops
+from analysis.crossrank.run_frames import typed_ops
 
 MS = 1_000_000
 NO_SYNC = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])

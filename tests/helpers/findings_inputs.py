@@ -14,7 +14,8 @@ from analysis.findings.bottlenecks import (
     FINDING_COLUMNS,
     find_bottlenecks,
 )
-from analysis.rank.comm.ops import COLLECTIVES_COLUMNS
+from analysis.rank.comm.comm_ops import COLLECTIVES_COLUMNS
+from analysis.rank.reduction import rank_tables
 from tracer import schema
 
 MS = 1_000_000
@@ -73,9 +74,16 @@ def trace(rank, backend="nccl", script=None, *, started=False, world_size=2, con
             torch_version="2", config=dict(config or {})))
     records = RunRecords(comms=comms if comms is not None else pd.DataFrame(),
                          samples=pd.DataFrame(), steps=pd.DataFrame(), manifest=manifest)
-    return RankTrace(rank=rank, world_size=world_size, path=Path(f"rank{rank}.1.pt.trace.json.gz"),
-                     events=empty_events(), steps=steps_frame(), records=records, problems=[],
-                     backend=backend)
+    rank_trace = RankTrace(rank=rank, world_size=world_size,
+                           path=Path(f"rank{rank}.1.pt.trace.json.gz"), events=empty_events(),
+                           steps=steps_frame(), records=records, problems=[], backend=backend)
+    return reduced(rank_trace)
+
+
+def reduced(rank_trace: RankTrace) -> RankTrace:
+    """`rank_trace` with its tables, as the run's load reduces a rank (analysis.run.loading)."""
+    rank_trace.tables = rank_tables(rank_trace)
+    return rank_trace
 
 
 def run(steps=None, per_rank=None, colls=None, idle=None, traces=None) -> pd.DataFrame:
@@ -109,7 +117,7 @@ def late_rank_1(steps=12):
     """Rank 1 arrives 30 ms late at every step's DDP all-reduce; the transfer takes 2 ms.
     (per-step table, collectives, the cross-rank result)"""
     from analysis.crossrank import analyse
-    from analysis.crossrank.frames import typed_ops
+    from analysis.crossrank.run_frames import typed_ops
     rows = []
     for s in range(steps):
         arrive = s * 100 * MS + 60 * MS

@@ -113,3 +113,13 @@ def temp_files(run_dir: Path) -> list[str]:
 def losses(path: Path) -> list[str]:
     """repr() of each loss, as tiny_train.py writes them: compared as text, so bit for bit."""
     return Path(path).read_text().splitlines()
+
+
+def stack_dump(reason, function, line, t_ns):
+    """Rank 1's stack dump at `t_ns`: its main thread in `function` at /x/train.py:`line`,
+    called from the module; another thread beside it."""
+    frames_ = [schema.StackFrame(file="/x/train.py", line=10, function="<module>"),
+               schema.StackFrame(file="/x/train.py", line=line, function=function)]
+    return schema.StackDump(rank=1, t_ns=t_ns, reason=reason, pending=[], threads=[
+        schema.ThreadStack(name="other", thread_id=2, main=False, frames=frames_[:1]),
+        schema.ThreadStack(name="MainThread", thread_id=1, main=True, frames=frames_)])

@@ -100,7 +100,7 @@ def test_all_runs_and_named_run(capsys, tmp_path):
 def test_out_dir_gets_every_table_as_csv(capsys, tmp_path):
     run = small_run(tmp_path / "run")
     code, out, _ = run_cli(capsys, run, "--out", tmp_path / "csv")
-    assert code == 0 and "Time breakdown per rank" in out
+    assert code == 0 and out.startswith("ranktrace: run: 2 of 2 ranks")
     written = {p.name for p in (tmp_path / "csv").iterdir()}
     assert {"per_step.csv", "rank_totals.csv", "hta_compatible.csv", "idle.csv",
             "idle_gaps.csv"} <= written
@@ -179,8 +179,17 @@ def test_csv_format_prints_the_per_step_table(capsys, tmp_path):
     assert lines[0].startswith("rank,step,step_ns,compute_only_ns") and len(lines) == 7
 
 
-def test_text_report_sections(capsys, tmp_path):
+def test_the_default_text_report_is_one_screen_opening_on_the_verdict(capsys, tmp_path):
     code, out, _ = run_cli(capsys, small_run(tmp_path / "run"))
+    lines = out.splitlines()
+    assert code == 0 and len(lines) <= 40 and max(map(len, lines)) <= 100
+    assert lines[2].startswith("  Limits the step: ")
+    assert any(line.startswith("  Waiting: ") for line in lines[3:6])
+    assert "Per step (ms)" not in out and lines[-1].startswith("More: --full")
+
+
+def test_the_full_text_report_has_every_section(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, small_run(tmp_path / "run"), "--full")
     assert code == 0
     for heading in ("Time breakdown per rank", "Per step (ms)", "HTA-compatible",
                     "Idle time by what the host was doing"):
@@ -192,7 +201,8 @@ def test_text_report_sections(capsys, tmp_path):
 
 
 def test_a_rank_missing_from_the_run_is_a_note_not_a_finding(capsys, tmp_path):
-    code, out, _ = run_cli(capsys, small_run(tmp_path / "partial", ranks=(0,), world_size=2))
+    code, out, _ = run_cli(capsys, small_run(tmp_path / "partial", ranks=(0,), world_size=2),
+                           "--full")
     assert code == 0
     notes = out[out.index("Notes (what could not be told; not ranked)"):]
     assert notes.splitlines()[1] == "  - 1 of 2 ranks analysed (ranks 0)"
@@ -324,6 +334,9 @@ def test_a_run_without_steps_still_gets_its_collectives_and_how_to_mark_steps(ca
         write_comm_records(run, rank, ops=42)
     code, out, err = run_cli(capsys, run)
     assert code == 0, err
+    assert "No step was analysed: there is no verdict" in out.splitlines()[2]
+    code, out, err = run_cli(capsys, run, "--full")
+    assert code == 0, err
     assert "call tracer.step() at the end of each step, see docs/tracer.md" in err
     assert "No step was analysed" in out and "Bottlenecks" not in out
     collectives = out[out.index("Collectives"):out.index("Ranks")]
@@ -348,6 +361,8 @@ def test_a_killed_rank_has_its_row_and_is_reported_crashed(capsys, tmp_path):
     assert by_rank[1]["steps_analysed"] == [1] and by_rank[1]["steps_profiled"] == []
     assert by_rank[0]["status"] == "ok" and by_rank[0]["steps_analysed"] == [1, 2, 3]
     code, out, _ = run_cli(capsys, run)
+    assert out.splitlines()[1] == "run ended badly: rank(s) 1 crashed (see the warnings)"
+    code, out, _ = run_cli(capsys, run, "--full")
     assert "run ended badly: rank(s) 1 crashed" in out
     ranks_table = out[out.index("Ranks"):]
     assert "crashed" in ranks_table and "NaN" not in out and "<NA>" not in out
@@ -355,7 +370,7 @@ def test_a_killed_rank_has_its_row_and_is_reported_crashed(capsys, tmp_path):
 
 def test_breakdown_shows_the_mean_step_and_labels_totals(capsys, tmp_path):
     run = small_run(tmp_path / "run", ranks=(0,), world_size=1, steps=(1, 2, 3, 4))
-    code, out, _ = run_cli(capsys, run)
+    code, out, _ = run_cli(capsys, run, "--full")
     table = out[out.index("Time breakdown per rank"):out.index("Per step")]
     lines = table.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("rank "))  # after the notes
@@ -380,6 +395,9 @@ def test_a_trace_without_profiler_steps_is_headed_and_documented_as_one_window(c
         tmp_path / "run" / trace_name(0))
     code, out, _ = run_cli(capsys, tmp_path / "run")
     assert code == 0
+    assert out.splitlines()[0] == ("ranktrace: run: 1 of 1 rank, gpu trace, the whole trace as "
+                                   "one window (no ProfilerStep)")
+    code, out, _ = run_cli(capsys, tmp_path / "run", "--full")
     assert "window: the whole trace as one window (no ProfilerStep)" in out
     assert "every complete" not in out
     code, out, _ = run_cli(capsys, tmp_path / "run", "--format", "json")

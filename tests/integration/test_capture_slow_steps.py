@@ -22,7 +22,7 @@ import re
 import pytest
 
 from analysis import open_run
-from analysis.ingest.captures import read_captures
+from analysis.ingest.capture_records import read_captures
 from helpers.launch import launch, run_module, start
 from helpers.run_copies import copy_run
 from helpers.tracer_files import load_trace, read_jsonl, summaries
@@ -176,7 +176,7 @@ def test_a_window_asked_on_demand_is_traced_at_the_same_steps_on_every_rank(tmp_
         while waiting != {"0", "1"}:
             line = run.wait_for_line("waiting at step 15")
             waiting |= set(re.findall(r"rank (\d+) waiting at step 15", line))
-        asked = run_module("tracer.capture", run_dir, "--steps", "2", timeout=60)
+        asked = run_module("tracer.capture", run_dir, "--active", "2", timeout=60)
     finally:
         go.touch()
     out, err = run.communicate(timeout=120)

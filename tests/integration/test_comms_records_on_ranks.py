@@ -154,10 +154,10 @@ def scenario_ddp_user_hooks(rank, world, folder):
 def scenario_dtensor(rank, world, folder):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+                                                                                ColwiseParallel,
+                                                                                RowwiseParallel,
+                                                                                parallelize_module,
+                                                                            )
     recorder, writer, step = start_recorder(folder, rank, "dtensor")
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from analysis import open_run
+from analysis.core.contracts import CrossRank
 from analysis.crossrank.culprit import steps_needed
 from helpers import tracer_files as h
 from helpers.launch import DDP, popen, run_module
@@ -42,7 +43,7 @@ def _check(done, what: str) -> None:
     assert done.returncode == 0, f"{what}: exit {done.returncode}\n{done.stderr[-3000:]}"
 
 
-def _cross_rank(path) -> tuple[dict, dict]:
+def _cross_rank(path) -> tuple[CrossRank, dict]:
     """(the cross-rank frames, the JSON document's `cross_rank` object) of one run."""
     run = open_run(path, use_cache=False)
     assert run.cross_rank is not None, run.report.unavailable
@@ -78,7 +79,7 @@ def test_ddp_names_the_delayed_rank_and_the_other_waits_the_delay(ddp_delayed, s
     assert (_ddp_ops_in_records(run) > 0) == (source == "records")
     frames, document = _cross_rank(run)
     assert _named(document)[:1] == [1]
-    waits = frames["waits"]
+    waits = frames.waits
     victim = waits[waits["rank"] == 0]
     assert len(victim) >= (ACTIVE - 2 if source == "profiler_window" else DEFAULT_STEPS - 3)
     # At least the delay, less 25%. No upper bound: on a loaded 2-core machine the delayed rank
@@ -96,11 +97,11 @@ def test_a_default_run_names_the_late_rank_from_every_recorded_step(shared_runs)
     Recorder), so the rule reads all of them and names rank 1 first, with no note."""
     frames, document = _cross_rank(shared_runs["ddp-late-default"].run_dir)
     assert _named(document)[:1] == [1]
-    assert frames["notes"] == []
-    row = frames["stragglers"].set_index("rank").loc[1]
+    assert frames.notes == ()
+    row = frames.stragglers.set_index("rank").loc[1]
     assert row["clean_steps"] >= steps_needed(2) and row["fires"]
-    assert frames["waits"]["step"].nunique() >= DEFAULT_STEPS - 3
-    victim = frames["waits"][frames["waits"]["rank"] == 0]
+    assert frames.waits["step"].nunique() >= DEFAULT_STEPS - 3
+    victim = frames.waits[frames.waits["rank"] == 0]
     assert np.median(victim["wait_for_peers_ms"]) >= 0.75 * DDP_DELAY_MS
 
 
@@ -128,7 +129,7 @@ def test_a_default_runs_clock_moved_80_ms_is_placed_by_its_profiled_steps(shared
     estimate states. The late rank is the same."""
     run = shared_runs["ddp-late-default"].run_dir
     after, document = _cross_rank(shifted_copy(run, tmp_path / "shifted", 1, SHIFT_NS))
-    clock = after["clock"].set_index("rank").loc[1]
+    clock = after.clock.set_index("rank").loc[1]
     assert (clock["source"], clock["estimate_from"]) == ("collectives", "profiled steps")
     assert abs(clock["offset_ns"] - SHIFT_NS) <= max(1_000_000, clock["uncertainty_ns"])
     assert _named(document)[:1] == [1]
@@ -187,10 +188,10 @@ def test_a_four_stage_pipeline_names_the_delayed_stage(delayed_pipeline_and_tp):
     # window's 3: the stage that holds the others back is told from the caused wait of them all.
     frames, document = _cross_rank(delayed_pipeline_and_tp["pipeline"])
     assert _named(document) == [2]
-    stragglers = frames["stragglers"].set_index("rank")
+    stragglers = frames.stragglers.set_index("rank")
     assert stragglers.loc[2, "clean_steps"] >= 15
     # Stages 0 and 1 wait for stage 2's gradients through stage 1: blame passed along the chain.
-    pipeline = frames["pipeline"].set_index("rank")
+    pipeline = frames.pipeline.set_index("rank")
     assert pipeline["holds_back"].to_dict() == {0: False, 1: False, 2: True, 3: False}
     # The caused recv wait is the straggler rule's caused wait, over the same steps.
     assert pipeline.loc[2, "caused_recv_wait_ms_per_step"] == pytest.approx(
@@ -219,11 +220,11 @@ def test_ddp_runs_without_delay_name_no_straggler(undelayed_ddp):
     for run in undelayed_ddp:
         frames, document = _cross_rank(run)
         if _named(document):
-            named[run.name] = frames["stragglers"].query("fires").to_dict("records")
+            named[run.name] = frames.stragglers.query("fires").to_dict("records")
         assert document["mismatches"] == []
-        steps = frames["waits"].groupby("rank")["step"].nunique()
+        steps = frames.waits.groupby("rank")["step"].nunique()
         assert min(steps) >= DEFAULT_STEPS - 3, run.name
-        clean.append(int(frames["stragglers"]["clean_steps"].max()))
+        clean.append(int(frames.stragglers["clean_steps"].max()))
     assert len(named) <= 2, named
     assert all(row["caused_wait_ms_per_step"] < 0.25 * DDP_DELAY_MS
                for rows in named.values() for row in rows), named

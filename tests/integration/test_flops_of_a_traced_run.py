@@ -13,7 +13,7 @@ import pytest
 
 from analysis import open_run
 from analysis.rank import flops
-from analysis.report import output
+from analysis.report import json_document, text_report
 from helpers.launch import REPO, torchrun_env
 from helpers.runs import LINEAR_DDP
 
@@ -40,7 +40,7 @@ def analysed(run):
 
 @pytest.fixture(scope="module")
 def table(analysed):
-    return analysed.report.tables["mfu"]
+    return analysed.report.mfu
 
 
 def test_each_ranks_flops_per_step_are_flop_counter_modes_count(table):
@@ -71,14 +71,14 @@ def test_mfu_comes_from_the_measured_peak_and_its_lost_points_add_up(analysed, t
 
 
 def test_the_json_document_and_the_text_report_carry_the_mfu(analysed, table):
-    document = json.loads(output.dumps(analysed.document()))
+    document = json.loads(json_document.dumps(analysed.document()))
     assert [(r["rank"], r["step"]) for r in document["mfu"]] == list(
         zip(table["rank"], table["step"]))
     assert {r["peak_source"] for r in document["mfu"]} == {"measured"}
     assert {r["rank"] for r in document["roofline"]} == {0, 1}
     for rank in (0, 1):  # the layers' GEMMs are among each rank's slowest ops
         assert "aten::mm" in {r["name"] for r in document["roofline"] if r["rank"] == rank}
-    text = output.text_report(analysed.report)
+    text = text_report.text_report(analysed.report)
     assert "MFU (model FLOPs utilisation)" in text and "Slowest ops against their roofline" in text
 
 

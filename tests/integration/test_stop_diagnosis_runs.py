@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from analysis import open_run
-from analysis.report import output
+from analysis.report import text_report
 from helpers import tracer_files as h
 from helpers.launch import DDP, REPO, launch
 from tracer import schema
@@ -40,7 +40,7 @@ def fault_run(tmp_path, fault: list[str], traced=TRACED, timeout_s="10") -> tupl
 
 def diagnosis(run_dir: Path) -> tuple[dict, str]:
     run = open_run(str(run_dir), use_cache=False)
-    return run.document()["stop_diagnosis"], output.text_report(run.report)
+    return run.document()["stop_diagnosis"], text_report.text_report(run.report)
 
 
 def script_line(path: str, code: str) -> int:

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.ingest.load import load_path
 from analysis.report import timeline_events as te
 from analysis.report.timeline_events import assign_lanes
+from analysis.run.loading import load_run_path
 from analysis.timeline import gather, main, window_steps
 from helpers.launch import DATA
 from helpers.run_copies import shifted_copy
@@ -136,7 +136,7 @@ def test_traced_runs_give_a_valid_timeline_of_every_rank(runs, name, tmp_path):
 
 def test_flows_go_from_the_last_arriver_to_each_waiting_rank(runs, tmp_path):
     document, _ = _timeline(runs["ddp"], tmp_path / "t.trace.gz")
-    gathered = gather(load_path(runs["ddp"], use_cache=False))
+    gathered = gather(load_run_path(runs["ddp"], use_cache=False))
     start_ns = document["otherData"]["ranktrace_origin_ns"]
     steps = set(document["otherData"]["steps"])
     ops = gathered["ops"]
@@ -189,7 +189,7 @@ def test_a_file_over_the_size_limit_is_cut_to_fewer_steps_and_says_so(runs, tmp_
 def test_real_gpu_traces_give_a_valid_timeline(folder, tmp_path):
     document, _ = _timeline(DATA / folder, tmp_path / "t.trace.gz")
     assert structural_problems(document) == []
-    run = load_path(DATA / folder, use_cache=False)
+    run = load_run_path(DATA / folder, use_cache=False)
     ranks = sorted(t.rank for t in run.ranks if t.rank is not None)
     names = {e["pid"]: e["args"]["name"] for e in document["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}

@@ -1,12 +1,12 @@
 """Ask every rank of a running job to profile the next steps, at the same step numbers.
 
-    python -m tracer.capture RUN [--steps N]
+    ranktrace capture RUN [--active N]      (or python -m tracer.capture)
 
 RUN is the run folder (traces/<run>). The ask is a file in it (tracer.capture.capture_requests);
 one live rank answers it on its next step-end worker pass with the window's steps, from its own
 step plus a margin, and every rank opens that window (docs/tracer.md, Capturing slow steps). Exit
 codes: 0 asked and answered, 1 the run cannot be asked (ended, no live rank, not a run folder,
---no-profiler or --no-capture, no answer), 2 usage (--steps below 1 or above the run's
+--no-profiler or --no-capture, no answer), 2 usage (--active below 1 or above the run's
 --max-window-steps).
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tracer import schema
 from tracer.capture.capture_requests import FileLog, shown
+from tracer.options import help_format
 from tracer.options.config import TracerConfig
 
 ANSWER_TIMEOUT_S = 10.0  # a live rank answers on its next step-end worker pass (0.2 s)
@@ -96,7 +97,7 @@ def max_window_steps(start: schema.RunStart) -> int:
 
 
 class StepsError(CaptureError):
-    """--steps is above the run's bound: a usage error."""
+    """--active is above the run's bound: a usage error."""
 
 
 def ask(run: Path, steps: int | None, timeout_s: float = ANSWER_TIMEOUT_S
@@ -105,7 +106,7 @@ def ask(run: Path, steps: int | None, timeout_s: float = ANSWER_TIMEOUT_S
     start = check_run(run)
     bound = max_window_steps(start)
     if steps is not None and steps > bound:
-        raise StepsError(f"--steps {steps} is above the run's --max-window-steps {bound}: a "
+        raise StepsError(f"--active {steps} is above the run's --max-window-steps {bound}: a "
                          f"window keeps every event of its steps in memory until it ends")
     number = FileLog(str(run), schema.CAPTURE_ASK_FILE, schema.CaptureAsk).append(
         schema.CaptureAsk(steps=steps or 0, t_ns=time.time_ns(), run=start.run_name))
@@ -120,17 +121,28 @@ def ask(run: Path, steps: int | None, timeout_s: float = ANSWER_TIMEOUT_S
                        f"(ask {number} stays in the folder; is the run still going?)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tracer.capture", description=__doc__
-                                     .split("\n\n")[0], allow_abbrev=False)
+PROG = "python -m tracer.capture"
+RENAMED = {"--steps": "--active"}  # old spelling -> new: still taken, with a warning
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = help_format.parser(prog, __doc__.split("\n\n")[0])
     parser.add_argument("run", metavar="RUN", help="the run folder of the running job")
-    parser.add_argument("--steps", type=int, help="steps to trace (default: the run's --active)")
-    args = parser.parse_args(argv)
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
+    parser.add_argument("--active", type=int, metavar="N",
+                        help="steps to trace, as the tracer's --active (default: the run's "
+                             "--active; --steps, the old name, is still taken)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(help_format.renamed(sys.argv[1:] if argv is None else argv,
+                                                 RENAMED, prog))
+    if args.active is not None and args.active < 1:
+        parser.error(f"--active must be >= 1, got {args.active}")
     run = Path(args.run)
     try:
-        number, request = ask(run, args.steps)
+        number, request = ask(run, args.active)
     except (CaptureError, OSError) as exc:
         why = str(exc) if isinstance(exc, CaptureError) else f"cannot write in {str(run)!r} ({exc})"
         print(shown(f"ranktrace: capture: {why}"), file=sys.stderr)

@@ -154,7 +154,7 @@ class CaptureWatch(Part):
         self.evidence_wait_s = EVIDENCE_WAIT_S
         # The fixed schedule's last busy step (None: it cycles to the end): past it, no step of
         # it needs asking about.
-        self._fixed_until = (None if config.repeat == 0 else config.skip_first + config.repeat
+        self._fixed_until = (None if config.windows == 0 else config.skip_first + config.windows
                              * (config.wait + config.warmup + config.active))
         self._problems = 0
         self._said: set[str] = set()  # kinds of failure said once

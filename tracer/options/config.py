@@ -17,14 +17,33 @@ import dataclasses
 import inspect
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tracer.options import help_format
 from tracer.options.environment import ANALYSIS_VARIABLES, PREFIX
 
 ENV_PREFIX = PREFIX
-USAGE = "python -m tracer.record [tracer options] SCRIPT [script args]"
+PROG = "python -m tracer.record"
+USAGE = "{prog} [tracer options] SCRIPT [script args]"
+# Old spellings of renamed options, still taken with a warning: option -> new option.
+RENAMED = {"--repeat": "--windows"}
+RENAMED_ENV = {PREFIX + "REPEAT": PREFIX + "WINDOWS"}
+# The --help's groups: a field -> its group's title (the fields not listed: "the run").
+GROUPS = {
+    **dict.fromkeys(("skip_first", "wait", "warmup", "active", "windows", "record_shapes",
+                     "profile_memory", "with_stack", "no_profiler"), "the profiler"),
+    **dict.fromkeys(("capture_slow_steps", "max_captures", "no_capture"),
+                    "capture on slow steps"),
+    **dict.fromkeys(("max_window_steps", "max_window_s", "max_window_mb"), "window bounds"),
+    **dict.fromkeys(("sample_hz", "no_sampler", "memory_snapshot", "peak_tflops"),
+                    "device and memory"),
+    **dict.fromkeys(("no_comms", "ddp_bucket_hook", "no_issue_records", "no_flight_recorder"),
+                    "collectives"),
+    **dict.fromkeys(("no_scalars", "samples_per_step", "max_record_mb"), "records"),
+}
 
 
 class ConfigError(ValueError):
@@ -43,7 +62,8 @@ class TracerConfig:
     wait: profiler: idle steps at the start of each window cycle
     warmup: profiler: steps recorded but discarded before each active span
     active: profiler: steps kept in each trace file
-    repeat: profiler: number of windows (0: keep cycling until the script ends)
+    windows: profiler: number of windows (0: keep cycling until the script ends; --repeat, the
+        old name, is still taken)
     record_shapes: profiler: record operator input shapes (the FLOP counts of
         analysis.rank.flops need them)
     profile_memory: profiler: record tensor allocations and frees, with the Python stacks that
@@ -91,7 +111,7 @@ class TracerConfig:
     wait: int = 1
     warmup: int = 1
     active: int = 3
-    repeat: int = 1
+    windows: int = 1
     record_shapes: bool = True
     profile_memory: bool = False
     with_stack: bool = False
@@ -133,7 +153,7 @@ class TracerConfig:
         if self.run_name and (self.run_name in (".", "..") or "/" in self.run_name
                               or os.sep in self.run_name or self.run_name.startswith("-")):
             raise ConfigError(f"--run-name must be a plain folder name, got {self.run_name!r}")
-        for name in ("skip_first", "wait", "warmup", "repeat", "samples_per_step"):
+        for name in ("skip_first", "wait", "warmup", "windows", "samples_per_step"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{option_name(name)} must be >= 0, got {getattr(self, name)}")
         if self.active < 1:
@@ -236,13 +256,17 @@ def _convert(kind: type, text: str, where: str):
 
 
 def from_env(environ: Mapping[str, str]) -> dict:
-    """The RANKTRACE_* variables as field values; the analysis's are let through, any other
-    unknown one is an error."""
+    """The RANKTRACE_* variables as field values; the analysis's are let through, an old name
+    (RENAMED_ENV) is taken with a warning, any other unknown one is an error."""
     fields = {env_name(f.name): f for f in dataclasses.fields(TracerConfig)}
     values = {}
     for key, text in environ.items():
         if not key.startswith(ENV_PREFIX) or key in ANALYSIS_VARIABLES:
             continue
+        if key in RENAMED_ENV:
+            print(f"ranktrace: warning: {key} is deprecated; use {RENAMED_ENV[key]}",
+                  file=sys.stderr)
+            key = RENAMED_ENV[key]
         f = fields.get(key)
         if f is None:
             known = ", ".join(sorted(fields))
@@ -269,25 +293,30 @@ def _option_type(kind: type, option: str):
     return convert
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line: tracer options, then SCRIPT and everything after it, untouched.
 
     Options left out stay out of the namespace (default SUPPRESS), so that the environment and
     the dataclass fill them in."""
     parser = _Parser(
-        prog="python -m tracer.record", usage=USAGE, allow_abbrev=False,
+        prog=prog, usage=USAGE.format(prog=prog), allow_abbrev=False,
+        formatter_class=help_format.HelpFormatter,
         description="Runs SCRIPT as __main__ under the ranktrace tracer (also under torchrun: "
-                    "torchrun --nproc-per-node N -m tracer.record [tracer options] SCRIPT "
-                    "[args]). Tracer options go before SCRIPT; everything after SCRIPT is the "
-                    "script's. Each option can also be set by the environment variable shown.")
+                    "torchrun --nproc-per-node N --no-python ranktrace record [tracer options] "
+                    "SCRIPT [args], or torchrun ... -m tracer.record ...). Tracer options go "
+                    "before SCRIPT; everything after SCRIPT is the script's. Each option can "
+                    "also be set by the environment variable shown.")
     helps = field_help()
+    groups = {title: parser.add_argument_group(title)
+              for title in ["the run", *dict.fromkeys(GROUPS.values())]}
     for f in dataclasses.fields(TracerConfig):
+        group = groups[GROUPS.get(f.name, "the run")]
         kind, option = _field_type(f), option_name(f.name)
         if kind is bool:
             sets, clears = switch_options(f.name)
             off_switch = f.name.startswith(_OFF_SWITCH)
-            default = "" if off_switch else f" (default: {'on' if f.default else 'off'})"
-            parser.add_argument(clears if off_switch else sets, dest=f.name,
+            default = f" (default: {'on' if f.default else 'off'})"
+            group.add_argument(clears if off_switch else sets, dest=f.name,
                                 action=_OffSwitchAction if off_switch
                                 else argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS,
@@ -296,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
             default = f" (default: {f.default})" if f.default != "" else ""
             optional = ({"nargs": "?", "const": _OPTIONAL_VALUE[f.name]}
                         if f.name in _OPTIONAL_VALUE else {})
-            parser.add_argument(option, type=_option_type(kind, option), metavar=f.name.upper(),
+            group.add_argument(option, type=_option_type(kind, option), metavar=f.name.upper(),
                                 default=argparse.SUPPRESS, **optional,
                                 help=f"{helps[f.name]}{default} [{env_name(f.name)}]")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [script args]",
@@ -308,13 +337,15 @@ def option_arities() -> dict[str, int | str]:
     """Each option string of the command line (both forms of a boolean) -> 0 for a flag, 1 for
     an option with a value, "?" for one whose value may be left out (_OPTIONAL_VALUE)."""
     actions = build_parser()._option_string_actions
-    return {string: 1 if action.nargs is None else action.nargs
-            for string, action in actions.items() if action.dest != "help"}
+    arities = {string: 1 if action.nargs is None else action.nargs
+               for string, action in actions.items() if action.dest != "help"}
+    return {**arities, **{old: arities[new] for old, new in RENAMED.items()}}
 
 
 def _optional_values(argv: list[str]) -> list[str]:
     """`argv` with each option of _OPTIONAL_VALUE given without a number written
-    `--option=VALUE`: argparse's nargs="?" would take the script's name as its value."""
+    `--option=VALUE` (argparse's nargs="?" would take the script's name as its value), and
+    each old spelling of RENAMED written as the new one, with a warning."""
     takes_value = {option_name(f.name) for f in dataclasses.fields(TracerConfig)
                    if _field_type(f) is not bool}
     optional = {option_name(name): value for name, value in _OPTIONAL_VALUE.items()}
@@ -323,6 +354,11 @@ def _optional_values(argv: list[str]) -> list[str]:
         arg = argv[i]
         if arg == "--" or not arg.startswith("-"):
             return out + argv[i:]  # the script and its own arguments, untouched
+        name, equals, value = arg.partition("=")
+        if name in RENAMED:
+            print(f"ranktrace: warning: {name} is deprecated; use {RENAMED[name]}",
+                  file=sys.stderr)
+            arg = RENAMED[name] + equals + value
         if arg in optional:
             following = argv[i + 1] if i + 1 < len(argv) else ""
             try:
@@ -339,14 +375,14 @@ def _optional_values(argv: list[str]) -> list[str]:
     return out
 
 
-def resolve(argv: Sequence[str], environ: Mapping[str, str] | None = None
+def resolve(argv: Sequence[str], environ: Mapping[str, str] | None = None, prog: str = PROG
             ) -> tuple[TracerConfig, str, list[str]]:
     """(config, script, script args) from the command line and the environment.
 
     `--help` prints the help and raises SystemExit(0), as argparse does; every other problem
     raises ConfigError."""
     environ = os.environ if environ is None else environ
-    namespace = vars(build_parser().parse_args(_optional_values(list(argv))))
+    namespace = vars(build_parser(prog).parse_args(_optional_values(list(argv))))
     command = namespace.pop("command")
     if command[:1] == ["--"]:  # `--` ends the tracer's options; the script comes after it
         command = command[1:]
@@ -354,5 +390,5 @@ def resolve(argv: Sequence[str], environ: Mapping[str, str] | None = None
     values.update(namespace)
     config = TracerConfig(**values)
     if not command:
-        raise ConfigError(f"no script given; usage: {USAGE}")
+        raise ConfigError(f"no script given; usage: {USAGE.format(prog=prog)}")
     return config, command[0], command[1:]

@@ -99,7 +99,7 @@ class ProfilerDriver(Part):
 
         c = self.config
         self._schedule = schedule(skip_first=c.skip_first, wait=c.wait, warmup=c.warmup,
-                                  active=c.active, repeat=c.repeat)
+                                  active=c.active, repeat=c.windows)
         self._idle = ProfilerAction.NONE
         self._unsaved = (ProfilerAction.WARMUP, ProfilerAction.RECORD)
         self._step = 0

@@ -1,4 +1,4 @@
-"""The spans around a communication op (analysis.rank.comm.events): the innermost enclosing span,
+"""The spans around a communication op (analysis.rank.comm.event_ops): the innermost enclosing span,
 for each (thread, time) the latest-starting span on that thread that holds the time, which joins a
 kernel (through its runtime launch) or a gloo op to the host call that issued it; and the
 ProfilerStep that holds the time each op was issued at."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.core.frame_columns import (
+from analysis.core.frames import (
     category_matches,
     each_distinct,
     object_array,

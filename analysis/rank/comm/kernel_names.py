@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.rank.comm.events import kernel_host_ops
+from analysis.rank.comm.event_ops import kernel_host_ops
 
 # What a kernel without its own collective arguments takes from the host op that launched it.
 _HOST_ARGS = ("in_nelems", "out_nelems", "comm_dtype", "group_size", "pg_name", "input_dims",
@@ -15,7 +15,7 @@ _HOST_ARGS = ("in_nelems", "out_nelems", "comm_dtype", "group_size", "pg_name", 
 
 def named_kernels(events: pd.DataFrame, hosts: pd.DataFrame | None = None) -> pd.DataFrame:
     """A trace's communication events with each NCCL/RCCL kernel that carries no collective
-    name named by the host op around its launch (analysis.rank.comm.events.kernel_host_ops), from
+    name named by the host op around its launch (analysis.rank.comm.event_ops.kernel_host_ops), from
     which it also takes the message arguments it lacks: older traces name and size the op on
     the host only (`nccl:all_reduce` with its "Input Dims"), and their kernels' own names
     (`ncclKernel_SendRecv_...` for every collective) do not say which op they run. `hosts`:

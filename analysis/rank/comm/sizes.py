@@ -1,4 +1,4 @@
-"""The message of each op that analysis.rank.comm.events builds from a trace's kernels: its size,
+"""The message of each op that analysis.rank.comm.event_ops builds from a trace's kernels: its size,
 element type and process group, read from the event that sizes it (its call, its own args, or
 the nccl:*/c10d:: op around its launch), one column at a time; and the bytes of any ops'
 messages, once per distinct message (the cross-rank ops' too)."""
@@ -16,7 +16,7 @@ from analysis.core.comm_names import (
     first_tensor_nelems,
     message_bytes,
 )
-from analysis.core.frame_columns import each_distinct, object_array
+from analysis.core.frames import each_distinct, object_array
 
 
 def missing(values: np.ndarray) -> np.ndarray:
@@ -25,7 +25,7 @@ def missing(values: np.ndarray) -> np.ndarray:
 
 
 def sized_columns(comm, op, size_at, kernel_at, by_hint, world_size) -> dict:
-    """op_rows._row_from_args' source, pg, pg_desc, pg_size, dtype and bytes of each op
+    """event_ops._row_from_args' source, pg, pg_desc, pg_size, dtype and bytes of each op
     (`comm`: the communication events, read by `comm.present(column, positions)`): sized by
     the event at `size_at`, its group taken from that event where it gives a group size, else
     from the kernel at `kernel_at`; an op sized by its hint (`by_hint`) falls back on the trace's

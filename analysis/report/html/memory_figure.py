@@ -3,8 +3,8 @@ what analysis.findings.memory_section computed."""
 
 from __future__ import annotations
 
-from analysis.findings.memory_section import MemorySection
-from analysis.report.html import svg
+from analysis.core.contracts import MemorySection
+from analysis.report.html import charts
 
 FIGURE_MAX_RANKS = 12  # more ranks: the highest peaks, and the median rank, are drawn
 FIGURE_MAX_POINTS = 1000  # points per line at most (every n-th step past that)
@@ -34,4 +34,4 @@ def memory_figure(section: MemorySection | None) -> str:
     shown = "" if len(lines) == len(section.series) else (
         f"<p>{len(lines)} of {len(section.series)} ranks: the highest peaks and the median "
         f"rank.</p>")
-    return shown + svg.lines(lines, "step", "MiB")
+    return shown + charts.lines(lines, "step", "MiB")

@@ -1,4 +1,4 @@
-"""Column values taken as the comm code reads them (analysis.core.frame_columns): None for each
+"""Column values taken as the comm code reads them (analysis.core.frames): None for each
 missing value of the events' arguments (float64 numbers, objects), and one call per distinct
 value."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.core import frame_columns
+from analysis.core import frames
 from helpers.comm_events import same
 
 
@@ -18,15 +18,15 @@ from helpers.comm_events import same
     (pd.Series([7, None, "7"], dtype=object), [7, None, "7"]),
 ])
 def test_values_or_none_leaves_none_for_each_missing_value(column, expected):
-    found = frame_columns.values_or_none(column, np.array([0, 1, 2]))
+    found = frames.values_or_none(column, np.array([0, 1, 2]))
     assert found.dtype == object and same(found.tolist(), expected)
 
 
 def test_each_distinct_keeps_values_that_compare_equal_but_print_apart():
-    values = frame_columns.object_array([0.0, -0.0, 1, True, 1.0, None, "x", "x"])
-    assert frame_columns.each_distinct(values, str).tolist() == [
+    values = frames.object_array([0.0, -0.0, 1, True, 1.0, None, "x", "x"])
+    assert frames.each_distinct(values, str).tolist() == [
         "0.0", "-0.0", "1", "True", "1.0", "None", "x", "x"]
-    texts = frame_columns.object_array(["b", None, "a", "b", np.nan])
-    assert frame_columns.each_distinct(texts, repr).tolist() == [
+    texts = frames.object_array(["b", None, "a", "b", np.nan])
+    assert frames.each_distinct(texts, repr).tolist() == [
         "'b'", "None", "'a'", "'b'", "nan"]
 

@@ -4,8 +4,11 @@ ops and steps whose paths are known exactly (docs/critical-path.md)."""
 import numpy as np
 import pandas as pd
 
+from analysis.core import dag
+from analysis.core.contracts import CrossRank
 from analysis.crossrank import analyse as cross_rank_pass
 from analysis.crossrank import critical_path, step_graph
+from analysis.report.critical import critical_path_json
 from helpers.crossrank_ops import MS, frame, op
 
 STEP = 100 * MS
@@ -60,18 +63,18 @@ def pipeline_run():
 
 
 def path_of(result) -> dict:
-    table = result["critical_path"]
+    table = result.critical_path
     return {(int(r.rank), r.category): round(r.ms, 6) for r in table.itertuples()}
 
 
 def test_the_late_ranks_work_is_the_path_and_the_others_wait_is_slack():
     result = critical_path.analyse(*late_rank_run())
-    table = result["critical_path"]
+    table = result.critical_path
     assert sorted(table["step"].unique()) == [1, 2, 3]
     for _, rows in table.groupby("step"):
         assert {(r.rank, r.category): r.ms for r in rows.itertuples()} == {
             (1, "compute"): 39.0, (1, "transfer"): 2.0}
-    steps = result["critical_path_steps"]
+    steps = result.critical_path_steps
     assert steps["path_ms"].tolist() == [41.0] * 3
     assert steps["end_rank"].tolist() == [1] * 3 and steps["start_rank"].tolist() == [1] * 3
 
@@ -80,7 +83,7 @@ def test_a_chain_of_three_ranks_runs_back_to_the_rank_that_made_both_wait():
     result = critical_path.analyse(*chain_run())
     assert path_of(result) == {(0, "compute"): 2.0, (0, "transfer"): 2.0, (1, "compute"): 3.0,
                                (1, "transfer"): 2.0, (2, "compute"): 30.0}
-    summary = result["critical_path_steps"].iloc[0]
+    summary = result.critical_path_steps.iloc[0]
     assert (summary["path_ms"], summary["end_rank"], summary["start_rank"]) == (39.0, 0, 2)
 
 
@@ -88,14 +91,14 @@ def test_a_two_stage_pipeline_path_crosses_both_stages_twice_without_the_recv_wa
     result = critical_path.analyse(*pipeline_run())
     assert path_of(result) == {(0, "compute"): 20.0, (0, "transfer"): 2.0,
                                (1, "compute"): 20.0, (1, "transfer"): 2.0}
-    assert result["critical_path_steps"]["path_ms"].tolist() == [44.0]
+    assert result.critical_path_steps["path_ms"].tolist() == [44.0]
 
 
 def test_measured_durations_propagate_back_to_every_measured_time():
     result, stepped = chain_run()
-    graph = step_graph.build(result["ops"], step_graph.steps_on_common_clock(
-        stepped, result["clock"]))
-    times = step_graph.propagate(graph, graph.duration)
+    graph = step_graph.build(result.ops, step_graph.steps_on_common_clock(
+        stepped, result.clock))
+    times = dag.propagate(graph, graph.duration)
     assert np.array_equal(times[:, 0], graph.time)
     # S, E per rank, I A F per op, one L per instance
     assert len(graph.time) == 2 * 3 + 3 * 4 + 2
@@ -119,8 +122,8 @@ def test_an_op_ending_after_the_next_issue_does_not_hold_that_issue():
 
 def test_the_paths_segments_run_in_time_order_with_one_slice_per_rank_and_category():
     result = critical_path.analyse(*late_rank_run(steps=(1,)))
-    segments = result["critical_path_segments"]
-    assert list(segments.columns) == critical_path.SEGMENT_COLUMNS
+    segments = result.critical_path_segments
+    assert list(segments.columns) == dag.SEGMENT_COLUMNS
     # rank 1: 35 ms of work from its step start at 100 ms, 2 ms transfer, 4 ms to its step end
     assert segments[["rank", "category", "start_ns", "end_ns"]].values.tolist() == [
         [1, "compute", STEP, STEP + 35 * MS], [1, "transfer", STEP + 35 * MS, STEP + 37 * MS],
@@ -129,7 +132,7 @@ def test_the_paths_segments_run_in_time_order_with_one_slice_per_rank_and_catego
 
 def test_segments_of_two_ranks_join_consecutive_nodes_of_one_rank_and_category():
     result = critical_path.analyse(*chain_run())
-    segments = result["critical_path_segments"]
+    segments = result.critical_path_segments
     # rank 2's 30 ms, the transfer of a on rank 1 (its end is rank 1's), rank 1's 3 ms, the
     # transfer of b on rank 0 and rank 0's 2 ms to its step end
     assert segments[["rank", "category"]].values.tolist() == [
@@ -141,18 +144,19 @@ def test_segments_of_two_ranks_join_consecutive_nodes_of_one_rank_and_category()
 
 def test_the_path_json_lists_each_rank_and_category_per_step():
     result = critical_path.analyse(*late_rank_run(steps=(1,)))
-    document = critical_path.to_json(result)
-    assert document["critical_path"] == [
-        {"step": 1, "rank": 1, "category": "compute", "ms": 39.0},
-        {"step": 1, "rank": 1, "category": "transfer", "ms": 2.0}]
+    document = critical_path_json(result)
+    [step] = document["critical_path"]
+    assert step["by_rank"] == [
+        {"rank": 1, "category": "compute", "ms": 39.0},
+        {"rank": 1, "category": "transfer", "ms": 2.0}]
     assert [w["change"] for w in document["what_if"]][0] == "rank 1 on time"
 
 
 def test_no_ops_gives_empty_frames_and_no_answers():
-    empty = critical_path.analyse({"ops": pd.DataFrame(), "clock": pd.DataFrame()},
+    empty = critical_path.analyse(CrossRank(),
                                   pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns"]))
-    assert empty["critical_path"].empty and empty["what_if"] == []
-    assert list(empty["critical_path"].columns) == critical_path.PATH_COLUMNS
+    assert empty.critical_path.empty and empty.what_if == []
+    assert list(empty.critical_path.columns) == dag.PATH_COLUMNS
 
 
 def test_a_bucket_queued_behind_the_one_before_it_passes_the_path_to_that_ones_end():
@@ -163,13 +167,13 @@ def test_a_bucket_queued_behind_the_one_before_it_passes_the_path_to_that_ones_e
     stepped = steps_of({0: 36, 1: 37}, [1]).assign(start_ns=0,
                                                    end_ns=lambda f: f["end_ns"] - STEP)
     result = cross(rows, stepped, 2)
-    assert result["ops"]["arrival_ns"].tolist() == [10 * MS, 32 * MS, 30 * MS, 32 * MS]
+    assert result.ops["arrival_ns"].tolist() == [10 * MS, 32 * MS, 30 * MS, 32 * MS]
     path = critical_path.analyse(result, stepped)
     # E1 <- 3 ms <- second's transfer (2) <- its last arrival, rank 0's (tie, lowest rank),
     # queued behind the first's end on rank 0 <- the first's transfer on rank 0 (2) <- rank 1's
     # arrival at 30 ms
     assert path_of(path) == {(0, "transfer"): 2.0, (1, "compute"): 33.0, (1, "transfer"): 2.0}
-    on_time = {a["change"]: a for a in path["what_if"]}["rank 1 on time"]
+    on_time = {a["change"]: a for a in path.what_if}["rank 1 on time"]
     # its 20 ms late, and its 3 ms after the last op at rank 0's 2
     assert on_time["saved_ms_per_step"] == 21.0
 
@@ -183,7 +187,7 @@ def test_an_end_stamped_before_its_last_arrival_is_negative_clock_time_on_the_pa
     sync = zero_offsets(range(2)).assign(uncertainty_ns=[0, 2 * MS])
     path = critical_path.analyse(cross_rank_pass(frame(rows), stepped, sync, 2), stepped)
     assert path_of(path) == {(0, "compute"): 11.0, (0, "clock"): -1.0, (1, "compute"): 30.0}
-    assert path["critical_path_steps"]["path_ms"].tolist() == [40.0]
+    assert path.critical_path_steps["path_ms"].tolist() == [40.0]
 
 
 def test_a_rank_whose_clock_reads_80_ms_ahead_gets_the_same_path_on_the_common_clock():
@@ -197,13 +201,13 @@ def test_a_rank_whose_clock_reads_80_ms_ahead_gets_the_same_path_on_the_common_c
     moved = critical_path.analyse(cross_rank_pass(frame(rows), moved_steps, sync, 2),
                                   moved_steps)
     same = critical_path.analyse(result, stepped)
-    pd.testing.assert_frame_equal(moved["critical_path"], same["critical_path"])
-    assert moved["what_if"] == same["what_if"]
+    pd.testing.assert_frame_equal(moved.critical_path, same.critical_path)
+    assert moved.what_if == same.what_if
 
 
 def test_a_lone_rank_whose_ops_match_nothing_gives_empty_frames_and_no_answers():
     rows = [op(1, 10 * MS, 12 * MS, step=1), op(1, 20 * MS, 22 * MS, step=2)]
     stepped = steps_of({1: 30}, [1, 2])
     result = critical_path.analyse(cross(rows, stepped, 2), stepped)
-    assert result["critical_path"].empty and result["critical_path_steps"].empty
-    assert result["what_if"] == []
+    assert result.critical_path.empty and result.critical_path_steps.empty
+    assert result.what_if == []

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from analysis.crossrank import analyse
-from analysis.report.output import cross_rank_json
+from analysis.report.json_document import cross_rank_json
 from helpers.crossrank_ops import MS, frame, op, steps_frame, synced
 
 STEPS = 10
@@ -27,7 +27,7 @@ def _chain_run():
 
 def test_a_wait_caused_by_a_rank_that_was_itself_waiting_is_charged_to_the_root():
     result = analyse(_chain_run(), steps_frame(range(3), range(STEPS)), SYNCED, 3)
-    table = result["stragglers"].set_index("rank")
+    table = result.stragglers.set_index("rank")
     # Rank 0 waits 12 ms for rank 1, 10 of which rank 1 spent waiting for rank 2.
     assert table.loc[2, "caused_wait_ms_per_step"] == pytest.approx(20.0)
     assert table.loc[1, "caused_wait_ms_per_step"] == pytest.approx(2.0)
@@ -52,7 +52,7 @@ def test_the_stage_that_holds_back_is_the_root_of_the_waiting_chain():
                          for r in range(3) for s in range(STEPS)])
     result = analyse(_pipeline_chain_run(), steps_frame(range(3), range(STEPS)), SYNCED, 3,
                      work=work)
-    table = result["pipeline"].set_index("rank")
+    table = result.pipeline.set_index("rank")
     assert table.loc[2, "caused_recv_wait_ms_per_step"] == pytest.approx(20.0)  # 10 + 10 passed
     assert table.loc[1, "caused_recv_wait_ms_per_step"] == pytest.approx(3.0)
     assert table["holds_back"].tolist() == [False, False, True]
@@ -72,7 +72,7 @@ def test_pipeline_transfer_counts_overlapping_transfers_once():
                          for r in range(2) for s in range(2)])
     # p2p ops place no clock: the ranks' clock_sync does
     result = analyse(frame(rows), steps_frame([0, 1], [0, 1]), synced([0, 1]), 2, work=work)
-    table = result["pipeline"].set_index("rank")
+    table = result.pipeline.set_index("rank")
     assert table.loc[0, "transfer_pct"] == pytest.approx(10.0)
     assert table.loc[0, "idle_pct"] == pytest.approx(40.0)
 
@@ -93,6 +93,6 @@ def test_a_late_last_stage_is_named_although_each_transfer_is_long():
     synced = pd.DataFrame({"rank": [1, 2, 3], "offset_ns": 0, "uncertainty_ns": 1_000})
     result = analyse(frame(rows), steps_frame(range(4), range(STEPS)), synced, 4)
     assert [s["rank"] for s in cross_rank_json(result)["stragglers"]] == [3]
-    table = result["stragglers"].set_index("rank")
+    table = result.stragglers.set_index("rank")
     assert table.loc[3, "caused_wait_ms_per_step"] == pytest.approx(30.0)
     assert table.loc[3, "material"]

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from analysis.crossrank import analyse, cross_rank
-from analysis.crossrank.frames import run_frames
-from analysis.ingest.load import load_path
-from analysis.report.output import cross_rank_json
+from analysis.crossrank.run_frames import run_frames
+from analysis.report.json_document import cross_rank_json
+from analysis.run.loading import load_run_path
 from helpers.launch import DATA
 from helpers.run_copies import shifted_copy
 
@@ -31,12 +31,12 @@ def shifted(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def original():
-    return cross_rank(load_path(RUN, use_cache=False))
+    return cross_rank(load_run_path(RUN, use_cache=False))
 
 
 @pytest.fixture(scope="module")
 def moved(shifted):
-    return cross_rank(load_path(shifted, use_cache=False))
+    return cross_rank(load_run_path(shifted, use_cache=False))
 
 
 def _gloo_ends_on_records_clock(rank: int) -> list[int]:
@@ -59,7 +59,7 @@ def _gloo_ends_on_records_clock(rank: int) -> list[int]:
 
 
 def test_the_records_ops_of_the_profiled_steps_end_where_their_gloo_ops_end():
-    ops = run_frames(load_path(RUN, use_cache=False))["ops"]
+    ops = run_frames(load_run_path(RUN, use_cache=False))["ops"]
     for rank in (0, 1):
         mine = ops[ops["rank"] == rank]
         timed = mine[mine["time_from"] == "profiled steps"]
@@ -74,17 +74,17 @@ def test_the_records_ops_of_the_profiled_steps_end_where_their_gloo_ops_end():
 
 
 def test_on_one_host_the_estimate_agrees_with_clock_sync(original):
-    clock = original["clock"].set_index("rank")
+    clock = original.clock.set_index("rank")
     assert clock.loc[1, "source"] == "clock_sync" and clock.loc[1, "offset_ns"] == -440
     assert clock.loc[1, "estimate_from"] == "profiled steps"
     assert clock.loc[1, "instances"] == 6  # 2 buckets x 3 profiled steps
     # Both ranks read one host clock: the estimate is within 0.25 ms of the same clock.
     assert abs(clock.loc[1, "estimate_offset_ns"]) < 0.25 * MS
-    assert original["notes"] == []
+    assert original.notes == ()
 
 
 def test_an_80_ms_shift_without_clock_sync_is_recovered_within_1_ms(moved):
-    clock = moved["clock"].set_index("rank")
+    clock = moved.clock.set_index("rank")
     row = clock.loc[1]
     assert (row["source"], row["estimate_from"], row["instances"]) == (
         "collectives", "profiled steps", 6)
@@ -97,16 +97,16 @@ def test_an_80_ms_shift_without_clock_sync_is_recovered_within_1_ms(moved):
 
 def test_the_shift_names_no_straggler_and_leaves_the_waits_as_they_were(original, moved):
     assert cross_rank_json(moved)["stragglers"] == []
-    assert not moved["stragglers"]["fires"].any()
+    assert not moved.stragglers["fires"].any()
     # The same waits per rank as on the unshifted run, up to the estimate's error per op.
-    before = original["waits"].groupby("rank")["wait_for_peers_ms"].mean()
-    after = moved["waits"].groupby("rank")["wait_for_peers_ms"].mean()
+    before = original.waits.groupby("rank")["wait_for_peers_ms"].mean()
+    after = moved.waits.groupby("rank")["wait_for_peers_ms"].mean()
     assert (after - before).abs().max() < 1.0
 
 
 def test_without_the_profiled_steps_times_the_shift_would_name_rank_1(shifted):
     # The same ops with the profiled steps' ends taken away: nothing places rank 1's clock.
-    frames = run_frames(load_path(shifted, use_cache=False))
+    frames = run_frames(load_run_path(shifted, use_cache=False))
     ops = frames["ops"]
     untimed = ops.assign(timed=False, time_from=None, end_ns=ops["issue_ns"])
     read_as_one_clock = pd.DataFrame({"rank": [1], "offset_ns": [0], "uncertainty_ns": [0]})
@@ -115,7 +115,7 @@ def test_without_the_profiled_steps_times_the_shift_would_name_rank_1(shifted):
     assert cross_rank_json(named)["stragglers"][0]["rank"] == 1
     # Without clock_sync its clock is unknown: no straggler, waits unknown, and a note.
     result = analyse(untimed, frames["steps"], frames["clock_sync"], 2)
-    assert result["clock"].set_index("rank").loc[1, "source"] == "none"
-    assert result["stragglers"].empty
-    assert result["waits"]["wait_for_peers_ms"].isna().all()
-    assert [n["finding"] for n in result["notes"]] == ["clock of rank(s) 1 unknown"]
+    assert result.clock.set_index("rank").loc[1, "source"] == "none"
+    assert result.stragglers.empty
+    assert result.waits["wait_for_peers_ms"].isna().all()
+    assert [n.name for n in result.notes] == ["clock of rank(s) 1 unknown"]

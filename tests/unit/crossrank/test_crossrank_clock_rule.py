@@ -68,12 +68,12 @@ def test_a_clock_sync_80_ms_off_gives_way_to_the_collectives_with_a_note():
     # ops before rank 0 issued them.
     ops = _own_completions(0, 20, offset=0, gap=50 * MS)
     result = analyse(ops, steps_frame([0, 1], range(20), step_ns=50 * MS), _sync(80 * MS), 2)
-    clock = result["clock"].set_index("rank").loc[1]
+    clock = result.clock.set_index("rank").loc[1]
     assert clock["source"] == "collectives" and abs(clock["offset_ns"]) < 0.1 * MS
     assert clock["disagreement_ns"] == pytest.approx(80 * MS, abs=0.1 * MS)
-    (note,) = result["notes"]
-    assert note["finding"] == "clock_sync of rank 1 disagrees with its collectives"
-    assert note["kind"] == "note" and "80.000 ms from rank 0's" in note["evidence"]
+    (note,) = result.notes
+    assert note.name == "clock_sync of rank 1 disagrees with its collectives"
+    assert note.note and "80.000 ms from rank 0's" in note.evidence
 
 
 def test_a_clock_sync_that_causality_allows_stands():

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.crossrank import analyse
-from analysis.crossrank.frames import ops_from_records
+from analysis.crossrank.run_frames import ops_from_records
 from helpers.crossrank_ops import MS, frame, issue_only, op, steps_frame
 
 # The ranks' clocks measured equal: the waits below are read on one clock as written.
@@ -28,8 +28,8 @@ def _three_buckets(late_ms=25):
 
 def test_issue_only_waits_follow_the_late_rank_once_not_once_per_bucket():
     result = analyse(_three_buckets(), steps_frame([0, 1], [1]), NO_SYNC, 2)
-    assert result["clock"].set_index("rank").loc[1, "offset_ns"] == 0
-    ops = result["ops"].sort_values(["rank", "issue_ns"])
+    assert result.clock.set_index("rank").loc[1, "offset_ns"] == 0
+    ops = result.ops.sort_values(["rank", "issue_ns"])
     mine = ops[ops["rank"] == 0]
     # Bucket 0 waits 100 -> 125 ms; bucket 1 cannot start before bucket 0's last arrival
     # (125 ms): it arrives at 125 and waits until 126; bucket 2: 126 -> 127.
@@ -37,11 +37,11 @@ def test_issue_only_waits_follow_the_late_rank_once_not_once_per_bucket():
     assert (mine["wait_ns"] / MS).tolist() == [25.0, 1.0, 1.0]
     assert ops.loc[ops["rank"] == 1, "wait_ns"].tolist() == [0, 0, 0]
     assert (ops["transfer_ns"] == 0).all() and not ops["timed"].any()
-    waits = result["waits"].set_index("rank")
+    waits = result.waits.set_index("rank")
     assert waits.loc[0, "wait_for_peers_ms"] == 27.0  # not 3 x 25
     assert math.isnan(waits.loc[0, "transfer_ms"]) and math.isnan(waits.loc[1, "transfer_ms"])
     # Unknown transfer is left out of bandwidth, never counted as 0 GB/s.
-    assert result["bandwidth"].empty
+    assert result.bandwidth.empty
     assert ops["transfer_algbw_gbps"].isna().all()
 
 
@@ -57,16 +57,16 @@ def test_without_clock_sync_issue_times_place_no_clock_and_name_no_straggler():
                      issue_only(1, (s * 100 + 25 + k) * MS, step=s)]
     steps = steps_frame([0, 1], range(1, 13))
     named = analyse(frame(rows), steps, NO_SYNC, 2)
-    assert named["stragglers"].set_index("rank").loc[1, "fires"]  # on one clock: named
+    assert named.stragglers.set_index("rank").loc[1, "fires"]  # on one clock: named
     result = analyse(frame(rows), steps, NO_SYNC.iloc[:0], 2)
-    clock = result["clock"].set_index("rank")
+    clock = result.clock.set_index("rank")
     assert (clock.loc[1, "source"], clock.loc[1, "offset_ns"]) == ("none", 0)
-    assert result["ops"].empty and result["stragglers"].empty
-    assert result["waits"][["wait_for_peers_ms", "transfer_ms", "queued_ms"]].isna().all().all()
-    assert len(result["waits"]) == 24
-    (note,) = result["notes"]
-    assert note["kind"] == "note" and note["finding"] == "clock of rank(s) 1 unknown"
-    assert "in the 12 step(s)" in note["evidence"]
+    assert result.ops.empty and result.stragglers.empty
+    assert result.waits[["wait_for_peers_ms", "transfer_ms", "queued_ms"]].isna().all().all()
+    assert len(result.waits) == 24
+    (note,) = result.notes
+    assert note.note and note.name == "clock of rank(s) 1 unknown"
+    assert "in the 12 step(s)" in note.evidence
 
 
 def test_an_issue_only_wait_is_not_clipped_by_its_unknown_end():
@@ -76,8 +76,8 @@ def test_an_issue_only_wait_is_not_clipped_by_its_unknown_end():
     timed = frame([op(0, 0, 2 * MS, step=1), op(1, 10 * MS, 11 * MS, step=1)])
     untimed = frame([issue_only(0, 0, step=1), issue_only(1, 10 * MS, step=1)])
     loose = NO_SYNC.assign(uncertainty_ns=10 * MS)
-    clipped = analyse(timed, steps_frame([0, 1], [1]), loose, 2)["ops"]
-    whole = analyse(untimed, steps_frame([0, 1], [1]), NO_SYNC, 2)["ops"]
+    clipped = analyse(timed, steps_frame([0, 1], [1]), loose, 2).ops
+    whole = analyse(untimed, steps_frame([0, 1], [1]), NO_SYNC, 2).ops
     assert clipped.loc[clipped["rank"] == 0, "wait_ns"].item() == 2 * MS
     assert whole.loc[whole["rank"] == 0, "wait_ns"].item() == 10 * MS
 
@@ -86,10 +86,10 @@ def test_a_timed_op_keeps_its_transfer_beside_issue_only_ones():
     rows = [op(0, 0, 6 * MS, step=1), op(1, 4 * MS, 6 * MS, step=1),
             issue_only(0, 10 * MS, step=1), issue_only(1, 13 * MS, step=1)]
     result = analyse(frame(rows), steps_frame([0, 1], [1]), NO_SYNC, 2)
-    waits = result["waits"].set_index("rank")
+    waits = result.waits.set_index("rank")
     assert waits.loc[0, "wait_for_peers_ms"] == 4.0 + 3.0
     assert waits.loc[0, "transfer_ms"] == 2.0 and waits.loc[1, "transfer_ms"] == 2.0
-    assert result["bandwidth"]["count"].tolist() == [2]
+    assert result.bandwidth["count"].tolist() == [2]
 
 
 def _records(rank, rows):
@@ -114,8 +114,8 @@ def test_records_written_late_are_matched_in_issue_order():
                     ignore_index=True)
     assert ops["timed"].tolist() == [True, False, True, False]
     result = analyse(ops, steps_frame([0, 1], [1]), NO_SYNC, 2)
-    assert result["mismatches"].empty
-    matched = result["ops"].groupby("instance")["bytes"].agg(lambda b: sorted(set(b)))
+    assert result.mismatches.empty
+    matched = result.ops.groupby("instance")["bytes"].agg(lambda b: sorted(set(b)))
     assert sorted(map(tuple, matched)) == [(4096.0,), (8192.0,)]
 
 

@@ -6,8 +6,8 @@ steps a rank's trace does not cover, unknown sizes and p2p ops beside collective
 import numpy as np
 import pandas as pd
 
-from analysis.crossrank.frames import OP_COLUMNS, empty_ops, typed_ops
 from analysis.crossrank.matching import MISMATCH_COLUMNS, group_members, match_ops
+from analysis.crossrank.run_frames import OP_COLUMNS, empty_ops, typed_ops
 
 
 def op(rank, issue, step=0, pg="0", size=3, name="all_reduce", nbytes=4096.0, dtype="float32",

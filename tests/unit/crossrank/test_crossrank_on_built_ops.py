@@ -9,7 +9,7 @@ from analysis.crossrank.clock import clock_table, estimate_offsets, to_common_cl
 from analysis.crossrank.matching import match_ops
 from analysis.crossrank.pipeline import theory_bubble_pct
 from analysis.crossrank.waits import op_waits, transfer_bandwidth
-from analysis.report.output import cross_rank_json
+from analysis.report.json_document import cross_rank_json
 from helpers.crossrank_ops import MS, NO_SYNC, frame, op, steps_frame, synced
 
 
@@ -226,10 +226,10 @@ def test_per_step_waits_count_overlapping_waits_once():
     ops.loc[ops["rank"] >= 2, "pg"] = "1"
     synced = pd.DataFrame({"rank": [1, 2, 3], "offset_ns": 0, "uncertainty_ns": 1_000})
     result = analyse(ops, steps_frame(range(4), [0]), synced, 4)
-    per_op = result["ops"].groupby("rank")[["wait_ns", "transfer_ns"]].sum()
+    per_op = result.ops.groupby("rank")[["wait_ns", "transfer_ns"]].sum()
     assert per_op.loc[0].tolist() == [18 * MS, 4 * MS]  # per op: unchanged
     assert per_op.loc[3].tolist() == [20 * MS, 2 * MS]
-    waits = result["waits"].set_index("rank")
+    waits = result.waits.set_index("rank")
     assert waits.loc[0, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [10.0, 2.0]
     assert waits.loc[1, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [0.0, 2.0]
     assert waits.loc[3, ["wait_for_peers_ms", "transfer_ms"]].tolist() == [11.0, 2.0]
@@ -269,7 +269,7 @@ def test_a_rank_late_every_step_is_named_with_its_caused_wait():
     assert stragglers[0]["caused_wait_ms_per_step"] == pytest.approx(60.0)  # 3 ranks x 20 ms
     assert stragglers[0]["share_pct"] == pytest.approx(15.0)  # 600 ms of 4 x 1000 ms
     assert stragglers[0]["collectives"][0]["op"] == "all_reduce"
-    waits = result["waits"].set_index(["rank", "step"])
+    waits = result.waits.set_index(["rank", "step"])
     assert (waits.loc[0, "wait_for_peers_ms"] == 20.0).all()
     assert (waits.loc[3, "wait_for_peers_ms"] == 0.0).all()
 
@@ -282,14 +282,14 @@ def test_jitter_without_a_steady_culprit_names_no_straggler():
             arrive = s * 100 * MS + (4 * MS if r == late else 0)
             rows.append(op(r, arrive, s * 100 * MS + 6 * MS, step=s, size=4))
     result = analyse(frame(rows), steps_frame(range(4), range(12)), NO_SYNC, 4)
-    assert result["stragglers"]["fires"].sum() == 0
+    assert result.stragglers["fires"].sum() == 0
     assert cross_rank_json(result)["stragglers"] == []
 
 
 def test_a_small_steady_delay_below_the_share_threshold_names_no_straggler():
     synced = pd.DataFrame({"rank": [1, 2, 3], "offset_ns": 0, "uncertainty_ns": 1_000})
     result = analyse(_steady_late_run(1, 1 * MS), steps_frame(range(4), range(10)), synced, 4)
-    table = result["stragglers"].set_index("rank")
+    table = result.stragglers.set_index("rank")
     assert table.loc[1, "share_pct"] == pytest.approx(0.75)
     assert not table.loc[1, "fires"]
 
@@ -305,7 +305,7 @@ def test_a_steady_lateness_shorter_than_the_transfer_names_no_straggler():
                  op(1, arrive, arrive + 8.5 * MS, step=s)]
     synced = pd.DataFrame({"rank": [1], "offset_ns": [0], "uncertainty_ns": [1_000]})
     result = analyse(frame(rows), steps_frame([0, 1], range(12), step_ns=20 * MS), synced, 2)
-    row = result["stragglers"].set_index("rank").loc[0]
+    row = result.stragglers.set_index("rank").loc[0]
     assert row["share_pct"] == pytest.approx(6.25) and row["steady"] and row["significant"]
     assert not row["material"] and not row["fires"]
 
@@ -314,7 +314,7 @@ def test_the_culprit_survives_an_unsynchronised_clock():
     ops = _steady_late_run(2, 20 * MS)
     ops.loc[ops["rank"] == 2, ["issue_ns", "end_ns"]] += 80 * MS
     result = analyse(ops, steps_frame(range(4), range(10)), NO_SYNC, 4)
-    clock = result["clock"].set_index("rank")
+    clock = result.clock.set_index("rank")
     assert abs(clock.loc[2, "offset_ns"] - 80 * MS) < MS
     assert [s["rank"] for s in cross_rank_json(result)["stragglers"]] == [2]
 
@@ -333,7 +333,7 @@ def test_pipeline_bubble_split_and_theory():
                          "step_ns": [100 * MS] * 4,
                          "work_ns": [80 * MS, 80 * MS, 60 * MS, 60 * MS]})
     result = analyse(frame(rows), steps_frame([0, 1], [0, 1]), synced([0, 1]), 2, work=work)
-    table = result["pipeline"].set_index("rank")
+    table = result.pipeline.set_index("rank")
     assert table.loc[1, "measured_bubble_pct"] == pytest.approx(40.0)
     assert table.loc[1, "recv_wait_pct"] == pytest.approx(12.0)  # 4 x 3 ms of 100 ms
     assert table.loc[1, "transfer_pct"] == pytest.approx(4.0)
@@ -385,7 +385,7 @@ def test_three_steps_of_noise_name_no_straggler():
     # no evidence: a fair draw gives one rank two of three.
     result = _two_bucket_run([(1, 0.5), (0, 1.5), (0, 2.0)], 3)
     assert cross_rank_json(result)["stragglers"] == []
-    row = result["stragglers"].set_index("rank").loc[0]
+    row = result.stragglers.set_index("rank").loc[0]
     assert row["share_pct"] == pytest.approx(100 * 7 / 120)
     assert row["clean_steps"] == 2 and not row["fires"]
 
@@ -399,7 +399,7 @@ def test_steps_after_the_tracers_own_work_are_left_out():
     late = [(1, 10.0) if gaps.get(s) == 10 else (0, 4.0) for s in range(17)]
     result = _two_bucket_run(late, 17, gaps)
     assert [s["rank"] for s in cross_rank_json(result)["stragglers"]] == [0]
-    row = result["stragglers"].set_index("rank").loc[0]
+    row = result.stragglers.set_index("rank").loc[0]
     assert (row["clean_steps"], row["top_steps"]) == (11, 11)
     assert row["chance"] == pytest.approx(0.5 ** 11)
 
@@ -409,7 +409,7 @@ def test_a_rank_main_culprit_in_9_of_10_steps_of_two_is_not_named():
     late = [(1, 4.0) if s == 5 else (0, 4.0) for s in range(11)]  # step 0 left out
     result = _two_bucket_run(late, 11)
     assert cross_rank_json(result)["stragglers"] == []
-    row = result["stragglers"].set_index("rank").loc[0]
+    row = result.stragglers.set_index("rank").loc[0]
     assert row["top_steps"] == 9 and row["chance"] == pytest.approx(11 / 1024)
     assert row["steady"] and row["material"] and not row["significant"] and not row["fires"]
 
@@ -426,7 +426,7 @@ def test_a_completion_the_waiting_member_saw_late_does_not_bound_the_offset():
         rows += [op(0, t, t + 10.5 * MS + ref_late, step=s),
                  op(1, t + 90 * MS, t + 90.5 * MS + late * MS, step=s)]
     result = analyse(frame(rows), steps_frame([0, 1], range(12)), NO_SYNC, 2)
-    clock = result["clock"].set_index("rank")
+    clock = result.clock.set_index("rank")
     assert abs(clock.loc[1, "offset_ns"] - 80 * MS) < 0.5 * MS
     assert clock.loc[1, "uncertainty_ns"] == pytest.approx(0.75 * MS)  # [79.5, 81] ms
 
@@ -456,20 +456,20 @@ def test_a_rank_late_in_every_one_of_too_few_steps_gets_a_note_not_a_name():
     from analysis.crossrank.findings import too_few_steps
     result = _two_bucket_run([(1, 25.0)] * 4, 4)
     assert cross_rank_json(result)["stragglers"] == []
-    row = result["stragglers"].set_index("rank").loc[1]
+    row = result.stragglers.set_index("rank").loc[1]
     assert (row["clean_steps"], row["top_steps"], row["too_few_steps"]) == (3, 3, True)
     assert steps_needed(2) == 10 and steps_needed(4) == 5
-    (note,) = too_few_steps(result)
-    assert result["notes"] == [note] and note["kind"] == "note"
-    assert note["finding"] == "too few steps to name rank 1 late"
-    assert "all 3 clean steps" in note["evidence"]
-    assert "10 clean steps, 11 traced" in note["evidence"]
-    assert "--active 11" in note["suggestion"]
+    (note,) = too_few_steps(result.stragglers, result.ops)
+    assert result.notes == (note,) and note.note
+    assert note.name == "too few steps to name rank 1 late"
+    assert "all 3 clean steps" in note.evidence
+    assert "10 clean steps, 11 traced" in note.evidence
+    assert "--active 11" in note.suggestion
 
 
 def test_noise_in_a_short_window_gets_no_note():
     # Rank 0 late in 2 of 3 clean steps, rank 1 in the other: not last in every step, no note.
     from analysis.crossrank.findings import too_few_steps
     result = _two_bucket_run([(1, 0.5), (0, 1.5), (1, 2.0), (0, 2.0)], 4)
-    assert not result["stragglers"]["too_few_steps"].any()
-    assert too_few_steps(result) == [] and result["notes"] == []
+    assert not result.stragglers["too_few_steps"].any()
+    assert too_few_steps(result.stragglers, result.ops) == [] and result.notes == ()

@@ -43,7 +43,7 @@ def _noisy_run(seed, ranks=2, steps=30, late_rank=None, late_ns=0, timed=True):
 def _named(seed, **kwargs):
     ops, steps = _noisy_run(seed, **kwargs)
     ranks = kwargs.get("ranks", 2)
-    table = analyse(ops, steps, _synced(ranks), ranks)["stragglers"]
+    table = analyse(ops, steps, _synced(ranks), ranks).stragglers
     return sorted(table.loc[table["fires"].astype(bool), "rank"].tolist())
 
 

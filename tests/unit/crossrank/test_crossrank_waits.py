@@ -8,9 +8,9 @@ import pandas as pd
 
 from analysis.crossrank import analyse
 from analysis.crossrank.clock import clock_table, estimate_offsets
-from analysis.crossrank.frames import typed_ops
 from analysis.crossrank.grouped import cummax_by_group, group_starts, union_lengths
 from analysis.crossrank.matching import match_ops
+from analysis.crossrank.run_frames import typed_ops
 from analysis.crossrank.waits import WAITS_COLUMNS, op_waits, rank_step_waits
 
 NO_CLOCK_SYNC = pd.DataFrame(columns=["rank", "offset_ns", "uncertainty_ns"])
@@ -35,22 +35,22 @@ def test_a_lone_rank_gets_typed_empty_tables_and_zero_waits():
     ops = typed_ops(pd.DataFrame([op(1, 10, 0), op(1, 30, 0), op(1, 50, 1)]))
     steps = steps_of([(1, 1), (1, 0), (1, 1)])  # unsorted, with a repeat
     result = analyse(ops, steps, NO_CLOCK_SYNC, 2)
-    table = result["ops"]
+    table = result.ops
     assert table.empty and isinstance(table.index, pd.RangeIndex)
     added = ["position", "instance", *WAIT_COLUMNS, "transfer_algbw_gbps",
              "transfer_busbw_gbps"]
     assert list(table.columns) == list(ops.columns) + added
     assert [str(table[c].dtype) for c in added] == ["int64"] * 8 + ["float64"] * 2
-    waits = result["waits"]
+    waits = result.waits
     assert waits.to_dict("list") == {"rank": [1, 1], "step": [0, 1],
                                      "wait_for_peers_ms": [0.0, 0.0],
                                      "transfer_ms": [0.0, 0.0], "queued_ms": [0.0, 0.0],
                                      "ops": [0, 0]}
     assert list(waits.dtypes.astype(str)) == ["int64"] * 2 + ["float64"] * 3 + ["int64"]
     for name in ("bandwidth", "stragglers", "pipeline"):
-        assert result[name].empty and len(result[name].columns) > 3, name
-    assert list(result["clock"]["rank"]) == [0, 1]
-    assert list(result["clock"]["source"]) == ["reference", "none"]
+        assert getattr(result, name).empty and len(getattr(result, name).columns) > 3, name
+    assert list(result.clock["rank"]) == [0, 1]
+    assert list(result.clock["source"]) == ["reference", "none"]
 
 
 def test_nothing_matched_gives_no_waits_and_zeros_in_every_step():
@@ -91,9 +91,9 @@ def test_matched_ops_get_their_waits_and_unmatched_steps_zeros():
     synced = pd.DataFrame({"rank": [1], "offset_ns": [0], "uncertainty_ns": [1_000]})
     result = analyse(ops, steps_of([(0, 0), (1, 0), (1, 3)]), synced, 2)
     # rank 0 arrives at 10 and waits 2 ns for rank 1; both end at their own issue + 5
-    assert result["ops"][["rank", "wait_ns", "transfer_ns", "last_rank"]].values.tolist() == [
+    assert result.ops[["rank", "wait_ns", "transfer_ns", "last_rank"]].values.tolist() == [
         [0, 2, 3, 1], [1, 0, 5, 1]]
-    assert result["waits"][["rank", "step", "ops"]].values.tolist() == [[0, 0, 1], [1, 0, 1],
+    assert result.waits[["rank", "step", "ops"]].values.tolist() == [[0, 0, 1], [1, 0, 1],
                                                                         [1, 3, 0]]
 
 
@@ -131,3 +131,28 @@ def test_running_maxima_start_again_in_each_group():
     assert cummax_by_group(values, starts).tolist() == [
         EPOCH + 3, EPOCH + 3, EPOCH + 7, 5, 9, 9, EPOCH]
     assert cummax_by_group(values[:0], starts[:0]).tolist() == []
+
+
+def test_the_waits_are_applied_in_one_step_to_every_table_they_change():
+    from analysis.crossrank.waits import with_waits
+    from analysis.rank.idle import idle_summary
+    from analysis.rank.step_breakdown import rank_totals
+    from analysis.run.analysed_run import Run
+    from analysis.run.loading import load_run_path
+    from helpers.launch import DATA
+
+    run = Run(load_run_path(DATA / "ddp_gloo", use_cache=False), "ddp_gloo", "ddp_gloo")
+    profiled, gaps, cross = run._profiled, run._gaps, run.cross_rank
+    waited = with_waits(profiled, None, gaps, cross)
+    split = waited.per_step
+    assert ((split["transfer_ns"] + split["peer_wait_ns"]) == split["comm_only_ns"]).all()
+    assert (split["peer_wait_ns"] > 0).any() and waited.analysed is split
+    pd.testing.assert_frame_equal(waited.totals, rank_totals(split))
+    assert (waited.idle_gaps["host_activity"] == "waiting_for_peers").any()
+    pd.testing.assert_frame_equal(waited.idle, idle_summary(waited.idle_gaps))
+    # what it was given is left as it was
+    assert "peer_wait_ns" not in profiled and not (gaps["host_activity"] ==
+                                                   "waiting_for_peers").any()
+    # without the pass: the split is unknown and the gaps keep their labels
+    alone = with_waits(profiled, None, gaps, None)
+    assert alone.per_step["peer_wait_ns"].isna().all() and alone.idle_gaps is gaps

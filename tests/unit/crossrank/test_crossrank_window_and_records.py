@@ -5,8 +5,8 @@ lost and no op counts twice (docs/cross-rank.md, "Ops")."""
 
 from pathlib import Path
 
-from analysis.ingest.load import load_path
-from analysis.run import analyse_run
+from analysis.run.analysed_run import analyse_run
+from analysis.run.loading import load_run_path
 from helpers.synthetic import TraceBuilder, trace_name
 from helpers.tracer_files import write_jsonl
 from tracer import schema
@@ -55,7 +55,7 @@ def _run(folder: Path, ddp_buckets: str) -> Path:
 
 
 def _cross(folder: Path) -> dict:
-    loaded = load_path(folder, None, use_cache=False)
+    loaded = load_run_path(folder, None, use_cache=False)
     report = analyse_run(loaded, name=folder.name, path=str(folder))
     assert report.problems == []
     return report.cross_rank
@@ -63,18 +63,18 @@ def _cross(folder: Path) -> dict:
 
 def test_the_windows_steps_come_from_the_trace_and_the_others_from_the_records(tmp_path):
     cross = _cross(_run(tmp_path / "run", schema.DDP_BUCKETS_FROM_PROFILER))
-    ops = cross["ops"]
+    ops = cross.ops
     by_step = ops.groupby("step")["op"].agg(lambda o: sorted(set(o))).to_dict()
     assert by_step == {1: ["broadcast"], 2: ["all_reduce"], 3: ["all_reduce"],
                        4: ["broadcast"]}
     # Each matched op once per rank: two members per instance, nothing doubled.
     assert ops.groupby("instance").size().tolist() == [2] * 4
-    assert cross["mismatches"].empty
-    assert sorted(cross["waits"]["step"].unique()) == list(STEPS)
+    assert cross.mismatches.empty
+    assert sorted(cross.waits["step"].unique()) == list(STEPS)
 
 
 def test_records_with_the_buckets_are_read_alone(tmp_path):
     # With the DDP hook the records hold every bucket: the window adds nothing.
     cross = _cross(_run(tmp_path / "run", schema.DDP_BUCKETS_FROM_HOOK))
-    assert set(cross["ops"]["op"]) == {"broadcast"}
-    assert sorted(cross["ops"]["step"].unique()) == list(STEPS)
+    assert set(cross.ops["op"]) == {"broadcast"}
+    assert sorted(cross.ops["step"].unique()) == list(STEPS)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 
+from analysis.core.contracts import RankMemory
 from analysis.crossrank.memory_balance import (
     MEMORY_COLUMNS,
     category_differences,
     median_rank,
     memory_rows,
 )
-from analysis.rank.memory_figures import RankMemory
 
 MIB = 1 << 20
 

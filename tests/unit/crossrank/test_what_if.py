@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.core import dag
 from analysis.crossrank import analyse as cross_rank_pass
 from analysis.crossrank import critical_path, step_graph, what_if
 from helpers.crossrank_ops import MS, frame, op
@@ -19,7 +20,7 @@ def run(rows, ends: dict, steps, world_size, busbw_gbps=None):
                              "end_ns": s * STEP + ends[r] * MS} for s in steps for r in ends])
     offsets = pd.DataFrame({"rank": range(world_size), "offset_ns": 0, "uncertainty_ns": 0})
     cross = cross_rank_pass(frame(rows), stepped, offsets, world_size)
-    answers = critical_path.analyse(cross, stepped, busbw_gbps=busbw_gbps)["what_if"]
+    answers = critical_path.analyse(cross, stepped, busbw_gbps=busbw_gbps).what_if
     return {a["change"]: a for a in answers}, answers
 
 
@@ -102,7 +103,7 @@ def test_the_saving_is_the_mean_over_steps_of_the_latest_step_end():
                             for s, e in ((1, ends), (2, ends2)) for r in e])
     offsets = pd.DataFrame({"rank": [0, 1], "offset_ns": 0, "uncertainty_ns": 0})
     cross = cross_rank_pass(frame(stepped_rows), stepped, offsets, 2)
-    answers = critical_path.analyse(cross, stepped)["what_if"]
+    answers = critical_path.analyse(cross, stepped).what_if
     on_time = next(a for a in answers if a["change"] == "rank 1 on time")
     # step 1 saves 25 + 1 (its 4 ms after the op at rank 0's 3); step 2 starts 26 ms earlier
     # and saves its own 5, its last ms taken by rank 0, which starts 1 ms after rank 1
@@ -115,10 +116,10 @@ def test_every_change_is_propagated_in_one_pass_per_column():
                              "end_ns": s * STEP + ends[r] * MS} for s in steps for r in ends])
     offsets = pd.DataFrame({"rank": [0, 1], "offset_ns": 0, "uncertainty_ns": 0})
     cross = cross_rank_pass(frame(rows), stepped, offsets, 2)
-    graph = step_graph.build(cross["ops"], stepped)
+    graph = step_graph.build(cross.ops, stepped)
     shortened = what_if.rank_on_time(graph, 1, graph.duration)
-    both = step_graph.propagate(graph, np.column_stack([graph.duration, shortened]))
-    alone = step_graph.propagate(graph, shortened)
+    both = dag.propagate(graph, np.column_stack([graph.duration, shortened]))
+    alone = dag.propagate(graph, shortened)
     assert np.array_equal(both[:, 1], alone[:, 0])
     assert what_if.step_ends(graph, both).tolist() == [[STEP + 41 * MS, STEP + 15 * MS],
                                                        [2 * STEP + 41 * MS, 2 * STEP + 15 * MS]]

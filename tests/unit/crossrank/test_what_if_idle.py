@@ -36,7 +36,7 @@ def answers(gaps, profiled=None):
     cross, steps = late_rank()
     result = critical_path.analyse(cross, steps, idle_gaps=pd.DataFrame(gaps),
                                    profiled=profiled)
-    return {a["change"]: a for a in result["what_if"]}
+    return {a["change"]: a for a in result.what_if}
 
 
 def test_the_late_ranks_loading_removed_saves_it_measured_in_the_profiled_steps_only():

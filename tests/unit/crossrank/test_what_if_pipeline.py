@@ -1,6 +1,8 @@
 """The pipeline's what-if answers (analysis.crossrank.what_if_pipeline) on hand-built stages
 whose propagation is worked out by hand (docs/critical-path.md, "The pipeline's bubble")."""
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -31,18 +33,18 @@ def late_second_stage():
 
 
 def answers_of(cross, steps):
-    return {a["kind"]: a for a in critical_path.analyse(cross, steps)["what_if"]}
+    return {a["kind"]: a for a in critical_path.analyse(cross, steps).what_if}
 
 
 def test_the_schedule_of_two_stages_and_two_microbatches_has_a_third_of_bubble():
     cross, _ = late_second_stage()
-    assert cross["pipeline_schedule"] == {"stages": 2, "microbatches": 2, "virtual_stages": 1,
+    assert cross.pipeline_schedule == {"stages": 2, "microbatches": 2, "virtual_stages": 1,
                                           "theory_bubble_pct": pytest.approx(100 / 3)}
 
 
 def test_a_stage_waiting_beyond_the_theory_is_charged_to_the_late_stage():
     cross, steps = late_second_stage()
-    graph = step_graph.build(cross["ops"], steps)
+    graph = step_graph.build(cross.ops, steps)
     excess = what_if_pipeline.excess_waits(graph, 1 / 3).set_index("rank")
     # stage 0 waits in its sends [5, 30) and [10, 36) and its first recv [11, 47): 42 ms of its
     # 60; for 42 - x to be a third of 60 - x, x = (42 - 20) / (2 / 3) = 33 ms
@@ -92,13 +94,15 @@ def test_a_pipeline_within_its_theoretical_bubble_gets_only_the_microbatch_estim
 
 def test_a_zero_bubble_schedule_or_unknown_microbatches_gets_no_pipeline_answer():
     cross, steps = late_second_stage()
-    split = {**cross, "pipeline_schedule": {**cross["pipeline_schedule"], "split_backward": True}}
+    split = dataclasses.replace(cross, pipeline_schedule={**cross.pipeline_schedule,
+                                                          "split_backward": True})
     assert not {"pipeline_bubble_theoretical", "pipeline_microbatches"} & set(
         answers_of(split, steps))
-    unknown = {**cross, "pipeline_schedule": {**cross["pipeline_schedule"], "microbatches": None,
-                                              "theory_bubble_pct": None}}
+    unknown = dataclasses.replace(cross, pipeline_schedule={
+        **cross.pipeline_schedule, "microbatches": None, "theory_bubble_pct": None})
     assert not {"pipeline_bubble_theoretical", "pipeline_microbatches"} & set(
         answers_of(unknown, steps))
-    looped = {**cross, "pipeline_schedule": {**cross["pipeline_schedule"], "kind": "looped"}}
+    looped = dataclasses.replace(cross, pipeline_schedule={**cross.pipeline_schedule,
+                                                           "kind": "looped"})
     assert set(answers_of(looped, steps)) >= {"pipeline_bubble_theoretical"}
     assert "pipeline_microbatches" not in answers_of(looped, steps)

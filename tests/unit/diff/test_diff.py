@@ -7,9 +7,9 @@ import pytest
 
 from analysis import diff
 from analysis.diff import compare as diff_compare
-from analysis.diff import ops as diff_ops
-from analysis.diff import output as diff_output
+from analysis.diff import operators as diff_ops
 from analysis.diff import stats as diff_stats
+from analysis.diff import writers as diff_output
 from analysis.diff.compare import EVERY_RANK
 from helpers.comm_events import events_frame, steps_frame
 

@@ -5,9 +5,10 @@ frames (docs/diff.md, "The critical path")."""
 import pandas as pd
 import pytest
 
+from analysis.core.contracts import CriticalPath
 from analysis.diff import compare as diff_compare
-from analysis.diff import output as diff_output
 from analysis.diff import side as diff_side
+from analysis.diff import writers as diff_output
 from analysis.diff.compare import EVERY_RANK
 
 ROLES = {0: "rank 0", 1: "rank 1"}
@@ -19,9 +20,10 @@ def path(rows) -> pd.DataFrame:
 
 class FakeRun:
     def __init__(self, rows, steps):
-        self.critical = None if rows is None else {
-            "critical_path": pd.DataFrame(rows, columns=["step", "rank", "category", "ms"]),
-            "critical_path_steps": pd.DataFrame({"step": steps})}
+        self.critical = None if rows is None else CriticalPath(
+            critical_path=pd.DataFrame(rows, columns=["step", "rank", "category", "ms"]),
+            critical_path_steps=pd.DataFrame({"step": steps}),
+            critical_path_segments=pd.DataFrame())
 
 
 def test_a_sides_path_is_the_mean_over_every_runs_analysed_steps():

@@ -15,6 +15,7 @@ from helpers.findings_inputs import (
     finding,
     gaps,
     per_step,
+    reduced,
     run,
     step_row,
     trace,
@@ -70,7 +71,7 @@ def shaped_trace(rank, dims_per_step):
     base.events = events_frame(rows)
     base.steps = steps_frame([(s, s * 10 * MS, (s + 1) * 10 * MS)
                               for s in range(len(dims_per_step))])
-    return base
+    return reduced(base)
 
 
 def test_input_shapes_vary_only_on_evidence():

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.findings import bottlenecks
+from analysis.findings import bottlenecks, resource_findings
 from analysis.findings.bottlenecks import (
     FINDING_COLUMNS,
     find_bottlenecks,
@@ -348,14 +348,14 @@ def test_exposed_communication_ranks_groups_by_time_ties_in_table_order():
     table = groups([("broadcast", "1-2 MiB", MIB, 1000.0), ("all_gather", "1-2 MiB", MIB, 3000.0),
                     ("all_reduce", "1-2 MiB", MIB, 3000.0), ("reduce", "1-2 MiB", MIB, -5.0)])
     (finding,) = bottlenecks._exposed_communication(steps, table, pipeline=False)
-    assert finding["share_pct"] == 25.0  # 50 ms exposed of 200 ms of steps
-    assert finding["ranks"] == "0"
+    assert finding.share_pct == 25.0  # 50 ms exposed of 200 ms of steps
+    assert finding.ranks == "0"
     # 3000 of 7000 us: 43%; the tie keeps table order; the negative group is left out
     assert ("torch.distributed all_gather pg 0 1-2 MiB x10 3.00 ms (43% of comm time); "
             "torch.distributed all_reduce pg 0 1-2 MiB x10 3.00 ms (43% of comm time); "
             "torch.distributed broadcast pg 0 1-2 MiB x10 1.00 ms (14% of comm time).") \
-        in finding["evidence"]
-    assert "25.00 ms of a 100.00 ms step" in finding["evidence"]
+        in finding.evidence
+    assert "25.00 ms of a 100.00 ms step" in finding.evidence
 
 
 def test_exposed_communication_in_a_pipeline_scales_by_the_non_p2p_share():
@@ -364,8 +364,8 @@ def test_exposed_communication_in_a_pipeline_scales_by_the_non_p2p_share():
     table = groups([("send", "16-32 MiB", 16 * MIB, 3000.0), ("all_reduce", "16-32 MiB",
                                                                 16 * MIB, 1000.0)])
     (finding,) = bottlenecks._exposed_communication(steps, table, pipeline=True)
-    assert finding["share_pct"] == 10.0  # 40% exposed x 1000 / 4000 us outside send/recv
-    assert "(100% of comm time)" in finding["evidence"]
+    assert finding.share_pct == 10.0  # 40% exposed x 1000 / 4000 us outside send/recv
+    assert "(100% of comm time)" in finding.evidence
     only_p2p = groups([("send", "16-32 MiB", 16 * MIB, 3000.0)])
     assert bottlenecks._exposed_communication(steps, only_p2p, pipeline=True) == []
 
@@ -379,10 +379,10 @@ def test_one_rank_has_no_imbalance_and_memory_below_capacity_no_finding():
                              "peak_reserved_pct": [50.0, np.nan],
                              "device_used_pct": [95.0, 91.0]})
     # rank 0: reserved (50%) is what counts; rank 1: NVML's 91% without a reserved figure
-    (finding,) = bottlenecks._memory_near_capacity(per_rank)
-    assert finding["ranks"] == "1" and "rank 1: 91.0% in use (NVML)" in finding["evidence"]
+    (finding,) = resource_findings._memory_near_capacity(per_rank)
+    assert finding.ranks == "1" and "rank 1: 91.0% in use (NVML)" in finding.evidence
     per_rank["device_used_pct"] = [95.0, 89.0]
-    assert bottlenecks._memory_near_capacity(per_rank) == []
+    assert resource_findings._memory_near_capacity(per_rank) == []
 
 
 def test_low_bus_bandwidth_ignores_barriers_and_small_messages():
@@ -392,11 +392,11 @@ def test_low_bus_bandwidth_ignores_barriers_and_small_messages():
     table = groups([("barrier", "16-32 MiB", 16 * MIB, 3000.0),
                     ("all_reduce", "1-2 MiB", MIB, 1000.0)])
     table["busbw_gbps"] = 1.0
-    assert bottlenecks._low_bus_bandwidth(steps, "gpu", table) == []
+    assert resource_findings._low_bus_bandwidth(steps, "gpu", table) == []
     table.loc[1, ["size_bucket", "bucket_min_bytes"]] = ["16-32 MiB", 16.0 * MIB]
-    (finding,) = bottlenecks._low_bus_bandwidth(steps, "gpu", table)
+    (finding,) = resource_findings._low_bus_bandwidth(steps, "gpu", table)
     # saves 1000 * (1 - 1/5) of 4000 us of comm, times 50% of step time spent communicating
-    assert finding["share_pct"] == 10.0
+    assert finding.share_pct == 10.0
 
 
 def test_find_bottlenecks_on_a_one_rank_run():

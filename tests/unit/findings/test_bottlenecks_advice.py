@@ -19,6 +19,7 @@ from helpers.findings_inputs import (
     late_rank_1,
     memory_rank,
     per_step,
+    reduced,
     run,
     step_row,
     trace,
@@ -38,7 +39,7 @@ def traced(rank, rows, steps=None) -> RankTrace:
     base.events = events_frame(rows)
     if steps is not None:
         base.all_steps = base.steps = steps_frame(steps)
-    return base
+    return reduced(base)
 
 
 def exposed_advice(issuer, op="all_reduce", traces=None) -> pd.Series:
@@ -73,9 +74,9 @@ def test_functional_and_hand_written_all_reduces_get_no_ddp_advice():
 def ddp_trace(forwards_reduced: list[bool]) -> RankTrace:
     """One step of DDP forwards (10 ms apart), each followed by a gradient all-reduce or not."""
     rows = []
-    for i, reduced in enumerate(forwards_reduced):
+    for i, synced in enumerate(forwards_reduced):
         rows.append(host_event("DistributedDataParallel.forward", i * 10_000, 3_000))
-        if reduced:
+        if synced:
             rows.append(host_event("record_param_comms", i * 10_000 + 6_000, 100,
                                    collective="allreduce"))
     return traced(0, rows, steps=[(0, 0, len(forwards_reduced) * 10_000_000)])

@@ -1,10 +1,11 @@
-"""The capture windows in the analysis (analysis.findings.captures): the window's steps against
-the steps before its trigger, each rank's wait in them, and the rank the others waited for."""
+"""The capture windows in the analysis (analysis.findings.capture_windows): the window's steps
+against the steps before its trigger, each rank's wait in them, and the rank the others waited
+for."""
 
 import pandas as pd
 import pytest
 
-from analysis.findings.captures import analysed_captures
+from analysis.findings.capture_windows import analysed_captures
 from analysis.findings.verdict import run_verdict
 
 WINDOW = {"trigger": "slow_step", "rank": 1, "step": 20, "ratio": 2.5, "first_step": 23,
@@ -48,6 +49,6 @@ def test_the_verdict_has_a_line_per_window():
     steps, waits = _steps()
     windows = analysed_captures([WINDOW], steps, waits)
     verdict = run_verdict(steps, None, None, None, None, windows)
-    assert verdict["lines"][-1] == "Captured: " + windows[0]["text"]
-    assert not [line for line in run_verdict(steps, None, None, None)["lines"]
+    assert verdict.lines[-1] == "Captured: " + windows[0]["text"]
+    assert not [line for line in run_verdict(steps, None, None, None).lines
                 if line.startswith("Captured")]

@@ -4,11 +4,13 @@ work-based estimate (docs/report.md, "Notes" and "Ranks train alone")."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pandas as pd
 import pytest
 
+from analysis.core.contracts import Finding
 from analysis.findings.bottlenecks import find_bottlenecks
 from analysis.findings.notes import NOTE_COLUMNS, find_notes, world_size
 from helpers.findings_inputs import (
@@ -101,9 +103,10 @@ def test_too_few_steps_is_a_note_not_a_finding_and_the_measured_wait_is_the_find
     assert notes["ranks"].tolist() == ["1"]
 
 
-def test_the_cross_rank_notes_field_is_read_as_it_is():
+def test_the_cross_rank_notes_are_read_as_they_are():
     table, colls, result = late_rank_1(steps=4)
-    result = {**result, "notes": ["rank 1 was last in 4 steps, 10 needed"]}
+    result = dataclasses.replace(result, notes=(
+        Finding("rank 1 was last in 4 steps, 10 needed", note=True),))
     notes = find_notes(table, colls, [trace(0), trace(1)], result)
     assert notes.to_dict("records") == [{"note": "rank 1 was last in 4 steps, 10 needed",
                                          "evidence": "", "suggestion": "", "ranks": ""}]

@@ -48,18 +48,18 @@ def test_the_first_rank_to_run_out_is_found_on_rank_0s_clock():
     snapshots = [_snapshot(1, 41, 100 * 10**9, blocks), _snapshot(3, 41, 102 * 10**9, blocks),
                  _snapshot(2, 40, 50 * 10**9, blocks, reason="end")]
     result = oom_diagnosis(snapshots, offsets_ns={1: 0, 3: 5 * 10**9})
-    assert (result["first_rank"], result["first_step"]) == (3, 41)
-    assert [e["rank"] for e in result["ranks"]] == [3, 1]  # rank 2 only has an end snapshot
-    assert result["lines"][0] == ("Out of memory: rank 3 ran out first, at step 41; then rank 1 "
+    assert (result.first_rank, result.first_step) == (3, 41)
+    assert [e["rank"] for e in result.ranks] == [3, 1]  # rank 2 only has an end snapshot
+    assert result.lines[0] == ("Out of memory: rank 3 ran out first, at step 41; then rank 1 "
                                   "(step 41, +3.0 s).")
-    first = result["ranks"][0]
+    first = result.ranks[0]
     assert (first["allocated_bytes"], first["reserved_bytes"], first["cached_free_bytes"],
             first["largest_free_block_bytes"]) == (76 * GIB, 76 * GIB + GIB // 4, GIB // 4,
                                                    GIB // 4)
     assert first["top_sites"] == [
         {"site": "/home/u/model.py:88 in attention", "bytes": 70 * GIB, "blocks": 2},
         {"site": "/home/u/train.py:52 in main", "bytes": 6 * GIB, "blocks": 1}]
-    assert result["lines"][1] == (
+    assert result.lines[1] == (
         "Rank 3 at step 41: asked 2.00 GiB with 76.00 GiB allocated, 76.25 GiB reserved of "
         "80.00 GiB (0.25 GiB cached free, largest free block 0.25 GiB); held by "
         "/home/u/model.py:88 in attention 70.00 GiB (2 blocks); /home/u/train.py:52 in main "
@@ -75,8 +75,8 @@ def test_categories_come_from_the_last_window_before_the_out_of_memory():
                                             profile.__struct_fields__},
                                          "first_step": 50, "last_step": 52})
     result = oom_diagnosis([_snapshot(0, 20, 1, [_block(GIB)])], profiles={0: [late, profile]})
-    assert result["ranks"][0]["categories_steps"] == [7, 9]
-    assert result["lines"][1].endswith(
+    assert result.ranks[0]["categories_steps"] == [7, 9]
+    assert result.lines[1].endswith(
         "At the peak of its profiler window (steps 7-9): activation 2.00 GiB, parameter "
         "1.00 GiB.")
 
@@ -85,8 +85,8 @@ def test_unknown_clock_offsets_are_said_and_blocks_without_stacks_grouped():
     blocks = [_block(GIB), _block(GIB)]
     result = oom_diagnosis([_snapshot(0, 5, 10, blocks), _snapshot(1, 6, 20, blocks)],
                            offsets_ns={0: 0})
-    assert "some ranks' clock offsets are unknown" in result["lines"][0]
-    assert result["ranks"][0]["top_sites"] == [{"site": NO_STACK, "bytes": 2 * GIB,
+    assert "some ranks' clock offsets are unknown" in result.lines[0]
+    assert result.ranks[0]["top_sites"] == [{"site": NO_STACK, "bytes": 2 * GIB,
                                                 "blocks": 2}]
 
 

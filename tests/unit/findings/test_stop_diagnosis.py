@@ -1,4 +1,5 @@
-"""The stop diagnosis (analysis.findings.stop) on hand-built records whose answers are known."""
+"""The stop diagnosis (analysis.findings.stop_diagnosis) on hand-built records whose answers are
+known."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import msgspec
 import pandas as pd
 
 from analysis import open_run
-from analysis.findings import stop
-from analysis.report import output
-from helpers.tracer_files import write_jsonl
+from analysis.findings import stop_diagnosis as stop
+from analysis.ingest import stop_records
+from analysis.report import text_report
+from helpers.tracer_files import stack_dump, write_jsonl
 from tracer import schema
 from tracer.hangs import stack_dumps
 
@@ -37,7 +39,7 @@ def frames(issued, completed):
 
 
 def no_frames():
-    return pd.DataFrame(columns=stop.FRAME_COLUMNS)
+    return pd.DataFrame(columns=stop_records.FRAME_COLUMNS)
 
 
 def hang_on_rank_2():
@@ -134,55 +136,14 @@ def test_a_subgroup_counts_only_its_members_and_p2p_is_left_out():
     assert groups.iloc[0]["kind"] == "not_completed"
 
 
-def _dump(reason, function, line, t_ns):
-    frames_ = [schema.StackFrame(file="/x/train.py", line=10, function="<module>"),
-               schema.StackFrame(file="/x/train.py", line=line, function=function)]
-    return schema.StackDump(rank=1, t_ns=t_ns, reason=reason, pending=[], threads=[
-        schema.ThreadStack(name="other", thread_id=2, main=False, frames=frames_[:1]),
-        schema.ThreadStack(name="MainThread", thread_id=1, main=True, frames=frames_)])
-
-
-def test_a_rank_stuck_inside_a_library_shows_where_the_script_called_it():
-    torch_dir = "/v/lib/python3.11/site-packages/torch/"
-    main = [schema.StackFrame(file="<frozen runpy>", line=88, function="_run_code"),
-            schema.StackFrame(file="/x/train.py", line=85, function="train"),
-            schema.StackFrame(file="/x/helpers.py", line=7, function="step")] + [
-        schema.StackFrame(file=torch_dir + name, line=line, function="backward")
-        for name, line in (("_tensor.py", 623), ("autograd/__init__.py", 395),
-                           ("autograd/graph.py", 979))]
-    dump = schema.StackDump(rank=0, t_ns=0, reason="exception", pending=[], threads=[
-        schema.ThreadStack(name="MainThread", thread_id=1, main=True, frames=main)])
-    found = stop.dump_frames([dump], 0)
-    assert [(f["depth"], f["file"], f["line"]) for f in found] == [
-        (0, torch_dir + "autograd/graph.py", 979), (1, torch_dir + "autograd/__init__.py", 395),
-        (2, torch_dir + "_tensor.py", 623), (3, "/x/helpers.py", 7)]
-    text = stop.rank_text(0, "failed", pd.DataFrame(found))
-    assert text.endswith(", called from backward at torch/_tensor.py:623, called from step at "
-                         "/x/helpers.py:7 (exception)")
-    gap = pd.DataFrame(found).drop(index=2)
-    assert ", ... called from step at /x/helpers.py:7" in stop.rank_text(0, "failed", gap)
-
-
-def test_the_first_dump_at_a_stop_gives_the_innermost_frames_first():
-    dumps = [_dump("sigusr1", "earlier", 40, 0), _dump("exception", "wait_here", 45, 1),
-             _dump("sigterm", "on_the_way_out", 47, 2), _dump("sigusr1", "later", 50, 3)]
-    found = stop.dump_frames(dumps, 1)
-    assert [(f["depth"], f["function"], f["line"]) for f in found] == [
-        (0, "wait_here", 45), (1, "<module>", 10)]
-    assert stop.dump_frames([dumps[0], dumps[3]], 1)[0]["function"] == "later"
-    text = stop.rank_text(1, "interrupted", pd.DataFrame(found))
-    assert text == ("rank 1 (interrupted) was in wait_here at /x/train.py:45, called from "
-                    "<module> at /x/train.py:10 (exception)")
-
-
 def test_a_run_every_rank_ended_ok_gets_no_diagnosis():
     issued, completed = hang_on_rank_2()
     ops = stop.stop_ops(issued, completed)
     assert stop.stop_diagnosis(ops, no_frames(), {r: "ok" for r in range(4)}, 4) is None
     diagnosis = stop.stop_diagnosis(ops, no_frames(), {0: "ok", 1: "ok", 2: "crashed",
                                                        3: "ok"}, 4)
-    assert diagnosis["lines"][0].startswith("rank 2 never issued all_reduce #3")
-    assert diagnosis["lines"][-2] == "rank 2 (crashed) no stack dump"
+    assert diagnosis.lines[0].startswith("rank 2 never issued all_reduce #3")
+    assert diagnosis.lines[-2] == "rank 2 (crashed) no stack dump"
 
 
 # ---- wired into the report ----------------------------------------------------------------------
@@ -206,7 +167,8 @@ def _run_folder(tmp_path):
             schema.CommRecord(**{**{k: v for k, v in done(msgspec.structs.asdict(i)).items()},
                                  "duration_us": 0.5, "timing": "host", "algbw_gbps": 1.0,
                                  "busbw_gbps": 1.0}) for i in issued[:2]])
-    write_jsonl(tmp_path / schema.STACKS_FILE.format(rank=1), [_dump("sigterm", "sleepy", 45, 1)])
+    write_jsonl(tmp_path / schema.STACKS_FILE.format(rank=1),
+                [stack_dump("sigterm", "sleepy", 45, 1)])
 
 
 def test_the_report_opens_with_the_diagnosis_and_json_holds_it(tmp_path):
@@ -218,7 +180,7 @@ def test_the_report_opens_with_the_diagnosis_and_json_holds_it(tmp_path):
         "missing", 2, [1], [1])
     assert document["ranks"][1]["frames"][0] == {"file": "/x/train.py", "line": 45,
                                                  "function": "sleepy", "code": ""}
-    text = output.text_report(run.report)
+    text = text_report.text_report(run.report)
     first_table = min(i for i in (text.find("Collectives"), text.find("Ranks")) if i >= 0)
     assert text.index("Stop diagnosis") < first_table
     assert "rank 1 never issued all_reduce #2 on group 0" in text
@@ -275,7 +237,7 @@ def test_a_recv_never_posted_is_named_by_its_pair_and_order():
     issued = sends + recvs + back
     completed = [done(i) for i in sends[:2] + recvs + back]
     found = p2p_ops(issued, completed)
-    [row] = found["groups"].to_dict("records")
+    [row] = found.groups.to_dict("records")
     assert (row["kind"], row["op"], row["position"], row["src"], row["dst"]) == (
         "missing", "send", 2, 0, 1)
     assert row["issued_ranks"] == [0] and row["missing_ranks"] == [1]
@@ -288,14 +250,14 @@ def test_a_recv_never_posted_is_named_by_its_pair_and_order():
 def test_a_send_never_posted_and_a_size_mismatch_are_told_apart():
     waiting = issue(1, 0, op="recv", peer=0, pg_size=2)
     found = p2p_ops([waiting], [])
-    [row] = found["groups"].to_dict("records")
+    [row] = found.groups.to_dict("records")
     assert (row["kind"], row["op"], row["missing_ranks"], row["last_completed_position"]) == (
         "missing", "recv", [0], -1)
     assert row["text"].startswith("rank 0 never posted send #0 to rank 1 on group 0, for "
                                   "rank 1's recv")
     issued = [issue(0, 0, op="send", peer=1, pg_size=2, nbytes=4),
               issue(1, 0, op="recv", peer=0, pg_size=2, nbytes=4096)]
-    [row] = p2p_ops(issued, [])["groups"].to_dict("records")
+    [row] = p2p_ops(issued, []).groups.to_dict("records")
     assert (row["kind"], row["issued_ranks"], row["missing_ranks"]) == ("mismatch", [0, 1], [])
     assert row["signatures"] == "send 4 B float32 on rank 0; recv 4.1 kB float32 on rank 1"
 
@@ -304,10 +266,10 @@ def test_p2p_ops_that_all_completed_give_no_row_and_a_dead_sender_is_not_blamed(
     issued = [issue(0, 0, op="send", peer=1, pg_size=2), issue(1, 0, op="recv", peer=0,
                                                                 pg_size=2)]
     found = p2p_ops(issued, [done(i) for i in issued])
-    assert found["groups"].empty
+    assert found.groups.empty
     # rank 0 died right after its send: its completion record was never flushed
     found = p2p_ops(issued, [done(issued[1])], {0: schema.STATUS_NO_END, 1: "failed"})
-    assert found["groups"].empty
+    assert found.groups.empty
 
 
 def test_a_run_killed_outright_is_diagnosed_from_its_records_alone():
@@ -316,21 +278,21 @@ def test_a_run_killed_outright_is_diagnosed_from_its_records_alone():
     ops = stop.stop_ops(*hang_on_rank_2())
     statuses = {r: schema.STATUS_NO_END for r in range(4)}
     found = stop.stop_diagnosis(ops, no_frames(), statuses, 4)
-    [row] = found["groups"].to_dict("records")
+    [row] = found.groups.to_dict("records")
     assert (row["kind"], row["position"], row["missing_ranks"]) == ("missing", 3, [2])
     assert row["dead_ranks"] == [0, 1, 2, 3]
-    assert [r["text"] for r in found["ranks"]] == [
+    assert [r["text"] for r in found.ranks] == [
         f"rank {r} ({schema.STATUS_NO_END}) no stack dump" for r in range(4)]
 
 
 def test_a_run_without_any_comms_record_does_not_claim_every_op_completed(tmp_path):
     # --no-comms: the ranks' ends and stacks are known, their ops are not
-    issued, _, problems = stop.read_stop_inputs(tmp_path, [0, 1])
+    issued, _, problems = stop_records.read_stop_inputs(tmp_path, [0, 1])
     assert problems == []
     ops = stop.stop_ops(issued, pd.DataFrame())
     assert ops.empty
     found = stop.stop_diagnosis(ops, no_frames(), {0: "failed", 1: "interrupted"}, 2)
-    assert found["groups"].empty
-    assert found["lines"][0] == stop.NO_OPS_LINE
-    assert found["lines"][1:] == ["rank 0 (failed) no stack dump",
+    assert found.groups.empty
+    assert found.lines[0] == stop.NO_OPS_LINE
+    assert found.lines[1:] == ["rank 0 (failed) no stack dump",
                                   "rank 1 (interrupted) no stack dump"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.findings import stop
+from analysis.findings import stop_diagnosis as stop
 
 T0 = 1_800_000_000_000_000_000
 BUCKET = 1_062_952

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.ingest import cache
-from analysis.ingest.runs import cache_file
+from analysis.ingest.runs import CACHE_DIR, cache_file
 from helpers.synthetic import TraceBuilder, trace_name
 
 MB = 1 << 20
@@ -69,7 +69,7 @@ def test_a_linked_cache_folder_is_neither_written_nor_read(tmp_path):
     trace = _trace(tmp_path / "run")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (trace.parent / cache.CACHE_DIR).symlink_to(elsewhere, target_is_directory=True)
+    (trace.parent / CACHE_DIR).symlink_to(elsewhere, target_is_directory=True)
     parsed = cache.read_trace(trace)
     assert parsed.steps["step"].tolist() == [1, 2]
     assert list(elsewhere.iterdir()) == []
@@ -78,7 +78,7 @@ def test_a_linked_cache_folder_is_neither_written_nor_read(tmp_path):
 
 def test_a_planted_link_at_the_temporary_name_is_not_written_through(tmp_path):
     trace = _trace(tmp_path / "run")
-    folder = trace.parent / cache.CACHE_DIR
+    folder = trace.parent / CACHE_DIR
     folder.mkdir()
     victim = tmp_path / "victim"
     victim.write_text("untouched")

@@ -8,7 +8,7 @@ import pytest
 
 from analysis.core.event_kinds import EVENT_COLUMNS
 from analysis.core.model import UNKNOWN_RANK
-from analysis.core.steps import parse_step_spec
+from analysis.core.step_spec import parse_step_spec
 from analysis.ingest import cache, load
 from analysis.ingest.load import load_path
 from analysis.ingest.runs import CACHE_DIR, NothingToAnalyse, resolve_runs
@@ -188,7 +188,7 @@ def test_json_without_trace_events_is_named(tmp_path):
 
 def test_json_of_the_wrong_shape_is_named(tmp_path):
     (tmp_path / "list.json").write_text('[1, 2]')
-    result = load.load_files([tmp_path / "list.json"], use_cache=False)
+    result = load.load_files([tmp_path / "list.json"], options=load.LoadOptions(use_cache=False))
     assert result.ranks == [] and problems_with(result, "list.json", "not a Kineto trace")
 
 
@@ -223,7 +223,7 @@ def test_cache_round_trip_and_invalidation(tmp_path):
     run = write_run(tmp_path / "run", [gpu_trace()])
     path = run / trace_name(0)
     cold = cache.read_trace(path)
-    cache_file = run / cache.CACHE_DIR / (path.name + ".parquet")
+    cache_file = run / CACHE_DIR / (path.name + ".parquet")
     assert cache_file.is_file()
     warm = cache.read_cache(path)
     assert warm is not None
@@ -237,7 +237,7 @@ def test_cache_round_trip_and_invalidation(tmp_path):
 
 def test_unwritable_cache_folder_falls_back_silently(tmp_path):
     run = write_run(tmp_path / "run", [gpu_trace(world_size=1)])
-    (run / cache.CACHE_DIR).write_text("a file where the cache folder would go")
+    (run / CACHE_DIR).write_text("a file where the cache folder would go")
     result = load_path(run)
     assert [t.rank for t in result.ranks] == [0] and result.problems == []
 

@@ -1,14 +1,12 @@
-"""Reading the memory profiles and the CUDA snapshot records (analysis.ingest.memory_profiles,
-analysis.ingest.oom_snapshot) from files written through tracer.schema, and from damaged and
-hostile ones: each problem names the file, the rank and what is wrong, in bounded time and
-memory, and the rest is read."""
+"""Reading the memory profiles and the CUDA snapshot records (analysis.ingest.memory_files) from
+files written through tracer.schema, and from damaged and hostile ones: each problem names the
+file, the rank and what is wrong, in bounded time and memory, and the rest is read."""
 
 from __future__ import annotations
 
 import pytest
 
-from analysis.ingest.memory_profiles import read_memory_profiles
-from analysis.ingest.oom_snapshot import read_snapshots
+from analysis.ingest.memory_files import read_memory_profiles, read_snapshots
 from tracer import schema
 
 MIB = 1 << 20

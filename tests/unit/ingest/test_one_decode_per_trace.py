@@ -1,7 +1,7 @@
 """`python -m analysis.breakdown` decodes each trace file once: from its JSON (in the command, a
 worker process or the decoder forked ahead) or from its Parquet cache entry, never both and
 never twice, whatever the output and whatever the run (analysis.ingest.load,
-analysis.rank.summary, analysis.rank.reduced).
+analysis.rank.reduction, analysis.rank.reduced).
 
 Every decode is counted where it happens, in whichever process: the JSON decoder
 (analysis.ingest.kineto._decode) and each cache entry read (analysis.ingest.cache.read_cache),
@@ -20,9 +20,10 @@ import pytest
 from analysis import breakdown
 from analysis.ingest import cache, kineto
 from analysis.ingest.runs import trace_files
-from analysis.rank import critical_path as rank_critical_path
-from analysis.rank import step_breakdown, summary
-from analysis.rank.comm import ops as communication
+from analysis.rank import one_rank_path as rank_critical_path
+from analysis.rank import reduction as summary
+from analysis.rank import step_breakdown
+from analysis.rank.comm import comm_ops as communication
 from helpers.launch import DATA
 from helpers.synthetic import TraceBuilder, trace_name
 
@@ -142,7 +143,7 @@ def test_each_trace_is_decoded_once_without_and_with_the_cache(run, tmp_path, de
 def test_the_other_outputs_need_no_second_decode_of_the_one_trace(tmp_path, decodes, capsys):
     trace, = trace_files(RUNS["one file of a larger world"][0](tmp_path))
     # The HTML report keeps the events; the text, --out's CSV files and --format csv do not.
-    text = _command(capsys, trace, "--no-cache", "--out", tmp_path / "csv",
+    text = _command(capsys, trace, "--no-cache", "--full", "--out", tmp_path / "csv",
                     "--html", tmp_path / "report.html")
     assert decodes() == Counter([trace.name])
     assert "Critical path per step" in text  # the rank's own path, from its one decode

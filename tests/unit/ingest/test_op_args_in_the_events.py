@@ -1,5 +1,5 @@
 """The arguments a FLOP count reads, kept by the trace decoder in the events frame's `op_args`
-for the ops the perf model knows only (analysis.ingest.kineto_events, .op_args): read from a
+for the ops the perf model knows only (analysis.ingest.kineto, .op_args): read from a
 parsed trace and from its Parquet cache alike, with no second read of the file."""
 
 import json

@@ -1,4 +1,4 @@
-"""The parser's fast paths give what its general paths give (analysis.ingest.kineto_events).
+"""The parser's fast paths give what its general paths give (analysis.ingest.kineto).
 
 Events are decoded by a union tagged by "ph" that materialises little of the events that are not
 complete ("X") events; what it cannot take is decoded again by the general decoder.
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from analysis.core.frames import events_frame
-from analysis.ingest import kineto, kineto_events, parsed_trace
+from analysis.ingest import kineto, parsed_trace
 from analysis.ingest.kineto import TraceReadError
 
 COMPLETE = {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7}
@@ -71,7 +71,7 @@ def parse_both(path, monkeypatch, chunked=True):
     fast = parsed_trace.parse_trace(path, chunked=chunked)
     calls = []
     with monkeypatch.context() as patch:
-        for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
+        for decoder in (kineto.EVENTS_DECODER, kineto.TRACE_DECODER):
             patch.setattr(decoder, "fast", _Refusing(calls))
         general = parsed_trace.parse_trace(path, chunked=chunked)
     assert calls  # the general decoder really was the one used
@@ -90,8 +90,8 @@ def test_fast_and_general_decoders_give_the_same_trace(tmp_path, monkeypatch, ch
     chunks = []
     if small:
         cut_small(monkeypatch)
-        monkeypatch.setattr(kineto_events.EVENTS_DECODER, "fast",
-                            _Counting(kineto_events.EVENTS_DECODER.fast, chunks))
+        monkeypatch.setattr(kineto.EVENTS_DECODER, "fast",
+                            _Counting(kineto.EVENTS_DECODER.fast, chunks))
     path = tmp_path / "t.json"
     path.write_text(trace_text(mixed_events()))
     fast, general = parse_both(path, monkeypatch, chunked)
@@ -128,7 +128,7 @@ def test_every_phase_of_the_trace_event_format_takes_the_fast_decoder(tmp_path, 
     path = tmp_path / "t.json"
     path.write_text(trace_text(events))
     fallbacks = []
-    for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
+    for decoder in (kineto.EVENTS_DECODER, kineto.TRACE_DECODER):
         monkeypatch.setattr(decoder, "general", _Counting(decoder.general, fallbacks))
     fast = parsed_trace.parse_trace(path)
     assert not fallbacks
@@ -154,7 +154,7 @@ def test_a_phase_the_fast_decoder_cannot_take_is_decoded_by_the_general_one(tmp_
     path = tmp_path / "t.json"
     path.write_text(trace_text(mixed_events() + [odd]))
     fallbacks = []
-    for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
+    for decoder in (kineto.EVENTS_DECODER, kineto.TRACE_DECODER):
         monkeypatch.setattr(decoder, "general", _Counting(decoder.general, fallbacks))
     fast, general = parse_both(path, monkeypatch)
     assert fallbacks  # the fast decoder refused the chunk, and the general one decoded it
@@ -174,7 +174,7 @@ def test_arguments_that_are_not_an_object_fail_either_way(tmp_path, monkeypatch,
         parsed_trace.parse_trace(path, chunked=chunked)
     assert "not a Kineto trace" in str(fast.value)
     with monkeypatch.context() as patch:
-        for decoder in (kineto_events.EVENTS_DECODER, kineto_events.TRACE_DECODER):
+        for decoder in (kineto.EVENTS_DECODER, kineto.TRACE_DECODER):
             patch.setattr(decoder, "fast", _Refusing([]))
         with pytest.raises(TraceReadError) as general:
             parsed_trace.parse_trace(path, chunked=chunked)

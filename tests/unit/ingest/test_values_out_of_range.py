@@ -10,7 +10,7 @@ import pandas as pd
 
 from analysis.core.limits import MAX_TS_US, MAX_WORLD_SIZE, shown
 from analysis.core.model import RankTrace, RunRecords
-from analysis.ingest import kineto_events
+from analysis.ingest import kineto
 from analysis.ingest.load import _missing_ranks, load_path
 from analysis.ingest.record_checks import checked_frame, checked_manifest
 from analysis.ingest.records import steps_ended
@@ -21,13 +21,13 @@ from tracer import schema
 
 
 def test_times_out_of_range_become_zero_and_are_marked_before_any_overflow():
-    ns, not_numbers, far = kineto_events._to_ns([1, -5, MAX_TS_US + 1, 7], MAX_TS_US)
+    ns, not_numbers, far = kineto._to_ns([1, -5, MAX_TS_US + 1, 7], MAX_TS_US)
     assert ns.tolist() == [1000, 0, 0, 7000] and not_numbers == 0
     assert far.tolist() == [False, True, True, False]
-    ns, not_numbers, far = kineto_events._to_ns([1.5, 1e30, "soon", 10 ** 400], MAX_TS_US)
+    ns, not_numbers, far = kineto._to_ns([1.5, 1e30, "soon", 10 ** 400], MAX_TS_US)
     assert ns.tolist() == [1500, 0, 0, 0] and not_numbers == 1
     assert far.tolist() == [False, True, False, True]
-    assert kineto_events._to_ns([1, 2], MAX_TS_US)[2] is None  # in range: no mask made
+    assert kineto._to_ns([1, 2], MAX_TS_US)[2] is None  # in range: no mask made
 
 
 def test_a_huge_value_is_shown_short_whatever_its_size():

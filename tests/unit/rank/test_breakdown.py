@@ -9,11 +9,11 @@ import pytest
 
 from analysis.core import intervals
 from analysis.core.steps import WHOLE_TRACE_STEP
-from analysis.ingest.load import load_path
 from analysis.rank import step_breakdown as breakdown
 from analysis.rank.hta import hta_is_compute, hta_temporal_breakdown
 from analysis.rank.idle import idle_gaps, idle_summary
 from analysis.rank.layers import PARTS, asynchronous_comm, training_threads
+from analysis.run.loading import load_run_path
 from helpers.launch import REPO
 from helpers.synthetic import TraceBuilder, trace_name
 
@@ -22,7 +22,7 @@ US = 1000
 
 def load_one(builder: TraceBuilder, tmp_path, name: str = "t"):
     builder.write(tmp_path / name / trace_name(builder.rank if builder.rank is not None else 0))
-    result = load_path(tmp_path / name, use_cache=False)
+    result = load_run_path(tmp_path / name, use_cache=False)
     assert len(result.ranks) == 1
     return result.ranks[0], result
 
@@ -328,7 +328,7 @@ def test_shared_layers_give_the_tables_computed_alone():
 def hta(builders, tmp_path, name="h"):
     for builder in builders:
         builder.write(tmp_path / name / trace_name(builder.rank))
-    result = load_path(tmp_path / name, use_cache=False)
+    result = load_run_path(tmp_path / name, use_cache=False)
     return hta_temporal_breakdown(result.ranks).set_index("rank")
 
 

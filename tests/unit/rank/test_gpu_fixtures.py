@@ -43,10 +43,10 @@ if not FOLDERS:
     pytest.skip(SKIP_REASON, allow_module_level=True)
 
 # after the skip: nothing to import for nothing
-from analysis.ingest.load import load_path  # noqa: E402
 from analysis.rank import step_breakdown as breakdown  # noqa: E402
 from analysis.rank.hta import hta_temporal_breakdown  # noqa: E402
 from analysis.rank.layers import PARTS  # noqa: E402
+from analysis.run.loading import load_run_path  # noqa: E402
 
 
 def provenance() -> dict:
@@ -63,7 +63,7 @@ PROVENANCE = provenance()
 @cache
 def loaded(folder: Path):
     # no cache: nothing may be written into tests/data
-    return load_path(folder, use_cache=False, jobs=1)
+    return load_run_path(folder, use_cache=False, jobs=1)
 
 
 def expects_comms(folder: Path) -> bool:

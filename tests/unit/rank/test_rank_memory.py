@@ -11,9 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.core.contracts import MEASURE_CUDA, MEASURE_RSS
 from analysis.rank.memory_figures import (
-    MEASURE_CUDA,
-    MEASURE_RSS,
     categories_growth,
     rank_memory,
     reading_points,

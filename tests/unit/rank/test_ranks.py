@@ -11,7 +11,7 @@ import pytest
 
 from analysis.core.frames import empty_events
 from analysis.core.model import RankTrace, RunRecords
-from analysis.rank.resources import rank_resources, step_resources
+from analysis.rank.resource_use import rank_resources, step_resources
 from analysis.rank.step_breakdown import BREAKDOWN_NS_COLUMNS
 from analysis.rank.tables import PER_RANK_COLUMNS, PER_STEP_COLUMNS, per_rank_table, per_step_table
 

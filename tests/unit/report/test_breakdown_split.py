@@ -10,9 +10,9 @@ import pandas as pd
 from analysis.rank.step_breakdown import rank_totals
 from analysis.report.breakdown_text import (
     UNSPLIT,
-    _breakdown_text,
-    _per_step_text,
+    breakdown_rows,
     breakdown_text,
+    per_step_rows,
     per_step_text,
 )
 
@@ -35,7 +35,7 @@ def _totals(steps):
 
 def test_a_straggled_rank_reads_as_transfer_and_waiting_not_comm():
     # 4 ms of transfer and 37.5 ms of waiting in each step: 8% and 75% of the step
-    table, unsplit = _breakdown_text(_totals(_steps([4 * MS] * 2, [37.5 * MS] * 2)))
+    table, unsplit = breakdown_rows(_totals(_steps([4 * MS] * 2, [37.5 * MS] * 2)))
     row = table.iloc[0]
     assert (row["compute"], row["transfer"], row["waiting"], row["idle"]) == (
         "10.0%", "8.0%", "75.0%", "7.0%")
@@ -49,11 +49,11 @@ def test_a_straggled_rank_reads_as_transfer_and_waiting_not_comm():
 def test_communication_without_a_split_is_shown_apart():
     # step 2 has no cross-rank waits: its 41.5 ms stay unsplit
     steps = _steps([4 * MS, np.nan], [37.5 * MS, np.nan])
-    table, unsplit = _breakdown_text(_totals(steps))
+    table, unsplit = breakdown_rows(_totals(steps))
     row = table.iloc[0]
     assert unsplit and (row["transfer"], row["waiting"], row[UNSPLIT]) == (
         "4.0%", "37.5%", "41.5%")  # of the 100 ms of both steps
-    shown, unsplit_steps = _per_step_text(steps)
+    shown, unsplit_steps = per_step_rows(steps)
     assert unsplit_steps
     assert shown[["transfer", "waiting", UNSPLIT]].values.tolist() == [
         ["4.00", "37.50", "0.00"], ["-", "-", "41.50"]]

@@ -1,4 +1,4 @@
-"""The HTML report's charts (analysis.report.html.svg) keep their texts apart: no tick label runs
+"""The HTML report's charts (analysis.report.html.charts) keep their texts apart: no tick label runs
 into an axis title, a legend or another label. Checked on the SVG's own coordinates, with each
 text's box estimated from its length (11 px text, 0.6 em a glyph), so the test needs no browser.
 """
@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from analysis.report.html import svg
-from analysis.scaling.svg import scaling_svg
+from analysis.report.html import charts as svg
+from analysis.scaling.efficiency_plot import scaling_svg
 
 GLYPH_PX, ASCENT_PX, DESCENT_PX = 0.6 * 11, 9, 3
 TEXT = re.compile(r'<text(?P<attrs>[^>]*)>(?P<body>[^<]*)</text>')

@@ -9,12 +9,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.crossrank.report import rank_bars
+from analysis.crossrank.report_tables import rank_bars
 from analysis.report.html import write_html_report
 from analysis.report.html.browser import dump_dom, find_chromium, screenshot
-from analysis.report.html.report import SECTIONS, chosen_steps
+from analysis.report.html.page import SECTIONS, chosen_steps
 from analysis.report.progress import Progress
-from analysis.run import open_run
+from analysis.run.analysed_run import open_run
 from helpers.launch import DATA
 from helpers.synthetic import TraceBuilder, trace_name
 

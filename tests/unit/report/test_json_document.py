@@ -1,4 +1,4 @@
-"""The JSON document's per-rank fields (analysis.report.output): each rank's analysed steps and
+"""The JSON document's per-rank fields (analysis.report.text_report): each rank's analysed steps and
 what it was analysed over, as the document prints them."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from analysis.report.output import (
+from analysis.report.values import (
     WINDOW_NONE,
     WINDOW_STEPS,
     WINDOW_WHOLE_TRACE,

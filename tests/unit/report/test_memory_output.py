@@ -4,7 +4,9 @@ category, the terminal table with the out-of-memory lines, and the figure, escap
 
 from __future__ import annotations
 
-from analysis.findings.memory_section import MemorySection
+import dataclasses
+
+from analysis.core.contracts import Finding, MemorySection, OomDiagnosis
 from analysis.report.html.memory_figure import FIGURE_MAX_RANKS, memory_figure
 from analysis.report.memory_output import memory_json, memory_table, memory_text
 from tracer import schema
@@ -29,12 +31,9 @@ CATEGORIES = {**dict.fromkeys(schema.MEMORY_CATEGORIES, 0), "parameter": 789504}
 def _section(**changes):
     section = MemorySection(
         rows=[_row(0, 586 * MIB, CATEGORIES), _row(1, 330 * MIB)],
-        findings=[{"finding": "memory grows", "share_pct": float("nan"), "evidence": "e",
-                   "suggestion": "s", "ranks": "1", "ms_per_step": None, "headline": "h"}],
+        findings=(Finding("memory grows", float("nan"), "e", "s", "1", headline="h"),),
         series={0: ([1, 2, 3], [586.0 * MIB] * 3), 1: ([1, 2, 3], [330.0 * MIB] * 3)})
-    for name, value in changes.items():
-        setattr(section, name, value)
-    return section
+    return dataclasses.replace(section, **changes)
 
 
 def test_json_holds_rows_findings_and_the_diagnosis():
@@ -54,7 +53,8 @@ def test_csv_spreads_the_categories_over_columns():
 
 
 def test_text_shows_each_rank_its_categories_and_the_out_of_memory_lines():
-    text = memory_text(_section(oom={"lines": ["Out of memory: rank 3 ran out first"]}))
+    oom = OomDiagnosis(3, 41, [], ["Out of memory: rank 3 ran out first"])
+    text = memory_text(_section(oom=oom))
     assert text.startswith("Memory (docs/memory.md)\n")
     assert "categories at the profiler's peak (MiB): rank 0 parameter 0.75" in text
     assert "   1     rss 330.0 MiB" in text and "2.00" in text  # rank 1's growth, MiB a step

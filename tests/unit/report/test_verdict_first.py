@@ -1,13 +1,15 @@
-"""The report opens with the verdict (analysis.report.output): the text report's first screen, the
-JSON document's `verdict` and `notes`, and bytes in the text tables as binary units."""
+"""The report opens with the verdict (analysis.report.text_report): the text report's first screen,
+the JSON document's `verdict` and `notes`, and bytes in the text tables as binary units."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analysis.report.output import human_bytes, plain, run_document, text_report
-from analysis.run import open_run
+from analysis.report.json_document import run_document
+from analysis.report.text_report import text_report
+from analysis.report.values import human_bytes, plain
+from analysis.run.analysed_run import open_run
 from helpers.synthetic import TraceBuilder, trace_name
 
 
@@ -29,13 +31,13 @@ def test_the_text_report_opens_with_the_verdict_lines(tmp_path):
     report = run.report
     lines = text_report(report).splitlines()
     assert lines[3] == "Verdict"
-    assert lines[4:4 + len(report.verdict["lines"])] == [f"  {line}"
-                                                         for line in report.verdict["lines"]]
+    assert lines[4:4 + len(report.verdict.lines)] == [f"  {line}"
+                                                         for line in report.verdict.lines]
     assert lines.index("Verdict") < next(i for i, line in enumerate(lines)
                                          if line.startswith("Time breakdown"))
     top = run.findings.iloc[0]
-    assert report.verdict["state"] == "bottleneck"
-    assert report.verdict["change_ms_per_step"] == pytest.approx(top["ms_per_step"])
+    assert report.verdict.state == "bottleneck"
+    assert report.verdict.change_ms_per_step == pytest.approx(top["ms_per_step"])
     # the step is 9 ms and the finding's ms are its share of it
     assert top["ms_per_step"] == pytest.approx(top["share_pct"] / 100 * 9.0)
     # 2.4 ms of each 9 ms step idle between the kernels: the largest cost
@@ -46,7 +48,10 @@ def test_the_text_report_opens_with_the_verdict_lines(tmp_path):
 def test_the_document_carries_the_verdict_and_the_notes(tmp_path):
     run = _run(tmp_path)
     document = run.document()
-    assert document["verdict"] == plain(run.report.verdict)
+    # the Verdict as it is; its memory line only where memory has a finding (docs/analysis.md)
+    assert run.report.verdict.memory is None and "memory" not in document["verdict"]
+    assert document["verdict"] == {k: v for k, v in plain(run.report.verdict).items()
+                                   if k != "memory"}
     assert document["verdict"]["lines"][0].startswith("Limits the step: ")
     assert document["notes"] == []  # every rank analysed, no cross-rank note
     assert [b["finding"] for b in document["bottlenecks"]] == run.findings["finding"].tolist()

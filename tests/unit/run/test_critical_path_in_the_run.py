@@ -8,23 +8,25 @@ from pathlib import Path
 import pytest
 
 from analysis.crossrank import critical_path
-from analysis.ingest.load import load_path
-from analysis.report.output import csv_tables, run_document, text_report
-from analysis.run import analyse_run
+from analysis.report.csv_files import csv_tables
+from analysis.report.json_document import run_document
+from analysis.report.text_report import text_report
+from analysis.run.analysed_run import analyse_run
+from analysis.run.loading import load_run_path
 from helpers.late_rank_run import late_rank_run
 
 
 def _report(folder: Path):
-    return analyse_run(load_path(folder, use_cache=False), name=folder.name, path=str(folder))
+    return analyse_run(load_run_path(folder, use_cache=False), name=folder.name, path=str(folder))
 
 
 def test_the_run_has_the_critical_path_of_every_step_by_rank_and_category(tmp_path):
     report = _report(late_rank_run(tmp_path / "run"))
     assert report.problems == []
-    steps = report.critical["critical_path_steps"]
+    steps = report.critical.critical_path_steps
     assert steps["step"].tolist() == [1, 2, 3]
     assert steps["path_ms"].tolist() == pytest.approx([1.0] * 3)
-    path = report.critical["critical_path"]
+    path = report.critical.critical_path
     step_1 = {(r.rank, r.category): r.ms for r in path[path["step"] == 1].itertuples()}
     # rank 1's work up to its late issue, the transfer after it, rank 0's work to its step end
     assert step_1 == pytest.approx({(1, "compute"): 0.59, (0, "transfer"): 0.11,
@@ -33,16 +35,16 @@ def test_the_run_has_the_critical_path_of_every_step_by_rank_and_category(tmp_pa
 
 def test_the_top_what_if_is_the_late_rank_on_time_and_the_verdict_quotes_it(tmp_path):
     report = _report(late_rank_run(tmp_path / "run"))
-    top = report.critical["what_if"][0]
+    top = report.critical.what_if[0]
     assert top["change"] == "rank 1 on time" and top["ranks"] == [1]
     # rank 1 issues at 100 us as rank 0 does: every step end 490 us earlier
     assert top["saved_ms_per_step"] == pytest.approx(0.49)
     assert top["predicted_step_ms"] == pytest.approx(0.51)
-    assert report.verdict["what_if"] == ("if rank 1 were on time: 0.51 ms per step instead of "
+    assert report.verdict.what_if == ("if rank 1 were on time: 0.51 ms per step instead of "
                                          "1.00 (-49%) over the 3 steps of the critical path "
                                          "(docs/critical-path.md).")
     text = text_report(report)
-    assert f"  What if: {report.verdict['what_if']}" in text.splitlines()
+    assert f"  What if: {report.verdict.what_if}" in text.splitlines()
     assert "Critical path per step" in text and "rank 1 compute 0.59" in text
 
 
@@ -69,14 +71,14 @@ def test_a_failing_model_is_one_problem_and_the_report_stands(tmp_path, monkeypa
     report = _report(late_rank_run(tmp_path / "run"))
     assert report.problems == ["critical path analysis failed (ValueError: no step end); no "
                                "what-if answer"]
-    assert report.critical is None and report.verdict["what_if"] is None
+    assert report.critical is None and report.verdict.what_if is None
     document = run_document(report)
     assert document["critical_path"] is None and document["what_if"] == []
     assert document["cross_rank"] is not None and document["bottlenecks"]
 
 
 def test_the_html_page_marks_the_path_in_the_gantt_and_lists_the_answers(tmp_path):
-    from analysis.report.html.report import path_ranks, write_html_report
+    from analysis.report.html.page import path_ranks, write_html_report
 
     report = _report(late_rank_run(tmp_path / "run"))
     assert path_ranks(report.critical, 1) == {0: "compute 0.30 ms, transfer 0.11 ms",
@@ -94,15 +96,15 @@ def test_the_html_page_marks_the_path_in_the_gantt_and_lists_the_answers(tmp_pat
 def test_set_up_collectives_are_written_apart_and_the_cross_rank_notes_are_in_the_document_once(
         tmp_path):
     report = _report(late_rank_run(tmp_path / "run", setup=True))
-    setup = report.tables["setup_collectives"]
+    setup = report.setup_collectives
     assert setup[["op", "count", "total_us"]].values.tolist() == [["broadcast", 2, 800.0]]
-    assert report.tables["collectives"]["op"].tolist() == ["all_reduce"]
+    assert report.collectives["op"].tolist() == ["all_reduce"]
     # the set-up broadcast is on no step's path: the same answers as without it
-    assert report.critical["what_if"][0]["saved_ms_per_step"] == pytest.approx(0.49)
+    assert report.critical.what_if[0]["saved_ms_per_step"] == pytest.approx(0.49)
     document = run_document(report)
     assert [(c["op"], c["count"]) for c in document["setup_collectives"]] == [("broadcast", 2)]
     assert document["collectives"][0]["ms_per_step"] == pytest.approx(
-        report.tables["collectives"]["ms_per_step"].iloc[0])
+        report.collectives["ms_per_step"].iloc[0])
     # rank 1 last in all 3 steps: too few to name it late, which the pass says in a note, in
     # the document's notes (once: the cross_rank object does not repeat it)
     assert [n["note"] for n in document["notes"]] == ["too few steps to name rank 1 late"]

@@ -12,11 +12,11 @@ import pytest
 from analysis import open_run
 from analysis.breakdown import main
 from analysis.rank import flops
-from analysis.rank.summary import rank_tables
-from analysis.report import output
+from analysis.rank.flops import ROOFLINE_COLUMNS
+from analysis.rank.reduction import rank_tables
+from analysis.report import json_document, text_report
 from analysis.report.html import write_html_report
 from analysis.report.mfu import NO_FLOPS_NO_OPS, NO_FLOPS_NO_SHAPES
-from analysis.run import ROOFLINE_COLUMNS
 from helpers.flops_run import KERNEL_US, MM_BYTES, MM_FLOPS, STEP_US, write_flops_run
 from helpers.launch import DATA
 
@@ -26,14 +26,14 @@ H100 = "NVIDIA H100 80GB HBM3"
 def _cli(*args) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*map(str, args), "--no-cache", "--jobs", "1"])
+        code = main([*map(str, args), "--full", "--no-cache", "--jobs", "1"])
     return code, out.getvalue(), err.getvalue()
 
 
 def test_the_mfu_of_a_step_of_known_flops_and_peak_and_its_lost_points(tmp_path):
     run = open_run(write_flops_run(tmp_path / "run", peak=(10.0, "measured")), use_cache=False)
     assert run.problems == []
-    row = run.report.tables["mfu"].iloc[0]
+    row = run.report.mfu.iloc[0]
     assert (row["rank"], row["step"], row["step_ns"]) == (0, 1, STEP_US * 1000)
     assert row["flops_per_step"] == MM_FLOPS and row["dtype"] == "fp32"
     assert row["achieved_tflops"] == 2.0  # 2e9 FLOPs in 1 ms
@@ -83,8 +83,8 @@ def test_peak_tflops_must_be_a_positive_number(tmp_path, value, capsys):
 
 def test_the_json_document_has_the_documented_mfu_and_roofline_fields(tmp_path):
     run = open_run(write_flops_run(tmp_path / "run"), use_cache=False, keep_events=False)
-    document = json.loads(output.dumps(run.document()))
-    assert document["schema_version"] == output.DOCUMENT_VERSION
+    document = json.loads(json_document.dumps(run.document()))
+    assert document["schema_version"] == json_document.DOCUMENT_VERSION
     assert [list(r) for r in document["mfu"]] == [flops.MFU_COLUMNS]
     assert document["mfu"][0]["mfu_pct"] == 20.0 and document["mfu"][0]["rank"] == 0
     assert [list(r) for r in document["roofline"]] == [ROOFLINE_COLUMNS]
@@ -155,17 +155,17 @@ def test_the_amd_sample_has_its_flops_and_no_mfu_without_a_peak():
 def test_the_ranks_flops_are_reduced_where_the_file_is_parsed(tmp_path, monkeypatch):
     folder = write_flops_run(tmp_path / "run")
     run = open_run(folder, use_cache=False, keep_events=False)
-    reduced = run.ranks[0].reduced
-    assert reduced["step_flops"]["flops_per_step"].tolist() == [MM_FLOPS]
-    assert reduced["op_roofline"]["name"].tolist() == ["aten::mm"]
+    reduced = run.ranks[0].tables
+    assert reduced.step_flops["flops_per_step"].tolist() == [MM_FLOPS]
+    assert reduced.op_roofline["name"].tolist() == ["aten::mm"]
 
     def broken(trace):
         raise ValueError("no ops")
 
     monkeypatch.setattr(flops, "rank_flops_tables", broken)
     found = rank_tables(run.ranks[0].with_events())
-    assert "step_flops" not in found and "op_roofline" not in found
-    assert {"per_step", "idle_gaps", "comm_ops"} <= set(found)
+    assert found.failed == {"step_flops": "ValueError: no ops", "op_roofline": "ValueError: no ops"}
+    assert all(table is not None for table in (found.per_step, found.idle_gaps, found.comm_ops))
 
 
 def test_a_failure_of_the_flop_count_costs_the_mfu_and_roofline_tables_only(tmp_path,
@@ -178,7 +178,7 @@ def test_a_failure_of_the_flop_count_costs_the_mfu_and_roofline_tables_only(tmp_
     assert run.problems == ["mfu table failed: ValueError: no ops",
                             "roofline table failed: ValueError: no ops"]
     assert run.mfu is None and run.roofline is None and len(run.per_rank) == 1
-    text = output.text_report(run.report)
+    text = text_report.text_report(run.report)
     assert "mfu: not available (ValueError: no ops)" in text
     assert "MFU (model" not in text
-    assert json.loads(output.dumps(run.document()))["mfu"] is None
+    assert json.loads(json_document.dumps(run.document()))["mfu"] is None

@@ -15,11 +15,9 @@ import pytest
 
 from analysis import open_run
 from analysis.crossrank.waits import split_communication
-from analysis.rank.comm.ops import collectives_table
-from analysis.rank.comm.ops_table import typed_ops
+from analysis.rank.comm.comm_ops import analysed_ops, collectives_table, typed_ops
 from analysis.rank.step_breakdown import rank_totals
 from analysis.rank.tables import per_rank_table
-from analysis.run import analysed_ops
 
 RUN = Path(__file__).resolve().parents[2] / "data" / "ddp_cpu"
 
@@ -116,7 +114,7 @@ def test_the_split_is_summed_per_rank_and_averaged_per_step():
 def test_every_recorded_step_is_a_row_and_the_profiled_ones_keep_their_split():
     run = open_run(RUN, use_cache=False)
     table = run.per_step
-    waits = run.cross_rank["waits"].set_index(["rank", "step"])["wait_for_peers_ms"]
+    waits = run.cross_rank.waits.set_index(["rank", "step"])["wait_for_peers_ms"]
     profiled = run.breakdown.set_index(["rank", "step"])["step_ns"]
     for rank in (0, 1):
         rows = table[table["rank"] == rank].set_index("step")
@@ -137,7 +135,7 @@ def test_the_ranks_table_and_the_verdict_cover_the_analysed_steps():
     run = open_run(RUN, use_cache=False)
     table = run.per_step
     per_rank = run.per_rank.set_index("rank")
-    waits = run.cross_rank["waits"]
+    waits = run.cross_rank.waits
     for rank in (0, 1):
         mine = table[table["rank"] == rank]
         assert per_rank.loc[rank, "steps"] == 4
@@ -148,8 +146,8 @@ def test_the_ranks_table_and_the_verdict_cover_the_analysed_steps():
             profiled["idle_ns"].sum() / profiled["step_ns"].sum() * 100)
         mean_wait = waits[waits["rank"] == rank]["wait_for_peers_ms"].mean()
         assert per_rank.loc[rank, "peer_wait_ns"] == pytest.approx(mean_wait * 1e6)
-        assert f"rank {rank} {mean_wait:.2f} ms" in run.verdict["waits"]
-    assert run.verdict["step_ms"] == pytest.approx(table["step_ns"].mean() / 1e6)
+        assert f"rank {rank} {mean_wait:.2f} ms" in run.verdict.waits
+    assert run.verdict.step_ms == pytest.approx(table["step_ns"].mean() / 1e6)
 
 
 def test_findings_measured_in_the_profiled_steps_say_so_and_share_one_mean_step():
@@ -183,7 +181,7 @@ def test_a_step_outside_every_window_keeps_its_whole_wait():
 
 
 def test_the_text_report_says_which_steps_its_tables_cover():
-    from analysis.report.output import text_report
+    from analysis.report.text_report import text_report
     text = text_report(open_run(RUN, use_cache=False).report)
     assert ("steps: 4 analysed (1-4, every recorded step); the kernel-level split (time "
             "breakdown, idle, the findings that say so) is measured in the 2 profiled (2-3)"

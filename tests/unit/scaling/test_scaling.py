@@ -10,7 +10,7 @@ import pytest
 
 from analysis import scaling
 from analysis.scaling import table as st
-from analysis.scaling.svg import scaling_svg
+from analysis.scaling.efficiency_plot import scaling_svg
 from helpers.flops_run import write_flops_run
 
 MS = 1_000_000

@@ -6,7 +6,7 @@ import pytest
 
 from analysis import scaling
 from analysis.scaling import table as st
-from analysis.scaling.svg import scaling_page, scaling_svg
+from analysis.scaling.efficiency_plot import scaling_page, scaling_svg
 
 MS = 1_000_000
 

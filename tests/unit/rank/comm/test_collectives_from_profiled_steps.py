@@ -10,10 +10,9 @@ import json
 import pandas as pd
 import pytest
 
-from analysis.ingest.load import load_path
-from analysis.rank.comm.ops import collectives_table, comm_ops
-from analysis.rank.summary import rank_tables
-from analysis.run import analyse_run
+from analysis.rank.comm.comm_ops import collectives_table, comm_ops
+from analysis.run.analysed_run import analyse_run
+from analysis.run.loading import load_run_path
 from helpers.launch import DATA
 
 RUN = DATA / "ddp_gloo"
@@ -29,7 +28,7 @@ def _gloo_durations_us(rank: int) -> list[float]:
 
 @pytest.fixture(scope="module")
 def loaded():
-    return load_path(RUN, use_cache=False)
+    return load_run_path(RUN, use_cache=False)
 
 
 def test_the_records_of_the_profiled_steps_take_their_gloo_ops_times(loaded):
@@ -64,9 +63,9 @@ def test_the_all_reduce_row_costs_its_profiled_time_per_profiled_step(loaded):
 def test_the_run_ranks_the_ddp_all_reduce_first_by_its_time_per_step():
     # Through the whole analysis, each rank reduced where its trace is parsed (as the command
     # does): step 0's set-up ops apart, ms/step over the profiled steps.
-    loaded = load_path(RUN, use_cache=False, reduce_rank=rank_tables)
+    loaded = load_run_path(RUN, use_cache=False)
     report = analyse_run(loaded, name="ddp_gloo", path=str(RUN))
-    row = report.tables["collectives"].iloc[0]
+    row = report.collectives.iloc[0]
     assert (row["op"], row["count"], row["time_from"]) == ("all_reduce", 76, "profiled steps")
     assert row["ms_per_step"] == pytest.approx(_expected_ms_per_step())
     # the transfer-based bandwidth of the cross-rank pass, from the same ends

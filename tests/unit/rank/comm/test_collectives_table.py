@@ -1,4 +1,4 @@
-"""The collectives table (analysis.rank.comm.ops.collectives_table): ops grouped by op, issuer,
+"""The collectives table (analysis.rank.comm.comm_ops.collectives_table): ops grouped by op, issuer,
 group and size bucket, their sums, counts, distinct ranks and steps, the slowest rank and the
 rows' order, against answers worked out by hand on small frames."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.rank.comm.ops import COLLECTIVES_COLUMNS, OPS_COLUMNS, collectives_table
+from analysis.rank.comm.comm_ops import COLLECTIVES_COLUMNS, OPS_COLUMNS, collectives_table
 from tracer import schema
 
 

@@ -1,5 +1,5 @@
 """Communication kernels named by the host op that launched them (analysis.rank.comm.kernel_names)
-and the rank's communication events table built from them (analysis.rank.summary), against
+and the rank's communication events table built from them (analysis.rank.reduction), against
 answers worked out by hand on small built ranks."""
 
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.rank import summary as rank_summary
+from analysis.rank import reduction as rank_summary
 from analysis.rank.comm.kernel_names import named_kernels
 from helpers.comm_events import (
     events_frame,

@@ -1,4 +1,4 @@
-"""A rank's communication ops from its trace's events (analysis.rank.comm.events and ops) against
+"""A rank's communication ops from its trace's events (analysis.rank.comm.event_ops and ops) against
 answers worked out by hand on small built ranks: each kernel sized its own way, the ops' order
 and steps, their bandwidths, the DDP buckets that records without the comm hook take from the
 trace, and the rank's tables built from one join."""
@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.rank import summary as rank_summary
+from analysis.rank import reduction as rank_summary
+from analysis.rank.comm import comm_ops as communication
 from analysis.rank.comm import enclosing
-from analysis.rank.comm import events as comm_events
-from analysis.rank.comm import ops as communication
+from analysis.rank.comm import event_ops as comm_events
 from analysis.rank.comm.kernel_names import named_kernels
 from helpers.comm_events import (
     MS,
@@ -177,7 +177,7 @@ def test_bandwidths_of_each_op_as_worked_out_by_hand():
     (pd.Series(["3", None, 7], dtype=object), [3, None, 7]),
 ])
 def test_count_columns_are_the_rounded_integers(values, expected):
-    found = communication._int64(values)
+    found = communication.int64(values)
     assert found.dtype == "Int64"
     assert [None if v is pd.NA else v for v in found.tolist()] == expected
     assert found is not values.array  # a copy: the ops table owns its columns
@@ -261,19 +261,19 @@ def test_a_shared_join_gives_what_each_caller_finds_alone():
                                   check_exact=True)
     # The rank's tables, built with one join, are the ones each builder gives alone.
     tables = rank_summary.rank_tables(trace)
-    pd.testing.assert_frame_equal(tables["comm_ops"], shared, check_exact=True)
-    pd.testing.assert_frame_equal(tables["comm_events"], rank_summary._comm_events(trace),
+    pd.testing.assert_frame_equal(tables.comm_ops, shared, check_exact=True)
+    pd.testing.assert_frame_equal(tables.comm_events, rank_summary._comm_events(trace),
                                   check_exact=True)
     # K3 has no host op: it keeps its own collective, missing (None, as the parser gives it)
-    assert same(tables["comm_events"]["collective"].tolist(),
+    assert same(tables.comm_events["collective"].tolist(),
                 ["all_gather", "all_reduce", None, "send"])
 
 
 def test_rank_tables_without_events_columns_still_build_what_they_can():
     trace = make_trace(events_frame([event("aten::mm", "cpu_op", 0, 10)]).drop(columns="is_comm"))
     tables = rank_summary.rank_tables(trace)
-    assert tables["event_count"] == 1
-    assert tables["comm_ops"].empty and list(tables["comm_ops"].columns) == \
+    assert tables.event_count == 1
+    assert tables.comm_ops.empty and list(tables.comm_ops.columns) == \
         communication.OPS_COLUMNS
 
 

@@ -1,4 +1,5 @@
-"""analysis.rank.comm.ops: op names, nccl-tests sizes, bandwidths, joins, the collectives table."""
+"""analysis.rank.comm.comm_ops: op names, nccl-tests sizes, bandwidths, joins, the collectives
+table."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.rank.comm.ops import (
-    COLLECTIVES_COLUMNS,
-    OPS_COLUMNS,
+from analysis.core.comm_names import (
     UNKNOWN_OP,
     canonical_dtype,
     canonical_op,
-    collectives_table,
-    comm_ops,
     dtype_size,
     message_bytes,
+)
+from analysis.rank.comm.comm_ops import (
+    COLLECTIVES_COLUMNS,
+    OPS_COLUMNS,
+    collectives_table,
+    comm_ops,
     size_bucket,
 )
 from helpers.comm_events import event, events_frame, make_trace, records_with, steps_frame

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from analysis.core.model import RankTrace
-from analysis.ingest.load import load_path
-from analysis.rank.comm.ops import collectives_table, comm_ops
+from analysis.rank.comm.comm_ops import collectives_table, comm_ops
+from analysis.run.loading import load_run_path
 from helpers.comm_events import comm_records, event, events_frame, make_trace, records_with
 from helpers.launch import DATA
 
@@ -23,7 +23,7 @@ GLOO_TRACE = DATA / "hta" / "cpu_only" / "rank-34.Jul_15_10_52_41.1074.pt.trace.
 # ---- real traces ---------------------------------------------------------------------------------
 def read_trace(path: Path) -> RankTrace:
     # No parquet cache: nothing may be written into tests/data.
-    return load_path(path, use_cache=False).ranks[0]
+    return load_run_path(path, use_cache=False).ranks[0]
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_group_descriptions_and_pg_config_are_read_and_cached(tmp_path):
     assert set(comm_ops(trace)["pg_desc"]) == {"default_pg"}
     copy = tmp_path / NCCL_TRACE.name
     shutil.copy(NCCL_TRACE, copy)
-    load_path(copy)  # writes the cache
-    cached = load_path(copy).ranks[0]
+    load_run_path(copy)  # writes the cache
+    cached = load_run_path(copy).ranks[0]
     assert cached.process_groups == expected
     assert cached.events["pg_desc"].tolist() == trace.events["pg_desc"].tolist()

@@ -73,16 +73,18 @@ def test_an_ask_is_written_and_an_unanswered_one_is_said_so(tmp_path):
 
 def test_steps_above_the_runs_bound_are_refused_before_anything_is_asked(tmp_path, capsys):
     write_manifest(tmp_path, 0, os.getpid(), ended=False, max_window_steps=20)
-    assert main([str(tmp_path), "--steps", "1000000000"]) == 2
+    assert main([str(tmp_path), "--active", "1000000000"]) == 2
     assert capsys.readouterr().err == (
-        "ranktrace: capture: --steps 1000000000 is above the run's --max-window-steps 20: a "
+        "ranktrace: capture: --active 1000000000 is above the run's --max-window-steps 20: a "
         "window keeps every event of its steps in memory until it ends\n")
     assert not (tmp_path / schema.CAPTURE_ASK_FILE.format(index=0)).exists()
-    # A run recorded before the bound existed has the default one.
+    # A run recorded before the bound existed has the default one; --steps, the old name of
+    # --active, is still taken (with a warning).
     write_manifest(tmp_path, 0, os.getpid(), ended=False)
     assert main([str(tmp_path), "--steps", "21"]) == 2
+    assert "--steps is deprecated; use --active" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_code:
-        main([str(tmp_path), "--steps", "0"])
+        main([str(tmp_path), "--active", "0"])
     assert exit_code.value.code == 2
 
 

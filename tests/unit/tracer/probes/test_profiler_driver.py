@@ -29,7 +29,7 @@ def test_profiler_asks_for_cuda_activity_only_with_a_gpu(tmp_path, monkeypatch):
 
 
 def test_profiler_exists_only_around_its_windows(tmp_path):
-    driver = ProfilerDriver(TracerConfig(skip_first=2, wait=1, warmup=1, active=2, repeat=2),
+    driver = ProfilerDriver(TracerConfig(skip_first=2, wait=1, warmup=1, active=2, windows=2),
                             str(tmp_path), 3, use_cuda=False)
     driver.start()
     timeline = []

@@ -45,7 +45,7 @@ def traced_steps(folder) -> list[list[int]]:
 
 
 def test_the_driver_opens_a_planned_window_at_its_step_beside_the_fixed_one(tmp_path):
-    config = TracerConfig(skip_first=2, wait=0, warmup=1, active=2, repeat=1)  # traces 3-4
+    config = TracerConfig(skip_first=2, wait=0, warmup=1, active=2, windows=1)  # traces 3-4
     driver = ProfilerDriver(config, str(tmp_path), 1, use_cuda=False)
     # Planned during step 6 for steps 12-14 (warm-up 11); one overlapping the fixed window, one
     # already begun and one longer than --max-window-steps are refused.
@@ -56,7 +56,7 @@ def test_the_driver_opens_a_planned_window_at_its_step_beside_the_fixed_one(tmp_
 
 
 def test_a_window_planned_as_its_step_passes_is_dropped_and_noted(tmp_path):
-    driver = ProfilerDriver(TracerConfig(repeat=1, skip_first=0, wait=0, active=1, warmup=0),
+    driver = ProfilerDriver(TracerConfig(windows=1, skip_first=0, wait=0, active=1, warmup=0),
                             str(tmp_path), 0, use_cuda=False)
     driver.start()
     for _ in range(5):
@@ -73,7 +73,7 @@ def test_a_fixed_window_past_its_time_is_closed_written_and_said_so(tmp_path, ca
     written = []
     # Traces 1-8 at 0.1 s a step; cut once open 0.25 s: at the end of step 3 (open at step 0's
     # end, warm-up 1).
-    config = TracerConfig(skip_first=0, wait=0, warmup=1, active=8, repeat=1, max_window_s=0.25)
+    config = TracerConfig(skip_first=0, wait=0, warmup=1, active=8, windows=1, max_window_s=0.25)
     driver = ProfilerDriver(config, str(tmp_path), 0, use_cuda=False,
                             write_manifest=written.append)
     run_driver(driver, 14, step_s=0.1)
@@ -95,7 +95,7 @@ def test_a_fixed_window_past_its_time_is_closed_written_and_said_so(tmp_path, ca
 
 def test_a_captured_window_past_its_memory_is_closed_and_the_next_one_opens(tmp_path):
     written = []
-    config = TracerConfig(skip_first=0, wait=0, warmup=1, active=2, repeat=1, max_window_mb=30,
+    config = TracerConfig(skip_first=0, wait=0, warmup=1, active=2, windows=1, max_window_mb=30,
                           max_window_steps=10)
     driver = ProfilerDriver(config, str(tmp_path), 0, use_cuda=False,
                             write_manifest=written.append)
@@ -112,7 +112,7 @@ def test_a_captured_window_past_its_memory_is_closed_and_the_next_one_opens(tmp_
 
 
 def test_a_window_cut_in_its_warm_up_writes_no_trace(tmp_path):
-    config = TracerConfig(skip_first=0, wait=0, warmup=3, active=2, repeat=1, max_window_s=0.05)
+    config = TracerConfig(skip_first=0, wait=0, warmup=3, active=2, windows=1, max_window_s=0.05)
     driver = ProfilerDriver(config, str(tmp_path), 0, use_cuda=False, write_manifest=[].append)
     run_driver(driver, 10, step_s=0.1)
     assert traces(tmp_path) == [] and driver.windows == 0

@@ -1,0 +1,173 @@
+"""The per-rank reduction: every table and summary of one rank that the run-wide analyses need,
+computed from its events alone (docs/analysis.md, "Large runs and Dask").
+
+`rank_tables(trace)` runs where the rank's file is parsed (a local worker process or a Dask
+worker; a rank of several profiler windows once they are merged), through the one load of
+analysis.run.loading. Its RankTables (analysis.core.contracts) is the only source of these
+tables: every run-wide analysis takes them from it (RankTrace.table), whether or not the rank
+still holds its events, so that no trace is decoded twice and no table has a second path. A
+table that fails there is recorded as failed, and the analysis that takes it reports that
+failure.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pandas as pd
+
+from analysis.core.contracts import RankTables
+from analysis.core.forked import ForkedResult, can_fork
+from analysis.rank import flops, issuers
+from analysis.rank import one_rank_path as critical_path
+from analysis.rank.comm import comm_ops as communication
+from analysis.rank.comm import event_ops as comm_events
+from analysis.rank.comm.kernel_names import named_kernels
+from analysis.rank.hta import hta_rank_summary
+from analysis.rank.idle import idle_gaps
+from analysis.rank.pipeline_schedule import rank_schedule
+from analysis.rank.step_breakdown import breakdown_per_step, kind_and_layers
+
+# The columns of the communication events that crossrank.frames.ops_from_events reads.
+OP_EVENT_COLUMNS = ["name", "ts_ns", "end_ns", "stream", "is_gpu", "collective", "in_nelems",
+                    "out_nelems", "comm_dtype", "group_size", "pg_name", "input_dims",
+                    "input_type"]
+
+
+def _comm_events(trace, hosts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The rank's communication events as the cross-rank pass takes them: kernels named from
+    their host ops (analysis.rank.comm.kernel_names), and only what ops_from_events reads: on a
+    rank with communication kernels those kernels (they are its ops), else every event (gloo's
+    ops and the host calls that issued them). `hosts`: kernel_host_ops of the events, where
+    the caller has it."""
+    comm = named_kernels(trace.events, hosts)
+    kernels = comm["is_gpu"].astype(bool)
+    rows = np.flatnonzero(kernels.to_numpy()) if kernels.any() else None
+    index = comm.index if rows is None else comm.index[rows]
+    # Built column by column: selecting the rows and columns of the frame, then converting its
+    # categoricals, costs several times more for the few rows kept.
+    return pd.DataFrame({column: _plain_column(comm[column], rows, index)
+                         for column in OP_EVENT_COLUMNS if column in comm.columns}, index=index)
+
+
+def _plain_column(column: pd.Series, rows, index) -> pd.Series:
+    """The column's values at `rows` (all for None) on `index`, a categorical as objects: a
+    thousand ranks' categoricals, each with its own categories, cost more to concatenate than
+    their few rows."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        column = column.astype(object)
+    if rows is None:
+        return column
+    if isinstance(column.dtype, np.dtype):
+        # dtype given: pandas would read text in an object array as its string dtype.
+        return pd.Series(column.to_numpy()[rows], index=index, dtype=column.dtype, copy=False)
+    return pd.Series(column.array.take(rows), index=index, copy=False)
+
+
+# The per-rank tables: concatenated over ranks by analysis.run.
+RANK_TABLES = {"per_step": breakdown_per_step, "idle_gaps": idle_gaps,
+               "comm_ops": communication.comm_ops,
+               # FLOPs per step and the ops summed by op (docs/mfu.md): analysis.run's mfu and
+               # roofline tables.
+               "step_flops": lambda trace: flops.rank_flops_tables(trace)["step_flops"],
+               "op_roofline": lambda trace: flops.rank_flops_tables(trace)["op_roofline"]}
+# The per-rank summaries: combined across ranks by the analysis that needs each.
+RANK_SUMMARIES = {
+    "hta": hta_rank_summary,  # analysis.rank.hta.hta_temporal_breakdown
+    "pipeline_schedule": rank_schedule,  # analysis.rank.pipeline_schedule.detect
+    "ddp_accumulation": lambda trace: issuers.ddp_accumulation([trace]),  # ddp_accumulation
+    "comm_events": _comm_events,  # analysis.crossrank.run_frames.run_frames
+    "event_count": lambda trace: len(trace.events),
+    # analysis.run's path of a run of one traced rank (rank_tables says where it is built).
+    "critical_path": lambda trace, events=None: critical_path.analyse(trace, events),
+    # analysis.findings.stop_diagnosis: the collectives of every step of a trace, for the stop
+    # diagnosis of a run folder without comm records (rank_tables says where it is built).
+    "stop_trace_ops": lambda trace: comm_events.ops_from_events(
+        trace.events, _every_step(trace), _every_step(trace), trace.rank, trace.world_size),
+}
+
+
+def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
+                path_beside: bool = False) -> RankTables:
+    """The tables and summaries computed from one rank's events alone (RANK_TABLES and
+    RANK_SUMMARIES); one that fails is named in the result's `failed` ({name: "ExceptionType:
+    message"}) instead, and RankTables.take raises that failure where the table is taken.
+
+    What only some runs need is built where it may be needed, since the events are not read
+    again: the one-rank critical path where the rank may be the run's only traced one (the run
+    has one trace file, `only_trace`, or the trace names no world size above 1); the trace's
+    collectives of every step for a rank of a run folder (`run_folder`) whose records hold no
+    comm op (traced with --no-comms), the only ranks whose stop diagnosis reads them.
+
+    `path_beside`: a run's one trace has its critical path, the slowest of them, computed in a
+    forked child on the machine's second core (analysis.core.forked) while the rest are
+    computed here, and the analyses after them; its value is a ForkedResult until it is
+    taken."""
+    builds = {**RANK_TABLES, **RANK_SUMMARIES}
+    found: dict = {}
+    failed: dict = {}
+    if not (only_trace or (trace.world_size or 1) <= 1):
+        del builds["critical_path"]
+    elif path_beside and only_trace and can_fork() and trace.events is not None:
+        # The events as they are now: the caller drops them once the rank is reduced.
+        found["critical_path"] = ForkedResult(partial(builds.pop("critical_path"), trace,
+                                                      trace.events))
+    records = getattr(trace, "records", None)
+    if not run_folder or records is None or len(records.comms):
+        del builds["stop_trace_ops"]
+    kind_layers = _kind_and_layers(trace)
+    if kind_layers is not None:
+        # The activity layers found once, for the per-step breakdown and the idle gaps both.
+        builds["per_step"] = lambda trace: breakdown_per_step(trace, kind_layers)
+        builds["idle_gaps"] = lambda trace: idle_gaps(trace, kind_layers)
+    flop_tables = _flop_tables(trace)
+    if flop_tables is not None:
+        # The ops' FLOPs found once, for the FLOPs per step and the roofline both.
+        builds["step_flops"] = lambda trace: flop_tables["step_flops"]
+        builds["op_roofline"] = lambda trace: flop_tables["op_roofline"]
+    join = _kernel_join(trace.events)
+    if join is not None:
+        # The kernels' host ops found once, for the ops and the cross-rank pass both.
+        builds["comm_ops"] = lambda trace: communication.comm_ops(trace, join)
+        builds["comm_events"] = lambda trace: _comm_events(
+            trace, comm_events.kernel_host_ops(trace.events, join))
+    for name, build in builds.items():
+        try:
+            found[name] = build(trace)
+        except Exception as exc:  # noqa: BLE001  (raised where the table is taken)
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    return RankTables(**found, failed=failed)
+
+
+def _every_step(trace):
+    """Every ProfilerStep span of the trace, before --steps selection."""
+    return trace.all_steps if trace.all_steps is not None else trace.steps
+
+
+def _kind_and_layers(trace) -> tuple | None:
+    """step_breakdown.kind_and_layers of the trace; None where it fails: each table then
+    calls its own function without it, which raises that failure as its own (or has no step
+    to need it)."""
+    try:
+        return kind_and_layers(trace)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _flop_tables(trace) -> dict | None:
+    """flops.rank_flops_tables of the trace; None where it fails (each table then computes it
+    again, and fails where it did)."""
+    try:
+        return flops.rank_flops_tables(trace)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _kernel_join(events) -> comm_events.KernelJoin | None:
+    """The events' KernelJoin; None where it fails (each table that needs it then computes it
+    again, and fails where it did)."""
+    try:
+        return comm_events.KernelJoin(events)
+    except Exception:  # noqa: BLE001
+        return None
