@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from workloads.common import busy_wait
+from workloads.common import busy_wait, cleanup
 
 
 def main():
@@ -92,8 +92,11 @@ def main():
     if args.losses and rank == 0:
         with open(args.losses, "w") as f:
             f.write("".join(f"{value!r}\n" for value in losses))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    # Once main's frame (its DDP model) is gone: the model's reference cycles collected, then the
+    # group destroyed, so that no gloo thread is left to interpreter shutdown to abort the rank
+    # ("terminate called without an active exception", seen on a loaded machine).
+    cleanup()
