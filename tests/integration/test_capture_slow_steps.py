@@ -227,8 +227,9 @@ def test_training_under_capture_is_bit_identical(phase_runs):
 
 def test_a_window_asked_on_demand_is_traced_at_the_same_steps_on_every_rank(tmp_path):
     go = tmp_path / "go"
-    run = start(SCRIPT, "--steps", "80", "--step-ms", "20", "--slow-from", "15", "--slow-ms",
-                "0", "--wait-for", go, nproc=2,
+    # steps of 20 ms asleep: the window opens 1 s of steps (about 50) after the ask
+    run = start(SCRIPT, "--steps", "80", "--step-ms", "0", "--step-sleep-ms", "20", "--slow-from",
+                "15", "--slow-ms", "0", "--wait-for", go, nproc=2,
                 tracer=("--out", tmp_path / "traces", "--run-name", "asked"))
     run_dir = tmp_path / "traces" / "asked"
     try:
