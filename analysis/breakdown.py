@@ -25,7 +25,14 @@ gc.disable()
 try:
     from analysis.core.command_options import add_parse_options
     from analysis.core.limits import max_trace_bytes
-    from analysis.core.step_spec import parse_step_spec, positive_number, steps_argument
+    from analysis.core.step_spec import (
+        PathWindow,
+        parse_step_spec,
+        path_window,
+        positive_number,
+        steps_argument,
+        window_options,
+    )
     from analysis.core.terminal import show, terminal_safe
     from analysis.ingest import parse_ahead
     from analysis.ingest.kineto import gc_paused
@@ -59,6 +66,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="analyse every run in a folder of runs")
     which.add_argument("--steps", metavar="SPEC", type=steps_argument,
                        help="ProfilerStep numbers to analyse, e.g. 3-5,7 (default: all)")
+    window_options(which)
     which.add_argument("--hta-compatible", action="store_true",
                        help="select steps as HTA does: drop the last ProfilerStep")
     which.add_argument("--peak-tflops", type=positive_number, metavar="TFLOPS",
@@ -97,6 +105,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     steps = parse_step_spec(args.steps) if args.steps else None
+    window = path_window(parser, args)
     try:
         resolved = resolve([Path(p) for p in args.paths], run=args.run, all_runs=args.all)
     except NothingToAnalyse as exc:
@@ -109,7 +118,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                               use_cache=not args.no_cache, jobs=args.jobs,
                               scheduler=args.scheduler)
     try:
-        return _analyse(args, runs, steps, ahead)
+        return _analyse(args, runs, steps, ahead, window)
     except SchedulerUnavailable as exc:
         print(terminal_safe(f"ranktrace: error: {exc}"), file=sys.stderr)
         return 1
@@ -119,7 +128,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 
 def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
-             ahead: parse_ahead.DecodeAhead | None) -> int:
+             ahead: parse_ahead.DecodeAhead | None, window: PathWindow | None = None) -> int:
     # Imported here, while the trace is decoded beside them (analysis.ingest.parse_ahead), with
     # the cyclic collector paused, and then frozen out of its collections (before it resumes,
     # or its first collection scans them all): it would scan the modules' objects again and
@@ -150,7 +159,7 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
                     use_cache=not args.no_cache, jobs=args.jobs,
                     comm_kernels=tuple(args.comm_kernel), scheduler=args.scheduler,
                     # Only the HTML report draws from the events once reduced.
-                    keep_events=args.html is not None)
+                    keep_events=args.html is not None, path_window=window)
                 # A run of one file: its critical path on the second core.
                 loaded = load_run(files, run_dir, options, progress=progress,
                                   decoded_ahead=ahead,

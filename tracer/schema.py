@@ -377,6 +377,9 @@ class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=
     # How the script started this rank itself (one of LAUNCHERS), which then recorded the
     # launch in LAUNCHER_FILE; absent under torchrun and in a process the user started.
     launched_by: str | None = None
+    # The CPUs the rank's process may run on (its affinity mask, else the host's count): with
+    # the ranks on its host, whether they compete for cores; absent in files written before.
+    cpus: int | None = None
 
 
 class ClockSync(msgspec.Struct, tag="clock_sync", tag_field="kind", omit_defaults=True):

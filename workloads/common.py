@@ -179,6 +179,12 @@ def rank_and(kind, what: str):
     return parse
 
 
+def rank_batch_size(args, rank: int) -> int:
+    """--batch-size, FACTOR times it on the rank that --uneven-batch RANK:FACTOR names."""
+    uneven = getattr(args, "uneven_batch", None)
+    return args.batch_size * (uneven[1] if uneven is not None and uneven[0] == rank else 1)
+
+
 def busy_wait(ms: float) -> None:
     """Spends `ms` ms in a busy loop: busy, not asleep, so that a straggler that computes shows
     up in CPU samples as well."""
@@ -216,6 +222,10 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
     faults.add_argument("--slow-data", type=_slow_data, metavar="RANK:MS",
                         help="RANK's DataLoader (every rank's with all:MS) sleeps MS ms in each "
                              "batch it loads, inside the loader's __next__")
+    faults.add_argument("--uneven-batch", type=rank_and(int, "FACTOR"),
+                        metavar="RANK:FACTOR",
+                        help="RANK trains on FACTOR times --batch-size samples per step (an "
+                             "uneven data shard; ddp.py only)")
     faults.add_argument("--hang", type=rank_and(int, "STEP"), metavar="RANK:STEP",
                         help="RANK sleeps forever at the start of STEP")
     faults.add_argument("--mismatch", type=rank_and(int, "STEP"), metavar="RANK:STEP",

@@ -16,8 +16,8 @@ collective that is not part of DDP's traffic.
 Without WORLD_SIZE in the environment it runs as a 1-rank world.
 
 Faults for trying the tracer and the analysis: --straggle RANK:MS, --straggle-tail RANK:MS,
---slow-data RANK:MS, --hang RANK:STEP, --mismatch RANK:STEP, --crash RANK:STEP and
---pg-timeout-s S (see --help).
+--slow-data RANK:MS, --uneven-batch RANK:FACTOR, --hang RANK:STEP, --mismatch RANK:STEP,
+--crash RANK:STEP and --pg-timeout-s S (see --help).
 
     torchrun --nproc-per-node 2 workloads/ddp.py --steps 20 --grad-accum 2 --amp
 """
@@ -41,6 +41,7 @@ from common import (
     make_parser,
     positive_float,
     positive_int,
+    rank_batch_size,
     record_samples_per_step,
     save_results,
 )
@@ -67,9 +68,11 @@ def train(args, rank: int, world_size: int, device: torch.device) -> list[float]
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     micro_steps = args.steps * args.grad_accum
-    dataset = SyntheticDataset(micro_steps * args.batch_size * world_size, args.hidden, args.seed)
+    # Every rank's shard holds the largest rank's samples (--uneven-batch): each takes its own.
+    largest = max(rank_batch_size(args, r) for r in range(world_size))
+    dataset = SyntheticDataset(micro_steps * largest * world_size, args.hidden, args.seed)
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
-    batches = iter(make_loader(dataset, args.batch_size, args, device, sampler))
+    batches = iter(make_loader(dataset, rank_batch_size(args, rank), args, device, sampler))
 
     losses, faults = [], Faults(args, rank, device)
     for step in range(1, args.steps + 1):
@@ -101,7 +104,8 @@ def main():
     try:
         rank, world_size, device = init_distributed(args)
         log(f"ddp: world size {world_size}, device {device.type}, amp {args.amp}")
-        record_samples_per_step(args.batch_size * args.grad_accum * world_size)
+        record_samples_per_step(args.grad_accum * sum(rank_batch_size(args, r)
+                                                      for r in range(world_size)))
         train(args, rank, world_size, device)
     finally:
         cleanup()

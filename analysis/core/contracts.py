@@ -11,6 +11,7 @@ steps frames):
 - `CrossRank`: the cross-rank pass (analysis.crossrank.cross_rank).
 - `CriticalPath`: the critical path and the what-if answers, across ranks
   (analysis.crossrank.critical_path) or of one rank (analysis.rank.one_rank_path).
+- `Phase`: a stretch of steady steps of the run (analysis.crossrank.phases).
 - `Breakdown`: the per-step breakdown with the cross-rank waits applied in one step
   (analysis.crossrank.waits.with_waits).
 - `Finding`: a bottleneck finding or a note (analysis.crossrank.findings,
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from analysis.core.forked import ComputedElsewhereFailed, ForkedResult
+from analysis.core.step_spec import PathWindow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -147,6 +149,26 @@ class CriticalPath:
     critical_path_steps: pd.DataFrame  # per step: its length, the ranks that end and start it
     critical_path_segments: pd.DataFrame  # its stretches of time on the common clock
     what_if: list[dict] = field(default_factory=list)  # the answers, largest saving first
+    # per step: its measured mean step (measured_ms) and each answer's saving in it, a column
+    # per answer's `change` (crossrank.what_if.answers_by_step); empty where not computed
+    what_if_steps: pd.DataFrame = field(default_factory=_frame)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of the run's analysed steps in which every rank's step time and wait for peers
+    are steady (analysis.crossrank.phases; docs/definitions.md, "Phases")."""
+
+    first_step: int
+    last_step: int
+    steps: int  # analysed steps in it
+    share_pct: float  # of the run's time: its (rank, step) rows' step time over all rows'
+    step_ms: float  # its mean step over its (rank, step) rows
+    ranks: Mapping[int, Mapping[str, float | None]]  # rank -> {"step_ms", "wait_ms"}, means
+    late_rank: int | None  # the rank the straggler rule names on its steps alone
+    late_ms_per_step: float | None  # the wait that rank caused, per step
+    waiting_ranks: list[int] = field(default_factory=list)  # those that wait for it
+    what_if: dict | None = None  # the top what-if answer on its steps
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,6 +229,9 @@ class Verdict:
     step_ms: float | None  # the analysed steps' mean
     what_if: str | None  # the top what-if answer in words
     lines: list[str] = field(default_factory=list)
+    # the changes to try, most predicted saving first (analysis.findings.verdict.tries): finding,
+    # change, saved_ms_per_step (None where the what-if model cannot price it)
+    tries: list[dict] = field(default_factory=list)
     memory: str | None = None  # the memory line ("Memory: ..."), None where memory is fine
 
 
@@ -335,8 +360,13 @@ class RunReport:
     critical: CriticalPath | None = None
     verdict: Verdict | None = None
     captures: list[dict] = field(default_factory=list)  # the capture windows and what they show
+    phases: list[Phase] = field(default_factory=list)  # the run's phases, in step order
     stop: StopDiagnosis | None = None  # None for a run that ended well
+    # per late rank and cause that holds (analysis.findings.late_ranks.cause_rows)
+    late_causes: list[dict] = field(default_factory=list)
     memory: MemorySection | None = None  # None without step records
+    # the one-rank critical path's windows (--window, --instance), None: the steps
+    path_window: PathWindow | None = None
 
     def nothing_analysed(self) -> bool:
         """No breakdown row and no collective: nothing to show but the reasons."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.core.contracts import NotReduced, RankTables
+from analysis.core.step_spec import PathWindow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -126,3 +127,6 @@ class LoadResult:
     run_dir: Path | None
     world_size: int | None = None
     files: list[Path] = field(default_factory=list)
+    # the one-rank critical path's windows it was loaded with (--window, --instance;
+    # analysis.core.step_spec.PathWindow), None: the ProfilerSteps
+    path_window: PathWindow | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from argparse import ArgumentTypeError
+from dataclasses import dataclass
 
 
 def parse_step_spec(spec: str) -> list[int]:
@@ -76,3 +77,43 @@ def regex_argument(text: str) -> re.Pattern:
         return re.compile(text)
     except re.error as exc:
         raise ArgumentTypeError(f"not a regular expression: {text!r} ({exc})") from None
+
+
+@dataclass(frozen=True)
+class PathWindow:
+    """The unit of the one-rank critical path (--window, --instance; docs/critical-path.md,
+    "Windows"): the occurrences of a user annotation instead of the ProfilerSteps."""
+
+    name: str  # the host annotations whose name contains it are the windows, as HTA matches
+    instance: int | None = None  # the one occurrence analysed, 0-based in time order; None: all
+
+    def __post_init__(self):
+        if not self.name:
+            raise ValueError("--window: give the name (or part of it) of a user annotation")
+        if self.instance is not None and self.instance < 0:
+            raise ValueError(f"--instance: {self.instance} is not a 0-based occurrence")
+
+
+def window_options(parser) -> None:
+    """--window and --instance on an argparse parser (the commands that report a critical
+    path)."""
+    parser.add_argument("--window", metavar="NAME",
+                        help="the one-rank critical path per occurrence of the host annotation "
+                             "whose name contains NAME (e.g. a record_function; default: per "
+                             "ProfilerStep; docs/critical-path.md, \"Windows\")")
+    parser.add_argument("--instance", type=int, metavar="N",
+                        help="with --window: only its occurrence N (0-based, in time order; "
+                             "default: every one)")
+
+
+def path_window(parser, args) -> PathWindow | None:
+    """The PathWindow of the parsed --window and --instance; a usage error (parser.error) for
+    --instance without --window or a bad value."""
+    if args.window is None:
+        if args.instance is not None:
+            parser.error("--instance needs --window")
+        return None
+    try:
+        return PathWindow(args.window, args.instance)
+    except ValueError as exc:
+        parser.error(str(exc))

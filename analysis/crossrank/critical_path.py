@@ -20,7 +20,7 @@ import pandas as pd
 
 from analysis.core import dag
 from analysis.core.contracts import CriticalPath, CrossRank
-from analysis.core.dag import PATH_COLUMNS, SEGMENT_COLUMNS
+from analysis.core.dag import NEVER, PATH_COLUMNS, SEGMENT_COLUMNS
 from analysis.crossrank import step_graph, what_if, what_if_idle, what_if_pipeline
 from analysis.crossrank.grouped import group_starts
 from analysis.crossrank.step_graph import (
@@ -28,11 +28,12 @@ from analysis.crossrank.step_graph import (
     END_OF_OP,
     ISSUE,
     LAST,
+    START,
     STEP_END,
     StepGraph,
 )
 
-CATEGORIES = ("compute", "transfer", "queued", "clock")
+CATEGORIES = ("compute", "transfer", "queued", "clock", "between_steps", "previous_step")
 
 
 def binding_predecessors(graph: StepGraph) -> np.ndarray:
@@ -62,76 +63,120 @@ def path_end_nodes(graph: StepGraph, times: np.ndarray | None = None) -> np.ndar
     return ends[order][group_starts(step[order])]
 
 
-def category_of(graph: StepGraph, nodes: np.ndarray) -> np.ndarray:
-    """Each node's category on the path by its kind and the sign of its duration."""
-    kind, duration = graph.kind[nodes], graph.duration[nodes]
+def category_of(graph: StepGraph, nodes: np.ndarray,
+                duration: np.ndarray | None = None) -> np.ndarray:
+    """Each node's category on the path by its kind and the sign of its duration (default
+    the node's; its part on the path where given). A step start lasts the time since its
+    rank's previous step ended (the chained graph): between_steps; an arrival queued behind
+    an op of an earlier step: previous_step."""
+    kind = graph.kind[nodes]
+    duration = graph.duration[nodes] if duration is None else duration
+    earlier = step_graph.behind_earlier_step(graph)[nodes]
     category = np.select(
-        [duration < 0, np.isin(kind, (ISSUE, STEP_END)), kind == END_OF_OP, kind == ARRIVAL],
-        ["clock", "compute", "transfer", "queued"], "")
+        [duration < 0, kind == START, np.isin(kind, (ISSUE, STEP_END)), kind == END_OF_OP,
+         earlier, kind == ARRIVAL],
+        ["clock", "between_steps", "compute", "transfer", "previous_step", "queued"], "")
     return category
+
+
+def path_bounds(graph: StepGraph, chosen: np.ndarray, ends: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per analysed step (the order of `ends`), where its path begins and ends (ns): it ends
+    at its latest step end (not before it begins) and begins where the previous step's path
+    ended, for the step after an analysed one; else at the step start it reaches back to, or
+    later where the previous path ended later: each moment is on one step's path at most."""
+    step = graph.step[ends]
+    follows = np.zeros(len(ends), bool)
+    follows[1:] = step[1:] == step[:-1] + 1
+    reached = graph.time[_walk(graph, chosen, ends[~follows],
+                               np.full((~follows).sum(), NEVER))[-1]]
+    own_start = np.zeros(len(ends), np.int64)
+    own_start[~follows] = reached
+    low, high = np.empty(len(ends), np.int64), np.empty(len(ends), np.int64)
+    before = None
+    for row, end in enumerate(graph.time[ends].tolist()):
+        if before is None:
+            low[row] = own_start[row]
+        else:
+            low[row] = before if follows[row] else max(int(own_start[row]), before)
+        high[row] = before = max(end, int(low[row]))
+    return low, high
+
+
+def _walk(graph: StepGraph, chosen: np.ndarray, ends: np.ndarray, low: np.ndarray):
+    """The paths back from `ends` through binding predecessors, all at once, each until it
+    crosses its `low` (a time) or reaches a source: (nodes, path of each, step back from its
+    end, where each node's part on the path begins, the node each path stopped at)."""
+    current, which = ends.copy(), np.arange(len(ends))
+    stopped = ends.copy()
+    nodes, paths, backs, begins = [], [], [], []
+    back = 0
+    while len(current):
+        t, d = graph.time[current], graph.duration[current]
+        inside = t > low[which]
+        current, which, t, d = current[inside], which[inside], t[inside], d[inside]
+        begin = np.maximum(t - d, low[which])
+        nodes.append(current)
+        paths.append(which)
+        backs.append(np.full(len(current), back))
+        begins.append(begin)
+        stopped[which] = current
+        previous = chosen[current]
+        more = (t - d > low[which]) & (previous >= 0)
+        current, which = previous[more], which[more]
+        back += 1
+    joined = [np.concatenate(a) if a else np.zeros(0, np.int64)
+              for a in (nodes, paths, backs, begins)]
+    return (*joined, stopped)
 
 
 def trace_paths(graph: StepGraph) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(path rows: step, rank, category, ms; per step: path_ms, end_rank, start_rank, step_ms
-    of the rank that ends it; the path's segments in time order: path_segments)."""
+    of the rank that ends it; the path's segments in time order: path_segments), on the
+    chained graph (step_graph.chained): a step's path begins where the previous one's ended."""
     chosen = binding_predecessors(graph)
-    current = path_end_nodes(graph)
-    ends = current.copy()
-    visited = []
-    while len(current):
-        visited.append(current)
-        previous = chosen[current]
-        current = previous[previous >= 0]
-    nodes = np.concatenate(visited) if visited else np.zeros(0, dtype=np.int64)
-    back = (np.concatenate([np.full(len(v), k) for k, v in enumerate(visited)]) if visited
-            else np.zeros(0, dtype=np.int64))
-    segments = path_segments(graph, nodes, back)
-    on_path = nodes[graph.duration[nodes] != 0]
-    rows = pd.DataFrame({"step": graph.step[on_path], "rank": graph.rank[on_path],
-                         "category": category_of(graph, on_path),
-                         "ms": graph.duration[on_path] / 1e6})
+    ends = path_end_nodes(graph)
+    low, high = path_bounds(graph, chosen, ends)
+    nodes, which, back, begin, stopped = _walk(graph, chosen, ends, low)
+    part = graph.time[nodes] - begin
+    path_step = graph.step[ends][which]
+    category = category_of(graph, nodes, part)
+    segments = path_segments(graph, nodes, back, begin, path_step, category)
+    on_path = part != 0
+    rows = pd.DataFrame({"step": path_step[on_path], "rank": graph.rank[nodes[on_path]],
+                         "category": category[on_path], "ms": part[on_path] / 1e6})
     path = (rows.groupby(["step", "rank", "category"], sort=True)["ms"].sum().reset_index()
             if len(rows) else pd.DataFrame(columns=PATH_COLUMNS))
-    starts = _path_starts(graph, chosen, ends)
     steps = graph.steps
     end_row = ends - len(steps)  # E nodes follow the S nodes, one per row of steps
     summary = pd.DataFrame({
-        "step": graph.step[ends], "path_ms": (graph.time[ends] - graph.time[starts]) / 1e6,
-        "end_rank": graph.rank[ends], "start_rank": graph.rank[starts],
+        "step": graph.step[ends], "path_ms": (high - low) / 1e6,
+        "end_rank": graph.rank[ends], "start_rank": graph.rank[stopped],
         "step_ms": (steps["end_ns"].to_numpy("int64")[end_row]
                     - steps["start_ns"].to_numpy("int64")[end_row]) / 1e6})
     return path.astype({"step": "int64", "rank": "int64", "ms": "float64"}), summary, segments
 
 
-def path_segments(graph: StepGraph, nodes: np.ndarray, back: np.ndarray) -> pd.DataFrame:
-    """The path's nodes of positive duration as stretches of time, [time - duration, time) on
-    the common clock, in time order per step, consecutive ones of one rank and category joined:
+def path_segments(graph: StepGraph, nodes: np.ndarray, back: np.ndarray, begin: np.ndarray,
+                  path_step: np.ndarray, category: np.ndarray) -> pd.DataFrame:
+    """The path's nodes' parts of positive length as stretches of time, [begin, time) on the
+    common clock, in time order per step, consecutive ones of one rank and category joined:
     step, rank, category, start_ns, end_ns. Negative (clock) time has no stretch."""
-    kept = graph.duration[nodes] > 0
-    nodes, back = nodes[kept], back[kept]
-    step = graph.step[nodes]
-    order = np.lexsort((-back, step))
-    nodes, step = nodes[order], step[order]
-    rank, category = graph.rank[nodes], category_of(graph, nodes)
     end = graph.time[nodes]
-    start = end - graph.duration[nodes]
+    kept = end > begin
+    nodes, back, begin, end = nodes[kept], back[kept], begin[kept], end[kept]
+    step, category = path_step[kept], category[kept]
+    order = np.lexsort((-back, step))
+    nodes, step, begin, end, category = (nodes[order], step[order], begin[order], end[order],
+                                         category[order])
+    rank = graph.rank[nodes]
     new = group_starts(step, rank, category)
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(nodes)) - 1
     return pd.DataFrame({"step": step[first], "rank": rank[first], "category": category[first],
-                         "start_ns": start[first], "end_ns": end[last]},
+                         "start_ns": begin[first], "end_ns": end[last]},
                         columns=SEGMENT_COLUMNS).astype(
         {"step": "int64", "rank": "int64", "start_ns": "int64", "end_ns": "int64"})
-
-
-def _path_starts(graph: StepGraph, chosen: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The source each path starts from."""
-    current = ends.copy()
-    while True:
-        previous = chosen[current]
-        if not (previous >= 0).any():
-            return current
-        current = np.where(previous >= 0, previous, current)
 
 
 def analyse(cross: CrossRank, steps: pd.DataFrame | None = None,
@@ -155,18 +200,19 @@ def analyse(cross: CrossRank, steps: pd.DataFrame | None = None,
         ops = ops.assign(end_ns=ops["end_ns"].where(
             ~untimed, ops[["end_ns", "last_arrival_ns"]].max(axis=1)))
     graph = step_graph.build(ops, step_graph.steps_on_common_clock(steps, cross.clock))
-    path, summary, segments = trace_paths(graph)
-    # Each step's own path, from its ranks' starts; the what-ifs carry a change into the steps
-    # after it.
+    # Steps in a row: a step's path begins where the previous one's ended, and the what-ifs
+    # carry a change into the steps after it.
     graph = step_graph.chained(graph)
+    path, summary, segments = trace_paths(graph)
     schedule = cross.pipeline_schedule
     gaps = what_if_idle.gaps_on_common_clock(idle_gaps, cross.clock,
                                              cross.kineto_shift_ns)
     more = (what_if_pipeline.bubble_changes(graph, schedule)
             + what_if_idle.idle_changes(graph, gaps, profiled))
-    answers = what_if.answers(graph, busbw_gbps, more)
+    answers, by_step = what_if.answers_by_step(graph, busbw_gbps, more)
     if len(graph.steps):
         answers = what_if.ordered(answers + what_if_pipeline.microbatch_answers(
             graph, schedule, answers, what_if.measured_step_ms(graph)))
     return CriticalPath(critical_path=path, critical_path_steps=summary,
-                        critical_path_segments=segments, what_if=answers)
+                        critical_path_segments=segments, what_if=answers,
+                        what_if_steps=by_step)

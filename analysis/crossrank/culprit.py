@@ -62,8 +62,14 @@ def chance_of(top_steps: int, steps: int, members: int) -> float:
     """The chance that one of `members` ranks, each equally likely per step, is the step's main
     culprit in `top_steps` or more of `steps` steps (the binomial tail)."""
     p = 1.0 / max(members, 1)
-    return float(sum(math.comb(steps, k) * p ** k * (1 - p) ** (steps - k)
-                     for k in range(top_steps, steps + 1)))
+    if p >= 1.0:  # one member: the culprit of every step
+        return 1.0 if top_steps <= steps else 0.0
+    # Each term in logarithms: math.comb(steps, k) overflows a float past about 1,030 steps.
+    log_p, log_q = math.log(p), math.log1p(-p)
+    return min(1.0, math.fsum(
+        math.exp(math.lgamma(steps + 1) - math.lgamma(k + 1) - math.lgamma(steps - k + 1)
+                 + k * log_p + (steps - k) * log_q)
+        for k in range(max(top_steps, 0), steps + 1)))
 
 
 def steps_needed(members: int) -> int:

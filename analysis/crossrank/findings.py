@@ -35,8 +35,11 @@ def exposed_transfer_ns(steps: pd.DataFrame, result: CrossRank) -> pd.Series:
     return pd.Series((exposed - peer_wait_ns(steps, result)).clip(min=0), index=steps.index)
 
 
-def ranks_wait_for(steps: pd.DataFrame, result: CrossRank) -> list[Finding]:
-    """One finding per rank that passes the straggler threshold (docs/cross-rank.md)."""
+def ranks_wait_for(steps: pd.DataFrame, result: CrossRank, why=None) -> list[Finding]:
+    """One finding per rank that passes the straggler threshold (docs/cross-rank.md); `why`
+    (rank -> (evidence, suggestion) or None) gives the causes that hold for a rank, tested by
+    the findings stage (analysis.findings.late_ranks): they replace the list of what to
+    compare."""
     stragglers = result.stragglers
     if stragglers.empty:
         return []
@@ -47,6 +50,9 @@ def ranks_wait_for(steps: pd.DataFrame, result: CrossRank) -> list[Finding]:
             f"{c['op']} on pg {c['pg']} {c['size_bucket']} ({c['caused_wait_ms']:.1f} ms in "
             f"{c['instances']} instances)" for c in row["collectives"])
         doing, suggestion = _what_it_did(rank, row["evidence"])
+        tested = why(rank) if why is not None else None
+        if tested is not None:
+            doing, suggestion = f"{doing} {tested[0]}", tested[1]
         evidence = (f"The other ranks wait {row['caused_wait_ms_per_step']:.2f} ms per step for "
                     f"rank {rank} ({row['share_pct']:.1f}% of the ranks' step time), in "
                     f"{collectives}. {doing}")
@@ -150,9 +156,12 @@ def _what_it_did(rank: int, evidence: dict) -> tuple[str, str]:
                    f"other ranks' (a slow kernel, a larger input). ") + base
 
 
-def pipeline_stages(result: CrossRank) -> list[Finding]:
+def pipeline_stages(result: CrossRank, stage=None) -> list[Finding]:
     """The pipeline bubble per stage, measured against the schedule's theory, naming the stage
-    that holds the others back (docs/cross-rank.md, "Pipeline bubbles")."""
+    that holds the others back (docs/cross-rank.md, "Pipeline bubbles"); `stage` (rank ->
+    (evidence, suggestion) or None) says whether that stage has more work or why else it is
+    late (analysis.findings.late_ranks.stage_text): layers are moved off it only where it has
+    more work."""
     table = result.pipeline
     if table is None or table.empty:
         return []
@@ -174,7 +183,12 @@ def pipeline_stages(result: CrossRank) -> list[Finding]:
         holder = int(holders.index[0])
         evidence += (f" The other stages wait {holders.iloc[0]['caused_recv_wait_ms_per_step']:.2f}"
                      f" ms per step for rank {holder}'s sends.")
-        suggestion = (f"Rank {holder}'s stage holds the others back: move layers off it to balance "
-                      f"the stages. " + suggestion)
+        tested = stage(holder) if stage is not None else None
+        if tested is not None:
+            evidence += f" {tested[0]}" if tested[0] else ""
+            suggestion = f"{tested[1]} {suggestion}"
+        else:
+            suggestion = (f"Rank {holder}'s stage holds the others back: move layers off it to "
+                          f"balance the stages. " + suggestion)
     return [Finding("pipeline bubble", share, evidence, suggestion,
                     ", ".join(str(int(r)) for r in per.index))]

@@ -216,3 +216,35 @@ def _queue_edges(ops: pd.DataFrame, base_a: int, base_f: int):
     p2p = ops["op"].isin(P2P_OPS).to_numpy()[order]
     keep = queued & (previous >= 0) & ~p2p
     return base_f + order[previous[keep]], base_a + order[keep]
+
+
+def behind_earlier_step(graph: StepGraph) -> np.ndarray:
+    """Per node, whether it is the arrival A of an op queued behind an op of an earlier step
+    of its rank and queue that was still running when it was issued (an all-reduce of the
+    previous step that ended after that step): its wait is that step's work, not this one's
+    (p2p ops are not queued, as in the waits)."""
+    ops = graph.ops
+    held = np.zeros(len(graph.time), bool)
+    if not len(ops):
+        return held
+    queue = pd.factorize(ops["queue"].to_numpy(object), sort=True, use_na_sentinel=False)[0]
+    rank, step = ops["rank"].to_numpy("int64"), ops["step"].to_numpy("int64")
+    issue, end = ops["issue_ns"].to_numpy("int64"), ops["end_ns"].to_numpy("int64")
+    order = np.lexsort((np.arange(len(ops)), issue, queue, rank))
+    first = group_starts(rank[order], queue[order])
+    # The latest end before each op on its rank and queue, and that op's step.
+    running = cummax_by_group(end[order], first)
+    setter = np.maximum.accumulate(np.where(end[order] == running, np.arange(len(order)), -1))
+    before = np.full(len(order), -1)
+    before[1:] = setter[:-1]
+    before[first] = -1
+    has = before >= 0
+    earlier = np.zeros(len(order), bool)
+    prev = order[before[has]]
+    this = order[has]
+    earlier[has] = (step[prev] < step[this]) & (end[prev] > issue[this])
+    queued = (ops["arrival_ns"].to_numpy("int64") > issue)[order]
+    p2p = ops["op"].isin(P2P_OPS).to_numpy()[order]
+    arrivals = np.flatnonzero(graph.kind == ARRIVAL)  # one per op, in the order of `ops`
+    held[arrivals[order[earlier & queued & ~p2p]]] = True
+    return held

@@ -161,9 +161,18 @@ def answers(graph: StepGraph, busbw_gbps: float | None = None,
             more: list[Change] | tuple = ()) -> list[dict]:
     """Every change's saving and predicted step time, largest saving first: the rank and
     transfer changes, then `more` (the pipeline's and idle gaps' changes)."""
+    return answers_by_step(graph, busbw_gbps, more)[0]
+
+
+def answers_by_step(graph: StepGraph, busbw_gbps: float | None = None,
+                    more: list[Change] | tuple = ()) -> tuple[list[dict], pd.DataFrame]:
+    """(answers, as `answers` gives them; per analysed step, its measured mean step over the
+    ranks, `measured_ms`, and each change's own saving in it, one column per change named by
+    its `change`, NaN in the steps the change does not name): the steps' savings let a stretch
+    of steps (a phase, analysis.crossrank.phases) be answered on its own steps."""
     changes = _changes(graph, busbw_gbps) + list(more)
     if not changes:
-        return []
+        return [], pd.DataFrame(columns=["step", "measured_ms"])
     durations = np.column_stack([graph.duration] + [c.duration for c in changes])
     latest = step_ends(graph, propagate(graph, durations))
     saved_per_step = (latest[:, :1] - latest[:, 1:]) / 1e6
@@ -174,15 +183,25 @@ def answers(graph: StepGraph, busbw_gbps: float | None = None,
         saved_per_step[follows] -= ((latest[:, :1] - latest[:, 1:]) / 1e6)[follows - 1]
     measured = measured_step_ms(graph)
     rows = []
+    by_step = {"step": numbers, "measured_ms": _measured_by_step(graph, numbers)}
     for j, change in enumerate(changes):
         kept = np.ones(len(numbers), dtype=bool) if change.steps is None else np.isin(
             numbers, change.steps)
         saved = float(saved_per_step[kept, j].mean()) if kept.any() else 0.0
+        by_step[change.about["change"]] = np.where(kept, saved_per_step[:, j], np.nan)
         rows.append({**{k: v for k, v in change.about.items() if k != "assumptions"},
                      "saved_ms_per_step": round(saved, 3),
                      "predicted_step_ms": round(measured - saved, 3),
                      "assumptions": change.about["assumptions"]})
-    return ordered(rows)
+    return ordered(rows), pd.DataFrame(by_step)
+
+
+def _measured_by_step(graph: StepGraph, numbers: np.ndarray) -> np.ndarray:
+    """Per analysed step of `numbers`: the mean measured step time over its ranks, ms."""
+    steps = graph.steps
+    mean = ((steps["end_ns"] - steps["start_ns"]).groupby(steps["step"].to_numpy()).mean()
+            / 1e6)
+    return mean.reindex(numbers).to_numpy(dtype="float64")
 
 
 def ordered(rows: list[dict]) -> list[dict]:

@@ -10,7 +10,13 @@ import sys
 from pathlib import Path
 
 from analysis.core.command_options import add_parse_options
-from analysis.core.step_spec import at_least_one, parse_step_spec, steps_argument
+from analysis.core.step_spec import (
+    at_least_one,
+    parse_step_spec,
+    path_window,
+    steps_argument,
+    window_options,
+)
 from analysis.core.terminal import show, terminal_safe
 from analysis.diff import compare as diff_compare
 from analysis.diff import stats as diff_stats
@@ -52,6 +58,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                             "with B)")
     which.add_argument("--steps", metavar="SPEC", type=steps_argument,
                        help="step numbers compared in both runs, e.g. 3-5,7 (default: all)")
+    window_options(which)
     stats = parser.add_argument_group("the statistics")
     stats.add_argument("--seed", type=int, default=diff_stats.DEFAULT_SEED,
                        help="seed of the bootstrap")
@@ -84,6 +91,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         parser.error("give B, or --capture N to compare a capture window of A with its first "
                      "fixed window")
     steps = parse_step_spec(args.steps) if args.steps else None
+    window = path_window(parser, args)
     if args.capture is not None:
         try:
             a, b = _capture_sides(args.a, args.capture, steps, not args.no_cache, args.jobs,
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         for label, path in (("A", args.a), ("B", args.b)):
             try:
                 sides.append(load_side(path, steps, use_cache=not args.no_cache, jobs=args.jobs,
-                                       comm_kernels=tuple(args.comm_kernel)))
+                                       comm_kernels=tuple(args.comm_kernel), window=window))
             except NothingToAnalyse as exc:
                 print(terminal_safe(f"ranktrace: nothing compared: {label}: {exc}"),
                       file=sys.stderr)
@@ -110,8 +118,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     for problem in result["problems"]:
         print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
     if args.format == "json":
-        print(terminal_safe(json.dumps(diff_output.document(result, a, b, args.steps), indent=1,
-                         ensure_ascii=False)))
+        print(terminal_safe(json.dumps(diff_output.document(result, a, b, args.steps, window),
+                                       indent=1, ensure_ascii=False)))
     elif args.format == "csv":
         print(terminal_safe(diff_output.csv_text(result)), end="")
     else:

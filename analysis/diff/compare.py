@@ -247,6 +247,30 @@ def critical_path_line(table: pd.DataFrame) -> str | None:
             f"{where_b} ({top_b['b']:.2f} ms per step in B)")
 
 
+def phases_line(phases_a: list[list], phases_b: list[list]) -> str | None:
+    """Whether either side's runs have several phases (docs/definitions.md, "Phases"): "A:
+    one phase; B: 2 phases, changed at step 2000 (from step 2000 rank 1 late by 61.91 ms per
+    step)", the first run of several phases of each side described; None where every run of
+    both sides has one phase (or none)."""
+    if all(len(p) <= 1 for p in [*phases_a, *phases_b]):
+        return None
+    return "; ".join(f"{label}: {_phases_text(runs)}"
+                     for label, runs in (("A", phases_a), ("B", phases_b)))
+
+
+def _phases_text(runs: list[list]) -> str:
+    several = [p for p in runs if len(p) > 1]
+    if not several:
+        return "one phase" + ("" if len(runs) <= 1 else " in each run")
+    phases = several[0]
+    late = [f"from step {p.first_step} rank {p.late_rank} late by {p.late_ms_per_step:.2f} ms "
+            f"per step" for p in phases if p.late_rank is not None]
+    runs_text = "" if len(runs) == 1 else f" in {len(several)} of its {len(runs)} runs"
+    return (f"{len(phases)} phases{runs_text}, changed at step"
+            f"{'s' if len(phases) > 2 else ''} {', '.join(str(p.first_step) for p in phases[1:])}"
+            + (f" ({'; '.join(late)})" if late else ""))
+
+
 def compare(a: diff_side.Side, b: diff_side.Side, seed: int = diff_stats.DEFAULT_SEED,
             resamples: int = diff_stats.DEFAULT_RESAMPLES, top: int = TOP_OPS,
             noise_floor_pct: float = diff_stats.DEFAULT_NOISE_FLOOR_PCT) -> dict:
@@ -262,6 +286,7 @@ def compare(a: diff_side.Side, b: diff_side.Side, seed: int = diff_stats.DEFAULT
     comm_a, comm_b = diff_side.collectives(a), diff_side.collectives(b)
     path = critical_path_deltas(diff_side.critical_path(a), diff_side.critical_path(b),
                                 role_a, role_b)
+    phases = {"a": diff_side.phases(a), "b": diff_side.phases(b)}
     return {
         "change": change, "verdict": diff_stats.verdict_text(change),
         "coverage": diff_stats.coverage_text(change),
@@ -277,5 +302,6 @@ def compare(a: diff_side.Side, b: diff_side.Side, seed: int = diff_stats.DEFAULT
                                     role_a, role_b),
         "critical_path": path,
         "critical_path_line": critical_path_line(path),
+        "phases": phases, "phases_line": phases_line(phases["a"], phases["b"]),
         "problems": [*a.problems, *b.problems],
     }

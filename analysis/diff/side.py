@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.model import UNKNOWN_RANK
+from analysis.core.step_spec import PathWindow
 from analysis.core.steps import FIRST_TRAINING_STEP
 from analysis.crossrank.report_tables import MS, rank_bars
 from analysis.diff import operators as diff_ops
@@ -40,14 +41,17 @@ class Side:
 
 
 def load_side(path: Path, steps: list[int] | None, use_cache: bool = True,
-              jobs: int | None = None, comm_kernels: tuple = ()) -> Side:
+              jobs: int | None = None, comm_kernels: tuple = (),
+              window: PathWindow | None = None) -> Side:
     """A run folder is one run; a folder of runs is every run in it, taken as repeats of one
-    configuration. Raises analysis.ingest.runs.NothingToAnalyse when `path` holds no trace."""
+    configuration; `window`: the one-rank critical path's windows (--window, --instance).
+    Raises analysis.ingest.runs.NothingToAnalyse when `path` holds no trace."""
     resolved = resolve([path], all_runs=True)
     side = Side(path=str(path), runs=[], steps=steps, notes=resolved.notes)
     for run_dir, files in resolved.runs:
         loaded = load_run(files, run_dir, LoadOptions(steps=steps, use_cache=use_cache,
-                                                      jobs=jobs, comm_kernels=comm_kernels))
+                                                      jobs=jobs, comm_kernels=comm_kernels,
+                                                      path_window=window))
         where = run_dir if run_dir is not None else path
         run = Run(loaded, name=where.name or str(where), path=str(where),
                   steps_spec=",".join(map(str, steps)) if steps else None)
@@ -256,6 +260,12 @@ def critical_path(side: Side) -> pd.DataFrame:
     frame = pd.concat(parts, ignore_index=True)
     summed = frame.groupby(["rank", "category"], sort=True)["ms"].sum() / steps
     return summed.reset_index()
+
+
+def phases(side: Side) -> list[list]:
+    """Each run's phases (analysis.run's Run.phases: docs/definitions.md, "Phases"), in the
+    order of the side's runs."""
+    return [list(run.phases) for run in side.runs]
 
 
 def layout(side: Side) -> dict:

@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from analysis.core.step_spec import PathWindow
 from analysis.report.html import html_table
 from analysis.report.html.assets import SCRIPT, STYLE
 from analysis.report.html.charts import esc
@@ -29,7 +30,7 @@ LONG_SECTIONS = [("categories", "Where each step's time goes, mean ms per step",
 MS_SECTIONS = ("categories", "critical_path")
 
 
-def document(result: dict, a, b, steps_spec: str | None) -> dict:
+def document(result: dict, a, b, steps_spec: str | None, window: PathWindow | None = None) -> dict:
     """The JSON document (docs/diff.md#the-json-document)."""
     def side(s) -> dict:
         return {"path": s.path, "runs": [r.name for r in s.runs]}
@@ -39,13 +40,18 @@ def document(result: dict, a, b, steps_spec: str | None) -> dict:
         "schema_version": DOCUMENT_VERSION,
         "a": {**side(a), "layout": plain(layout["a"])},
         "b": {**side(b), "layout": plain(layout["b"])},
-        "selection": {"steps": steps_spec or "all"},
+        "selection": {"steps": steps_spec or "all",
+                      "window": getattr(window, "name", None),
+                      "instance": getattr(window, "instance", None)},
         "verdict": {"text": result["verdict"], "coverage": result["coverage"],
                     **{k: plain(result["change"][k]) for k in CHANGE_KEYS}},
         "layout_note": layout["note"],
         "categories": records(_renamed(result["categories"], "_ms")),
         "critical_path": records(_renamed(result["critical_path"], "_ms")),
         "critical_path_line": result["critical_path_line"],
+        "phases": {"a": plain(result.get("phases", {}).get("a", [])),
+                   "b": plain(result.get("phases", {}).get("b", [])),
+                   "line": result.get("phases_line")},
         "operators": records(result["operators"]),
         "collectives": records(result["collectives"]),
         "resources": records(result["resources"]),
@@ -128,6 +134,8 @@ def text_report(result: dict, a, b) -> str:
         lines.append(f"Ranks: {result['layout']['note']}")
     if result.get("critical_path_line"):
         lines.append(f"Critical path: {result['critical_path_line']}")
+    if result.get("phases_line"):
+        lines.append(f"Phases: {result['phases_line']}")
     out = "\n".join(lines) + "\n"
     long_columns = {"role": "role", "a": "A", "b": "B", "delta": "B - A"}
     for section, heading, item in LONG_SECTIONS:
@@ -172,6 +180,8 @@ def html_page(result: dict, a, b) -> str:
         parts.append(f"<p>{esc(result['layout']['note'])}</p>")
     if result.get("critical_path_line"):
         parts.append(f"<p>Critical path: {esc(result['critical_path_line'])}</p>")
+    if result.get("phases_line"):
+        parts.append(f"<p>Phases: {esc(result['phases_line'])}</p>")
     long_columns = {"a": "A", "b": "B", "delta": "B \u2212 A"}
     for section, heading, item in LONG_SECTIONS:
         parts.append(f"<h2>{esc(heading)}</h2>" + _html_table(

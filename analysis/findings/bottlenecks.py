@@ -44,6 +44,8 @@ from analysis.findings.labels import (
     rank_list,
     run_kind,
 )
+from analysis.findings.late_causes import MORE_WORK_RATIO
+from analysis.findings.late_ranks import ON_AVERAGE, stage_text, stage_work, straggler_text
 from analysis.findings.notes import ALONE, ranks_alone
 from analysis.findings.resource_findings import (
     TOP_COLLECTIVES,
@@ -70,7 +72,8 @@ def _empty() -> pd.DataFrame:
 
 
 def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
-                     cross_rank: CrossRank | None = None) -> pd.DataFrame:
+                     cross_rank: CrossRank | None = None, late: dict | None = None
+                     ) -> pd.DataFrame:
     """Findings that apply, "ranks train alone" first, then largest share of step time first;
     an empty frame when none does, and always for a run without analysed steps.
 
@@ -79,6 +82,9 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     replaces the work-based straggler and the pipeline bubble is judged per stage against theory.
     Where no rank issued a collective, nobody waits: no imbalance or straggler is named from the
     spread of step times.
+    `late` holds the late ranks and their causes
+    (analysis.findings.late_ranks.late_ranks): the advice of "ranks wait for rank R" and of the
+    pipeline stage that holds the others back fits the causes that hold.
     """
     per_step = _frame(per_step)
     per_rank = _frame(per_rank)
@@ -98,7 +104,12 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
     # waiting for peers comes from every analysed step's records (docs/report.md).
     split_known = ~np.isnan(floats(steps, "compute_only_ns"))
     profiled = steps if split_known.all() else steps[split_known].reset_index(drop=True)
-    pipeline_stages = cross_findings.pipeline_stages(cross_rank) if crossed else []
+    late = late or {}
+    # A stage's work against the others' (priced at the common speed): layers move off a stage
+    # only where it has more (docs/report.md, "Why a rank is late").
+    work_of = stage_work(traces, steps["step"].unique()) if pipeline else None
+    pipeline_stages = (cross_findings.pipeline_stages(
+        cross_rank, stage=lambda rank: stage_text(late.get(rank))) if crossed else [])
     alone = ranks_alone(steps, collectives, traces, cross_rank)
     sampled = _measured_in(profiled, steps)
     findings = [
@@ -107,13 +118,17 @@ def find_bottlenecks(per_step, per_rank, collectives, idle_gaps, traces,
                                         issuers.run_ddp_accumulation(traces),
                                         transfer_only=crossed)),
         *sampled(_device_idle(profiled, idle_gaps, device)),
-        *(waited := cross_findings.ranks_wait_for(steps, cross_rank) if crossed else []),
+        *(waited := cross_findings.ranks_wait_for(
+            steps, cross_rank, why=lambda rank: straggler_text(late.get(rank)))
+          if crossed else []),
         *([] if alone or crossed else sampled(_imbalance(
-            profiled, pipeline, kind, variable_inputs=input_shapes_vary(traces)))),
-        *(_measured_waiting(steps, pipeline, input_shapes_vary(traces))
+            profiled, pipeline, kind, variable_inputs=input_shapes_vary(traces),
+            work_of=work_of))),
+        *(_measured_waiting(steps, pipeline, input_shapes_vary(traces), late)
           if crossed and not waited else []),
         *(pipeline_stages or sampled(_pipeline_bubble(profiled, pipeline,
-                                                      pipeline_schedule.detect(traces)))),
+                                                      pipeline_schedule.detect(traces),
+                                                      work_of))),
         *sampled(_low_bus_bandwidth(profiled, kind, collectives)),
         *_memory_near_capacity(per_rank),
     ]
@@ -255,8 +270,16 @@ def _device_idle(steps: pd.DataFrame, idle_gaps: pd.DataFrame, kind: str = "gpu"
 
 
 # ---- imbalance and stragglers -------------------------------------------------------------------
+def _more_work(work_of, rank: int) -> bool:
+    """Whether a pipeline stage has more work than the others (late_ranks.stage_work): True
+    where its ops say so or where no op tells (the work-based measure stands alone)."""
+    ratio = work_of(rank) if work_of is not None else None
+    return ratio is None or ratio >= MORE_WORK_RATIO
+
+
 def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
-               name_straggler: bool = True, variable_inputs: bool | None = None) -> list:
+               name_straggler: bool = True, variable_inputs: bool | None = None,
+               work_of=None) -> list:
     """Per step with at least two ranks: wait = max(work_ns) - mean(work_ns) over ranks.
     Share: summed wait over summed mean step_ns. A straggler is a rank with the most work in at
     least half of those steps (and at least two); it is not named when the cross-rank pass
@@ -311,7 +334,7 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
                     "OMP_NUM_THREADS and core pinning, work only it does such as logging)")
         suggestion = (f"Rank {top_rank} is a straggler: compare {hardware}"
                       f"{straggler_data_text(variable_inputs)}.")
-        if pipeline:
+        if pipeline and _more_work(work_of, top_rank):
             suggestion += (f" In a pipeline, move layers off rank {top_rank}'s stage to "
                            f"balance the stages.")
         return [Finding(f"straggler: rank {top_rank}", share, evidence, suggestion,
@@ -323,11 +346,15 @@ def _imbalance(steps: pd.DataFrame, pipeline: bool, kind: str = "gpu",
                      rank_list(timed["rank"]))]
 
 
-def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool | None) -> list:
+def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool | None,
+                      late: dict | None = None) -> list:
     """With matched ops and no rank named late: the measured waiting for peers
     (steps.wait_for_peers_ns, the cross-rank waits of the analysed rows) over summed step_ns.
     It replaces the work-based estimate of _imbalance, so that the finding and the waits table
-    tell the same numbers. Not made in pipeline runs, whose waits are the bubble's."""
+    tell the same numbers. Not made in pipeline runs, whose waits are the bubble's. Where the
+    others wait for one rank most by far and a cause holds for it (`late`,
+    analysis.findings.late_ranks), its causes and their advice replace the list of what may
+    differ."""
     if pipeline or "wait_for_peers_ns" not in steps.columns:
         return []
     wait = floats(steps, "wait_for_peers_ns")
@@ -341,17 +368,26 @@ def _measured_waiting(steps: pd.DataFrame, pipeline: bool, variable_inputs: bool
                 f"per step on average ({share:.1f}% of step time; per rank: {listed}), and no "
                 f"rank is late often enough to be named.")
     waiting = per_rank[per_rank > 0].index
-    return [Finding("waiting for peers", share, evidence, imbalance_suggestion(variable_inputs),
+    suggestion = imbalance_suggestion(variable_inputs)
+    for item in (late or {}).values():
+        tested = straggler_text(item)
+        if item.how == ON_AVERAGE and tested is not None:
+            evidence += (f" The others wait for rank {item.rank} most, {item.late_ms:.2f} ms per "
+                         f"step each. {tested[0]}")
+            suggestion = tested[1]
+    return [Finding("waiting for peers", share, evidence, suggestion,
                      rank_list(waiting if len(waiting) else per_rank.index))]
 
 
 # ---- pipeline bubble ----------------------------------------------------------------------------
-def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool, schedule) -> list:
+def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool, schedule, work_of=None) -> list:
     """For pipeline runs: a rank's bubble = 1 - summed work_ns / summed step_ns, i.e. its idle
     time plus communication not hidden under compute (a stage waiting for activations sits in
     an NCCL recv kernel or idles on gloo). Share: the mean bubble over ranks. The number of
     stages and the schedule come from the trace's pipelining spans
-    (analysis.rank.pipeline_schedule).
+    (analysis.rank.pipeline_schedule). Layers are moved from the stage with the least bubble
+    only where it has more work than the others (`work_of`, late_ranks.stage_work; where its
+    ops cannot tell, the bubble alone decides).
     """
     if not pipeline or steps.empty or steps["work_ns"].notna().sum() == 0:
         return []
@@ -374,7 +410,8 @@ def _pipeline_bubble(steps: pd.DataFrame, pipeline: bool, schedule) -> list:
     evidence = (f"{stages} pipeline stages{held}{micro} spend {share:.1f}% of each step not "
                 f"computing on average ({listed}).")
     suggestion = bubble_suggestion(schedule, ranks, stages)
-    if ranks > 1 and bubble.max() - bubble.min() >= MIN_SHARE_PCT:
+    if (ranks > 1 and bubble.max() - bubble.min() >= MIN_SHARE_PCT
+            and _more_work(work_of, int(bubble.idxmin()))):
         suggestion += (f" Stages are uneven (bubble {bubble.min():.1f}% to {bubble.max():.1f}%): "
                        f"move layers from rank {int(bubble.idxmin())} towards rank "
                        f"{int(bubble.idxmax())}.")

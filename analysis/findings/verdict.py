@@ -10,8 +10,14 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.core.contracts import CriticalPath, CrossRank, Verdict
+from analysis.findings import priced
 from analysis.findings.labels import rank_list
 from analysis.findings.notes import ALONE
+from analysis.findings.phase_lines import phase_opening
+
+# What-if kinds the verdict does not quote: estimates from a formula, not the graph; and a
+# change of scale that removes no cause (one rank's host work halved, docs/critical-path.md).
+from analysis.findings.priced import ESTIMATES
 
 # Verdict.state
 PROBLEM, ALONE_STATE, RISK, NOTHING_FOUND, NOTES_ONLY, NO_STEP = (
@@ -104,9 +110,6 @@ def what_if_line(what_if: list | None, steps: int | None = None) -> str | None:
             f"{over} (docs/critical-path.md).")
 
 
-# What-if kinds the verdict does not quote: estimates from a formula, not the graph; and a
-# change of scale that removes no cause (one rank's host work halved, docs/critical-path.md).
-ESTIMATES = ("pipeline_microbatches", "host_work_halved")
 
 
 def _conditional(answer: dict) -> str:
@@ -122,14 +125,38 @@ def _conditional(answer: dict) -> str:
     return change
 
 
+def late_lines(late: dict | None) -> list[str]:
+    """One line per late rank: the causes that hold, with their confidence, and the first one's
+    proof (analysis.findings.late_ranks)."""
+    lines = []
+    for rank, item in sorted((late or {}).items()):
+        if not item.causes:
+            lines.append(f"Why rank {rank} is late: " + (
+                "no cause tested holds in its profiled steps" if item.tested else
+                "not tested: no profiled step of it is analysed")
+                + " (docs/report.md, \"Why a rank is late\").")
+            continue
+        named = "; ".join(f"{c.cause} ({c.confidence} confidence)" for c in item.causes)
+        lines.append(f"Why rank {rank} is late: {named}. {item.causes[0].proof[0].upper()}"
+                     f"{item.causes[0].proof[1:]}")
+    return lines
+
+
 def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
                 notes: pd.DataFrame | None, cross_rank: CrossRank | None,
                 critical: CriticalPath | None = None, captures: list | None = None,
-                memory_line: str | None = None) -> Verdict:
+                late: dict | None = None, memory_line: str | None = None,
+                phases: list | None = None) -> Verdict:
     """The verdict of the analysed steps; `critical` is the run's critical path, whose top
-    what-if answer (largest saving first) the verdict quotes (`what_if`: that line, or None);
+    what-if answer (largest saving first) the verdict quotes (`what_if`: that line, or None),
+    and whose answers price the changes to try (analysis.findings.priced: "Try first" is the
+    finding whose change saves most, the next two follow); `late` the late ranks and their
+    causes (analysis.findings.late_ranks), one "Why rank R is late" line each;
     `memory_line` the memory section's ("Memory: ..."), which follows who waits for whom
-    (`memory`: that line, or None).
+    (`memory`: that line, or None). A run of several `phases` (analysis.crossrank.phases)
+    opens with them instead (analysis.findings.phase_lines): who waits, and the what-if, are
+    each phase's, not the whole run's; where the phase that matters most names a late rank,
+    the change to try first is about it, and the priced changes follow it.
 
     state: "ranks train alone" (that finding is there), "bottleneck" (a finding with step time
     at stake), "risk" (only a finding without a time cost: memory near capacity), "notes only"
@@ -154,6 +181,9 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         if not findings.empty and "ms_per_step" in findings else pd.DataFrame())
     waits = _waits_line(per_step, findings, cross_rank, alone, ranks)
     change = change_ms = None
+    what_if = critical.what_if if critical is not None else None
+    to_try = (priced.tries(timed, what_if, _first_sentence)
+              if len(timed) and not alone else [])
     if alone:
         row = findings[findings["finding"] == ALONE].iloc[0]
         state = ALONE_STATE
@@ -169,7 +199,8 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         limits = (f"{row['finding'][0].upper()}{row['finding'][1:]} costs {change_ms:.2f} ms of "
                   f"the {step_ms:.2f} ms mean step ({row['share_pct']:.1f}%), ranks "
                   f"{row['ranks']}.")
-        change = _first_sentence(row["suggestion"])
+        change = to_try[0]["change"]
+        change_ms = to_try[0]["ms_per_step"]
     elif not notes.empty:
         state = NOTES_ONLY
         limits = (f"No finding passed its threshold (mean step {step_ms:.2f} ms); "
@@ -186,13 +217,29 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         limits = (f"Nothing found wrong: no finding passed its threshold (mean step "
                   f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
                   f"{rank_list(steps['rank'])}).")
-    lines = [f"Limits the step: {limits}", f"Waiting: {waits}",
-             *([memory_line] if memory_line else [])]
-    answer = (what_if_line(critical.what_if, len(critical.critical_path_steps))
-              if critical is not None else None)
-    if answer:
-        lines.append(f"What if: {answer}")
-    if change:
+    opening = phase_opening(phases or [])
+    why = [*late_lines(late), *([memory_line] if memory_line else [])]
+    phase_change = None
+    if opening is not None:
+        lines = [*opening.lines, f"Limits the step (whole run): {limits}", *why]
+        waits, answer = opening.waits, opening.what_if
+        if opening.change is not None and state != ALONE_STATE:
+            state, phase_change = PROBLEM, opening.change
+            change, change_ms = opening.change, opening.change_ms_per_step
+    else:
+        lines = [f"Limits the step: {limits}", f"Waiting: {waits}", *why]
+        answer = (what_if_line(critical.what_if, len(critical.critical_path_steps))
+                  if critical is not None else None)
+        if answer:
+            lines.append(f"What if: {answer}")
+    if phase_change is not None:
+        lines.append(f"Try first ({change_ms:.2f} ms per step at stake in those steps): "
+                     f"{phase_change}")
+        to_try = to_try[:2]
+        lines += [priced.try_line(False, row) for row in to_try]
+    elif to_try and state == PROBLEM:
+        lines += [priced.try_line(n == 0, row) for n, row in enumerate(to_try)]
+    elif change:
         at_stake = (f" (up to {change_ms:.2f} ms per step at stake)"
                     if change_ms is not None else "")
         lines.append(f"Try first{at_stake}: {change}")
@@ -202,4 +249,4 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     lines += [f"Captured: {window['text']}" for window in captures or []]
     return Verdict(state=state, limits=limits, waits=waits, change=change,
                    change_ms_per_step=change_ms, step_ms=step_ms, what_if=answer, lines=lines,
-                   memory=memory_line)
+                   tries=to_try if state == PROBLEM else [], memory=memory_line)

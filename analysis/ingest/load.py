@@ -27,7 +27,7 @@ from analysis.core.events import mark_comm_kernels
 from analysis.core.frames import empty_events, steps_frame
 from analysis.core.limits import MAX_WORLD_SIZE, max_trace_bytes, shown
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
-from analysis.core.step_spec import format_ranges, parse_step_spec
+from analysis.core.step_spec import PathWindow, format_ranges, parse_step_spec
 from analysis.core.steps import select_steps
 from analysis.ingest.cache import read_trace
 from analysis.ingest.kineto import TraceReadError
@@ -93,6 +93,9 @@ class LoadOptions:
     # timeline draw from it); without it `RankTrace.events` is None (`with_events()` reads them
     # again), so that memory holds O(ranks x steps + collectives), not every event of every rank.
     keep_events: bool = True
+    # --window, --instance: the one-rank critical path's windows (analysis.rank.path_windows);
+    # None: the ProfilerSteps, or the whole trace in a trace without them.
+    path_window: PathWindow | None = None
 
 
 @dataclass(frozen=True)
@@ -250,7 +253,7 @@ def load_files(files: list[Path], run_dir: Path | None = None,
     if not ranks and not problems:
         problems.append(f"{where}: no Kineto trace files")
     return LoadResult(ranks=ranks, problems=problems, run_dir=run_dir, world_size=world_size,
-                      files=list(files))
+                      files=list(files), path_window=options.path_window)
 
 
 def _file_name_problems(files: list[Path]) -> list[str]:

@@ -28,8 +28,12 @@ from analysis.core.event_kinds import (
 )
 
 START, STEP_END, SINK, HOST, DEVICE = range(5)
-CATEGORIES = ("cpu", "idle", "launch", "kernel", "comm_kernel", "memcpy", "memset")
-CPU, IDLE, LAUNCH, KERNEL, COMM_KERNEL, MEMCPY, MEMSET = range(len(CATEGORIES))
+# In the order a device op's time runs: the host, the wait behind earlier work, the launch or
+# the gap after the op before on the stream, the op itself.
+CATEGORIES = ("cpu", "idle", "previous_step", "launch", "device_idle", "kernel", "comm_kernel",
+              "memcpy", "memset")
+(CPU, IDLE, PREVIOUS_STEP, LAUNCH, DEVICE_IDLE, KERNEL, COMM_KERNEL, MEMCPY,
+ MEMSET) = range(len(CATEGORIES))
 DEVICE_CATEGORY = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 _NAMES = np.array(CATEGORIES, dtype=object)
 
@@ -50,6 +54,10 @@ class RankGraph:
     level_starts: np.ndarray | None  # set by steps_alone, for dag.propagate
     steps: pd.DataFrame   # step, start_ns, end_ns
     covered: list         # per thread code: (union starts, union ends, prefix of lengths)
+    # DEVICE: the latest end of the device ops of its stream that started before it (those
+    # launched outside the steps included): what it queued behind; else NEVER
+    stream_before: np.ndarray
+    chained: np.ndarray   # per row of `steps`: it follows the row before (its E -> S edge)
 
 
 def _codes_where(column: pd.Series, test) -> np.ndarray:
@@ -84,9 +92,11 @@ class _Calls:
     launch_of: np.ndarray  # per device op, its call's position in `host`
 
 
-def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
+def build(events: pd.DataFrame, steps: pd.DataFrame, chain: bool = True) -> RankGraph | None:
     """The graph of the steps (step, start_ns, end_ns) of one rank's events frame; None where
-    the steps launch no device op."""
+    the steps launch no device op. `chain`: consecutive steps follow each other (the previous
+    step's end to the next one's start: ProfilerSteps); without it each window stands alone
+    (instances of an annotation, with other work between them)."""
     steps = steps.sort_values("start_ns", kind="stable").reset_index(drop=True)
     s_start, s_end = steps["start_ns"].to_numpy("int64"), steps["end_ns"].to_numpy("int64")
     n_steps = len(steps)
@@ -112,8 +122,9 @@ def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
                                       _device_categories(events, dev)])
     # Edges in one fixed order: a node's predecessors of equal time are told apart by it.
     device = _device_edges(events, n_steps, cols, calls)
+    consecutive = _consecutive_steps(steps) if chain else _edge([], [])
     edges = (_host_edges(steps, cols, calls, step_thread) + device[:1]
-             + [_consecutive_steps(steps)] + device[1:])
+             + [consecutive] + device[1:])
     src = np.concatenate([a for a, _ in edges])
     dst = np.concatenate([b for _, b in edges])
     latest = dag.latest_predecessor(time, src, dst)
@@ -128,9 +139,35 @@ def build(events: pd.DataFrame, steps: pd.DataFrame) -> RankGraph | None:
     duration = np.where(latest == dag.NEVER, 0, time - latest)
     covered = _coverage(events, ts, end, cols.thread_of, cols.gpu, cols.runtime,
                         int(cols.thread_of.max(initial=-1)) + 1)
+    chained = np.zeros(n_steps, bool)
+    chained[consecutive[1]] = True
     return RankGraph(time=time, duration=duration, kind=kind, step=step, thread=thread, busy=busy,
                      device_category=device_category, src=src, dst=dst,
-                     level_starts=None, steps=steps, covered=covered)
+                     level_starts=None, steps=steps, covered=covered,
+                     stream_before=np.concatenate([np.full(base_k, dag.NEVER),
+                                                   _stream_before(events, cols, dev)]),
+                     chained=chained)
+
+
+def _stream_before(events: pd.DataFrame, cols: _Columns, dev: np.ndarray) -> np.ndarray:
+    """Per graph device op, the latest end of the device ops (kernel, memcpy, memset) of its
+    stream in the trace that started before it, launched inside the steps or not (NEVER for
+    a stream's first)."""
+    device_op = cols.gpu & _codes_where(events["cat"],
+                                        lambda c: normal_cat(c) in DEVICE_CATEGORY)
+    rows = np.union1d(np.flatnonzero(device_op), dev)
+    stream = events["stream"].to_numpy("int64")[rows]
+    start, end = cols.ts[rows], cols.end[rows]
+    order = np.lexsort((rows, start, stream))
+    first = np.ones(len(order), bool)
+    first[1:] = stream[order][1:] != stream[order][:-1]
+    reach = _cummax_by_group(end[order], first)
+    before = np.full(len(order), dag.NEVER)
+    before[1:] = reach[:-1]
+    before[first] = dag.NEVER
+    of_row = np.empty(len(order), np.int64)
+    of_row[order] = np.arange(len(order))
+    return before[of_row[np.searchsorted(rows, dev)]]
 
 
 def _columns(events: pd.DataFrame) -> _Columns:
@@ -352,6 +389,15 @@ def covered(graph: RankGraph, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray
         result[mine] = _running(starts, ends, prefix, hi[mine]) - _running(
             starts, ends, prefix, lo[mine])
     return result
+
+
+def held_before(graph: RankGraph, nodes: np.ndarray, lo: np.ndarray,
+                hi: np.ndarray) -> np.ndarray:
+    """Per device node, the part of [lo, hi) before the ops it queued behind on its stream
+    ended (graph.stream_before): that earlier work's time, its gaps included."""
+    before = graph.stream_before[nodes]
+    held = np.clip(np.where(before == dag.NEVER, lo, before) - lo, 0, None)
+    return np.minimum(held, np.maximum(hi - lo, 0))
 
 
 def _running(starts, ends, prefix, at):

@@ -1,10 +1,12 @@
 """The critical path of each profiled step of one rank on a GPU, from its Kineto trace alone
 (docs/critical-path.md, "One rank on a GPU"), on the graph of analysis.rank.gpu_graph.
 
-The path runs from the step's last event T back through binding predecessors to the step's
-start S, so it covers the step exactly; its time is split into cpu, idle, launch, kernel,
-comm_kernel, memcpy and memset. Waiting for the device is slack: the ops the host waited for are
-on the path instead. What-if answers shorten durations and propagate each step again.
+The path of a step (or window) runs from its last event T back through binding predecessors
+to where it begins: where the previous step's path ended, or the window's start S, so that
+each moment is on one step's path; its time is split into cpu, idle, previous_step, launch,
+device_idle, kernel, comm_kernel, memcpy and memset. Waiting for the device is slack: the ops
+the host waited for are on the path instead. What-if answers shorten durations and propagate
+each step again.
 
     rank.critical_path.analyse(trace) -> {"critical_path": frame, "critical_path_steps": frame,
         "critical_path_segments": frame, "what_if": list}
@@ -20,20 +22,44 @@ import pandas as pd
 from analysis.core import dag
 from analysis.core.contracts import CriticalPath
 from analysis.core.dag import PATH_COLUMNS, SEGMENT_COLUMNS
+from analysis.core.step_spec import PathWindow
+from analysis.rank import path_windows
 from analysis.rank.gpu_graph import (
     _NAMES,
     CPU,
     DEVICE,
+    DEVICE_IDLE,
     HOST,
     IDLE,
     LAUNCH,
+    PREVIOUS_STEP,
     START,
     STEP_END,
     RankGraph,
     binding_predecessors,
     build,
     covered,
+    held_before,
 )
+
+
+def path_bounds(graph: RankGraph) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of the graph's steps, where its path begins and ends (ns): it ends at its
+    last event T (not before it begins) and begins where the previous row's path ended, for a
+    step that follows it (graph.chained), else at its start S, or later where the previous
+    row's path ended later: each moment is on one step's path at most."""
+    n_steps = len(graph.steps)
+    start = graph.steps["start_ns"].to_numpy("int64")
+    sink = graph.time[2 * n_steps + np.arange(n_steps)]
+    low, high = np.empty(n_steps, np.int64), np.empty(n_steps, np.int64)
+    before = None
+    for row in range(n_steps):
+        if before is None:
+            low[row] = start[row]
+        else:
+            low[row] = before if graph.chained[row] else max(int(start[row]), before)
+        high[row] = before = max(int(sink[row]), int(low[row]))
+    return low, high
 
 
 def trace_paths(graph: RankGraph, rank: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -44,13 +70,18 @@ def trace_paths(graph: RankGraph, rank: int) -> tuple[pd.DataFrame, pd.DataFrame
     steps = graph.steps
     n_steps = len(steps)
     s_time = steps["start_ns"].to_numpy("int64")
+    low_of, high_of = path_bounds(graph)
     nodes, lows, of_step = [], [], []
     for row in range(n_steps):
-        start, v = int(s_time[row]), 2 * n_steps + row
-        while v >= 0 and v != row:
+        start, v = int(low_of[row]), 2 * n_steps + row
+        # Back from T through binding predecessors (across the step's start to the previous
+        # step's end, for a chained step) until the path's beginning is crossed.
+        while v >= 0:
             t, d = time[v], duration[v]
+            if t <= start:
+                break
             low = t - d
-            if t > start and d:
+            if d:
                 nodes.append(v)
                 lows.append(low if low > start else start)
             if low <= start:
@@ -61,7 +92,7 @@ def trace_paths(graph: RankGraph, rank: int) -> tuple[pd.DataFrame, pd.DataFrame
     low = np.array(lows, np.int64)
     high = graph.time[nodes]
     parts = _parts(graph, nodes, low, high, chosen)
-    parts["row"] = np.concatenate([of_step, of_step]).astype(np.int64)
+    parts["row"] = np.tile(np.array(of_step, np.int64), 3)
     rows = pd.DataFrame({"step": steps["step"].to_numpy("int64")[parts["row"]],
                          "category": parts["category"], "ns": parts["end"] - parts["start"]})
     rows = rows[rows["ns"] != 0]
@@ -71,19 +102,20 @@ def trace_paths(graph: RankGraph, rank: int) -> tuple[pd.DataFrame, pd.DataFrame
                          "category": _NAMES[path["category"].to_numpy(np.int64)],
                          "ms": path["ns"].astype(float) / 1e6},
                         columns=PATH_COLUMNS)
-    sink = graph.time[2 * n_steps + np.arange(n_steps)]
     summary = pd.DataFrame({"step": steps["step"].to_numpy("int64"),
-                            "path_ms": (sink - s_time) / 1e6, "end_rank": int(rank),
+                            "path_ms": (high_of - low_of) / 1e6, "end_rank": int(rank),
                             "start_rank": int(rank),
                             "step_ms": (steps["end_ns"].to_numpy("int64") - s_time) / 1e6})
     return path, summary, _segments(graph, parts, rank)
 
 
 def _parts(graph: RankGraph, nodes, low, high, chosen) -> dict:
-    """The path's nodes cut into parts of one category each: a device op's wait before it
-    (launch, or idle where it followed its stream or the step's start) and its own time; a
-    host stretch's host work (cpu) and the rest (idle), the latter taken as one part each in
-    the order cpu then idle (the stretch is not cut where they alternate)."""
+    """The path's nodes cut into three parts of one category each, in time order: a device
+    op's wait before it split into the time until the ops it queued behind on its stream
+    ended, launched before the step (previous_step), and the rest (launch, or device_idle where
+    it followed its stream or the step's start), then its own time; a host stretch's host work
+    (cpu) and the rest (idle), the latter taken as one part each in the order cpu then idle
+    (the stretch is not cut where they alternate), after an empty first part."""
     kind = graph.kind[nodes]
     device = kind == DEVICE
     busy = np.minimum(graph.busy[nodes], high - low)
@@ -91,15 +123,22 @@ def _parts(graph: RankGraph, nodes, low, high, chosen) -> dict:
     work = np.zeros(len(nodes), np.int64)
     host = ~device
     work[host] = covered(graph, graph.thread[nodes[host]], low[host], high[host])
+    held = np.zeros(len(nodes), np.int64)
+    held[device] = held_before(graph, nodes[device], low[device], cut[device])
     binding_kind = graph.kind[np.clip(chosen[nodes], 0, None)]
-    wait = np.where(binding_kind == HOST, LAUNCH, IDLE)
-    first_cat = np.where(device, wait, CPU)
-    first_end = np.where(device, cut, low + work)
-    second_cat = np.where(device, graph.device_category[nodes], IDLE)
-    node = np.concatenate([nodes, nodes])
-    return {"node": node, "category": np.concatenate([first_cat, second_cat]).astype(np.int64),
-            "start": np.concatenate([low, first_end]), "end": np.concatenate([first_end, high]),
-            "order": np.concatenate([np.arange(len(nodes)) * 2 + 1, np.arange(len(nodes)) * 2])}
+    wait = np.where(binding_kind == HOST, LAUNCH, DEVICE_IDLE)
+    first_end = low + held
+    second_cat = np.where(device, wait, CPU)
+    second_end = np.where(device, cut, low + work)
+    third_cat = np.where(device, graph.device_category[nodes], IDLE)
+    node = np.concatenate([nodes, nodes, nodes])
+    first_cat = np.full(len(nodes), PREVIOUS_STEP)
+    index = np.arange(len(nodes)) * 3
+    return {"node": node,
+            "category": np.concatenate([first_cat, second_cat, third_cat]).astype(np.int64),
+            "start": np.concatenate([low, first_end, second_end]),
+            "end": np.concatenate([first_end, second_end, high]),
+            "order": np.concatenate([index + 2, index + 1, index])}
 
 
 def _segments(graph: RankGraph, parts: dict, rank: int) -> pd.DataFrame:
@@ -213,7 +252,12 @@ def what_if(graph: RankGraph, rank: int) -> list[dict]:
     device = graph.kind == DEVICE
     no_latency = graph.duration.copy()
     waited_launch = device & has_pred & (bound_by == HOST)
-    no_latency[waited_launch] = np.minimum(graph.duration, graph.busy)[waited_launch]
+    rows = np.flatnonzero(waited_launch)
+    own = np.minimum(graph.duration, graph.busy)[rows]
+    # The wait behind work launched before the step (previous_step) is no launch latency: kept.
+    behind = held_before(graph, rows, graph.time[rows] - graph.duration[rows],
+                         graph.time[rows] - own)
+    no_latency[rows] = own + behind
     halved = graph.duration.copy()
     host = np.isin(graph.kind, (HOST, STEP_END)) & has_pred & (bound_by != DEVICE)
     rows = np.flatnonzero(host)
@@ -248,15 +292,23 @@ def what_if(graph: RankGraph, rank: int) -> list[dict]:
     return sorted(answers, key=lambda w: -w["saved_ms_per_step"])
 
 
-def analyse(trace, events: pd.DataFrame | None = None,
-            answer_what_if: bool = True) -> CriticalPath:
+def analyse(trace, events: pd.DataFrame | None = None, answer_what_if: bool = True,
+            window: PathWindow | None = None) -> CriticalPath:
     """The critical path of each step of one rank (`trace`: its rank and steps; `events`: its
-    events frame, default trace.events) and, with `answer_what_if`, what-if answers on it."""
+    events frame, default trace.events) and, with `answer_what_if`, what-if answers on it.
+    `window`: the occurrences of a user annotation instead of the steps (path_windows); a
+    trace without ProfilerStep is one window."""
     events = trace.events if events is None else events
-    steps = trace.steps
-    if events is None or steps is None or not len(steps) or not events["is_gpu"].any():
+    if events is None or not len(events) or not events["is_gpu"].any():
         return dag.no_critical_path()
-    graph = build(events, steps[["step", "start_ns", "end_ns"]])
+    profiled = getattr(trace, "all_steps", None)
+    if window is None and not len(trace.steps if trace.steps is not None else []) and (
+            profiled is not None and len(profiled)):
+        return dag.no_critical_path()  # ProfilerSteps, none of them selected
+    steps, chain = path_windows.windows(trace.steps, events, window)
+    if not len(steps):
+        return dag.no_critical_path()
+    graph = build(events, steps, chain=chain)
     if graph is None:
         return dag.no_critical_path()
     path, summary, segments = trace_paths(graph, trace.rank)

@@ -20,6 +20,7 @@ import pandas as pd
 
 from analysis.core.contracts import RankTables
 from analysis.core.forked import can_fork, forked_results
+from analysis.core.step_spec import PathWindow
 from analysis.rank import flops, issuers
 from analysis.rank import one_rank_path as critical_path
 from analysis.rank.comm import comm_ops as communication
@@ -81,7 +82,8 @@ RANK_SUMMARIES = {
     "comm_events": _comm_events,  # analysis.crossrank.run_frames.run_frames
     "event_count": lambda trace: len(trace.events),
     # analysis.run's path of a run of one traced rank (rank_tables says where it is built).
-    "critical_path": lambda trace, events=None: critical_path.analyse(trace, events),
+    "critical_path": lambda trace, events=None, window=None: critical_path.analyse(
+        trace, events, window=window),
     # analysis.findings.stop_diagnosis: the collectives of every step of a trace, for the stop
     # diagnosis of a run folder without comm records (rank_tables says where it is built).
     "stop_trace_ops": lambda trace: comm_events.ops_from_events(
@@ -90,7 +92,7 @@ RANK_SUMMARIES = {
 
 
 def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
-                path_beside: bool = False) -> RankTables:
+                path_beside: bool = False, path_window: PathWindow | None = None) -> RankTables:
     """The tables and summaries computed from one rank's events alone (RANK_TABLES and
     RANK_SUMMARIES); one that fails is named in the result's `failed` ({name: "ExceptionType:
     message"}) instead, and RankTables.take raises that failure where the table is taken.
@@ -104,15 +106,13 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     `path_beside`: a run's one trace has its critical path, the slowest of them, and its FLOP
     tables (BESIDE) computed in a forked child on the machine's second core
     (analysis.core.forked) while the rest are computed here, and the analyses after them; their
-    values are ForkedResults until they are taken."""
+    values are ForkedResults until they are taken. `path_window`: the one-rank critical path's
+    windows (--window, --instance)."""
     builds = {**RANK_TABLES, **RANK_SUMMARIES}
+    if path_window is not None:
+        builds["critical_path"] = partial(builds["critical_path"], window=path_window)
     found: dict = {}
     failed: dict = {}
-    kind_layers = _kind_and_layers(trace)
-    if kind_layers is not None:
-        # The activity layers found once, for the per-step breakdown and the idle gaps both.
-        builds["per_step"] = lambda trace: breakdown_per_step(trace, kind_layers)
-        builds["idle_gaps"] = lambda trace: idle_gaps(trace, kind_layers)
     if not (only_trace or (trace.world_size or 1) <= 1):
         del builds["critical_path"]
     elif path_beside and only_trace and can_fork() and trace.events is not None:
@@ -120,6 +120,11 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     records = getattr(trace, "records", None)
     if not run_folder or records is None or len(records.comms):
         del builds["stop_trace_ops"]
+    kind_layers = _kind_and_layers(trace)
+    if kind_layers is not None:
+        # The activity layers found once, for the per-step breakdown and the idle gaps both.
+        builds["per_step"] = lambda trace: breakdown_per_step(trace, kind_layers)
+        builds["idle_gaps"] = lambda trace: idle_gaps(trace, kind_layers)
     flop_tables = _flop_tables(trace) if "step_flops" in builds else None
     if flop_tables is not None:
         # The ops' FLOPs found once, for the FLOPs per step and the roofline both.
@@ -158,7 +163,7 @@ def _beside(trace, builds: dict) -> dict:
     flop_tables = cache(partial(flops.rank_flops_tables, with_events))
     return {"step_flops": lambda: flop_tables()["step_flops"],
             "op_roofline": lambda: flop_tables()["op_roofline"],
-            "critical_path": partial(path, with_events, trace.events)}
+            "critical_path": partial(path, with_events, events=trace.events)}
 
 
 def _every_step(trace):

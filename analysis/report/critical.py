@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.core.contracts import CriticalPath
+from analysis.core.step_spec import PathWindow
 from analysis.report.text_tables import text_table as _table
 from analysis.report.values import plain, records
 
@@ -35,10 +36,13 @@ def what_if_text(what_if: list) -> pd.DataFrame:
                          for w in what_if])
 
 
-def critical_path_text(critical: CriticalPath) -> str:
-    """The Critical path section: the path per analysed step, then the what-if answers."""
+def critical_path_text(critical: CriticalPath, window: PathWindow | None = None) -> str:
+    """The Critical path section: the path per analysed step (per occurrence of `window`'s
+    annotation where given), then the what-if answers."""
+    unit = ("step" if window is None else
+            f"occurrence of {window.name!r} (step: its number, 0-based)")
     return "\n".join([
-        _table(critical_path_steps_text(critical), "Critical path per step "
+        _table(critical_path_steps_text(critical), f"Critical path per {unit} "
                "(docs/critical-path.md; waiting for peers is never on it)"),
         _table(what_if_text(critical.what_if), "What if (largest saving first)",
                "  saved ms/step: mean over the analysed steps; what the model ignores: "

@@ -13,6 +13,7 @@ from analysis.report.breakdown_text import breakdown_rows, per_step_rows, split_
 from analysis.report.critical import critical_path_text
 from analysis.report.memory_output import memory_text
 from analysis.report.mfu import mfu_text
+from analysis.report.phase_table import phase_table
 from analysis.report.text_tables import text_table as _table
 from analysis.report.values import (
     WINDOW_WHOLE_TRACE,
@@ -153,7 +154,7 @@ def text_report(report: RunReport) -> str:
     lines += _breakdown_sections(report, covered)
     lines += _collectives_sections(report)
     if report.critical is not None:
-        lines.append(critical_path_text(report.critical))
+        lines.append(critical_path_text(report.critical, report.path_window))
     lines += _ranks_section(report)
     memory = memory_text(report.memory)
     if memory:
@@ -186,9 +187,19 @@ def _heading(report: RunReport, title: str, covered: str | None) -> list[str]:
     lines.append("")
     if report.verdict is not None:
         lines += ["Verdict"] + [f"  {line}" for line in report.verdict.lines] + [""]
+    if len(report.phases) > 1:
+        lines.append(_table(phase_table(report.phases).rename(columns=PHASES_TEXT).round(2),
+                            "Phases (docs/definitions.md)",
+                            "  each phase judged on its own steps: its late rank by the straggler "
+                            "rule, waits and what-if on its steps alone; ms per step"))
     if report.stop is not None:
         lines += ["Stop diagnosis"] + [f"  {line}" for line in report.stop.lines] + [""]
     return lines
+
+
+PHASES_TEXT = {"count": "steps in it", "share_pct": "of run time %", "step_ms": "mean step ms",
+               "late_rank": "late rank", "late_ms": "late by ms", "waits": "wait ms",
+               "what_if": "what if (its steps)"}
 
 
 def _breakdown_sections(report: RunReport, covered: str | None) -> list[str]:

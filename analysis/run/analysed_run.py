@@ -7,6 +7,7 @@ from analysis import open_run
 run = open_run("traces/20261129-220609-ddp", steps="3-5")
 run.per_step          # our breakdown and the per-step table, one row per (rank, step)
 run.per_rank, run.collectives, run.setup_collectives, run.idle_gaps, run.findings, run.problems
+run.phases            # the run's phases, each with its late rank, waits and what-if
 run.mfu, run.roofline  # MFU per rank and step, the slowest ops against the roofline
 run.memory            # memory per rank and across ranks (docs/memory.md)
 ```
@@ -29,6 +30,7 @@ from analysis.core.contracts import (
     CriticalPath,
     CrossRank,
     MemorySection,
+    Phase,
     RunReport,
     StopDiagnosis,
     Verdict,
@@ -36,10 +38,12 @@ from analysis.core.contracts import (
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.step_spec import parse_step_spec
 from analysis.crossrank import critical_path
+from analysis.crossrank.phases import find_phases
 from analysis.crossrank.report_tables import with_transfer_bandwidth
 from analysis.crossrank.waits import with_waits
 from analysis.findings import bottlenecks, notes, stop_diagnosis, verdict
 from analysis.findings.capture_windows import analysed_captures
+from analysis.findings.late_ranks import LateRank, cause_rows, late_ranks
 from analysis.findings.memory_findings import with_memory_findings
 from analysis.findings.memory_section import analysed_steps, memory_section
 from analysis.ingest.capture_records import group_captures
@@ -200,6 +204,10 @@ class Run:
             return None
         if not len(result.critical_path_steps):  # no analysed step across ranks: one rank
             return self._one_rank_path() or result
+        if self.loaded.path_window is not None:
+            self._guarded.problems.append(
+                f"--window {self.loaded.path_window.name!r}: the critical path across ranks is "
+                f"per step; the window applies to the path of a run of one traced rank")
         return result
 
     def _one_rank_path(self) -> CriticalPath | None:
@@ -285,11 +293,23 @@ class Run:
 
     # ---- findings --------------------------------------------------------------------------------
     @cached_property
+    def late(self) -> dict[int, LateRank]:
+        """The late ranks (the straggler rule's, the pipeline stage that holds the others back)
+        and the causes that hold for each over the analysed steps (docs/report.md, "Why a rank
+        is late"); empty where none is named or the tests failed."""
+        analysed = self._waited.analysed
+        steps = analysed["step"].dropna().unique() if len(analysed) else []
+        found = self._guarded.part(
+            "late_causes", lambda: late_ranks(self.loaded.ranks, self.cross_rank, steps),
+            "the causes of the late ranks could not be tested ({why})")
+        return found or {}
+
+    @cached_property
     def _bottlenecks(self) -> pd.DataFrame | None:
         """The bottleneck findings of the step time, largest share of step time first."""
         return self._guarded.table("bottlenecks", lambda: bottlenecks.find_bottlenecks(
             self.per_step, self.per_rank, self.collectives, self.idle_gaps, self.loaded.ranks,
-            cross_rank=self.cross_rank))
+            cross_rank=self.cross_rank, late=self.late))
 
     @cached_property
     def memory(self) -> MemorySection | None:
@@ -339,12 +359,23 @@ class Run:
         return found if found is not None else []
 
     @cached_property
+    def phases(self) -> list[Phase]:
+        """The run's phases: stretches of steps in which every rank's step time and wait for
+        peers are steady, each with its own late rank, waits and what-if (docs/definitions.md,
+        "Phases"); one for a steady run, none where they could not be found."""
+        found = self._guarded.part(
+            "phases", lambda: find_phases(self.per_step, self.cross_rank, self.critical),
+            "phases failed ({why}); the run is analysed as one")
+        return found if found is not None else []
+
+    @cached_property
     def verdict(self) -> Verdict:
         """The verdict the report opens with (docs/report.md)."""
         memory = self.memory
         return verdict.run_verdict(self.per_step, self.findings, self.notes, self.cross_rank,
-                                   self.critical, self.captures,
-                                   memory.verdict_line if memory is not None else None)
+                                   self.critical, self.captures, self.late,
+                                   memory.verdict_line if memory is not None else None,
+                                   self.phases)
 
     @cached_property
     def stop(self) -> StopDiagnosis | None:
@@ -372,8 +403,9 @@ class Run:
         # In the order of the report's problems.
         parts = {name: getattr(self, name) for name in (
             "_profiled", "_gaps", "hta", "_every_op", "cross_rank", "_waited", "mfu", "roofline",
-            "per_rank", "_step_rows", "critical", "setup_collectives", "collectives",
-            "_bottlenecks", "memory", "findings", "notes", "captures", "verdict", "stop")}
+            "per_rank", "_step_rows", "critical", "setup_collectives", "collectives", "late",
+            "_bottlenecks", "memory", "findings", "notes", "captures", "phases", "verdict",
+            "stop")}
         waited = parts["_waited"]
         return RunReport(
             name=self.name, path=self.path, files=[str(f) for f in loaded.files],
@@ -388,7 +420,8 @@ class Run:
             findings=parts["findings"], notes=parts["notes"], mfu=parts["mfu"],
             roofline=parts["roofline"], cross_rank=parts["cross_rank"],
             critical=parts["critical"], verdict=parts["verdict"], captures=parts["captures"],
-            stop=parts["stop"], memory=parts["memory"])
+            phases=parts["phases"], stop=parts["stop"], memory=parts["memory"],
+            path_window=loaded.path_window, late_causes=cause_rows(parts["late"]))
 
     def document(self) -> dict:
         """The JSON document of `--format json`."""
@@ -406,16 +439,17 @@ def analyse_run(loaded: LoadResult, name: str, path: str, steps_spec: str | None
 def open_run(path, steps: str | None = None, *, run: str | None = None,
              hta_compatible: bool = False, use_cache: bool = True, jobs: int | None = None,
              comm_kernels: tuple = (), keep_events: bool = True,
-             peak_tflops: float | None = None) -> Run:
+             peak_tflops: float | None = None, path_window=None) -> Run:
     """Load the run that `path` names (a run folder, a folder of runs: the newest, trace files),
     with the options of the command line (`steps` as in --steps, e.g. "3-5,7"; `peak_tflops` as
-    --peak-tflops, every rank's peak for MFU);
+    --peak-tflops, every rank's peak for MFU; `path_window` a PathWindow as --window and
+    --instance);
     `keep_events=False` holds each rank's reduced results instead of its events, for runs of
     many ranks (docs/analysis.md, "Large runs and Dask"). Raises
     NothingToAnalyse when `path` holds no trace, ValueError for a bad `steps`."""
     loaded = load_run_path(path, steps, run=run, hta_compatible=hta_compatible,
                            use_cache=use_cache, jobs=jobs, comm_kernels=comm_kernels,
-                           keep_events=keep_events)
+                           keep_events=keep_events, path_window=path_window)
     where = loaded.run_dir if loaded.run_dir is not None else Path(
         path[0] if isinstance(path, (list, tuple)) else path)
     return Run(loaded, name=where.name or str(where), path=str(where), steps_spec=steps,

@@ -21,7 +21,8 @@ def load_run(files: list[Path], run_dir: Path | None, options: LoadOptions | Non
     """load_files with the per-rank reduction (`options`: LoadOptions' defaults where None).
     `path_beside`: a run of one trace file computes
     its one-rank critical path in a forked child on a second core (rank_tables)."""
-    reduce_rank = partial(rank_tables, path_beside=True) if path_beside else rank_tables
+    window = options.path_window if options is not None else None
+    reduce_rank = partial(rank_tables, path_beside=path_beside, path_window=window)
     return load_files(files, run_dir, options, progress=progress, reduce_rank=reduce_rank,
                       decoded_ahead=decoded_ahead)
 
@@ -31,5 +32,6 @@ def load_run_path(path, steps=None, *, run: str | None = None, progress=None,
     """load_path with the per-rank reduction: the run that `path` names (a run folder, a
     folder of runs: the newest, trace files), `steps` as --steps, the other `options`
     LoadOptions' fields. Raises NothingToAnalyse when `path` holds no trace."""
-    return load_path(path, steps, run=run, progress=progress, reduce_rank=rank_tables,
+    reduce_rank = partial(rank_tables, path_window=options.get("path_window"))
+    return load_path(path, steps, run=run, progress=progress, reduce_rank=reduce_rank,
                      **options)

@@ -9,6 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+# The rule that the ranks compete for cores is the breakdown's (docs/report.md, "Why a rank is
+# late"): one threshold, one wording.
+from analysis.findings.late_causes import contention_text, cores_compete
+
 MS = 1e6  # ns per ms
 # The parts that add up to a step, in ms per step (docs/scaling.md, "Parts of a step").
 PARTS = ["compute_ms", "copies_ms", "transfer_ms", "waiting_ms", "idle_ms"]
@@ -40,14 +44,11 @@ CPU_SUGGESTIONS = {
     "copies": "memory copies between ops: keep tensors in place, avoid .contiguous() and dtype "
               "round trips",
 }
-SATURATED_CPU_PCT = 90.0
 # A baseline whose timed steps spread more than this is noisy (docs/scaling.md, "Warnings"):
 # the coefficient of variation (population standard deviation over mean) or IQR over median.
 NOISY_CV_PCT = 10.0
 NOISY_IQR_PCT = 10.0
 MAX_EFFICIENCY_PCT = 100.0
-CPU_SUGGESTION = ("the host's CPUs were {pct:.0f}% busy: the ranks compete for cores "
-                  "(more ranks than cores oversubscribe the host); run fewer ranks per host")
 
 
 def timed_steps(steps: pd.DataFrame, warmup_steps: int = DEFAULT_WARMUP_STEPS
@@ -234,8 +235,9 @@ def attribution(table: pd.DataFrame) -> pd.DataFrame:
             suggestion = SUGGESTIONS[cause]
             if cause in CPU_SUGGESTIONS and row.get("trace_kind") == "cpu":
                 suggestion = CPU_SUGGESTIONS[cause]
-            if cause == "compute" and row["host_cpu_pct"] >= SATURATED_CPU_PCT:
-                suggestion = CPU_SUGGESTION.format(pct=row["host_cpu_pct"]) + "; " + suggestion
+            if cause == "compute" and cores_compete(row["host_cpu_pct"]):
+                suggestion = (contention_text(row["host_cpu_pct"]) + "; run fewer ranks per "
+                              "host; " + suggestion)
             rows.append({"world_size": int(row["world_size"]), "nnodes": int(row["nnodes"]),
                          "cause": cause, "lost_ms": lost,
                          "lost_pct_points": 100.0 * lost / row["step_ms"],

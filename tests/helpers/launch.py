@@ -80,10 +80,12 @@ def command(script, args=(), *, nproc: int | None = None, tracer=None, torchrun=
 
 def launch(script, *args, nproc: int | None = None, tracer=None, torchrun=(),
            standalone: bool = True, count_steps: bool = False, env: dict | None = None,
-           timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    """Runs `command(...)` from the repository root to its end; output captured as text."""
-    return subprocess.run(command(script, args, nproc=nproc, tracer=tracer, torchrun=torchrun,
-                                  standalone=standalone, count_steps=count_steps),
+           timeout: float = 300, prefix=(), **kwargs) -> subprocess.CompletedProcess:
+    """Runs `command(...)` (after `prefix`, e.g. ``taskset -c 0,1``) from the repository root to
+    its end; output captured as text."""
+    return subprocess.run([*map(str, prefix), *command(
+                              script, args, nproc=nproc, tracer=tracer, torchrun=torchrun,
+                              standalone=standalone, count_steps=count_steps)],
                           cwd=REPO, env=env or torchrun_env(), capture_output=True, text=True,
                           timeout=timeout, **kwargs)
 

@@ -42,6 +42,10 @@ DEFAULT_STEPS = 30
 # tests/scripts/straggle_ddp.py's delay: long against the scheduling noise of a shared 2-core CPU.
 STRAGGLE_DDP_DELAY_MS = 60
 
+# The runs of the late ranks' causes: the default window (steps 7-9) and a few steps after it.
+CAUSE_STEPS = 14
+SLOW_DATA_MS = 30
+
 # ---- the tracer end to end ----------------------------------------------------------------------
 DDP_STEPS = 20
 
@@ -74,7 +78,7 @@ class Run:
     the workload's --save to out.pt in the run's folder; `env`: (name, value) pairs on top of
     torchrun_env; `timed`: its users assert on its timings, so it is recorded alone (alone.py),
     under xdist with the other timed runs of its `batch` in one go (one wait for the other
-    worker, not one per run)."""
+    worker, not one per run); `cpus`: the CPUs it is pinned to (taskset -c), "" for none."""
 
     script: str
     args: tuple = ()
@@ -85,6 +89,7 @@ class Run:
     timeout: float = 600
     timed: bool = False
     batch: str = ""
+    cpus: str = ""
     users: str = field(default="", compare=False)
 
 
@@ -122,6 +127,19 @@ RUNS: dict[str, Run] = {
                            tracer=DEFAULT_WINDOW, timed=True, batch="crossrank",
                            users="test_crossrank_names_stragglers (pipeline), "
                                  "test_timeline_of_traced_runs (pipeline)"),
+    # Why a rank is late (test_late_rank_causes), each with the tracer's default options: rank 1
+    # trains on 4 times rank 0's batch (an uneven shard); rank 1's DataLoader sleeps 30 ms in
+    # each batch; a 4-stage pipeline of equal blocks on 4 ranks pinned to 2 CPUs, so that the
+    # ranks compete for cores on any machine.
+    "ddp-uneven-batch": Run(DDP, ("--steps", str(CAUSE_STEPS), "--uneven-batch", "1:4"),
+                            tracer=(), timed=True, batch="crossrank",
+                            users="test_late_rank_causes (larger inputs)"),
+    "ddp-slow-data": Run(DDP, ("--steps", str(CAUSE_STEPS), *SMALL, "--slow-data",
+                               f"1:{SLOW_DATA_MS}"), tracer=(), timed=True, batch="crossrank",
+                         users="test_late_rank_causes (data loading)"),
+    "pipeline-4-on-2-cpus": Run(PIPELINE, ("--steps", str(CAUSE_STEPS), "--hidden", "64"),
+                                nproc=4, tracer=(), cpus="0,1", timed=True, batch="crossrank",
+                                users="test_late_rank_causes (competition for cores)"),
     # Two ranks: a burst of contention on the other rank can hide the delay for several steps in
     # a row, so 40 steps (their comm records; the window as by default).
     "tp-late": Run(MODEL_PARALLEL, (*SMALL, "--layers", "1", "--straggle", "0:20", "--steps",
@@ -190,7 +208,8 @@ def record(name: str, folder: Path) -> Recorded:
     args = (*spec.args, *(("--save", folder / "out.pt") if spec.save else ()))
     with alone() if spec.timed else nullcontext():
         result = launch(spec.script, *args, nproc=spec.nproc, tracer=tracer,
-                        env=torchrun_env(**dict(spec.env)), timeout=spec.timeout)
+                        env=torchrun_env(**dict(spec.env)), timeout=spec.timeout,
+                        prefix=("taskset", "-c", spec.cpus) if spec.cpus else ())
         load = os.getloadavg()[0]
     assert result.returncode == 0, (f"shared run {name}: exit {result.returncode}\n"
                                     f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")

@@ -108,3 +108,17 @@ class TraceBuilder:
 def trace_name(rank: int, span: int = 1) -> str:
     """A ranktrace file name (rank{R}.<span>.pt.trace.json.gz)."""
     return f"rank{rank}.{span}.pt.trace.json.gz"
+
+
+def nccl_run(folder: Path, ranks: int = 2, steps: int = 3) -> Path:
+    """`ranks` GPU ranks' traces in `folder`, `steps` steps of 9 ms each: 6 ms of compute, then
+    a 0.6 ms NCCL kernel."""
+    for rank in range(ranks):
+        trace = TraceBuilder(rank=rank, world_size=ranks)
+        for step in range(steps):
+            start = 1000 + step * 10_000
+            trace.step(step, start, start + 9_000)
+            trace.kernel("gemm", start + 200, start + 6_200)
+            trace.nccl(start + 8_300, start + 8_900)
+        trace.write(folder / trace_name(rank))
+    return folder

@@ -26,9 +26,11 @@ from tracer.capture.capture_requests import FileLog, StoreLog
 SCRIPT = "tests/scripts/slow_from.py"
 STEPS = 600
 WAIT_AT = 100
-# 3 ms of host work a step: the window asked on demand opens 1 s of steps after the ask (about
-# 250), and its 20 steps end before the run's.
-ARGS = ("--steps", str(STEPS), "--step-ms", "3", "--slow-from", str(WAIT_AT), "--slow-ms", "0")
+# Steps of 3 ms asleep and about 1 ms of work: the window asked on demand opens 1 s of steps after
+# the ask (about 250), and its 20 steps end before the run's. Asleep, not busy: two runs of 600
+# steps on two ranks would otherwise spend 7 s of CPU on the pace alone.
+ARGS = ("--steps", str(STEPS), "--step-ms", "0", "--step-sleep-ms", "3", "--slow-from",
+        str(WAIT_AT), "--slow-ms", "0")
 RUN_ID = "live-inputs"
 
 

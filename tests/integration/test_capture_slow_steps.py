@@ -10,8 +10,9 @@ fast steps on a machine the other tests load: no window there; 50 slow steps of 
 are enough for the window), and 80 steps with S = 50. And a phase that ends: rank 1's data loader
 sleeps 60 ms a batch from 30% to 60% of a 120-step run (one window, none when it ends). Each
 window opens within 0.25 s, at the pace of the slow steps, after the change is confirmed (its
-5th slow step): about a dozen steps after it began. The run on demand waits at step 15 until the
-test has asked for two steps.
+5th slow step): about a dozen steps after it began. The analysis of the same runs finds each
+slow phase where it began and names rank 1 late in it (docs/definitions.md, "Phases"). The run
+on demand waits at step 15 until the test has asked for two steps.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import pytest
 
 from analysis import open_run
 from analysis.ingest.capture_records import read_captures
+from analysis.report.html import write_html_report
+from analysis.report.text_report import text_report
 from helpers.launch import launch, run_module, start
 from helpers.run_copies import copy_run
 from helpers.tracer_files import load_trace, read_jsonl, summaries
@@ -157,6 +160,64 @@ def test_the_breakdown_names_rank_1_late_in_the_captured_steps(phase_runs, tmp_p
     assert "Captured: " + captured["text"] in document["verdict"]["lines"]
 
 
+# ---- the analysis's phases on the same runs (docs/definitions.md, "Phases") -------------------
+# Issue 37: the verdict names rank 1 and the step where the slow phase began, within 3 steps; the
+# fast steps before it (the clean 2,000 of "late") name no late rank.
+PHASE_WITHIN = 3
+
+
+@pytest.fixture(scope="module")
+def phase_analyses(phase_runs):
+    folder, _ = phase_runs
+    return {name: open_run(folder / "traces" / name, use_cache=False) for name in PHASES}
+
+
+@pytest.mark.parametrize("name", ["late", "early", "loader"])
+def test_the_analysis_cuts_the_run_where_the_slow_phase_began_and_names_rank_1_in_it(
+        phase_analyses, name):
+    run = phase_analyses[name]
+    steps, slow_from, slow_until, _ = PHASES[name]
+    changes = [slow_from, *([slow_until] if slow_until else [])]
+    phases = run.phases
+    assert [p.first_step for p in phases][:1] == [1] and phases[-1].last_step == steps - 1
+    assert len(phases) == len(changes) + 1, [(p.first_step, p.late_rank) for p in phases]
+    assert all(abs(p.first_step - c) <= PHASE_WITHIN for p, c in zip(phases[1:], changes))
+    slow = phases[1]
+    assert (slow.late_rank, slow.waiting_ranks) == (1, [0])
+    assert slow.late_ms_per_step == pytest.approx(SLOW_MS, rel=0.3)
+    assert slow.ranks[0]["wait_ms"] == pytest.approx(SLOW_MS, rel=0.3)
+    assert slow.what_if["change"] == "rank 1 on time"
+    assert slow.what_if["saved_ms_per_step"] == pytest.approx(SLOW_MS, rel=0.3)
+    if name == "late":  # 2,000 clean fast steps first: no straggler in them, none over the run
+        assert phases[0].late_rank is None and run.cross_rank.failed == {}
+    if slow_until:  # the phase that ends: rank 0 no longer waits for rank 1's loader
+        assert phases[2].ranks[0]["wait_ms"] < SLOW_MS / 10
+    lines = run.verdict.lines
+    span = (f"From step {slow.first_step} (the last {steps - slow.first_step} steps, "
+            if not slow_until else
+            f"From step {slow.first_step} to {slow.last_step} ({slow.steps} steps, ")
+    assert lines[0].startswith(span + f"{slow.share_pct:.0f}% of the run's time) rank 1 is late by")
+    assert lines[1].startswith("What if, in those steps: if rank 1 were on time: ")
+    assert not any(line.startswith(("Waiting:", "What if:")) for line in lines)
+
+
+def test_the_writers_show_the_phases(phase_analyses, tmp_path):
+    run = phase_analyses["early"]
+    slow = run.phases[-1]
+    last = PHASES["early"][0] - 1
+    document = run.document()
+    assert [(p["first_step"], p["late_rank"]) for p in document["phases"]] == [
+        (1, None), (slow.first_step, 1)]
+    text = text_report(run.report)
+    assert re.search(rf"^\s*{slow.first_step}-{last}\s+{last - slow.first_step + 1}\s", text,
+                     re.M)
+    page = write_html_report(run.report, tmp_path / "report.html")["path"].read_text()
+    section = re.search(r'<section id="phases">.*?</section>', page, re.S).group(0)
+    bands = re.findall(r'<rect class="band"[^>]*><title>([^<]*)</title>', section)
+    assert len(bands) == 2 and bands[1].startswith(f"steps {slow.first_step}-{last}: ")
+    assert "rank 1 late by" in bands[1]
+
+
 def test_training_under_capture_is_bit_identical(phase_runs):
     folder, _ = phase_runs
     untraced = (folder / "untraced.txt").read_text().splitlines()
@@ -166,8 +227,9 @@ def test_training_under_capture_is_bit_identical(phase_runs):
 
 def test_a_window_asked_on_demand_is_traced_at_the_same_steps_on_every_rank(tmp_path):
     go = tmp_path / "go"
-    run = start(SCRIPT, "--steps", "80", "--step-ms", "20", "--slow-from", "15", "--slow-ms",
-                "0", "--wait-for", go, nproc=2,
+    # steps of 20 ms asleep: the window opens 1 s of steps (about 50) after the ask
+    run = start(SCRIPT, "--steps", "80", "--step-ms", "0", "--step-sleep-ms", "20", "--slow-from",
+                "15", "--slow-ms", "0", "--wait-for", go, nproc=2,
                 tracer=("--out", tmp_path / "traces", "--run-name", "asked"))
     run_dir = tmp_path / "traces" / "asked"
     try:

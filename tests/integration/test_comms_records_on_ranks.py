@@ -1,10 +1,12 @@
 """Tests of tracer.comms on 2 gloo ranks: records of every way an op is issued (c10d, p2p,
-coalesced and object collectives, DDP buckets and user hooks, DTensor, pipeline stages).
+coalesced and object collectives, DDP buckets and user hooks, DTensor, pipeline stages), and DDP
+gradients bit for bit the same under the bucket hook on 2 ranks.
 
 Every scenario runs once in one group of 2 ranks started with torch.multiprocessing
 (tests/helpers/comms_ranks.py); every rank writes what it saw to a JSON file and the tests below
-assert on it. Bit-identity of DDP gradients: test_ddp_gradients_unchanged_by_bucket_hook.py;
-single-process checks of the recorder: test_comms_recorder.py.
+assert on it. The bit-identity of DDP gradients (tests/helpers/ddp_identity.py) runs last, on its
+own seeds; on 3 ranks: test_ddp_gradients_unchanged_by_bucket_hook.py. Single-process checks of
+the recorder: test_comms_recorder.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.comms_ranks import finish_recorder, run_ranks, scenario_result, start_recorder
+from helpers.ddp_identity import check_identity, scenario_identity
 
 F32 = 4  # bytes per float32 element
 
@@ -222,8 +225,13 @@ def scenario_pipeline(rank, world, folder):
 def two_ranks(tmp_path_factory):
     scenarios = {"c10d": scenario_c10d, "ddp_buckets": scenario_ddp_buckets,
                  "ddp_user_hooks": scenario_ddp_user_hooks, "dtensor": scenario_dtensor,
-                 "pipeline": scenario_pipeline, "fsdp": scenario_fsdp}
+                 "pipeline": scenario_pipeline, "fsdp": scenario_fsdp,
+                 "identity": scenario_identity}
     return run_ranks(2, scenarios, tmp_path_factory.mktemp("two_ranks"))
+
+
+def test_ddp_gradients_bit_identical_two_ranks(two_ranks):
+    check_identity(two_ranks, 2)
 
 
 # ---- 2-rank tests -------------------------------------------------------------------------------

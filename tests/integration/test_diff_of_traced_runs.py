@@ -1,5 +1,6 @@
-"""`python -m analysis.diff` on real traced 2-rank runs (gloo on CPU): DDP bucket sizes, an
-injected delay, a run against itself and against a second run of the same command, pipeline
+"""The diff command (analysis.diff's main, in this process: `python -m analysis.diff` starts it as
+a process in test_capture_slow_steps) on real traced 2-rank runs (gloo on CPU): DDP bucket sizes,
+an injected delay, a run against itself and against a second run of the same command, pipeline
 microbatches; and two foreign trace sets."""
 
 import json
@@ -7,7 +8,8 @@ import os
 
 import pytest
 
-from helpers.launch import DATA, run_module
+from analysis import diff
+from helpers.launch import DATA
 from helpers.runs import DDP_DELAY_MS as DELAY_MS
 
 # Other work keeping more than this many processes per core runnable (1-minute load average,
@@ -35,19 +37,19 @@ def _skip_if_overloaded(runs, *names: str) -> None:
                     f"step times are not comparable")
 
 
-def _diff(a, b, *args) -> dict:
-    done = run_module("analysis.diff", a, b, "--no-cache", "--format", "json", *args,
-                      timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+def _diff(capsys, a, b, *args) -> dict:
+    code = diff.main([str(a), str(b), "--no-cache", "--format", "json", *map(str, args)])
+    done = capsys.readouterr()
+    assert code == 0, done.err[-2000:]
+    return json.loads(done.out)
 
 
 def _rows(document, section, **match):
     return [r for r in document[section] if all(r.get(k) == v for k, v in match.items())]
 
 
-def test_smaller_buckets_mean_more_and_smaller_all_reduces(runs):
-    document = _diff(runs["cap25"], runs["cap1"])
+def test_smaller_buckets_mean_more_and_smaller_all_reduces(runs, capsys):
+    document = _diff(capsys, runs["cap25"], runs["cap1"])
     all_reduce = _rows(document, "collectives", op="all_reduce")
     count_a = sum(r["count_a"] for r in all_reduce)
     count_b = sum(r["count_b"] for r in all_reduce)
@@ -60,9 +62,9 @@ def test_smaller_buckets_mean_more_and_smaller_all_reduces(runs):
     assert max(r["bucket_min_bytes"] for r in all_reduce if r["count_b"] > 0) < largest
 
 
-def test_a_delayed_rank_shows_as_waiting_on_the_other_and_a_longer_step(runs):
+def test_a_delayed_rank_shows_as_waiting_on_the_other_and_a_longer_step(runs, capsys):
     assert '"all_reduce"' in (runs["late"] / "rank0.comms.jsonl").read_text()
-    document = _diff(runs["base"], runs["late"])
+    document = _diff(capsys, runs["base"], runs["late"])
     # Under heavy load rank 0 itself is held up while rank 1 spins, and waits less for it.
     _skip_if_overloaded(runs, "base", "late")
     waiting = _rows(document, "categories", role="rank 0", category="waiting")[0]
@@ -75,15 +77,15 @@ def test_a_delayed_rank_shows_as_waiting_on_the_other_and_a_longer_step(runs):
     assert verdict["text"].startswith("B's step time is") and "higher" in verdict["text"]
 
 
-def test_a_run_against_itself_and_against_the_same_command(runs):
-    itself = _diff(runs["base"], runs["base"])
+def test_a_run_against_itself_and_against_the_same_command(runs, capsys):
+    itself = _diff(capsys, runs["base"], runs["base"])
     assert itself["verdict"]["change_pct"] == 0
     assert itself["verdict"]["text"].startswith("no significant change")
     assert all(r["delta_ms"] == 0 for r in itself["categories"])
     assert all(f["status"] == "unchanged" for f in itself["findings"])
     # Two separate runs of one command: whatever the machine's load did to each, the change
     # stays within the run-to-run noise floor (docs/diff.md#the-run-to-run-noise-floor).
-    again = _diff(runs["base"], runs["again"])
+    again = _diff(capsys, runs["base"], runs["again"])
     verdict = again["verdict"]
     assert verdict["runs_a"] == verdict["runs_b"] == 1
     assert "not run-to-run noise" in verdict["coverage"]
@@ -93,8 +95,8 @@ def test_a_run_against_itself_and_against_the_same_command(runs):
     assert verdict["noise_floor_pct"] >= 10.0
 
 
-def test_more_microbatches_shrink_the_theoretical_bubble(runs):
-    document = _diff(runs["pp2"], runs["pp8"])
+def test_more_microbatches_shrink_the_theoretical_bubble(runs, capsys):
+    document = _diff(capsys, runs["pp2"], runs["pp8"])
     theory = _rows(document, "pipeline", metric="theory_bubble_pct")
     # (p - 1) / (m + p - 1) for 2 stages: 1/3 with 2 microbatches, 1/9 with 8.
     assert [round(r["a"], 2) for r in theory] == [33.33, 33.33]
@@ -102,9 +104,9 @@ def test_more_microbatches_shrink_the_theoretical_bubble(runs):
     assert len(_rows(document, "pipeline", metric="measured_bubble_pct")) == 2
 
 
-def test_two_foreign_trace_sets_are_compared(tmp_path):
+def test_two_foreign_trace_sets_are_compared(tmp_path, capsys):
     html = tmp_path / "diff.html"
-    document = _diff(DATA / "hta" / "trace_filter", DATA / "hta" / "nccl_parser_config",
+    document = _diff(capsys, DATA / "hta" / "trace_filter", DATA / "hta" / "nccl_parser_config",
                      "--html", str(html))
     assert document["layout_note"] and "different ranks" in document["layout_note"]
     assert document["categories"] and document["operators"]

@@ -9,9 +9,10 @@ are reduced and before the optimizer step, so that it holds back this rank's ste
 other ranks wait for it at the next step's all-reduce, and so turn slow one step later;
 `forward`, a sleep before the forward pass: the other ranks wait for it in the same step's
 all-reduce; `data`, a sleep in the DataLoader's collate of this rank's batches (a loader that
-turned slow). `--wait-for FILE`: before step `--slow-from`, say so on stdout and wait (up to
-60 s) until FILE exists, so that a test can act at a known step. `--losses FILE`: each step's
-loss, repr(), one a line (rank 0).
+turned slow). `--step-sleep-ms`: a pace that costs no CPU (a sleep in each step of every rank,
+for runs whose steps need only their length). `--wait-for FILE`: before step `--slow-from`, say
+so on stdout and wait (up to 60 s) until FILE exists, so that a test can act at a known step.
+`--losses FILE`: each step's loss, repr(), one a line (rank 0).
 """
 
 import argparse
@@ -25,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from workloads.common import busy_wait
+from workloads.common import busy_wait, cleanup
 
 
 def main():
@@ -40,6 +41,8 @@ def main():
                         default="optimizer")
     parser.add_argument("--step-ms", type=float, default=5.0,
                         help="host time every rank spends in each step (a steadier median)")
+    parser.add_argument("--step-sleep-ms", type=float, default=0.0,
+                        help="time every rank sleeps in each step")
     parser.add_argument("--wait-for", metavar="FILE")
     parser.add_argument("--losses", metavar="FILE")
     args = parser.parse_args()
@@ -79,6 +82,8 @@ def main():
         loss = F.cross_entropy(model(inputs), targets)
         loss.backward()
         busy_wait(args.step_ms)
+        if args.step_sleep_ms:
+            time.sleep(args.step_sleep_ms / 1e3)
         if args.slow_where == "optimizer" and slow_now():
             busy_wait(args.slow_ms)
         optimizer.step()
@@ -87,8 +92,11 @@ def main():
     if args.losses and rank == 0:
         with open(args.losses, "w") as f:
             f.write("".join(f"{value!r}\n" for value in losses))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    # Once main's frame (its DDP model) is gone: the model's reference cycles collected, then the
+    # group destroyed, so that no gloo thread is left to interpreter shutdown to abort the rank
+    # ("terminate called without an active exception", seen on a loaded machine).
+    cleanup()

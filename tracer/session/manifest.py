@@ -39,6 +39,15 @@ def host_name() -> str:
     return socket.gethostname()
 
 
+def process_cpus() -> int | None:
+    """The CPUs this process may run on: its affinity mask where the OS has one, else the
+    host's count (None where neither is known)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
 def versions(local_rank: int = 0) -> dict:
     """torch, CUDA and NCCL versions, and the name of the device of `local_rank`, without
     initialising CUDA."""

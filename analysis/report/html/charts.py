@@ -156,9 +156,12 @@ def gantt(rows: list[tuple[str, list[tuple[str, float, float, str]]]], span: flo
 
 
 def lines(series: list[tuple[str, list[float], list[float]]], x_unit: str, y_unit: str,
-          width: int = 760, height: int = 220) -> str:
+          width: int = 760, height: int = 220,
+          bands: list[tuple[float, float, str]] | None = None) -> str:
     """Line plot of (label, xs, ys) series: the legend on the first row, the y axis's title on
-    the second, the plot, its x tick labels, and the x axis's title on a row of its own."""
+    the second, the plot, its x tick labels, and the x axis's title on a row of its own;
+    `bands`: (x from, x to, tooltip) stretches shaded behind the lines in two alternating
+    tints, a dashed line where each but the first begins (the phases of a run)."""
     left, right, bottom = 60, 20, TICK_ROW + TITLE_ROW + 6
     legend_y, y_title_y = 15, 15 + TITLE_ROW
     top = y_title_y + 12  # the top tick label (drawn 4 px below its line) clears the title
@@ -185,6 +188,15 @@ def lines(series: list[tuple[str, list[float], list[float]]], x_unit: str, y_uni
     out.append(f'<text class="axis-title" x="{width - right}" '
                f'y="{plot_bottom + TICK_ROW + TITLE_ROW}" text-anchor="end">{esc(x_unit)}</text>'
                f'<text class="axis-title" x="4" y="{y_title_y}">{esc(y_unit)}</text>')
+    for k, (start, end, tip) in enumerate(bands or []):
+        bx0, bx1 = left + (start - x0) * sx, left + (end - x0) * sx
+        out.append(f'<rect class="band" x="{bx0:.1f}" y="{top}" width="{max(bx1 - bx0, 0.5):.1f}" '
+                   f'height="{plot_bottom - top}" fill="{"#eeeeee" if k % 2 else "#fbf3e4"}" '
+                   f'fill-opacity="0.7">'
+                   f'<title>{esc(tip)}</title></rect>')
+        if k:
+            out.append(f'<line x1="{bx0:.1f}" x2="{bx0:.1f}" y1="{top}" y2="{plot_bottom}" '
+                       f'stroke="#888" stroke-dasharray="4 3"/>')
     for k, (label, px, py) in enumerate(series):
         colour = SERIES[k % len(SERIES)]
         points = " ".join(f"{left + (x - x0) * sx:.1f},{height - bottom - (y - y0) * sy:.1f}"

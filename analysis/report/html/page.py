@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core import intervals
-from analysis.core.contracts import CriticalPath, CrossRank, MemorySection, Verdict
+from analysis.core.contracts import CriticalPath, CrossRank, MemorySection, Phase, Verdict
 from analysis.core.model import UNKNOWN_RANK
 from analysis.crossrank.report_tables import (
     rank_bars,
@@ -26,11 +26,13 @@ from analysis.report.html.assets import SCRIPT, STYLE
 from analysis.report.html.charts import esc
 from analysis.report.html.memory_figure import memory_figure
 from analysis.report.mfu import mfu_bars, missing_reason
+from analysis.report.phase_table import phase_table, step_time_lines
 
 MS = 1e6
 SECTIONS = {"header": "Run", "findings": "Findings", "ranks": "Where each rank's step time goes",
             "mfu": "MFU and the points it loses",
-            "heatmap": "Step time per rank and step", "gantt": "Chosen steps, per rank",
+            "heatmap": "Step time per rank and step",
+            "phases": "Step time over the run, by phase", "gantt": "Chosen steps, per rank",
             "collectives": "Collectives", "critical": "Critical path and what-if",
             "samples": "Device samples and memory",
             "memory": "Memory over steps, per rank (docs/memory.md)",
@@ -245,6 +247,29 @@ def _critical(critical: CriticalPath | None) -> str:
                                    "assumptions": ("assumptions", None)}, sortable=False))
 
 
+def _phases(per_step: pd.DataFrame, phases: list[Phase] | None) -> str:
+    """Every analysed step's time per rank, the phases shaded (docs/definitions.md, "Phases"),
+    and the phases' table where there are several."""
+    series = step_time_lines(per_step)
+    phases = phases or []
+    several = len(phases) > 1
+    bands = [(p.first_step - 0.5, p.last_step + 0.5,
+              f"steps {p.first_step}-{p.last_step}: mean step {p.step_ms:.2f} ms"
+              + (f", rank {p.late_rank} late by {p.late_ms_per_step:.2f} ms per step"
+                 if p.late_rank is not None else ""))
+             for p in phases] if several else None
+    said = (f"<p>{len(phases)} phases: the run changed at step(s) "
+            f"{esc(', '.join(str(p.first_step) for p in phases[1:]))}.</p>" if several else
+            "<p>One phase: every rank's step time and wait for peers steady over the run.</p>"
+            if phases else "")
+    table = html_table(phase_table(phases), {
+        "steps": ("steps", None), "count": ("count", "d"), "share_pct": ("of run time %", ".1f"),
+        "step_ms": ("mean step ms", ".2f"), "late_rank": ("late rank", None),
+        "late_ms": ("late ms per step", ".2f"), "waits": ("wait ms per step", None),
+        "what_if": ("what if (its steps)", None)}, sortable=False) if several else ""
+    return said + svg.lines(series, "step", "step ms", bands=bands) + table
+
+
 def _samples(ranks: list) -> str:
     """CPU/GPU utilisation and memory over time, per rank (seconds from the first sample)."""
     util, memory = [], []
@@ -277,12 +302,13 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
                cross: CrossRank | None = None, notes: pd.DataFrame | None = None,
                verdict: Verdict | None = None, setup: pd.DataFrame | None = None,
                critical: CriticalPath | None = None, mfu: pd.DataFrame | None = None,
-               roofline: pd.DataFrame | None = None, memory: MemorySection | None = None
-               ) -> str:
+               roofline: pd.DataFrame | None = None, memory: MemorySection | None = None,
+               phases: list[Phase] | None = None) -> str:
     """The whole page. `cross` is analysis.crossrank's result (waits, bandwidth), or None;
     `notes` and `verdict` are analysis.findings.notes' and .verdict's; `setup` the set-up
     collectives; `critical` analysis.crossrank.critical_path's result, whose path marks the
-    ranks on it in the chosen steps' Gantt rows; `mfu` and `roofline` analysis.run's tables."""
+    ranks on it in the chosen steps' Gantt rows; `mfu` and `roofline` analysis.run's tables;
+    `phases` the run's phases (analysis.crossrank.phases)."""
     waits = cross.waits if cross else None
     steps = sorted(int(s) for s in per_step["step"].unique()) if len(per_step) else []
     header = (f"<p><b>{esc(name)}</b> &mdash; <code>{esc(path)}</code><br>"
@@ -316,6 +342,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
         body.append(_section("heatmap", svg.heat_map(
             [f"rank {int(r)}" for r in grid.index], [str(int(c)) for c in grid.columns],
             grid.to_numpy().tolist(), "ms")))
+        body.append(_section("phases", _phases(per_step, phases)))
         parts_html = []
         for label, step in chosen_steps(profiled).items():
             rows, span = gantt_rows(ranks, step)
@@ -336,7 +363,7 @@ def build_html(name: str, path: str, world_size, per_step: pd.DataFrame,
         body.append(_section("gantt", "<p>Wheel to zoom, drag to pan, double-click to reset."
                                       "</p>" + "".join(parts_html)))
     else:
-        for key in ("ranks", "mfu", "heatmap", "gantt"):
+        for key in ("ranks", "mfu", "heatmap", "phases", "gantt"):
             body.append(_section(key, '<p class="none">no step was analysed</p>'))
     body.append(_section("collectives", _collectives(collectives, cross)
                          + _setup_collectives(setup)))
@@ -365,7 +392,8 @@ def write_html_report(report, path) -> dict:
     page = build_html(report.name, report.path, report.world_size, report.step_table(),
                       report.per_rank, report.collectives, report.findings, report.ranks,
                       problems, cross, report.notes, report.verdict, report.setup_collectives,
-                      report.critical, report.mfu, report.roofline, report.memory)
+                      report.critical, report.mfu, report.roofline, report.memory,
+                      report.phases)
     data = page.encode("utf-8")
     Path(path).write_bytes(data)
     return {"path": Path(path), "bytes": len(data), "seconds": time.monotonic() - started}

@@ -9,7 +9,7 @@ from analysis.core.contracts import CrossRank
 from analysis.crossrank import analyse as cross_rank_pass
 from analysis.crossrank import critical_path, step_graph
 from analysis.report.critical import critical_path_json
-from helpers.crossrank_ops import MS, frame, op
+from helpers.crossrank_ops import MS, frame, op, steps_frame
 
 STEP = 100 * MS
 
@@ -71,11 +71,14 @@ def test_the_late_ranks_work_is_the_path_and_the_others_wait_is_slack():
     result = critical_path.analyse(*late_rank_run())
     table = result.critical_path
     assert sorted(table["step"].unique()) == [1, 2, 3]
-    for _, rows in table.groupby("step"):
+    for step, rows in table.groupby("step"):
+        # Steps 2 and 3 begin where the step before ended (rank 1's end, 41 ms into it): the
+        # 59 ms to rank 1's next step start are theirs.
+        between = {} if step == 1 else {(1, "between_steps"): 59.0}
         assert {(r.rank, r.category): r.ms for r in rows.itertuples()} == {
-            (1, "compute"): 39.0, (1, "transfer"): 2.0}
+            (1, "compute"): 39.0, (1, "transfer"): 2.0, **between}
     steps = result.critical_path_steps
-    assert steps["path_ms"].tolist() == [41.0] * 3
+    assert steps["path_ms"].tolist() == [41.0, 100.0, 100.0]
     assert steps["end_rank"].tolist() == [1] * 3 and steps["start_rank"].tolist() == [1] * 3
 
 
@@ -211,3 +214,40 @@ def test_a_lone_rank_whose_ops_match_nothing_gives_empty_frames_and_no_answers()
     result = critical_path.analyse(cross(rows, stepped, 2), stepped)
     assert result.critical_path.empty and result.critical_path_steps.empty
     assert result.what_if == []
+
+
+def test_a_steps_path_begins_where_the_previous_steps_path_ended():
+    # Rank 0 ends step 1 at 130 ms and starts step 2 at once; rank 1 ends step 1 at 150 ms.
+    # In step 2 rank 0 arrives last (165 ms) at an all_reduce that ends at 175 ms. Its path
+    # runs back through rank 0's work to its step start (130 ms), but begins at 150 ms, where
+    # step 1's path ended: each moment on one step's path.
+    rows = [op(0, 120 * MS, 125 * MS, step=1), op(1, 110 * MS, 125 * MS, step=1),
+            op(0, 165 * MS, 175 * MS, step=2), op(1, 160 * MS, 175 * MS, step=2)]
+    stepped = pd.DataFrame([
+        {"rank": 0, "step": 1, "start_ns": 100 * MS, "end_ns": 130 * MS},
+        {"rank": 1, "step": 1, "start_ns": 100 * MS, "end_ns": 150 * MS},
+        {"rank": 0, "step": 2, "start_ns": 130 * MS, "end_ns": 200 * MS},
+        {"rank": 1, "step": 2, "start_ns": 150 * MS, "end_ns": 200 * MS}])
+    result = critical_path.analyse(cross(rows, stepped, 2), stepped)
+    steps = result.critical_path_steps
+    assert steps["path_ms"].tolist() == [50.0, 50.0]
+    assert steps["path_ms"].sum() == 100.0  # the elapsed time, 100 to 200 ms
+    step_2 = result.critical_path[result.critical_path["step"] == 2]
+    assert {(r.rank, r.category): r.ms for r in step_2.itertuples()} == {
+        (0, "compute"): 40.0, (0, "transfer"): 10.0}
+    segments = result.critical_path_segments
+    assert segments.loc[segments["step"] == 2, "start_ns"].min() == 150 * MS
+
+
+def test_an_op_queued_behind_the_previous_steps_op_waits_for_the_previous_step():
+    # Step 1's all_reduce (issued at 30 ms) ends at 130 ms, after the step (0-100 ms); step 2's
+    # all_reduce on the same queue, issued at 110 ms, starts only then: its 20 ms in the queue
+    # are step 1's work holding step 2, not step 2's own.
+    rows = [op(r, 30 * MS, 130 * MS, step=1) for r in (0, 1)]
+    rows += [op(r, 110 * MS, 150 * MS, step=2) for r in (0, 1)]
+    stepped = steps_frame([0, 1], [1, 2], step_ns=100 * MS).assign(
+        start_ns=lambda f: f["start_ns"] - 100 * MS, end_ns=lambda f: f["end_ns"] - 100 * MS)
+    result = critical_path.analyse(cross(rows, stepped, 2), stepped)
+    step_2 = result.critical_path.query("step == 2").groupby("category")["ms"].sum()
+    assert step_2.to_dict() == {"compute": 60.0, "previous_step": 20.0, "transfer": 20.0}
+    assert result.critical_path_steps["path_ms"].tolist() == [100.0, 100.0]

@@ -3,11 +3,15 @@ names a rank in runs without one (its false-positive rate), and that it names a 
 in runs of 20 and 30 steps, on ranks whose arrivals carry scheduler-like noise (docs/cross-rank.md,
 "Culprit and victims")."""
 
+from fractions import Fraction
+from math import comb
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.crossrank import analyse
+from analysis.crossrank.culprit import chance_of
 from helpers.crossrank_ops import MS, frame, issue_only, op, steps_frame
 
 STEP_NS = 100 * MS
@@ -71,3 +75,19 @@ def test_a_straggler_among_four_ranks_is_named_and_nobody_else():
     missed = [seed for seed in range(NAMED_SEEDS)
               if _named(seed, ranks=4, late_rank=2, late_ns=25 * MS) != [2]]
     assert missed == []
+
+
+def test_the_chance_of_a_culprit_holds_over_thousands_of_steps():
+    # math.comb(2000, 1000) has 600 digits: summed as floats it overflowed, and the rule failed
+    # on every run of more than about 1,030 clean steps
+    def exact(top, steps, members):
+        p = Fraction(1, members)
+        return float(sum(comb(steps, k) * p ** k * (1 - p) ** (steps - k)
+                         for k in range(top, steps + 1)))
+
+    for top, steps, members in ((10, 10, 2), (56, 77, 2), (3, 20, 4), (1050, 2000, 2),
+                                (1100, 2000, 2), (600, 2000, 4)):
+        assert chance_of(top, steps, members) == pytest.approx(exact(top, steps, members),
+                                                               rel=1e-9, abs=1e-300)
+    assert chance_of(0, 2000, 2) == pytest.approx(1.0)
+    assert chance_of(2000, 2000, 2) == pytest.approx(0.5 ** 2000, rel=1e-9, abs=1e-300)

@@ -6,10 +6,12 @@ import pandas as pd
 import pytest
 
 from analysis.core.contracts import CriticalPath
+from analysis.core.step_spec import PathWindow
 from analysis.diff import compare as diff_compare
 from analysis.diff import side as diff_side
 from analysis.diff import writers as diff_output
 from analysis.diff.compare import EVERY_RANK
+from helpers.synthetic import TraceBuilder, trace_name
 
 ROLES = {0: "rank 0", 1: "rank 1"}
 
@@ -110,3 +112,21 @@ def test_the_text_json_and_csv_carry_the_path_and_its_line():
 def test_the_compared_tables_hold_the_path_from_each_runs_critical_result():
     assert pytest.approx(30.0) == diff_side.critical_path(diff_side.Side(
         path="a", runs=[FakeRun([(1, 1, "compute", 30.0)], [1])]))["ms"].iloc[0]
+
+
+def test_both_sides_take_the_window_given(tmp_path):
+    # One rank, two occurrences of "## forward ##" a side; the forward launches one kernel of
+    # 100 us in A and 50 us in B. --window compares the windows' paths, not the whole trace.
+    for name, kernel in (("a", 100), ("b", 50)):
+        b = TraceBuilder(rank=0, world_size=1)
+        for start in (0, 1000):
+            b.annotation("## forward ##", start, start + 30).op("aten::a", start + 5, start + 12)
+            b.compute(start + 20, start + 20 + kernel, launch_at=start + 10)
+        b.write(tmp_path / name / trace_name(0))
+    window = PathWindow("## forward ##", 1)
+    a, b = (diff_side.load_side(tmp_path / name, None, use_cache=False, window=window)
+            for name in ("a", "b"))
+    paths = [diff_side.critical_path(side).set_index("category")["ms"] for side in (a, b)]
+    # Instance 1 alone: from its start (1000 us) to its kernel's end.
+    assert [p["kernel"] for p in paths] == [pytest.approx(0.100), pytest.approx(0.050)]
+    assert [p.sum() for p in paths] == [pytest.approx(0.120), pytest.approx(0.070)]

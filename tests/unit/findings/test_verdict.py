@@ -41,7 +41,8 @@ def test_the_verdict_names_the_largest_cost_the_waits_and_the_change_with_its_ms
                                    "100.00 ms mean step (15.0%), ranks 0.")
     assert verdict.lines[1] == ("Waiting: The other ranks wait for rank 1 (30.00 ms per "
                                    "step); each rank's wait: rank 0 30.00 ms, rank 1 0.00 ms.")
-    assert verdict.lines[2].startswith("Try first (up to 15.00 ms per step at stake): ")
+    assert verdict.lines[2].startswith(
+        "Try first (up to 15.00 ms per step at stake; the what-if model cannot price it): ")
     assert len(verdict.lines) == 3
 
 

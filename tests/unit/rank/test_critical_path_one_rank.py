@@ -4,10 +4,15 @@ Kineto trace's steps covered exactly."""
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.core import dag
+from analysis.core.step_spec import PathWindow
 from analysis.rank import gpu_graph
 from analysis.rank import one_rank_path as cp
 from analysis.run.analysed_run import open_run
@@ -98,10 +103,14 @@ def test_a_run_of_one_rank_reports_its_own_path(tmp_path):
     assert run.document()["critical_path"][0]["by_rank"]
 
 
+def trace_and_path(folder: str):
+    trace = load_run_path(DATA / folder, use_cache=False).ranks[0]
+    return trace, cp.analyse(trace)
+
+
 @pytest.fixture(scope="module")
 def resnet():
-    trace = load_run_path(DATA / "kineto" / "resnet50_num_workers_0", use_cache=False).ranks[0]
-    return trace, cp.analyse(trace)
+    return trace_and_path("kineto/resnet50_num_workers_0")
 
 
 def test_resnet_steps_are_covered_exactly(resnet):
@@ -110,11 +119,16 @@ def test_resnet_steps_are_covered_exactly(resnet):
     assert steps["step"].tolist() == trace.steps["step"].tolist()
     sums = result.critical_path.groupby("step")["ms"].sum()
     assert np.allclose(sums.to_numpy(), steps["path_ms"].to_numpy(), atol=1e-6)
-    # The path runs from the ProfilerStep's start to the step's last event: the optimizer's
-    # kernels run 9-16 ms past the ProfilerStep's end.
-    tail = steps["path_ms"] - steps["step_ms"]
-    assert (tail > 8).all() and (tail < 17).all()
+    # Each step's path runs from the previous step's last event to its own: the paths tile
+    # the time from the first ProfilerStep's start to the last step's last event (the
+    # optimizer's kernels run 9-16 ms past each ProfilerStep's end).
+    first = int(trace.steps["start_ns"].iloc[0])
+    last_event = int(trace.events.loc[trace.events["is_gpu"].astype(bool), "end_ns"].max())
+    assert steps["path_ms"].sum() == pytest.approx((last_event - first) / 1e6, rel=1e-9)
     segments = result.critical_path_segments
+    ends = segments.groupby("step")["end_ns"].max().to_numpy()
+    begins = segments.groupby("step")["start_ns"].min().to_numpy()
+    assert (begins[1:] == ends[:-1]).all()
     for _step, rows in segments.groupby("step"):
         assert (rows["start_ns"].to_numpy()[1:] == rows["end_ns"].to_numpy()[:-1]).all()
     assert set(result.critical_path["category"]) <= set(gpu_graph.CATEGORIES)
@@ -134,3 +148,142 @@ def test_resnet_graph_propagates_to_its_measured_times(resnet):
     once = cp.propagate_once(unsorted, scenarios)
     assert once.shape == (len(graph.time), 3) and (once[:, 1] < graph.time).any()
     assert np.array_equal(once, dag.propagate(alone, scenarios))
+
+
+def device_a_step_behind() -> TraceBuilder:
+    # Two steps; each step's kernel runs after the step's host work has moved on: the second
+    # step's kernel queues behind the first's on the stream.
+    b = TraceBuilder(rank=0, world_size=1)
+    b.step(1, 0, 50).op("aten::a", 5, 12)
+    b.compute(20, 120, launch_at=10)
+    b.step(2, 50, 100).op("aten::b", 55, 62)
+    b.compute(120, 200, launch_at=60)
+    return b
+
+
+def test_each_moment_is_on_one_steps_path_only(tmp_path):
+    result = cp.analyse(load_one(device_a_step_behind(), tmp_path))
+    steps = result.critical_path_steps
+    # Step 1: the host to its launch (6 us in ops, 5 idle), the launch latency (11 -> 20) and
+    # its kernel, to 120; step 2 begins there: only its own kernel, not step 1's again.
+    assert steps["path_ms"].tolist() == [pytest.approx(0.120), pytest.approx(0.080)]
+    by_step = {s: {r.category: round(r.ms * 1000, 3) for r in rows.itertuples()}
+               for s, rows in result.critical_path.groupby("step")}
+    assert by_step == {1: {"cpu": 6.0, "idle": 5.0, "launch": 9.0, "kernel": 100.0},
+                       2: {"kernel": 80.0}}
+    # The paths tile the time from the first step's start to the last step's last event.
+    assert steps["path_ms"].sum() == pytest.approx(0.200)
+    segments = result.critical_path_segments
+    assert segments.loc[segments["step"] == 2, "start_ns"].min() == \
+        segments.loc[segments["step"] == 1, "end_ns"].max()
+
+
+def test_device_work_launched_before_the_step_is_the_previous_step(tmp_path):
+    b = TraceBuilder(rank=0, world_size=1)
+    # Two kernels launched before the step (not the step's work), 1 us apart on the stream.
+    b.compute(100, 130, launch_at=90).compute(131, 160, launch_at=92)
+    b.step(1, 100, 150).op("aten::a", 104, 107)
+    b.compute(160, 200, launch_at=105)
+    result = cp.analyse(load_one(b, tmp_path))
+    # Host to the launch's return (106: 2 us in ops and calls, 4 idle); the kernel waits from
+    # 106 to 160 behind the earlier kernels on its stream, their gap included: previous_step,
+    # not launch latency.
+    assert categories_us(result) == {"cpu": 2.0, "idle": 4.0, "previous_step": 54.0,
+                                     "kernel": 40.0}
+    # Removing launch latency does not remove that wait.
+    assert "launch_latency_removed" not in [w["kind"] for w in result.what_if]
+
+
+def test_a_window_is_each_occurrence_of_an_annotation(tmp_path):
+    b = device_a_step_behind()
+    b.annotation("## forward ##", 4, 30).annotation("## forward ##", 54, 80)
+    trace = load_one(b, tmp_path)
+    every = cp.analyse(trace, window=PathWindow("forward"))
+    # Instances 0 and 1, each from its own start (annotations do not follow each other): the
+    # second waits behind the first window's kernel, which it did not launch.
+    assert every.critical_path_steps["step"].tolist() == [0, 1]
+    assert every.critical_path_steps["path_ms"].tolist() == [pytest.approx(0.116),
+                                                             pytest.approx(0.080)]
+    second = cp.analyse(trace, window=PathWindow("forward", 1))
+    assert second.critical_path_steps["step"].tolist() == [1]
+    assert second.critical_path_steps["path_ms"].tolist() == [pytest.approx(0.146)]
+    assert categories_us(second)["previous_step"] == pytest.approx(59.0)
+    with pytest.raises(ValueError, match="--instance 2 asked, the trace has 2"):
+        cp.analyse(trace, window=PathWindow("forward", 2))
+    with pytest.raises(ValueError, match="no host annotation"):
+        cp.analyse(trace, window=PathWindow("backward"))
+
+
+def test_a_trace_without_profiler_step_is_one_window(tmp_path):
+    b = TraceBuilder(rank=0, world_size=1)
+    b.op("aten::a", 5, 12).compute(20, 120, launch_at=10)
+    result = cp.analyse(load_one(b, tmp_path))
+    assert result.critical_path_steps["step"].tolist() == [-1]
+    # From the first op's start (5) to the last event (120).
+    assert result.critical_path_steps["path_ms"].tolist() == [pytest.approx(0.115)]
+    assert categories_us(result) == {"cpu": 6.0, "launch": 9.0, "kernel": 100.0}
+
+
+def hta_critical_path(trace_dir: str, annotation: str, profiler_steps: str = "yes") -> dict:
+    """HTA 0.5.0's critical path totals (ms) per instance (tests/data/README.md)."""
+    table = pd.read_csv(DATA / "hta-0.5.0-critical-path.csv", keep_default_na=False)
+    rows = table[(table["trace_dir"] == trace_dir) & (table["annotation"] == annotation)
+                 & (table["profiler_steps"] == profiler_steps) & (table["error"] == "")]
+    return {int(r.instance): {"total_ms": float(r.total_us) / 1000,
+                              "cpu_bound_ms": float(r.cpu_bound_us) / 1000}
+            for r in rows.itertuples()}
+
+
+@pytest.fixture(scope="module")
+def ns_resolution():
+    return trace_and_path("hta/ns_resolution_trace")
+
+
+def test_ns_resolution_steps_agree_with_hta_where_the_device_is_a_step_behind(ns_resolution):
+    trace, result = ns_resolution
+    steps = result.critical_path_steps.set_index("step")
+    hta = hta_critical_path("ns_resolution_trace", "ProfilerStep")
+    # ProfilerStep#101 is HTA's instance 0: steps 102-104 are the device's own 95 ms a step,
+    # not the previous step's backlog again.
+    for instance in (1, 2, 3):
+        assert steps.loc[101 + instance, "path_ms"] == pytest.approx(
+            hta[instance]["total_ms"], rel=0.05)
+    # The five paths add up to the time from the first step's start to the last one's last
+    # event.
+    segments = result.critical_path_segments
+    elapsed = segments["end_ns"].max() - int(trace.steps["start_ns"].iloc[0])
+    assert steps["path_ms"].sum() == pytest.approx(elapsed / 1e6, rel=1e-9)
+    assert "previous_step" not in set(result.critical_path["category"])
+
+
+def test_ns_resolution_forward_window_without_profiler_steps_agrees_with_hta(tmp_path):
+    with gzip.open(next((DATA / "hta" / "ns_resolution_trace").glob("*.gz")), "rt") as f:
+        document = json.load(f)
+    document["traceEvents"] = [e for e in document["traceEvents"]
+                               if not str(e.get("name", "")).startswith("ProfilerStep")]
+    with gzip.open(tmp_path / "rank-0.pt.trace.json.gz", "wt") as f:
+        json.dump(document, f)
+    run = open_run(tmp_path, use_cache=False, path_window=PathWindow("## forward ##", 1))
+    steps = run.critical.critical_path_steps
+    assert steps["step"].tolist() == [1]
+    by = run.critical.critical_path.groupby("category")["ms"].sum()
+    hta = hta_critical_path("ns_resolution_trace", "## forward ##", "removed")[1]
+    # The forward's kernels queue 65 ms behind the previous step's work on the stream:
+    # previous_step, which HTA's graph (the window's own launches only) does not hold.
+    assert by["previous_step"] == pytest.approx(64.98, abs=0.5)
+    own = steps["path_ms"].iloc[0] - by["previous_step"]
+    assert own == pytest.approx(hta["total_ms"], rel=0.05)
+    host_share = (by.get("cpu", 0) + by.get("idle", 0)) / own
+    assert abs(host_share - hta["cpu_bound_ms"] / hta["total_ms"]) < 0.05
+    assert run.document()["selection"]["window"] == "## forward ##"
+
+
+def test_a_window_whose_occurrences_overlap_is_refused_unless_one_is_chosen(tmp_path):
+    b = device_a_step_behind()
+    b.annotation("## forward ##", 4, 30).annotation("DDP.forward", 5, 25)
+    trace = load_one(b, tmp_path)
+    with pytest.raises(ValueError, match="occurrences overlap .*'## forward ##', 'DDP.forward'"):
+        cp.analyse(trace, window=PathWindow("forward"))
+    # Occurrence 1 (the inner one, by start) alone: from 5 us to its kernel's end.
+    one = cp.analyse(trace, window=PathWindow("forward", 1))
+    assert one.critical_path_steps["path_ms"].tolist() == [pytest.approx(0.115)]

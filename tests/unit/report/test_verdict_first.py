@@ -10,20 +10,12 @@ from analysis.report.json_document import run_document
 from analysis.report.text_report import text_report
 from analysis.report.values import human_bytes, plain
 from analysis.run.analysed_run import open_run
-from helpers.synthetic import TraceBuilder, trace_name
+from helpers.synthetic import nccl_run
 
 
 def _run(folder):
     """Two GPU ranks, 3 steps of 9 ms: 6 ms of compute, then a 0.6 ms NCCL kernel."""
-    for rank in range(2):
-        trace = TraceBuilder(rank=rank, world_size=2)
-        for step in range(3):
-            start = 1000 + step * 10_000
-            trace.step(step, start, start + 9_000)
-            trace.kernel("gemm", start + 200, start + 6_200)
-            trace.nccl(start + 8_300, start + 8_900)
-        trace.write(folder / trace_name(rank))
-    return open_run(folder, use_cache=False)
+    return open_run(nccl_run(folder), use_cache=False)
 
 
 def test_the_text_report_opens_with_the_verdict_lines(tmp_path):
@@ -37,7 +29,12 @@ def test_the_text_report_opens_with_the_verdict_lines(tmp_path):
                                          if line.startswith("Time breakdown"))
     top = run.findings.iloc[0]
     assert report.verdict.state == "bottleneck"
-    assert report.verdict.change_ms_per_step == pytest.approx(top["ms_per_step"])
+    # The change tried first is the one the what-if model prices (the all-reduce's transfer
+    # overlapped), before the larger cost it cannot price (idle in other host work).
+    first = report.verdict.tries[0]
+    assert first["finding"] == "exposed transfer" and first["saved_ms_per_step"] > 0
+    assert report.verdict.change_ms_per_step == pytest.approx(first["ms_per_step"])
+    assert report.verdict.tries[1]["saved_ms_per_step"] is None
     # the step is 9 ms and the finding's ms are its share of it
     assert top["ms_per_step"] == pytest.approx(top["share_pct"] / 100 * 9.0)
     # 2.4 ms of each 9 ms step idle between the kernels: the largest cost

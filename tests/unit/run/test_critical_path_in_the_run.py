@@ -14,6 +14,7 @@ from analysis.report.text_report import text_report
 from analysis.run.analysed_run import analyse_run
 from analysis.run.loading import load_run_path
 from helpers.late_rank_run import late_rank_run
+from helpers.launch import DATA
 
 
 def _report(folder: Path):
@@ -113,3 +114,20 @@ def test_set_up_collectives_are_written_apart_and_the_cross_rank_notes_are_in_th
     text = text_report(report).splitlines()
     at = text.index("Set-up collectives (before the first step; in no step's time)")
     assert text[at + 2].split()[:2] == ["broadcast", "ddp"]
+
+
+def test_the_paths_of_a_real_runs_steps_add_up_to_its_time():
+    # ddp_gloo: 2 ranks on CPU, the cross-rank path of every recorded step. Each step's path
+    # begins where the previous one's ended: over the analysed steps (consecutive) the paths
+    # add up to the time from the first one's beginning to the last one's end.
+    report = _report(DATA / "ddp_gloo")
+    steps = report.critical.critical_path_steps
+    numbers = steps["step"].tolist()
+    assert len(numbers) > 5 and numbers == list(range(numbers[0], numbers[-1] + 1))
+    segments = report.critical.critical_path_segments
+    elapsed = (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
+    assert steps["path_ms"].sum() == pytest.approx(elapsed, rel=0.01)
+    # After the profiler's window (steps 7-9) rank 1 starts step 10 late: step 10's path holds
+    # that wait as the time between its steps, not as compute.
+    step_10 = report.critical.critical_path.query("step == 10").groupby("category")["ms"].sum()
+    assert step_10["between_steps"] > 60

@@ -21,13 +21,25 @@ def test_rank_and_value_flags_give_the_rank_and_the_number():
         (1, 25.0), (0, 3), (1, 20.0), (0, 5.0))
 
 
+def test_an_uneven_batch_multiplies_one_ranks_batch_only():
+    from workloads.common import rank_batch_size
+
+    args = parse("--uneven-batch", "1:4")
+    args.batch_size = 16
+    assert args.uneven_batch == (1, 4)
+    assert [rank_batch_size(args, r) for r in range(3)] == [16, 64, 16]
+    args.uneven_batch = None
+    assert rank_batch_size(args, 1) == 16
+
+
 def test_slow_data_on_every_rank_has_no_rank():
     assert parse("--slow-data", "all:20").slow_data == (None, 20.0)
 
 
 @pytest.mark.parametrize("flag, value", [
     ("--slow-data", "all:0"), ("--slow-data", "-1:20"), ("--slow-data", "20"),
-    ("--slow-data", "some:20"), ("--straggle", "1"), ("--straggle", "-1:5"), ("--hang", "1:x")])
+    ("--slow-data", "some:20"), ("--straggle", "1"), ("--straggle", "-1:5"), ("--hang", "1:x"),
+    ("--uneven-batch", "1:0"), ("--uneven-batch", "1:2.5")])
 def test_a_bad_value_is_a_usage_error_naming_the_form(flag, value, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse(f"{flag}={value}")
