@@ -15,23 +15,35 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.core.command_options import add_parse_options
-from analysis.core.limits import max_trace_bytes
-from analysis.core.step_spec import (
-    PathWindow,
-    parse_step_spec,
-    path_window,
-    positive_number,
-    steps_argument,
-    window_options,
-)
-from analysis.core.terminal import show, terminal_safe
-from analysis.ingest import parse_ahead
-from analysis.ingest.kineto import gc_paused
-from analysis.ingest.parallel import SchedulerUnavailable
-from analysis.ingest.runs import NothingToAnalyse, resolve
-from analysis.report.progress import Progress
-from tracer.options import help_format
+# The command's first imports (numpy, msgspec and the decoder: what runs before it forks the
+# decoder ahead, analysis.ingest.parse_ahead, while nothing runs beside it) are made with the
+# cyclic collector paused, and then frozen out of its collections, as _analyse's are: it would
+# scan their objects again and again while they are made (about 40 collections, 12 ms), and
+# they live as long as the process.
+_COLLECTING = gc.isenabled()
+gc.disable()
+try:
+    from analysis.core.command_options import add_parse_options
+    from analysis.core.limits import max_trace_bytes
+    from analysis.core.step_spec import (
+        PathWindow,
+        parse_step_spec,
+        path_window,
+        positive_number,
+        steps_argument,
+        window_options,
+    )
+    from analysis.core.terminal import show, terminal_safe
+    from analysis.ingest import parse_ahead
+    from analysis.ingest.kineto import gc_paused
+    from analysis.ingest.parallel import SchedulerUnavailable
+    from analysis.ingest.runs import NothingToAnalyse, resolve
+    from analysis.report.progress import Progress
+    from tracer.options import help_format
+finally:
+    gc.freeze()
+    if _COLLECTING:
+        gc.enable()
 
 if TYPE_CHECKING:
     from analysis.core.contracts import RunReport

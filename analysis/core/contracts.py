@@ -85,8 +85,9 @@ class RankTables:
     per_step: pd.DataFrame | None = None  # analysis.rank.step_breakdown.breakdown_per_step
     idle_gaps: pd.DataFrame | None = None  # analysis.rank.idle.idle_gaps
     comm_ops: pd.DataFrame | None = None  # analysis.rank.comm.comm_ops.comm_ops
-    step_flops: pd.DataFrame | None = None  # analysis.rank.flops.rank_flops_tables
-    op_roofline: pd.DataFrame | None = None  # analysis.rank.flops.rank_flops_tables
+    # analysis.rank.flops.rank_flops_tables (each a ForkedResult while computed beside)
+    step_flops: pd.DataFrame | ForkedResult | None = None
+    op_roofline: pd.DataFrame | ForkedResult | None = None
     hta: dict | None = None  # analysis.rank.hta.hta_rank_summary
     pipeline_schedule: Any = None  # analysis.rank.pipeline_schedule.rank_schedule
     ddp_accumulation: str | None = None  # analysis.rank.issuers.ddp_accumulation

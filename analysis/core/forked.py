@@ -31,8 +31,11 @@ class ForkedChild:
     """compute() running in a forked child from creation; `answer()` waits for what it
     returned. Raises OSError where no process or pipe can be had."""
 
-    def __init__(self, compute: Callable[[], Any]):
+    def __init__(self, compute: Callable[[], Any], in_child: Callable | None = None):
+        """`in_child(compute, write_fd)`: what the child does (never returning); by default it
+        answers compute()'s value once (`answer`)."""
         self._pid: int | None = None
+        self._pipe = None  # the read end, as a file, once answers are read one by one
         read_fd, write_fd = os.pipe()
         try:
             pid = os.fork()
@@ -45,7 +48,7 @@ class ForkedChild:
             # rescan it (40 ms after decoding a 50 MB trace, before its answer is sent).
             gc.disable()
             os.close(read_fd)
-            _answer_in_child(compute, write_fd)  # never returns
+            (in_child or _answer_in_child)(compute, write_fd)  # never returns
         os.close(write_fd)
         self._pid, self._read_fd = pid, read_fd
 
@@ -66,12 +69,32 @@ class ForkedChild:
             self._pid = _reaped(self._pid)
         return pickle.loads(data) if data else None
 
+    def next_answer(self) -> Any | None:
+        """The next of the answers that a child of _answers_in_child sends, each once it is
+        computed; None once there is none left (the child ended, or died before it sent
+        it)."""
+        if self._pid is None:
+            return None
+        if self._pipe is None:
+            self._pipe = os.fdopen(self._read_fd, "rb")
+        head = self._pipe.read(_LENGTH_BYTES)
+        size = int.from_bytes(head, "little")
+        data = self._pipe.read(size) if len(head) == _LENGTH_BYTES else b""
+        if len(head) == _LENGTH_BYTES and len(data) == size:
+            return pickle.loads(data)
+        self._pipe.close()
+        self._pid = _reaped(self._pid)
+        return None
+
     def close(self) -> None:
         """Stop the child if nobody took its answer (the caller failed before it, or never
         needed it)."""
         if self._pid is None:
             return
-        os.close(self._read_fd)
+        if self._pipe is not None:
+            self._pipe.close()
+        else:
+            os.close(self._read_fd)
         try:
             os.kill(self._pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -127,6 +150,67 @@ def _value(value):
     return value
 
 
+def forked_results(computes: dict[str, Callable[[], Any]]) -> dict[str, ForkedResult]:
+    """{name: a ForkedResult of computes[name]()}, all computed in one ForkedChild (one fork),
+    one after the other in the order given, each sent as soon as it is computed: the first can
+    be taken while the child computes the next. Each fails alone, as a ForkedResult of its own
+    would; those the child did not send (it could not be started, or died) are computed here
+    when taken."""
+    outcomes = _ForkedOutcomes(computes)
+    return {name: _ForkedPart(outcomes, name) for name in computes}
+
+
+class _ForkedOutcomes:
+    """The outcomes of forked_results' computes, as the child sends them."""
+
+    def __init__(self, computes: dict[str, Callable[[], Any]]):
+        self._computes = dict(computes)
+        self._count = len(computes)
+        self._received: dict[str, tuple] = {}
+        try:
+            self._child: ForkedChild | None = ForkedChild(self._computes, _answers_in_child)
+        except OSError:
+            self._child = None  # no process or pipe to spare: each computed here when taken
+
+    def outcome(self, name: str) -> tuple:
+        """("done", value) or ("failed", why) of computes[name]()."""
+        while name not in self._received and self._child is not None:
+            answer = self._child.next_answer()
+            if answer is None:
+                self._child = None
+                break
+            self._received[answer[0]] = answer[1]
+        if self._child is not None and len(self._received) == self._count:
+            self._child.next_answer()  # none left: the child is reaped as it ends
+            self._child = None
+        if name not in self._received:
+            self._received[name] = _outcome_of(self._computes[name])
+        self._computes.pop(name, None)  # what it holds (a rank's events) is not needed any more
+        return self._received[name]
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.close()
+            self._child = None
+
+
+class _ForkedPart(ForkedResult):
+    """One value of forked_results: its child is the one of all of them."""
+
+    def __init__(self, outcomes: _ForkedOutcomes, name: str):  # no child of its own
+        self._outcomes, self._name = outcomes, name
+
+    def result(self) -> Any:
+        kind, value = self._outcomes.outcome(self._name)
+        if kind == "failed":
+            raise ComputedElsewhereFailed(value)
+        return value
+
+    def close(self) -> None:
+        """Stop the child of all of them (those not taken yet are then computed here)."""
+        self._outcomes.close()
+
+
 def _outcome_of(compute: Callable[[], Any]) -> tuple:
     try:
         return ("done", compute())
@@ -139,6 +223,26 @@ def _reaped(pid: int) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+
+
+_LENGTH_BYTES = 8  # each of _answers_in_child's answers: its length, then its pickle
+
+
+def _answers_in_child(computes: dict[str, Callable[[], Any]], write_fd: int) -> None:
+    """The whole life of forked_results' child: each (name, outcome) sent once computed, in
+    order, and leave."""
+    try:
+        with os.fdopen(write_fd, "wb") as pipe:
+            for name, compute in computes.items():
+                data = pickle.dumps((name, _outcome_of(compute)),
+                                    protocol=pickle.HIGHEST_PROTOCOL)
+                pipe.write(len(data).to_bytes(_LENGTH_BYTES, "little"))
+                pipe.write(data)
+                pipe.flush()
+    except BaseException:  # noqa: BLE001, S110  (a failed, interrupted or orphaned child ends)
+        pass
+    finally:
+        os._exit(0)
 
 
 def _answer_in_child(compute: Callable[[], Any], write_fd: int) -> None:

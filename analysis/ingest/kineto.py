@@ -33,10 +33,12 @@ import numpy as np
 
 from analysis.core.event_kinds import (
     COMM_KERNEL_RE,
+    COMM_TEXT_COLUMNS,
     CPU_OP_CAT,
     GPU_CATS,
     HOST_COMM_RE,
     HOST_OP_CATS,
+    NUMBER_COLUMNS,
     PROFILER_STEP_RE,
     normal_cat,
 )
@@ -701,9 +703,17 @@ class EventColumns:
         self.places = ValueCodes(_place_text)
         self.parts: dict[str, list[np.ndarray]] = {c: [] for c in (
             "name", "place", "ts_ns", "dur_ns", "stream", "correlation", "is_gpu", "is_comm")}
-        self.comm: list[tuple] = []  # (row, comm column values) of communication events
-        # (row, op_args text) of the host ops the perf model knows; each distinct text once
-        self.op_args: list[tuple[int, str]] = []
+        # The rows of the communication events, and their values of each comm column
+        # (COMM_TEXT_COLUMNS then NUMBER_COLUMNS), a list per column: flat lists, which the
+        # decoder forked ahead hands back (analysis.ingest.parse_ahead) at a fraction of the
+        # cost of a tuple per event.
+        self.comm_rows: list[int] = []
+        self.comm_columns: tuple[list, ...] = tuple(
+            [] for _ in (*COMM_TEXT_COLUMNS, *NUMBER_COLUMNS))
+        # The rows of the host ops the perf model knows, and their op_args texts (each distinct
+        # text one str).
+        self.op_args_rows: list[int] = []
+        self.op_args_texts: list[str] = []
         self._op_texts: dict[bytes, str] = {}
         self.rows = 0
         self.bad = {"ts": 0, "dur": 0}
@@ -746,15 +756,17 @@ class EventColumns:
         is_host = place_flags[places, 1]
         is_comm = (is_gpu & name_flags[names, 0]) | (is_host & name_flags[names, 1])
         # Comm arguments are taken now: Raw values hold on to the chunk's bytes.
-        for i in np.flatnonzero(is_comm):
-            args = events[i].args
-            if args is not None:
-                self.comm.append((self.rows + int(i), self._comm_values(args)))
+        comm = [i for i in np.flatnonzero(is_comm).tolist() if events[i].args is not None]
+        if comm:
+            self.comm_rows += [self.rows + i for i in comm]
+            for column, values in zip(self.comm_columns, zip(*(
+                    self._comm_values(events[i].args) for i in comm))):
+                column += values
         modelled = np.flatnonzero(place_flags[places, 2] & name_flags[names, 2] & ~is_comm)
         if len(modelled):
-            rows = (modelled + self.rows).tolist()
-            self.op_args += zip(rows, self._op_args_texts([events[i].args
-                                                           for i in modelled.tolist()]))
+            self.op_args_rows += (modelled + self.rows).tolist()
+            self.op_args_texts += self._op_args_texts([events[i].args
+                                                       for i in modelled.tolist()])
         for column, values in (("name", names), ("place", places), ("ts_ns", ts_ns),
                                ("dur_ns", dur_ns), ("stream", stream),
                                ("correlation", correlation), ("is_gpu", is_gpu),
@@ -805,8 +817,9 @@ class EventColumns:
         known, join, null = self._op_texts, b",".join, _NULL
         texts = []
         for args in arguments:
-            if args is None:
-                texts.append(_NO_ARGS)
+            if args is None or not (args.input_dims or args.input_type or args.concrete_inputs
+                                    or args.flops):
+                texts.append(_NO_ARGS)  # what the four nulls join to (most ops, no shapes)
                 continue
             key = join((args.input_dims or null, args.input_type or null,
                         args.concrete_inputs or null, args.flops or null))

@@ -80,21 +80,19 @@ def decoded_events(decoded: EventColumns) -> pd.DataFrame:
     # numpy fills an empty object array with None, at a quarter of np.full's cost.
     text = {c: np.empty(n, dtype=object) for c in TEXT_COLUMNS}
     numbers = {c: np.full(n, math.nan) for c in NUMBER_COLUMNS}
-    if decoded.comm:
-        count = len(decoded.comm)
-        rows = np.fromiter((row for row, _ in decoded.comm), dtype=np.intp, count=count)
-        for column, values in zip(COMM_TEXT_COLUMNS + NUMBER_COLUMNS,
-                                  zip(*(values for _, values in decoded.comm))):
+    if decoded.comm_rows:
+        count = len(decoded.comm_rows)
+        rows = np.array(decoded.comm_rows, dtype=np.intp)
+        for column, values in zip(COMM_TEXT_COLUMNS + NUMBER_COLUMNS, decoded.comm_columns):
             if column in text:
                 # As objects: a list of texts would be read as a string array.
                 text[column][rows] = np.fromiter(values, dtype=object, count=count)
             else:
                 numbers[column][rows] = values
-    if decoded.op_args:
-        count = len(decoded.op_args)
-        rows = np.fromiter((row for row, _ in decoded.op_args), dtype=np.intp, count=count)
-        text[OP_ARGS_COLUMN][rows] = np.fromiter((t for _, t in decoded.op_args), dtype=object,
-                                                 count=count)
+    if decoded.op_args_rows:
+        count = len(decoded.op_args_rows)
+        text[OP_ARGS_COLUMN][np.array(decoded.op_args_rows, dtype=np.intp)] = np.fromiter(
+            decoded.op_args_texts, dtype=object, count=count)
     places = list(decoded.places.codes_of)
     place = joined("place", np.int32)
     by_place = {}

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.core import forked
-from analysis.core.forked import ComputedElsewhereFailed, ForkedResult
+from analysis.core.forked import ComputedElsewhereFailed, ForkedResult, forked_results
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="values are computed beside on Linux only")
@@ -45,15 +46,18 @@ def test_a_failure_in_the_child_is_raised_when_the_value_is_taken():
     assert failed.value.why == "ValueError: no step end"
 
 
-def test_a_child_that_dies_leaves_the_value_to_be_computed_here():
-    here = os.getpid()
-
-    def dies_in_the_child():
+def _dies_in_a_child(here: int):
+    """A computation that ends any process but `here` before it returns."""
+    def compute():
         if os.getpid() != here:
             os._exit(3)
         return "computed here"
 
-    assert ForkedResult(dies_in_the_child).result() == "computed here"
+    return compute
+
+
+def test_a_child_that_dies_leaves_the_value_to_be_computed_here():
+    assert ForkedResult(_dies_in_a_child(os.getpid())).result() == "computed here"
 
 
 def test_without_a_fork_the_value_is_computed_here(monkeypatch):
@@ -81,3 +85,40 @@ def test_a_child_whose_answer_is_never_taken_ends_with_its_holder():
     del untaken
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)
+
+
+def test_several_values_are_computed_in_one_child_and_each_fails_alone():
+    def broken():
+        raise ValueError("no shapes")
+
+    parts = forked_results({"pid": os.getpid, "broken": broken, "frames": lambda: _frames(10)})
+    assert list(parts) == ["pid", "broken", "frames"]
+    child = parts["pid"]._outcomes._child._pid
+    assert parts["pid"].result() == child != os.getpid()
+    assert parts["frames"].result()["pid"] == child  # the same child
+    with pytest.raises(ComputedElsewhereFailed, match="^ValueError: no shapes$"):
+        parts["broken"].result()
+    assert pickle.loads(pickle.dumps(parts["frames"]))["pid"] == child
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)  # reaped
+
+
+def test_the_first_value_is_taken_while_the_child_computes_the_next(tmp_path):
+    gate = tmp_path / "taken"
+
+    def waits_for_the_first_to_be_taken():
+        while not gate.exists():  # never returns unless the first was taken before it
+            time.sleep(0.01)
+        return "second"
+
+    parts = forked_results({"first": lambda: "first", "second": waits_for_the_first_to_be_taken})
+    assert parts["first"].result() == "first"
+    gate.touch()
+    assert parts["second"].result() == "second"
+
+
+def test_values_the_child_did_not_send_are_computed_here():
+    here = os.getpid()
+    parts = forked_results({"b": os.getpid, "a": _dies_in_a_child(here), "c": os.getpid})
+    assert parts["b"].result() != here  # sent before the child died
+    assert parts["a"].result() == "computed here" and parts["c"].result() == here
