@@ -23,6 +23,7 @@ import pandas as pd
 
 from analysis.core import intervals
 from analysis.core.event_kinds import DATA_LOADING_RE, HOST_OP_CATS, KERNEL_CAT, OP_ARGS_COLUMN
+from analysis.core.events import cat_is, matches
 from analysis.core.op_names import is_compute_op
 from analysis.core.steps import step_at
 
@@ -88,104 +89,133 @@ def _dims_text(text) -> str | None:
     return json.dumps(dims) if isinstance(dims, list) else None
 
 
-def _named(events: pd.DataFrame, rule) -> np.ndarray:
+def _named(events: pd.DataFrame, rule, among: np.ndarray | None = None) -> np.ndarray:
     """Whether each event's name meets `rule` (a function of the name), asked once per distinct
-    name (the name column is categorical)."""
-    names = events["name"]
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        meets = np.array([bool(rule(str(n))) for n in names.cat.categories] + [False])
-        return meets[names.cat.codes.to_numpy()]  # code -1 (no name) reads the last: False
-    return np.array([bool(rule(str(n))) for n in names], dtype=bool)
-
-
-def _names_at(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """The names of the events where `rows` (a bool mask), as text."""
-    return events["name"].iloc[np.flatnonzero(rows)].astype(str).to_numpy()
+    name (of the rows `among` only, where given; the others read False)."""
+    return matches(events["name"], rule, among)
 
 
 def _loading(name: str) -> bool:
     return DATA_LOADING_RE.search(name) is not None
 
 
-def _compute_ops(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    host = (events["cat"].isin(HOST_OP_CATS).to_numpy() & events[OP_ARGS_COLUMN].notna().to_numpy()
-            & _named(events, is_compute_op))
+def _texts(column: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """The categorical column's values at `rows` as text (objects), NaN where missing."""
+    values = column.array
+    texts = np.array([str(c) for c in values.categories] + [np.nan], dtype=object)
+    return texts.take(values.codes[rows])
+
+
+def _op_counts(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """The rank's compute ops in its steps counted by _OP_KEYS, each key where its first op is:
+    host ops with their `Input Dims` (not those inside the DataLoader's next batch: a dataset's
+    own matmuls are data loading), then compute kernels. Built from arrays: an op repeated in
+    a step with the same time (a layer's GEMM, at the trace's microsecond resolution) is one
+    row."""
+    host_cat = cat_is(events, HOST_OP_CATS)
+    args = events[OP_ARGS_COLUMN]
+    host = host_cat & args.notna().to_numpy() & _named(events, is_compute_op, host_cat)
     kernels = (events["is_gpu"].to_numpy(dtype=bool) & ~events["is_comm"].to_numpy(dtype=bool)
-               & (events["cat"] == KERNEL_CAT).to_numpy())
-    frames = []
-    if host.any():
-        texts = events[OP_ARGS_COLUMN].to_numpy(dtype=object)[host]
-        codes, distinct = pd.factorize(texts)
-        dims = np.array([_dims_text(t) for t in distinct], dtype=object)[codes]
-        frames.append(pd.DataFrame({"name": _names_at(events, host), "dims": dims,
-                                    "ts_ns": events["ts_ns"].to_numpy()[host],
-                                    "dur_ns": events["dur_ns"].to_numpy()[host],
-                                    "device": False}).dropna(subset=["dims"]))
-    if kernels.any():
-        frames.append(pd.DataFrame({"name": _names_at(events, kernels), "dims": "",
-                                    "ts_ns": events["ts_ns"].to_numpy()[kernels],
-                                    "dur_ns": events["dur_ns"].to_numpy()[kernels],
-                                    "device": True}))
-    if not frames:
-        return object_frame(COMPUTE_OP_COLUMNS)
-    ops = pd.concat(frames, ignore_index=True)
-    # Ops inside the DataLoader's next batch (a dataset's own matmuls) are data loading.
-    loading = events[events["cat"].isin(HOST_OP_CATS).to_numpy()
-                     & _named(events, _loading)]
-    if len(loading):
-        starts, ends = intervals.union(loading["ts_ns"].to_numpy(), loading["end_ns"].to_numpy())
-        at = ops["ts_ns"].to_numpy(dtype=np.int64)
-        index = np.searchsorted(starts, at, side="right") - 1
-        inside = (index >= 0) & (at < ends[np.clip(index, 0, None)])
-        ops = ops[~inside | ops["device"].to_numpy(dtype=bool)]
-    ops["step"] = step_of(ops["ts_ns"].to_numpy(dtype=np.int64), steps)
-    ops = ops[ops["step"] >= 0].assign(rank=rank)
-    return ops[COMPUTE_OP_COLUMNS]
-
-
-def _op_counts(ops: pd.DataFrame) -> pd.DataFrame:
-    """The ops counted by _OP_KEYS, each key where its first op is: an op repeated in a step
-    with the same time (a layer's GEMM, at the trace's microsecond resolution) is one row."""
-    if ops.empty:
+               & cat_is(events, {KERNEL_CAT}))
+    host_rows = np.flatnonzero(host)
+    codes, distinct = pd.factorize(args.to_numpy(dtype=object)[host_rows])
+    dims = np.array([_dims_text(t) for t in distinct] + [None], dtype=object).take(codes)
+    shaped = np.array([d is not None for d in dims], dtype=bool)
+    rows = np.concatenate([host_rows[shaped], np.flatnonzero(kernels)])
+    if not len(rows):
         return pd.DataFrame({c: pd.Series(dtype="object") for c in [*_OP_KEYS, "count"]})
-    keyed = ops[_OP_KEYS].astype({"step": np.int64, "dur_ns": np.int64, "device": bool})
-    return keyed.groupby(_OP_KEYS, sort=False).size().rename("count").reset_index()
+    device = np.zeros(len(rows), dtype=bool)
+    device[int(shaped.sum()):] = True
+    dims = np.concatenate([dims[shaped], np.full(len(rows) - int(shaped.sum()), "", dtype=object)])
+    ts = events["ts_ns"].to_numpy(dtype=np.int64)[rows]
+    loading = host_cat & _named(events, _loading, host_cat)
+    if loading.any():
+        starts, ends = intervals.union(events["ts_ns"].to_numpy()[loading],
+                                       events["end_ns"].to_numpy()[loading])
+        index = np.searchsorted(starts, ts, side="right") - 1
+        inside = (index >= 0) & (ts < ends[np.clip(index, 0, None)])
+        keep = ~inside | device
+        rows, device, dims, ts = rows[keep], device[keep], dims[keep], ts[keep]
+    step = step_of(ts, steps)
+    keep = step >= 0
+    rows, device, dims, step = rows[keep], device[keep], dims[keep], step[keep]
+    if not len(rows):
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in [*_OP_KEYS, "count"]})
+    names = events["name"].array.codes[rows].astype(np.int64)
+    dims_codes = pd.factorize(dims)[0].astype(np.int64)
+    dur = events["dur_ns"].to_numpy(dtype=np.int64)[rows]
+    keys = np.stack([step, names, dims_codes, device.astype(np.int64), dur], axis=1)
+    _, first, counts = np.unique(keys, axis=0, return_index=True, return_counts=True)
+    order = np.argsort(first, kind="stable")
+    first, counts = first[order], counts[order]
+    return pd.DataFrame({"step": step[first], "name": _texts(events["name"], rows[first]),
+                         "dims": dims[first], "device": device[first], "dur_ns": dur[first],
+                         "count": counts.astype(np.int64)})
 
 
 def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
                ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per traced step: its time, the DataLoader's and the time outside every host op; and per
-    step and host op name, the time in that name (the union of its spans)."""
-    ops = events[events["cat"].isin(HOST_OP_CATS).to_numpy()
-                 & ~events["is_comm"].to_numpy(dtype=bool)
-                 & ~_named(events, lambda n: n.startswith("ProfilerStep#"))]
-    ops = ops.assign(step=step_of(ops["ts_ns"].to_numpy(dtype=np.int64), steps),
-                     loading=_named(ops, _loading), name=ops["name"].astype(str))
-    comm = events[events["is_comm"].to_numpy(dtype=bool)
-                  & events["cat"].isin(HOST_OP_CATS).to_numpy()]
-    comm = comm.assign(step=step_of(comm["ts_ns"].to_numpy(dtype=np.int64), steps))
-    by_step = {step: group for step, group in ops.groupby("step") if step >= 0}
-    talk_by_step = {step: group for step, group in comm.groupby("step") if step >= 0}
-    empty = ops.iloc[:0]
-    rows = []
+    """Per traced step: its time, the DataLoader's and the time outside every host op (and host
+    comm call); and per step and host op name, the time in that name (the sum of its spans).
+    Each step's ops are a slice of arrays sorted by step: per-step frames cost more than the
+    sums."""
+    host_cat = cat_is(events, HOST_OP_CATS)
+    is_comm = events["is_comm"].to_numpy(dtype=bool)
+    own = host_cat & ~is_comm & ~_named(events, lambda n: n.startswith("ProfilerStep#"), host_cat)
+    ts_all, end_all = (events[c].to_numpy(dtype=np.int64) for c in ("ts_ns", "end_ns"))
+    found = {}
+    for part, rows in (("ops", np.flatnonzero(own)), ("comm", np.flatnonzero(is_comm & host_cat))):
+        step = step_of(ts_all[rows], steps)
+        order = np.argsort(step, kind="stable")
+        found[part] = (rows[order], step[order])
+    op_rows, op_steps = found["ops"]
+    loading = _named(events, _loading, host_cat)[op_rows]
+    comm_rows, comm_steps = found["comm"]
+    records = []
     for step, start, end in zip(steps["step"], steps["start_ns"], steps["end_ns"]):
-        inside = by_step.get(step, empty)
-        talk = talk_by_step.get(step, empty)
-        starts = np.concatenate([inside["ts_ns"].to_numpy(), talk["ts_ns"].to_numpy()])
-        ends = np.concatenate([inside["end_ns"].to_numpy(), talk["end_ns"].to_numpy()])
+        mine = slice(*np.searchsorted(op_steps, [step, step + 1]).tolist())
+        talk = slice(*np.searchsorted(comm_steps, [step, step + 1]).tolist())
+        inside, spoken = op_rows[mine], comm_rows[talk]
+        starts = np.concatenate([ts_all[inside], ts_all[spoken]])
+        ends = np.concatenate([end_all[inside], end_all[spoken]])
         covered = intervals.total(np.clip(starts, start, end), np.clip(ends, start, end))
-        loading = inside[inside["loading"].to_numpy(dtype=bool)]
-        rows.append({"rank": rank, "step": int(step), "step_ns": int(end - start),
-                     "loading_ns": intervals.total(loading["ts_ns"].to_numpy(),
-                                                   loading["end_ns"].to_numpy()),
-                     "outside_ns": int(end - start) - covered})
-    # Per step and name, the time in its spans: the sum, where they do not overlap (a name
-    # nested in itself is rare; an op of one name per thread runs one at a time).
-    kept = ops[ops["step"] >= 0]
-    named = (kept.assign(dur=kept["end_ns"] - kept["ts_ns"])
-             .groupby(["step", "name"])["dur"].sum().rename("dur_ns").reset_index()
-             .assign(rank=rank))
-    return (pd.DataFrame(rows, columns=HOST_COLUMNS), named[NAME_COLUMNS])
+        fed = inside[loading[mine]]
+        records.append({"rank": rank, "step": int(step), "step_ns": int(end - start),
+                        "loading_ns": intervals.total(ts_all[fed], end_all[fed]),
+                        "outside_ns": int(end - start) - covered})
+    return pd.DataFrame(records, columns=HOST_COLUMNS), _name_time(rank, events, op_rows, op_steps)
+
+
+def _name_time(rank: int, events: pd.DataFrame, rows: np.ndarray, steps: np.ndarray
+               ) -> pd.DataFrame:
+    """Per step and name of the host ops at `rows` (in steps `steps`, -1 outside every step),
+    the sum of their spans, by step then name (a name nested in itself is rare; an op of one
+    name per thread runs one at a time)."""
+    named = events["name"].array.codes[rows] >= 0
+    kept = (steps >= 0) & named
+    rows, steps = rows[kept], steps[kept]
+    if not len(rows):
+        return pd.DataFrame({"rank": pd.Series(dtype=np.int64), "step": pd.Series(dtype=np.int64),
+                             "name": pd.Series(dtype="str"), "dur_ns": pd.Series(dtype=np.int64)})
+    # Each name's place among the names' texts sorted, from its category code: the groups come
+    # out by step, then name, as a groupby sorts them.
+    codes = events["name"].array.codes[rows].astype(np.int64)
+    used = np.unique(codes)
+    texts = np.array([str(c) for c in events["name"].array.categories[used]], dtype=object)
+    by_text = np.argsort(texts, kind="stable")
+    place = np.empty(len(used), dtype=np.int64)
+    place[by_text] = np.arange(len(used))
+    keys = steps * len(used) + place[np.searchsorted(used, codes)]
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    spans = (events["end_ns"].to_numpy(dtype=np.int64)[rows]
+             - events["ts_ns"].to_numpy(dtype=np.int64)[rows])[order]
+    sums = np.add.reduceat(spans, starts)
+    groups = keys[starts]
+    return pd.DataFrame({"rank": np.full(len(groups), rank, dtype=np.int64),
+                         "step": groups // len(used), "name": texts[by_text[groups % len(used)]],
+                         "dur_ns": sums})
 
 
 def step_evidence(trace) -> StepEvidence | None:
@@ -196,7 +226,7 @@ def step_evidence(trace) -> StepEvidence | None:
         return None
     rank = int(trace.rank)
     host, names = _host_time(rank, events, steps)
-    return StepEvidence(rank, _op_counts(_compute_ops(rank, events, steps)), host, names)
+    return StepEvidence(rank, _op_counts(rank, events, steps), host, names)
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,8 +252,9 @@ def host_op_spans(trace) -> HostSpans:
     events = trace.events
     if events is None or events.empty:
         return HostSpans(pd.DataFrame({"name": [], "ts_ns": [], "end_ns": []}), None, None)
-    host = (~events["is_gpu"].to_numpy(dtype=bool) & events["cat"].isin(SPAN_CATS).to_numpy()
-            & ~_named(events, lambda n: n.startswith("ProfilerStep#")))
+    spanned = cat_is(events, SPAN_CATS)
+    host = (~events["is_gpu"].to_numpy(dtype=bool) & spanned
+            & ~_named(events, lambda n: n.startswith("ProfilerStep#"), spanned))
     rows = np.flatnonzero(host)
     ops = pd.DataFrame({"name": events["name"].iloc[rows].array,
                         "ts_ns": events["ts_ns"].to_numpy()[rows],
