@@ -106,13 +106,13 @@ def _texts(column: pd.Series, rows: np.ndarray) -> np.ndarray:
     return texts.take(values.codes[rows])
 
 
-def _op_counts(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def _op_counts(events: pd.DataFrame, steps: pd.DataFrame, host_cat: np.ndarray,
+               loading: np.ndarray) -> pd.DataFrame:
     """The rank's compute ops in its steps counted by _OP_KEYS, each key where its first op is:
     host ops with their `Input Dims` (not those inside the DataLoader's next batch: a dataset's
     own matmuls are data loading), then compute kernels. Built from arrays: an op repeated in
     a step with the same time (a layer's GEMM, at the trace's microsecond resolution) is one
-    row."""
-    host_cat = cat_is(events, HOST_OP_CATS)
+    row. `host_cat`: the host ops; `loading`: the DataLoader's among them."""
     args = events[OP_ARGS_COLUMN]
     host = host_cat & args.notna().to_numpy() & _named(events, is_compute_op, host_cat)
     kernels = (events["is_gpu"].to_numpy(dtype=bool) & ~events["is_comm"].to_numpy(dtype=bool)
@@ -128,7 +128,6 @@ def _op_counts(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataF
     device[int(shaped.sum()):] = True
     dims = np.concatenate([dims[shaped], np.full(len(rows) - int(shaped.sum()), "", dtype=object)])
     ts = events["ts_ns"].to_numpy(dtype=np.int64)[rows]
-    loading = host_cat & _named(events, _loading, host_cat)
     if loading.any():
         starts, ends = intervals.union(events["ts_ns"].to_numpy()[loading],
                                        events["end_ns"].to_numpy()[loading])
@@ -144,22 +143,27 @@ def _op_counts(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataF
     names = events["name"].array.codes[rows].astype(np.int64)
     dims_codes = pd.factorize(dims)[0].astype(np.int64)
     dur = events["dur_ns"].to_numpy(dtype=np.int64)[rows]
-    keys = np.stack([step, names, dims_codes, device.astype(np.int64), dur], axis=1)
-    _, first, counts = np.unique(keys, axis=0, return_index=True, return_counts=True)
-    order = np.argsort(first, kind="stable")
-    first, counts = first[order], counts[order]
+    # Equal keys side by side (lexsort is stable: each group's first is its first op), the
+    # groups then in the order of their first ops.
+    keys = np.stack([step, names, dims_codes, device.astype(np.int64), dur])
+    order = np.lexsort(keys[::-1])
+    ordered = keys[:, order]
+    starts = np.flatnonzero(np.r_[True, (ordered[:, 1:] != ordered[:, :-1]).any(axis=0)])
+    counts = np.diff(np.r_[starts, len(order)])
+    first = order[starts]
+    by_first = np.argsort(first, kind="stable")
+    first, counts = first[by_first], counts[by_first]
     return pd.DataFrame({"step": step[first], "name": _texts(events["name"], rows[first]),
                          "dims": dims[first], "device": device[first], "dur_ns": dur[first],
                          "count": counts.astype(np.int64)})
 
 
-def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
-               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame, host_cat: np.ndarray,
+               loading: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per traced step: its time, the DataLoader's and the time outside every host op (and host
     comm call); and per step and host op name, the time in that name (the sum of its spans).
     Each step's ops are a slice of arrays sorted by step: per-step frames cost more than the
-    sums."""
-    host_cat = cat_is(events, HOST_OP_CATS)
+    sums. `host_cat` and `loading` as in _op_counts."""
     is_comm = events["is_comm"].to_numpy(dtype=bool)
     own = host_cat & ~is_comm & ~_named(events, lambda n: n.startswith("ProfilerStep#"), host_cat)
     ts_all, end_all = (events[c].to_numpy(dtype=np.int64) for c in ("ts_ns", "end_ns"))
@@ -169,7 +173,7 @@ def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame
         order = np.argsort(step, kind="stable")
         found[part] = (rows[order], step[order])
     op_rows, op_steps = found["ops"]
-    loading = _named(events, _loading, host_cat)[op_rows]
+    loading = loading[op_rows]
     comm_rows, comm_steps = found["comm"]
     records = []
     for step, start, end in zip(steps["step"], steps["start_ns"], steps["end_ns"]):
@@ -225,8 +229,10 @@ def step_evidence(trace) -> StepEvidence | None:
     if events is None or events.empty or steps is None or steps.empty:
         return None
     rank = int(trace.rank)
-    host, names = _host_time(rank, events, steps)
-    return StepEvidence(rank, _op_counts(rank, events, steps), host, names)
+    host_cat = cat_is(events, HOST_OP_CATS)
+    loading = _named(events, _loading, host_cat)  # host ops only: asked of their names alone
+    host, names = _host_time(rank, events, steps, host_cat, loading)
+    return StepEvidence(rank, _op_counts(events, steps, host_cat, loading), host, names)
 
 
 @dataclass(frozen=True, eq=False)
