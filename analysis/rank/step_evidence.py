@@ -153,9 +153,12 @@ def _op_counts(events: pd.DataFrame, steps: pd.DataFrame, host_cat: np.ndarray,
     first = order[starts]
     by_first = np.argsort(first, kind="stable")
     first, counts = first[by_first], counts[by_first]
-    return pd.DataFrame({"step": step[first], "name": _texts(events["name"], rows[first]),
-                         "dims": dims[first], "device": device[first], "dur_ns": dur[first],
-                         "count": counts.astype(np.int64)})
+    # Names and shapes as categoricals: a kernel's name or an op's shapes, often long, is held
+    # (and sent back from the worker) once.
+    return pd.DataFrame({"step": step[first],
+                         "name": pd.Categorical(_texts(events["name"], rows[first])),
+                         "dims": pd.Categorical(dims[first]), "device": device[first],
+                         "dur_ns": dur[first], "count": counts.astype(np.int64)})
 
 
 def _host_time(rank: int, events: pd.DataFrame, steps: pd.DataFrame, host_cat: np.ndarray,
