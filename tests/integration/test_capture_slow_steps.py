@@ -18,6 +18,7 @@ on demand waits at step 15 until the test has asked for two steps.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -41,6 +42,11 @@ PHASES = {"late": (2050, 2000, None, "forward"), "early": (80, 50, None, "forwar
 # steps to confirm it, one pass of the capture thread (0.1 s) and a margin of 0.25 s at 61 ms a
 # step, one warm-up step; a loaded machine may add some.
 WITHIN_STEPS = 25
+# Other work keeping more than this many processes per core runnable (the 1-minute load average
+# as a run ended) slows a rank's fast steps for a second or more at a time: a real, sustained
+# slowdown of its steps, which the trigger may capture (docs/tracer.md, Capturing slow steps).
+# On such a machine the clean steps may get a window of their own before the change's.
+OVERLOADED_PER_CORE = 2.0
 
 
 def traced_steps(run_dir, rank: int) -> list[list[int]]:
@@ -72,25 +78,33 @@ def phase_runs(tmp_path_factory):
     untraced = launch(SCRIPT, *phase_args("early"), "--losses", folder / "untraced.txt",
                       nproc=2)
     assert untraced.returncode == 0, untraced.stderr[-3000:]
-    stderr = {}
+    stderr, overloaded = {}, {}
     for name in PHASES:
         traced = launch(SCRIPT, *phase_args(name), "--losses", folder / f"{name}.txt", nproc=2,
                         tracer=("--out", folder / "traces", "--run-name", name))
         assert traced.returncode == 0, traced.stderr[-3000:]
         stderr[name] = traced.stderr
-    return folder, stderr
+        overloaded[name] = os.getloadavg()[0] > OVERLOADED_PER_CORE * (os.cpu_count() or 1)
+    return folder, stderr, overloaded
 
 
 @pytest.mark.parametrize("name", ["late", "early", "loader"])
 def test_a_slow_phase_gets_one_window_soon_after_it_began_at_the_same_steps_on_both_ranks(
         phase_runs, name):
-    folder, stderr = phase_runs
+    folder, stderr, overloaded = phase_runs
     run_dir = folder / "traces" / name
     steps, slow_from, slow_until, _ = PHASES[name]
-    records = {rank: captures(run_dir, rank) for rank in (0, 1)}
+    every = {rank: captures(run_dir, rank) for rank in (0, 1)}
     # One window, for the change, on both ranks: none in the fast steps before it (the clean
-    # 2,000 steps of "late"), none when the loader's phase ends.
-    assert len(records[0]) == len(records[1]) == 1, records
+    # 2,000 steps of "late") unless the machine was overloaded, none when the loader's phase ends.
+    records = {rank: [r for r in found if r.trigger_step >= slow_from - PHASE_WITHIN]
+               for rank, found in every.items()}
+    assert len(records[0]) == len(records[1]) == 1, every
+    earlier = [r.first_step for r in every[0] if r.trigger_step < slow_from - PHASE_WITHIN]
+    assert earlier == [r.first_step for r in every[1]
+                       if r.trigger_step < slow_from - PHASE_WITHIN]
+    if not overloaded[name]:
+        assert earlier == [], every
     (first,), (second,) = records.values()
     assert first.trigger == "slow_step" and not first.missed and not second.missed
     assert (second.trigger_step, second.first_step, second.ranks) == (
@@ -98,9 +112,11 @@ def test_a_slow_phase_gets_one_window_soon_after_it_began_at_the_same_steps_on_b
     # It began at the first slow step on rank 1, and on rank 0, which waits for it, at the
     # same step: both are named with the step and the size of their change. Rank 1's change
     # came before its first collective of the step, rank 0's after it: rank 1 is late.
-    assert slow_from <= first.trigger_step <= slow_from + 1
+    # (Within a few steps before it on an overloaded machine, whose slow bursts may run into it.)
+    soonest = slow_from - (PHASE_WITHIN if overloaded[name] else 0)
+    assert soonest <= first.trigger_step <= slow_from + 1
     assert {c.rank for c in first.ranks} == {0, 1}
-    assert all(slow_from <= c.step <= slow_from + 1 and c.factor > 5 for c in first.ranks)
+    assert all(soonest <= c.step <= slow_from + 1 and c.factor > 5 for c in first.ranks)
     assert first.after_ms > SLOW_MS and first.confirmed_step >= first.trigger_step + 3
     assert (first.trigger_rank, first.late_rank, first.waiting_ranks) == (1, 1, [0])
     late = next(c for c in first.ranks if c.rank == 1)
@@ -109,18 +125,22 @@ def test_a_slow_phase_gets_one_window_soon_after_it_began_at_the_same_steps_on_b
     window = list(range(first.first_step, first.first_step + 3))
     assert slow_from < window[0] <= slow_from + WITHIN_STEPS
     assert window[-1] < (slow_until or steps)
-    assert traced_steps(run_dir, 0) == traced_steps(run_dir, 1) == [[7, 8, 9], window]
+    before = [list(range(step, step + 3)) for step in earlier]
+    assert traced_steps(run_dir, 0) == traced_steps(run_dir, 1) == [[7, 8, 9], *before, window]
     for rank in (0, 1):
         profiled = [s.step for s in read_jsonl(run_dir / schema.STEPS_FILE.format(rank=rank),
                                                schema.StepRecord) if s.in_profiler_window]
-        assert profiled == [6, 7, 8, 9, window[0] - 1, *window]
-    assert {r: int(s["windows"]) for r, s in summaries(stderr[name]).items()} == {0: 2, 1: 2}
+        assert profiled == [6, 7, 8, 9, *[s for w in before for s in (w[0] - 1, *w)],
+                            window[0] - 1, *window]
+    windows = 2 + len(earlier)
+    assert ({r: int(s["windows"]) for r, s in summaries(stderr[name]).items()}
+            == {0: windows, 1: windows})
     assert "ranktrace: rank" not in stderr[name].replace("ranktrace: rank0 ok", "").replace(
         "ranktrace: rank1 ok", "")  # no tracer line but the summaries
 
 
 def test_the_captured_window_against_the_default_one_shows_the_slow_steps(phase_runs, tmp_path):
-    folder, _ = phase_runs
+    folder = phase_runs[0]
     run_dir = copy_run(folder / "traces" / "early", tmp_path / "early")  # analysis writes a cache
     (window,), _ = read_captures(run_dir)
     done = run_module("analysis.diff", run_dir, "--capture", "1", "--format", "json",
@@ -147,7 +167,7 @@ def test_the_captured_window_against_the_default_one_shows_the_slow_steps(phase_
 
 
 def test_the_breakdown_names_rank_1_late_in_the_captured_steps(phase_runs, tmp_path):
-    folder, _ = phase_runs
+    folder = phase_runs[0]
     run_dir = copy_run(folder / "traces" / "early", tmp_path / "early")  # analysis writes a cache
     (window,), _ = read_captures(run_dir)
     document = open_run(run_dir).document()
@@ -168,7 +188,7 @@ PHASE_WITHIN = 3
 
 @pytest.fixture(scope="module")
 def phase_analyses(phase_runs):
-    folder, _ = phase_runs
+    folder = phase_runs[0]
     return {name: open_run(folder / "traces" / name, use_cache=False) for name in PHASES}
 
 
@@ -219,7 +239,7 @@ def test_the_writers_show_the_phases(phase_analyses, tmp_path):
 
 
 def test_training_under_capture_is_bit_identical(phase_runs):
-    folder, _ = phase_runs
+    folder = phase_runs[0]
     untraced = (folder / "untraced.txt").read_text().splitlines()
     assert len(untraced) == 80
     assert (folder / "early.txt").read_text().splitlines() == untraced

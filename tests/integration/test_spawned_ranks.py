@@ -165,7 +165,7 @@ def test_the_late_rank_is_named_and_rank_0_waits_its_delay_at_every_step(runs):
     assert run.cross_rank is not None, run.report.unavailable
     document = run.document()["cross_rank"]
     assert [s["rank"] for s in document["stragglers"]][:1] == [1]
-    waits = run.cross_rank["waits"]
+    waits = run.cross_rank.waits
     victim = waits[waits["rank"] == 0]["wait_for_peers_ms"]
     assert len(victim) >= STEPS - 3
     assert np.median(victim) == pytest.approx(STRAGGLE_MS, rel=0.3)
