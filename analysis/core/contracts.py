@@ -96,6 +96,10 @@ class RankTables:
     # The one-rank critical path (a CriticalPath; a ForkedResult while computed beside).
     critical_path: CriticalPath | ForkedResult | None = None
     stop_trace_ops: pd.DataFrame | None = None  # the collectives of every step of the trace
+    # What the cause tests of a late rank read of its steps (analysis.rank.step_evidence:
+    # a StepEvidence, None without steps), and its host ops (a HostSpans).
+    step_evidence: Any = None
+    host_spans: Any = None
     failed: Mapping[str, str] = field(default_factory=dict)
 
     def take(self, name: str, label: str = "the rank"):

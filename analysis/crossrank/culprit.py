@@ -99,7 +99,9 @@ def caused_waits(waits: pd.DataFrame) -> pd.DataFrame:
 def find_stragglers(waits: pd.DataFrame, steps: pd.DataFrame, events: dict | None = None,
                     clock: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per rank that caused any wait, ordered by caused wait; `fires` marks those that
-    pass every threshold (the "ranks wait for rank R" finding)."""
+    pass every threshold (the "ranks wait for rank R" finding). `events`: {rank: its host ops
+    (analysis.rank.step_evidence.HostSpans, on the clock of its ops)}, for a named straggler's
+    evidence."""
     if waits.empty:
         return pd.DataFrame(columns=STRAGGLER_COLUMNS)
     instances = caused_waits(waits)
@@ -179,16 +181,15 @@ def _evidence(mine: pd.DataFrame, rank: int, events: dict | None, clock, steps: 
     evidence = {"windows": int(len(windows)), "window_ms_per_step": window_ns / max(steps, 1) / 1e6,
                 "traced_windows": 0, "top_ops": [], "data_loading_ms": None,
                 "outside_ops_ms": None}
-    trace = (events or {}).get(rank)
-    if trace is None or trace.empty:
+    spans = (events or {}).get(rank)
+    if spans is None or spans.first_ns is None:
         return evidence
     # Only the windows the trace covers can be explained (a profiler window is a few steps).
-    inside = (starts >= trace["ts_ns"].min()) & (ends <= trace["end_ns"].max())
+    inside = (starts >= spans.first_ns) & (ends <= spans.last_ns)
     starts, ends = starts[inside], ends[inside]
     evidence["traced_windows"] = int(inside.sum())
     window_ns = intervals.total(starts, ends)
-    host = trace[~trace["is_gpu"].astype(bool) & trace["cat"].isin(["cpu_op", "user_annotation"])
-                 & ~trace["name"].astype(str).str.startswith("ProfilerStep#")]
+    host = spans.ops
     host = host[(host["end_ns"] > starts.min()) & (host["ts_ns"] < ends.max())] if len(
         starts) else host.iloc[:0]
     names, time = [], []

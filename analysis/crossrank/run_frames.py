@@ -29,6 +29,7 @@ from analysis.rank.comm.profiled import (
     pair_with_profiled,
 )
 from analysis.rank.comm.sizes import distinct_message_sizes
+from analysis.rank.step_evidence import HostSpans
 from tracer import schema
 
 OP_COLUMNS = ["rank", "pg", "pg_size", "op", "bytes", "dtype", "step", "issue_ns", "end_ns",
@@ -248,18 +249,17 @@ def _kineto_to_records(trace_steps: pd.DataFrame, record_steps: pd.DataFrame) ->
 
 
 class RankEvents(Mapping):
-    """{rank: its events frame on the clock of its ops}, each read when asked for: a rank whose
-    events were dropped after loading has them read again (RankTrace.with_events), and only
-    the ranks an analysis asks for (the named stragglers) are."""
+    """{rank: its host ops and the span of its events (analysis.rank.step_evidence.HostSpans) on
+    the clock of its ops}, as its reduction found them: the straggler's evidence reads no
+    event again."""
 
     def __init__(self, traces: dict):
         self._traces = traces  # {rank: (RankTrace, its Kineto clock minus its ops' clock)}
 
-    def __getitem__(self, rank) -> pd.DataFrame:
+    def __getitem__(self, rank) -> HostSpans | None:
         trace, moved = self._traces[rank]
-        events = trace.with_events().events
-        return events if moved == 0 else events.assign(ts_ns=events["ts_ns"] - moved,
-                                                       end_ns=events["end_ns"] - moved)
+        spans = trace.table("host_spans")
+        return None if spans is None else spans.moved(moved)
 
     def __iter__(self):
         return iter(self._traces)

@@ -30,6 +30,7 @@ from analysis.rank.hta import hta_rank_summary
 from analysis.rank.idle import idle_gaps
 from analysis.rank.pipeline_schedule import rank_schedule
 from analysis.rank.step_breakdown import breakdown_per_step, kind_and_layers
+from analysis.rank.step_evidence import host_op_spans, step_evidence
 
 # The columns of the communication events that crossrank.frames.ops_from_events reads.
 OP_EVENT_COLUMNS = ["name", "ts_ns", "end_ns", "stream", "is_gpu", "collective", "in_nelems",
@@ -88,6 +89,11 @@ RANK_SUMMARIES = {
     # diagnosis of a run folder without comm records (rank_tables says where it is built).
     "stop_trace_ops": lambda trace: comm_events.ops_from_events(
         trace.events, _every_step(trace), _every_step(trace), trace.rank, trace.world_size),
+    # analysis.findings.late_evidence: what the cause tests of a late rank compare, per step
+    # (rank_tables says where it is built).
+    "step_evidence": step_evidence,
+    # analysis.crossrank.culprit: what a named straggler ran while the others waited.
+    "host_spans": host_op_spans,
 }
 
 
@@ -101,7 +107,9 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     again: the one-rank critical path where the rank may be the run's only traced one (the run
     has one trace file, `only_trace`, or the trace names no world size above 1); the trace's
     collectives of every step for a rank of a run folder (`run_folder`) whose records hold no
-    comm op (traced with --no-comms), the only ranks whose stop diagnosis reads them.
+    comm op (traced with --no-comms), the only ranks whose stop diagnosis reads them; the
+    evidence of a late rank and of a straggler (step_evidence, host_spans) unless the run's one
+    trace has no records (no other rank to be late against).
 
     `path_beside`: a run's one trace has its critical path, the slowest of them, and its FLOP
     tables (BESIDE) computed in a forked child on the machine's second core
@@ -120,6 +128,10 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     records = getattr(trace, "records", None)
     if not run_folder or records is None or len(records.comms):
         del builds["stop_trace_ops"]
+    if only_trace and records is None:
+        # The only rank of the run, without records of others: its cross-rank pass names no
+        # straggler and no late rank.
+        del builds["step_evidence"], builds["host_spans"]
     kind_layers = _kind_and_layers(trace)
     if kind_layers is not None:
         # The activity layers found once, for the per-step breakdown and the idle gaps both.
