@@ -95,11 +95,13 @@ def gather(run: LoadResult) -> dict:
         if trace.rank == UNKNOWN_RANK:
             continue
         to_common = _offset_of(clock, trace.rank)
-        events = frames["events"].get(trace.rank)
         kineto_shift = int(frames["kineto_shift"].get(trace.rank, 0))
+        # Every event is drawn: the rank's own (the cross-rank pass kept only its host spans),
+        # on the clock of its ops, then the common one.
+        events = (trace.with_events().events if trace.rank in frames["events"] else None)
         if events is not None and len(events):
-            events = events.assign(ts_ns=to_common(events["ts_ns"]),
-                                   end_ns=to_common(events["end_ns"]))
+            events = events.assign(ts_ns=to_common(events["ts_ns"] - kineto_shift),
+                                   end_ns=to_common(events["end_ns"] - kineto_shift))
         records = trace.records
         host, record_steps, samples = None, None, None
         if records is not None:
