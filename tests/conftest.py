@@ -29,6 +29,7 @@ XDIST_GROUPS = {
     "test_breakdown_command": "crossrank-runs",
     "test_diff_of_traced_runs": "crossrank-runs",
     "test_late_rank_causes": "crossrank-runs",
+    "test_crossrank_on_a_traced_straggler": "crossrank-runs",
     "test_workloads_train_like_references": "tiny-workloads",
     "test_traced_training_bit_identical": "tiny-workloads",
 }

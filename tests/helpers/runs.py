@@ -153,7 +153,7 @@ RUNS: dict[str, Run] = {
                            ("--steps", "20", "--straggle", f"1:{STRAGGLE_DDP_DELAY_MS}"),
                            tracer=("--skip-first", "2", "--wait", "0", "--warmup", "1",
                                    "--active", "16", "--ddp-bucket-hook"), timed=True,
-                           users="test_crossrank_on_a_traced_straggler"),
+                           batch="crossrank", users="test_crossrank_on_a_traced_straggler"),
     "diff-cap25": Run(DDP, ("--steps", DIFF_STEPS, "--bucket-cap-mb", "25"),
                       tracer=DIFF_FROM_TRACE, users="test_diff_of_traced_runs"),
     "diff-cap1": Run(DDP, ("--steps", DIFF_STEPS, "--bucket-cap-mb", "1"),

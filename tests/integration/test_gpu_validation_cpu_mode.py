@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers.alone import alone
 from helpers.launch import DATA, REPO, launch
 from scripts.gpu_validation import preflight as preflight_module
 from scripts.gpu_validation.analysis_checks import check_hta_columns, check_hta_match, run_analysis
@@ -64,10 +63,11 @@ RESNET_HTA = hta_reference("resnet50_num_workers_0")
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-validation-out")
-    with alone():  # the tracer's overhead and the run's time are measured: nothing else runs
-        started = time.monotonic()
-        proc = launch(PACKAGE, out, "--cpu", "--quick", timeout=240)
-        elapsed = time.monotonic() - started
+    # Not alone(): in CPU mode the tracer's overhead is reported, never a pass bar, and the
+    # run's time is held to a bar with room for the other test session's worker beside it.
+    started = time.monotonic()
+    proc = launch(PACKAGE, out, "--cpu", "--quick", timeout=240)
+    elapsed = time.monotonic() - started
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else None
     return {"out": out, "proc": proc, "elapsed": elapsed, "results": results}

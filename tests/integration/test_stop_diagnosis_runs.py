@@ -31,6 +31,13 @@ NATIVE_STEP_3_POSITION = 8
 DDP_NATIVE_OPS_WITH_BUCKET_HOOK = 4
 
 
+# The process group's timeout of a run with a rank that hangs: the other ranks wait this long
+# in the op it never issues. It must outlast the ranks' start-up skew (DDP's first broadcast
+# waits for every rank's construction), a few seconds at most with 4 ranks on 2 cores.
+HANG_TIMEOUT_S = "5"
+FOUR_RANK_HANG_TIMEOUT_S = "7"
+
+
 def fault_run(tmp_path, fault: list[str], traced=TRACED, timeout_s="10") -> tuple[object, Path]:
     out = tmp_path / "traces"
     result = launch(DDP, "--steps", "4", "--pg-timeout-s", timeout_s, *fault,
@@ -53,7 +60,7 @@ def sleep_line() -> int:
 
 
 def test_a_hung_rank_is_named_with_the_op_it_never_issued_and_its_sleep(tmp_path):
-    result, run_dir = fault_run(tmp_path, ["--hang", "1:3"])
+    result, run_dir = fault_run(tmp_path, ["--hang", "1:3"], timeout_s=HANG_TIMEOUT_S)
     assert result.returncode != 0
     # rank 0: the group's timeout; gloo words it by the side that notices first
     assert re.search(r"Timed out|timeout", h.run_end(run_dir, 0).exception)
@@ -82,7 +89,8 @@ def test_a_hung_rank_is_named_with_the_op_it_never_issued_and_its_sleep(tmp_path
 def test_with_default_options_the_bucket_all_reduce_a_rank_waited_in_is_named(tmp_path):
     # No comm hook: DDP's C++ reducer issues the buckets, seen in torch's Flight Recorder.
     default = [o for o in TRACED if o != "--ddp-bucket-hook"]
-    result, run_dir = fault_run(tmp_path, ["--hang", "1:3"], traced=default, timeout_s="5")
+    result, run_dir = fault_run(tmp_path, ["--hang", "1:3"], traced=default,
+                                timeout_s=HANG_TIMEOUT_S)
     assert result.returncode != 0
     found, text = diagnosis(run_dir)
     group = found["groups"][0]
@@ -164,17 +172,18 @@ def test_sigusr1_writes_the_stacks_and_training_ends_with_the_same_loss(tmp_path
     assert [json.loads(line)["position"] for line in issued] == list(range(6))
 
 
-def four_rank_fault_run(tmp_path, fault: list[str]) -> tuple[object, Path]:
+def four_rank_fault_run(tmp_path, fault: list[str], timeout_s="10") -> tuple[object, Path]:
     out = tmp_path / "traces"
     # One bucket a step (tiny model): DDP's broadcast is #0, steps 1 and 2 are #1 and #2.
     result = launch(DDP, "--steps", "4", "--hidden", "32", "--layers", "1", "--batch-size", "8",
-                    "--pg-timeout-s", "10", *fault, tracer=["--out", out, *TRACED], nproc=4,
+                    "--pg-timeout-s", timeout_s, *fault, tracer=["--out", out, *TRACED], nproc=4,
                     timeout=240)
     return result, h.only_run_dir(out)
 
 
 def test_four_ranks_one_hung_the_others_waiting_in_the_op_it_never_issued(tmp_path):
-    result, run_dir = four_rank_fault_run(tmp_path, ["--hang", "2:3"])
+    result, run_dir = four_rank_fault_run(tmp_path, ["--hang", "2:3"],
+                                          timeout_s=FOUR_RANK_HANG_TIMEOUT_S)
     assert result.returncode != 0
     found, text = diagnosis(run_dir)
     group = found["groups"][0]

@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from helpers.alone import alone
 from helpers.launch import DDP, REPO, launch, start
 from helpers.runs import TINY_BATCH, TINY_HIDDEN, TINY_LAYERS, TINY_LR, TINY_SEED, TINY_STEPS
 from workloads.common import SILENT_RANK_EXIT_DELAY_S, SyntheticDataset, build_model
@@ -260,15 +259,17 @@ def test_pipeline_rejects_batch_not_divisible_by_microbatches(monkeypatch, capsy
 # ---- fault flags ---------------------------------------------------------------------------------
 FAULT_FLAGS = MODEL_FLAGS + ["--batch-size", 8]
 # How long a hung run must go on after its hang before it is stopped.
-HANG_SECONDS = 5
+HANG_SECONDS = 2  # two of the hung rank's 1 s sleeps
 STEP_TIMES = re.compile(r"^rank (\d) step (\d+) wall_ms ([\d.]+) cpu_ms ([\d.]+)$", re.M)
 
 
 def test_straggle_spends_busy_host_time_on_its_rank_only():
+    # Not alone(): the ratio of the ranks' CPU times holds beside other work. Rank 1 spins for
+    # 300 ms of wall time a step; on a host where three processes share each core it still gets
+    # about 100 ms of CPU, and rank 0's step takes 2-4 ms (at load 2.5 on 2 cores).
     straggle_ms, steps = 300, 2
-    with alone():  # step times are asserted: nothing else runs meanwhile
-        result = launch(DDP, *FAULT_FLAGS, "--pg-timeout-s", 30, "--steps", steps,
-                        "--straggle", f"1:{straggle_ms}", nproc=2, timeout=120)
+    result = launch(DDP, *FAULT_FLAGS, "--pg-timeout-s", 30, "--steps", steps,
+                    "--straggle", f"1:{straggle_ms}", nproc=2, timeout=120)
     check_ok(result, steps)
     times = {(int(r), int(s)): (float(w), float(c))
              for r, s, w, c in STEP_TIMES.findall(result.stdout)}
