@@ -155,6 +155,7 @@ def _command(mode: str, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow  # starts Python processes
 def test_the_command_forks_before_pandas_and_reports_what_one_process_reports():
     alone = _command("plain", "--jobs", "1")
     ahead = _command("plain", "--jobs", "2")

@@ -68,6 +68,7 @@ def test_a_scaling_report_that_rejects_its_options_gives_its_exit_code(capsys):
         "exited with 2")
 
 
+@pytest.mark.slow  # starts Python processes
 def test_the_tracers_modules_import_nothing_of_the_analysis():
     modules = sorted(m.name for m in pkgutil.walk_packages(tracer.__path__, "tracer.")
                      if m.name not in COMMAND_ENTRIES)

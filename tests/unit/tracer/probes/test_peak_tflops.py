@@ -26,6 +26,7 @@ def test_the_cpu_measurement_is_bounded_and_leaves_rng_threads_and_grad_mode_alo
     assert torch.is_grad_enabled()
 
 
+@pytest.mark.slow  # starts Python processes
 def test_after_the_measurement_a_script_can_still_set_its_thread_counts():
     code = ("from tracer.probes import peak_tflops; import torch; "
             "peak_tflops.measure_cpu_tflops(0.05); "
