@@ -181,6 +181,18 @@ RUNS: dict[str, Run] = {
 }
 
 
+# Other work keeping more than this many processes per core runnable (the 1-minute load average
+# as a run ended) slows one run of a command up to 3.5-fold against the next
+# (docs/benchmarks.md#run-to-run-noise-of-one-command), and a rank's fast steps for a second or
+# more at a time: step times and slowdowns of such a run say more of the machine than of it.
+OVERLOAD_PER_CORE = 2.0
+
+
+def overloaded(load: float) -> bool:
+    """Whether a run that ended at this load average ran on an overloaded machine."""
+    return load > OVERLOAD_PER_CORE * (os.cpu_count() or 1)
+
+
 @dataclass
 class Recorded:
     """A finished run: its folder, the process's result, the run folder the tracer wrote

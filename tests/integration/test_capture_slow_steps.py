@@ -29,6 +29,7 @@ from analysis.report.html import write_html_report
 from analysis.report.text_report import text_report
 from helpers.launch import launch, run_module, start
 from helpers.run_copies import copy_run
+from helpers.runs import overloaded as is_overloaded
 from helpers.tracer_files import load_trace, read_jsonl, summaries
 from tracer import schema
 
@@ -42,11 +43,10 @@ PHASES = {"late": (2050, 2000, None, "forward"), "early": (80, 50, None, "forwar
 # steps to confirm it, one pass of the capture thread (0.1 s) and a margin of 0.25 s at 61 ms a
 # step, one warm-up step; a loaded machine may add some.
 WITHIN_STEPS = 25
-# Other work keeping more than this many processes per core runnable (the 1-minute load average
-# as a run ended) slows a rank's fast steps for a second or more at a time: a real, sustained
-# slowdown of its steps, which the trigger may capture (docs/tracer.md, Capturing slow steps).
-# On such a machine the clean steps may get a window of their own before the change's.
-OVERLOADED_PER_CORE = 2.0
+# On an overloaded machine (helpers.runs.overloaded) a rank's fast steps slow for a second or
+# more at a time: a real, sustained slowdown, which the trigger may capture
+# (docs/tracer.md, Capturing slow steps). The clean steps may then get a window of their own
+# before the change's.
 
 
 def traced_steps(run_dir, rank: int) -> list[list[int]]:
@@ -84,7 +84,7 @@ def phase_runs(tmp_path_factory):
                         tracer=("--out", folder / "traces", "--run-name", name))
         assert traced.returncode == 0, traced.stderr[-3000:]
         stderr[name] = traced.stderr
-        overloaded[name] = os.getloadavg()[0] > OVERLOADED_PER_CORE * (os.cpu_count() or 1)
+        overloaded[name] = is_overloaded(os.getloadavg()[0])
     return folder, stderr, overloaded
 
 

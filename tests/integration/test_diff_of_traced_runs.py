@@ -11,12 +11,8 @@ import pytest
 from analysis import diff
 from helpers.launch import DATA
 from helpers.runs import DDP_DELAY_MS as DELAY_MS
+from helpers.runs import overloaded
 
-# Other work keeping more than this many processes per core runnable (1-minute load average,
-# read as each run ends) slows one run of a command up to 3.5-fold against the next
-# (docs/benchmarks.md#run-to-run-noise-of-one-command): no verdict on two single runs can then be
-# checked against the truth, nor how long one rank waits for a delayed other.
-OVERLOAD_PER_CORE = 2.0
 # The runs (tests/helpers/runs.py): the step times compared are those of the cross-rank tests'
 # default-option DDP runs, two without a delay and one with rank 1 late; the rest are `diff-*`.
 RUNS = {"base": "ddp-even-0", "again": "ddp-even-1", "late": "ddp-late-default",
@@ -31,8 +27,10 @@ def runs(shared_runs):
 
 
 def _skip_if_overloaded(runs, *names: str) -> None:
+    # No verdict on two single runs of an overloaded machine can be checked against the truth,
+    # nor how long one rank waits for a delayed other.
     load = max(runs["load"][name] for name in names)
-    if load > OVERLOAD_PER_CORE * (os.cpu_count() or 1):
+    if overloaded(load):
         pytest.skip(f"load average {load:.1f} on {os.cpu_count()} cores during the runs: their "
                     f"step times are not comparable")
 
