@@ -10,7 +10,7 @@ STEPS ?= 20
 # e.g. VENV_ARGS=--system-site-packages to see a CUDA torch installed outside the venv
 VENV_ARGS ?=
 
-.PHONY: demo test test-compiled test-fast test-frameworks lint install install-dev install-frameworks clean-traces
+.PHONY: demo test test-timed test-compiled test-fast test-frameworks lint install install-dev install-frameworks clean-traces
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -44,11 +44,18 @@ demo: install
 	$(BIN)/ranktrace breakdown "$$run" --html "$${run}report.html"
 
 # two pytest-xdist workers: the integration tests wait on processes, pg timeouts and sleeps much
-# of the time; tests that read one shared run stay on one worker, and runs whose timings are
-# asserted are recorded with nothing else running (tests/conftest.py, tests/helpers/alone.py)
+# of the time; tests that read one shared run stay on one worker, and the few runs of theirs whose
+# timings are asserted are recorded with nothing else running (tests/conftest.py,
+# tests/helpers/alone.py). The modules that assert on timings have a target of their own.
 test: install-dev
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not frameworks and not compiled" \
-		--durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup \
+		-m "not frameworks and not compiled and not timed" --durations=15
+
+# the modules whose assertions are on timings (stragglers named, a diff's verdict, a sweep's
+# efficiency, a slow phase's window; tests/conftest.py's TIMED), in one process: each run is
+# recorded on a machine the rest of the suite does not load
+test-timed: install-dev
+	$(BIN)/python -m pytest -q -m timed --durations=10
 
 # the traced-training identity under torch.compile: Inductor's C++ compiles on every rank of
 # every run cost more CPU than any other integration module, so they are a target of their own

@@ -1,4 +1,5 @@
-"""What every test may use: the `slow` mark of everything under tests/integration/, a 1-rank
+"""What every test may use: the `slow` mark of everything under tests/integration/ (and `timed`
+of the modules that assert on timings), a 1-rank
 process group, and the integration tests' shared runs. The suite mirrors the package:
 tests/unit/<stage>/ for each floor of analysis/ and for the tracer, tests/integration/ for
 traced runs, tests/golden/ for the stored documents; shared builders and the one launcher are
@@ -35,6 +36,12 @@ XDIST_GROUPS = {
 }
 UNGROUPED = {"test_tracer_under_faults", "test_stop_diagnosis_runs", "test_scaling_sweeps",
              "test_comms_recorder"}
+# The modules whose assertions are on timings (a late rank named and none without a delay, a
+# diff's verdict on step times, a sweep's lost efficiency, a slow phase's window): marked
+# `timed`, which `make test` leaves to `make test-timed`, one process with nothing else running.
+# Their timings then come from a machine the rest of the suite does not load.
+TIMED = {module for module, group in XDIST_GROUPS.items() if group == "crossrank-runs"} | {
+    "test_scaling_sweeps", "test_capture_slow_steps"}
 
 
 def pytest_configure(config):
@@ -66,6 +73,8 @@ def pytest_collection_modifyitems(config, items):
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.slow)
             module = item.path.stem
+            if module in TIMED:
+                item.add_marker(pytest.mark.timed)
             if module not in UNGROUPED:
                 item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(module, module)))
 

@@ -59,15 +59,17 @@ def rank_series(steps: pd.DataFrame, analysed=None) -> tuple[str, pd.DataFrame] 
 def rss_at_step_ends(frame: pd.DataFrame) -> np.ndarray:
     """Each step's RSS at its end, interpolated linearly in time between the readings the
     step records carry (each once: steps between two readings share the earlier one, and the
-    series would otherwise be a staircase that lags them; docs/memory.md, Growth); the last
-    reading after it, the record's own value where the times are unknown."""
+    series would otherwise be a staircase that lags them; docs/memory.md, Growth); NaN for a
+    step that ends before the first reading or after the last (its memory then is unknown: held
+    flat, the steps after the last reading would end a rise with a plateau), the record's own
+    value where the times are unknown."""
     values = frame["rss"].to_numpy()
     read, ends = frame["rss_t_ns"].to_numpy(), frame["end_ns"].to_numpy()
     known = ~(np.isnan(read) | np.isnan(values))
     if known.sum() < 2:
         return values.copy()
     times, first = np.unique(read[known], return_index=True)
-    at_ends = np.interp(ends, times, values[known][first])
+    at_ends = np.interp(ends, times, values[known][first], left=np.nan, right=np.nan)
     return np.where(np.isnan(ends), values, at_ends)
 
 

@@ -171,7 +171,9 @@ def knee_between_readings(positions: np.ndarray, values: np.ndarray, around: flo
     kept = (positions >= around - reach) & (positions <= around + KNEE_SPAN * reach)
     if kept.sum() < 3:
         return around
-    grid = np.linspace(around - reach, around + reach, KNEE_GRID)
+    # no knee before the first reading: nothing before it shows the level the rise left
+    low = max(around - reach, float(positions.min()))
+    grid = np.linspace(low, max(low, around + reach), KNEE_GRID)
     return float(grid[np.argmin(_hinge_errors(positions[kept], values[kept], grid))])
 
 

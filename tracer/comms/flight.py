@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import bisect
 import collections
+import math
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -45,6 +47,10 @@ MIN_INTERVAL_S = 0.2  # at most one drain per step-end worker pass (step_worker.
 MAX_INTERVAL_S = 2.0  # step records wait for the drain after their end: at most this long
 FILL_SHARE = 0.5  # drain before the ring holds this share of entries new since the last drain
 COST_SHARE = 0.0025  # and no more often than a dump's time / this (0.25% of the wall time)
+# The training thread drains itself at a step's end when the worker's drain is this late: the
+# entries expected since the last drain (at the rate it saw) reach this share of the ring. The
+# worker's pass can come late on a loaded machine, or when it waits for the GIL behind fast steps.
+OVERDUE_SHARE = 0.75
 SETTLE_NS = 50_000_000  # an entry created this long before a dump is in it
 FIRST_ISSUES_KEPT = 4096  # steps' first issue times kept for a reader that has not taken them
 
@@ -104,7 +110,8 @@ def nccl_timing(environ) -> bool:
 
 
 class FlightRecorder(Part):
-    """Drains the FR ring on the step-end worker; its last drain at the script's end (a clean
+    """Drains the FR ring on the step-end worker, and on the training thread at a step's end when
+    the worker's drain is overdue (OVERDUE_SHARE); its last drain at the script's end (a clean
     one, an exception such as a process group's timeout, SIGTERM)."""
 
     name = "flight"
@@ -130,12 +137,16 @@ class FlightRecorder(Part):
         self._per_step: dict[int, list[int]] = {}  # step -> [native ops, bytes] not yet amended
         self._known_ns = 0  # step records ending before this have every native op counted
         self._next_drain = 0.0  # monotonic time
+        self._last_drain = None  # monotonic time of the last drain
+        self._overdue_at = math.inf  # monotonic time the training thread drains itself
+        self._lock = threading.Lock()  # one drain at a time; amends wait for it
         self.interval_s = MIN_INTERVAL_S
         self._sizes: dict[str, int] = {}  # pg name -> its size
         self.ops = 0  # native ops recorded
         self.lost = 0  # entries the ring overwrote before a drain saw them
         self.unknown: dict[str, int] = {}  # profiling names not recorded -> how many
         self.drains = 0
+        self.overdue_drains = 0  # drains the training thread made
         self.hooked = 0  # entries the hooks recorded, left out
         self.dump_s = 0.0  # time in dumps and decoding, all drains together
         self._said_lost = False
@@ -149,13 +160,22 @@ class FlightRecorder(Part):
         if time.monotonic() >= self._next_drain:
             self.drain()
 
+    def on_step(self) -> None:
+        if time.monotonic() >= self._overdue_at and self._lock.acquire(blocking=False):
+            try:
+                self.overdue_drains += 1
+                self._drain_locked(False)
+            finally:
+                self._lock.release()
+
     def steps_known_until(self) -> int | None:
         return self._known_ns
 
     def amend_step_record(self, record) -> None:
-        counts = self._per_step.pop(record.step, None)
-        for old in [s for s in self._per_step if s < record.step]:
-            del self._per_step[old]  # a step whose record never came (the record cap)
+        with self._lock:
+            counts = self._per_step.pop(record.step, None)
+            for old in [s for s in self._per_step if s < record.step]:
+                del self._per_step[old]  # a step whose record never came (the record cap)
         if counts is not None:
             record.comm_ops += counts[0]
             record.comm_bytes += counts[1]
@@ -178,6 +198,10 @@ class FlightRecorder(Part):
     # ---- draining ---------------------------------------------------------------------------
     def drain(self, final: bool = False) -> None:
         """Record the entries new since the last drain, and the waiting ones now done."""
+        with self._lock:
+            self._drain_locked(final)
+
+    def _drain_locked(self, final: bool) -> None:
         now = self._clock_ns()
         started = time.perf_counter()
         dump = self._decoder.decode(self._dump())
@@ -271,12 +295,18 @@ class FlightRecorder(Part):
 
     def _pace(self, spent_s: float, new: int) -> None:
         """The next drain: soon enough that the ring cannot fill with new entries at the rate
-        just seen, late enough that dumps take at most COST_SHARE of the time."""
-        rate = new / self.interval_s
+        just seen (over the time since the last drain, however late it came), late enough that
+        dumps take at most COST_SHARE of the time; and when the training thread drains itself,
+        should the worker's pass come too late."""
+        now = time.monotonic()
+        elapsed = now - self._last_drain if self._last_drain is not None else self.interval_s
+        self._last_drain = now
+        rate = new / max(elapsed, 1e-3)
         fill_s = FILL_SHARE * self.size / rate if rate > 0 else MAX_INTERVAL_S
         interval = min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, spent_s / COST_SHARE))
         self.interval_s = max(MIN_INTERVAL_S, min(interval, fill_s))
-        self._next_drain = time.monotonic() + self.interval_s
+        self._next_drain = now + self.interval_s
+        self._overdue_at = now + OVERDUE_SHARE * self.size / rate if rate > 0 else math.inf
 
     def _pg_size(self, pg: str, dump) -> int:
         size = self._sizes.get(pg)

@@ -144,3 +144,21 @@ def test_a_leak_that_speeds_up_is_dated_from_the_readings_near_its_start():
     assert abs(figure.growth_from_step - 1000) <= 1
     # the rate over the whole stretch: 2 MiB a step, then 4
     assert 2 * MIB < figure.growth_bytes_per_step < 4 * MIB
+
+
+def test_steps_after_the_last_reading_do_not_end_a_leak_with_a_plateau():
+    records = _rss_records()
+    # the sampler's last reading is at step 182: the 17 steps after it carry it, unknown
+    last = records.loc[182, ["rss_t_ns", "rss_bytes"]].to_numpy()
+    records.loc[183:, ["rss_t_ns", "rss_bytes"]] = last
+    at_ends = rss_at_step_ends(records.rename(columns={"rss_bytes": "rss"}))
+    assert np.isnan(at_ends[182:]).all() and not np.isnan(at_ends[1:182]).any()
+    figure = rank_memory(1, records, analysed=range(1, 200))
+    assert figure.growth_bytes_per_step == pytest.approx(2 * MIB, rel=0.02)
+    assert figure.growth_from_step in (19, 20)
+
+
+def test_a_leak_from_the_first_step_is_not_dated_before_the_first_reading():
+    figure = rank_memory(1, _rss_records(leak_from=0, steps=120), analysed=range(1, 120))
+    assert figure.growth_bytes_per_step == pytest.approx(2 * MIB, rel=0.02)
+    assert 0 <= figure.growth_from_step <= 2

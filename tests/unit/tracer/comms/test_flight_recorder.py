@@ -117,16 +117,19 @@ def test_the_last_drain_comes_at_the_scripts_end_and_stops_the_spans():
     assert recorder.issue_spans is None
 
 
-def test_pacing_keeps_the_ring_from_filling_and_dumps_cheap():
+def test_pacing_keeps_the_ring_from_filling_and_dumps_cheap(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
     part, _, _ = part_for(dump_json([]))
     part._pace(0.0002, 0)  # a cheap dump: every worker pass
     assert part.interval_s == flight.MIN_INTERVAL_S
-    part.interval_s = 1.0
+    clock[0] += 1.0
     part._pace(0.002, 10)  # a 2 ms dump: no more often than every 0.8 s (0.25% of the time)
     assert part.interval_s == pytest.approx(0.8)
+    clock[0] += 1.0
     part._pace(0.05, 0)  # a 50 ms dump: at most the longest interval
     assert part.interval_s == flight.MAX_INTERVAL_S
-    part.interval_s = 1.0
+    clock[0] += 1.0
     part._pace(0.01, 2048)  # 2048 ops/s into a ring of 1024: drain within 0.25 s all the same
     assert part.interval_s == pytest.approx(0.25)
 
@@ -233,3 +236,37 @@ def test_a_failing_dump_switches_the_part_off_and_the_spans_with_it(capsys):
     part.fail("RuntimeError: dump failed; flight is off")
     assert part.failed and recorder.issue_spans is None and not recorder.flight_recorded
     assert "dump failed" in capsys.readouterr().err
+
+
+def test_the_training_thread_drains_when_the_workers_drain_is_overdue(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
+    part, recorder, _ = part_for(dump_json(ddp_gloo_entries()))
+    part.on_step()  # no rate seen yet: nothing to fear
+    assert part.drains == 0
+    part.drain()  # 8 entries over the first interval (0.2 s): 40 a second
+    assert part.interval_s == flight.MIN_INTERVAL_S
+    clock[0] += 19.1  # the worker's pass has not come for 19.1 s: 764 entries expected, not
+    part.on_step()    # yet 3/4 of the ring (768)
+    assert (part.drains, part.overdue_drains) == (1, 0)
+    clock[0] += 0.2
+    part.on_step()  # overdue: this step's end drains
+    assert (part.drains, part.overdue_drains) == (2, 1)
+    part.on_step()  # just drained (nothing new: no rate to fear)
+    assert part.drains == 2
+    part._pace(0.0, 10)  # a rate again
+    part._lock.acquire()  # the worker is draining: the step does not wait for it
+    clock[0] += 1000.0
+    part.on_step()
+    part._lock.release()
+    assert part.drains == 2
+
+
+def test_the_rate_is_measured_over_the_time_since_the_last_drain(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
+    part, _, _ = part_for(dump_json([]))
+    part._pace(0.0, 0)
+    clock[0] += 2.0  # the worker came 2 s late: 1024 entries in 2 s, not in its 0.2 s
+    part._pace(0.01, 1024)  # a 10 ms dump: every 2 s at most, and half the ring at 512 a
+    assert part.interval_s == pytest.approx(1.0)  # second fills in 1 s (at 5120: 0.2 s)
