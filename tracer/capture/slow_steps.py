@@ -6,9 +6,11 @@ times the median of the rank's recent steps and lies beyond their noise (NOISE_S
 standard deviations, from their median absolute deviation). One slow step is not a change: a
 count goes up by one at each slow step and down by one at each other step (a CUSUM of the slow
 steps), and a change is confirmed once it reaches PERSIST_STEPS while the steps since it left
-zero have lasted PERSIST_S; back at zero, the steps were noise. A confirmed change becomes the
-new reference (the median restarts from its steps), so a slow phase is one change, and its end
-and a later slowdown are judged against it. Steps inside a profiler window (the profiler slows
+zero have lasted PERSIST_S; back at zero, the steps were noise. The change began at the first of
+those steps that took at least the geometric mean of the medians before and after it (steps
+slowed less just before it ran into it: a burst of the machine's, not its start). A confirmed
+change becomes the new reference (the median restarts from its steps), so a slow phase is one
+change, and its end and a later slowdown are judged against it. Steps inside a profiler window (the profiler slows
 them) and the step after one are neither judged nor counted.
 
 `CapturePlan` decides, from the ordered list of requests every rank reads alike, which windows
@@ -71,17 +73,30 @@ class Change:
 class _Candidate:
     """The steps since the count of slow steps left zero."""
 
-    def __init__(self, step: int, duration_ns: int, median_ns: float):
+    def __init__(self, step: int, duration_ns: int):
         self.step = step
-        self.ratio = duration_ns / median_ns
+        self.first_duration_ns = duration_ns
         self.count = 1
         self.total_ns = duration_ns
         self.durations: collections.deque = collections.deque([duration_ns], maxlen=HISTORY)
+        self.steps: collections.deque = collections.deque([step], maxlen=HISTORY)
 
-    def add(self, duration_ns: int, slow: bool) -> None:
+    def add(self, step: int, duration_ns: int, slow: bool) -> None:
         self.count += 1 if slow else -FAST_WEIGHT
         self.total_ns += duration_ns
         self.durations.append(duration_ns)
+        self.steps.append(step)
+
+    def first_step_at(self, level_ns: float) -> tuple[int, int]:
+        """(step, duration) of the first of its steps that took at least `level_ns`: where
+        the change proper began, after the steps slowed less that ran into it (a burst of
+        the machine's just before a slower loader, say). Its first step where the steps kept
+        are not all of its own (the deque is full) or none took that long."""
+        if len(self.steps) < HISTORY:
+            for step, duration in zip(self.steps, self.durations):
+                if duration >= level_ns:
+                    return step, duration
+        return self.step, self.first_duration_ns
 
 
 class SlowStepRule:
@@ -116,11 +131,11 @@ class SlowStepRule:
         candidate = self._candidate
         if candidate is None:
             if slow:
-                self._candidate = _Candidate(step, duration_ns, self.median_ns)
+                self._candidate = _Candidate(step, duration_ns)
             else:
                 self._remember(duration_ns)
             return None
-        candidate.add(duration_ns, slow)
+        candidate.add(step, duration_ns, slow)
         if candidate.count <= 0:  # noise: its steps join the median
             self._candidate = None
             for duration in candidate.durations:
@@ -129,7 +144,8 @@ class SlowStepRule:
         if candidate.count < PERSIST_STEPS or candidate.total_ns < PERSIST_S * 1e9:
             return None
         before, after = self.median_ns, _median(sorted(candidate.durations))
-        change = Change(candidate.step, step, candidate.ratio, after / before, before, after)
+        first, duration = candidate.first_step_at(math.sqrt(before * after))
+        change = Change(first, step, duration / before, after / before, before, after)
         self._restart(candidate.durations)
         return change
 

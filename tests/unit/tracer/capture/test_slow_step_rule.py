@@ -166,3 +166,15 @@ def test_placing_a_window_looks_at_each_step_about_once():
 
     assert place_window(0, 20, 1, counted, ProfilerAction.NONE, search=10_000) is None
     assert len(calls) < 3 * 10_000
+
+
+def test_a_burst_that_runs_into_the_change_is_not_where_it_began():
+    # 1 ms steps, four of 4 ms (the machine) just before a loader turns 60 ms slow at step 100:
+    # the count starts at step 96, the change at step 100 (4 ms is under the geometric mean of
+    # 1 and 60 ms, 7.7 ms), and its first step's ratio is 60's.
+    times = [1.0] * 96 + [4.0] * 4 + [60.0] * 20
+    rule = SlowStepRule(2.0)
+    found = [c for step, ms in enumerate(times) if (c := rule.observe(step, int(ms * MS)))]
+    assert [(c.step, c.confirmed_step, round(c.ratio, 1)) for c in found] == [(100, 104, 60.0)]
+    # A change that builds up by halves is dated where its steps reach the mean of the levels.
+    assert changes([1.0] * 100 + [3.0] * 3 + [9.0] * 3 + [30.0] * 20)[0][0] == 103
