@@ -10,8 +10,8 @@ zero have lasted PERSIST_S; back at zero, the steps were noise. The change began
 those steps that took at least the geometric mean of the medians before and after it (steps
 slowed less just before it ran into it: a burst of the machine's, not its start). A confirmed
 change becomes the new reference (the median restarts from its steps), so a slow phase is one
-change, and its end and a later slowdown are judged against it. Steps inside a profiler window (the profiler slows
-them) and the step after one are neither judged nor counted.
+change, and its end and a later slowdown are judged against it. Steps inside a profiler window
+(the profiler slows them) and the step after one are neither judged nor counted.
 
 `CapturePlan` decides, from the ordered list of requests every rank reads alike, which windows
 are opened: every rank takes the same decisions from the same list. `place_window` finds the
