@@ -180,43 +180,11 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
         "ms_per_step", ascending=False, kind="stable")
         if not findings.empty and "ms_per_step" in findings else pd.DataFrame())
     waits = _waits_line(per_step, findings, cross_rank, alone, ranks)
-    change = change_ms = None
     what_if = critical.what_if if critical is not None else None
     to_try = (priced.tries(timed, what_if, _first_sentence)
               if len(timed) and not alone else [])
-    if alone:
-        row = findings[findings["finding"] == ALONE].iloc[0]
-        state = ALONE_STATE
-        limits = (f"The ranks never communicated: ranks {row['ranks']} each trained alone, "
-                  f"with no collective in any step (mean step {step_ms:.2f} ms).")
-        change = ("Make the ranks join one process group: check the launcher and the "
-                  "script's init_process_group and DDP/FSDP model (with Hugging Face Accelerate, "
-                  "accelerator.num_processes and accelerator.state.distributed_type).")
-    elif len(timed):
-        row = timed.iloc[0]
-        state = PROBLEM
-        change_ms = float(row["ms_per_step"])
-        limits = (f"{row['finding'][0].upper()}{row['finding'][1:]} costs {change_ms:.2f} ms of "
-                  f"the {step_ms:.2f} ms mean step ({row['share_pct']:.1f}%), ranks "
-                  f"{row['ranks']}.")
-        change = to_try[0]["change"]
-        change_ms = to_try[0]["ms_per_step"]
-    elif not notes.empty:
-        state = NOTES_ONLY
-        limits = (f"No finding passed its threshold (mean step {step_ms:.2f} ms); "
-                  f"{len(notes)} note(s) say what could not be told: "
-                  f"{notes['note'].iloc[0]}.")
-    elif not findings.empty:  # a risk without a time cost: memory near capacity
-        row = findings.iloc[0]
-        state = RISK
-        limits = (f"No finding costs step time past its threshold (mean step {step_ms:.2f} ms); "
-                  f"one risk: {row['finding']}, ranks {row['ranks']}.")
-        change = _first_sentence(row["suggestion"])
-    else:
-        state = NOTHING_FOUND
-        limits = (f"Nothing found wrong: no finding passed its threshold (mean step "
-                  f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
-                  f"{rank_list(steps['rank'])}).")
+    state, limits, change, change_ms = _state_of(findings, notes, timed, to_try, alone, steps,
+                                                 step_ms)
     opening = phase_opening(phases or [])
     why = [*late_lines(late), *([memory_line] if memory_line else [])]
     phase_change = None
@@ -250,3 +218,43 @@ def run_verdict(per_step: pd.DataFrame | None, findings: pd.DataFrame | None,
     return Verdict(state=state, limits=limits, waits=waits, change=change,
                    change_ms_per_step=change_ms, step_ms=step_ms, what_if=answer, lines=lines,
                    tries=to_try if state == PROBLEM else [], memory=memory_line)
+
+
+def _state_of(findings: pd.DataFrame, notes: pd.DataFrame, timed: pd.DataFrame, to_try: list,
+              alone: bool, steps: pd.DataFrame, step_ms: float) -> tuple:
+    """(state, limits, change, change's ms per step) of the whole run (run_verdict's doc)."""
+    change = change_ms = None
+    if alone:
+        row = findings[findings["finding"] == ALONE].iloc[0]
+        state = ALONE_STATE
+        limits = (f"The ranks never communicated: ranks {row['ranks']} each trained alone, "
+                  f"with no collective in any step (mean step {step_ms:.2f} ms).")
+        change = ("Make the ranks join one process group: check the launcher and the "
+                  "script's init_process_group and DDP/FSDP model (with Hugging Face Accelerate, "
+                  "accelerator.num_processes and accelerator.state.distributed_type).")
+    elif len(timed):
+        row = timed.iloc[0]
+        state = PROBLEM
+        change_ms = float(row["ms_per_step"])
+        limits = (f"{row['finding'][0].upper()}{row['finding'][1:]} costs {change_ms:.2f} ms of "
+                  f"the {step_ms:.2f} ms mean step ({row['share_pct']:.1f}%), ranks "
+                  f"{row['ranks']}.")
+        change = to_try[0]["change"]
+        change_ms = to_try[0]["ms_per_step"]
+    elif not notes.empty:
+        state = NOTES_ONLY
+        limits = (f"No finding passed its threshold (mean step {step_ms:.2f} ms); "
+                  f"{len(notes)} note(s) say what could not be told: "
+                  f"{notes['note'].iloc[0]}.")
+    elif not findings.empty:  # a risk without a time cost: memory near capacity
+        row = findings.iloc[0]
+        state = RISK
+        limits = (f"No finding costs step time past its threshold (mean step {step_ms:.2f} ms); "
+                  f"one risk: {row['finding']}, ranks {row['ranks']}.")
+        change = _first_sentence(row["suggestion"])
+    else:
+        state = NOTHING_FOUND
+        limits = (f"Nothing found wrong: no finding passed its threshold (mean step "
+                  f"{step_ms:.2f} ms over {len(steps)} analysed rank-steps of ranks "
+                  f"{rank_list(steps['rank'])}).")
+    return state, limits, change, change_ms
