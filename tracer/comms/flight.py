@@ -47,10 +47,14 @@ MIN_INTERVAL_S = 0.2  # at most one drain per step-end worker pass (step_worker.
 MAX_INTERVAL_S = 2.0  # step records wait for the drain after their end: at most this long
 FILL_SHARE = 0.5  # drain before the ring holds this share of entries new since the last drain
 COST_SHARE = 0.0025  # and no more often than a dump's time / this (0.25% of the wall time)
-# The training thread drains itself at a step's end when the worker's drain is this late: the
-# entries expected since the last drain (at the rate it saw) reach this share of the ring. The
+# The training thread dumps the ring at a step's end when the worker's drain is this late: the
+# entries expected since the last drain reach this share of the ring, at the rate a second or the
+# rate a step the last drain saw (a rate a second seen in slow steps says little of fast ones;
+# the worker's pacing drains before half the ring is new, so on time it never comes to this). The
 # worker's pass can come late on a loaded machine, or when it waits for the GIL behind fast steps.
+# The dump is kept for the worker, which reads it (and writes every record) before its own.
 OVERDUE_SHARE = 0.75
+MAX_KEPT_DUMPS = 64  # dumps kept for a worker that does not come: at most about 64 x 0.2 MB
 SETTLE_NS = 50_000_000  # an entry created this long before a dump is in it
 FIRST_ISSUES_KEPT = 4096  # steps' first issue times kept for a reader that has not taken them
 
@@ -110,9 +114,10 @@ def nccl_timing(environ) -> bool:
 
 
 class FlightRecorder(Part):
-    """Drains the FR ring on the step-end worker, and on the training thread at a step's end when
-    the worker's drain is overdue (OVERDUE_SHARE); its last drain at the script's end (a clean
-    one, an exception such as a process group's timeout, SIGTERM)."""
+    """Drains the FR ring on the step-end worker; when the worker's drain is overdue
+    (OVERDUE_SHARE), the training thread dumps the ring at a step's end and keeps the dump for
+    the worker to read first; its last drain at the script's end (a clean one, an exception such
+    as a process group's timeout, SIGTERM)."""
 
     name = "flight"
 
@@ -138,15 +143,19 @@ class FlightRecorder(Part):
         self._known_ns = 0  # step records ending before this have every native op counted
         self._next_drain = 0.0  # monotonic time
         self._last_drain = None  # monotonic time of the last drain
-        self._overdue_at = math.inf  # monotonic time the training thread drains itself
-        self._lock = threading.Lock()  # one drain at a time; amends wait for it
+        self._overdue_at = math.inf  # monotonic time the training thread dumps the ring
+        self._overdue_s = math.inf  # the time the ring takes to fill 3/4 at the rate last seen
+        self._steps_since = 0  # steps ended since the last drain or kept dump
+        self._overdue_steps = math.inf  # steps that fill 3/4 of the ring at the last rate a step
+        self._kept: list[tuple[int, bytes | str]] = []  # (host time, dump) of the training thread
+        self._lock = threading.Lock()  # one drain or dump at a time
         self.interval_s = MIN_INTERVAL_S
         self._sizes: dict[str, int] = {}  # pg name -> its size
         self.ops = 0  # native ops recorded
         self.lost = 0  # entries the ring overwrote before a drain saw them
         self.unknown: dict[str, int] = {}  # profiling names not recorded -> how many
         self.drains = 0
-        self.overdue_drains = 0  # drains the training thread made
+        self.overdue_dumps = 0  # dumps the training thread took
         self.hooked = 0  # entries the hooks recorded, left out
         self.dump_s = 0.0  # time in dumps and decoding, all drains together
         self._said_lost = False
@@ -161,12 +170,26 @@ class FlightRecorder(Part):
             self.drain()
 
     def on_step(self) -> None:
-        if time.monotonic() >= self._overdue_at and self._lock.acquire(blocking=False):
+        self._steps_since += 1
+        if ((self._steps_since >= self._overdue_steps or time.monotonic() >= self._overdue_at)
+                and self._lock.acquire(blocking=False)):
             try:
-                self.overdue_drains += 1
-                self._drain_locked(False)
+                self._keep_dump()
             finally:
                 self._lock.release()
+
+    def _keep_dump(self) -> None:
+        """The ring as it is now, kept for the worker's next drain: the training thread pays
+        for the dump only; the records are written on the worker, as always."""
+        now = self._clock_ns()
+        started = time.perf_counter()
+        dump = self._dump()
+        self.dump_s += time.perf_counter() - started
+        if len(self._kept) < MAX_KEPT_DUMPS:
+            self._kept.append((now, dump))
+        self.overdue_dumps += 1
+        self._overdue_at = time.monotonic() + self._overdue_s
+        self._steps_since = 0
 
     def steps_known_until(self) -> int | None:
         return self._known_ns
@@ -197,21 +220,32 @@ class FlightRecorder(Part):
 
     # ---- draining ---------------------------------------------------------------------------
     def drain(self, final: bool = False) -> None:
-        """Record the entries new since the last drain, and the waiting ones now done."""
+        """Record the entries new since the last drain (the kept dumps' first, in the order
+        they were taken), and the waiting ones now done."""
         with self._lock:
-            self._drain_locked(final)
+            kept, self._kept = self._kept, []
+            new = sum(self._read(now, self._decoder.decode(raw), False) for now, raw in kept)
+            now = self._clock_ns()
+            started = time.perf_counter()
+            dump = self._decoder.decode(self._dump())
+            spent = time.perf_counter() - started
+            self.dump_s += spent
+            new += self._read(now, dump, final)
+            self._pace(spent, new)
+            self._pace_steps(new, len(kept))
+            if final:
+                self._say_unknown()
 
-    def _drain_locked(self, final: bool) -> None:
-        now = self._clock_ns()
-        started = time.perf_counter()
-        dump = self._decoder.decode(self._dump())
-        spent = time.perf_counter() - started
-        self.dump_s += spent
+    def _read(self, now: int, dump: FrDump, final: bool) -> int:
+        """Record what `dump`, taken at host time `now`, holds: the entries new since the last
+        dump read, and the waiting ones now done. Returns how many were created since then (the
+        new ones, and those the ring lost)."""
         self.drains += 1
         while self._step_ends:
             self._ends.append(self._step_ends.popleft())
         spans = span_index(list(self._spans))
         entries = sorted(dump.entries, key=lambda e: e.record_id)
+        first_id = self._last_id
         new_ids = [e.record_id for e in entries if e.record_id > self._last_id]
         if new_ids and new_ids[0] > self._last_id + 1:
             self._count_lost(new_ids[0] - self._last_id - 1)
@@ -234,9 +268,7 @@ class FlightRecorder(Part):
                 del self._waiting[record_id]  # overwritten before it was seen done
         self._prune(now - SETTLE_NS)
         self._known_ns = now - SETTLE_NS
-        self._pace(spent, len(new_ids))
-        if final:
-            self._say_unknown()
+        return new_ids[-1] - first_id if new_ids else 0  # the ring's lost entries too
 
     def _note_first_issue(self, created_ns: int) -> None:
         """Entries come in the order they were created: the first of a step is its first op."""
@@ -306,7 +338,18 @@ class FlightRecorder(Part):
         interval = min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, spent_s / COST_SHARE))
         self.interval_s = max(MIN_INTERVAL_S, min(interval, fill_s))
         self._next_drain = now + self.interval_s
-        self._overdue_at = now + OVERDUE_SHARE * self.size / rate if rate > 0 else math.inf
+        self._overdue_s = OVERDUE_SHARE * self.size / rate if rate > 0 else math.inf
+        self._overdue_at = now + self._overdue_s
+
+    def _pace_steps(self, new: int, kept: int) -> None:
+        """The steps after which the training thread dumps the ring: the entries created a step
+        since the last drain (over the steps since then, where the training thread kept no dump
+        meanwhile) filling OVERDUE_SHARE of it."""
+        steps, self._steps_since = self._steps_since, 0
+        if steps and not kept:
+            per_step = new / steps
+            self._overdue_steps = (max(1, int(OVERDUE_SHARE * self.size / per_step))
+                                   if per_step > 0 else math.inf)
 
     def _pg_size(self, pg: str, dump) -> int:
         size = self._sizes.get(pg)

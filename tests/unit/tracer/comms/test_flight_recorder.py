@@ -238,28 +238,59 @@ def test_a_failing_dump_switches_the_part_off_and_the_spans_with_it(capsys):
     assert "dump failed" in capsys.readouterr().err
 
 
-def test_the_training_thread_drains_when_the_workers_drain_is_overdue(monkeypatch):
+def _all_reduces(first: int, count: int) -> bytes:
+    """A ring holding `count` all-reduces from record_id `first` on, 1 ms apart."""
+    return dump_json([gloo_entry(i, i + 1, "gloo:all_reduce", T0 + i * 1_000_000, [[110]],
+                                 ["Float"]) for i in range(first, first + count)])
+
+
+def test_the_training_thread_keeps_a_dump_when_the_workers_drain_is_overdue(monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
-    part, recorder, _ = part_for(dump_json(ddp_gloo_entries()))
-    part.on_step()  # no rate seen yet: nothing to fear
-    assert part.drains == 0
-    part.drain()  # 8 entries over the first interval (0.2 s): 40 a second
-    assert part.interval_s == flight.MIN_INTERVAL_S
-    clock[0] += 19.1  # the worker's pass has not come for 19.1 s: 764 entries expected, not
-    part.on_step()    # yet 3/4 of the ring (768)
-    assert (part.drains, part.overdue_drains) == (1, 0)
-    clock[0] += 0.2
-    part.on_step()  # overdue: this step's end drains
-    assert (part.drains, part.overdue_drains) == (2, 1)
-    part.on_step()  # just drained (nothing new: no rate to fear)
-    assert part.drains == 2
-    part._pace(0.0, 10)  # a rate again
-    part._lock.acquire()  # the worker is draining: the step does not wait for it
+    # The ring holds 4 entries: the worker sees 0-3, then, coming late, only 8-11; the
+    # training thread's dump in between holds 4-7.
+    recorder = FakeRecorder()
+    part = FlightRecorder(recorder, Dumps(_all_reduces(0, 4), _all_reduces(4, 4),
+                                          _all_reduces(8, 4)), collections.deque(), 4,
+                          clock_ns=lambda: T0 + 10**9)
+    part.drain()  # 4 entries over the first interval (0.2 s): 20 a second, 3 in 0.15 s; no
+    assert len(recorder.writer.records) == 4  # step ended before it: no rate a step
+    clock[0] += 0.14
+    part.on_step()
+    assert part.overdue_dumps == 0
+    clock[0] += 0.02
+    part.on_step()  # overdue: the ring is dumped here, and nothing is written on this thread
+    assert part.overdue_dumps == 1 and len(recorder.writer.records) == 4
+    part.on_step()  # not overdue again until as long again
+    assert part.overdue_dumps == 1
+    part.drain()  # the worker reads the kept dump first: nothing lost
+    assert [r.position for r in recorder.writer.records] == list(range(12))
+    assert part.lost == 0
+    part._pace(0.0, 10)  # a rate again, overdue at once
     clock[0] += 1000.0
+    part._lock.acquire()  # the worker is draining: the step does not wait for it
     part.on_step()
     part._lock.release()
-    assert part.drains == 2
+    assert part.overdue_dumps == 1
+
+
+def test_the_training_thread_keeps_a_dump_after_the_steps_that_fill_the_ring(monkeypatch):
+    monkeypatch.setattr(flight.time, "monotonic", lambda: 100.0)  # time stands still
+    recorder = FakeRecorder()
+    part = FlightRecorder(recorder, Dumps(_all_reduces(0, 4), _all_reduces(4, 6),
+                                          _all_reduces(10, 8)), collections.deque(), 8,
+                          clock_ns=lambda: T0 + 10**9)
+    for _ in range(4):
+        part.on_step()
+    part.drain()  # 4 entries in 4 steps: 6 (3/4 of the ring) in 6 steps
+    for _ in range(5):
+        part.on_step()
+    assert part.overdue_dumps == 0
+    part.on_step()
+    assert part.overdue_dumps == 1
+    part.drain()  # the kept dump (4-9), then the worker's own (10-17): nothing lost
+    assert [r.position for r in recorder.writer.records] == list(range(18))
+    assert part.lost == 0
 
 
 def test_the_rate_is_measured_over_the_time_since_the_last_drain(monkeypatch):
