@@ -154,7 +154,7 @@ class FlightRecorder(Part):
         self.ops = 0  # native ops recorded
         self.lost = 0  # entries the ring overwrote before a drain saw them
         self.unknown: dict[str, int] = {}  # profiling names not recorded -> how many
-        self.drains = 0
+        self.drains = 0  # the worker's drains (and the last one)
         self.overdue_dumps = 0  # dumps the training thread took
         self.hooked = 0  # entries the hooks recorded, left out
         self.dump_s = 0.0  # time in dumps and decoding, all drains together
@@ -223,8 +223,14 @@ class FlightRecorder(Part):
         """Record the entries new since the last drain (the kept dumps' first, in the order
         they were taken), and the waiting ones now done."""
         with self._lock:
+            self.drains += 1
             kept, self._kept = self._kept, []
-            new = sum(self._read(now, self._decoder.decode(raw), False) for now, raw in kept)
+            new = 0
+            for taken_ns, raw in kept:
+                started = time.perf_counter()
+                dump = self._decoder.decode(raw)
+                self.dump_s += time.perf_counter() - started
+                new += self._read(taken_ns, dump, False)
             now = self._clock_ns()
             started = time.perf_counter()
             dump = self._decoder.decode(self._dump())
@@ -240,7 +246,6 @@ class FlightRecorder(Part):
         """Record what `dump`, taken at host time `now`, holds: the entries new since the last
         dump read, and the waiting ones now done. Returns how many were created since then (the
         new ones, and those the ring lost)."""
-        self.drains += 1
         while self._step_ends:
             self._ends.append(self._step_ends.popleft())
         spans = span_index(list(self._spans))
