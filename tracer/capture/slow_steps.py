@@ -7,11 +7,13 @@ standard deviations, from their median absolute deviation). One slow step is not
 count goes up by one at each slow step and down by one at each other step (a CUSUM of the slow
 steps), and a change is confirmed once it reaches PERSIST_STEPS while the steps since it left
 zero have lasted PERSIST_S; back at zero, the steps were noise. The change began at the first of
-those steps that took at least the geometric mean of the medians before and after it (steps
-slowed less just before it ran into it: a burst of the machine's, not its start). A confirmed
-change becomes the new reference (the median restarts from its steps), so a slow phase is one
-change, and its end and a later slowdown are judged against it. Steps inside a profiler window
-(the profiler slows them) and the step after one are neither judged nor counted.
+those steps that took at least the geometric mean of the median before it and the level it
+reached (the median of the PERSIST_STEPS steps that confirmed it): steps slowed less just before
+it ran into it, a burst of the machine's, not its start. Its size is the median of its steps
+from there. A confirmed change becomes the new reference (the median restarts from its steps),
+so a slow phase is one change, and its end and a later slowdown are judged against it. Steps
+inside a profiler window (the profiler slows them) and the step after one are neither judged
+nor counted.
 
 `CapturePlan` decides, from the ordered list of requests every rank reads alike, which windows
 are opened: every rank takes the same decisions from the same list. `place_window` finds the
@@ -98,6 +100,13 @@ class _Candidate:
                     return step, duration
         return self.step, self.first_duration_ns
 
+    def durations_from(self, first: int) -> list[int]:
+        """The durations of its steps from `first` on (all it kept, where `first` is its own
+        first step)."""
+        if first == self.step:
+            return list(self.durations)
+        return [d for step, d in zip(self.steps, self.durations) if step >= first]
+
 
 class SlowStepRule:
     """One rank's trigger: `observe(step, duration_ns, in_window)` for each step, in order."""
@@ -143,10 +152,16 @@ class SlowStepRule:
             return None
         if candidate.count < PERSIST_STEPS or candidate.total_ns < PERSIST_S * 1e9:
             return None
-        before, after = self.median_ns, _median(sorted(candidate.durations))
-        first, duration = candidate.first_step_at(math.sqrt(before * after))
+        before = self.median_ns
+        # The level it reached: that of the steps that confirmed it (a burst before it may be
+        # most of the counted steps).
+        reached = _median(sorted(list(candidate.durations)[-PERSIST_STEPS:]))
+        first, duration = candidate.first_step_at(math.sqrt(before * reached))
+        # The change's own steps: its size and the new reference leave out the burst before it.
+        own = candidate.durations_from(first)
+        after = _median(sorted(own))
         change = Change(first, step, duration / before, after / before, before, after)
-        self._restart(candidate.durations)
+        self._restart(own)
         return change
 
     def note_window(self, open_step: int, last_step: int) -> None:

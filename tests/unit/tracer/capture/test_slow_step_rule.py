@@ -178,3 +178,15 @@ def test_a_burst_that_runs_into_the_change_is_not_where_it_began():
     assert [(c.step, c.confirmed_step, round(c.ratio, 1)) for c in found] == [(100, 104, 60.0)]
     # A change that builds up by halves is dated where its steps reach the mean of the levels.
     assert changes([1.0] * 100 + [3.0] * 3 + [9.0] * 3 + [30.0] * 20)[0][0] == 103
+
+
+def test_the_burst_before_a_change_is_left_out_of_its_size_and_of_the_new_reference():
+    # Six 4 ms steps (24 ms: not yet PERSIST_S) run into 60 ms steps from step 100: confirmed
+    # at step 104, with 11 steps counted, 6 of them the burst's. The change's size is that of
+    # its own steps (60 ms, not the 4 ms median of the 11), and the 60 ms steps after it are
+    # its pace, not another change.
+    times = [1.0] * 94 + [4.0] * 6 + [60.0] * 100
+    rule = SlowStepRule(2.0)
+    found = [c for step, ms in enumerate(times) if (c := rule.observe(step, int(ms * MS)))]
+    assert [(c.step, c.confirmed_step, c.after_ns / MS, round(c.factor, 1)) for c in found] == [
+        (100, 104, 60.0, 60.0)]
