@@ -7,7 +7,7 @@ standard deviations, from their median absolute deviation). One slow step is not
 count goes up by one at each slow step and down by one at each other step (a CUSUM of the slow
 steps), and a change is confirmed once it reaches PERSIST_STEPS while the steps since it left
 zero have lasted PERSIST_S; back at zero, the steps were noise. The change began at the first of
-those steps that took at least the geometric mean of the median before it and the level it
+those steps that took at least the midpoint between the median before it and the level it
 reached (the median of the PERSIST_STEPS steps that confirmed it): steps slowed less just before
 it ran into it, a burst of the machine's, not its start. Its size is the median of its steps
 from there. A confirmed change becomes the new reference (the median restarts from its steps),
@@ -156,7 +156,7 @@ class SlowStepRule:
         # The level it reached: that of the steps that confirmed it (a burst before it may be
         # most of the counted steps).
         reached = _median(sorted(list(candidate.durations)[-PERSIST_STEPS:]))
-        first, duration = candidate.first_step_at(math.sqrt(before * reached))
+        first, duration = candidate.first_step_at((before + reached) / 2)
         # The change's own steps: its size and the new reference leave out the burst before it.
         own = candidate.durations_from(first)
         after = _median(sorted(own))

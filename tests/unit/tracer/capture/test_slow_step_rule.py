@@ -170,14 +170,17 @@ def test_placing_a_window_looks_at_each_step_about_once():
 
 def test_a_burst_that_runs_into_the_change_is_not_where_it_began():
     # 1 ms steps, four of 4 ms (the machine) just before a loader turns 60 ms slow at step 100:
-    # the count starts at step 96, the change at step 100 (4 ms is under the geometric mean of
-    # 1 and 60 ms, 7.7 ms), and its first step's ratio is 60's.
+    # the count starts at step 96, the change at step 100 (4 ms is under the midpoint of 1 and
+    # 60 ms, 30.5 ms), and its first step's ratio is 60's.
     times = [1.0] * 96 + [4.0] * 4 + [60.0] * 20
     rule = SlowStepRule(2.0)
     found = [c for step, ms in enumerate(times) if (c := rule.observe(step, int(ms * MS)))]
     assert [(c.step, c.confirmed_step, round(c.ratio, 1)) for c in found] == [(100, 104, 60.0)]
-    # A change that builds up by halves is dated where its steps reach the mean of the levels.
-    assert changes([1.0] * 100 + [3.0] * 3 + [9.0] * 3 + [30.0] * 20)[0][0] == 103
+    # One 8 ms hiccup of the machine the step before 62 ms steps begin: not their start.
+    assert changes([1.0] * 99 + [8.0] + [62.0] * 20)[0][:2] == (100, 104)
+    # A change that builds up in stages is dated where its steps pass the midpoint of the
+    # levels before and after (1 and 30 ms: the first 30 ms step, not the 3 or 9 ms ones).
+    assert changes([1.0] * 100 + [3.0] * 3 + [9.0] * 3 + [30.0] * 20)[0][0] == 106
 
 
 def test_the_burst_before_a_change_is_left_out_of_its_size_and_of_the_new_reference():
