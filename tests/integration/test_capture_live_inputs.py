@@ -41,17 +41,11 @@ def free_port() -> int:
 
 
 def inject(run_dir, port: int) -> None:
-    """Every input, while both ranks wait at step WAIT_AT."""
-    asks = FileLog(str(run_dir), schema.CAPTURE_ASK_FILE, schema.CaptureAsk)
-    now = time.time_ns()
-    asks.append(schema.CaptureAsk(steps=10**9, t_ns=now, run=run_dir.name))
-    (run_dir / schema.CAPTURE_ASK_FILE.format(index=1)).write_bytes(os.urandom(4096))
-    asks.next = 2
-    asks.append(schema.CaptureAsk(steps=3, t_ns=now, run="another-run"))
-    asks.append(schema.CaptureAsk(steps=-1, t_ns=now))
-    os.mkfifo(run_dir / schema.CAPTURE_ASK_FILE.format(index=4))
+    """Every input, while both ranks wait at step WAIT_AT: the requests first, so that they are
+    requests 0-2 (rank 0 answers the asks with a request of its own, appended after them)."""
     store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
     requests = StoreLog(store, RUN_ID, 0)
+    now = time.time_ns()
     base = dict(trigger="on_demand", t_ns=now, run=run_dir.name)
     requests.append(schema.CaptureRequest(trigger_step=WAIT_AT, first_step=-10**12,
                                           steps=10**11, **base))
@@ -59,6 +53,13 @@ def inject(run_dir, port: int) -> None:
                                           steps=3, **{**base, "run": "another-run"}))
     index = int(store.add(f"{requests.prefix}/count", 1)) - 1
     store.set(f"{requests.prefix}/{index}", os.urandom(4096))
+    asks = FileLog(str(run_dir), schema.CAPTURE_ASK_FILE, schema.CaptureAsk)
+    asks.append(schema.CaptureAsk(steps=10**9, t_ns=now, run=run_dir.name))
+    (run_dir / schema.CAPTURE_ASK_FILE.format(index=1)).write_bytes(os.urandom(4096))
+    asks.next = 2
+    asks.append(schema.CaptureAsk(steps=3, t_ns=now, run="another-run"))
+    asks.append(schema.CaptureAsk(steps=-1, t_ns=now))
+    os.mkfifo(run_dir / schema.CAPTURE_ASK_FILE.format(index=4))
 
 
 def test_whatever_comes_in_asks_and_requests_the_run_ends_whole_and_unharmed(tmp_path):
