@@ -39,8 +39,8 @@ NOISE_FLOOR_BYTES = 256 << 10
 PENALTY_FACTOR = 8.0  # x noise^2 x log(points): the cost a breakpoint must save
 SMOOTHING_STEPS = 5  # the rolling median the noise is measured around
 MAX_POINTS = 250  # a longer series is segmented on the medians of consecutive steps
-KNEE_GRID = 257  # knee positions tried between readings
 KNEE_SPAN = 4  # readings up to this many reaches after the knee date it
+KNEE_REFITS = 4  # the line through the rise fitted again from each knee, at most
 SMOOTHING_WINDOW = 10  # levels compared by the new-memory test: medians of this many steps
 NEW_MEMORY_FACTOR = 2.0
 
@@ -160,21 +160,74 @@ def knee(steps: np.ndarray, values: np.ndarray, around: int, reach: int) -> int:
     return int(fine[np.argmin(_hinge_errors(x, y, steps[fine]))])
 
 
+def _rise_line(positions: np.ndarray, values: np.ndarray, low: float, high: float
+               ) -> tuple[float, float, float] | None:
+    """(slope, intercept, scatter) of the least-squares line through the readings in [low,
+    high], the scatter being 1.4826 x the median absolute residual; None with fewer than three
+    or a slope that does not rise."""
+    kept = (positions >= low) & (positions <= high)
+    if kept.sum() < 3 or np.ptp(positions[kept]) == 0:
+        return None
+    slope, intercept = np.polyfit(positions[kept], values[kept], 1)
+    residuals = values[kept] - (slope * positions[kept] + intercept)
+    scatter = 1.4826 * float(np.median(np.abs(residuals)))
+    return (float(slope), float(intercept), scatter) if slope > 0 else None
+
+
+def _back_projected(positions: np.ndarray, values: np.ndarray, line: tuple[float, float, float],
+                    before: float, noise: float) -> float:
+    """Where `line` (the rise), traced back from `before`, meets the level before it: the
+    readings from the last one before `before` that stands above the line by more than the
+    tolerance (one step's rise, 3 x the line's scatter, NOISE_FACTOR x the noise) on to the
+    last that stays within the tolerance of it (on the line too, so read within about a step
+    of the knee); the readings after, on the line or under it (a stair of the rise, one of its
+    slow first steps), have risen. The knee is not before the level's last reading nor after
+    the next; the first reading's position when every reading before lies on the line."""
+    slope, intercept, scatter = line
+    tolerance = max(slope, 3.0 * scatter, NOISE_FACTOR * noise)
+    earlier = np.flatnonzero(positions < before)
+    above = earlier[values[earlier] > slope * positions[earlier] + intercept + tolerance]
+    if not len(above):
+        return float(positions.min())
+    level = int(above[-1])
+    while level + 1 < len(positions) and positions[level + 1] < before \
+            and values[level + 1] - values[level] <= tolerance:
+        level += 1
+    after = positions[level + 1] if level + 1 < len(positions) else before
+    knee_at = (values[level] - intercept) / slope
+    return float(min(max(knee_at, positions[level]), after))
+
+
 def knee_between_readings(positions: np.ndarray, values: np.ndarray, around: float,
-                          reach: float) -> float:
-    """The knee of a line flat before it and rising after it, fitted by least squares to the
-    readings at their own `positions` (in steps, fractional: where each was read) from
-    `around - reach` to `around + KNEE_SPAN * reach` (the rise near its start, not its average
-    over the run; not the creep long before it), searched on a grid of KNEE_GRID positions
-    within `reach` of `around`: the step where a rise that began between two readings began, as
-    the readings after it point back to the level before it."""
-    kept = (positions >= around - reach) & (positions <= around + KNEE_SPAN * reach)
-    if kept.sum() < 3:
-        return around
-    # no knee before the first reading: nothing before it shows the level the rise left
-    low = max(around - reach, float(positions.min()))
-    grid = np.linspace(low, max(low, around + reach), KNEE_GRID)
-    return float(grid[np.argmin(_hinge_errors(positions[kept], values[kept], grid))])
+                          reach: float, noise: float = 0.0) -> float:
+    """Where a rise dated near `around` began, from the readings at their own `positions` (in
+    steps, fractional: where each was read): the line through the readings of the rise (least
+    squares, from a reach after `around` to KNEE_SPAN reaches on: surely risen), traced back
+    to the level of the last reading before it that stands above it (_back_projected). The
+    line is then fitted again from that knee on (the rise as it began, not as it went on later)
+    until the knee stays within half a step. The readings after a rise that began between two
+    readings so point back to the level before it, and a rise earlier in the run (a start-up's)
+    is not taken for the level. `around` itself (not before the first reading) when the
+    readings are too few to fit."""
+    positions = np.asarray(positions, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(positions, kind="stable")
+    positions, values = positions[order], values[order]
+    span = KNEE_SPAN * reach
+    line = (_rise_line(positions, values, around + reach, around + reach + span)
+            or _rise_line(positions, values, around, around + span))
+    if line is None or not len(positions):
+        return max(around, float(positions.min())) if len(positions) else around
+    knee_at = _back_projected(positions, values, line, around + reach, noise)
+    for _ in range(KNEE_REFITS):
+        line = _rise_line(positions, values, knee_at + 1e-9, knee_at + span)
+        if line is None:
+            break
+        refitted = _back_projected(positions, values, line, knee_at + 1e-9, noise)
+        if abs(refitted - knee_at) < 0.5:
+            return refitted
+        knee_at = refitted
+    return knee_at
 
 
 def _steady(steps: np.ndarray, values: np.ndarray, noise: float) -> bool:
@@ -217,7 +270,8 @@ def growth_of(steps, values, readings: tuple | None = None) -> Growth:
     if readings is not None:
         positions, read = (np.asarray(a, dtype=np.float64) for a in readings)
         gap = float(np.median(np.diff(positions))) if len(positions) > 1 else 1.0
-        start = knee_between_readings(positions, read, steps[first], max(2 * gap, 1.0))
+        start = knee_between_readings(positions, read, steps[first], max(2 * gap, 1.0),
+                                      noise)
         start_step = int(np.ceil(start - 1e-9))
         first = int(np.searchsorted(steps, start_step))
     return Growth(_slope(steps[first:], values[first:]), start_step, noise)
