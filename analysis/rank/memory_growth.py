@@ -16,8 +16,9 @@ step by the least-squares knee nearby, and kept only when it is a steady rise:
 * spread over the stretch: each half of it rises by at least SPREAD_SHARE of the whole (one
   jump, an allocation that stays, is not a growth).
 
-Its rate is the least-squares slope over the stretch; it starts at the stretch's first step.
-Without one, the rate is 0 and there is no first step.
+Its rate is the least-squares slope over the stretch; it starts at the stretch's first step, or,
+on RSS, where the line through the readings of the rise meets the level of the last reading
+before it (knee_between_readings). Without one, the rate is 0 and there is no first step.
 """
 
 from __future__ import annotations
