@@ -64,18 +64,30 @@ def step_series(per_step: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     each rank's step time and wait (a wait not known, or a step a rank lacks, takes its
     neighbour's value), or the across-rank series with more than MAX_RANK_SERIES ranks."""
     rows = phase_input_rows(per_step)
-    steps = np.sort(rows["step"].unique()).astype("int64")
-    step_ms = rows.pivot_table(index="step", columns="rank", values="step_ns") / 1e6
-    wait_ms = rows.pivot_table(index="step", columns="rank", values="peer_wait_ns",
-                               dropna=False) / 1e6
-    step_ms = step_ms.reindex(steps).ffill().bfill()
-    wait_ms = wait_ms.reindex(index=steps, columns=step_ms.columns).ffill().bfill().fillna(0.0)
+    steps, step_at = np.unique(rows["step"].to_numpy(), return_inverse=True)
+    steps = steps.astype("int64")
+    _, rank_at = np.unique(rows["rank"].to_numpy(), return_inverse=True)
+    at = (step_at, rank_at)
+    step_ms = pd.DataFrame(_mean_grid(rows["step_ns"].to_numpy(), at) / 1e6).ffill().bfill()
+    wait_ms = pd.DataFrame(_mean_grid(rows["peer_wait_ns"].to_numpy(), at) / 1e6)
+    wait_ms = wait_ms.ffill().bfill().fillna(0.0)
     if step_ms.shape[1] <= MAX_RANK_SERIES:
         matrix = np.hstack([step_ms.to_numpy(), wait_ms.to_numpy()])
     else:
         matrix = np.column_stack([step_ms.median(axis=1), step_ms.max(axis=1),
                                   wait_ms.min(axis=1), wait_ms.max(axis=1)])
     return steps, matrix.astype("float64")
+
+
+def _mean_grid(values: np.ndarray, at: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The mean of the known `values` at each (row, column) of `at`, NaN where none is known
+    (a pivot table's, without its cost: 8-12 ms for five rows)."""
+    shape = (int(at[0].max()) + 1, int(at[1].max()) + 1) if len(values) else (0, 0)
+    known = ~np.isnan(values)
+    sums, counts = np.zeros(shape), np.zeros(shape)
+    np.add.at(sums, (at[0][known], at[1][known]), values[known])
+    np.add.at(counts, (at[0][known], at[1][known]), 1.0)
+    return np.divide(sums, counts, out=np.full(shape, np.nan), where=counts > 0)
 
 
 def rolling_median(matrix: np.ndarray, width: int = FILTER_STEPS) -> np.ndarray:

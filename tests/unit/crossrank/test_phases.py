@@ -144,6 +144,20 @@ def test_many_ranks_are_searched_on_series_across_ranks():
     assert len(phases[1].ranks) == ranks
 
 
+def test_step_series_averages_repeated_rows_and_fills_a_missing_step_from_its_neighbour():
+    rows = pd.DataFrame({"rank": [0, 0, 0, 1, 1, 1, 0],
+                         "step": [1, 2, 3, 1, 3, 2, 2],
+                         "step_ns": [10e6, 12e6, 14e6, 11e6, 15e6, np.nan, 16e6],
+                         "peer_wait_ns": [1e6, np.nan, 3e6, np.nan, 5e6, 2e6, 2e6]})
+    steps, matrix = step_series(rows)
+    assert steps.tolist() == [1, 2, 3]
+    # columns: rank 0's and rank 1's step ms, then their waits: rank 0's step 2 twice (12 and
+    # 16 ms, waits unknown and 2 ms), rank 1's step 2 without a step time (left out, its wait
+    # with it) takes step 1's time, and its waits unknown before step 3 take step 3's
+    assert matrix.tolist() == [[10.0, 11.0, 1.0, 5.0], [14.0, 11.0, 2.0, 5.0],
+                               [14.0, 15.0, 3.0, 5.0]]
+
+
 def test_a_run_too_short_to_split_is_one_phase_and_no_step_is_none():
     assert starts(find_phases(per_step(15, extra=late_from(8)))) == [1]
     assert find_phases(per_step(3).iloc[:0]) == []
