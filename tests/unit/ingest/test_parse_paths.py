@@ -181,7 +181,7 @@ def test_arguments_that_are_not_an_object_fail_either_way(tmp_path, monkeypatch,
     assert str(fast.value) == str(general.value)
 
 
-# ---- gzip: ISA-L where it is installed, the standard library from its first failure on ---------
+# ---- gzip, read by ISA-L ----------------------------------------------------------------------
 def two_member_gzip(tmp_path, damage: str):
     """A trace gzipped as two members (as concatenated copies are), damaged as named."""
     events = [{**COMPLETE, "name": f"kernel{i % 7}", "ts": i * 10, "dur": 5, "args": {"stream": 7}}
