@@ -200,7 +200,7 @@ def _back_projected(positions: np.ndarray, values: np.ndarray, line: tuple[float
 
 
 def knee_between_readings(positions: np.ndarray, values: np.ndarray, around: float,
-                          reach: float, noise: float = 0.0) -> float:
+                          reach: float, noise: float) -> float:
     """Where a rise dated near `around` began, from the readings at their own `positions` (in
     steps, fractional: where each was read): the line through the readings of the rise (least
     squares, from a reach after `around` to KNEE_SPAN reaches on: surely risen), traced back
@@ -217,7 +217,7 @@ def knee_between_readings(positions: np.ndarray, values: np.ndarray, around: flo
     span = KNEE_SPAN * reach
     line = (_rise_line(positions, values, around + reach, around + reach + span)
             or _rise_line(positions, values, around, around + span))
-    if line is None or not len(positions):
+    if line is None:  # fewer than three readings to fit
         return max(around, float(positions.min())) if len(positions) else around
     knee_at = _back_projected(positions, values, line, around + reach, noise)
     for _ in range(KNEE_REFITS):

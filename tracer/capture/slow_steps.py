@@ -103,8 +103,6 @@ class _Candidate:
     def durations_from(self, first: int) -> list[int]:
         """The durations of its steps from `first` on (all it kept, where `first` is its own
         first step)."""
-        if first == self.step:
-            return list(self.durations)
         return [d for step, d in zip(self.steps, self.durations) if step >= first]
 
 
