@@ -206,7 +206,13 @@ def test_the_analysis_cuts_the_run_where_the_slow_phase_began_and_names_rank_1_i
     assert (slow.late_rank, slow.waiting_ranks) == (1, [0])
     assert slow.late_ms_per_step == pytest.approx(SLOW_MS, rel=0.3)
     assert slow.ranks[0]["wait_ms"] == pytest.approx(SLOW_MS, rel=0.3)
-    assert slow.what_if["change"] == "rank 1 on time"
+    # Where rank 1 is late because its loader sleeps, removing its loading gaps and having it
+    # on time are one change: their savings tie (60.31 and 60.29 ms in one CI run), and either
+    # may come first.
+    said = {"rank 1 on time": "rank 1 were on time"}
+    if PHASES[name][3] == "data":
+        said["no data loading gaps on rank 1"] = "no data loading gaps on rank 1"
+    assert slow.what_if["change"] in said, slow.what_if
     assert slow.what_if["saved_ms_per_step"] == pytest.approx(SLOW_MS, rel=0.3)
     if name == "late":  # 2,000 clean fast steps first: no straggler in them, none over the run
         assert phases[0].late_rank is None and run.cross_rank.failed == {}
@@ -217,7 +223,7 @@ def test_the_analysis_cuts_the_run_where_the_slow_phase_began_and_names_rank_1_i
             if not slow_until else
             f"From step {slow.first_step} to {slow.last_step} ({slow.steps} steps, ")
     assert lines[0].startswith(span + f"{slow.share_pct:.0f}% of the run's time) rank 1 is late by")
-    assert lines[1].startswith("What if, in those steps: if rank 1 were on time: ")
+    assert lines[1].startswith(f"What if, in those steps: if {said[slow.what_if['change']]}: ")
     assert not any(line.startswith(("Waiting:", "What if:")) for line in lines)
 
 
