@@ -11,8 +11,10 @@ from analysis.findings.late_causes import (
     CONTENTION,
     DATA_LOADING,
     LARGER_INPUTS,
+    LOW,
     OUTSIDE,
     OWN_WORK,
+    SLOWER,
 )
 from helpers.runs import SLOW_DATA_MS
 
@@ -99,14 +101,19 @@ def test_extra_host_work_is_work_only_that_rank_does(analysed):
 
 def test_a_run_without_a_late_rank_names_no_cause_of_its_own(analysed):
     """DDP without delay: no rank has larger inputs, other work, a slower loader or a wait
-    outside the trace. Where the straggler rule names none, no cause is named at all; on a host
-    saturated by other work (a shared machine) the scheduler can make a rank late often enough
-    to be named, and the one cause it can then be told is that the ranks compete for cores,
-    with the host's CPU as proof."""
+    outside the trace. Where the straggler rule names none, no cause is named at all. A shared
+    host can slow one rank for most of a run, and then it is a real straggler
+    (docs/cross-rank.md): the causes it can be told are those the machine gives, that the ranks
+    compete for cores (with the host's CPU as proof) or that the rank runs the same ops on the
+    same shapes slower while the samples do not say why (low confidence; the 2-core CI machine
+    once gave it to rank 1 of this run at a host CPU below 90%)."""
     run = analysed("ddp-even-0")
     causes = run.document()["late_causes"]
-    assert {c["cause"] for c in causes} <= {CONTENTION}
-    assert all("% busy" in c["proof"] for c in causes)
+    assert {c["cause"] for c in causes} <= {CONTENTION, SLOWER}, causes
+    assert all("% busy" in c["proof"] for c in causes if c["cause"] == CONTENTION)
+    assert all(c["confidence"] == LOW and "same input shapes" in c["proof"]
+               and "neither the samples nor the manifests say why" in c["proof"]
+               for c in causes if c["cause"] == SLOWER), causes
     stragglers = run.cross_rank.stragglers
     if not stragglers["fires"].astype(bool).any():
         assert run.late == {} and causes == []
