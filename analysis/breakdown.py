@@ -24,6 +24,7 @@ _COLLECTING = gc.isenabled()
 gc.disable()
 try:
     from analysis.core.command_options import add_parse_options
+    from analysis.core.forked import reap_children
     from analysis.core.limits import max_trace_bytes
     from analysis.core.step_spec import (
         PathWindow,
@@ -137,6 +138,7 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
     with gc_paused():
         import pandas as pd
 
+        from analysis.core.frames import text_in_python
         from analysis.ingest.load import LoadOptions
         from analysis.report.csv_files import write_csvs
         from analysis.report.json_document import dumps, json_document
@@ -146,63 +148,65 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
         from analysis.run.loading import load_run
         gc.freeze()
 
-    reports = []
-    for run_dir, files in runs:
-        with Progress() as progress:
-            # What is loaded lives until this one-shot process ends: loaded with the cyclic
-            # collector paused, and then frozen out of its collections, it would only rescan it
-            # (millions of objects at a thousand ranks; 40 ms at the first collection after
-            # loading one 50 MB trace). Worker processes collect as usual (run_jobs).
-            with gc_paused():
-                options = LoadOptions(
-                    steps=steps, hta_compatible=args.hta_compatible,
-                    use_cache=not args.no_cache, jobs=args.jobs,
-                    comm_kernels=tuple(args.comm_kernel), scheduler=args.scheduler,
-                    # Only the HTML report draws from the events once reduced.
-                    keep_events=args.html is not None, path_window=window)
-                # A run of one file: its critical path on the second core.
-                loaded = load_run(files, run_dir, options, progress=progress,
-                                  decoded_ahead=ahead,
-                                  path_beside=not args.scheduler and (args.jobs or 2) > 1)
-                gc.freeze()
-            where = run_dir if run_dir is not None else Path(args.paths[0])
-            report = analyse_run(loaded, name=where.name or str(where), path=str(where),
-                                 steps_spec=args.steps, hta_compatible=args.hta_compatible,
-                                 progress=progress, peak_tflops=args.peak_tflops)
-        for problem in report.problems:
-            print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
-        several = len(runs) > 1
-        if args.out is not None:
-            out_dir = args.out / report.name if several else args.out
-            report, _ = _write(report, "--out", out_dir, write_csvs)
-        if args.html is not None:
-            target = (args.html.with_name(f"{report.name}-{args.html.name}") if several
-                      else args.html)
-            report, written = _write(report, "--html", target, _write_html)
-            if written:
-                print(terminal_safe(f"ranktrace: HTML report written to {target}"), file=sys.stderr)
-        reports.append(report)
+    with text_in_python():
+        reports = []
+        for run_dir, files in runs:
+            with Progress() as progress:
+                # What is loaded lives until this one-shot process ends: loaded with the cyclic
+                # collector paused, and then frozen out of its collections, it would only rescan it
+                # (millions of objects at a thousand ranks; 40 ms at the first collection after
+                # loading one 50 MB trace). Worker processes collect as usual (run_jobs).
+                with gc_paused():
+                    options = LoadOptions(
+                        steps=steps, hta_compatible=args.hta_compatible,
+                        use_cache=not args.no_cache, jobs=args.jobs,
+                        comm_kernels=tuple(args.comm_kernel), scheduler=args.scheduler,
+                        # Only the HTML report draws from the events once reduced.
+                        keep_events=args.html is not None, path_window=window)
+                    # A run of one file: its critical path on the second core.
+                    loaded = load_run(files, run_dir, options, progress=progress,
+                                      decoded_ahead=ahead,
+                                      path_beside=not args.scheduler and (args.jobs or 2) > 1)
+                    gc.freeze()
+                where = run_dir if run_dir is not None else Path(args.paths[0])
+                report = analyse_run(loaded, name=where.name or str(where), path=str(where),
+                                     steps_spec=args.steps, hta_compatible=args.hta_compatible,
+                                     progress=progress, peak_tflops=args.peak_tflops)
+            for problem in report.problems:
+                print(terminal_safe(f"ranktrace: warning: {problem}"), file=sys.stderr)
+            several = len(runs) > 1
+            if args.out is not None:
+                out_dir = args.out / report.name if several else args.out
+                report, _ = _write(report, "--out", out_dir, write_csvs)
+            if args.html is not None:
+                target = (args.html.with_name(f"{report.name}-{args.html.name}") if several
+                          else args.html)
+                report, written = _write(report, "--html", target, _write_html)
+                if written:
+                    print(terminal_safe(f"ranktrace: HTML report written to {target}"),
+                          file=sys.stderr)
+            reports.append(report)
 
-    if args.format == "json":
-        print(terminal_safe(dumps(json_document(reports))))
-    elif args.format == "csv":
-        tables = [r.step_table().assign(run=r.name) for r in reports]
-        pd.concat(tables, ignore_index=True).to_csv(sys.stdout, index=False)
-    else:
-        write = text_report if args.full else one_screen_report
-        show(terminal_safe("\n".join(write(r) for r in reports)), use_pager=not args.no_pager)
+        if args.format == "json":
+            print(terminal_safe(dumps(json_document(reports))))
+        elif args.format == "csv":
+            tables = [r.step_table().assign(run=r.name) for r in reports]
+            pd.concat(tables, ignore_index=True).to_csv(sys.stdout, index=False)
+        else:
+            write = text_report if args.full else one_screen_report
+            show(terminal_safe("\n".join(write(r) for r in reports)), use_pager=not args.no_pager)
 
-    analysed = any(not r.nothing_analysed() for r in reports)
-    if not analysed:
-        reasons = "; ".join(p for r in reports for p in r.problems) or "no step to analyse"
-        print(terminal_safe(f"ranktrace: nothing analysed: {reasons}"), file=sys.stderr)
-        return 1
-    if args.strict and any(r.problems for r in reports):
-        count = sum(len(r.problems) for r in reports)
-        print(terminal_safe(f"ranktrace: --strict: {count} problem(s), see the warnings above"),
-              file=sys.stderr)
-        return 1
-    return 0
+        analysed = any(not r.nothing_analysed() for r in reports)
+        if not analysed:
+            reasons = "; ".join(p for r in reports for p in r.problems) or "no step to analyse"
+            print(terminal_safe(f"ranktrace: nothing analysed: {reasons}"), file=sys.stderr)
+            return 1
+        if args.strict and any(r.problems for r in reports):
+            count = sum(len(r.problems) for r in reports)
+            print(terminal_safe(f"ranktrace: --strict: {count} problem(s), see the warnings above"),
+                  file=sys.stderr)
+            return 1
+        return 0
 
 
 def _write_html(report: RunReport, target: Path) -> None:
@@ -236,6 +240,7 @@ def exit_now(code: int) -> None:
         sys.stderr.flush()
     except OSError:
         raise SystemExit(code) from None
+    reap_children()
     os._exit(code)
 
 

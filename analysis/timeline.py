@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.command_options import add_parse_options
+from analysis.core.frames import with_text_in_python
 from analysis.core.model import UNKNOWN_RANK, LoadResult
 from analysis.core.step_spec import (
     format_ranges,
@@ -299,6 +300,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return parser
 
 
+@with_text_in_python
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(help_format.renamed(sys.argv[1:] if argv is None else argv,

@@ -7,9 +7,11 @@ Times `python -m analysis.breakdown FILE --no-cache` (the full text report, cold
 cache) and, where --hta-python can import HTA 0.5.0, a fresh interpreter that imports HTA, loads
 the same file (`TraceAnalysis` on a temporary folder holding a link to it) and runs
 `get_temporal_breakdown`: the whole process of each, from start to exit, one after the other
-for --repeat rounds after one warm-up round each. `--against` adds the same command from another
-checkout of this repository (e.g. `git worktree add /tmp/old COMMIT`), run from its own folder
-with the same Python, so that an earlier version is timed side by side. Prints each one's median
+for --repeat rounds after one warm-up round each, each round starting with the next command
+(the one that runs right after HTA's seconds at full CPU is the slower for it). `--against`
+adds the same command from another checkout of this repository (e.g. `git worktree add
+/tmp/old COMMIT`), run from its own folder with the same Python, so that an earlier version is
+timed side by side. Prints each one's median
 wall time with its spread (min-max), its CPU time (the process and the processes it waited for),
 its peak RSS (the process itself, from the kernel's accounting), the ratio of each command's
 median to HTA's, and the machine's load average before and after. Every package is compiled to
@@ -91,8 +93,13 @@ def main(argv=None) -> int:
         commands = ({name: (ours, checkout) for name, checkout in checkouts.items()}
                     | ({"HTA": (hta, REPO)} if hta_missing is None else {}))
         runs: dict[str, list] = {name: [] for name in commands}
+        names = list(commands)
         for round_number in range(args.repeat + 1):
-            for name, (command, cwd) in commands.items():
+            # Each round starts with the next command: the one that runs right after HTA's
+            # seconds at full CPU is the slower for it, and no command always does.
+            turn = round_number % len(names)
+            for name in names[turn:] + names[:turn]:
+                command, cwd = commands[name]
                 result = run_once(command, cwd)
                 if result[2] != 0:
                     print(f"{name} failed with exit status {result[2]}: {' '.join(command)}")

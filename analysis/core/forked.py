@@ -36,6 +36,7 @@ class ForkedChild:
         answers compute()'s value once (`answer`)."""
         self._pid: int | None = None
         self._pipe = None  # the read end, as a file, once answers are read one by one
+        _reap_ended()
         read_fd, write_fd = os.pipe()
         try:
             pid = os.fork()
@@ -66,7 +67,7 @@ class ForkedChild:
             with os.fdopen(self._read_fd, "rb") as pipe:
                 data = pipe.read()
         finally:
-            self._pid = _reaped(self._pid)
+            self._pid = _reap_when_ended(self._pid)
         return pickle.loads(data) if data else None
 
     def next_answer(self) -> Any | None:
@@ -83,7 +84,7 @@ class ForkedChild:
         if len(head) == _LENGTH_BYTES and len(data) == size:
             return pickle.loads(data)
         self._pipe.close()
-        self._pid = _reaped(self._pid)
+        self._pid = _reap_when_ended(self._pid)
         return None
 
     def close(self) -> None:
@@ -223,6 +224,35 @@ def _reaped(pid: int) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+
+
+# Children that answered and closed their pipe but had not ended when their caller went on: a
+# child's exit frees the caller's memory as it was at the fork (5 ms of the breakdown of a 50 MB
+# trace), which nobody needs to wait for. Each is reaped once it has ended, when a child is next
+# forked (_reap_ended) or the command ends (reap_children).
+_ENDING: list[int] = []
+
+
+def _reap_when_ended(pid: int) -> None:
+    """Reap `pid` if it has ended, else leave it to _ENDING."""
+    try:
+        ended, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return
+    if not ended:
+        _ENDING.append(pid)
+
+
+def _reap_ended() -> None:
+    for pid in list(_ENDING):
+        _ENDING.remove(pid)
+        _reap_when_ended(pid)
+
+
+def reap_children() -> None:
+    """Wait for every child that answered and has not been reaped yet (a command's last act)."""
+    while _ENDING:
+        _reaped(_ENDING.pop())
 
 
 _LENGTH_BYTES = 8  # each of _answers_in_child's answers: its length, then its pickle

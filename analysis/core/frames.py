@@ -14,7 +14,8 @@ the few rows they read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -39,6 +40,26 @@ RANK_COLUMN = "rank"
 _DEFAULTS = {"stream": -1, "correlation": -1, "is_gpu": False, "is_comm": False,
              **{c: None for c in TEXT_COLUMNS}, **{c: np.nan for c in NUMBER_COLUMNS}}
 _REQUIRED = [c for c in EVENT_COLUMNS if c not in _DEFAULTS and c != "end_ns"]
+
+
+# ---- the commands' text columns -----------------------------------------------------------------
+def text_in_python():
+    """A context in which the frames made keep their text as Python strings (pandas'
+    `mode.string_storage` "python"), not as Arrow arrays (its default where pyarrow is
+    installed): the same `str` dtype, NaN where missing, the same results; the commands' tables
+    are small, and converting each of their text columns to Arrow cost the breakdown of a 50 MB
+    trace 40 ms of its 0.56 s (docs/benchmarks.md). The commands analyse in it; a notebook that
+    calls the analysis keeps its own setting."""
+    return pd.option_context("mode.string_storage", "python")
+
+
+def with_text_in_python(command: Callable[..., int]) -> Callable[..., int]:
+    """`command` (a command's main) run in text_in_python()."""
+    @functools.wraps(command)
+    def run(*args, **kwargs) -> int:
+        with text_in_python():
+            return command(*args, **kwargs)
+    return run
 
 
 # ---- checks -------------------------------------------------------------------------------------

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.core.contracts import NotReduced, RankTables
 from analysis.core.step_spec import PathWindow
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from analysis.core.contracts import RankTables
 
 # The rank of a trace that names none, among several (shown as "rank ?"): ranks are ints, so
 # that a rank column is int64 and a rank compares and sorts without a None check.
@@ -104,6 +105,9 @@ class RankTrace:
         ReducedTableFailed where it failed there); NotReduced for a rank loaded without the
         reduction."""
         if self.tables is None:
+            # Imported here: the command lists a run's files before it makes the contracts'
+            # classes (9 ms of the 95 before it forks its decoder).
+            from analysis.core.contracts import NotReduced
             raise NotReduced(f"{self.path}: {self.label}: not reduced, so it has no {name} "
                              f"(load the run with analysis.run.loading)")
         return self.tables.take(name, self.label)

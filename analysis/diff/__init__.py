@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from analysis.core.command_options import add_parse_options
+from analysis.core.frames import with_text_in_python
 from analysis.core.step_spec import (
     at_least_one,
     parse_step_spec,
@@ -84,6 +85,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return parser
 
 
+@with_text_in_python
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)

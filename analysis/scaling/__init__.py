@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.core.command_options import add_parse_options
+from analysis.core.frames import with_text_in_python
 from analysis.core.model import UNKNOWN_RANK
 from analysis.core.step_spec import positive_number
 from analysis.core.terminal import terminal_safe
@@ -299,6 +300,7 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     return build_parser(prog).parse_args(argv)
 
 
+@with_text_in_python
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
     try:

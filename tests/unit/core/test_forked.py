@@ -32,6 +32,7 @@ def test_the_value_is_computed_in_another_process_and_equals_the_one_computed_he
     pd.testing.assert_frame_equal(value["frame"], _frames(100_000)["frame"])
     assert value["pid"] == child != os.getpid()
     assert beside.result() is value  # taken once
+    forked.reap_children()
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)  # reaped
 
@@ -69,6 +70,29 @@ def test_without_a_fork_the_value_is_computed_here(monkeypatch):
     assert beside._child is None and beside.result() == os.getpid()
 
 
+def _answers_then_lingers(compute, write_fd: int) -> None:
+    """A child's life whose end comes a second after its answer (a large process's exit)."""
+    with os.fdopen(write_fd, "wb") as pipe:
+        pipe.write(pickle.dumps(compute()))
+    time.sleep(1.0)
+    os._exit(0)
+
+
+def test_the_answer_is_taken_without_waiting_for_the_child_to_end_and_it_is_reaped_later():
+    child = forked.ForkedChild(lambda: "answer", _answers_then_lingers)
+    pid = child._pid
+    started = time.monotonic()
+    assert child.answer() == "answer"
+    assert time.monotonic() - started < 0.5
+    assert pid in forked._ENDING
+    forked.ForkedChild(lambda: None).answer()  # a later fork reaps it only once it has ended
+    assert pid in forked._ENDING
+    forked.reap_children()
+    assert forked._ENDING == []
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
 def test_pickled_it_travels_as_its_value_and_close_ends_an_untaken_child():
     assert pickle.loads(pickle.dumps(ForkedResult(lambda: [1, 2, 3]))) == [1, 2, 3]
     untaken = ForkedResult(lambda: _frames(100_000))
@@ -99,6 +123,7 @@ def test_several_values_are_computed_in_one_child_and_each_fails_alone():
     with pytest.raises(ComputedElsewhereFailed, match="^ValueError: no shapes$"):
         parts["broken"].result()
     assert pickle.loads(pickle.dumps(parts["frames"]))["pid"] == child
+    forked.reap_children()
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)  # reaped
 

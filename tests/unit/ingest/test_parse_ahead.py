@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.core import forked
 from analysis.core.limits import max_trace_bytes
 from analysis.ingest import parse_ahead, parsed_trace
 from analysis.ingest.kineto import TraceReadError
@@ -57,6 +58,7 @@ def test_columns_decoded_ahead_make_the_same_trace_as_decoding_here():
         here.rank, here.world_size, here.backend, here.float_timestamps, here.problems,
         here.process_groups)
     assert ahead.take(NCCL, LIMIT) is None  # taken once
+    forked.reap_children()
     assert child not in _children()  # reaped
 
 
