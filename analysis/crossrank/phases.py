@@ -33,6 +33,7 @@ import pandas as pd
 
 from analysis.core.contracts import CriticalPath, CrossRank, Phase
 from analysis.crossrank.culprit import MIN_SHARE_PCT, find_stragglers
+from analysis.crossrank.what_if import said_better
 
 MIN_PHASE_STEPS = 10  # no phase shorter: the straggler rule needs about this many steps
 FILTER_STEPS = 5  # the rolling median: a hiccup of up to 2 steps in a row is no change
@@ -283,13 +284,15 @@ def _what_if(critical: CriticalPath | None, first: int, last: int) -> dict | Non
         if not known.any():
             continue
         mean_saved = float(saved[known].mean())
-        if best is None or mean_saved > best["saved_ms_per_step"]:
-            measured = float(mine.loc[known, "measured_ms"].mean())
-            best = {"change": column, "kind": answer.get("kind"),
-                    "ranks": list(answer.get("ranks") or []),
-                    "saved_ms_per_step": round(mean_saved, 3),
-                    "predicted_step_ms": round(measured - mean_saved, 3),
-                    "steps": int(known.sum())}
+        measured = float(mine.loc[known, "measured_ms"].mean())
+        candidate = {"change": column, "kind": answer.get("kind"),
+                     "ranks": list(answer.get("ranks") or []),
+                     "saved_ms_per_step": round(mean_saved, 3),
+                     "predicted_step_ms": round(measured - mean_saved, 3),
+                     "steps": int(known.sum())}
+        if best is None or (mean_saved > best["saved_ms_per_step"]
+                            and not said_better(candidate, best)) or said_better(best, candidate):
+            best = candidate
     return best if best is not None and best["saved_ms_per_step"] >= MIN_WAIT_MS else None
 
 

@@ -24,6 +24,7 @@ import re
 import pytest
 
 from analysis import open_run
+from analysis.crossrank.what_if import TIE_SHARE
 from analysis.ingest.capture_records import read_captures
 from analysis.report.html import write_html_report
 from analysis.report.text_report import text_report
@@ -206,12 +207,20 @@ def test_the_analysis_cuts_the_run_where_the_slow_phase_began_and_names_rank_1_i
     assert (slow.late_rank, slow.waiting_ranks) == (1, [0])
     assert slow.late_ms_per_step == pytest.approx(SLOW_MS, rel=0.3)
     assert slow.ranks[0]["wait_ms"] == pytest.approx(SLOW_MS, rel=0.3)
-    # Where rank 1 is late because its loader sleeps, removing its loading gaps and having it
-    # on time are one change: their savings tie (60.31 and 60.29 ms in one CI run), and either
-    # may come first.
+    # Where rank 1 is late because its loader sleeps, removing its loading gaps saves what
+    # having it on time saves (60.31 and 60.29 ms in one CI run), and the cause is told first
+    # (on rank 1, or on any rank where that saves more by over 2%); rank 1 on time only where
+    # it saves more than 2% beyond every such cause (rank 1 also late otherwise, on a loaded
+    # machine).
     said = {"rank 1 on time": "rank 1 were on time"}
     if PHASES[name][3] == "data":
-        said["no data loading gaps on rank 1"] = "no data loading gaps on rank 1"
+        causes = ["no data loading gaps on rank 1", "no data loading gaps on any rank"]
+        said.update({cause: cause for cause in causes})
+        steps_of = run.critical.what_if_steps
+        mine = steps_of[steps_of["step"].between(slow.first_step, slow.last_step)]
+        if slow.what_if["change"] == "rank 1 on time":
+            assert all(mine[cause].mean() < (1 - TIE_SHARE) * mine["rank 1 on time"].mean()
+                       for cause in causes if cause in mine), slow.what_if
     assert slow.what_if["change"] in said, slow.what_if
     assert slow.what_if["saved_ms_per_step"] == pytest.approx(SLOW_MS, rel=0.3)
     if name == "late":  # 2,000 clean fast steps first: no straggler in them, none over the run

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from common import BATCH, SEED, Result, parser, straggle, token_data
+from common import BATCH, SEED, Result, parser, shut_down, straggle, token_data
 
 VOCAB, LENGTH, WIDTH = 64, 16, 32
 
@@ -55,6 +55,7 @@ def main():
     accelerator.wait_for_everyone()
     result.write(args.out, accelerator.unwrap_model(model), accelerator.process_index)
     accelerator.end_training()
+    shut_down()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""What the framework scripts share: their command-line flags, the injected delay and the result
-file (each step's loss as the bytes of its tensor, and a digest of the final parameters)."""
+"""What the framework scripts share: their command-line flags, the injected delay, the result
+file (each step's loss as the bytes of its tensor, and a digest of the final parameters) and
+their end."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import time
 
 import torch
+import torch.distributed as dist
 
 from workloads.common import rank_and
 
@@ -62,3 +64,12 @@ class Result:
         with open(path, "w") as out:
             json.dump({"losses": self.losses, "params": trained,
                        "param_sha256": digest.hexdigest()}, out)
+
+
+def shut_down() -> None:
+    """Destroy the process group, as PyTorch asks of every script that ends (its distributed
+    docs, "Shutdown"): a gloo group left to the interpreter's exit may abort the process when
+    its threads outlive the interpreter ("terminate called without an active exception", as an
+    untraced Lightning run once did in CI), and the frameworks leave it to the script."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

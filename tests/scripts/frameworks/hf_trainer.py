@@ -14,7 +14,7 @@ import torch
 import transformers
 from torch.utils.data import Dataset
 
-from common import BATCH, SEED, Result, parser, straggle, token_data
+from common import BATCH, SEED, Result, parser, shut_down, straggle, token_data
 
 VOCAB, LENGTH = 64, 16
 
@@ -74,6 +74,7 @@ def main():
                                        callbacks=[Straggle(args.straggle, rank)], result=result)
         trainer.train()
     result.write(args.out, model, rank)
+    shut_down()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from common import BATCH, SEED, Result, parser, straggle, token_data
+from common import BATCH, SEED, Result, parser, shut_down, straggle, token_data
 
 VOCAB, LENGTH, WIDTH = 64, 16, 32
 
@@ -66,6 +66,7 @@ def main():
                         enable_model_summary=False, deterministic=True)
     trainer.fit(model, data)
     result.write(args.out, model.net, trainer.global_rank)
+    shut_down()
 
 
 if __name__ == "__main__":

@@ -123,3 +123,42 @@ def test_every_change_is_propagated_in_one_pass_per_column():
     assert np.array_equal(both[:, 1], alone[:, 0])
     assert what_if.step_ends(graph, both).tolist() == [[STEP + 41 * MS, STEP + 15 * MS],
                                                        [2 * STEP + 41 * MS, 2 * STEP + 15 * MS]]
+
+
+# ---- the order of the answers ----------------------------------------------------------------
+def _answer(change: str, kind: str, ranks: list[int], saved: float) -> dict:
+    return {"change": change, "kind": kind, "ranks": ranks, "saved_ms_per_step": saved,
+            "predicted_step_ms": 100.0 - saved, "assumptions": ""}
+
+
+def test_a_cause_that_saves_what_rank_on_time_saves_is_told_first():
+    """Removing rank 1's loading gaps saves what "rank 1 on time" saves (within 2%): the cause
+    says what to change, so it comes first; a cause of another rank, or one saving less, does
+    not move, and neither does a larger saving."""
+    rows = [_answer("rank 1 on time", "rank_on_time", [1], 60.31),
+            _answer("no data loading gaps on rank 1", "idle_cause_removed", [1], 60.29),
+            _answer("no data loading gaps on rank 0", "idle_cause_removed", [0], 60.0),
+            _answer("all_reduce transfer overlapped", "transfer_overlapped", [0, 1], 3.0)]
+    assert [a["change"] for a in what_if.ordered(rows)] == [
+        "no data loading gaps on rank 1", "rank 1 on time", "no data loading gaps on rank 0",
+        "all_reduce transfer overlapped"]
+    less = [rows[0], _answer("no data loading gaps on rank 1", "idle_cause_removed", [1], 58.0)]
+    assert [a["change"] for a in what_if.ordered(less)] == [
+        "rank 1 on time", "no data loading gaps on rank 1"]
+    two_ranks = [rows[0], _answer("rank 0 on time", "rank_on_time", [0], 60.3)]
+    assert [a["change"] for a in what_if.ordered(two_ranks)] == [
+        "rank 1 on time", "rank 0 on time"]
+
+
+def test_a_change_on_fewer_ranks_that_saves_as_much_is_told_first():
+    """Rank 0's loading gaps hold nobody: removing every rank's saves what removing rank 1's
+    saves, and "on rank 1" says where; both before "rank 1 on time"."""
+    rows = [_answer("no data loading gaps on any rank", "idle_cause_removed", [0, 1], 60.33),
+            _answer("rank 1 on time", "rank_on_time", [1], 60.31),
+            _answer("no data loading gaps on rank 1", "idle_cause_removed", [1], 60.29)]
+    assert [a["change"] for a in what_if.ordered(rows)] == [
+        "no data loading gaps on rank 1", "no data loading gaps on any rank", "rank 1 on time"]
+    more = [_answer("no data loading gaps on any rank", "idle_cause_removed", [0, 1], 70.0),
+            rows[2]]
+    assert [a["change"] for a in what_if.ordered(more)] == [
+        "no data loading gaps on any rank", "no data loading gaps on rank 1"]
