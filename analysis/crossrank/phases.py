@@ -33,7 +33,7 @@ import pandas as pd
 
 from analysis.core.contracts import CriticalPath, CrossRank, Phase
 from analysis.crossrank.culprit import MIN_SHARE_PCT, find_stragglers
-from analysis.crossrank.what_if import said_better
+from analysis.crossrank.what_if import told_order
 
 MIN_PHASE_STEPS = 10  # no phase shorter: the straggler rule needs about this many steps
 FILTER_STEPS = 5  # the rolling median: a hiccup of up to 2 steps in a row is no change
@@ -265,16 +265,17 @@ def _late_on(cross: CrossRank | None, first: int, last: int, every: bool
 
 
 def _what_if(critical: CriticalPath | None, first: int, last: int) -> dict | None:
-    """The top what-if answer on the phase's own steps (crossrank.what_if.answers_by_step):
-    {change, kind, ranks, saved_ms_per_step, predicted_step_ms, steps}; None without one
-    that saves at least MIN_WAIT_MS per step."""
+    """The top what-if answer on the phase's own steps (crossrank.what_if.answers_by_step), the
+    first told of them as the run's are (what_if.told_order): {change, kind, ranks,
+    saved_ms_per_step, predicted_step_ms, steps}; None without one that saves at least
+    MIN_WAIT_MS per step."""
     if critical is None or critical.what_if_steps is None or critical.what_if_steps.empty:
         return None
     by_step = critical.what_if_steps
     mine = by_step[by_step["step"].between(first, last)]
     if mine.empty:
         return None
-    best = None
+    candidates = []
     for answer in critical.what_if:
         column = answer["change"]
         if answer.get("kind") in NOT_PER_PHASE or column not in mine:
@@ -285,15 +286,15 @@ def _what_if(critical: CriticalPath | None, first: int, last: int) -> dict | Non
             continue
         mean_saved = float(saved[known].mean())
         measured = float(mine.loc[known, "measured_ms"].mean())
-        candidate = {"change": column, "kind": answer.get("kind"),
-                     "ranks": list(answer.get("ranks") or []),
-                     "saved_ms_per_step": round(mean_saved, 3),
-                     "predicted_step_ms": round(measured - mean_saved, 3),
-                     "steps": int(known.sum())}
-        if best is None or (mean_saved > best["saved_ms_per_step"]
-                            and not said_better(candidate, best)) or said_better(best, candidate):
-            best = candidate
-    return best if best is not None and best["saved_ms_per_step"] >= MIN_WAIT_MS else None
+        candidates.append({"change": column, "kind": answer.get("kind"),
+                           "ranks": list(answer.get("ranks") or []),
+                           "saved_ms_per_step": round(mean_saved, 3),
+                           "predicted_step_ms": round(measured - mean_saved, 3),
+                           "steps": int(known.sum())})
+    if not candidates:
+        return None
+    best = candidates[told_order(candidates)[0]]
+    return best if best["saved_ms_per_step"] >= MIN_WAIT_MS else None
 
 
 def find_phases(per_step: pd.DataFrame, cross: CrossRank | None = None,

@@ -223,9 +223,9 @@ def said_better(answer: dict, other: dict) -> bool:
             or (kind == their_kind and their_ranks < mine))
 
 
-def ordered(rows: list[dict]) -> list[dict]:
-    """Answers largest saving first (stable), each with WHAT_IF_KEYS in order; an answer after
-    those that say better what it changes (said_better)."""
+def told_order(rows: list[dict]) -> list[int]:
+    """The positions of the answers `rows` in the order they are told: largest saving first
+    (stable), an answer after those that say better what it changes (said_better)."""
     order = sorted(range(len(rows)), key=lambda i: -rows[i]["saved_ms_per_step"])
     moved = True
     while moved:
@@ -234,4 +234,9 @@ def ordered(rows: list[dict]) -> list[dict]:
             if said_better(rows[order[at]], rows[order[at + 1]]):
                 order[at], order[at + 1] = order[at + 1], order[at]
                 moved = True
-    return [{k: rows[i][k] for k in WHAT_IF_KEYS} for i in order]
+    return order
+
+
+def ordered(rows: list[dict]) -> list[dict]:
+    """The answers in told_order, each with WHAT_IF_KEYS in order."""
+    return [{k: rows[i][k] for k in WHAT_IF_KEYS} for i in told_order(rows)]
