@@ -25,6 +25,7 @@ gc.disable()
 try:
     from analysis.core.command_options import add_parse_options
     from analysis.core.forked import reap_children
+    from analysis.core.lean_import import import_pandas_without_arrow
     from analysis.core.limits import max_trace_bytes
     from analysis.core.step_spec import (
         PathWindow,
@@ -136,7 +137,7 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
     # again while they are made (a tenth of the imports' time), and they live as long as the
     # process.
     with gc_paused():
-        import pandas as pd
+        pd = import_pandas_without_arrow()
 
         from analysis.core.frames import text_in_python
         from analysis.ingest.load import LoadOptions

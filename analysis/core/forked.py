@@ -13,6 +13,7 @@ it answers, answers nothing: its caller does the work itself.
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import pickle
 import signal
@@ -36,6 +37,8 @@ class ForkedChild:
         answers compute()'s value once (`answer`)."""
         self._pid: int | None = None
         self._pipe = None  # the read end, as a file, once answers are read one by one
+        # Where the default child writes its answer (None: through the pipe).
+        self._shared = _shared_memory() if in_child is None else None
         _reap_ended()
         read_fd, write_fd = os.pipe()
         try:
@@ -43,13 +46,16 @@ class ForkedChild:
         except OSError:
             os.close(read_fd)
             os.close(write_fd)
+            self._release_shared()
             raise
         if pid == 0:
             # The child ends once it answers: a collection of what the caller made would only
             # rescan it (40 ms after decoding a 50 MB trace, before its answer is sent).
             gc.disable()
             os.close(read_fd)
-            (in_child or _answer_in_child)(compute, write_fd)  # never returns
+            if in_child is None:
+                _answer_in_child(compute, write_fd, self._shared)  # never returns
+            in_child(compute, write_fd)  # never returns
         os.close(write_fd)
         self._pid, self._read_fd = pid, read_fd
 
@@ -68,7 +74,19 @@ class ForkedChild:
                 data = pipe.read()
         finally:
             self._pid = _reap_when_ended(self._pid)
-        return pickle.loads(data) if data else None
+        try:
+            value = pickle.loads(data) if data else None
+            if isinstance(value, _InSharedMemory) and self._shared is not None:
+                with memoryview(self._shared) as shared:
+                    value = pickle.loads(shared[:value.size])
+            return value if not isinstance(value, _InSharedMemory) else None
+        finally:
+            self._release_shared()
+
+    def _release_shared(self) -> None:
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
 
     def next_answer(self) -> Any | None:
         """The next of the answers that a child of _answers_in_child sends, each once it is
@@ -90,6 +108,7 @@ class ForkedChild:
     def close(self) -> None:
         """Stop the child if nobody took its answer (the caller failed before it, or never
         needed it)."""
+        self._release_shared()
         if self._pid is None:
             return
         if self._pipe is not None:
@@ -275,10 +294,40 @@ def _answers_in_child(computes: dict[str, Callable[[], Any]], write_fd: int) -> 
         os._exit(0)
 
 
-def _answer_in_child(compute: Callable[[], Any], write_fd: int) -> None:
-    """The child's whole life: compute, answer, and leave."""
+# A child's one answer is written into memory it shares with its caller, where it fits: a pipe
+# moves the 6 MB of a 50 MB trace's columns in 64 KB turns, 10 ms on two cores, where the
+# shared pages take 3. The mapping is address space only until written (MAP_NORESERVE); a
+# larger answer, or one where no mapping can be had, goes through the pipe.
+SHARED_ANSWER_BYTES = 512 << 20
+
+
+class _InSharedMemory:
+    """What the pipe carries when the answer, `size` bytes of pickle, is in shared memory."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+
+def _shared_memory() -> mmap.mmap | None:
     try:
-        data = pickle.dumps(compute(), protocol=pickle.HIGHEST_PROTOCOL)
+        return mmap.mmap(-1, SHARED_ANSWER_BYTES, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS
+                         | getattr(mmap, "MAP_NORESERVE", 0))
+    except (OSError, ValueError):
+        return None
+
+
+def _answer_in_child(compute: Callable[[], Any], write_fd: int,
+                     shared: mmap.mmap | None = None) -> None:
+    """The child's whole life: compute, answer (in `shared` where it fits), and leave."""
+    try:
+        value = compute()
+        if shared is not None:
+            try:
+                pickle.dump(value, shared, protocol=pickle.HIGHEST_PROTOCOL)
+                value = _InSharedMemory(shared.tell())
+            except ValueError:  # larger than the mapping: through the pipe
+                pass
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         with os.fdopen(write_fd, "wb") as pipe:
             pipe.write(data)
     except BaseException:  # noqa: BLE001, S110  (a failed, interrupted or orphaned child ends)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from typing import TextIO
@@ -50,11 +48,12 @@ def show(text: str, use_pager: bool = True, stream: TextIO | None = None,
     stream = sys.stdout if stream is None else stream
     environ = os.environ if environ is None else environ
     command = pager_command(environ) if use_pager else None
-    if command is None or not _is_terminal(stream) or fits_screen(
-            text, shutil.get_terminal_size()):
+    if command is None or not _is_terminal(stream) or fits_screen(text, _screen_size()):
         stream.write(text)
         return
     stream.flush()
+    import subprocess  # here, as shutil in _screen_size: see there
+
     env = {**environ, "LESS": environ.get("LESS", "FRX"), "LV": environ.get("LV", "-c")}
     try:
         pager = subprocess.Popen(command, stdin=subprocess.PIPE, env=env,
@@ -69,6 +68,14 @@ def show(text: str, use_pager: bool = True, stream: TextIO | None = None,
     except BrokenPipeError:  # the reader quit the pager before the end
         pass
     pager.wait()
+
+
+def _screen_size() -> os.terminal_size:
+    # shutil and subprocess are imported only where a pager may run: every command imports this
+    # module before it forks its decoder (analysis.ingest.parse_ahead), and they took 5 ms there.
+    import shutil
+
+    return shutil.get_terminal_size()
 
 
 def _is_terminal(stream: TextIO) -> bool:

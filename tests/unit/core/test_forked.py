@@ -147,3 +147,45 @@ def test_values_the_child_did_not_send_are_computed_here():
     parts = forked_results({"b": os.getpid, "a": _dies_in_a_child(here), "c": os.getpid})
     assert parts["b"].result() != here  # sent before the child died
     assert parts["a"].result() == "computed here" and parts["c"].result() == here
+
+
+def test_an_answer_comes_through_shared_memory_and_the_pipe_carries_only_its_size(
+        monkeypatch):
+    loaded = []
+    real = pickle.loads
+
+    def loads(data, *args, **kwargs):
+        loaded.append((type(data).__name__, len(data)))
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(forked.pickle, "loads", loads)
+    child = forked.ForkedChild(lambda: np.arange(1_000_000))
+    assert child._shared is not None
+    assert np.array_equal(child.answer(), np.arange(1_000_000))
+    (pipe_kind, pipe_bytes), (shared_kind, shared_bytes) = loaded
+    assert pipe_kind == "bytes" and pipe_bytes < 200  # the size of the answer only
+    assert shared_kind == "memoryview" and shared_bytes > 8_000_000
+    assert child._shared is None  # released once taken
+
+
+def test_an_answer_larger_than_the_shared_memory_comes_through_the_pipe(monkeypatch):
+    monkeypatch.setattr(forked, "SHARED_ANSWER_BYTES", 4096)
+    child = forked.ForkedChild(lambda: np.arange(100_000))
+    assert len(child._shared) == 4096
+    assert np.array_equal(child.answer(), np.arange(100_000))
+
+
+def test_without_shared_memory_the_answer_comes_through_the_pipe(monkeypatch):
+    def refused(*args, **kwargs):
+        raise OSError("no memory to map")
+
+    monkeypatch.setattr(forked.mmap, "mmap", refused)
+    child = forked.ForkedChild(lambda: {"frame": pd.DataFrame({"a": np.arange(50_000)})})
+    assert child._shared is None
+    assert child.answer()["frame"]["a"].sum() == sum(range(50_000))
+
+
+def test_an_untaken_answer_releases_its_shared_memory_when_closed():
+    child = forked.ForkedChild(lambda: np.arange(10))
+    child.close()
+    assert child._shared is None and not child.waiting

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
 
 from analysis.core import terminal
@@ -26,7 +27,7 @@ def _pager_to(path) -> dict:
 
 
 def test_long_text_on_a_terminal_goes_through_the_pager_with_less_frx(tmp_path, monkeypatch):
-    monkeypatch.setattr(terminal.shutil, "get_terminal_size", lambda: os.terminal_size((100, 30)))
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda: os.terminal_size((100, 30)))
     stream = _Terminal()
     terminal.show(LONG, stream=stream, environ=_pager_to(tmp_path / "paged"))
     assert stream.getvalue() == ""
@@ -34,14 +35,14 @@ def test_long_text_on_a_terminal_goes_through_the_pager_with_less_frx(tmp_path, 
 
 
 def test_less_as_the_user_set_it_is_kept(tmp_path, monkeypatch):
-    monkeypatch.setattr(terminal.shutil, "get_terminal_size", lambda: os.terminal_size((100, 30)))
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda: os.terminal_size((100, 30)))
     terminal.show(LONG, stream=_Terminal(),
                   environ={**_pager_to(tmp_path / "paged"), "LESS": "-S"})
     assert (tmp_path / "paged").read_text() == "-S|" + LONG
 
 
 def test_no_pager_where_not_a_terminal_asked_not_to_or_the_text_fits(tmp_path, monkeypatch):
-    monkeypatch.setattr(terminal.shutil, "get_terminal_size", lambda: os.terminal_size((100, 30)))
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda: os.terminal_size((100, 30)))
     environ = _pager_to(tmp_path / "paged")
     piped = io.StringIO()
     terminal.show(LONG, stream=piped, environ=environ)
@@ -55,7 +56,7 @@ def test_no_pager_where_not_a_terminal_asked_not_to_or_the_text_fits(tmp_path, m
 
 
 def test_an_empty_pager_or_cat_or_one_that_cannot_start_writes_the_text(monkeypatch):
-    monkeypatch.setattr(terminal.shutil, "get_terminal_size", lambda: os.terminal_size((100, 30)))
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda: os.terminal_size((100, 30)))
     for pager in ("", "cat", "/nonexistent/pager --flag"):
         stream = _Terminal()
         terminal.show(LONG, stream=stream, environ={"PAGER": pager})
