@@ -4,10 +4,11 @@ second core: the command's decoding of its one trace while it imports pandas
 analysis (analysis.rank.reduction).
 
 The child shares the caller's memory as it was at the fork (nothing is copied to it), computes,
-and hands back its answer, pickled by itself, through a pipe; nothing read from a file is ever
-unpickled. It leaves without running any of the caller's exit handlers or flushing its buffers
-(the caller's output is the caller's to write). A child that cannot be started, or dies before
-it answers, answers nothing: its caller does the work itself.
+and hands back its answer, pickled by itself: one answer is written into memory it shares with
+the caller (the pipe then carries only its size), answers one by one go through the pipe;
+nothing read from a file is ever unpickled. It leaves without running any of the caller's exit
+handlers or flushing its buffers (the caller's output is the caller's to write). A child that
+cannot be started, or dies before it answers, answers nothing: its caller does the work itself.
 """
 
 from __future__ import annotations

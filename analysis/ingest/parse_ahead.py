@@ -3,12 +3,12 @@
 Importing pandas and the analysis takes the command about as long as decoding a large trace
 (0.3 s each for a 50 MB trace on a typical core). When a run has one trace file to parse, the
 command forks a child before those imports (`start`); the child decodes the file with
-analysis.ingest.kineto.decode_trace, which needs neither, and hands the columns back through a pipe
-when the command gets to the file (`DecodeAhead.take`, called by analysis.ingest.cache.read_trace;
-the child is an analysis.core.forked.ForkedChild). The result, and any refusal of the file, is
-what decoding it in the command would give: a child that fails any other way just leaves the
-file to be decoded there. The pipe carries only what the child pickled; nothing read from a
-file is ever unpickled.
+analysis.ingest.kineto.decode_trace, which needs neither, and hands the columns back, through
+memory shared with the command, when the command gets to the file (`DecodeAhead.take`, called
+by analysis.ingest.cache.read_trace; the child is an analysis.core.forked.ForkedChild). The
+result, and any refusal of the file, is what decoding it in the command would give: a child
+that fails any other way just leaves the file to be decoded there. Only what the child pickled
+is unpickled; nothing read from a file ever is.
 
 The command imports numpy and the decoder before it forks (importing this module does): a child
 that imported them itself, at the same time as the command's own imports, finished later.
