@@ -137,7 +137,10 @@ def _analyse(args: argparse.Namespace, runs: list, steps: list[int] | None,
     # again while they are made (a tenth of the imports' time), and they live as long as the
     # process.
     with gc_paused():
-        pd = import_pandas_without_arrow()
+        if ahead is not None:  # one file, analysed here and in children forked from here
+            pd = import_pandas_without_arrow()
+        else:  # workers (a pool's, a Dask cluster's) may send frames of pyarrow's strings
+            import pandas as pd
 
         from analysis.core.frames import text_in_python
         from analysis.ingest.load import LoadOptions

@@ -6,26 +6,30 @@ docs/benchmarks.md). The commands use no Arrow-backed dtype: their frames keep t
 strings (analysis.core.frames.text_in_python), which is what pandas does without pyarrow, so the
 results are the same. pyarrow itself stays importable afterwards, for the Parquet cache
 (analysis.ingest.cache), which converts with pyarrow's own code. A process that has imported
-pandas or pyarrow already (a notebook, a test) keeps them as they are.
+pandas or pyarrow already (a notebook, a test) keeps them as they are. Only a command whose
+frames are all made in its own process, or in children forked from it, may use it: a worker
+started otherwise (a process pool's under another start method, a Dask cluster's) has its own
+pandas, whose text columns are pyarrow's where it is installed, and this one could not read
+them.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from types import ModuleType
 
 
 def import_pandas_without_arrow() -> ModuleType:
     """pandas, imported now (if it is not yet) as if pyarrow were not installed."""
-    if "pandas" in sys.modules or "pyarrow" in sys.modules:
-        return importlib.import_module("pandas")
-    # None in sys.modules makes `import pyarrow` raise ImportError, which pandas takes as
-    # pyarrow not installed (pandas.compat.pyarrow); removed at once, so that a later import
-    # finds it.
-    sys.modules["pyarrow"] = None
+    hidden = "pandas" not in sys.modules and "pyarrow" not in sys.modules
+    if hidden:
+        # None in sys.modules makes `import pyarrow` raise ImportError, which pandas takes as
+        # pyarrow not installed (pandas.compat.pyarrow); removed at once, so that a later
+        # import finds it.
+        sys.modules["pyarrow"] = None
     try:
-        return importlib.import_module("pandas")
+        import pandas
     finally:
-        if sys.modules.get("pyarrow", False) is None:
+        if hidden and sys.modules.get("pyarrow", False) is None:
             del sys.modules["pyarrow"]
+    return pandas
