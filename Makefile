@@ -9,10 +9,6 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STEPS ?= 20
 # e.g. VENV_ARGS=--system-site-packages to see a CUDA torch installed outside the venv
 VENV_ARGS ?=
-# pytest keeps the test modules it rewrites (for its assertion messages) as bytecode: where the
-# shell turns bytecode off, it rewrites all of them in every run and worker (5 s of test-fast's
-# minute). The targets write bytecode whatever the shell says.
-unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-timed test-compiled test-fast test-frameworks lint install install-dev install-frameworks clean-traces
 
@@ -72,9 +68,11 @@ test-frameworks: install-frameworks
 	$(BIN)/python -m pytest -q tests/integration/frameworks
 
 # the inner loop: leaves out the tests that start torchrun or other Python processes; on two
-# pytest-xdist workers (50 s on the 2-core machine, 2026-12-05)
+# pytest-xdist workers (50 s on the 2-core machine, 2026-12-05). pytest keeps the test modules
+# it rewrites (for its assertion messages) as bytecode: where the shell turns bytecode off, it
+# rewrites all of them in every run and worker (5 s of the minute), so this target writes it.
 test-fast: install-dev
-	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 lint: install-dev
 	$(BIN)/ruff check .

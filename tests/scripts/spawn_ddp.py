@@ -8,6 +8,7 @@ way: torch.multiprocessing.start_processes, elastic_launch with a function, mult
 """
 
 import argparse
+import gc
 import os
 import socket
 import sys
@@ -100,6 +101,13 @@ def demo_basic(rank, world_size, args):
         with open(f"{args.losses}.rank{rank}", "w") as f:
             f.write("".join(f"{value!r}\n" for value in losses))
     crash_if_due(args, rank, args.steps)  # --crash R:STEPS: after the last step
+    if args.compile:
+        # The compiler's cache holds the DDP module, which holds its process group: freed
+        # before the group is destroyed, its gloo threads end while the interpreter is whole,
+        # not in its finalization, where a thread left running aborts the process.
+        del ddp_model, optimizer
+        torch.compiler.reset()
+        gc.collect()
     cleanup()
     print(f"Finished running basic DDP example on rank {rank}.", flush=True)
 
