@@ -11,11 +11,11 @@ for --repeat rounds after one warm-up round each, each round starting with the n
 (the one that runs right after HTA's seconds at full CPU is the slower for it). `--against`
 adds the same command from another checkout of this repository (e.g. `git worktree add
 /tmp/old COMMIT`), run from its own folder with the same Python, so that an earlier version is
-timed side by side. Prints each one's median
-wall time with its spread (min-max), its CPU time (the process and the processes it waited for),
-its peak RSS (the process itself, from the kernel's accounting), the ratio of each command's
-median to HTA's, and the machine's load average before and after. Every package is compiled to
-bytecode first, as an installed one is.
+timed side by side. Prints each one's median wall time with its spread (min-max), its CPU time
+(the process and the processes it waited for), its peak RSS (the process itself, from the
+kernel's accounting), the ratio of each command's median to HTA's, and the machine's load
+average before and after. Every package is compiled to bytecode first, as an installed one
+is.
 """
 
 from __future__ import annotations

@@ -77,10 +77,10 @@ class ForkedChild:
             self._pid = _reap_when_ended(self._pid)
         try:
             value = pickle.loads(data) if data else None
-            if isinstance(value, _InSharedMemory) and self._shared is not None:
+            if isinstance(value, _InSharedMemory):  # sent only by a child given the mapping
                 with memoryview(self._shared) as shared:
                     value = pickle.loads(shared[:value.size])
-            return value if not isinstance(value, _InSharedMemory) else None
+            return value
         finally:
             self._release_shared()
 
