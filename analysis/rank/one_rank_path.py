@@ -14,7 +14,7 @@ each step again.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -184,16 +184,40 @@ def steps_alone(graph: RankGraph, sort: bool = True) -> RankGraph:
 def propagate_once(graph: RankGraph, durations: np.ndarray) -> np.ndarray:
     """dag.propagate's node times (nodes x scenarios) for `durations`, on `graph`'s edges in
     any order: sources keep their measured time, every other node = the latest of its
-    predecessors + its duration. Kahn's order, an edge at a time in Python, two scenarios a
-    pass: a step of the GPU graph is thousands of levels deep with a few nodes each, where
-    dag.by_level and dag.propagate spend their time in numpy calls per level. The nodes that
-    precede none (each step's last event, T, which every node precedes) are set after it, on
-    arrays."""
+    predecessors + its duration. A step of the GPU graph is thousands of levels deep with a
+    few nodes each, where dag.by_level and dag.propagate spend their time in numpy calls per
+    level: here numpy scans along chains (a thread's calls, a stream's ops), in rounds of
+    Kahn's order over their pieces (_along_chains); where that takes too many rounds (or its
+    numbers could overflow, or the chains close a cycle), Kahn's order an edge at a time in
+    Python (_kahn), to the same times. The nodes that precede none (each step's last event,
+    T, which every node precedes) are set after it, on arrays."""
     durations = durations.reshape(len(graph.time), -1).astype(np.int64)
     n, scenarios = durations.shape
     leads = np.bincount(graph.src, minlength=n) > 0
     inner = leads[graph.dst]  # edges into a node that precedes another
     src, dst = graph.src[inner], graph.dst[inner]
+    times = _along_chains(graph, src, dst, durations) if scenarios else None
+    if times is None:
+        times = _kahn(graph.time, src, dst, durations)
+    last = ~inner
+    if last.any():
+        # By target: np.maximum.at takes milliseconds for the 10^4 edges into each T.
+        by = np.argsort(graph.dst[last], kind="stable")
+        into, came = graph.dst[last][by], graph.src[last][by]
+        group = np.flatnonzero(np.append(True, into[1:] != into[:-1]))
+        ends = into[group]
+        for k in range(scenarios):
+            latest = np.maximum.reduceat(times[:, k][came], group)
+            times[ends, k] = latest + durations[ends, k]
+    return times
+
+
+def _kahn(time: np.ndarray, src: np.ndarray, dst: np.ndarray,
+          durations: np.ndarray) -> np.ndarray:
+    """propagate_once's times (nodes x scenarios) on the edges `src` -> `dst`, in Kahn's
+    order, an edge at a time in Python, two scenarios a pass: a node in a cycle, or after one,
+    keeps its measured time."""
+    n, scenarios = durations.shape
     order = np.argsort(src, kind="stable")
     targets = dst[order].tolist()
     out_start = np.searchsorted(src[order], np.arange(n + 1)).tolist()
@@ -201,21 +225,14 @@ def propagate_once(graph: RankGraph, durations: np.ndarray) -> np.ndarray:
     columns = []
     for k in range(0, scenarios, 2):
         pair = durations[:, [k, min(k + 1, scenarios - 1)]]
-        columns += _two_scenarios(graph.time.tolist(), targets, out_start, list(waiting),
+        columns += _two_scenarios(time.tolist(), targets, out_start, list(waiting),
                                   pair[:, 0].tolist(), pair[:, 1].tolist())
-    times = np.array(columns[:scenarios], dtype=np.int64).T.reshape(n, scenarios)
-    last = ~inner
-    if last.any():
-        ends = np.unique(graph.dst[last])
-        latest = np.full((n, scenarios), dag.NEVER)
-        np.maximum.at(latest, graph.dst[last], times[graph.src[last]])
-        times[ends] = latest[ends] + durations[ends]
-    return times
+    return np.array(columns[:scenarios], dtype=np.int64).T.reshape(n, scenarios)
 
 
 def _two_scenarios(time: list, targets: list, out_start: list, left: list, first: list,
                    second: list) -> list[list]:
-    """propagate_once's loop for two scenarios' durations (`first`, `second`): [times, times].
+    """_kahn's loop for two scenarios' durations (`first`, `second`): [times, times].
     A node's time is set as its last predecessor's edge arrives."""
     n = len(time)
     times, other = list(time), list(time)  # sources keep theirs; every other node is set below
@@ -241,6 +258,228 @@ def _two_scenarios(time: list, targets: list, out_start: list, left: list, first
                 ready.append(v)
         frontier = ready
     return [times, other]
+
+
+@dataclass
+class _Chains:
+    """Paths along the graph's edges that cover its nodes, each node on one: per node the
+    predecessor it follows on its chain (-1 at a chain's head), its chain, and its place in
+    `layout`, the nodes chain after chain, each chain in order; per chain its length and its
+    first place."""
+
+    pred: np.ndarray
+    chain: np.ndarray
+    place: np.ndarray
+    lengths: np.ndarray
+    first: np.ndarray
+    layout: np.ndarray
+
+
+def _chains(graph: RankGraph, src: np.ndarray, dst: np.ndarray) -> _Chains | None:
+    """The graph's nodes as chains: a node follows one predecessor of its kind and thread (its
+    thread's previous call, its stream's previous op: device ops have no thread) that no other
+    node follows; None where those links close a cycle (_kahn's times then). Places by
+    pointer jumping over runs of consecutive node numbers (most links are v - 1 -> v), not by
+    measured times, which need not follow the edges."""
+    n = len(graph.time)
+    kind = graph.thread.astype(np.int64) * 256 + graph.kind  # one code per thread and kind
+    alike = (kind[src] == kind[dst]) & (src != dst)
+    pred = np.full(n, -1)
+    pred[dst[alike]] = src[alike]  # one of a node's candidates, whichever: each is an edge
+    linked = np.flatnonzero(pred >= 0)
+    follower = np.full(n, -1)
+    follower[pred[linked]] = linked
+    pred[linked[follower[pred[linked]] != linked]] = -1  # the others start chains of their own
+    nodes = np.arange(n)
+    new_run = np.ones(n, bool)
+    new_run[1:] = pred[1:] != nodes[:-1]
+    starts = np.flatnonzero(new_run)
+    run = np.cumsum(new_run) - 1
+    before = pred[starts]
+    up = np.where(before >= 0, run[before], np.arange(len(starts)))
+    ahead = np.where(before >= 0, before - starts[up] + 1, 0)  # of the first node of run `up`
+    for _ in range(64):
+        higher = up[up]
+        if np.array_equal(higher, up):
+            break
+        ahead = ahead + ahead[up]
+        up = higher
+    if not np.array_equal(up[up], up) or (pred[starts[up]] >= 0).any():
+        return None
+    root = up == np.arange(len(starts))
+    of_run = (np.cumsum(root) - 1)[up]
+    lengths = np.bincount(of_run, weights=np.diff(starts, append=n),
+                          minlength=int(root.sum())).astype(np.int64)
+    first = np.cumsum(lengths) - lengths
+    place = (first[of_run] + ahead - starts)[run] + nodes
+    layout = np.empty(n, np.int64)
+    layout[place] = nodes
+    return _Chains(pred, of_run[run], place, lengths, first, layout)
+
+
+def _rounds(chains: _Chains, src: np.ndarray, dst: np.ndarray,
+            cap: int | None = None) -> np.ndarray | None:
+    """Per round of Kahn's order over the chains' pieces, each chain's first place not set
+    (rounds + 1 x chains, from none set): a node is set in the round after all its cross
+    predecessors (`src` -> `dst`, the edges that are no chain's link) were, and not before the
+    node it follows. None past `cap` rounds (default: about what _kahn would take, and none
+    where the chains are a few nodes long on average). Per pair of chains, the cross edges in
+    target order with their latest source place so far: the first that the source chain's
+    front has not passed blocks the target chain there, one searchsorted for all pairs a
+    round."""
+    n = len(chains.chain)
+    if cap is None and len(chains.lengths) * 8 > n:
+        return None  # chains of a few nodes (no threads or streams): scans would not pay
+    source, target, at = chains.chain[src], chains.chain[dst], chains.place[dst]
+    order = np.argsort(source * n + at, kind="stable")
+    source, target, at = source[order], target[order], at[order]
+    new = np.ones(len(order), bool)
+    new[1:] = (source[1:] != source[:-1]) | (target[1:] != target[:-1])
+    heads = np.flatnonzero(new)
+    ends = np.append(heads[1:], len(order))[:len(heads)]
+    # A lane of n per pair keeps the pairs apart in one running maximum.
+    lane = np.cumsum(new) - 1
+    latest = np.maximum.accumulate(chains.place[src][order] + lane * n)
+    lane, source, target = lane[heads] * n, source[heads], target[heads]
+    if cap is None:
+        # A round of _scan costs about what Kahn's loop spends on 100 nodes, a round here a
+        # search per pair: so bounded, the worst case stays near Kahn's own cost.
+        cap = min(16 + n // 128, 2 * (n + len(src)) // max(len(heads), 1))
+    end = chains.first + chains.lengths
+    front = chains.first
+    history = [front]
+    while True:
+        k = np.searchsorted(latest, lane + front[source])
+        blocked = np.where(k < ends, at[np.minimum(k, len(at) - 1)], n)
+        after = end.copy()
+        np.minimum.at(after, target, blocked)
+        if np.array_equal(after, front):
+            return np.array(history)
+        if len(history) > cap:
+            return None
+        history.append(after)
+        front = after
+
+
+def _along_chains(graph: RankGraph, src: np.ndarray, dst: np.ndarray, durations: np.ndarray,
+                  cap: int | None = None) -> np.ndarray | None:
+    """_kahn's times (nodes x scenarios) by numpy scans along chains (_chains): on a chain
+    t[i] = max(t[i-1], A[i]) + d[i], A the latest of the node's other predecessors, so with D
+    the durations' running sum t[i] = D[i] + max over j <= i of (A[j] - D[j-1]), a running
+    maximum. The chains' pieces are scanned round after round (_rounds, _plan), each piece
+    once, when its other predecessors are set; the rounds are as many as a path turns back to
+    a chain it left (a synchronisation, for the GPU graph). None past `cap` rounds, or where
+    the sums could overflow."""
+    plan = _schedule(graph, src, dst, cap)
+    if plan is None:
+        return None
+    n, scenarios = durations.shape
+    # Every time set is a measured one plus the durations along a path: within `bound` of one.
+    bound = n * max(-int(durations.min()), int(durations.max()))
+    if bound >= 1 << 62:
+        bound = int(np.abs(durations.astype(np.float64)).sum(axis=0).max() * (1 + 1e-6)) + 1
+    low, high = int(graph.time.min()), int(graph.time.max())
+    base, width = low - 2 * bound, high - low + 4 * bound + 1  # A - D[j-1] - base in [0, width)
+    if (int(plan.local.max(initial=0)) + 1) * width + abs(base) >= 1 << 62:
+        return None
+    band = np.repeat(plan.local * width, plan.sizes)
+    times = np.empty((scenarios, n), np.int64)
+    times[:] = graph.time - base
+    for k in range(scenarios):
+        _scan(times[k], durations[:, k], plan, band)
+    times += base
+    return times.T
+
+
+def _schedule(graph: RankGraph, src: np.ndarray, dst: np.ndarray,
+              cap: int | None) -> _Plan | None:
+    """_along_chains's _Plan on the edges `src` -> `dst`: None where the chains' links close a
+    cycle or the rounds pass `cap`."""
+    chains = _chains(graph, src, dst)
+    if chains is None:
+        return None
+    cross = chains.pred[dst] != src
+    src, dst = src[cross], dst[cross]
+    history = _rounds(chains, src, dst, cap)
+    return None if history is None else _plan(chains, history, src, dst)
+
+
+@dataclass
+class _Plan:
+    """_along_chains's order of work: the nodes set (`order`), round after round, piece after
+    piece, each piece in chain order; per piece its size, first place in `order` and place in
+    its round (`local`); per round its first place in `order` (`bounds`, and the end). The
+    arrivals into pieces from earlier rounds (cross edges, and the chain link into a piece's
+    first node), by target: `came` their sources, `group` each target's first arrival,
+    `target` its place in `order`; per round its first arrival and target. `heads`: the
+    places of the chains' first nodes (a source keeps its measured time)."""
+
+    order: np.ndarray
+    sizes: np.ndarray
+    offsets: np.ndarray
+    local: np.ndarray
+    bounds: np.ndarray
+    came: np.ndarray
+    group: np.ndarray
+    target: np.ndarray
+    edge_bounds: np.ndarray
+    group_bounds: np.ndarray
+    heads: np.ndarray
+
+
+def _plan(chains: _Chains, history: np.ndarray, src: np.ndarray, dst: np.ndarray) -> _Plan:
+    """The _Plan of the chains' fronts per round (`history`, _rounds) with the cross edges
+    `src` -> `dst`."""
+    sizes = np.diff(history, axis=0).ravel()  # the pieces, round after round
+    kept = np.flatnonzero(sizes)
+    sizes, starts, of_round = sizes[kept], history[:-1].ravel()[kept], kept // history.shape[1]
+    offsets = np.cumsum(sizes) - sizes
+    order = chains.layout[np.repeat(starts - offsets, sizes) + np.arange(sizes.sum())]
+    local = np.arange(len(sizes)) - np.searchsorted(of_round, of_round)
+    bounds = np.append(0, np.cumsum(np.diff(history, axis=0).sum(axis=1)))
+    heads = order[offsets]
+    follows = heads[chains.pred[heads] >= 0]
+    came = np.concatenate([src, chains.pred[follows]])
+    total = int(bounds[-1])
+    rank = np.full(len(chains.chain), total)
+    rank[order] = np.arange(total)
+    into = rank[np.concatenate([dst, follows])]
+    reached = into < total  # a node in or after a cycle is never set
+    into, came = into[reached], came[reached]
+    by = np.argsort(into, kind="stable")
+    into, came = into[by], came[by]
+    group = np.flatnonzero(np.append(True, into[1:] != into[:-1])) if len(into) else into
+    target = into[group]
+    return _Plan(order, sizes, offsets, local, bounds, came, group, target,
+                 np.searchsorted(into, bounds), np.searchsorted(target, bounds),
+                 np.flatnonzero(chains.pred[order] < 0))
+
+
+def _scan(times: np.ndarray, durations: np.ndarray, plan: _Plan, band: np.ndarray):
+    """Sets `times` (every node's measured time, less _along_chains's base) to one scenario's
+    times (less the base). Each piece's running maximum is kept from the others' by a band of
+    its own (`band`, `width` above the one before), which its first node, with an arrival or
+    a source, always reaches."""
+    order, bounds, target, came, group = (plan.order, plan.bounds, plan.target, plan.came,
+                                          plan.group)
+    d = durations[order]
+    summed = np.cumsum(d)
+    summed -= np.repeat(summed[plan.offsets] - d[plan.offsets], plan.sizes)  # D, per piece
+    lift = band[target] + d[target] - summed[target]  # A + lift: A - D[j-1], in the band
+    value = band.copy()  # no arrival: the band's floor
+    first = plan.heads  # a source's measured time; the others' arrivals replace it below
+    value[first] = times[order[first]] + band[first] - d[first]
+    drop = np.subtract(summed, band, out=summed)
+    for r in range(len(bounds) - 1):
+        lo, hi = bounds[r], bounds[r + 1]
+        g0, g1, e0 = plan.group_bounds[r], plan.group_bounds[r + 1], plan.edge_bounds[r]
+        part = value[lo:hi]
+        if g1 > g0:
+            latest = np.maximum.reduceat(times[came[e0:plan.edge_bounds[r + 1]]],
+                                         group[g0:g1] - e0)
+            part[target[g0:g1] - lo] = latest + lift[g0:g1]
+        np.maximum.accumulate(part, out=part)
+        times[order[lo:hi]] = part + drop[lo:hi]
 
 
 def what_if(graph: RankGraph, rank: int) -> list[dict]:

@@ -1,11 +1,13 @@
 """The single-rank critical path on GPU traces (analysis.rank.one_rank_path,
-docs/critical-path.md, "One rank on a GPU"): exact paths on hand-built traces, and the real
-Kineto trace's steps covered exactly."""
+docs/critical-path.md, "One rank on a GPU"): exact paths on hand-built traces, the real
+Kineto trace's steps covered exactly, and the what-if's propagation along chains giving Kahn's
+loop's times on random graphs."""
 
 from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -287,3 +289,117 @@ def test_a_window_whose_occurrences_overlap_is_refused_unless_one_is_chosen(tmp_
     # Occurrence 1 (the inner one, by start) alone: from 5 us to its kernel's end.
     one = cp.analyse(trace, window=PathWindow("forward", 1))
     assert one.critical_path_steps["path_ms"].tolist() == [pytest.approx(0.115)]
+
+
+def graph_of(time, kind, thread, src, dst) -> gpu_graph.RankGraph:
+    """A RankGraph with only what propagation reads: times, kinds, threads and edges."""
+    n = len(time)
+    return gpu_graph.RankGraph(
+        time=np.asarray(time, np.int64), duration=np.zeros(n, np.int64),
+        kind=np.asarray(kind, np.int8), step=np.zeros(n, np.int64),
+        thread=np.asarray(thread, np.int64), busy=np.zeros(n, np.int64),
+        device_category=np.full(n, -1), src=np.asarray(src, np.int64),
+        dst=np.asarray(dst, np.int64), level_starts=None,
+        steps=pd.DataFrame({"step": [], "start_ns": [], "end_ns": []}), covered=[],
+        stream_before=np.full(n, dag.NEVER), chained=np.zeros(0, bool))
+
+
+def random_graph(rng, back_edges: int = 0) -> gpu_graph.RankGraph:
+    """Nodes in random chains (a thread or a stream each, its nodes numbered in its order or
+    at random) with random edges across them, forward in a random order of the nodes (which
+    the measured times do not follow), `back_edges` against it; some isolated nodes, some
+    duplicate edges, now and then a node with dozens of predecessors."""
+    n = int(rng.integers(1, 250))
+    rank_chain = rng.integers(0, int(rng.integers(1, 10)), n)  # each rank's chain
+    node_at = rng.permutation(n)  # the node at each rank of the order the edges follow
+    if rng.random() < 0.4:  # numbered chain after chain, as the GPU graph's nodes are
+        node_at[np.argsort(rank_chain, kind="stable")] = np.arange(n)
+    pairs = [np.empty((0, 2), np.int64)]
+    for chain in np.unique(rank_chain):
+        ranks = np.flatnonzero(rank_chain == chain)
+        if rng.random() < 0.8:  # else: nodes of one thread without their chain's edges
+            pairs.append(np.column_stack([ranks[:-1], ranks[1:]]))
+    ends = np.sort(rng.integers(0, n, (int(rng.integers(0, 3 * n + 1)), 2)), axis=1)
+    pairs.append(ends[ends[:, 0] < ends[:, 1]])
+    if rng.random() < 0.3:
+        hub = int(rng.integers(0, n))
+        many = rng.integers(0, hub + 1, int(rng.integers(1, 60)))
+        pairs.append(np.column_stack([many[many < hub], np.full((many < hub).sum(), hub)]))
+    back = np.sort(rng.integers(0, n, (back_edges, 2)), axis=1)[:, ::-1]
+    edges = node_at[np.concatenate(pairs + [back])]
+    edges = edges[rng.permutation(len(edges))]
+    if len(edges) and rng.random() < 0.3:
+        edges = np.concatenate([edges, edges[rng.integers(0, len(edges), 5)]])
+    if rng.random() < 0.7:  # kind and thread by chain; else at random
+        kind, thread = np.empty(n, np.int8), np.empty(n, np.int64)
+        kind[node_at], thread[node_at] = 3 + rank_chain // 4, rank_chain % 4
+    else:
+        kind, thread = rng.integers(0, 5, n), rng.integers(-1, 2, n)
+    time = rng.integers(10**15, 10**15 + 10**6, n)  # in no order the edges follow
+    return graph_of(time, kind, thread, edges[:, 0], edges[:, 1])
+
+
+def random_durations(rng, n: int) -> np.ndarray:
+    """1 to 4 scenarios of durations, some or all of them zero."""
+    durations = rng.integers(0, 1000, (n, int(rng.integers(1, 5))))
+    if rng.random() < 0.3:
+        durations[rng.random(durations.shape) < 0.5] = 0
+    elif rng.random() < 0.1:
+        durations[:] = 0
+    return durations
+
+
+def test_propagation_along_chains_equals_kahns_loop_on_random_dags():
+    rng = np.random.default_rng(20240611)
+    for _ in range(300):
+        graph = random_graph(rng)
+        durations = random_durations(rng, len(graph.time))
+        kahn = cp._kahn(graph.time, graph.src, graph.dst, durations)
+        chains = cp._along_chains(graph, graph.src, graph.dst, durations, cap=10**6)
+        assert chains is not None and np.array_equal(chains, kahn)
+        # The whole propagation, the nodes that precede none included, is dag.propagate's.
+        src, dst, level_starts = dag.by_level(graph.src, graph.dst, len(graph.time))
+        levelled = replace(graph, src=src, dst=dst, level_starts=level_starts)
+        assert np.array_equal(cp.propagate_once(graph, durations),
+                              dag.propagate(levelled, durations))
+
+
+def test_propagation_along_chains_leaves_cycles_as_kahns_loop_does():
+    # A node in a cycle, or after one, keeps its measured time: where the chains close the
+    # cycle, Kahn's loop itself answers.
+    rng = np.random.default_rng(7)
+    answered = 0
+    for _ in range(200):
+        graph = random_graph(rng, back_edges=int(rng.integers(1, 4)))
+        durations = random_durations(rng, len(graph.time))
+        kahn = cp._kahn(graph.time, graph.src, graph.dst, durations)
+        chains = cp._along_chains(graph, graph.src, graph.dst, durations, cap=10**6)
+        answered += chains is not None
+        assert chains is None or np.array_equal(chains, kahn)
+    assert answered > 150
+
+
+def zigzag(n_pairs: int) -> gpu_graph.RankGraph:
+    """A host thread and a stream that wait for each other in turn: each call launches an op,
+    the next call waits for it. Every path turns from one chain to the other at every node."""
+    host, device = np.arange(n_pairs), n_pairs + np.arange(n_pairs)
+    src = np.concatenate([host[:-1], device[:-1], host, device[:-1]])
+    dst = np.concatenate([host[1:], device[1:], device, host[1:]])
+    kind = np.repeat([gpu_graph.HOST, gpu_graph.DEVICE], n_pairs)
+    thread = np.repeat([0, -1], n_pairs)
+    return graph_of(np.arange(2 * n_pairs) * 10, kind, thread, src, dst)
+
+
+def test_propagation_past_the_round_cap_is_kahns_loop():
+    graph = zigzag(60)
+    durations = np.column_stack([np.arange(120) % 7, np.arange(120) % 3, np.zeros(120, int)])
+    kahn = cp._kahn(graph.time, graph.src, graph.dst, durations)
+    # A round per node: past the default cap (16 rounds for a graph this small) the scans
+    # give up, and propagate_once answers with Kahn's loop; with room, the scans agree.
+    assert cp._along_chains(graph, graph.src, graph.dst, durations) is None
+    assert np.array_equal(cp._along_chains(graph, graph.src, graph.dst, durations, cap=200),
+                          kahn)
+    src, dst, level_starts = dag.by_level(graph.src, graph.dst, len(graph.time))
+    levelled = replace(graph, src=src, dst=dst, level_starts=level_starts)
+    assert np.array_equal(cp.propagate_once(graph, durations),
+                          dag.propagate(levelled, durations))
