@@ -146,8 +146,9 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
     if join is not None:
         # The kernels' host ops found once, for the ops and the cross-rank pass both.
         builds["comm_ops"] = lambda trace: communication.comm_ops(trace, join)
-        builds["comm_events"] = lambda trace: _comm_events(
-            trace, comm_events.kernel_host_ops(trace.events, join))
+        if "comm_events" in builds:
+            builds["comm_events"] = lambda trace: _comm_events(
+                trace, comm_events.kernel_host_ops(trace.events, join))
     for name, build in builds.items():
         try:
             found[name] = build(trace)
@@ -157,25 +158,36 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
 
 
 # Computed beside the rest for a run's one trace (rank_tables' `path_beside`), in this order,
-# each sent as soon as it is computed: the tables analysis.run takes last (the FLOP tables after
-# the cross-rank pass, the critical path after every other rank table). A table it takes early
-# (the idle gaps, measured) would keep the command waiting for the child where the machine has
-# other work on its second core: 0.65 s against 0.60 s at load 2.6.
-BESIDE = ("step_flops", "op_roofline", "critical_path")
+# each sent as soon as it is computed: first the two summaries analysis.run takes early (the HTA
+# summary, third; the comm events, for the cross-rank pass, fifth), in the time the rest of the
+# reduction takes here, then the tables it takes last (the FLOP tables after the cross-rank
+# pass, the critical path after every other rank table).
+BESIDE = ("hta", "comm_events", "step_flops", "op_roofline", "critical_path")
 
 
 def _beside(trace, builds: dict) -> dict:
     """BESIDE's builds, removed from `builds`, each a function of nothing: on the rank's events
     as they are now (the caller drops them once the rank is reduced), the FLOP tables from one
-    rank_flops_tables."""
-    path = builds["critical_path"]
+    rank_flops_tables, the comm events from the child's own KernelJoin."""
+    path, hta = builds["critical_path"], builds["hta"]
     for name in BESIDE:
         del builds[name]
     with_events = dataclasses.replace(trace, events=trace.events)
     flop_tables = cache(partial(flops.rank_flops_tables, with_events))
-    return {"step_flops": lambda: flop_tables()["step_flops"],
+    return {"hta": partial(hta, with_events),
+            "comm_events": partial(_joined_comm_events, with_events),
+            "step_flops": lambda: flop_tables()["step_flops"],
             "op_roofline": lambda: flop_tables()["op_roofline"],
             "critical_path": partial(path, with_events, events=trace.events)}
+
+
+def _joined_comm_events(trace) -> pd.DataFrame:
+    """_comm_events as rank_tables builds it: from the kernels' host ops where their KernelJoin
+    can be made."""
+    join = _kernel_join(trace.events)
+    if join is None:
+        return _comm_events(trace)
+    return _comm_events(trace, comm_events.kernel_host_ops(trace.events, join))
 
 
 def _every_step(trace):

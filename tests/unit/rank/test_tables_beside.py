@@ -1,5 +1,5 @@
-"""A run's one trace has some of its tables (the FLOP tables and the one-rank critical path)
-computed in one forked child beside the rest of its reduction
+"""A run's one trace has some of its tables (its HTA summary, comm events, FLOP tables and
+one-rank critical path) computed in one forked child beside the rest of its reduction
 (analysis.rank.reduction.rank_tables, `path_beside`): the tables taken are those computed here,
 and a failure there is the failure computing it here gives."""
 
@@ -38,6 +38,8 @@ def test_the_tables_computed_beside_are_the_ones_computed_here(trace):
         pd.testing.assert_frame_equal(getattr(beside.take("critical_path"), name),
                                       getattr(here.take("critical_path"), name))
     assert beside.take("critical_path").what_if == here.take("critical_path").what_if
+    assert repr(beside.take("hta")) == repr(here.take("hta"))  # NaN is not NaN once sent
+    pd.testing.assert_frame_equal(beside.take("comm_events"), here.take("comm_events"))
     assert not isinstance(beside.per_step, ForkedResult)  # the rest computed here
 
 
