@@ -17,6 +17,7 @@ import gc
 import mmap
 import os
 import pickle
+import select
 import signal
 import sys
 from collections.abc import Callable
@@ -64,6 +65,13 @@ class ForkedChild:
     def waiting(self) -> bool:
         """Whether its answer is still to be taken."""
         return self._pid is not None
+
+    def answered(self) -> bool:
+        """Whether answer() would return at once: the child has answered, or ended."""
+        if self._pid is None:
+            return True
+        readable, _, _ = select.select([self._read_fd], [], [], 0)
+        return bool(readable)
 
     def answer(self) -> Any | None:
         """What compute() returned (once); None where the child died before answering, or

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from analysis.core.forked import ForkedChild
+from analysis.core.heap import fault_in_while, keep_freed_memory
 from analysis.ingest.kineto import DecodedTrace, TraceReadError, decode_trace
 from analysis.ingest.runs import cache_file
 
@@ -47,7 +48,7 @@ def start(files: list[Path], max_bytes: int, use_cache: bool, jobs: int | None,
     except OSError:
         return None  # decoding it in the command says what is wrong with it
     try:
-        return DecodeAhead(path, max_bytes)
+        return DecodeAhead(path, max_bytes, json_bytes)
     except OSError:
         return None  # no process or pipe to spare: the command decodes it itself
 
@@ -55,9 +56,11 @@ def start(files: list[Path], max_bytes: int, use_cache: bool, jobs: int | None,
 class DecodeAhead:
     """One trace file being decoded in a child process (analysis.core.forked)."""
 
-    def __init__(self, path: Path, max_bytes: int):
+    def __init__(self, path: Path, max_bytes: int, json_bytes: int = 0):
+        """`json_bytes`: the file's JSON, as start estimates it."""
         self.path = path
         self.max_bytes = max_bytes
+        self.json_bytes = json_bytes
         self._child = ForkedChild(lambda: _decoded(path, max_bytes))
 
     def take(self, path: Path, max_bytes: int) -> DecodedTrace | None:
@@ -66,6 +69,11 @@ class DecodeAhead:
         decoding the file here would raise."""
         if not self._child.waiting or Path(path) != self.path or max_bytes != self.max_bytes:
             return None
+        # The memory the columns and their events frame will take (about half the JSON's
+        # bytes), faulted in while the child decodes (analysis.core.heap).
+        frame_bytes = self.json_bytes // 2
+        if frame_bytes and not self._child.answered() and keep_freed_memory():
+            fault_in_while(lambda: not self._child.answered(), frame_bytes)
         answer = self._child.answer()
         if answer is None:  # the child died before it could answer
             return None

@@ -189,3 +189,23 @@ def test_an_untaken_answer_releases_its_shared_memory_when_closed():
     child = forked.ForkedChild(lambda: np.arange(10))
     child.close()
     assert child._shared is None and not child.waiting
+
+
+def test_a_child_has_answered_once_its_answer_can_be_read_without_waiting():
+    read, write = os.pipe()
+
+    def after_the_signal():
+        os.read(read, 1)  # blocks until the test writes
+        return "done"
+
+    child = forked.ForkedChild(after_the_signal)
+    assert not child.answered()
+    os.write(write, b"x")
+    deadline = time.monotonic() + 10
+    while not child.answered() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert child.answered()
+    assert child.answer() == "done"
+    assert child.answered()  # taken: nothing left to wait for
+    os.close(read)
+    os.close(write)

@@ -44,8 +44,9 @@ def _children() -> set[int]:
     return found
 
 
-def test_columns_decoded_ahead_make_the_same_trace_as_decoding_here():
-    ahead = parse_ahead.DecodeAhead(NCCL, LIMIT)
+@pytest.mark.parametrize("json_bytes", [0, 64 << 20])  # 64 MB: memory faulted in meanwhile
+def test_columns_decoded_ahead_make_the_same_trace_as_decoding_here(json_bytes):
+    ahead = parse_ahead.DecodeAhead(NCCL, LIMIT, json_bytes)
     child = ahead._child._pid
     decoded = ahead.take(NCCL, LIMIT)
     assert decoded is not None and decoded.columns.rows > 10_000
