@@ -13,6 +13,7 @@ cannot be started, or dies before it answers, answers nothing: its caller does t
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import mmap
 import os
@@ -43,6 +44,7 @@ class ForkedChild:
         self._shared = _shared_memory() if in_child is None else None
         _reap_ended()
         read_fd, write_fd = os.pipe()
+        _widen(write_fd)
         try:
             pid = os.fork()
         except OSError:
@@ -315,6 +317,20 @@ class _InSharedMemory:
 
     def __init__(self, size: int):
         self.size = size
+
+
+# A pipe's buffer, where the system lets it be this large (Linux's default limit): a child that
+# sends its answers one by one goes on computing the next while the caller has not read the
+# last, rather than wait for it (a run's comm events are 140 KB for a 50 MB trace, against the
+# usual 64 KB).
+PIPE_BYTES = 1 << 20
+
+
+def _widen(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (AttributeError, OSError):
+        pass  # not Linux, or a lower limit: the pipe's own size
 
 
 def _shared_memory() -> mmap.mmap | None:

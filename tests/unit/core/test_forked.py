@@ -209,3 +209,30 @@ def test_a_child_has_answered_once_its_answer_can_be_read_without_waiting():
     assert child.answered()  # taken: nothing left to wait for
     os.close(read)
     os.close(write)
+
+
+def test_a_child_sending_answers_one_by_one_computes_the_next_before_the_last_is_read():
+    # 300 KB, more than a pipe's usual 64 KB: with the pipe widened, the child sends it and
+    # goes on to the next while nothing is read yet.
+    def large():
+        return b"x" * 300_000
+
+    def stamped():
+        return time.monotonic()
+
+    results = forked_results({"large": large, "stamped": stamped})
+    time.sleep(1.0)
+    read_at = time.monotonic()
+    assert results["large"].result() == b"x" * 300_000
+    computed_at = results["stamped"].result()
+    if forked.PIPE_BYTES <= _pipe_limit():
+        assert computed_at < read_at
+    forked.reap_children()
+
+
+def _pipe_limit() -> int:
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as limit:
+            return int(limit.read())
+    except OSError:
+        return 0
