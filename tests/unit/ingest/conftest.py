@@ -7,14 +7,20 @@ from analysis.ingest import kineto
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Cut files into ~2 kB chunks, and count the chunks decoded."""
+    """Cut files into ~2 kB chunks, and count the chunks decoded (by either chunk decoder: a
+    chunk the integer-timed one refuses is counted again)."""
     monkeypatch.setattr(kineto, "READ_BYTES", 512)
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 2048)
     chunks = []
 
     class Counting:
-        decode = staticmethod(lambda data, real=kineto.EVENTS_DECODER.decode:
-                              chunks.append(len(data)) or real(data))
+        def __init__(self, real):
+            self.real = real
 
-    monkeypatch.setattr(kineto, "EVENTS_DECODER", Counting())
+        def decode(self, data):
+            chunks.append(len(data))
+            return self.real.decode(data)
+
+    for name in ("EVENTS_DECODER", "INT_TIMED_EVENTS_DECODER"):
+        monkeypatch.setattr(kineto, name, Counting(getattr(kineto, name)))
     return chunks

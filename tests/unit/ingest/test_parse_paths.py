@@ -73,6 +73,7 @@ def parse_both(path, monkeypatch, chunked=True):
     with monkeypatch.context() as patch:
         for decoder in (kineto.EVENTS_DECODER, kineto.TRACE_DECODER):
             patch.setattr(decoder, "fast", _Refusing(calls))
+        patch.setattr(kineto, "INT_TIMED_EVENTS_DECODER", _Refusing(calls))
         general = parsed_trace.parse_trace(path, chunked=chunked)
     assert calls  # the general decoder really was the one used
     return fast, general
@@ -90,8 +91,8 @@ def test_fast_and_general_decoders_give_the_same_trace(tmp_path, monkeypatch, ch
     chunks = []
     if small:
         cut_small(monkeypatch)
-        monkeypatch.setattr(kineto.EVENTS_DECODER, "fast",
-                            _Counting(kineto.EVENTS_DECODER.fast, chunks))
+        monkeypatch.setattr(kineto, "INT_TIMED_EVENTS_DECODER",
+                            _Counting(kineto.INT_TIMED_EVENTS_DECODER, chunks))
     path = tmp_path / "t.json"
     path.write_text(trace_text(mixed_events()))
     fast, general = parse_both(path, monkeypatch, chunked)
@@ -267,3 +268,23 @@ def test_profiler_steps_are_the_host_spans_one_per_step():
     assert steps["step"].tolist() == [1, 2]
     assert steps["start_ns"].tolist() == [0, 100]
     assert steps["end_ns"].tolist() == [90, 180]
+
+
+@pytest.mark.parametrize("float_at", [None, 0, 40])
+def test_integer_timed_chunks_need_no_timestamp_check_and_a_float_later_still_counts(
+        tmp_path, monkeypatch, float_at):
+    # Chunks of a few events: those before the float one are decoded with integer timestamps,
+    # it and every chunk after it as before; the frame is the general decoder's either way.
+    cut_small(monkeypatch)
+    events = [{**COMPLETE, "name": f"op{i}", "ts": 10 * i, "dur": 5} for i in range(60)]
+    if float_at is not None:
+        events.insert(float_at, {"ph": "f", "id": 1, "ts": 12.5, "pid": 0, "tid": 7})
+    path = tmp_path / "t.json"
+    path.write_text(trace_text(events))
+    int_timed = []
+    monkeypatch.setattr(kineto, "INT_TIMED_EVENTS_DECODER",
+                        _Counting(kineto.INT_TIMED_EVENTS_DECODER, int_timed))
+    fast, general = parse_both(path, monkeypatch)
+    assert fast.float_timestamps is (float_at is not None) is general.float_timestamps
+    assert len(int_timed) > 1 if float_at != 0 else len(int_timed) == 1
+    assert_same(fast, general)
