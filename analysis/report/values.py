@@ -56,7 +56,8 @@ def _plain_column(column: pd.Series) -> list:
     if isinstance(dtype, np.dtype) and dtype.kind == "f":
         return [None if math.isnan(v) or math.isinf(v) else v
                 for v in column.to_numpy().tolist()]
-    return [plain(v) for v in column.astype(object)]
+    # The values as objects (an array, not a Series: a tenth of astype's cost on a short table).
+    return [plain(v) for v in column.to_numpy(dtype=object)]
 
 
 def _ms(value) -> str:
