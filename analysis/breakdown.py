@@ -99,7 +99,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG, own_process: bool = False) -> int:
+    """The command; `own_process`: this process is the command's alone and ends with it
+    (`python -m`, the ranktrace command), so that it may set glibc's allocator for its own
+    speed while it waits for its decoder (analysis.core.heap), which would stay set in a
+    caller's process."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     runs = resolved.runs
     ahead = parse_ahead.start([f for _, files in runs for f in files], max_bytes,
                               use_cache=not args.no_cache, jobs=args.jobs,
-                              scheduler=args.scheduler)
+                              scheduler=args.scheduler, ready_memory=own_process)
     try:
         return _analyse(args, runs, steps, ahead, window)
     except SchedulerUnavailable as exc:
@@ -249,4 +253,4 @@ def exit_now(code: int) -> None:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_now(main(own_process=True))

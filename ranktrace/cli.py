@@ -79,10 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                             f"{', '.join(SUBCOMMANDS)})"), file=sys.stderr)
         return 2
     module = importlib.import_module(command.module)
-    code = module.main(rest, prog=f"ranktrace {name}")
-    if name == "breakdown":
-        module.exit_now(code)  # as `python -m analysis.breakdown` ends (breakdown.exit_now)
-    return code
+    if name == "breakdown":  # as `python -m analysis.breakdown` runs and ends (breakdown.exit_now)
+        module.exit_now(module.main(rest, prog=f"ranktrace {name}", own_process=True))
+    return module.main(rest, prog=f"ranktrace {name}")
 
 
 def console_script() -> None:

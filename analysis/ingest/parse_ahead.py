@@ -33,10 +33,12 @@ GZIP_RATIO = 20
 
 
 def start(files: list[Path], max_bytes: int, use_cache: bool, jobs: int | None,
-          scheduler: str | None) -> DecodeAhead | None:
+          scheduler: str | None, ready_memory: bool = False) -> DecodeAhead | None:
     """A DecodeAhead of the one file in `files` when it pays: a local run (no scheduler) of one
     trace file, not read from the cache, of at most MAX_JSON_BYTES of JSON, on a Linux machine
-    with more than one core that --jobs does not limit to one process; else None."""
+    with more than one core that --jobs does not limit to one process; else None.
+    `ready_memory`: the memory its events frame will take is faulted in while the command
+    waits for it (DecodeAhead's `json_bytes`), for a process that is the command's alone."""
     if (scheduler or len(files) != 1 or not sys.platform.startswith("linux")
             or not hasattr(os, "fork") or (jobs or os.cpu_count() or 1) < 2):
         return None
@@ -48,7 +50,7 @@ def start(files: list[Path], max_bytes: int, use_cache: bool, jobs: int | None,
     except OSError:
         return None  # decoding it in the command says what is wrong with it
     try:
-        return DecodeAhead(path, max_bytes, json_bytes)
+        return DecodeAhead(path, max_bytes, json_bytes if ready_memory else 0)
     except OSError:
         return None  # no process or pipe to spare: the command decodes it itself
 
@@ -57,7 +59,8 @@ class DecodeAhead:
     """One trace file being decoded in a child process (analysis.core.forked)."""
 
     def __init__(self, path: Path, max_bytes: int, json_bytes: int = 0):
-        """`json_bytes`: the file's JSON, as start estimates it."""
+        """`json_bytes`: the file's JSON, as start estimates it, to fault in the memory its
+        events frame will take while the child decodes it (0: none)."""
         self.path = path
         self.max_bytes = max_bytes
         self.json_bytes = json_bytes

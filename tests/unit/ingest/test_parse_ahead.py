@@ -45,7 +45,9 @@ def _children() -> set[int]:
 
 
 @pytest.mark.parametrize("json_bytes", [0, 64 << 20])  # 64 MB: memory faulted in meanwhile
-def test_columns_decoded_ahead_make_the_same_trace_as_decoding_here(json_bytes):
+def test_columns_decoded_ahead_make_the_same_trace_as_decoding_here(json_bytes, monkeypatch):
+    # The allocator left as it is (analysis.core.heap's setting would stay with this process).
+    monkeypatch.setattr(parse_ahead, "keep_freed_memory", lambda: True)
     ahead = parse_ahead.DecodeAhead(NCCL, LIMIT, json_bytes)
     child = ahead._child._pid
     decoded = ahead.take(NCCL, LIMIT)
@@ -87,6 +89,14 @@ def test_another_file_or_limit_is_not_answered_and_close_ends_the_child():
     assert child not in _children()  # stopped and reaped
     assert ahead.take(NCCL, LIMIT) is None
     ahead.close()  # twice is harmless
+
+
+def test_only_the_commands_own_process_readies_memory_while_it_waits(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for ready, json_bytes in ((False, 0), (True, NCCL.stat().st_size * parse_ahead.GZIP_RATIO)):
+        ahead = parse_ahead.start([NCCL], LIMIT, False, None, None, ready_memory=ready)
+        assert ahead is not None and ahead.json_bytes == json_bytes
+        ahead.close()
 
 
 def test_it_starts_only_for_one_local_uncached_file(tmp_path, monkeypatch):
