@@ -1,7 +1,7 @@
 """What-if answers against measurement, and what the critical path costs (docs/critical-path.md).
 
     python benchmarks/what_if.py [--steps 30] [--experiment NAME ...] [--cost RANK:MS]
-                                 [--repeats 1] [--speed-only] [--speed-steps 1000]
+                                 [--repeats 1] [--pin-ranks] [--speed-only] [--speed-steps 1000]
                                  [--speed-ranks 8]
 
 1. Speed: the critical path and every what-if of a synthetic run of --speed-steps steps of
@@ -24,13 +24,15 @@
    --cost RANK:MS replaces the injected cost of every experiment run; --repeats N runs N
    pairs (with, without) one after the other and compares the medians of the predicted and the
    measured step over the pairs, as run-to-run noise on a shared machine is as large as the
-   model's error.
+   model's error. --pin-ranks runs each rank on a core of its own (taskset -c LOCAL_RANK), so
+   that the ranks do not contend for the cores (docs/critical-path.md, "Cost and accuracy").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -112,11 +114,18 @@ EXPERIMENTS = {
 
 
 def traced(out: Path, steps: int, workload: str, options: list[str],
-           fault: list[str]) -> Path:
-    """The run folder of `workload --steps N` traced on 2 ranks, with `fault` added."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", "-m", "tracer.record", "--out", str(out), *options,
-               workload, "--steps", str(steps), *fault]
+           fault: list[str], pin: bool = False) -> Path:
+    """The run folder of `workload --steps N` traced on 2 ranks, with `fault` added; `pin`:
+    each rank's process on the core of its local rank (taskset), the ranks sharing none."""
+    rank = ["-m", "tracer.record", "--out", str(out), *options, workload, "--steps",
+            str(steps), *fault]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2"]
+    if pin:
+        inner = shlex.join([sys.executable, *rank])
+        command = [*launcher, "--no-python", "sh", "-c", f'exec taskset -c "$LOCAL_RANK" {inner}']
+    else:
+        command = [*launcher, *rank]
     subprocess.run(command, cwd=REPO, env=torchrun_env(), check=True, capture_output=True,
                    timeout=600)
     return next(p for p in out.iterdir() if p.is_dir())
@@ -139,21 +148,21 @@ def matching(answers: list[dict], kind: str, change: str | None) -> dict | None:
                  and (change is None or a["change"] == change)), None)
 
 
-def pair(name: str, steps: int, cost: str, tmp: Path) -> dict:
+def pair(name: str, steps: int, cost: str, tmp: Path, pin: bool = False) -> dict:
     """One pair of runs: with the cost (its matching what-if) and without it."""
     workload, flag, _, options, kind, change = EXPERIMENTS[name]
-    late_dir = traced(tmp / "late", steps, workload, options, [flag, cost])
+    late_dir = traced(tmp / "late", steps, workload, options, [flag, cost], pin)
     result = open_run(str(late_dir)).report.critical
     analysed = set(int(s) for s in result.critical_path_steps["step"])
     late = step_times(late_dir, analysed)
-    even = step_times(traced(tmp / "even", steps, workload, options, []), analysed)
+    even = step_times(traced(tmp / "even", steps, workload, options, [], pin), analysed)
     answer = matching(result.what_if, kind,
                       change and change.format(rank=cost.split(":")[0]))
     return {"steps": len(analysed), "late": statistics.mean(late),
             "measured": statistics.mean(even), "answer": answer, "answers": result.what_if}
 
 
-def accuracy(name: str, steps: int, cost: str | None, repeats: int) -> dict:
+def accuracy(name: str, steps: int, cost: str | None, repeats: int, pin: bool = False) -> dict:
     """One experiment side by side, `repeats` pairs of runs; the medians over the pairs."""
     workload, flag, default, _, kind, _ = EXPERIMENTS[name]
     cost = cost or default
@@ -162,7 +171,7 @@ def accuracy(name: str, steps: int, cost: str | None, repeats: int) -> dict:
     pairs = []
     for number in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            found = pair(name, steps, cost, Path(tmp))
+            found = pair(name, steps, cost, Path(tmp), pin)
         answer = found["answer"]
         if answer is None:
             print(f"  {number + 1}: {found['late']:.2f}, no {kind} answer ("
@@ -195,13 +204,16 @@ def main() -> None:
                         help="the injected cost (default: each experiment's own)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="pairs of runs per experiment; the medians over them are compared")
+    parser.add_argument("--pin-ranks", action="store_true",
+                        help="each rank on a core of its own (taskset), where the ranks would "
+                             "otherwise share the machine's cores (Linux)")
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument("--speed-steps", type=int, default=1000)
     parser.add_argument("--speed-ranks", type=int, default=8)
     args = parser.parse_args()
     speed(args.speed_steps, args.speed_ranks)
     if not args.speed_only:
-        results = [accuracy(name, args.steps, args.cost, args.repeats)
+        results = [accuracy(name, args.steps, args.cost, args.repeats, args.pin_ranks)
                    for name in args.experiment]
         print("summary: experiment, predicted ms, measured ms, error % (medians over pairs)")
         for row in results:
