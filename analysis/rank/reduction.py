@@ -121,10 +121,13 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
         builds["critical_path"] = partial(builds["critical_path"], window=path_window)
     found: dict = {}
     failed: dict = {}
+    # The kernels' host ops found once, for the ops and the cross-rank pass both (before the
+    # fork: the child beside builds the comm events from it too).
+    join = _kernel_join(trace.events)
     if not (only_trace or (trace.world_size or 1) <= 1):
         del builds["critical_path"]
     elif path_beside and only_trace and can_fork() and trace.events is not None:
-        found.update(forked_results(_beside(trace, builds)))
+        found.update(forked_results(_beside(trace, builds, join)))
     records = getattr(trace, "records", None)
     if not run_folder or records is None or len(records.comms):
         del builds["stop_trace_ops"]
@@ -142,13 +145,10 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
         # The ops' FLOPs found once, for the FLOPs per step and the roofline both.
         builds["step_flops"] = lambda trace: flop_tables["step_flops"]
         builds["op_roofline"] = lambda trace: flop_tables["op_roofline"]
-    join = _kernel_join(trace.events)
     if join is not None:
-        # The kernels' host ops found once, for the ops and the cross-rank pass both.
         builds["comm_ops"] = lambda trace: communication.comm_ops(trace, join)
-        if "comm_events" in builds:
-            builds["comm_events"] = lambda trace: _comm_events(
-                trace, comm_events.kernel_host_ops(trace.events, join))
+    if "comm_events" in builds:
+        builds["comm_events"] = partial(_joined_comm_events, join=join)
     for name, build in builds.items():
         try:
             found[name] = build(trace)
@@ -165,26 +165,25 @@ def rank_tables(trace, only_trace: bool = False, run_folder: bool = False,
 BESIDE = ("hta", "comm_events", "step_flops", "op_roofline", "critical_path")
 
 
-def _beside(trace, builds: dict) -> dict:
+def _beside(trace, builds: dict, join: comm_events.KernelJoin | None) -> dict:
     """BESIDE's builds, removed from `builds`, each a function of nothing: on the rank's events
     as they are now (the caller drops them once the rank is reduced), the FLOP tables from one
-    rank_flops_tables, the comm events from the child's own KernelJoin."""
+    rank_flops_tables, the comm events from the caller's KernelJoin `join`."""
     path, hta = builds["critical_path"], builds["hta"]
     for name in BESIDE:
         del builds[name]
     with_events = dataclasses.replace(trace, events=trace.events)
     flop_tables = cache(partial(flops.rank_flops_tables, with_events))
     return {"hta": partial(hta, with_events),
-            "comm_events": partial(_joined_comm_events, with_events),
+            "comm_events": partial(_joined_comm_events, with_events, join),
             "step_flops": lambda: flop_tables()["step_flops"],
             "op_roofline": lambda: flop_tables()["op_roofline"],
             "critical_path": partial(path, with_events, events=trace.events)}
 
 
-def _joined_comm_events(trace) -> pd.DataFrame:
-    """_comm_events as rank_tables builds it: from the kernels' host ops where their KernelJoin
-    can be made."""
-    join = _kernel_join(trace.events)
+def _joined_comm_events(trace, join: comm_events.KernelJoin | None) -> pd.DataFrame:
+    """_comm_events from the kernels' host ops where their KernelJoin `join` could be made
+    (None: it failed, and _comm_events finds them itself)."""
     if join is None:
         return _comm_events(trace)
     return _comm_events(trace, comm_events.kernel_host_ops(trace.events, join))
