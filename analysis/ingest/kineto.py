@@ -256,7 +256,7 @@ def _feed_chunks(pieces, columns: EventColumns, longest: int) -> TraceDocument:
     del rest
     wanted = CHUNK_BYTES
     searched = 0  # no cut starts with an "{" before this: looked at already
-    int_times = True  # until a chunk's events are not all integer-timed
+    try_int_timed = True  # until a chunk's events are not all integer-timed
     while True:
         while filled < wanted and (piece := next(pieces, None)) is not None:
             end = filled + len(piece)
@@ -279,19 +279,19 @@ def _feed_chunks(pieces, columns: EventColumns, longest: int) -> TraceDocument:
         close = brace + 1
         buffer[close] = ord("]")
         events = None
-        if int_times and not columns.float_timestamps:
+        if try_int_timed and not columns.float_timestamps:
             try:
                 events = INT_TIMED_EVENTS_DECODER.decode(memoryview(buffer)[:close + 1])
             except (msgspec.DecodeError, msgspec.ValidationError):
-                int_times = False  # the decoders below say what is wrong, if anything is
-        timed_int = events is not None
+                try_int_timed = False  # the decoders below say what is wrong, if anything is
+        int_timed = events is not None
         if events is None:
             try:
                 events = EVENTS_DECODER.decode(memoryview(buffer)[:close + 1])
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 raise _NotChunkable(str(exc)) from None
         # Raw arguments point into the buffer: the events go before it is written again.
-        columns.add(events, int_timestamps=timed_int)
+        columns.add(events, int_timestamps=int_timed)
         del events
         start = opening - 1
         total += start
