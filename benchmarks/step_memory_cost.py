@@ -1,13 +1,15 @@
 """What reading RSS at a step's end would cost the training thread on CPU: the figure that
 decides where tracer.probes.memory reads it (on the training thread if under 5 us; otherwise
-off it, each reading stamped with its time and matched to the steps by time).
+off it, each reading stamped with its time and matched to the steps by time); and what the
+step record's `cpu_ns` costs, read there twice a step.
 
 A small training loop (an MLP, Adam) runs `--steps` steps; after each optimizer step, in turn,
 one of the arms is called and timed on the main thread's CPU clock (time.thread_time_ns):
 
 * `empty`: a no-op, the floor of the timing itself (two clock reads);
 * `statm`: tracer.probes.procfs.StatmRss.rss(), /proc/self/statm kept open and read again;
-* `psutil`: psutil.Process().memory_info().rss, what the reader falls back to off Linux.
+* `psutil`: psutil.Process().memory_info().rss, what the reader falls back to off Linux;
+* `cpu_clock`: time.process_time_ns(), the process's CPU clock (a step record's `cpu_ns`).
 
 Each arm's figure is the median over its steps minus `empty`'s, with the 10th-90th percentiles;
 the arms take turns, so that the machine's load weighs on them alike. A step between two timed
@@ -49,7 +51,7 @@ def main():
     batch = torch.randn(32, args.width)
     process = psutil.Process()
     arms = {"empty": lambda: None, "statm": StatmRss().rss,
-            "psutil": lambda: process.memory_info().rss}
+            "psutil": lambda: process.memory_info().rss, "cpu_clock": time.process_time_ns}
     spent: dict[str, list[int]] = {name: [] for name in arms}
     step_ns = []
     names = list(arms)

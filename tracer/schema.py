@@ -251,6 +251,10 @@ class StepRecord(msgspec.Struct, omit_defaults=True):
     # the first reading)
     comm_ops: int = 0
     comm_bytes: int = 0
+    # The CPU time the process (every thread) used from start_ns to the step's record, right
+    # after end_ns, by time.process_time_ns: the tracer's work at the step end before start_ns
+    # is not in it; absent in files written before this field existed.
+    cpu_ns: int | None = None
     # Samples the whole job trained in the step (the global batch), as the script set it with
     # tracer.set_samples_per_step() or --samples-per-step said; absent when neither did.
     samples: int | None = None
@@ -380,6 +384,12 @@ class RunStart(msgspec.Struct, tag="run_start", tag_field="kind", omit_defaults=
     # The CPUs the rank's process may run on (its affinity mask, else the host's count): with
     # the ranks on its host, whether they compete for cores; absent in files written before.
     cpus: int | None = None
+    # The ids of those CPUs (the affinity mask, sorted; absent where the OS keeps none): ranks
+    # of one host whose masks differ share only the CPUs their masks have in common.
+    cpu_ids: list[int] | None = None
+    # Where the rank's model computes: "cuda" (the tracer saw a CUDA device) or "cpu"; absent
+    # in files written before this field existed.
+    device_type: str | None = None
 
 
 class ClockSync(msgspec.Struct, tag="clock_sync", tag_field="kind", omit_defaults=True):

@@ -21,7 +21,7 @@ import pandas as pd
 from analysis.core import dag
 from analysis.core.contracts import CriticalPath, CrossRank
 from analysis.core.dag import NEVER, PATH_COLUMNS, SEGMENT_COLUMNS
-from analysis.crossrank import step_graph, what_if, what_if_idle, what_if_pipeline
+from analysis.crossrank import step_graph, what_if, what_if_cores, what_if_idle, what_if_pipeline
 from analysis.crossrank.grouped import group_starts
 from analysis.crossrank.step_graph import (
     ARRIVAL,
@@ -181,14 +181,16 @@ def path_segments(graph: StepGraph, nodes: np.ndarray, back: np.ndarray, begin: 
 
 def analyse(cross: CrossRank, steps: pd.DataFrame | None = None,
             busbw_gbps: float | None = None, idle_gaps: pd.DataFrame | None = None,
-            profiled: pd.DataFrame | None = None) -> CriticalPath:
+            profiled: pd.DataFrame | None = None,
+            cores: what_if_cores.HostCores | None = None) -> CriticalPath:
     """The critical path and what-if answers of a cross-rank result (analysis.crossrank's
     `ops`, `clock`, `pipeline_schedule` and `kineto_shift_ns`); `steps`: each rank's steps
     (rank, step, start_ns, end_ns, own clock; default cross.steps); `busbw_gbps`: also
     answer "each collective at this bus bandwidth"; `idle_gaps`: the ranks' idle gaps
     (analysis.rank.idle: rank, step, start_ns, end_ns on each rank's Kineto clock,
     host_activity), for "no gaps of this cause"; `profiled`: the (rank, step) rows whose gaps
-    are known (default: those the gaps have)."""
+    are known (default: those the gaps have); `cores`: the ranks' CPU time and the CPUs they
+    share, where they compute on the host (what_if_cores), to hold each answer to it."""
     steps = cross.steps if steps is None else steps
     ops = cross.ops
     if ops is None or steps is None or ops.empty or steps.empty:
@@ -209,7 +211,9 @@ def analyse(cross: CrossRank, steps: pd.DataFrame | None = None,
                                              cross.kineto_shift_ns)
     more = (what_if_pipeline.bubble_changes(graph, schedule)
             + what_if_idle.idle_changes(graph, gaps, profiled))
-    answers, by_step = what_if.answers_by_step(graph, busbw_gbps, more)
+    least = (None if cores is None else
+             lambda change, numbers: what_if_cores.step_bounds(cores, graph, change, numbers))
+    answers, by_step = what_if.answers_by_step(graph, busbw_gbps, more, least)
     if len(graph.steps):
         answers = what_if.ordered(answers + what_if_pipeline.microbatch_answers(
             graph, schedule, answers, what_if.measured_step_ms(graph)))

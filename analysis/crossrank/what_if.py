@@ -17,6 +17,7 @@ propagated at once, one column per change.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,7 @@ WHAT_IF_KEYS = ["change", "kind", "ranks", "saved_ms_per_step", "predicted_step_
 MOST_CHANGES = 16
 IGNORED = ("contention for cores, memory bandwidth or links, caches and clock error between "
            "ranks are not modelled")
+ON_TIME = "rank_on_time"
 
 
 @dataclass
@@ -115,7 +117,7 @@ def _changes(graph: StepGraph, busbw_gbps: float | None) -> list[Change]:
         if np.array_equal(shortened, duration):  # no work of its to shorten
             continue
         changes.append(Change({
-            "change": f"rank {rank} on time", "kind": "rank_on_time", "ranks": [int(rank)],
+            "change": f"rank {rank} on time", "kind": ON_TIME, "ranks": [int(rank)],
             "assumptions": f"rank {rank}'s host work before each op it issues set to the median "
                            f"of the other members' before the same op, and its work after its "
                            f"last op to its step's end to the other ranks' median, where "
@@ -157,6 +159,11 @@ def measured_step_ms(graph: StepGraph) -> float:
     return float((steps["end_ns"] - steps["start_ns"]).mean()) / 1e6
 
 
+# Per change and analysed step (sorted step numbers): the least step time (ms) the change can
+# give, NaN where none is known (what_if_cores: the host's cores).
+StepBound = Callable[[Change, np.ndarray], np.ndarray]
+
+
 def answers(graph: StepGraph, busbw_gbps: float | None = None,
             more: list[Change] | tuple = ()) -> list[dict]:
     """Every change's saving and predicted step time, largest saving first: the rank and
@@ -165,11 +172,13 @@ def answers(graph: StepGraph, busbw_gbps: float | None = None,
 
 
 def answers_by_step(graph: StepGraph, busbw_gbps: float | None = None,
-                    more: list[Change] | tuple = ()) -> tuple[list[dict], pd.DataFrame]:
+                    more: list[Change] | tuple = (), least: StepBound | None = None
+                    ) -> tuple[list[dict], pd.DataFrame]:
     """(answers, as `answers` gives them; per analysed step, its measured mean step over the
     ranks, `measured_ms`, and each change's own saving in it, one column per change named by
     its `change`, NaN in the steps the change does not name): the steps' savings let a stretch
-    of steps (a phase, analysis.crossrank.phases) be answered on its own steps."""
+    of steps (a phase, analysis.crossrank.phases) be answered on its own steps. `least`: each
+    step's saving at most its measured step less the step time `least` gives for the change."""
     changes = _changes(graph, busbw_gbps) + list(more)
     if not changes:
         return [], pd.DataFrame(columns=["step", "measured_ms"])
@@ -187,13 +196,33 @@ def answers_by_step(graph: StepGraph, busbw_gbps: float | None = None,
     for j, change in enumerate(changes):
         kept = np.ones(len(numbers), dtype=bool) if change.steps is None else np.isin(
             numbers, change.steps)
+        said = change.about["assumptions"]
+        if least is not None:
+            bound = least(change, numbers)
+            saved_per_step[:, j], limited = capped(saved_per_step[:, j],
+                                                   by_step["measured_ms"], bound)
+            said += ("; but no step shorter than its ranks' CPU time over the CPUs they share "
+                     "(the host's cores)")
+            if (limited & kept).any():
+                said += (f": held to it in {int((limited & kept).sum())} of "
+                         f"{int(kept.sum())} steps, where it is {np.nanmean(bound[kept]):.2f} ms "
+                         f"a step")
         saved = float(saved_per_step[kept, j].mean()) if kept.any() else 0.0
         by_step[change.about["change"]] = np.where(kept, saved_per_step[:, j], np.nan)
         rows.append({**{k: v for k, v in change.about.items() if k != "assumptions"},
                      "saved_ms_per_step": round(saved, 3),
                      "predicted_step_ms": round(measured - saved, 3),
-                     "assumptions": change.about["assumptions"]})
+                     "assumptions": said})
     return ordered(rows), pd.DataFrame(by_step)
+
+
+def capped(saved: np.ndarray, measured: np.ndarray, bound: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(per step, a saving (ms) at most the measured step less `bound`, where the bound is
+    known, never turned into a cost; where that limited it)."""
+    room = np.maximum(measured - bound, 0.0)
+    limited = np.isfinite(room) & (saved > room)
+    return np.where(limited, room, saved), limited
 
 
 def _measured_by_step(graph: StepGraph, numbers: np.ndarray) -> np.ndarray:

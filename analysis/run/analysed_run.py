@@ -37,7 +37,7 @@ from analysis.core.contracts import (
 )
 from analysis.core.model import UNKNOWN_RANK, LoadResult, RankTrace
 from analysis.core.step_spec import parse_step_spec
-from analysis.crossrank import critical_path
+from analysis.crossrank import critical_path, what_if_cores
 from analysis.crossrank.phases import find_phases
 from analysis.crossrank.report_tables import with_transfer_bandwidth
 from analysis.crossrank.waits import with_waits
@@ -198,7 +198,8 @@ class Run:
             return self._one_rank_path()
         result = self._guarded.part(
             "critical_path", lambda: critical_path.analyse(
-                cross, idle_gaps=self.idle_gaps, profiled=self.breakdown[["rank", "step"]]),
+                cross, idle_gaps=self.idle_gaps, profiled=self.breakdown[["rank", "step"]],
+                cores=what_if_cores.host_cores(self.loaded.ranks)),
             "critical path analysis failed ({why}); no what-if answer")
         if result is None:
             return None

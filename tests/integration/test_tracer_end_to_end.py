@@ -6,6 +6,7 @@ on their own: tests/unit/tracer/ (one folder per folder of tracer/)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 import time
 from pathlib import Path
@@ -303,6 +304,10 @@ def test_ddp_steps_carry_times_memory_and_their_comm_ops(ddp_run):
             assert before.start_ns < before.end_ns <= after.start_ns
         assert all(s.rss_bytes > 50_000_000 for s in recorded)
         assert all(s.cuda_peak_allocated_bytes is None for s in recorded)
+        # every step used CPU, and no more than the process's CPUs could give it in the step
+        start, = h.of_kind(h.manifest(run_dir, rank), schema.RunStart)
+        assert all(0 < s.cpu_ns <= (s.end_ns - s.start_ns) * start.cpus + 5_000_000
+                   for s in recorded)
         end = h.run_end(run_dir, rank)
         if importlib.util.find_spec("tracer.comms"):
             assert all(s.comm_ops >= 1 and s.comm_bytes > 0 for s in recorded)
@@ -350,6 +355,8 @@ def test_ddp_manifest_describes_the_run_and_its_clock_offsets(ddp_run):
         ]
         assert "tracer.record" in start.argv and start.torch_version == torch.__version__
         assert start.config["active"] == TracerConfig().active and start.attempt == 0
+        assert start.device_type == "cpu"
+        assert start.cpu_ids == sorted(os.sched_getaffinity(0)) and start.cpus == len(start.cpu_ids)
         clock, = h.of_kind(records, schema.ClockSync)
         assert (clock.rank, clock.backend, clock.world_size) == (rank, "gloo", 2)
         if rank == 0:

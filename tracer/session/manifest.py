@@ -48,6 +48,15 @@ def process_cpus() -> int | None:
         return os.cpu_count()
 
 
+def process_cpu_ids() -> list[int] | None:
+    """The ids of the CPUs this process may run on (its affinity mask), None where the OS keeps
+    none."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 def versions(local_rank: int = 0) -> dict:
     """torch, CUDA and NCCL versions, and the name of the device of `local_rank`, without
     initialising CUDA."""

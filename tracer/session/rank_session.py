@@ -34,7 +34,7 @@ from tracer.parts import log
 from tracer.parts.buffered_file import BufferedFile, RecordBudget
 from tracer.parts.part import Part
 from tracer.session import part_registry
-from tracer.session.manifest import Manifest, host_name, process_cpus, versions
+from tracer.session.manifest import Manifest, host_name, process_cpu_ids, process_cpus, versions
 from tracer.session.part_registry import PartEntry, PartSetup
 from tracer.session.run_folder import LaunchInfo, RunDirError, remove_rank_files, resolve_run_dir
 from tracer.session.script_end import (
@@ -213,7 +213,8 @@ class Session:
             "argv": list(self.argv or getattr(sys, "orig_argv", sys.argv)),
             "script": self.script, "script_args": list(self.script_args),
             "config": dataclasses.asdict(self.config), "attempt": self.launch.attempt,
-            "launched_by": self.launched_by, "cpus": process_cpus()}))
+            "launched_by": self.launched_by, "cpus": process_cpus(),
+            "cpu_ids": process_cpu_ids(), "device_type": "cuda" if use_cuda else "cpu"}))
         with self._errors_lock:
             pending, self._pending_errors = self._pending_errors, None
         for name, message in pending:
@@ -305,7 +306,7 @@ class Session:
                 _part_raised(part, exc)
         self.worker.records.append(schema.StepRecord(
             step=step, start_ns=start_ns, end_ns=end_ns, samples=self.samples_per_step,
-            **fields))
+            cpu_ns=time.process_time_ns() - self.clock.start_cpu_ns, **fields))
         for part in hooked["on_step"]:
             try:
                 part.on_step()

@@ -21,6 +21,9 @@ class StepClock:
         self.on_step_end = on_step_end
         self.steps = 0
         self.start_ns = time.time_ns()
+        # The process's CPU time (every thread) at start_ns: a step's own CPU time leaves out
+        # the tracer's work at the step end before it (a trace export takes hundreds of ms).
+        self.start_cpu_ns = time.process_time_ns()
         # The end time of each step, in order, into one deque per part that asked for them
         # (track_ends): for parts that place what they learn later in its step
         # (tracer.comms.flight) or judge step times off the training thread
@@ -39,6 +42,7 @@ class StepClock:
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         tracer._step_callback = manual_step
         self.start_ns = time.time_ns()
+        self.start_cpu_ns = time.process_time_ns()
 
     def track_ends(self, maxlen: int | None = None) -> collections.deque:
         """A deque of its own that receives every step's end time from now on (holding the
@@ -82,3 +86,4 @@ class StepClock:
             self.on_step_end(step, start_ns, end_ns)
         finally:
             self.start_ns = time.time_ns()
+            self.start_cpu_ns = time.process_time_ns()

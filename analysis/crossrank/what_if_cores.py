@@ -1,0 +1,143 @@
+"""The host's cores under a what-if (docs/critical-path.md, "The host's cores").
+
+Ranks that compute on the host (`device_type` "cpu") need their CPU time on the CPUs they may
+use. A change that takes the idle time out of a step does not take out the work: where the
+ranks slept or waited in turn, they compute at once after it and share the cores. So a step
+cannot be shorter than its ranks' CPU time over the CPUs they share:
+
+    bound(step) = max over groups G of  sum over ranks r of G of cpu'(r, step) / cpus(G)
+
+the groups being each rank (the CPUs of its affinity mask) and each host's ranks (the union of
+their masks); cpu(r, step) is the rank's process CPU time in the step (its step record's
+`cpu_ns`), cpu' what the change leaves of it:
+
+- `rank_on_time` (rank R's host work at the others' median): R's CPU at most the median of the
+  other ranks' in that step;
+- `pipeline_bubble_theoretical` (a stage's host work shortened): the stage's CPU less the host
+  work taken off it (the most one thread's work gives back);
+- every other change (a transfer overlapped or faster, an idle gap's cause removed): the same
+  CPU time (a data loader's work done elsewhere is still done on the host).
+
+A change's saving in a step is then at most the measured step less the bound. Ranks on a device
+are left out (their process CPU time counts the driver's spin-waits, which are not work), and so
+is a host where a rank lacks the records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analysis.crossrank.step_graph import ISSUE, START, STEP_END, StepGraph
+from analysis.crossrank.what_if import ON_TIME, Change
+from analysis.crossrank.what_if_pipeline import BUBBLE
+from tracer import schema
+
+# The nodes whose durations are a rank's host work (a step's start after the previous end, the
+# work before an issue, the work after the last op).
+HOST_WORK = (START, ISSUE, STEP_END)
+
+
+@dataclass
+class HostCores:
+    """Per host-computing rank and step its CPU time (`cpu`: rank, step, cpu_ns), and the groups
+    of ranks that share CPUs: (ranks, the CPUs they may use, the host's name)."""
+
+    cpu: pd.DataFrame
+    groups: list[tuple[tuple[int, ...], int, str]]
+
+
+def _rank_cpu(rank: int, steps: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The rank's CPU time per step (its step records' `cpu_ns`), None where none has it."""
+    if steps is None or "cpu_ns" not in steps.columns:
+        return None
+    frame = steps[["step", "cpu_ns"]].dropna()
+    frame = frame[frame["cpu_ns"] >= 0]
+    if frame.empty:
+        return None
+    return pd.DataFrame({"rank": rank, "step": frame["step"].to_numpy("int64"),
+                         "cpu_ns": frame["cpu_ns"].to_numpy("float64")})
+
+
+def host_cores(ranks) -> HostCores | None:
+    """The CPU time and CPU groups of a run's ranks (analysis.ingest's RankTrace: records with
+    a run_start and step records), None where no rank computes on the host with them."""
+    cpu, starts = [], {}
+    for trace in ranks or []:
+        records = getattr(trace, "records", None)
+        start = next((r for r in (records.manifest if records is not None else [])
+                      if isinstance(r, schema.RunStart)), None)
+        if start is None or start.device_type != "cpu":
+            continue
+        used = _rank_cpu(int(trace.rank), records.steps)
+        if used is not None and (start.cpu_ids or start.cpus):
+            cpu.append(used)
+            starts[int(trace.rank)] = start
+    if not cpu:
+        return None
+    groups = [((rank,), len(start.cpu_ids) if start.cpu_ids else int(start.cpus), start.host)
+              for rank, start in sorted(starts.items())]
+    hosts: dict[str, list[int]] = {}
+    for rank, start in starts.items():
+        hosts.setdefault(start.host, []).append(rank)
+    every_rank = {int(t.rank): t for t in ranks}
+    for host, members in hosts.items():
+        on_host = [r for r, t in every_rank.items() if _host(t) == host]
+        if len(members) < 2 or len(on_host) != len(members):
+            continue  # one rank, or a rank of the host without the records: no host bound
+        masks = [starts[r].cpu_ids for r in members]
+        shared = (len(set().union(*masks)) if all(masks)
+                  else max(int(starts[r].cpus or 0) for r in members))
+        if shared:
+            groups.append((tuple(sorted(members)), shared, host))
+    return HostCores(pd.concat(cpu, ignore_index=True), groups)
+
+
+def _host(trace) -> str | None:
+    records = getattr(trace, "records", None)
+    start = next((r for r in (records.manifest if records is not None else [])
+                  if isinstance(r, schema.RunStart)), None)
+    return start.host if start is not None else None
+
+
+def _removed_host_work(graph: StepGraph, duration: np.ndarray) -> pd.Series:
+    """The host work a change took off each (rank, step), ns."""
+    nodes = np.flatnonzero(np.isin(graph.kind, HOST_WORK))
+    cut = (graph.duration[nodes] - duration[nodes]).clip(min=0)
+    frame = pd.DataFrame({"rank": graph.rank[nodes], "step": graph.step[nodes], "cut": cut})
+    return frame.groupby(["rank", "step"])["cut"].sum()
+
+
+def _cpu_left(cores: HostCores, graph: StepGraph, kind: str, ranks: list[int],
+              duration: np.ndarray) -> pd.DataFrame:
+    """Per (rank, step): the CPU time a change of `kind` on `ranks` leaves, ns (a table, rank
+    by step)."""
+    table = cores.cpu.pivot_table(index="step", columns="rank", values="cpu_ns",
+                                  aggfunc="first")
+    if kind == ON_TIME:
+        for rank in ranks:
+            others = table.drop(columns=[rank], errors="ignore")
+            if rank in table.columns and others.shape[1]:
+                table[rank] = np.fmin(table[rank], others.median(axis=1, skipna=True))
+    elif kind == BUBBLE:
+        cut = _removed_host_work(graph, duration).unstack("rank")
+        cut = cut.reindex(index=table.index, columns=table.columns).fillna(0)
+        table = (table - cut).clip(lower=0)
+    return table
+
+
+def step_bounds(cores: HostCores, graph: StepGraph, change: Change,
+                numbers: np.ndarray) -> np.ndarray:
+    """Per analysed step of `numbers`: the least step time (ms) the host's cores allow under
+    `change`, NaN where no group has every rank's CPU time in that step."""
+    table = _cpu_left(cores, graph, change.about["kind"], change.about.get("ranks") or [],
+                      change.duration).reindex(numbers)
+    bound = np.full(len(numbers), np.nan)
+    for members, cpus, _ in cores.groups:
+        if not set(members) <= set(table.columns):
+            continue
+        need = table[list(members)].to_numpy("float64").sum(axis=1) / cpus / 1e6
+        bound = np.fmax(bound, need)
+    return bound

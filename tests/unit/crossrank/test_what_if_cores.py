@@ -1,0 +1,125 @@
+"""The host's cores under a what-if (analysis.crossrank.what_if_cores, docs/critical-path.md,
+"The host's cores"): hand-built runs whose bounds are computed by hand."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from analysis.crossrank import analyse as cross_rank_pass
+from analysis.crossrank import critical_path, what_if, what_if_cores
+from helpers.crossrank_ops import MS, frame, op
+from tracer import schema
+
+STEP = 100 * MS
+OVERLAPPED = "all_reduce on group 0 (4-8 KiB) transfer overlapped"
+
+
+def late_rank(steps=(1, 2, 3, 4)):
+    """Rank 0 works 10 ms, rank 1 35, before one all_reduce per step (2 ms after both
+    arrived); step ends 3 ms (rank 0) and 4 ms (rank 1) after it: steps of 40 and 41 ms."""
+    rows = []
+    for s in steps:
+        base, end = s * STEP, s * STEP + 37 * MS
+        rows += [op(0, base + 10 * MS, end, step=s), op(1, base + 35 * MS, end, step=s)]
+    stepped = pd.DataFrame([{"rank": r, "step": s, "start_ns": s * STEP,
+                             "end_ns": s * STEP + e * MS} for s in steps
+                            for r, e in ((0, 40), (1, 41))])
+    offsets = pd.DataFrame({"rank": [0, 1], "offset_ns": 0, "uncertainty_ns": 0})
+    return cross_rank_pass(frame(rows), stepped, offsets, 2), stepped
+
+
+def cores(cpu_ms: dict, groups, steps=(1, 2, 3, 4)) -> what_if_cores.HostCores:
+    cpu = pd.DataFrame([{"rank": r, "step": s, "cpu_ns": ms * MS}
+                        for r, ms in cpu_ms.items() for s in steps])
+    return what_if_cores.HostCores(cpu, groups)
+
+
+def answers(cross, stepped, host=None) -> dict:
+    result = critical_path.analyse(cross, stepped, cores=host)
+    return {a["change"]: a for a in result.what_if}
+
+
+def test_a_late_rank_on_time_cannot_beat_the_cpu_the_ranks_need_on_one_core():
+    cross, stepped = late_rank()
+    free = answers(cross, stepped)["rank 1 on time"]
+    assert free["saved_ms_per_step"] == (26 + 25 + 25 + 25) / 4  # test_what_if's answer
+    # Rank 1's 35 ms of CPU a step at the others' median, 10: on one CPU shared by both
+    # ranks a step takes at least 20 ms, so each step saves at most 40.5 - 20.
+    one_core = answers(cross, stepped, cores({0: 10, 1: 35}, [((0, 1), 1, "h")]))
+    held = one_core["rank 1 on time"]
+    assert held["saved_ms_per_step"] == 20.5 and held["predicted_step_ms"] == 20.0
+    assert held["assumptions"].endswith(
+        "; but no step shorter than its ranks' CPU time over the CPUs they share (the host's "
+        "cores): held to it in 4 of 4 steps, where it is 20.00 ms a step")
+    # On two CPUs the bound is 10 ms: the graph's answer stands, and says nothing of the cores.
+    two_cores = answers(cross, stepped, cores({0: 10, 1: 35}, [((0, 1), 2, "h")]))
+    assert two_cores["rank 1 on time"]["saved_ms_per_step"] == 25.25
+    assert two_cores["rank 1 on time"]["assumptions"].endswith("(the host's cores)")
+    assert "the host's cores" not in free["assumptions"]  # no CPU times: no bound
+
+
+def test_a_change_that_leaves_the_work_keeps_its_cpu_and_a_rank_of_its_own_core_bounds_alone():
+    cross, stepped = late_rank()
+    # The transfer overlapped takes no CPU off: 10 + 27 ms on one CPU leave 3.5 ms of the
+    # 40.5-ms step, of the 2 ms it saves: not held.
+    host = cores({0: 10, 1: 27}, [((0, 1), 1, "h")])
+    overlapped = answers(cross, stepped, host)[OVERLAPPED]
+    assert overlapped["saved_ms_per_step"] == 2.0
+    # Rank 1 alone on one CPU with 39.5 ms of CPU a step: at most 1 ms saved.
+    alone = cores({0: 10, 1: 39.5}, [((0,), 1, "h"), ((1,), 1, "h")])
+    held = answers(cross, stepped, alone)[OVERLAPPED]
+    assert held["saved_ms_per_step"] == 1.0
+
+
+def test_a_step_without_every_ranks_cpu_time_is_not_bounded():
+    cross, stepped = late_rank()
+    host = cores({0: 10, 1: 35}, [((0, 1), 1, "h")], steps=(1, 2))
+    held = answers(cross, stepped, host)["rank 1 on time"]
+    # steps 1 and 2 held to 20.5 each, steps 3 and 4 keep their 25
+    assert held["saved_ms_per_step"] == (20.5 + 20.5 + 25 + 25) / 4
+    assert "held to it in 2 of 4 steps" in held["assumptions"]
+
+
+def test_a_saving_is_never_turned_into_a_cost():
+    saved, limited = what_if.capped(np.array([5.0, 5.0, -1.0, 5.0]),
+                                    np.array([10.0, 10.0, 10.0, 10.0]),
+                                    np.array([7.0, 12.0, 12.0, np.nan]))
+    assert saved.tolist() == [3.0, 0.0, -1.0, 5.0]
+    assert limited.tolist() == [True, True, False, False]
+
+
+def _trace(rank, steps_cpu_ms=None, host="a", cpu_ids=(0, 1, 2, 3), device="cpu", cpus=None):
+    start = schema.RunStart(schema_version=1, run_name="r", rank=rank, local_rank=rank,
+                            world_size=4, host=host, pid=1, start_ns=0, argv=[], script="s",
+                            script_args=[], torch_version="2", config={}, device_type=device,
+                            cpu_ids=list(cpu_ids) if cpu_ids else None,
+                            cpus=cpus if cpus is not None else len(cpu_ids or ()))
+    steps = pd.DataFrame({"step": list(range(len(steps_cpu_ms or []))),
+                          "cpu_ns": [float(ms * MS) for ms in steps_cpu_ms or []]})
+    return SimpleNamespace(rank=rank, records=SimpleNamespace(manifest=[start], steps=steps))
+
+
+def test_the_cpu_time_of_a_step_is_its_records_and_a_record_without_it_is_left_out():
+    trace = _trace(0, [8, 9, 7])
+    trace.records.steps.loc[1, "cpu_ns"] = np.nan
+    found = what_if_cores.host_cores([trace])
+    assert found.cpu.to_dict("list") == {"rank": [0, 0], "step": [0, 2],
+                                         "cpu_ns": [8e6, 7e6]}
+
+
+def test_a_hosts_ranks_share_the_union_of_their_masks_and_each_has_its_own():
+    found = what_if_cores.host_cores([
+        _trace(0, [1, 2, 3], cpu_ids=(0,)), _trace(1, [1, 2, 3], cpu_ids=(1,)),
+        _trace(2, [1, 2, 3], host="b", cpu_ids=(0, 1, 2, 3)),
+        _trace(3, [1, 2, 3], host="b", cpu_ids=None, cpus=4)])
+    assert sorted(found.groups) == sorted([((0,), 1, "a"), ((1,), 1, "a"), ((2,), 4, "b"),
+                                           ((3,), 4, "b"), ((0, 1), 2, "a"), ((2, 3), 4, "b")])
+
+
+def test_ranks_on_a_device_and_hosts_with_a_rank_without_records_get_no_host_bound():
+    assert what_if_cores.host_cores([_trace(0, [1, 2, 3], device="cuda")]) is None
+    old = _trace(1, [1, 2, 3], device=None)
+    assert what_if_cores.host_cores([old]) is None
+    found = what_if_cores.host_cores([_trace(0, [1, 2, 3]), _trace(1, None)])
+    assert found.groups == [((0,), 4, "a")]  # rank 1 shares the host without CPU records
