@@ -6,7 +6,8 @@
 
 1. Speed: the critical path and every what-if of a synthetic run of --speed-steps steps of
    --speed-ranks ranks (four all_reduces per step, one rank late), timed after the cross-rank
-   pass that feeds it.
+   pass that feeds it; then again with every rank given 20 ms of CPU time a step on one host,
+   the answers held to the host's cores (analysis.crossrank.what_if_cores).
 2. Accuracy (CPU, gloo), per --experiment: a workload traced with a cost injected on one rank,
    the matching what-if from the loaded run, then the same command without the cost: its
    measured mean step time (rank{R}.steps.jsonl, the steps the what-if covered, every rank)
@@ -50,7 +51,7 @@ sys.path.insert(0, str(REPO))
 import pandas as pd  # noqa: E402
 
 from analysis.crossrank import analyse as cross_rank_pass  # noqa: E402
-from analysis.crossrank import critical_path  # noqa: E402
+from analysis.crossrank import critical_path, what_if_cores  # noqa: E402
 from analysis.crossrank.run_frames import typed_ops  # noqa: E402
 from analysis.run.analysed_run import open_run  # noqa: E402
 from tests.helpers.launch import torchrun_env  # noqa: E402
@@ -88,14 +89,23 @@ def speed(steps: int, ranks: int) -> None:
     started = time.perf_counter()
     cross = cross_rank_pass(ops, stepped, offsets, ranks)
     crossed = time.perf_counter() - started
-    timings = []
+    # Every rank on one host of `ranks` CPUs, 20 ms of CPU time a step each: the what-ifs held
+    # to the host's cores (what_if_cores) besides.
+    cores = what_if_cores.HostCores(
+        stepped.assign(cpu_ns=20.0 * MS)[["rank", "step", "cpu_ns"]],
+        [((r,), 1, "host") for r in range(ranks)] + [(tuple(range(ranks)), ranks, "host")])
+    timings, bounded = [], []
     for _ in range(3):
         started = time.perf_counter()
         result = critical_path.analyse(cross, stepped)
         timings.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        critical_path.analyse(cross, stepped, cores=cores)
+        bounded.append(time.perf_counter() - started)
     print(f"speed: {steps} steps x {ranks} ranks, {len(ops)} ops: cross-rank pass "
           f"{crossed:.2f} s; critical path + {len(result.what_if)} what-ifs "
-          f"{statistics.median(timings):.3f} s (median of 3)")
+          f"{statistics.median(timings):.3f} s, held to the host's cores "
+          f"{statistics.median(bounded):.3f} s (medians of 3)")
     # expected: the four transfers overlapped save 4 ms per step, the late rank on time 3
     for answer in result.what_if:
         print(f"  {answer['change']}: saves {answer['saved_ms_per_step']} ms per step")

@@ -26,6 +26,7 @@ is a host where a rank lacks the records.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -48,13 +49,19 @@ class HostCores:
     cpu: pd.DataFrame
     groups: list[tuple[tuple[int, ...], int, str]]
 
+    @cached_property
+    def by_step(self) -> pd.DataFrame:
+        """`cpu` as a table: a row per step, a column per rank, NaN where a rank has none."""
+        return self.cpu.pivot(index="step", columns="rank", values="cpu_ns")
+
 
 def _rank_cpu(rank: int, steps: pd.DataFrame | None) -> pd.DataFrame | None:
     """The rank's CPU time per step (its step records' `cpu_ns`), None where none has it."""
     if steps is None or "cpu_ns" not in steps.columns:
         return None
     frame = steps[["step", "cpu_ns"]].dropna()
-    frame = frame[frame["cpu_ns"] >= 0]
+    # a step recorded twice (a restarted attempt writing on) counts once, as last recorded
+    frame = frame[frame["cpu_ns"] >= 0].drop_duplicates("step", keep="last")
     if frame.empty:
         return None
     return pd.DataFrame({"rank": rank, "step": frame["step"].to_numpy("int64"),
@@ -114,8 +121,7 @@ def _cpu_left(cores: HostCores, graph: StepGraph, kind: str, ranks: list[int],
               duration: np.ndarray) -> pd.DataFrame:
     """Per (rank, step): the CPU time a change of `kind` on `ranks` leaves, ns (a table, rank
     by step)."""
-    table = cores.cpu.pivot_table(index="step", columns="rank", values="cpu_ns",
-                                  aggfunc="first")
+    table = cores.by_step.copy()
     if kind == ON_TIME:
         for rank in ranks:
             others = table.drop(columns=[rank], errors="ignore")

@@ -12,7 +12,9 @@ while its slope is at least MERGE_SLOPE_SHARE of the stretch's), its first step 
 step by the least-squares knee nearby, and kept only when it is a steady rise:
 
 * at least MIN_GROWTH_STEPS steps long;
-* rising by more than NOISE_FACTOR times the noise, and by at least MIN_RISE_BYTES;
+* rising by more than NOISE_FACTOR times the noise, by at least MIN_RISE_BYTES, and by at
+  least MIN_RISE_SHARE of the memory it rose to (a creep of a few MiB in a process of hundreds
+  is the allocator and the interpreter settling, not a leak);
 * spread over the stretch: each half of it rises by at least SPREAD_SHARE of the whole (one
   jump, an allocation that stays, is not a growth).
 
@@ -32,6 +34,7 @@ MIN_SEGMENT_STEPS = 10  # no segment shorter than this: a trend needs several st
 MIN_GROWTH_STEPS = 20
 NOISE_FACTOR = 4.0
 MIN_RISE_BYTES = 4 << 20  # a rise under 4 MiB over the whole stretch is no leak worth naming
+MIN_RISE_SHARE = 0.01  # nor one under 1% of the memory the stretch rose to
 SPREAD_SHARE = 0.25
 MERGE_SLOPE_SHARE = 0.5
 # Noise below this is taken as this: RSS and the allocator move by pages and blocks, and a
@@ -236,7 +239,7 @@ def _steady(steps: np.ndarray, values: np.ndarray, noise: float) -> bool:
     if len(steps) < MIN_GROWTH_STEPS:
         return False
     rise = _slope(steps, values) * np.ptp(steps)
-    if rise < max(MIN_RISE_BYTES, NOISE_FACTOR * noise):
+    if rise < max(MIN_RISE_BYTES, NOISE_FACTOR * noise, MIN_RISE_SHARE * float(np.max(values))):
         return False
     middle = len(steps) // 2
     halves = ((steps[:middle + 1], values[:middle + 1]), (steps[middle:], values[middle:]))

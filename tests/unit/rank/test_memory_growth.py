@@ -75,6 +75,15 @@ def test_no_steady_rise_is_no_growth(name, values):
     assert (growth.bytes_per_step, growth.from_step) == (0.0, None), name
 
 
+def test_a_creep_under_one_percent_of_the_memory_held_is_no_growth():
+    steps = _steps(200)
+    creep = steps * 0.025 * MIB  # 5 MiB over the run, above the 4-MiB floor
+    assert growth_of(steps, 580 * MIB + creep).from_step is None  # 0.9% of 585 MiB
+    growth = growth_of(steps, 100 * MIB + creep)  # 4.8% of 105 MiB
+    assert growth.bytes_per_step == pytest.approx(0.025 * MIB, rel=1e-6)
+    assert growth.from_step == 0
+
+
 def test_too_few_steps_or_unknown_values_tell_no_growth():
     assert growth_of(_steps(10), _steps(10) * 100.0 * MIB).from_step is None
     values = 300 * MIB + _steps(100) * 2.0 * MIB
