@@ -45,6 +45,7 @@ _RANGES = {
     "issue_ns": (0, MAX_TIME_NS),
     "offset_ns": (-MAX_TIME_NS, MAX_TIME_NS), "uncertainty_ns": (0, MAX_TIME_NS),
     "bytes": (0, MAX_BYTES), "comm_bytes": (0, MAX_BYTES), "duration_us": (0, MAX_DUR_US),
+    "cpu_ns": (0, MAX_DURATION_NS),
     "exit_code": (-(1 << 31), (1 << 31) - 1), "samples_missed_pct": (0, 100),
 }
 MAX_FLOAT = 1e18

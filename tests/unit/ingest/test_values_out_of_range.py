@@ -5,6 +5,7 @@ tests/integration/test_hostile_run_folders.py; these are the pieces, fast."""
 
 import time
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -56,6 +57,16 @@ def test_an_optional_value_out_of_range_is_set_aside_alone_and_sizes_meet_the_wo
     assert "'peer' out of range (first 1e+30, outside 0..1); the value is set aside" in problems[0]
     frame, problems = checked_frame(_comms(pg_size=3), schema.CommRecord, "c.jsonl", 0, 2)
     assert len(frame) == 1 and "'pg_size' out of range (first 3, outside 1..2)" in problems[0]
+
+
+def test_a_steps_cpu_time_out_of_range_is_set_aside_and_the_step_kept():
+    steps = pd.DataFrame([msgspec.structs.asdict(schema.StepRecord(
+        step=s, start_ns=10 * s, end_ns=10 * s + 10, cpu_ns=cpu)) for s, cpu in ((1, 5), (2, -3))])
+    frame, problems = checked_frame(steps, schema.StepRecord, "s.jsonl", 1, 2)
+    assert frame["step"].tolist() == [1, 2] and frame["cpu_ns"].tolist()[0] == 5
+    assert np.isnan(frame["cpu_ns"].tolist()[1])
+    assert problems == ["s.jsonl: rank 1: 1 step records have 'cpu_ns' out of range (first -3, "
+                        f"outside 0..{10 ** 15}); the value is set aside"]
 
 
 def test_a_record_that_ends_before_it_starts_is_set_aside_to_the_nanosecond():
