@@ -34,7 +34,7 @@ import pandas as pd
 from analysis.crossrank.step_graph import ISSUE, START, STEP_END, StepGraph
 from analysis.crossrank.what_if import ON_TIME, Change
 from analysis.crossrank.what_if_pipeline import BUBBLE
-from tracer import schema
+from analysis.rank.flops import run_start_of
 
 # The nodes whose durations are a rank's host work (a step's start after the previous end, the
 # work before an issue, the work after the last op).
@@ -54,6 +54,23 @@ class HostCores:
         """`cpu` as a table: a row per step, a column per rank, NaN where a rank has none."""
         return self.cpu.pivot(index="step", columns="rank", values="cpu_ns")
 
+    @cached_property
+    def group_columns(self) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, int]]]:
+        """The groups as positions among by_step's columns, found once for every change: (each
+        lone rank's column, its CPUs; each larger group's columns and CPUs); a group with a rank
+        without CPU times is left out."""
+        position = {rank: at for at, rank in enumerate(self.by_step.columns)}
+        alone, alone_cpus, shared = [], [], []
+        for members, cpus, _ in self.groups:
+            if not all(m in position for m in members):
+                continue
+            if len(members) == 1:
+                alone.append(position[members[0]])
+                alone_cpus.append(cpus)
+            else:
+                shared.append((np.array([position[m] for m in members]), cpus))
+        return np.array(alone, dtype=np.int64), np.array(alone_cpus, dtype=np.float64), shared
+
 
 def _rank_cpu(rank: int, steps: pd.DataFrame | None) -> pd.DataFrame | None:
     """The rank's CPU time per step (its step records' `cpu_ns`), None where none has it."""
@@ -71,14 +88,13 @@ def _rank_cpu(rank: int, steps: pd.DataFrame | None) -> pd.DataFrame | None:
 def host_cores(ranks) -> HostCores | None:
     """The CPU time and CPU groups of a run's ranks (analysis.ingest's RankTrace: records with
     a run_start and step records), None where no rank computes on the host with them."""
+    start_of = {int(t.rank): run_start_of(t) for t in ranks or []}
     cpu, starts = [], {}
     for trace in ranks or []:
-        records = getattr(trace, "records", None)
-        start = next((r for r in (records.manifest if records is not None else [])
-                      if isinstance(r, schema.RunStart)), None)
+        start = start_of[int(trace.rank)]
         if start is None or start.device_type != "cpu":
             continue
-        used = _rank_cpu(int(trace.rank), records.steps)
+        used = _rank_cpu(int(trace.rank), trace.records.steps)
         if used is not None and (start.cpu_ids or start.cpus):
             cpu.append(used)
             starts[int(trace.rank)] = start
@@ -89,9 +105,8 @@ def host_cores(ranks) -> HostCores | None:
     hosts: dict[str, list[int]] = {}
     for rank, start in starts.items():
         hosts.setdefault(start.host, []).append(rank)
-    every_rank = {int(t.rank): t for t in ranks}
     for host, members in hosts.items():
-        on_host = [r for r, t in every_rank.items() if _host(t) == host]
+        on_host = [r for r, s in start_of.items() if s is not None and s.host == host]
         if len(members) < 2 or len(on_host) != len(members):
             continue  # one rank, or a rank of the host without the records: no host bound
         masks = [starts[r].cpu_ids for r in members]
@@ -100,13 +115,6 @@ def host_cores(ranks) -> HostCores | None:
         if shared:
             groups.append((tuple(sorted(members)), shared, host))
     return HostCores(pd.concat(cpu, ignore_index=True), groups)
-
-
-def _host(trace) -> str | None:
-    records = getattr(trace, "records", None)
-    start = next((r for r in (records.manifest if records is not None else [])
-                  if isinstance(r, schema.RunStart)), None)
-    return start.host if start is not None else None
 
 
 def _removed_host_work(graph: StepGraph, duration: np.ndarray) -> pd.Series:
@@ -140,10 +148,11 @@ def step_bounds(cores: HostCores, graph: StepGraph, change: Change,
     `change`, NaN where no group has every rank's CPU time in that step."""
     table = _cpu_left(cores, graph, change.about["kind"], change.about.get("ranks") or [],
                       change.duration).reindex(numbers)
+    values = table.to_numpy("float64") / 1e6  # ms; columns in by_step's order
+    alone, alone_cpus, shared = cores.group_columns
     bound = np.full(len(numbers), np.nan)
-    for members, cpus, _ in cores.groups:
-        if not set(members) <= set(table.columns):
-            continue
-        need = table[list(members)].to_numpy("float64").sum(axis=1) / cpus / 1e6
-        bound = np.fmax(bound, need)
+    if len(alone):
+        bound = np.fmax.reduce(values[:, alone] / alone_cpus, axis=1)
+    for columns, cpus in shared:  # a sum with a rank's time unknown is NaN: no bound there
+        bound = np.fmax(bound, values[:, columns].sum(axis=1) / cpus)
     return bound

@@ -39,15 +39,6 @@ def host_name() -> str:
     return socket.gethostname()
 
 
-def process_cpus() -> int | None:
-    """The CPUs this process may run on: its affinity mask where the OS has one, else the
-    host's count (None where neither is known)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count()
-
-
 def process_cpu_ids() -> list[int] | None:
     """The ids of the CPUs this process may run on (its affinity mask), None where the OS keeps
     none."""
@@ -55,6 +46,13 @@ def process_cpu_ids() -> list[int] | None:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None
+
+
+def process_cpus() -> int | None:
+    """The CPUs this process may run on: its affinity mask where the OS has one, else the
+    host's count (None where neither is known)."""
+    ids = process_cpu_ids()
+    return len(ids) if ids is not None else os.cpu_count()
 
 
 def versions(local_rank: int = 0) -> dict:

@@ -25,10 +25,10 @@ def test_device_name_comes_from_nvml_for_the_visible_device(monkeypatch):
 def test_cpus_are_the_processs_affinity_else_the_hosts_count(monkeypatch):
     import os
 
-    from tracer.session.manifest import process_cpus
+    from tracer.session.manifest import process_cpu_ids, process_cpus
 
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert process_cpus() == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1, 0}, raising=False)
+    assert process_cpus() == 2 and process_cpu_ids() == [0, 1]
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 6)
-    assert process_cpus() == 6
+    assert process_cpus() == 6 and process_cpu_ids() is None
