@@ -97,13 +97,13 @@ def launch(script, *args, nproc: int | None = None, tracer=None, torchrun=(),
 GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
-def untraced_reference(script, *args, **kwargs) -> subprocess.CompletedProcess:
-    """`launch` without the tracer, started once more where a rank aborted at exit with
-    GLOO_EXIT_ABORT: the untraced run is the reference a test compares the tracer against, not
-    what it tests (a traced run that aborts is never started again: that is the tracer's to
-    answer for)."""
-    done = launch(script, *args, tracer=None, **kwargs)
-    if done.returncode != 0 and GLOO_EXIT_ABORT in done.stderr:
+def launch_reference(script, *args, tracer=None, **kwargs) -> subprocess.CompletedProcess:
+    """`launch` of a run other tests compare against; untraced (`tracer` None), started once
+    more where a rank aborted at exit with GLOO_EXIT_ABORT: the untraced run is the reference,
+    not what the tests test (a traced run that aborts is never started again: that is the
+    tracer's to answer for)."""
+    done = launch(script, *args, tracer=tracer, **kwargs)
+    if tracer is None and done.returncode != 0 and GLOO_EXIT_ABORT in done.stderr:
         done = launch(script, *args, tracer=None, **kwargs)
     return done
 

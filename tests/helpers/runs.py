@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers.alone import alone, alone_is_active
-from helpers.launch import DDP, launch, torchrun_env, untraced_reference
+from helpers.launch import DDP, launch_reference, torchrun_env
 
 PIPELINE = "workloads/pipeline.py"
 MODEL_PARALLEL = "workloads/model_parallel.py"
@@ -219,11 +219,9 @@ def record(name: str, folder: Path) -> Recorded:
         "--out", folder / "traces", "--run-name", name, *spec.tracer)
     args = (*spec.args, *(("--save", folder / "out.pt") if spec.save else ()))
     with alone() if spec.timed else nullcontext():
-        start = launch if tracer is not None else untraced_reference
-        result = start(spec.script, *args, nproc=spec.nproc,
-                       **({"tracer": tracer} if tracer is not None else {}),
-                       env=torchrun_env(**dict(spec.env)), timeout=spec.timeout,
-                       prefix=("taskset", "-c", spec.cpus) if spec.cpus else ())
+        result = launch_reference(spec.script, *args, nproc=spec.nproc, tracer=tracer,
+                                  env=torchrun_env(**dict(spec.env)), timeout=spec.timeout,
+                                  prefix=("taskset", "-c", spec.cpus) if spec.cpus else ())
         load = os.getloadavg()[0]
     assert result.returncode == 0, (f"shared run {name}: exit {result.returncode}\n"
                                     f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")

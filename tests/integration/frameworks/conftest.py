@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.alone import alone
-from helpers.launch import launch, torchrun_env, untraced_reference
+from helpers.launch import launch_reference, torchrun_env
 from helpers.runs import DDP_DELAY_MS, STEPS, WINDOW
 
 HERE = Path(__file__).resolve().parent
@@ -98,10 +98,8 @@ class FrameworkRuns:
         began = time.monotonic()
         # Timings are asserted on the traced runs: nothing else of the session runs meanwhile.
         with alone() if traced else nullcontext():
-            start = launch if traced else untraced_reference
-            done = start(SCRIPTS[framework], *args, nproc=2,
-                         **({"tracer": tracer} if traced else {}), env=torchrun_env(),
-                         timeout=600)
+            done = launch_reference(SCRIPTS[framework], *args, nproc=2, tracer=tracer,
+                                    env=torchrun_env(), timeout=600)
         seconds, load = time.monotonic() - began, os.getloadavg()[0]
         RECORDED[f"{framework} {kind}"] = seconds
         assert done.returncode == 0, (f"{framework} {kind}: exit {done.returncode}\n"
