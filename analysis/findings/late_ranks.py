@@ -7,12 +7,13 @@ verdict give them (docs/report.md, "Why a rank is late").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from analysis.core.contracts import CrossRank
 from analysis.crossrank.culprit import MIN_SHARE_PCT
 from analysis.findings.late_causes import (
     CONTENTION,
+    LOW,
     MORE_WORK_RATIO,
     Cause,
     late_causes,
@@ -96,8 +97,19 @@ def late_ranks(traces, cross_rank: CrossRank | None, steps) -> dict[int, LateRan
                             more_work(rank, steps, evidence) if how == "pipeline stage" else None,
                             tested=rank in traced)
              for rank, (how, late) in named.items()}
-    # A rank not named late is said to be late only where a cause of its own holds.
-    return {rank: item for rank, item in found.items() if item.how != ON_AVERAGE or item.causes}
+    return {rank: kept for rank, kept in ((rank, said_late(item)) for rank, item in found.items())
+            if kept is not None}
+
+
+def said_late(item: LateRank) -> LateRank | None:
+    """The late rank as the run names it: a rank the cross-rank pass names, as tested; a rank
+    late only on average, with the causes of more than low confidence alone, and not at all
+    where none holds. Low confidence says a rank was slower but not why: on a shared host the
+    scheduler can give that to any rank of a clean run, which must stay quiet."""
+    if item.how != ON_AVERAGE:
+        return item
+    causes = [cause for cause in item.causes if cause.confidence != LOW]
+    return replace(item, causes=causes) if causes else None
 
 
 def causes_text(late: LateRank) -> str:

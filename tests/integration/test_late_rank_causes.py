@@ -101,12 +101,15 @@ def test_extra_host_work_is_work_only_that_rank_does(analysed):
 
 def test_a_run_without_a_late_rank_names_no_cause_of_its_own(analysed):
     """DDP without delay: no rank has larger inputs, other work, a slower loader or a wait
-    outside the trace. Where the straggler rule names none, no cause is named at all. A shared
-    host can slow one rank for most of a run, and then it is a real straggler
-    (docs/cross-rank.md): the causes it can be told are those the machine gives, that the ranks
-    compete for cores (with the host's CPU as proof) or that the rank runs the same ops on the
-    same shapes slower while the samples do not say why (low confidence; the 2-core CI machine
-    once gave it to rank 1 of this run at a host CPU below 90%)."""
+    outside the trace. Where the straggler rule names none, no cause is named at all, though
+    the others may wait for one rank most and its ops run slower (the 2-core CI machine once
+    made rank 1's 1.35x slower at equal shapes, with nothing to say why: low confidence, which
+    names no rank the straggler rule does not). A shared host can slow one rank for most of a
+    run, and then it is a real straggler (docs/cross-rank.md): the causes it can be told are
+    those the machine gives, that the ranks compete for cores (with the host's CPU as proof) or
+    that the rank runs the same ops on the same shapes slower while the samples do not say why
+    (low confidence; the CI machine once gave it to rank 1 of this run at a host CPU below
+    90%)."""
     run = analysed("ddp-even-0")
     causes = run.document()["late_causes"]
     assert {c["cause"] for c in causes} <= {CONTENTION, SLOWER}, causes

@@ -25,6 +25,7 @@ from analysis.findings.late_causes import (
     more_work,
 )
 from analysis.findings.late_evidence import LateEvidence
+from analysis.findings.late_ranks import ON_AVERAGE, LateRank, said_late
 from helpers.late_rank_run import AHEAD_NS, RECORDS_CLOCK_NS, STEP_US, STEPS, US, late_rank_run
 from helpers.tracer_files import write_jsonl
 from tracer import schema
@@ -130,6 +131,22 @@ def test_slower_at_equal_inputs_on_another_device_is_other_hardware():
 def test_slower_at_equal_inputs_without_a_reason_says_so_with_low_confidence():
     causes = _slower()
     assert list(causes) == [SLOWER] and causes[SLOWER].confidence == LOW
+
+
+def test_a_rank_late_only_on_average_is_named_by_causes_that_say_why():
+    """Not named by the straggler rule, a rank is late only by a cause above low confidence:
+    slower at equal inputs without a reason is dropped (a clean run on a shared host stays
+    quiet), a slow DataLoader is kept; a straggler keeps every cause tested."""
+    slower = late_causes(1, STEP_NUMBERS, _evidence(ops=_ops(
+        [(0, "aten::addmm", BLOCK, 10), (1, "aten::addmm", BLOCK, 30)])), late_ms=20.0)
+    loading = late_causes(1, STEP_NUMBERS, _evidence(host=_host(loading={1: 30.0})),
+                          late_ms=20.0)
+    assert [c.cause for c in slower] == [SLOWER] and [c.cause for c in loading] == [DATA_LOADING]
+    assert said_late(LateRank(1, ON_AVERAGE, 20.0, slower)) is None
+    both = said_late(LateRank(1, ON_AVERAGE, 20.0, slower + loading))
+    assert [c.cause for c in both.causes] == [DATA_LOADING] and both.how == ON_AVERAGE
+    assert said_late(LateRank(1, "straggler", 20.0, slower)).causes == slower
+    assert said_late(LateRank(1, "straggler", 20.0, [])).causes == []
 
 
 def test_a_slow_data_loader_is_data_loading():
