@@ -7,11 +7,13 @@
 1. Speed: the critical path and every what-if of a synthetic run of --speed-steps steps of
    --speed-ranks ranks (four all_reduces per step, one rank late), timed after the cross-rank
    pass that feeds it; then again with every rank given 20 ms of CPU time a step on one host,
-   the answers held to the host's cores (analysis.crossrank.what_if_cores).
+   the answers served on and held to the host's cores (analysis.crossrank.what_if_cores:
+   processor sharing and the bound).
 2. Accuracy (CPU, gloo), per --experiment: a workload traced with a cost injected on one rank,
    the matching what-if from the loaded run, then the same command without the cost: its
    measured mean step time (rank{R}.steps.jsonl, the steps the what-if covered, every rank)
-   beside the predicted one, side by side in one run. The aim: within +-10% (the median of pairs).
+   beside the predicted one, side by side in one run, and the answer of the same run without
+   the host's cores (neither shared nor bounded). The aim: within +-10% (the median of pairs).
    - ddp-straggle: workloads/ddp.py --straggle 1:25 (busy host work before the forward), the
      tracer's default options; the top what-if ("rank 1 on time");
    - ddp-straggle-tail: workloads/ddp.py --straggle-tail 1:25 (busy host work before the
@@ -104,7 +106,7 @@ def speed(steps: int, ranks: int) -> None:
         bounded.append(time.perf_counter() - started)
     print(f"speed: {steps} steps x {ranks} ranks, {len(ops)} ops: cross-rank pass "
           f"{crossed:.2f} s; critical path + {len(result.what_if)} what-ifs "
-          f"{statistics.median(timings):.3f} s, held to the host's cores "
+          f"{statistics.median(timings):.3f} s, served on and held to the host's cores "
           f"{statistics.median(bounded):.3f} s (medians of 3)")
     # expected: the four transfers overlapped save 4 ms per step, the late rank on time 3
     for answer in result.what_if:
@@ -176,7 +178,8 @@ def pair(name: str, steps: int, cost: str, tmp: Path, pin: bool = False) -> dict
     late_dir = traced(tmp / "late", steps, workload, options, [*args, flag, cost], pin, threads)
     run = open_run(str(late_dir))
     result = run.report.critical
-    # The same answers without the bound of the host's cores, to show what it changed.
+    # The same answers without the host's cores (their sharing and their bound), to show what
+    # they changed.
     free = critical_path.analyse(run.cross_rank, idle_gaps=run.idle_gaps,
                                  profiled=run.breakdown[["rank", "step"]]).what_if
     analysed = set(int(s) for s in result.critical_path_steps["step"])
@@ -195,8 +198,8 @@ def accuracy(name: str, steps: int, cost: str | None, repeats: int, pin: bool = 
     workload, flag, default, _, kind, _ = EXPERIMENTS[name]
     cost = cost or default
     print(f"accuracy ({name}): {workload} --steps {steps} {flag} {cost}, 2 ranks; per pair: "
-          f"with the cost, predicted (without the cores' bound), measured without it (ms per "
-          f"step), error")
+          f"with the cost, predicted (without the host's cores: neither shared nor a bound), "
+          f"measured without it (ms per step), error")
     pairs = []
     for number in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
@@ -222,7 +225,7 @@ def accuracy(name: str, steps: int, cost: str | None, repeats: int, pin: bool = 
     error = 100.0 * (predicted - measured) / measured
     unbounded = statistics.median(p["unbounded"] for p in pairs)
     print(f"  median of {len(pairs)}: predicted {predicted:.2f}, measured {measured:.2f}, "
-          f"error {error:+.1f}% (without the cores' bound: predicted {unbounded:.2f}, "
+          f"error {error:+.1f}% (without the host's cores: predicted {unbounded:.2f}, "
           f"{100.0 * (unbounded - measured) / measured:+.1f}%; aim: within +-10%)")
     return {"experiment": name, "predicted": predicted, "measured": measured,
             "error_pct": error}

@@ -182,7 +182,8 @@ def path_segments(graph: StepGraph, nodes: np.ndarray, back: np.ndarray, begin: 
 def analyse(cross: CrossRank, steps: pd.DataFrame | None = None,
             busbw_gbps: float | None = None, idle_gaps: pd.DataFrame | None = None,
             profiled: pd.DataFrame | None = None,
-            cores: what_if_cores.HostCores | None = None) -> CriticalPath:
+            cores: what_if_cores.HostCores | None = None, sharing: bool = True
+            ) -> CriticalPath:
     """The critical path and what-if answers of a cross-rank result (analysis.crossrank's
     `ops`, `clock`, `pipeline_schedule` and `kineto_shift_ns`); `steps`: each rank's steps
     (rank, step, start_ns, end_ns, own clock; default cross.steps); `busbw_gbps`: also
@@ -190,7 +191,8 @@ def analyse(cross: CrossRank, steps: pd.DataFrame | None = None,
     (analysis.rank.idle: rank, step, start_ns, end_ns on each rank's Kineto clock,
     host_activity), for "no gaps of this cause"; `profiled`: the (rank, step) rows whose gaps
     are known (default: those the gaps have); `cores`: the ranks' CPU time and the CPUs they
-    share, where they compute on the host (what_if_cores), to hold each answer to it."""
+    share, where they compute on the host (what_if_cores), to hold each answer to it and, with
+    `sharing`, to serve each change's host work and transfers on those CPUs at once."""
     steps = cross.steps if steps is None else steps
     ops = cross.ops
     if ops is None or steps is None or ops.empty or steps.empty:
@@ -211,9 +213,18 @@ def analyse(cross: CrossRank, steps: pd.DataFrame | None = None,
                                              cross.kineto_shift_ns)
     more = (what_if_pipeline.bubble_changes(graph, schedule)
             + what_if_idle.idle_changes(graph, gaps, profiled))
-    least = (None if cores is None else
-             lambda change, numbers: what_if_cores.step_bounds(cores, graph, change, numbers))
-    answers, by_step = what_if.answers_by_step(graph, busbw_gbps, more, least)
+    least = shared = None
+    if cores is not None:
+        def least(change, numbers):
+            return what_if_cores.step_bounds(cores, graph, change, numbers)
+    if cores is not None and sharing:
+        # a data loader's wait is not work on the cores
+        waiting = graph.duration - what_if_idle.without_gaps(
+            graph, gaps[gaps["host_activity"] == "data_loading"])
+
+        def shared(durations):
+            return what_if_cores.on_shared_cores(cores, graph, durations, waiting)
+    answers, by_step = what_if.answers_by_step(graph, busbw_gbps, more, least, shared)
     if len(graph.steps):
         answers = what_if.ordered(answers + what_if_pipeline.microbatch_answers(
             graph, schedule, answers, what_if.measured_step_ms(graph)))

@@ -36,6 +36,11 @@ WHAT_IF_KEYS = ["change", "kind", "ranks", "saved_ms_per_step", "predicted_step_
 MOST_CHANGES = 16
 IGNORED = ("contention for cores, memory bandwidth or links, caches and clock error between "
            "ranks are not modelled")
+# ... and what is said in its place where the ranks compute on the host (what_if_cores).
+IGNORED_ON_SHARED_CORES = (
+    "each rank's host work and transfers are threads served by the host's cores at once "
+    "(processor sharing); memory bandwidth, links, caches and clock error between ranks are "
+    "not modelled")
 ON_TIME = "rank_on_time"
 
 
@@ -172,17 +177,22 @@ def answers(graph: StepGraph, busbw_gbps: float | None = None,
 
 
 def answers_by_step(graph: StepGraph, busbw_gbps: float | None = None,
-                    more: list[Change] | tuple = (), least: StepBound | None = None
+                    more: list[Change] | tuple = (), least: StepBound | None = None,
+                    shared: Callable[[np.ndarray], np.ndarray] | None = None
                     ) -> tuple[list[dict], pd.DataFrame]:
     """(answers, as `answers` gives them; per analysed step, its measured mean step over the
     ranks, `measured_ms`, and each change's own saving in it, one column per change named by
     its `change`, NaN in the steps the change does not name): the steps' savings let a stretch
     of steps (a phase, analysis.crossrank.phases) be answered on its own steps. `least`: each
-    step's saving at most its measured step less the step time `least` gives for the change."""
+    step's saving at most its measured step less the step time `least` gives for the change.
+    `shared`: the durations (nodes x changes, the measured first) as the host's cores serve
+    them under each change (what_if_cores.on_shared_cores), where the ranks compute there."""
     changes = _changes(graph, busbw_gbps) + list(more)
     if not changes:
         return [], pd.DataFrame(columns=["step", "measured_ms"])
     durations = np.column_stack([graph.duration] + [c.duration for c in changes])
+    if shared is not None:
+        durations = shared(durations)
     latest = step_ends(graph, propagate(graph, durations))
     saved_per_step = (latest[:, :1] - latest[:, 1:]) / 1e6
     numbers = np.unique(graph.step[graph.step_ends])
@@ -197,6 +207,8 @@ def answers_by_step(graph: StepGraph, busbw_gbps: float | None = None,
         kept = np.ones(len(numbers), dtype=bool) if change.steps is None else np.isin(
             numbers, change.steps)
         said = change.about["assumptions"]
+        if shared is not None:
+            said = said.replace(IGNORED, IGNORED_ON_SHARED_CORES)
         if least is not None:
             bound = least(change, numbers)
             saved_per_step[:, j], limited = capped(saved_per_step[:, j],

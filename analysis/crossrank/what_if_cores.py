@@ -31,7 +31,8 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from analysis.crossrank.step_graph import ISSUE, START, STEP_END, StepGraph
+from analysis.core.dag import propagate
+from analysis.crossrank.step_graph import END_OF_OP, ISSUE, START, STEP_END, StepGraph
 from analysis.crossrank.what_if import ON_TIME, Change
 from analysis.crossrank.what_if_pipeline import BUBBLE
 from analysis.rank.flops import run_start_of
@@ -156,3 +157,81 @@ def step_bounds(cores: HostCores, graph: StepGraph, change: Change,
     for columns, cpus in shared:  # a sum with a rank's time unknown is NaN: no bound there
         bound = np.fmax(bound, values[:, columns].sum(axis=1) / cpus)
     return bound
+
+
+# ---- processor sharing: a what-if's host work and transfers on the host's cores ----------------
+
+# The nodes whose durations are a rank's transfers (an op's end after its last member arrived):
+# each runs on a thread of the rank's process (gloo's), beside its host work.
+TRANSFER_NODES = (END_OF_OP,)
+# Rounds of propagate-and-stretch: the stretched timeline moves the overlaps it was found on.
+SHARING_ROUNDS = 3
+
+
+def host_groups(cores: HostCores) -> list[tuple[np.ndarray, int]]:
+    """Each host's ranks (the largest group of the host) and the CPUs they share."""
+    largest: dict[str, tuple[tuple[int, ...], int]] = {}
+    for members, cpus, host in cores.groups:
+        if host not in largest or len(members) > len(largest[host][0]):
+            largest[host] = (members, cpus)
+    return [(np.array(members, dtype=np.int64), int(cpus))
+            for members, cpus in largest.values() if cpus > 0]
+
+
+def _mean_speed(begin: np.ndarray, end: np.ndarray, cpus: int) -> np.ndarray:
+    """Per busy interval [begin, end) of a host: the mean share of a core it gets when every
+    busy interval of the host is served at once on `cpus` cores (processor sharing: each at
+    min(1, cpus / busy intervals at that moment)); 1 for an empty interval."""
+    times = np.concatenate([begin, end])
+    base = times.min() if len(times) else 0
+    order = np.argsort(times, kind="stable")
+    points = (times[order] - base).astype(np.float64)  # ns since the first: exact in a float
+    busy = np.cumsum(np.concatenate([np.ones(len(begin)), -np.ones(len(end))])[order])
+    speed = np.minimum(1.0, cpus / np.maximum(busy[:-1], 1.0))
+    # the time served by a busy interval since the first point, linear between points
+    served = np.concatenate([[0.0], np.cumsum(speed * np.diff(points))])
+    length = (end - begin).astype(np.float64)
+    got = (np.interp((end - base).astype(np.float64), points, served)
+           - np.interp((begin - base).astype(np.float64), points, served))
+    return np.where(length > 0, got / np.where(length > 0, length, 1.0), 1.0)
+
+
+def on_shared_cores(cores: HostCores, graph: StepGraph, durations: np.ndarray,
+                    idle_ns: np.ndarray) -> np.ndarray:
+    """`durations` (nodes x changes, column 0 the measured ones) with each host's work served
+    by processor sharing on its cores: every rank's host work (the busy part of its START,
+    ISSUE and STEP_END nodes: the node less its `idle_ns`, a data loader's wait, as its first
+    part) and each transfer (END_OF_OP) is a thread on the host's cores. A node's work is its
+    busy time at the share of a core it got where measured; under a change it takes that work
+    over the share it gets in the change's own timeline, found in SHARING_ROUNDS rounds of
+    propagating and stretching. Column 0 is the measured run: unchanged by construction."""
+    groups = [(np.flatnonzero(np.isin(graph.rank, members)
+                              & np.isin(graph.kind, HOST_WORK + TRANSFER_NODES)), cpus)
+              for members, cpus in host_groups(cores)]
+    groups = [(nodes, cpus) for nodes, cpus in groups if len(nodes)]
+    if not groups or durations.shape[1] < 2:
+        return durations
+    measured = durations[:, 0]
+    transfer = np.isin(graph.kind, TRANSFER_NODES)
+    busy_measured = np.where(transfer, measured, np.clip(measured - idle_ns, 0, None))
+    busy = np.minimum(durations, busy_measured[:, None])
+    idle = durations - busy
+    work = np.zeros(len(measured))
+    for nodes, cpus in groups:
+        top = graph.time[nodes]
+        work[nodes] = busy_measured[nodes] * _mean_speed(top - busy_measured[nodes], top, cpus)
+    shared = durations.astype(np.float64)
+    for _ in range(SHARING_ROUNDS):
+        times = propagate(graph, np.rint(shared).astype(np.int64))
+        for column in range(1, durations.shape[1]):
+            for nodes, cpus in groups:
+                top = times[nodes, column]
+                length = np.rint(shared[nodes, column] - idle[nodes, column]).astype(np.int64)
+                speed = _mean_speed(top - length, top, cpus)
+                stretched = np.where(busy[nodes, column] > 0,
+                                     work[nodes] * busy[nodes, column]
+                                     / np.maximum(busy_measured[nodes], 1) / speed, 0.0)
+                shared[nodes, column] = idle[nodes, column] + stretched
+    out = np.rint(shared).astype(np.int64)
+    out[:, 0] = measured
+    return out

@@ -49,10 +49,12 @@ def _time_inside(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.nda
     return np.where(index > 0, cumulative[last] + inside, 0)
 
 
-def without_gaps(graph: StepGraph, gaps: pd.DataFrame) -> np.ndarray:
+def without_gaps(graph: StepGraph, gaps: pd.DataFrame,
+                 share: pd.Series | None = None) -> np.ndarray:
     """Durations with the time of `gaps` (rank, start_ns, end_ns, common clock) taken out of
     each host-work node of their rank: an issue's or step end's stretch [time - duration,
-    time) loses the gap time inside it."""
+    time) loses the gap time inside it, or the `share` of it given per (rank, step) of the
+    node (1 where not given)."""
     changed = graph.duration.copy()
     work = np.flatnonzero(np.isin(graph.kind, (ISSUE, STEP_END)) & (graph.duration > 0))
     for rank, own in gaps.groupby("rank"):
@@ -65,6 +67,11 @@ def without_gaps(graph: StepGraph, gaps: pd.DataFrame) -> np.ndarray:
             continue
         top, length = graph.time[nodes], graph.duration[nodes]
         inside = _time_inside(starts, ends, top) - _time_inside(starts, ends, top - length)
+        if share is not None:
+            own = share.xs(rank, level="rank") if rank in share.index.get_level_values(
+                "rank") else pd.Series(dtype="float64")
+            inside = np.rint(inside * own.reindex(graph.step[nodes]).fillna(1.0).to_numpy()
+                             ).astype(np.int64)
         changed[nodes] = length - np.minimum(inside, length)
     return changed
 
@@ -99,16 +106,39 @@ def idle_changes(graph: StepGraph, gaps: pd.DataFrame | None,
             label = cause.replace("_", " ")
             where = f"rank {chosen[0]}" if len(chosen) == 1 else "any rank"
             on = where if len(chosen) == 1 else "ranks " + ", ".join(map(str, chosen))
+            share = _beyond_the_others(of_cause, known, chosen[0]) if len(chosen) == 1 else None
+            beyond = (" beyond the other ranks' median in the same step (what every rank "
+                      "spends there)" if share is not None else "")
             changes.append(Change({
                 "change": f"no {label} gaps on {where}", "kind": KIND, "ranks": chosen,
                 "assumptions": f"the idle gaps labelled {cause} (docs/definitions.md, \"Idle "
-                               f"gaps\") on {on} taken out of the host work between ops "
-                               f"that holds them, measured in the {len(steps)} profiled "
+                               f"gaps\") on {on}{beyond} taken out of the host work between "
+                               f"ops that holds them, measured in the {len(steps)} profiled "
                                f"step(s) where gaps are known and taken as every analysed "
                                f"step's saving; the rest of "
                                f"every rank's work and every transfer unchanged; " + IGNORED},
-                without_gaps(graph, of_cause[of_cause["rank"].isin(chosen)]), steps))
+                without_gaps(graph, of_cause[of_cause["rank"].isin(chosen)], share), steps))
     return changes
+
+
+def _beyond_the_others(gaps: pd.DataFrame, known: pd.DataFrame, rank: int) -> pd.Series | None:
+    """Per step of `rank` (a (rank, step) index): the share of its gap time above the other
+    ranks' median gap time in that step (a rank whose gaps are known and has none there counts
+    0), so that the gaps every rank has stay; None where no other rank's gaps are known."""
+    others = known[known["rank"] != rank]
+    if others.empty:
+        return None
+    time = (gaps["end_ns"] - gaps["start_ns"]).groupby([gaps["rank"], gaps["step"]]).sum()
+    index = pd.MultiIndex.from_frame(others[["rank", "step"]])
+    by_other = pd.Series(time.reindex(index).fillna(0).to_numpy("float64"), index=index)
+    median = by_other.groupby(level="step").median()
+    own = time.xs(rank, level="rank") if rank in time.index.get_level_values("rank") else None
+    if own is None:
+        return None
+    excess = (own - median.reindex(own.index).fillna(0)).clip(lower=0)
+    share = (excess / own.where(own > 0)).fillna(0)
+    return pd.Series(share.to_numpy(), index=pd.MultiIndex.from_arrays(
+        [np.full(len(share), rank), share.index.to_numpy("int64")], names=["rank", "step"]))
 
 
 def _steps_known(known: pd.DataFrame, ranks: list[int]) -> np.ndarray:

@@ -5,9 +5,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from analysis.crossrank import analyse as cross_rank_pass
-from analysis.crossrank import critical_path, what_if, what_if_cores
+from analysis.crossrank import critical_path, step_graph, what_if, what_if_cores, what_if_idle
 from helpers.crossrank_ops import MS, frame, op
 from tracer import schema
 
@@ -36,7 +37,8 @@ def cores(cpu_ms: dict, groups, steps=(1, 2, 3, 4)) -> what_if_cores.HostCores:
 
 
 def answers(cross, stepped, host=None) -> dict:
-    result = critical_path.analyse(cross, stepped, cores=host)
+    """The answers held to the bound of the host's cores alone (not served by sharing)."""
+    result = critical_path.analyse(cross, stepped, cores=host, sharing=False)
     return {a["change"]: a for a in result.what_if}
 
 
@@ -123,3 +125,61 @@ def test_ranks_on_a_device_and_hosts_with_a_rank_without_records_get_no_host_bou
     assert what_if_cores.host_cores([old]) is None
     found = what_if_cores.host_cores([_trace(0, [1, 2, 3]), _trace(1, None)])
     assert found.groups == [((0,), 4, "a")]  # rank 1 shares the host without CPU records
+
+
+def loader_late(step=1):
+    """One step: rank 0 works 10 ms, rank 1 waits 20 ms for its data loader and then works
+    10 ms, before one all_reduce whose transfer takes 2 ms after both arrived; the step ends
+    with it (32 ms)."""
+    base = step * STEP
+    rows = [op(0, base + 10 * MS, base + 32 * MS, step=step),
+            op(1, base + 30 * MS, base + 32 * MS, step=step)]
+    stepped = pd.DataFrame([{"rank": r, "step": step, "start_ns": base,
+                             "end_ns": base + 32 * MS} for r in (0, 1)])
+    offsets = pd.DataFrame({"rank": [0, 1], "offset_ns": 0, "uncertainty_ns": 0})
+    gaps = pd.DataFrame([{"rank": 1, "step": step, "start_ns": base, "end_ns": base + 20 * MS,
+                          "dur_ns": 20 * MS, "host_activity": "data_loading"}])
+    return cross_rank_pass(frame(rows), stepped, offsets, 2), stepped, gaps
+
+
+NO_LOADER = "no data loading gaps on rank 1"
+
+
+def test_work_done_in_turn_shares_the_cores_once_a_change_runs_it_at_once():
+    """Measured, the ranks work in turn (rank 0 while rank 1's loader sleeps), each with a core
+    to itself; the two transfers share the host's cores. Without the sleep both ranks work at
+    once: on one core each of their 10 ms takes 20, and the transfers 2 ms as measured (each
+    had half the core then too): the step takes 22 ms, saving 10 of 32. On two cores every
+    thread has a core: 12 ms, saving 20, what the graph alone says."""
+    cross, stepped, gaps = loader_late()
+    free = critical_path.analyse(cross, stepped, idle_gaps=gaps).what_if
+    assert {a["change"]: a for a in free}[NO_LOADER]["saved_ms_per_step"] == 20.0
+    # CPU time low enough that the bound of the host's cores holds nothing
+    for cpus, saved in ((1, 10.0), (2, 20.0)):
+        host = cores({0: 1, 1: 1}, [((0, 1), cpus, "h")], steps=(1,))
+        found = {a["change"]: a for a in critical_path.analyse(
+            cross, stepped, idle_gaps=gaps, cores=host).what_if}
+        assert found[NO_LOADER]["saved_ms_per_step"] == saved, cpus
+        assert "held to it" not in found[NO_LOADER]["assumptions"]
+    assert what_if.IGNORED_ON_SHARED_CORES in found[NO_LOADER]["assumptions"]
+    assert what_if.IGNORED not in found[NO_LOADER]["assumptions"]
+
+
+def test_processor_sharing_gives_back_the_measured_durations_and_a_lone_threads_work():
+    """Column 0 (the measured run) is returned as it came; a change that leaves every overlap
+    as it was leaves every duration."""
+    cross, stepped, gaps = loader_late()
+    graph = step_graph.build(cross.ops, step_graph.steps_on_common_clock(stepped, cross.clock))
+    host = cores({0: 1, 1: 1}, [((0, 1), 1, "h")], steps=(1,))
+    waiting = graph.duration - what_if_idle.without_gaps(graph, gaps)
+    durations = np.column_stack([graph.duration, graph.duration])
+    shared = what_if_cores.on_shared_cores(host, graph, durations, waiting)
+    assert np.array_equal(shared[:, 0], graph.duration)
+    assert np.array_equal(shared[:, 1], graph.duration)
+
+
+def test_the_share_of_a_core_is_the_cores_over_the_busy_threads_where_they_outnumber_them():
+    # three threads on two cores for 10 ms, then one alone for 10 ms
+    speed = what_if_cores._mean_speed(np.array([0, 0, 0]), np.array([10, 10, 20]) * MS, 2)
+    assert speed.tolist() == pytest.approx([2 / 3, 2 / 3, (10 * 2 / 3 + 10) / 20])
+    assert what_if_cores._mean_speed(np.array([5]), np.array([5]), 1).tolist() == [1.0]

@@ -61,14 +61,38 @@ def test_a_gap_after_the_op_saves_only_until_the_other_rank_ends_the_step():
     assert found["no synchronisation gaps on rank 1"]["saved_ms_per_step"] == (1 + 3 + 3 + 3) / 4
 
 
-def test_every_ranks_gaps_at_once_and_each_ranks_alone():
-    # rank 0 loads 5 ms before its op, rank 1 25 ms: alone, rank 0's changes nothing (it
-    # waited); all at once as much as rank 1's
+def test_every_ranks_gaps_at_once_and_each_ranks_beyond_the_others():
+    # rank 0 loads 5 ms before its op, rank 1 25 ms. Alone, a rank's gaps go down to the other
+    # ranks' median, the loading every rank does: rank 0's none (it has less, and it waited),
+    # rank 1's 20 of its 25 ms (its op issued at 15, the step ending at 21 instead of 41);
+    # all at once, every gap: as much as rank 1's 25 ms
     found = answers([g for s in STEPS for g in (gap(0, s, 0, 5), gap(1, s, 5, 30))])
     assert found["no data loading gaps on rank 0"]["saved_ms_per_step"] == 0.0
-    assert found["no data loading gaps on rank 1"]["saved_ms_per_step"] == 25.0
+    alone = found["no data loading gaps on rank 1"]
+    assert alone["saved_ms_per_step"] == 20.0
+    assert "on rank 1 beyond the other ranks' median in the same step" in alone["assumptions"]
     both = found["no data loading gaps on any rank"]
     assert both["ranks"] == [0, 1] and both["saved_ms_per_step"] == 25.0
+    assert "beyond" not in both["assumptions"]
+
+
+def test_a_rank_with_the_others_gaps_saves_nothing_alone_and_the_others_median_counts():
+    # ranks 0 and 2 load 4 and 6 ms, rank 1 20 ms in step 1 and 5 in the others: rank 1's
+    # gaps beyond the median (5 ms) go, 15 ms in step 1 only
+    ranks = (0, 1, 2)
+    rows = [op(r, s * STEP + w * MS, s * STEP + 32 * MS, step=s, size=3)
+            for s in STEPS for r, w in ((0, 10), (1, 30 if s == 1 else 15), (2, 12))]
+    steps = pd.DataFrame([{"rank": r, "step": s, "start_ns": s * STEP,
+                           "end_ns": s * STEP + 34 * MS} for s in STEPS for r in ranks])
+    offsets = pd.DataFrame({"rank": list(ranks), "offset_ns": 0, "uncertainty_ns": 0})
+    cross = cross_rank_pass(frame(rows), steps, offsets, 3)
+    gaps = ([gap(0, s, 0, 4) for s in STEPS] + [gap(2, s, 0, 6) for s in STEPS]
+            + [gap(1, s, 0, 20 if s == 1 else 5) for s in STEPS])
+    found = {a["change"]: a for a in critical_path.analyse(
+        cross, steps, idle_gaps=pd.DataFrame(gaps)).what_if}
+    # step 1: rank 1 issues at 15 instead of 30 (after rank 2's 12): its op ends 15 ms
+    # earlier; in the other steps rank 1 has the median's gaps and nothing changes
+    assert found["no data loading gaps on rank 1"]["saved_ms_per_step"] == 15.0 / 4
 
 
 def test_only_the_part_of_a_gap_inside_the_host_work_is_taken_out():
