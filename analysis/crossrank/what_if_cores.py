@@ -21,6 +21,10 @@ their masks); cpu(r, step) is the rank's process CPU time in the step (its step 
 A change's saving in a step is then at most the measured step less the bound. Ranks on a device
 are left out (their process CPU time counts the driver's spin-waits, which are not work), and so
 is a host where a rank lacks the records.
+
+Below the bound, `on_shared_cores` serves each change's host work and transfers on the host's
+cores at once (processor sharing): each busy thread gets min(1, cpus / busy threads) of a core,
+so ranks that worked in turn where measured slow each other once a change runs them together.
 """
 
 from __future__ import annotations
