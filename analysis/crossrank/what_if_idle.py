@@ -53,8 +53,8 @@ def without_gaps(graph: StepGraph, gaps: pd.DataFrame,
                  share: pd.Series | None = None) -> np.ndarray:
     """Durations with the time of `gaps` (rank, start_ns, end_ns, common clock) taken out of
     each host-work node of their rank: an issue's or step end's stretch [time - duration,
-    time) loses the gap time inside it, or the `share` of it given per (rank, step) of the
-    node (1 where not given)."""
+    time) loses the gap time inside it, or the `share` of it given for the node's step (a
+    Series by step number, 1 where not given)."""
     changed = graph.duration.copy()
     work = np.flatnonzero(np.isin(graph.kind, (ISSUE, STEP_END)) & (graph.duration > 0))
     for rank, own in gaps.groupby("rank"):
@@ -68,9 +68,7 @@ def without_gaps(graph: StepGraph, gaps: pd.DataFrame,
         top, length = graph.time[nodes], graph.duration[nodes]
         inside = _time_inside(starts, ends, top) - _time_inside(starts, ends, top - length)
         if share is not None:
-            own = share.xs(rank, level="rank") if rank in share.index.get_level_values(
-                "rank") else pd.Series(dtype="float64")
-            inside = np.rint(inside * own.reindex(graph.step[nodes]).fillna(1.0).to_numpy()
+            inside = np.rint(inside * share.reindex(graph.step[nodes]).fillna(1.0).to_numpy()
                              ).astype(np.int64)
         changed[nodes] = length - np.minimum(inside, length)
     return changed
@@ -122,7 +120,7 @@ def idle_changes(graph: StepGraph, gaps: pd.DataFrame | None,
 
 
 def _beyond_the_others(gaps: pd.DataFrame, known: pd.DataFrame, rank: int) -> pd.Series | None:
-    """Per step of `rank` (a (rank, step) index): the share of its gap time above the other
+    """Per step (a Series by step number): the share of `rank`'s gap time there above the other
     ranks' median gap time in that step (a rank whose gaps are known and has none there counts
     0), so that the gaps every rank has stay; None where no other rank's gaps are known."""
     others = known[known["rank"] != rank]
@@ -132,13 +130,9 @@ def _beyond_the_others(gaps: pd.DataFrame, known: pd.DataFrame, rank: int) -> pd
     index = pd.MultiIndex.from_frame(others[["rank", "step"]])
     by_other = pd.Series(time.reindex(index).fillna(0).to_numpy("float64"), index=index)
     median = by_other.groupby(level="step").median()
-    own = time.xs(rank, level="rank") if rank in time.index.get_level_values("rank") else None
-    if own is None:
-        return None
+    own = time.xs(rank, level="rank")
     excess = (own - median.reindex(own.index).fillna(0)).clip(lower=0)
-    share = (excess / own.where(own > 0)).fillna(0)
-    return pd.Series(share.to_numpy(), index=pd.MultiIndex.from_arrays(
-        [np.full(len(share), rank), share.index.to_numpy("int64")], names=["rank", "step"]))
+    return (excess / own.where(own > 0)).fillna(0)
 
 
 def _steps_known(known: pd.DataFrame, ranks: list[int]) -> np.ndarray:
