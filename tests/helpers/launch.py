@@ -5,8 +5,10 @@ subprocess goes through here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -82,12 +84,23 @@ def launch(script, *args, nproc: int | None = None, tracer=None, torchrun=(),
            standalone: bool = True, count_steps: bool = False, env: dict | None = None,
            timeout: float = 300, prefix=(), **kwargs) -> subprocess.CompletedProcess:
     """Runs `command(...)` (after `prefix`, e.g. ``taskset -c 0,1``) from the repository root to
-    its end; output captured as text."""
-    return subprocess.run([*map(str, prefix), *command(
-                              script, args, nproc=nproc, tracer=tracer, torchrun=torchrun,
-                              standalone=standalone, count_steps=count_steps)],
-                          cwd=REPO, env=env or torchrun_env(), capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+    its end; output captured as text. Past `timeout` every process it started is killed (its
+    own session: torchrun's ranks too, which would outlive torchrun) and TimeoutExpired
+    raised."""
+    argv = [*map(str, prefix), *command(script, args, nproc=nproc, tracer=tracer,
+                                        torchrun=torchrun, standalone=standalone,
+                                        count_steps=count_steps)]
+    process = subprocess.Popen(argv, cwd=REPO, env=env or torchrun_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               **kwargs)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
 # What a rank prints when gloo's worker threads outlive the interpreter at exit and the process
@@ -95,16 +108,27 @@ def launch(script, *args, nproc: int | None = None, tracer=None, torchrun=(),
 # destroy_process_group; seen on the loaded 2-core CI machine in untraced reference runs (a
 # model-parallel and an accelerate one) twice in a day of full suites.
 GLOO_EXIT_ABORT = "terminate called without an active exception"
+# The same race can leave a rank hung at exit instead (an untraced transformers.Trainer run on
+# the CI machine: training done and its result written, one rank alive 600 s later). The
+# untraced reference runs take seconds: one still running after this long is that hang.
+REFERENCE_HANG_S = 180.0
 
 
-def launch_reference(script, *args, tracer=None, **kwargs) -> subprocess.CompletedProcess:
+def launch_reference(script, *args, tracer=None, timeout: float = 300,
+                     **kwargs) -> subprocess.CompletedProcess:
     """`launch` of a run other tests compare against; untraced (`tracer` None), started once
-    more where a rank aborted at exit with GLOO_EXIT_ABORT: the untraced run is the reference,
-    not what the tests test (a traced run that aborts is never started again: that is the
+    more where a rank aborted at exit with GLOO_EXIT_ABORT or the run outlived
+    REFERENCE_HANG_S (killed, every rank): the untraced run is the reference, not what the
+    tests test (a traced run that aborts or hangs is never started again: that is the
     tracer's to answer for)."""
-    done = launch(script, *args, tracer=tracer, **kwargs)
-    if tracer is None and done.returncode != 0 and GLOO_EXIT_ABORT in done.stderr:
-        done = launch(script, *args, tracer=None, **kwargs)
+    if tracer is not None:
+        return launch(script, *args, tracer=tracer, timeout=timeout, **kwargs)
+    try:
+        done = launch(script, *args, timeout=min(timeout, REFERENCE_HANG_S), **kwargs)
+    except subprocess.TimeoutExpired:
+        done = None
+    if done is None or (done.returncode != 0 and GLOO_EXIT_ABORT in done.stderr):
+        done = launch(script, *args, timeout=timeout, **kwargs)
     return done
 
 
