@@ -29,7 +29,7 @@ so ranks that worked in turn where measured slow each other once a change runs t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -49,10 +49,14 @@ HOST_WORK = (START, ISSUE, STEP_END)
 @dataclass
 class HostCores:
     """Per host-computing rank and step its CPU time (`cpu`: rank, step, cpu_ns), and the groups
-    of ranks that share CPUs: (ranks, the CPUs they may use, the host's name)."""
+    of ranks that share CPUs: (ranks, the CPUs they may use, the host's name); `sharing`: the
+    host-computing ranks parted by the CPUs they share (ranks whose masks overlap, as one), each
+    part with the CPUs of its masks, for processor sharing (empty: each host's largest group,
+    and its ranks in no group alone)."""
 
     cpu: pd.DataFrame
     groups: list[tuple[tuple[int, ...], int, str]]
+    sharing: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
 
     @cached_property
     def by_step(self) -> pd.DataFrame:
@@ -119,7 +123,32 @@ def host_cores(ranks) -> HostCores | None:
                   else max(int(starts[r].cpus or 0) for r in members))
         if shared:
             groups.append((tuple(sorted(members)), shared, host))
-    return HostCores(pd.concat(cpu, ignore_index=True), groups)
+    return HostCores(pd.concat(cpu, ignore_index=True), groups, _sharing_parts(start_of))
+
+
+def _sharing_parts(start_of: dict) -> list[tuple[tuple[int, ...], int]]:
+    """The host-computing ranks of each host parted by overlapping masks (each part with the
+    CPUs of the union of its masks); a host where a rank has no mask is one part, on the most
+    CPUs any of its ranks may use."""
+    hosts: dict[str, dict[int, object]] = {}
+    for rank, start in start_of.items():
+        if start is not None and start.device_type == "cpu" and (start.cpu_ids or start.cpus):
+            hosts.setdefault(start.host, {})[rank] = start
+    parts = []
+    for starts in hosts.values():
+        if not all(start.cpu_ids for start in starts.values()):
+            parts.append((tuple(sorted(starts)), max(int(s.cpus or 0) for s in starts.values())))
+            continue
+        merged: list[tuple[set[int], set[int]]] = []  # (ranks, CPUs)
+        for rank, start in sorted(starts.items()):
+            ranks, cpus = {rank}, set(start.cpu_ids)
+            for other in [m for m in merged if m[1] & cpus]:
+                merged.remove(other)
+                ranks |= other[0]
+                cpus |= other[1]
+            merged.append((ranks, cpus))
+        parts += [(tuple(sorted(ranks)), len(cpus)) for ranks, cpus in merged]
+    return sorted(p for p in parts if p[1] > 0)
 
 
 def _removed_host_work(graph: StepGraph, duration: np.ndarray) -> pd.Series:
@@ -173,13 +202,19 @@ SHARING_ROUNDS = 3
 
 
 def host_groups(cores: HostCores) -> list[tuple[np.ndarray, int]]:
-    """Each host's ranks (the largest group of the host) and the CPUs they share."""
-    largest: dict[str, tuple[tuple[int, ...], int]] = {}
-    for members, cpus, host in cores.groups:
-        if host not in largest or len(members) > len(largest[host][0]):
-            largest[host] = (members, cpus)
-    return [(np.array(members, dtype=np.int64), int(cpus))
-            for members, cpus in largest.values() if cpus > 0]
+    """The ranks that share CPUs, each part with its CPUs: `cores.sharing`, else each host's
+    largest group and every rank of no larger group alone."""
+    parts = cores.sharing
+    if not parts:
+        largest: dict[str, tuple[tuple[int, ...], int]] = {}
+        for members, cpus, host in cores.groups:
+            if host not in largest or len(members) > len(largest[host][0]):
+                largest[host] = (members, cpus)
+        covered = {r for members, _ in largest.values() for r in members}
+        parts = list(largest.values()) + [(members, cpus) for members, cpus, _ in cores.groups
+                                          if len(members) == 1 and members[0] not in covered]
+    return [(np.array(members, dtype=np.int64), int(cpus)) for members, cpus in parts
+            if cpus > 0]
 
 
 def _mean_speed(begin: np.ndarray, end: np.ndarray, cpus: int) -> np.ndarray:

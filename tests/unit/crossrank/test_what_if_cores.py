@@ -183,3 +183,27 @@ def test_the_share_of_a_core_is_the_cores_over_the_busy_threads_where_they_outnu
     speed = what_if_cores._mean_speed(np.array([0, 0, 0]), np.array([10, 10, 20]) * MS, 2)
     assert speed.tolist() == pytest.approx([2 / 3, 2 / 3, (10 * 2 / 3 + 10) / 20])
     assert what_if_cores._mean_speed(np.array([5]), np.array([5]), 1).tolist() == [1.0]
+
+
+def test_ranks_share_cores_where_their_masks_overlap_and_a_host_without_masks_as_one():
+    found = what_if_cores.host_cores([
+        _trace(0, [1], cpu_ids=(0,)), _trace(1, [1], cpu_ids=(1,)),
+        _trace(2, [1], host="b", cpu_ids=(0, 1)), _trace(3, [1], host="b", cpu_ids=(1, 2)),
+        _trace(4, [1], host="b", cpu_ids=(5,)),
+        _trace(5, [1], host="c", cpu_ids=(0,)), _trace(6, [1], host="c", cpu_ids=None, cpus=8),
+        _trace(7, [1], host="d", device="cuda")])
+    assert found.sharing == [((0,), 1), ((1,), 1), ((2, 3), 3), ((4,), 1), ((5, 6), 8)]
+    parts = [(members.tolist(), cpus) for members, cpus in what_if_cores.host_groups(found)]
+    assert parts == [([0], 1), ([1], 1), ([2, 3], 3), ([4], 1), ([5, 6], 8)]
+
+
+def test_ranks_pinned_to_cores_of_their_own_do_not_slow_each_other():
+    """The example above with each rank held to a core of its own: both ranks working at once
+    take no longer, as on two shared cores (each transfer on its rank's core, alone there)."""
+    cross, stepped, gaps = loader_late()
+    host = what_if_cores.HostCores(
+        cores({0: 1, 1: 1}, [((0,), 1, "h"), ((1,), 1, "h")], steps=(1,)).cpu,
+        [((0,), 1, "h"), ((1,), 1, "h")], sharing=[((0,), 1), ((1,), 1)])
+    found = {a["change"]: a for a in critical_path.analyse(
+        cross, stepped, idle_gaps=gaps, cores=host).what_if}
+    assert found[NO_LOADER]["saved_ms_per_step"] == 20.0
