@@ -87,12 +87,9 @@ def launch(script, *args, nproc: int | None = None, tracer=None, torchrun=(),
     its end; output captured as text. Past `timeout` every process it started is killed (its
     own session: torchrun's ranks too, which would outlive torchrun) and TimeoutExpired
     raised."""
-    argv = [*map(str, prefix), *command(script, args, nproc=nproc, tracer=tracer,
-                                        torchrun=torchrun, standalone=standalone,
-                                        count_steps=count_steps)]
-    process = subprocess.Popen(argv, cwd=REPO, env=env or torchrun_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               **kwargs)
+    process = popen(script, *args, nproc=nproc, tracer=tracer, torchrun=torchrun,
+                    standalone=standalone, count_steps=count_steps, prefix=prefix, env=env,
+                    start_new_session=True, **kwargs)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -100,7 +97,7 @@ def launch(script, *args, nproc: int | None = None, tracer=None, torchrun=(),
             os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
         raise
-    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 # What a rank prints when gloo's worker threads outlive the interpreter at exit and the process
@@ -133,12 +130,13 @@ def launch_reference(script, *args, tracer=None, timeout: float = 300,
 
 
 def popen(script, *args, nproc: int | None = None, tracer=None, torchrun=(),
-          standalone: bool = True, prefix=(), env: dict | None = None,
-          **kwargs) -> subprocess.Popen:
+          standalone: bool = True, count_steps: bool = False, prefix=(),
+          env: dict | None = None, **kwargs) -> subprocess.Popen:
     """Starts `command(...)` (after `prefix`, e.g. ``timeout``) with stdout and stderr piped as
     text, and returns at once."""
     argv = [*map(str, prefix), *command(script, args, nproc=nproc, tracer=tracer,
-                                        torchrun=torchrun, standalone=standalone)]
+                                        torchrun=torchrun, standalone=standalone,
+                                        count_steps=count_steps)]
     return subprocess.Popen(argv, cwd=REPO, env=env or torchrun_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
