@@ -95,7 +95,8 @@ def speed(steps: int, ranks: int) -> None:
     # to the host's cores (what_if_cores) besides.
     cores = what_if_cores.HostCores(
         stepped.assign(cpu_ns=20.0 * MS)[["rank", "step", "cpu_ns"]],
-        [((r,), 1, "host") for r in range(ranks)] + [(tuple(range(ranks)), ranks, "host")])
+        [((r,), 1, "host") for r in range(ranks)] + [(tuple(range(ranks)), ranks, "host")],
+        [(tuple(range(ranks)), ranks)])
     timings, bounded = [], []
     for _ in range(3):
         started = time.perf_counter()

@@ -51,8 +51,7 @@ class HostCores:
     """Per host-computing rank and step its CPU time (`cpu`: rank, step, cpu_ns), and the groups
     of ranks that share CPUs: (ranks, the CPUs they may use, the host's name); `sharing`: the
     host-computing ranks parted by the CPUs they share (ranks whose masks overlap, as one), each
-    part with the CPUs of its masks, for processor sharing (empty: each host's largest group,
-    and its ranks in no group alone)."""
+    part with the CPUs of its masks, for processor sharing (empty: no sharing)."""
 
     cpu: pd.DataFrame
     groups: list[tuple[tuple[int, ...], int, str]]
@@ -201,22 +200,6 @@ TRANSFER_NODES = (END_OF_OP,)
 SHARING_ROUNDS = 3
 
 
-def host_groups(cores: HostCores) -> list[tuple[np.ndarray, int]]:
-    """The ranks that share CPUs, each part with its CPUs: `cores.sharing`, else each host's
-    largest group and every rank of no larger group alone."""
-    parts = cores.sharing
-    if not parts:
-        largest: dict[str, tuple[tuple[int, ...], int]] = {}
-        for members, cpus, host in cores.groups:
-            if host not in largest or len(members) > len(largest[host][0]):
-                largest[host] = (members, cpus)
-        covered = {r for members, _ in largest.values() for r in members}
-        parts = list(largest.values()) + [(members, cpus) for members, cpus, _ in cores.groups
-                                          if len(members) == 1 and members[0] not in covered]
-    return [(np.array(members, dtype=np.int64), int(cpus)) for members, cpus in parts
-            if cpus > 0]
-
-
 def _mean_speed(begin: np.ndarray, end: np.ndarray, cpus: int) -> np.ndarray:
     """Per busy interval [begin, end) of a host: the mean share of a core it gets when every
     busy interval of the host is served at once on `cpus` cores (processor sharing: each at
@@ -246,7 +229,7 @@ def on_shared_cores(cores: HostCores, graph: StepGraph, durations: np.ndarray,
     propagating and stretching. Column 0 is the measured run: unchanged by construction."""
     groups = [(np.flatnonzero(np.isin(graph.rank, members)
                               & np.isin(graph.kind, HOST_WORK + TRANSFER_NODES)), cpus)
-              for members, cpus in host_groups(cores)]
+              for members, cpus in cores.sharing]
     groups = [(nodes, cpus) for nodes, cpus in groups if len(nodes)]
     if not groups or durations.shape[1] < 2:
         return durations
