@@ -369,6 +369,17 @@ class Session:
             self.closed_event.set()
         return True
 
+    def close_or_wait(self, status: str, exit_code: int, exception: str | None = None,
+                      on_main: bool = True, wait_s: float = SIGTERM_DEADLINE_S) -> bool:
+        """close(); where another thread is already closing (the SIGTERM watcher, past its
+        grace, while the script's end reached the main thread), wait up to `wait_s` for it to
+        write run_end instead, since the process ends right after this returns. False if
+        another thread closed."""
+        if self.close(status, exit_code, exception, on_main=on_main):
+            return True
+        self.closed_event.wait(wait_s)
+        return False
+
     def _close(self, status: str, exit_code: int, exception: str | None, on_main: bool) -> None:
         tracer._samples_per_step_callback = None
         self.clock.close()
@@ -457,11 +468,11 @@ class Session:
             # SIGTERM came while its default action was due (our handler only defers it), and
             # the script then ended before our handler ran (say a collective failed because
             # the peers died of the same SIGTERM): it dies of SIGTERM, as it would untraced.
-            self.close("interrupted", SIGTERM_EXIT_CODE, outcome.exception_text)
-            self.print_summary()
+            if self.close_or_wait("interrupted", SIGTERM_EXIT_CODE, outcome.exception_text):
+                self.print_summary()
             die_by_sigterm()
         status = "interrupted" if self._sigterm.received else outcome.status
-        self.close(status, outcome.exit_code, outcome.exception_text)
+        self.close_or_wait(status, outcome.exit_code, outcome.exception_text)
         self._sigterm.uninstall()
 
     def _finish_launcher(self, outcome: ScriptOutcome) -> None:
@@ -481,10 +492,8 @@ class Session:
         if self.launcher is not None and self.launcher.active:
             self.launcher.end_by_sigterm(wait_s)
             return
-        if self.close("interrupted", SIGTERM_EXIT_CODE, on_main=on_main):
+        if self.close_or_wait("interrupted", SIGTERM_EXIT_CODE, on_main=on_main, wait_s=wait_s):
             self.print_summary()
-        else:
-            self.closed_event.wait(wait_s)
 
     def abandon(self) -> None:
         """Undo whatever open() installed, after it failed half-way; writes nothing more."""
