@@ -1,8 +1,8 @@
 """What-if answers against measurement, and what the critical path costs (docs/critical-path.md).
 
-    python benchmarks/what_if.py [--steps 30] [--experiment NAME ...] [--cost RANK:MS]
-                                 [--repeats 1] [--pin-ranks] [--speed-only] [--speed-steps 1000]
-                                 [--speed-ranks 8]
+    python benchmarks/what_if.py [--steps 40] [--active 20] [--experiment NAME ...]
+                                 [--cost RANK:MS] [--repeats 1] [--pin-ranks] [--speed-only]
+                                 [--speed-steps 1000] [--speed-ranks 8]
 
 1. Speed: the critical path and every what-if of a synthetic run of --speed-steps steps of
    --speed-ranks ranks (four all_reduces per step, one rank late), timed after the cross-rank
@@ -172,9 +172,13 @@ def matching(answers: list[dict], kind: str, change: str | None) -> dict | None:
                  and (change is None or a["change"] == change)), None)
 
 
-def pair(name: str, steps: int, cost: str, tmp: Path, pin: bool = False) -> dict:
-    """One pair of runs: with the cost (its matching what-if) and without it."""
+def pair(name: str, steps: int, cost: str, tmp: Path, pin: bool = False,
+         active: int | None = None) -> dict:
+    """One pair of runs: with the cost (its matching what-if) and without it; `active`: the
+    profiled steps of the window (the tracer's --active; its default otherwise)."""
     workload, flag, _, options, kind, change = EXPERIMENTS[name]
+    if active is not None:
+        options = [*options, "--active", str(active)]
     args, threads = WORKLOAD_ARGS.get(name, []), THREADS.get(name, 1)
     late_dir = traced(tmp / "late", steps, workload, options, [*args, flag, cost], pin, threads)
     run = open_run(str(late_dir))
@@ -194,7 +198,8 @@ def pair(name: str, steps: int, cost: str, tmp: Path, pin: bool = False) -> dict
             "unbounded": unbounded and unbounded["predicted_step_ms"]}
 
 
-def accuracy(name: str, steps: int, cost: str | None, repeats: int, pin: bool = False) -> dict:
+def accuracy(name: str, steps: int, cost: str | None, repeats: int, pin: bool = False,
+             active: int | None = None) -> dict:
     """One experiment side by side, `repeats` pairs of runs; the medians over the pairs."""
     workload, flag, default, _, kind, _ = EXPERIMENTS[name]
     cost = cost or default
@@ -204,7 +209,7 @@ def accuracy(name: str, steps: int, cost: str | None, repeats: int, pin: bool = 
     pairs = []
     for number in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            found = pair(name, steps, cost, Path(tmp), pin)
+            found = pair(name, steps, cost, Path(tmp), pin, active)
         answer = found["answer"]
         if answer is None:
             print(f"  {number + 1}: {found['late']:.2f}, no {kind} answer ("
@@ -234,7 +239,12 @@ def accuracy(name: str, steps: int, cost: str | None, repeats: int, pin: bool = 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--active", type=int, default=20,
+                        help="profiled steps of the window (the tracer's --active, whose own "
+                             "default is 3): an idle-gap answer's saving is the mean over the "
+                             "profiled steps, and 3 steps of a shared machine's step-to-step "
+                             "noise would be measured instead of the model")
     parser.add_argument("--experiment", nargs="+", choices=sorted(EXPERIMENTS),
                         default=["ddp-straggle"])
     parser.add_argument("--cost", metavar="RANK:MS",
@@ -250,8 +260,8 @@ def main() -> None:
     args = parser.parse_args()
     speed(args.speed_steps, args.speed_ranks)
     if not args.speed_only:
-        results = [accuracy(name, args.steps, args.cost, args.repeats, args.pin_ranks)
-                   for name in args.experiment]
+        results = [accuracy(name, args.steps, args.cost, args.repeats, args.pin_ranks,
+                            args.active) for name in args.experiment]
         print("summary: experiment, predicted ms, measured ms, error % (medians over pairs)")
         for row in results:
             if row["predicted"] is None:
