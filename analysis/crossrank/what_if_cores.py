@@ -97,15 +97,14 @@ def host_cores(ranks) -> HostCores | None:
     """The CPU time and CPU groups of a run's ranks (analysis.ingest's RankTrace: records with
     a run_start and step records), None where no rank computes on the host with them."""
     start_of = {int(t.rank): run_start_of(t) for t in ranks or []}
+    computing = _host_computing(start_of)
     cpu, starts = [], {}
     for trace in ranks or []:
-        start = start_of[int(trace.rank)]
-        if start is None or start.device_type != "cpu":
-            continue
-        used = _rank_cpu(int(trace.rank), trace.records.steps)
-        if used is not None and (start.cpu_ids or start.cpus):
+        rank = int(trace.rank)
+        used = _rank_cpu(rank, trace.records.steps) if rank in computing else None
+        if used is not None:
             cpu.append(used)
-            starts[int(trace.rank)] = start
+            starts[rank] = computing[rank]
     if not cpu:
         return None
     groups = [((rank,), len(start.cpu_ids) if start.cpu_ids else int(start.cpus), start.host)
@@ -125,14 +124,21 @@ def host_cores(ranks) -> HostCores | None:
     return HostCores(pd.concat(cpu, ignore_index=True), groups, _sharing_parts(start_of))
 
 
+def _host_computing(start_of: dict) -> dict:
+    """The ranks (rank -> run_start) that compute on the host and say which CPUs they may use
+    (a mask, or a count): the bound and processor sharing take only these."""
+    return {rank: start for rank, start in start_of.items()
+            if start is not None and start.device_type == "cpu"
+            and (start.cpu_ids or start.cpus)}
+
+
 def _sharing_parts(start_of: dict) -> list[tuple[tuple[int, ...], int]]:
     """The host-computing ranks of each host parted by overlapping masks (each part with the
     CPUs of the union of its masks); a host where a rank has no mask is one part, on the most
     CPUs any of its ranks may use."""
     hosts: dict[str, dict[int, object]] = {}
-    for rank, start in start_of.items():
-        if start is not None and start.device_type == "cpu" and (start.cpu_ids or start.cpus):
-            hosts.setdefault(start.host, {})[rank] = start
+    for rank, start in _host_computing(start_of).items():
+        hosts.setdefault(start.host, {})[rank] = start
     parts = []
     for starts in hosts.values():
         if not all(start.cpu_ids for start in starts.values()):
