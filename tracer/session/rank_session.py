@@ -110,6 +110,7 @@ class Session:
         self.opened = self.closed = False
         self.kept = True  # False once a run that recorded nothing has had its files removed
         self.summary: str | None = None
+        self._summary_said = False
         self.closed_event = threading.Event()
         self._close_lock = threading.Lock()
         self._errors_lock = threading.Lock()
@@ -468,8 +469,8 @@ class Session:
             # SIGTERM came while its default action was due (our handler only defers it), and
             # the script then ended before our handler ran (say a collective failed because
             # the peers died of the same SIGTERM): it dies of SIGTERM, as it would untraced.
-            if self.close_or_wait("interrupted", SIGTERM_EXIT_CODE, outcome.exception_text):
-                self.print_summary()
+            self.close_or_wait("interrupted", SIGTERM_EXIT_CODE, outcome.exception_text)
+            self.print_summary()
             die_by_sigterm()
         status = "interrupted" if self._sigterm.received else outcome.status
         self.close_or_wait(status, outcome.exit_code, outcome.exception_text)
@@ -492,8 +493,8 @@ class Session:
         if self.launcher is not None and self.launcher.active:
             self.launcher.end_by_sigterm(wait_s)
             return
-        if self.close_or_wait("interrupted", SIGTERM_EXIT_CODE, on_main=on_main, wait_s=wait_s):
-            self.print_summary()
+        self.close_or_wait("interrupted", SIGTERM_EXIT_CODE, on_main=on_main, wait_s=wait_s)
+        self.print_summary()
 
     def abandon(self) -> None:
         """Undo whatever open() installed, after it failed half-way; writes nothing more."""
@@ -516,8 +517,13 @@ class Session:
             self._sigterm.dump_stacks("sigterm", skip_current=True)
 
     def print_summary(self) -> None:
-        if self.summary is not None:
-            say_lines(self.summary)
+        """The run's summary, once: the script's end and the SIGTERM watcher may both get
+        here when they end the run at the same time."""
+        with self._close_lock:
+            if self.summary is None or self._summary_said:
+                return
+            self._summary_said = True
+        say_lines(self.summary)
 
     def flush_files(self) -> None:
         """Push buffered records to disk now (any thread); for SIGTERM and similar."""

@@ -29,7 +29,8 @@ class SlowToStop(Part):
         time.sleep(WATCHERS_CLOSE_S)
 
 
-def test_the_scripts_end_waits_for_the_run_end_a_watchers_close_is_writing(session_in_process):
+def test_the_scripts_end_waits_for_the_run_end_a_watchers_close_is_writing(session_in_process,
+                                                                           capsys):
     entered = threading.Event()
     entry = PartEntry("slow", lambda setup: setup.build(SlowToStop, entered), close_order=1)
     session = session_in_process([entry])
@@ -47,6 +48,13 @@ def test_the_scripts_end_waits_for_the_run_end_a_watchers_close_is_writing(sessi
     # the watcher's close, begun first, is the one written
     assert (manifest[-1]["status"], manifest[-1]["exit_code"]) == ("interrupted", -15)
     assert WATCHERS_CLOSE_S * 0.5 < waited < 5.0
+    # Both threads end the run: its summary is said once.
+    capsys.readouterr()
+    session.print_summary()
+    session.print_summary()
+    said = capsys.readouterr()
+    first = session.summary.splitlines()[0]
+    assert (said.out + said.err).count(first) == 1
 
 
 def test_a_close_on_its_own_thread_returns_at_once_with_run_end_written(session_in_process):
