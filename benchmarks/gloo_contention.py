@@ -25,7 +25,6 @@ that is the cost of waking the transfer's threads onto busy cores, which no trac
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.helpers.launch import torchrun_env  # noqa: E402
+
 CASES = ("neither", "one", "both")
 
 
@@ -93,13 +96,10 @@ def worker(rounds: int, numel: int) -> None:
 
 
 def launch(rounds: int, numel: int) -> dict[str, list[float]]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "2", __file__, "--worker", "--rounds", str(rounds),
                "--numel", str(numel)]
-    done = subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True,
+    done = subprocess.run(command, cwd=REPO, env=torchrun_env(), check=True, capture_output=True,
                           text=True, timeout=600)
     times = {}
     for line in done.stdout.splitlines():

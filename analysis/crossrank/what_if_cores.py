@@ -121,7 +121,7 @@ def host_cores(ranks) -> HostCores | None:
                   else max(int(starts[r].cpus or 0) for r in members))
         if shared:
             groups.append((tuple(sorted(members)), shared, host))
-    return HostCores(pd.concat(cpu, ignore_index=True), groups, _sharing_parts(start_of))
+    return HostCores(pd.concat(cpu, ignore_index=True), groups, _sharing_parts(computing))
 
 
 def _host_computing(start_of: dict) -> dict:
@@ -132,12 +132,12 @@ def _host_computing(start_of: dict) -> dict:
             and (start.cpu_ids or start.cpus)}
 
 
-def _sharing_parts(start_of: dict) -> list[tuple[tuple[int, ...], int]]:
-    """The host-computing ranks of each host parted by overlapping masks (each part with the
-    CPUs of the union of its masks); a host where a rank has no mask is one part, on the most
-    CPUs any of its ranks may use."""
+def _sharing_parts(computing: dict) -> list[tuple[tuple[int, ...], int]]:
+    """The host-computing ranks (`computing`: _host_computing's) of each host parted by
+    overlapping masks (each part with the CPUs of the union of its masks); a host where a rank
+    has no mask is one part, on the most CPUs any of its ranks may use."""
     hosts: dict[str, dict[int, object]] = {}
-    for rank, start in _host_computing(start_of).items():
+    for rank, start in computing.items():
         hosts.setdefault(start.host, {})[rank] = start
     parts = []
     for starts in hosts.values():
