@@ -144,7 +144,9 @@ def _fit_own(t: np.ndarray, d: np.ndarray, low: np.ndarray, high: np.ndarray
     where it lies within the envelopes of the members that waited (_own_envelopes) by
     OWN_SLACK_NS, its spread, at least OWN_SLACK_NS, the uncertainty. A median outside them was
     pulled by late threads in most instances: the estimate is then the middle of the bracket
-    that causality and the envelopes leave, its half-width the uncertainty."""
+    that causality and the envelopes leave, its half-width the uncertainty. An envelope is as
+    soft as the members' own completions are apart (OWN_SLACK_NS), so the bracket takes that
+    slack on each envelope's side, within the causality bounds."""
     lo, hi, residual = _bounds(t, d, low, high, _median_fit(t, d)[1])
     allowed = (residual >= lo) & (residual <= hi) if lo <= hi else np.ones(len(d), dtype=bool)
     if not allowed.any():
@@ -154,9 +156,11 @@ def _fit_own(t: np.ndarray, d: np.ndarray, low: np.ndarray, high: np.ndarray
     if lo > hi:  # no offset satisfies every instance (a clock that stepped): the fit alone
         return level, slope, sigma
     bottom, top = _own_envelopes(residual, low + high - d, allowed, level, lo, hi)
-    if bottom - OWN_SLACK_NS <= level <= top + OWN_SLACK_NS:
+    bottom, top = bottom - OWN_SLACK_NS, top + OWN_SLACK_NS
+    if bottom <= level <= top:
         level = min(max(level, lo), hi)
         return level, slope, min(max(sigma, OWN_SLACK_NS), (hi - lo) / 2)
+    bottom, top = max(lo, bottom), min(hi, top)
     return (bottom + top) / 2, slope, (top - bottom) / 2
 
 

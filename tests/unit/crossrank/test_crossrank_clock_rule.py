@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis.crossrank import analyse
-from analysis.crossrank.clock import clock_table
+from analysis.crossrank.clock import clock_table, fit_pair
 from analysis.crossrank.matching import match_ops
 from helpers.crossrank_ops import MS, NO_SYNC, frame, op, steps_frame
 
@@ -105,3 +105,22 @@ def test_observed_completions_overrule_clock_sync_only_against_causality():
     # 10 ms puts rank 1's completion before rank 0 issued: impossible, so the estimate is used.
     wrong = _observed(10 * MS)
     assert (wrong["source"], wrong["offset_ns"]) == ("collectives", 2 * MS)
+
+
+def test_a_bracket_from_the_envelopes_states_an_uncertainty_that_holds_the_true_offset():
+    """Six own completions of one CI run (3 profiled steps, two buckets each; the true offset
+    0: one host's clock): rank 0 waited in every one, so each difference is the offset plus
+    rank 1's lateness, and their lowest quartile, -0.03 ms, bounds the offset from above, but
+    only as closely as two members' own completions are apart (OWN_SLACK_NS). Late threads
+    pulled the median to +0.37 ms, so the estimate is the bracket's middle. Without the slack
+    it said -1.08 ms +- 1.05, which leaves the true 0 out."""
+    t = np.array([0, 3878637, 32396049, 35907669, 72091252, 72817778])
+    d = np.array([415153, -3306398, -222138, 3842587, 371347, -27887], dtype="float64")
+    low = np.array([-3900328, -6762639, -2133526, -4895682, -2999626, -2732942], dtype="float64")
+    high = np.array([31503288, 30903639, 24883780, 31526744, 32895578, 31973916],
+                    dtype="float64")
+    waited, none = np.ones(6, dtype=bool), np.zeros(6, dtype=bool)
+    offset, _, uncertainty = fit_pair(t, d, 0, low, high, waited, none, waited)
+    assert (offset, uncertainty) == pytest.approx((-955706.5, 1177819.5))  # the bracket's
+    # middle and half-width: [causality's -2.13 ms, the envelope's -0.03 ms + 0.25]
+    assert abs(offset - 0) <= uncertainty
