@@ -48,8 +48,12 @@ SLOWER_RATIO = 1.2  # R's time in the same ops with the same shapes, over the ot
 # compete for cores; the scaling study reads the same rule (analysis.scaling).
 SATURATED_CPU_PCT = 90.0
 THROTTLED_CLOCK_RATIO = 0.9  # R's median SM clock at most this share of the others' median
-BUSY_PROCESS_PCT = 50.0  # R's process keeps at least half a core busy (100 = one core) ...
+BUSY_PROCESS_PCT = 50.0  # on a GPU trace, R's process keeps half a core busy (100 = one core)
 BUSIER_BY_PCT = 10.0  # ... or this many points more than the others' processes (median)
+# On a CPU trace: R's process CPU time per step above the others' over its extra time outside
+# every op. A busy loop of 25 ms gave 26 ms; a clean run's rank held off its core by another
+# process on a 2-core host gave 2 ms of CPU for 4 ms outside the ops.
+OWN_CPU_SHARE = 0.75
 MORE_WORK_RATIO = 1.2  # a pipeline stage's work priced at the ranks' common speed, over others'
 
 
@@ -123,6 +127,20 @@ def _per_step(frame: pd.DataFrame, value: str) -> pd.Series:
         return pd.Series(dtype="float64")
     summed = frame.groupby(["rank", "step"])[value].sum()
     return summed.groupby(level="rank").mean()
+
+
+def _typical_per_step(host: pd.DataFrame, column: str) -> pd.Series:
+    """Per rank: the median over its steps of `column` (a host time per step). A cause of the
+    rank's holds in most of its steps; one step the scheduler stretched on a shared host (a
+    descheduled DataLoader, 3 ms where the others' take 0.7) is not a cause of it."""
+    if host.empty:
+        return pd.Series(dtype="float64")
+    return host.groupby("rank")[column].median()
+
+
+def _confidence(explains_ms: float, late_ms: float | None) -> str:
+    """HIGH where a cause explains at least HIGH_SHARE_OF_LATE of the rank's lateness."""
+    return HIGH if late_ms and explains_ms >= HIGH_SHARE_OF_LATE * late_ms else MEDIUM
 
 
 def _robust_per_step(ops: pd.DataFrame) -> pd.Series:
@@ -324,36 +342,41 @@ def why_slower(rank: int, evidence: LateEvidence, samples: pd.DataFrame, ratio: 
     return causes
 
 
-def _needed(step_ms: float, late_ms: float | None, contended: bool) -> float:
-    """The ms per step a host-time cause must explain: MIN_EXPLAINED_PCT of R's step; on a host
-    whose ranks compete for cores, also HIGH_SHARE_OF_LATE of R's lateness, for the scheduler
-    stretches any host time of a starved rank (its DataLoader's, its Python's)."""
+def _needed(step_ms: float, late_ms: float | None, stretched: bool) -> float:
+    """The ms per step a host-time cause must explain: MIN_EXPLAINED_PCT of R's step; where the
+    scheduler may have `stretched` R's host time (its DataLoader's, its Python's), also
+    HIGH_SHARE_OF_LATE of R's lateness: on a host whose ranks compete for cores, and for a rank
+    late only on average, which no rule named (a shared host's scheduler gives some rank of a
+    clean run that lateness, and a millisecond more of host time besides)."""
     needed = MIN_EXPLAINED_PCT / 100 * step_ms
-    return max(needed, HIGH_SHARE_OF_LATE * late_ms) if contended and late_ms else needed
+    return max(needed, HIGH_SHARE_OF_LATE * late_ms) if stretched and late_ms else needed
 
 
 def data_loading(rank: int, host: pd.DataFrame, step_ms: float, late_ms: float | None,
-                 contended: bool = False) -> Cause | None:
-    """R's time in the DataLoader's next batch above the others' median (_needed)."""
-    per = host.groupby("rank")["loading_ns"].mean()
+                 stretched: bool = False) -> Cause | None:
+    """R's time in the DataLoader's next batch above the others' median (_needed), each rank's
+    at its median over the steps."""
+    per = _typical_per_step(host, "loading_ns")
     if rank not in per.index or len(per) < 2:
         return None
     theirs = float(per.drop(index=rank).median())
     extra = _ms(per[rank] - theirs)
-    if not extra >= _needed(step_ms, late_ms, contended):
+    if not extra >= _needed(step_ms, late_ms, stretched):
         return None
     proof = (f"rank {rank} spends {_ms(per[rank]):.2f} ms per step in the DataLoader's next "
-             f"batch, the others {_ms(theirs):.2f} ms (median).")
-    confidence = HIGH if late_ms and extra >= HIGH_SHARE_OF_LATE * late_ms else MEDIUM
-    return Cause(rank, DATA_LOADING, confidence, proof, ADVICE[DATA_LOADING], extra)
+             f"batch, the others {_ms(theirs):.2f} ms (medians over the steps).")
+    return Cause(rank, DATA_LOADING, _confidence(extra, late_ms), proof, ADVICE[DATA_LOADING],
+                 extra)
 
 
 def own_work(rank: int, evidence: LateEvidence, host: pd.DataFrame, names: pd.DataFrame,
              samples: pd.DataFrame, step_ms: float, stage: bool = False,
-             outside_needed: float | None = None) -> tuple[Cause | None, Cause | None]:
+             outside_needed: float | None = None, late_ms: float | None = None
+             ) -> tuple[Cause | None, Cause | None]:
     """(work only R does, waiting outside the trace): host op names only R runs (not for a
     pipeline `stage`, whose stages run different ops by design: more_work compares them); R's
-    time outside every op above the others', told apart by R's process CPU."""
+    time outside every op above the others' (each rank's at its median over the steps), told
+    apart by R's process CPU."""
     threshold = MIN_EXPLAINED_PCT / 100 * step_ms
     own = None
     mine, others = names[names["rank"] == rank], names[names["rank"] != rank]
@@ -364,31 +387,57 @@ def own_work(rank: int, evidence: LateEvidence, host: pd.DataFrame, names: pd.Da
         if _ms(per_name.sum()) >= threshold:
             listed = ", ".join(f"{n} {_ms(t):.2f} ms" for n, t in
                                per_name.sort_values(ascending=False).head(3).items())
-            own = Cause(rank, OWN_WORK, HIGH, f"rank {rank} runs host ops no other rank runs, "
+            own = Cause(rank, OWN_WORK, _confidence(_ms(per_name.sum()), late_ms),
+                        f"rank {rank} runs host ops no other rank runs, "
                         f"per step: {listed}.", ADVICE[OWN_WORK], _ms(per_name.sum()))
-    per = host.groupby("rank")["outside_ns"].mean()
+    per = _typical_per_step(host, "outside_ns")
     if rank not in per.index or len(per) < 2:
         return own, None
     theirs = float(per.drop(index=rank).median())
     extra = _ms(per[rank] - theirs)
     if not extra >= (outside_needed or threshold):
         return own, None
+    said = (f"rank {rank} spends {_ms(per[rank]):.2f} ms per step outside every op, the others "
+            f"{_ms(theirs):.2f} ms (medians over the steps)")
+    on_device = bool(len(evidence.ops)) and bool(evidence.ops["device"].astype(bool).any())
+    busy, how = _busy_outside(rank, host, samples, extra, on_device)
+    if busy:
+        return own or Cause(rank, OWN_WORK, _confidence(extra, late_ms),
+                            f"{said}, while {how}: host work in Python only it does.",
+                            ADVICE[OWN_WORK], extra), None
+    return own, Cause(rank, OUTSIDE, LOW, f"{said}{', while ' + how if how else ''}.",
+                      ADVICE[OUTSIDE], extra)
+
+
+def _busy_outside(rank: int, host: pd.DataFrame, samples: pd.DataFrame, extra_ms: float,
+                  on_device: bool) -> tuple[bool, str]:
+    """Whether R's `extra_ms` per step outside every op is spent working (its process busy) or
+    waiting, and the samples that say so, in words ("" without samples). On a CPU trace the
+    ops keep cores busy, so every training process is over half a core: R's process CPU time
+    per step must exceed the others' by OWN_CPU_SHARE of the extra time (a busy loop costs its
+    time in CPU; a rank the scheduler held off its core, or one blocked on I/O, costs none). On
+    a GPU trace a rank's host is its one Python thread: half a core or more, or well above the
+    others' (a starved host gives none a core)."""
     process = _median(samples[samples["rank"] == rank], "cpu_process_pct")
     their_process = _median(samples[samples["rank"] != rank], "cpu_process_pct")
-    said = (f"rank {rank} spends {_ms(per[rank]):.2f} ms per step outside every op, the others "
-            f"{_ms(theirs):.2f} ms (median)")
-    # Busy: half a core or more, or well above the others' (a starved host gives none a core).
-    busy = not math.isnan(process) and (
-        process >= BUSY_PROCESS_PCT
-        or (not math.isnan(their_process) and process >= their_process + BUSIER_BY_PCT))
-    if busy:
-        busy = Cause(rank, OWN_WORK, MEDIUM, f"{said}, while its process keeps "
-                     f"{process:.0f}% of a core busy (the others' {their_process:.0f}%): host "
-                     f"work in Python only it does.", ADVICE[OWN_WORK], extra)
-        return own or busy, None
-    idle = ("" if math.isnan(process) else
-            f", while its process uses {process:.0f}% of a core (idle, waiting)")
-    return own, Cause(rank, OUTSIDE, LOW, f"{said}{idle}.", ADVICE[OUTSIDE], extra)
+    if math.isnan(process):
+        return False, ""
+    if on_device:
+        busy = process >= BUSY_PROCESS_PCT or (
+            not math.isnan(their_process) and process >= their_process + BUSIER_BY_PCT)
+        return busy, (f"its process keeps {process:.0f}% of a core busy (the others' "
+                      f"{their_process:.0f}%)" if busy else
+                      f"its process uses {process:.0f}% of a core (idle, waiting)")
+    step_ms = host.groupby("rank")["step_ns"].mean() / 1e6
+    cpu_ms = samples.assign(pct=pd.to_numeric(samples["cpu_process_pct"], errors="coerce")
+                            ).groupby("rank")["pct"].median().dropna() / 100 * step_ms
+    cpu_ms = cpu_ms.dropna()
+    if rank not in cpu_ms.index or len(cpu_ms) < 2:
+        return False, f"its process uses {process:.0f}% of a core"
+    more = float(cpu_ms[rank] - cpu_ms.drop(index=rank).median())
+    words = (f"its process uses {more:.2f} ms of CPU per step more than the others' "
+             f"({process:.0f}% of a core against {their_process:.0f}%)")
+    return more >= OWN_CPU_SHARE * extra_ms, words
 
 
 def late_causes(rank: int, steps, evidence: LateEvidence, late_ms: float | None = None,
@@ -396,9 +445,10 @@ def late_causes(rank: int, steps, evidence: LateEvidence, late_ms: float | None 
     """The causes that hold for `rank` over `steps` (step numbers; the traced ones among them
     give the ops and host time, the recorded ones the samples), each with its proof; `late_ms`
     is R's lateness per step (what the others wait for it), for the confidence. Without
-    `by_elimination`, the causes named only because no other holds (competition for cores with
-    every rank slowed alike, waiting outside the trace) are not tested; a pipeline `stage` is
-    not blamed for the ops that only its stage runs."""
+    `by_elimination` (a rank late only on average), the causes named only because no other
+    holds (competition for cores with every rank slowed alike, waiting outside the trace) are
+    not tested, and R's host time counts only where it explains half its lateness (_needed); a
+    pipeline `stage` is not blamed for the ops that only its stage runs."""
     chosen = set(int(s) for s in steps)
 
     def of(frame: pd.DataFrame) -> pd.DataFrame:
@@ -418,11 +468,12 @@ def late_causes(rank: int, steps, evidence: LateEvidence, late_ms: float | None 
     if slower is not None:
         causes += why_slower(rank, evidence, samples, *slower, late_ms)
     competing = contention(rank, evidence, samples)
-    loading = data_loading(rank, host, step_ms, late_ms, competing is not None)
+    stretched = competing is not None or not by_elimination
+    loading = data_loading(rank, host, step_ms, late_ms, stretched)
     if loading is not None:
         causes.append(loading)
     own, outside = own_work(rank, evidence, host, names, samples, step_ms, stage,
-                            _needed(step_ms, late_ms, competing is not None))
+                            _needed(step_ms, late_ms, stretched), late_ms)
     if own is not None:
         causes.append(own)
     if not by_elimination or any(c.cause == CONTENTION for c in causes):

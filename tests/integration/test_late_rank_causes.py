@@ -68,6 +68,7 @@ def test_a_balanced_pipeline_on_two_cpus_is_told_to_stop_competing_not_to_move_l
     run = analysed("pipeline-4-on-2-cpus")
     stage = [item for item in run.late.values() if item.how == "pipeline stage"]
     assert len(stage) == 1, run.verdict.lines
+    assert CONTENTION in _causes(run, stage[0].rank), (stage[0], run.cross_rank.pipeline)
     contention = _causes(run, stage[0].rank)[CONTENTION]
     assert "4 ranks share host" in contention.proof and "each may use 2 CPUs" in contention.proof
     assert stage[0].work_ratio is not None and stage[0].work_ratio < 1.2
