@@ -425,8 +425,9 @@ def _busy_outside(rank: int, host: pd.DataFrame, samples: pd.DataFrame, extra_ms
     if on_device:
         busy = process >= BUSY_PROCESS_PCT or (
             not math.isnan(their_process) and process >= their_process + BUSIER_BY_PCT)
-        return busy, (f"its process keeps {process:.0f}% of a core busy (the others' "
-                      f"{their_process:.0f}%)" if busy else
+        theirs = ("" if math.isnan(their_process) else
+                  f" (the others' {their_process:.0f}%)")
+        return busy, (f"its process keeps {process:.0f}% of a core busy{theirs}" if busy else
                       f"its process uses {process:.0f}% of a core (idle, waiting)")
     step_ms = host.groupby("rank")["step_ns"].mean() / 1e6
     cpu_ms = samples.assign(pct=pd.to_numeric(samples["cpu_process_pct"], errors="coerce")

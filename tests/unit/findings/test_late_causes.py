@@ -244,7 +244,13 @@ def test_time_outside_ops_on_a_gpu_trace_is_own_work_where_its_one_thread_is_bus
     busy = _named(late_causes(1, STEP_NUMBERS, _evidence(
         ops=kernels, host=_host(outside={1: 26.0}),
         samples=_samples(r0={"cpu_process_pct": 98.0}, r1={"cpu_process_pct": 99.0}))))
-    assert list(busy) == [OWN_WORK] and "99% of a core busy" in busy[OWN_WORK].proof
+    assert list(busy) == [OWN_WORK]
+    assert "99% of a core busy (the others' 98%)" in busy[OWN_WORK].proof
+    alone = _named(late_causes(1, STEP_NUMBERS, _evidence(
+        ops=kernels, host=_host(outside={1: 26.0}),
+        samples=_samples(r1={"cpu_process_pct": 99.0}))))
+    assert alone[OWN_WORK].proof.endswith("keeps 99% of a core busy: host work in Python only it "
+                                          "does.")
 
 
 def test_every_rank_starved_alike_on_an_oversubscribed_host_is_contention():
