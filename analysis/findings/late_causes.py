@@ -143,6 +143,17 @@ def _confidence(explains_ms: float, late_ms: float | None) -> str:
     return HIGH if late_ms and explains_ms >= HIGH_SHARE_OF_LATE * late_ms else MEDIUM
 
 
+def _on_device(ops: pd.DataFrame) -> bool:
+    """Whether `ops` hold device kernels: a GPU trace."""
+    return bool(len(ops)) and bool(ops["device"].astype(bool).any())
+
+
+def _compared_ops(ops: pd.DataFrame) -> pd.DataFrame:
+    """The ops whose times are compared across ranks: on a GPU trace the compute kernels (by
+    name: a host op's time there is its launch), else the host ops."""
+    return ops[ops["device"].astype(bool)] if _on_device(ops) else ops
+
+
 def _robust_per_step(ops: pd.DataFrame) -> pd.Series:
     """Per rank: its time per step in `ops`, each op name and shapes at its median time on that
     rank (one op slowed by a burst of other work does not count as many)."""
@@ -230,8 +241,8 @@ def larger_inputs(rank: int, ops: pd.DataFrame, step_ms: float, late_ms: float |
              + (f" ({what}" + (f": {size:.1f}x the elements)" if size else ")") if what else "")
              + f"; its ops of other shapes ({len(names)} op name(s)) take {_ms(extra):.2f} ms "
                f"per step more than the others'.")
-    confidence = HIGH if late_ms and _ms(extra) >= HIGH_SHARE_OF_LATE * late_ms else MEDIUM
-    return Cause(rank, LARGER_INPUTS, confidence, proof, ADVICE[LARGER_INPUTS], _ms(extra))
+    return Cause(rank, LARGER_INPUTS, _confidence(_ms(extra), late_ms), proof,
+                 ADVICE[LARGER_INPUTS], _ms(extra))
 
 
 def slower_at_equal_inputs(rank: int, ops: pd.DataFrame, step_ms: float
@@ -240,7 +251,7 @@ def slower_at_equal_inputs(rank: int, ops: pd.DataFrame, step_ms: float
     where R is SLOWER_RATIO slower and the extra time is MIN_EXPLAINED_PCT of its step; None
     otherwise. Each op name and shapes at its median time on R and on the others. On GPU traces
     the compute kernels by name are compared, else the host ops."""
-    chosen = ops[ops["device"].astype(bool)] if ops["device"].astype(bool).any() else ops
+    chosen = _compared_ops(ops)
     keys = chosen["name"].astype(str) + " " + chosen["dims"].astype(str)
     chosen = chosen.assign(key=keys)
     mine, others = chosen[chosen["rank"] == rank], chosen[chosen["rank"] != rank]
@@ -399,8 +410,7 @@ def own_work(rank: int, evidence: LateEvidence, host: pd.DataFrame, names: pd.Da
         return own, None
     said = (f"rank {rank} spends {_ms(per[rank]):.2f} ms per step outside every op, the others "
             f"{_ms(theirs):.2f} ms (medians over the steps)")
-    on_device = bool(len(evidence.ops)) and bool(evidence.ops["device"].astype(bool).any())
-    busy, how = _busy_outside(rank, host, samples, extra, on_device)
+    busy, how = _busy_outside(rank, host, samples, extra, _on_device(evidence.ops))
     if busy:
         return own or Cause(rank, OWN_WORK, _confidence(extra, late_ms),
                             f"{said}, while {how}: host work in Python only it does.",
@@ -430,9 +440,8 @@ def _busy_outside(rank: int, host: pd.DataFrame, samples: pd.DataFrame, extra_ms
         return busy, (f"its process keeps {process:.0f}% of a core busy{theirs}" if busy else
                       f"its process uses {process:.0f}% of a core (idle, waiting)")
     step_ms = host.groupby("rank")["step_ns"].mean() / 1e6
-    cpu_ms = samples.assign(pct=pd.to_numeric(samples["cpu_process_pct"], errors="coerce")
-                            ).groupby("rank")["pct"].median().dropna() / 100 * step_ms
-    cpu_ms = cpu_ms.dropna()
+    pct = pd.to_numeric(samples["cpu_process_pct"], errors="coerce")
+    cpu_ms = (pct.groupby(samples["rank"]).median() / 100 * step_ms).dropna()
     if rank not in cpu_ms.index or len(cpu_ms) < 2:
         return False, f"its process uses {process:.0f}% of a core"
     more = float(cpu_ms[rank] - cpu_ms.drop(index=rank).median())
@@ -507,7 +516,7 @@ def more_work(rank: int, steps, evidence: LateEvidence) -> float | None:
     ops = ops[ops["step"].astype("int64").isin(set(int(s) for s in steps))] if len(ops) else ops
     if ops.empty or ops["rank"].nunique() < 2 or rank not in set(ops["rank"]):
         return None
-    chosen = ops[ops["device"].astype(bool)] if ops["device"].astype(bool).any() else ops
+    chosen = _compared_ops(ops)
     keyed = chosen.assign(key=chosen["name"].astype(str) + " " + chosen["dims"].astype(str))
     price = keyed.groupby("key")["dur_ns"].median()
     work = keyed.assign(priced=keyed["key"].map(price))
